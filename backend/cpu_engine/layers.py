@@ -1,0 +1,63 @@
+"""Numpy building blocks (fp32) matching the Hugging Face reference implementations numerically.
+
+Kept as plain functions over arrays so the model file reads like the math and tests can check them one by one.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """LayerNorm over the last axis (GPT-2)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    xc = x - mean
+    var = np.mean(xc * xc, axis=-1, keepdims=True)
+    return xc / np.sqrt(var + np.float32(eps)) * weight + bias
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis (Llama)."""
+    var = np.mean(x * x, axis=-1, keepdims=True)
+    return (x / np.sqrt(var + np.float32(eps))) * weight
+
+
+def gelu_new(x: np.ndarray) -> np.ndarray:
+    """GPT-2's tanh-approximated GELU (HF ``gelu_new``)."""
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_SQRT_2_OVER_PI * (x + np.float32(0.044715) * x * x * x)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """SiLU / swish (Llama MLP gate)."""
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax; ``-inf`` entries get probability 0."""
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log(softmax(x)) without forming the probabilities."""
+    m = np.max(x, axis=axis, keepdims=True)
+    shifted = x - m
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def rope_tables(head_dim: int, max_positions: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables ``[max_positions, head_dim]`` in HF's non-interleaved (rotate_half) layout."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    inv_freq = inv_freq.astype(np.float32)
+    freqs = np.arange(max_positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate ``x [..., tokens, heads, head_dim]`` with ``cos/sin [..., tokens, 1, head_dim]`` (rotate_half form)."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin

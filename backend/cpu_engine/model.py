@@ -1,0 +1,342 @@
+"""The decoder-only transformer (GPT-2 / Llama) as one tensor-parallel shard with a slot-based KV cache.
+
+Why slots: in-flight batching decodes every active sequence in one batched numpy call.  Active sequences occupy
+slots ``0..B-1`` of a preallocated cache ``[slots, kv_heads, capacity, head_dim]`` so the batched attention can
+use a *view* ``cache[:B, :, :max_len]`` (no gather); when a sequence leaves, the last one is moved into its slot.
+Per-sequence lengths are honoured with a mask.  The token *budget* (admission) lives in ``scheduler.py``.
+
+Tensor parallelism (Megatron style): q/k/v, gate/up and c_fc are split by columns (heads / intermediate units),
+o_proj/down/c_proj by rows, followed by one all-reduce each; embeddings and lm_head are replicated and only the
+leader computes logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .checkpoint import CheckpointError, ModelConfig
+from .layers import apply_rope, gelu_new, layer_norm, rms_norm, rope_tables, silu, softmax
+from .parallel import Communicator, SingleComm
+
+
+@dataclass
+class StepPlan:
+    """Everything one engine iteration asks of every rank (broadcast by the leader in TP mode).
+
+    ``moves``: (src, dst) slot copies done first (compaction after sequences left).
+    ``decode_tokens/decode_positions``: one new token per running sequence, slots ``0..B-1``.
+    ``prefills``: (slot, token ids) for newly admitted sequences (prompt written from position 0).
+    """
+
+    moves: list[tuple[int, int]] = field(default_factory=list)
+    decode_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    decode_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    prefills: list[tuple[int, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass
+class _Layer:
+    ln1_w: np.ndarray
+    ln1_b: np.ndarray | None
+    w_qkv: np.ndarray  # [hidden, (Hl + 2*KVl) * D]
+    b_qkv: np.ndarray | None
+    w_o: np.ndarray  # [Hl*D, hidden]
+    b_o: np.ndarray | None  # added on rank 0 only (row-parallel bias)
+    ln2_w: np.ndarray
+    ln2_b: np.ndarray | None
+    w_up: np.ndarray  # gpt2: c_fc [hidden, Il]; llama: [gate|up] [hidden, 2*Il]
+    b_up: np.ndarray | None
+    w_down: np.ndarray  # [Il, hidden]
+    b_down: np.ndarray | None
+
+
+def _shard_cols(w: np.ndarray, parts: int, rank: int) -> np.ndarray:
+    n = w.shape[-1]
+    step = n // parts
+    return w[..., rank * step : (rank + 1) * step]
+
+
+def _shard_rows(w: np.ndarray, parts: int, rank: int) -> np.ndarray:
+    n = w.shape[0]
+    step = n // parts
+    return w[rank * step : (rank + 1) * step]
+
+
+class TransformerShard:
+    """One rank's share of the model plus its share of the KV cache."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, np.ndarray],
+        comm: Communicator | None = None,
+        max_slots: int = 8,
+        max_seq_len: int | None = None,
+    ) -> None:
+        self.cfg = config
+        self.comm = comm or SingleComm()
+        tp, rank = self.comm.size, self.comm.rank
+        if config.num_heads % tp or config.num_kv_heads % tp:
+            raise CheckpointError(
+                f"tp_size {tp} must divide num_heads {config.num_heads} and num_kv_heads {config.num_kv_heads}"
+            )
+        if config.intermediate_size % tp:
+            raise CheckpointError(f"tp_size {tp} must divide intermediate_size {config.intermediate_size}")
+        self.tp, self.rank = tp, rank
+        self.n_heads = config.num_heads // tp
+        self.n_kv = config.num_kv_heads // tp
+        self.head_dim = config.head_dim
+        self.inter = config.intermediate_size // tp
+        self.max_slots = max_slots
+        self.max_seq_len = min(max_seq_len or config.max_position_embeddings, config.max_position_embeddings)
+        self.scale = np.float32(1.0 / np.sqrt(self.head_dim))
+        self.compute_logits = rank == 0
+        if config.family == "gpt2":
+            self._load_gpt2(weights)
+        else:
+            self._load_llama(weights)
+        self.capacity = 0
+        self.k_cache: list[np.ndarray] = []
+        self.v_cache: list[np.ndarray] = []
+        self._ensure_capacity(min(64, self.max_seq_len))
+
+    # ------------------------------------------------------------------ weights
+    @staticmethod
+    def _get(weights: dict[str, np.ndarray], name: str, prefixes: tuple[str, ...]) -> np.ndarray:
+        for p in prefixes:
+            if p + name in weights:
+                return weights[p + name]
+        raise CheckpointError(f"checkpoint is missing tensor {name!r} (looked under prefixes {prefixes})")
+
+    def _split_qkv_cols(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Column-parallel shard of q, k, v (each ``[..., heads*D]``) fused into one matrix for one GEMM."""
+        return np.ascontiguousarray(
+            np.concatenate(
+                [_shard_cols(q, self.tp, self.rank), _shard_cols(k, self.tp, self.rank), _shard_cols(v, self.tp, self.rank)],
+                axis=-1,
+            ),
+            dtype=np.float32,
+        )
+
+    def _load_gpt2(self, w: dict[str, np.ndarray]) -> None:
+        c = self.cfg
+        P = ("transformer.", "")
+        g = lambda n: self._get(w, n, P).astype(np.float32)  # noqa: E731
+        self.wte = g("wte.weight")
+        self.wpe = g("wpe.weight")
+        H = c.hidden_size
+        self.layers: list[_Layer] = []
+        first = self.rank == 0
+        for i in range(c.num_layers):
+            p = f"h.{i}."
+            wa, ba = g(p + "attn.c_attn.weight"), g(p + "attn.c_attn.bias")
+            self.layers.append(
+                _Layer(
+                    ln1_w=g(p + "ln_1.weight"),
+                    ln1_b=g(p + "ln_1.bias"),
+                    w_qkv=self._split_qkv_cols(wa[:, :H], wa[:, H : 2 * H], wa[:, 2 * H :]),
+                    b_qkv=self._split_qkv_cols(ba[:H], ba[H : 2 * H], ba[2 * H :]),
+                    w_o=np.ascontiguousarray(_shard_rows(g(p + "attn.c_proj.weight"), self.tp, self.rank)),
+                    b_o=g(p + "attn.c_proj.bias") if first else None,
+                    ln2_w=g(p + "ln_2.weight"),
+                    ln2_b=g(p + "ln_2.bias"),
+                    w_up=np.ascontiguousarray(_shard_cols(g(p + "mlp.c_fc.weight"), self.tp, self.rank)),
+                    b_up=np.ascontiguousarray(_shard_cols(g(p + "mlp.c_fc.bias"), self.tp, self.rank)),
+                    w_down=np.ascontiguousarray(_shard_rows(g(p + "mlp.c_proj.weight"), self.tp, self.rank)),
+                    b_down=g(p + "mlp.c_proj.bias") if first else None,
+                )
+            )
+        self.lnf_w, self.lnf_b = g("ln_f.weight"), g("ln_f.bias")
+        lm = w.get("lm_head.weight")
+        self.lm_head_t = np.ascontiguousarray((self.wte if lm is None else lm.astype(np.float32)).T)
+        self.rope_cos = self.rope_sin = None
+
+    def _load_llama(self, w: dict[str, np.ndarray]) -> None:
+        c = self.cfg
+        P = ("model.", "")
+        g = lambda n: self._get(w, n, P).astype(np.float32)  # noqa: E731
+        opt = lambda n: next((w[p + n].astype(np.float32) for p in P if p + n in w), None)  # noqa: E731
+        self.wte = g("embed_tokens.weight")
+        self.wpe = None
+        self.layers = []
+        first = self.rank == 0
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            q, k, v = (g(p + f"self_attn.{n}_proj.weight").T for n in "qkv")
+            bq, bk, bv = (opt(p + f"self_attn.{n}_proj.bias") for n in "qkv")
+            gate, up = g(p + "mlp.gate_proj.weight").T, g(p + "mlp.up_proj.weight").T
+            bgate, bup = opt(p + "mlp.gate_proj.bias"), opt(p + "mlp.up_proj.bias")
+            bo, bdown = opt(p + "self_attn.o_proj.bias"), opt(p + "mlp.down_proj.bias")
+            self.layers.append(
+                _Layer(
+                    ln1_w=g(p + "input_layernorm.weight"),
+                    ln1_b=None,
+                    w_qkv=self._split_qkv_cols(q, k, v),
+                    b_qkv=None if bq is None else self._split_qkv_cols(bq, bk, bv),
+                    w_o=np.ascontiguousarray(_shard_rows(g(p + "self_attn.o_proj.weight").T, self.tp, self.rank)),
+                    b_o=bo if first else None,
+                    ln2_w=g(p + "post_attention_layernorm.weight"),
+                    ln2_b=None,
+                    w_up=np.ascontiguousarray(
+                        np.concatenate([_shard_cols(gate, self.tp, self.rank), _shard_cols(up, self.tp, self.rank)], axis=-1)
+                    ),
+                    b_up=None
+                    if bgate is None
+                    else np.concatenate([_shard_cols(bgate, self.tp, self.rank), _shard_cols(bup, self.tp, self.rank)]),
+                    w_down=np.ascontiguousarray(_shard_rows(g(p + "mlp.down_proj.weight").T, self.tp, self.rank)),
+                    b_down=bdown if first else None,
+                )
+            )
+        self.lnf_w, self.lnf_b = g("norm.weight"), None
+        lm = next((w[n] for n in ("lm_head.weight",) if n in w), None)
+        if lm is None:
+            if not c.tie_word_embeddings:
+                raise CheckpointError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
+            lm = self.wte
+        self.lm_head_t = np.ascontiguousarray(lm.astype(np.float32).T)
+        self.rope_cos, self.rope_sin = rope_tables(c.head_dim, c.max_position_embeddings, c.rope_theta)
+
+    # ------------------------------------------------------------------ KV cache
+    def _ensure_capacity(self, needed: int) -> None:
+        """Grow the per-slot capacity (amortised doubling, in 64-token steps, capped at max_seq_len)."""
+        if needed <= self.capacity:
+            return
+        if needed > self.max_seq_len:
+            raise ValueError(f"sequence length {needed} exceeds max_seq_len {self.max_seq_len}")
+        new_cap = min(self.max_seq_len, max(needed, 2 * self.capacity))
+        new_cap = min(self.max_seq_len, -(-new_cap // 64) * 64)
+        shape = (self.max_slots, self.n_kv, new_cap, self.head_dim)
+        new_k, new_v = [], []
+        for i in range(self.cfg.num_layers):
+            k = np.zeros(shape, np.float32)
+            v = np.zeros(shape, np.float32)
+            if self.capacity:
+                k[:, :, : self.capacity] = self.k_cache[i]
+                v[:, :, : self.capacity] = self.v_cache[i]
+            new_k.append(k)
+            new_v.append(v)
+        self.k_cache, self.v_cache, self.capacity = new_k, new_v, new_cap
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes held by this rank's KV cache arrays (for logs)."""
+        return sum(a.nbytes for a in self.k_cache) + sum(a.nbytes for a in self.v_cache)
+
+    # ------------------------------------------------------------------ forward
+    def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+        if self.cfg.family == "gpt2":
+            return layer_norm(x, w, b, self.cfg.norm_eps)
+        return rms_norm(x, w, self.cfg.norm_eps)
+
+    def _mlp(self, L: _Layer, h: np.ndarray) -> np.ndarray:
+        up = h @ L.w_up
+        if L.b_up is not None:
+            up += L.b_up
+        if self.cfg.family == "gpt2":
+            act = gelu_new(up)
+        else:
+            act = silu(up[..., : self.inter]) * up[..., self.inter :]
+        out = act @ L.w_down
+        out = self.comm.allreduce_sum(out)
+        if L.b_down is not None:
+            out += L.b_down
+        return out
+
+    def _qkv(self, L: _Layer, h: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Project ``h [T, hidden]`` to q ``[T, Hl, D]``, k/v ``[T, KVl, D]`` (RoPE applied for Llama)."""
+        qkv = h @ L.w_qkv
+        if L.b_qkv is not None:
+            qkv += L.b_qkv
+        T, D = h.shape[0], self.head_dim
+        nq, nk = self.n_heads * D, self.n_kv * D
+        q = qkv[:, :nq].reshape(T, self.n_heads, D)
+        k = qkv[:, nq : nq + nk].reshape(T, self.n_kv, D)
+        v = qkv[:, nq + nk :].reshape(T, self.n_kv, D)
+        if self.rope_cos is not None:
+            cos = self.rope_cos[positions][:, None, :]
+            sin = self.rope_sin[positions][:, None, :]
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+        return q, k, v
+
+    def _embed(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        x = self.wte[tokens]
+        if self.wpe is not None:
+            x = x + self.wpe[positions]
+        return x.astype(np.float32, copy=False)
+
+    def _attn_out(self, L: _Layer, attn: np.ndarray) -> np.ndarray:
+        out = attn @ L.w_o
+        out = self.comm.allreduce_sum(out)
+        if L.b_o is not None:
+            out += L.b_o
+        return out
+
+    def _logits(self, h: np.ndarray) -> np.ndarray:
+        return self._norm(h, self.lnf_w, self.lnf_b) @ self.lm_head_t
+
+    def prefill(self, slot: int, tokens: np.ndarray) -> np.ndarray | None:
+        """Run a whole prompt into ``slot`` (positions 0..P-1); return last-position logits (leader) or None."""
+        P = len(tokens)
+        self._ensure_capacity(P)
+        pos = np.arange(P)
+        x = self._embed(np.asarray(tokens, np.int64), pos)
+        g = self.n_heads // self.n_kv
+        causal = np.triu(np.full((P, P), -np.inf, np.float32), k=1)
+        for i, L in enumerate(self.layers):
+            h = self._norm(x, L.ln1_w, L.ln1_b)
+            q, k, v = self._qkv(L, h, pos)
+            self.k_cache[i][slot, :, :P] = k.transpose(1, 0, 2)
+            self.v_cache[i][slot, :, :P] = v.transpose(1, 0, 2)
+            # q [P, Hl, D] -> [KVl, g, P, D]; k,v -> [KVl, 1, P, D]
+            qh = q.reshape(P, self.n_kv, g, self.head_dim).transpose(1, 2, 0, 3)
+            kh = k.transpose(1, 0, 2)[:, None]
+            vh = v.transpose(1, 0, 2)[:, None]
+            scores = (qh @ kh.transpose(0, 1, 3, 2)) * self.scale + causal
+            attn = softmax(scores) @ vh  # [KVl, g, P, D]
+            attn = attn.transpose(2, 0, 1, 3).reshape(P, self.n_heads * self.head_dim)
+            x = x + self._attn_out(L, attn)
+            x = x + self._mlp(L, self._norm(x, L.ln2_w, L.ln2_b))
+        return self._logits(x[-1:])[0] if self.compute_logits else None
+
+    def decode(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+        """One token for each sequence in slots ``0..B-1`` at its own position; return logits ``[B, V]`` (leader)."""
+        B = len(tokens)
+        positions = np.asarray(positions, np.int64)
+        max_len = int(positions.max()) + 1
+        self._ensure_capacity(max_len)
+        x = self._embed(np.asarray(tokens, np.int64), positions)
+        g = self.n_heads // self.n_kv
+        rows = np.arange(B)
+        mask = np.where(np.arange(max_len)[None, :] > positions[:, None], -np.inf, 0.0).astype(np.float32)
+        mask = mask[:, None, None, :]  # [B, 1, 1, L]
+        for i, L in enumerate(self.layers):
+            h = self._norm(x, L.ln1_w, L.ln1_b)
+            q, k, v = self._qkv(L, h, positions)
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            kc[rows, :, positions] = k
+            vc[rows, :, positions] = v
+            qh = q.reshape(B, self.n_kv, g, self.head_dim)
+            kview = kc[:B, :, :max_len]  # [B, KVl, L, D] (view)
+            vview = vc[:B, :, :max_len]
+            scores = (qh @ kview.transpose(0, 1, 3, 2)) * self.scale + mask  # [B, KVl, g, L]
+            attn = (softmax(scores) @ vview).reshape(B, self.n_heads * self.head_dim)
+            x = x + self._attn_out(L, attn)
+            x = x + self._mlp(L, self._norm(x, L.ln2_w, L.ln2_b))
+        return self._logits(x) if self.compute_logits else None
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """Copy a sequence's cache from ``src`` to ``dst`` (compaction when a sequence leaves)."""
+        for kc, vc in zip(self.k_cache, self.v_cache):
+            kc[dst] = kc[src]
+            vc[dst] = vc[src]
+
+    def run_step(self, plan: StepPlan) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
+        """Execute a :class:`StepPlan`; every rank calls this with the same plan (collectives stay in lock-step)."""
+        for src, dst in plan.moves:
+            self.move_slot(src, dst)
+        decode_logits = None
+        if len(plan.decode_tokens):
+            decode_logits = self.decode(plan.decode_tokens, plan.decode_positions)
+        prefill_logits = [self.prefill(slot, ids) for slot, ids in plan.prefills]
+        return decode_logits, prefill_logits
