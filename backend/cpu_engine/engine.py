@@ -1,0 +1,341 @@
+"""The in-flight batching engine loop (leader) and the follower loop (other TP ranks).
+
+Why a loop that re-forms the batch every step: new requests join at the next iteration (prefill) while running
+ones take one batched decode step; finished ones leave at once and give back their slot and KV budget.  This is
+what TensorRT-LLM's executor does on GPU, so latency/throughput behaviour is alike on the CPU stand-in.
+
+Threading: ``submit`` may be called from any thread; all model work and all MPI calls happen on the engine thread
+(``start()``), or on the caller's thread when driving ``step()`` by hand (tests).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .checkpoint import ModelConfig, load_config, load_weights
+from .model import StepPlan, TransformerShard
+from .parallel import Communicator, LeaderDied, SingleComm, world_comm
+from .sampling import apply_penalties, ban_bad_words, sample_token
+from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
+
+log = logging.getLogger("hpc_serve.cpu_engine")
+
+_PING = "ping"
+_STOP = "stop"
+
+
+@dataclass
+class EngineStats:
+    """Counts for the TRT-LLM-named Prometheus metrics."""
+
+    active_requests: int
+    scheduled_requests: int
+    waiting_requests: int
+    max_requests: int
+    context_requests: int  # prefilled in the last step
+    generation_requests: int  # decoded in the last step
+    completed_requests: int
+    iterations: int
+    used_blocks: int
+    free_blocks: int
+    max_blocks: int
+    tokens_per_block: int
+
+
+def load_shard(model_dir: str, comm: Communicator, max_slots: int, max_seq_len: int | None = None) -> TransformerShard:
+    """Load the checkpoint and keep only this rank's shard."""
+    config = load_config(model_dir)
+    return TransformerShard(config, load_weights(model_dir), comm=comm, max_slots=max_slots, max_seq_len=max_seq_len)
+
+
+def follower_loop(shard: TransformerShard) -> None:
+    """Ranks > 0: mirror every step the leader broadcasts until it says stop (or disappears)."""
+    comm = shard.comm
+    while True:
+        try:
+            msg = comm.bcast_obj(None)
+        except LeaderDied as e:
+            log.error("rank %d: %s; exiting", comm.rank, e)
+            return
+        if msg == _STOP or msg is None:
+            return
+        if msg == _PING:
+            continue
+        shard.run_step(msg)
+
+
+class Engine:
+    """Leader-side engine: scheduler + KV budget + sampling around a :class:`TransformerShard`."""
+
+    def __init__(
+        self,
+        model_dir: str | None = None,
+        *,
+        shard: TransformerShard | None = None,
+        comm: Communicator | None = None,
+        tp_size: int = 1,
+        max_batch_size: int = 8,
+        max_tokens_in_kv_cache: int | None = None,
+        block_size: int = 64,
+        max_seq_len: int | None = None,
+        heartbeat_s: float = 1.0,
+    ) -> None:
+        if shard is None:
+            if model_dir is None:
+                raise ValueError("Engine needs model_dir or shard")
+            comm = comm or world_comm(tp_size)
+            shard = load_shard(model_dir, comm, max_batch_size, max_seq_len)
+        self.shard = shard
+        self.comm = shard.comm
+        if self.comm.rank != 0:
+            raise RuntimeError("Engine is the leader (rank 0); other ranks run follower_loop()")
+        self.config: ModelConfig = shard.cfg
+        self.max_batch_size = min(max_batch_size, shard.max_slots)
+        max_seq = shard.max_seq_len
+        if max_tokens_in_kv_cache is None or max_tokens_in_kv_cache <= 0:
+            max_tokens_in_kv_cache = self.max_batch_size * max_seq
+        self.budget = KVBudget(max_tokens_in_kv_cache, block_size)
+        self.scheduler = Scheduler(self.budget, self.max_batch_size, max_seq)
+        self.heartbeat_s = heartbeat_s
+        self._incoming: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
+        self._cancel_ids: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_context = 0
+        self._last_generation = 0
+        self.completed = 0
+        self.iterations = 0
+        self._stopped_followers = False
+
+    # ------------------------------------------------------------------ public API
+    def submit(self, req: GenerationRequest) -> GenerationRequest:
+        """Queue a request (any thread); outputs arrive through ``req.on_output`` from the engine thread."""
+        req.sampling.validate()
+        req.rng = np.random.default_rng(int(req.sampling.seed) & 0xFFFFFFFFFFFFFFFF)
+        self._incoming.put(req)
+        self._wake.set()
+        return req
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a waiting or running request by id (Triton's ``stop`` input); it finishes as 'cancelled'."""
+        with self._lock:
+            self._cancel_ids.add(str(request_id))
+        self._wake.set()
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        return EngineStats(
+            active_requests=len(s.running),
+            scheduled_requests=len(s.running),
+            waiting_requests=len(s.waiting) + self._incoming.qsize(),
+            max_requests=self.max_batch_size,
+            context_requests=self._last_context,
+            generation_requests=self._last_generation,
+            completed_requests=self.completed,
+            iterations=self.iterations,
+            used_blocks=self.budget.used_blocks,
+            free_blocks=self.budget.free_blocks,
+            max_blocks=self.budget.max_blocks,
+            tokens_per_block=self.budget.block_size,
+        )
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.running or self.scheduler.waiting or not self._incoming.empty())
+
+    def start(self) -> None:
+        """Run the loop on a daemon thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="cpu-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop the loop, fail what is still queued, and release the followers (they exit their loop)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        self._fail_all("engine shut down")
+        self._stop_followers()
+
+    def generate(self, req: GenerationRequest, timeout: float | None = None) -> GenerationRequest:
+        """Convenience: submit and wait (engine thread must be running, or we step here ourselves)."""
+        done = threading.Event()
+        user_cb = req.on_output
+
+        def cb(out: GenerationOutput) -> None:
+            if user_cb:
+                user_cb(out)
+            if out.finished:
+                done.set()
+
+        req.on_output = cb
+        self.submit(req)
+        if self._thread is None:
+            while not done.is_set():
+                self.step()
+        elif not done.wait(timeout):
+            raise TimeoutError(f"request {req.request_id} not finished after {timeout}s")
+        return req
+
+    def run_until_idle(self) -> None:
+        """Step until nothing is waiting or running (synchronous driving for tests/benchmarks)."""
+        while self.has_work():
+            self.step()
+
+    # ------------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        last_msg = time.monotonic()
+        while not self._stop.is_set():
+            if self.has_work():
+                try:
+                    self.step()
+                except Exception as e:  # keep serving: fail the batch, not the server
+                    log.exception("engine step failed")
+                    self._fail_running(f"engine step failed: {e}")
+                last_msg = time.monotonic()
+                continue
+            self._wake.wait(self.heartbeat_s)
+            self._wake.clear()
+            if self.comm.size > 1 and time.monotonic() - last_msg >= self.heartbeat_s:
+                self.comm.bcast_obj(_PING)  # followers use this to tell an idle leader from a dead one
+                last_msg = time.monotonic()
+
+    def _stop_followers(self) -> None:
+        if self.comm.size > 1 and not self._stopped_followers:
+            self._stopped_followers = True
+            self.comm.bcast_obj(_STOP)
+
+    def _emit(self, req: GenerationRequest, final: bool) -> None:
+        if req.on_output is None:
+            return
+        if not req.streaming and not final:
+            return
+        start = 0 if not req.streaming else req._unsent
+        out = GenerationOutput(
+            request=req,
+            new_tokens=req.output_ids[start:],
+            new_log_probs=req.log_probs[start:],
+            finished=final,
+            finish_reason=req.finish_reason,
+            error=req.error,
+        )
+        req._unsent = len(req.output_ids)
+        try:
+            req.on_output(out)
+        except Exception:
+            log.exception("on_output callback failed for request %s", req.request_id)
+
+    def _finish(self, req: GenerationRequest, reason: str, error: str | None = None) -> None:
+        req.finished = True
+        req.finish_reason = reason
+        req.error = error
+        self.completed += 1
+        self._emit(req, final=True)
+
+    def _fail_all(self, message: str) -> None:
+        while not self._incoming.empty():
+            self._finish(self._incoming.get(), "error", message)
+        for req in list(self.scheduler.waiting):
+            self._finish(req, "error", message)
+        self.scheduler.waiting.clear()
+        self._fail_running(message)
+
+    def _fail_running(self, message: str) -> None:
+        for req in self.scheduler.running:
+            if not req.finished:
+                self._finish(req, "error", message)
+        self.scheduler.remove_finished()
+
+    def _intake(self) -> None:
+        with self._lock:
+            cancel_ids, self._cancel_ids = self._cancel_ids, set()
+        while not self._incoming.empty():
+            req = self._incoming.get()
+            problem = self.scheduler.check(req)
+            if problem:
+                self._finish(req, "error", problem)
+            else:
+                self.scheduler.waiting.append(req)
+        for req in list(self.scheduler.waiting):
+            if req.request_id in cancel_ids or req.cancelled():
+                self.scheduler.waiting.remove(req)
+                self._finish(req, "cancelled")
+        for req in self.scheduler.running:
+            if not req.finished and (req.request_id in cancel_ids or req.cancelled()):
+                self._finish(req, "cancelled")
+
+    def step(self) -> None:
+        """One iteration: intake/cancel, compact, admit, one forward (decode + prefills), sample, emit."""
+        self._intake()
+        sched = self.scheduler
+        moves = sched.remove_finished()
+        running = list(sched.running)
+        admitted = sched.admit()
+        if not running and not admitted:
+            return  # nothing survives, so pending slot moves are moot
+        n_run = len(running)
+        plan = StepPlan(
+            moves=moves,
+            decode_tokens=np.array([r.output_ids[-1] for r in running], np.int64),
+            decode_positions=np.array([r.prompt_len + len(r.output_ids) - 1 for r in running], np.int64),
+            prefills=[(n_run + j, r.input_ids) for j, r in enumerate(admitted)],
+        )
+        if self.comm.size > 1:
+            self.comm.bcast_obj(plan)
+        decode_logits, prefill_logits = self.shard.run_step(plan)
+        self.iterations += 1
+        self._last_context, self._last_generation = len(admitted), n_run
+        now = time.time_ns()
+        rows: list[tuple[GenerationRequest, np.ndarray]] = []
+        if n_run:
+            rows.extend(zip(running, decode_logits))
+        rows.extend(zip(admitted, prefill_logits))
+        for req, logits in rows:
+            self._advance(req, logits, now)
+        # finished requests leave (and free their slot/budget) at the start of the next step
+
+    def _advance(self, req: GenerationRequest, logits: np.ndarray, now: int) -> None:
+        """Sample one token for ``req`` and apply the stop rules."""
+        p = req.sampling
+        logits = np.array(logits, dtype=np.float32)  # own copy: penalties write in place
+        apply_penalties(logits, p, req.input_ids, req.output_ids)
+        n_out = len(req.output_ids)
+        if req.bad_words:
+            ban_bad_words(logits, req.bad_words, req.input_ids.tolist() + req.output_ids)
+        if req.end_id is not None and n_out < p.min_tokens and 0 <= req.end_id < logits.shape[-1]:
+            logits[req.end_id] = -np.inf
+        token, logp = sample_token(logits, p, req.rng)
+        if not req.first_token_time_ns:
+            req.first_token_time_ns = now
+        req.last_token_time_ns = now
+        if req.end_id is not None and token == req.end_id:
+            self._finish(req, "end_id")
+            return
+        req.output_ids.append(token)
+        req.log_probs.append(logp)
+        req.cum_log_prob += logp
+        n_out += 1
+        if n_out >= p.min_tokens and req.stop_words and self._hit_stop_word(req):
+            self._finish(req, "stop_words")
+        elif n_out >= req.max_new_tokens:
+            self._finish(req, "length")
+        else:
+            self._emit(req, final=False)
+
+    @staticmethod
+    def _hit_stop_word(req: GenerationRequest) -> bool:
+        out = req.output_ids
+        for word in req.stop_words:
+            if word and len(out) >= len(word) and out[-len(word) :] == word:
+                return True
+        return False
