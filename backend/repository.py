@@ -263,6 +263,9 @@ def validate_parameters(backend: Backend, params: Mapping[str, object]) -> dict[
         raise ValueError(f"unknown model repository parameter {key!r}{_did_you_mean(key)}"
                          + (f"; also unknown: {sorted(unknown)[1:]}" if len(unknown) > 1 else ""))
     values = {k: _normalize(k, v) for k, v in params.items() if v is not None}
+    for key, text in values.items():
+        if "${" in text:  # consumers treat `${...}` as "unset"; never write one
+            raise ValueError(f"parameter {key!r} contains '${{', which reads as an unfilled template placeholder")
     expected = _TRITON_BACKEND[backend]
     if values.setdefault("triton_backend", expected) != expected:
         raise ValueError(f"parameter 'triton_backend'={values['triton_backend']!r} contradicts "
