@@ -1,0 +1,129 @@
+"""`hpc-serve` command line. Each sub-command is a thin shell over a module that does the work.
+
+Exit codes: 0 ok, 1 the job failed / was cancelled / timed out, 2 bad input (spec, flags), 3 not found.
+Imports are lazy so `hpc-serve --help` and `validate` stay fast on a login node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+
+
+def _err(message: str) -> None:
+    print(f"hpc-serve: {message}", file=sys.stderr)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from hpc.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_USAGE
+    print(
+        f"{args.spec}: ok — {spec.name}: backend {spec.model.backend}, tp {spec.model.tp_size} × pp "
+        f"{spec.model.pp_size} × replicas {spec.replicas} = {spec.world_size} ranks on {spec.slurm.nodes} node(s)"
+    )
+    return EXIT_OK
+
+
+def _load_or_exit(path: str):
+    from hpc.spec import SpecError, load_spec
+
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from hpc.render import render
+
+    spec = _load_or_exit(args.spec)
+    try:
+        out = render(spec, args.output, templates=Path(args.templates) if args.templates else None)
+    except ValueError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    print(f"rendered {out.deploy_dir}")
+    for path in (out.sub, out.sh, out.model_repository, out.launch):
+        print(f"  {path}")
+    print(f"submit with: sbatch {out.sub}")
+    return EXIT_OK
+
+
+def cmd_init_model(args: argparse.Namespace) -> int:
+    from backend.cpu_engine.init_model import create_checkpoint
+
+    out = Path(args.dir).expanduser()
+    if (out / "config.json").exists() and not args.force:
+        _err(f"{out} already holds a checkpoint; pass --force to replace it")
+        return EXIT_USAGE
+    create_checkpoint(out, family=args.family, size=args.size, seed=args.seed)
+    print(f"wrote a random-weight {args.family} ({args.size}) checkpoint and tokenizer to {out}")
+    return EXIT_OK
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from hpc.interactive import launch
+
+    return launch(args.target)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpc-serve",
+        description="Serve TensorRT-LLM models with Triton Inference Server on Slurm clusters.",
+    )
+    from hpc import __version__
+
+    parser.add_argument("--version", action="version", version=f"hpc-serve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a spec; list every problem as FILE:LINE: field: message")
+    p.add_argument("spec")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("render", help="write the sbatch script, per-rank script and model repository")
+    p.add_argument("spec")
+    p.add_argument("-o", "--output", required=True, help="deployment folder to write (on a shared filesystem)")
+    p.add_argument("--templates", help="a folder of site templates overriding hpc/templates/")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("init-model", help="write a small random-weight checkpoint and tokenizer (no internet)")
+    p.add_argument("dir")
+    p.add_argument("--family", choices=["gpt2", "llama"], default="gpt2")
+    p.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace an existing checkpoint")
+    p.set_defaults(func=cmd_init_model)
+
+    p = sub.add_parser("launch", help="per-rank entry point: run under srun --mpi=pmix (DIR or SPEC)")
+    p.add_argument("target", help="a rendered deployment folder, or a spec (rank 0 renders it first)")
+    p.set_defaults(func=cmd_launch)
+
+    from hpc import jobs_cli
+
+    jobs_cli.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

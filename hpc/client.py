@@ -1,0 +1,148 @@
+"""Talk to a served job through the host its leader published — never an assumed localhost.
+
+    from hpc.client import Client
+    client = Client.from_job("1234")
+    print(client.generate("The capital of France is", max_tokens=16))
+    for piece in client.stream("Once upon a time", max_tokens=32):
+        print(piece, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from hpc.jobs import find_job
+from hpc.track import read_records
+
+
+class NotReady(RuntimeError):
+    """The job has no published endpoint (yet)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One replica's published endpoint record (DEVELOPERS.md)."""
+
+    address: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    host: str = ""
+    replica: int = 0
+    job_id: str = ""
+
+    @classmethod
+    def from_record(cls, record: dict) -> Endpoint:
+        return cls(
+            address=record["address"], http_port=int(record["http_port"]), grpc_port=int(record["grpc_port"]),
+            metrics_port=int(record["metrics_port"]), host=record.get("host", ""),
+            replica=int(record.get("replica", 0)), job_id=str(record.get("job_id", "")),
+        )
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.address}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.address}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.address}:{self.metrics_port}/metrics"
+
+
+def job_endpoints(job: str) -> list[Endpoint]:
+    """Every published replica endpoint of a job, by replica number."""
+    ref = find_job(job)
+    records = sorted(read_records(ref.endpoints_dir), key=lambda r: r.get("replica", 0))
+    return [Endpoint.from_record(r) for r in records]
+
+
+class Client:
+    """Generate text through the ensemble (or BLS) of one replica."""
+
+    def __init__(self, endpoint: Endpoint, model: str = "ensemble", timeout_s: float = 300.0):
+        self.endpoint = endpoint
+        self.model = model
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_job(cls, job: str, replica: int = 0, model: str = "ensemble") -> Client:
+        endpoints = job_endpoints(job)
+        chosen = [e for e in endpoints if e.replica == replica]
+        if not chosen:
+            raise NotReady(f"job {job} has no ready endpoint for replica {replica}; see `hpc-serve status {job}`")
+        return cls(chosen[0], model=model)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint.http_url}/v2/health/ready", timeout=5) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def generate(self, prompt: str, max_tokens: int = 64, **params: Any) -> str:
+        """One completion via Triton's HTTP generate extension (`POST /v2/models/<model>/generate`)."""
+        body = {"text_input": prompt, "max_tokens": max_tokens, **params}
+        request = urllib.request.Request(
+            f"{self.endpoint.http_url}/v2/models/{self.model}/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read())["text_output"]
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{self.model}: HTTP {exc.code}: {exc.read().decode(errors='replace')}") from None
+
+    def stream(self, prompt: str, max_tokens: int = 64, **params: Any) -> Iterator[str]:
+        """Tokens as they are generated, over gRPC streaming (the model must be decoupled)."""
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        inputs = {"text_input": np.array([[prompt]], dtype=object),
+                  "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+                  "stream": np.array([[True]], dtype=bool)}
+        for key, value in params.items():
+            dtype = {bool: bool, int: np.int32, float: np.float32}.get(type(value), object)
+            inputs[key] = np.array([[value]], dtype=dtype)
+        tensors = []
+        for name, array in inputs.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), _triton_dtype(array))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        results: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(self.endpoint.grpc_url)
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        try:
+            client.async_stream_infer(self.model, tensors, enable_empty_final_response=True)
+            while True:
+                result, error = results.get(timeout=self.timeout_s)
+                if error is not None:
+                    raise RuntimeError(f"{self.model}: {error}")
+                final = result.get_response().parameters.get("triton_final_response")
+                text = result.as_numpy("text_output")
+                if text is not None and text.size:
+                    yield b"".join(t if isinstance(t, bytes) else str(t).encode() for t in text.ravel()).decode(
+                        errors="replace")
+                if final is not None and final.bool_param:
+                    return
+        finally:
+            client.stop_stream()
+            client.close()
+
+
+def _triton_dtype(array) -> str:
+    import numpy as np
+
+    if array.dtype == object:
+        return "BYTES"
+    return {np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
+            np.dtype(np.uint64): "UINT64"}[array.dtype]

@@ -1,0 +1,69 @@
+"""`hpc-serve launch DIR_OR_SPEC`: the per-rank entry point, also for `srun --mpi=pmix` inside `salloc`.
+
+Given a rendered deployment folder it runs the launcher. Given a spec, every rank of the step needs the same
+rendered folder: rank 0 renders it into `<workdir>/<name>-<job>.<step>` and the others wait for its
+launch.json (render moves it into place last), so no rank starts from half-written files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from hpc.render import LAUNCH_NAME
+
+WAIT_FOR_RENDER_S = 300.0
+
+
+def _rank() -> int:
+    for name in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
+def _step_name() -> str:
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        return f"{job}.{os.environ.get('SLURM_STEP_ID', '0')}"
+    return os.environ.get("HPC_SERVE_JOB_ID", f"local-{os.getppid()}")
+
+
+def deployment_for_spec(spec_path: Path) -> Path:
+    """Render (rank 0) or wait for (other ranks) the step's deployment folder."""
+    from hpc.cli import _load_or_exit
+
+    spec = _load_or_exit(str(spec_path))
+    deploy_dir = spec.workdir / f"{spec.name}-{_step_name()}"
+    if _rank() == 0:
+        from hpc.jobs import register
+        from hpc.render import render
+
+        render(spec, deploy_dir)
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if job_id:
+            register(job_id, deploy_dir / "jobs" / job_id)
+        return deploy_dir
+    deadline = time.monotonic() + WAIT_FOR_RENDER_S
+    while not (deploy_dir / LAUNCH_NAME).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"hpc-serve launch: rank 0 did not render {deploy_dir} within {WAIT_FOR_RENDER_S}s")
+        time.sleep(0.2)
+    return deploy_dir
+
+
+def launch(target: str) -> int:
+    path = Path(target).expanduser().resolve()
+    deploy_dir = path if path.is_dir() else deployment_for_spec(path)
+    from hpc.render import SOURCE_ROOT
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), os.environ.get("PYTHONPATH")) if p)
+    import launcher
+
+    return launcher.main([str(deploy_dir)])
+
+
+if __name__ == "__main__":
+    sys.exit(launch(sys.argv[1]))

@@ -1,0 +1,120 @@
+"""Finding a job's folder from its id alone, from any shell on the cluster.
+
+A job lives in `D/jobs/<job_id>/` (DEVELOPERS.md). The index `~/.hpc-serve/jobs/<job_id>` (or
+`$HPC_SERVE_HOME/jobs`) is a symlink to it, made by `submit` at once and by the `.sub` when the job starts,
+so a job submitted by hand with `sbatch` is found as soon as it runs. While such a job is still pending,
+`scontrol show job` tells where its script is (`Command=`); after it ended, `sacct` keeps the submit line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.render import LAUNCH_NAME, SUB_NAME
+
+
+class JobNotFound(LookupError):
+    """No folder is known for this job id."""
+
+
+def index_dir() -> Path:
+    """Where job ids map to job folders. Must match the `.sub` template's `INDEX=` line."""
+    return Path(os.environ.get("HPC_SERVE_HOME", "~/.hpc-serve")).expanduser() / "jobs"
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job and the folders it uses."""
+
+    job_id: str
+    job_dir: Path
+
+    @property
+    def deploy_dir(self) -> Path:
+        return self.job_dir.parent.parent
+
+    @property
+    def is_local(self) -> bool:
+        return self.job_id.startswith("local-")
+
+    @property
+    def endpoints_dir(self) -> Path:
+        return self.job_dir / "endpoints"
+
+    @property
+    def ranks_dir(self) -> Path:
+        return self.job_dir / "ranks"
+
+    def launch_plan(self) -> dict:
+        return json.loads((self.deploy_dir / LAUNCH_NAME).read_text())
+
+    @property
+    def world_size(self) -> int:
+        plan = self.launch_plan()
+        return int(plan["world_size_per_replica"]) * int(plan["replicas"])
+
+    def rank_log(self, rank: int, stream: str = "out") -> Path:
+        """Per-rank log, named as submitit's JobPaths expects (`<job>_<rank>_log.out`)."""
+        return self.job_dir / f"{self.job_id}_{rank}_log.{stream}"
+
+
+def register(job_id: str, job_dir: Path) -> None:
+    """Point the index at a job folder (atomic: a temporary link renamed over the old one)."""
+    index = index_dir()
+    index.mkdir(parents=True, exist_ok=True)
+    tmp = index / f".{job_id}.{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(job_dir)
+    os.replace(tmp, index / job_id)
+
+
+def _from_scontrol(job_id: str) -> Path | None:
+    if not shutil.which("scontrol"):
+        return None
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    match = re.search(r"\bCommand=(\S+)", out)
+    return Path(match.group(1)).parent if match else None
+
+
+def _from_sacct(job_id: str) -> Path | None:
+    if not shutil.which("sacct"):
+        return None
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "SubmitLine"], capture_output=True, text=True
+    ).stdout
+    match = re.search(rf"(\S+/){re.escape(SUB_NAME)}", out)
+    return Path(match.group(1)) if match else None
+
+
+def find_job(job: str) -> JobRef:
+    """A job id (`123`, `local-…`) or a job folder path → JobRef. Raises JobNotFound saying what was tried."""
+    as_path = Path(job).expanduser()
+    if as_path.is_dir() and as_path.parent.name == "jobs":
+        return JobRef(as_path.name, as_path.resolve())
+    link = index_dir() / job
+    if link.exists():
+        return JobRef(job, link.resolve())
+    for finder in (_from_scontrol, _from_sacct):
+        deploy = finder(job)
+        if deploy is not None and (deploy / LAUNCH_NAME).exists():
+            return JobRef(job, deploy / "jobs" / job)
+    raise JobNotFound(
+        f"job {job}: not in {index_dir()}, and neither scontrol nor sacct names a hpc-serve script for it; "
+        "pass the job folder (DEPLOY_DIR/jobs/JOB) instead"
+    )
+
+
+def list_jobs() -> list[JobRef]:
+    """Every indexed job whose folder still exists, newest first."""
+    index = index_dir()
+    if not index.is_dir():
+        return []
+    refs = [JobRef(p.name, p.resolve()) for p in index.iterdir() if not p.name.startswith(".") and p.exists()]
+    return sorted(refs, key=lambda r: r.job_dir.stat().st_mtime, reverse=True)

@@ -1,0 +1,256 @@
+"""The job commands of `hpc-serve`: submit, status, list, wait, endpoints, logs, cancel, generate.
+
+All of them work from a fresh shell with only the job id (hpc/jobs.py finds the folder), for jobs
+submitted by `hpc-serve submit` and by hand with `sbatch tensorrt_llm_triton.sub`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _find(job: str):
+    from hpc.jobs import JobNotFound, find_job
+
+    try:
+        return find_job(job)
+    except JobNotFound as exc:
+        print(f"hpc-serve: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_NOT_FOUND) from None
+
+
+def _latest_job() -> str:
+    from hpc.jobs import list_jobs
+
+    jobs = list_jobs()
+    if not jobs:
+        print("hpc-serve: no jobs yet; submit one with `hpc-serve submit SPEC`", file=sys.stderr)
+        raise SystemExit(EXIT_NOT_FOUND)
+    return jobs[0].job_id
+
+
+def _wait_and_report(ref, timeout: float | None) -> int:
+    """Live status line until READY or the end; print endpoints; exit code says how it went."""
+    from hpc.track import wait
+
+    console = _console()
+    with console.status(f"{ref.job_id} submitted") as line:
+        def show(status) -> None:
+            text = status.summary().splitlines()[0]
+            line.update(f"{text}  [dim]({time.strftime('%H:%M:%S')})[/dim]")
+            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
+
+        status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
+    if status.state == "READY":
+        _print_endpoints(ref.job_id, "text")
+        return EXIT_OK
+    print(status.summary(), file=sys.stderr)
+    if status.state not in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED"):
+        print(f"hpc-serve: gave up waiting after {timeout}s; the job is still {status.state}", file=sys.stderr)
+    return EXIT_JOB_FAILED
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from hpc.cli import _load_or_exit
+    from hpc.submit import SubmitError, submit
+
+    spec = _load_or_exit(args.spec)
+    try:
+        ref = submit(spec, executor=args.executor)
+    except SubmitError as exc:
+        print(f"hpc-serve: sbatch refused the job: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:
+        print(f"hpc-serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{ref.job_id} {ref.job_dir}")
+    if args.wait:
+        return _wait_and_report(ref, args.timeout)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from hpc.track import job_status
+
+    ref = _find(args.job or _latest_job())
+    status = job_status(ref)
+    if args.json:
+        print(json.dumps(status.to_json(), indent=2))
+    else:
+        print(status.summary())
+    return EXIT_JOB_FAILED if status.state in ("FAILED", "TIMEOUT") else EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from hpc.jobs import list_jobs
+    from hpc.track import job_status
+
+    table = Table("job", "state", "reason / endpoint", "folder")
+    rows = []
+    for ref in list_jobs()[: args.limit]:
+        status = job_status(ref)
+        detail = status.reason or ", ".join(f"{e['address']}:{e['http_port']}" for e in status.endpoints)
+        table.add_row(ref.job_id, status.state, detail or "", str(ref.deploy_dir))
+        rows.append(status.to_json())
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        Console().print(table)
+    return EXIT_OK
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    return _wait_and_report(_find(args.job), args.timeout)
+
+
+def _print_endpoints(job: str, fmt: str) -> int:
+    from hpc.client import job_endpoints
+
+    endpoints = job_endpoints(job)
+    if not endpoints:
+        print(f"hpc-serve: job {job} has no ready endpoint yet; see `hpc-serve status {job}`", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    if fmt == "json":
+        print(json.dumps([e.__dict__ | {"http_url": e.http_url, "grpc_url": e.grpc_url,
+                                        "metrics_url": e.metrics_url} for e in endpoints], indent=2))
+    elif fmt == "env":
+        first = endpoints[0]
+        print(f"TRITON_HOST={first.address}")
+        print(f"TRITON_HTTP_URL={first.http_url}")
+        print(f"TRITON_GRPC_URL={first.grpc_url}")
+        print(f"TRITON_METRICS_URL={first.metrics_url}")
+        print(f"TRITON_HTTP_URLS={','.join(e.http_url for e in endpoints)}")
+    else:
+        for e in endpoints:
+            print(f"replica {e.replica} on {e.host}: http {e.http_url}  grpc {e.grpc_url}  metrics {e.metrics_url}")
+    return EXIT_OK
+
+
+def cmd_endpoints(args: argparse.Namespace) -> int:
+    _find(args.job)
+    return _print_endpoints(args.job, "json" if args.json else args.format)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    ref = _find(args.job)
+    path = ref.rank_log(args.rank, "err" if args.err else "out")
+    while not path.exists():
+        if not args.follow:
+            print(f"hpc-serve: no log yet at {path}", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        time.sleep(0.5)
+    with open(path, errors="replace") as log:
+        sys.stdout.write(log.read())
+        sys.stdout.flush()
+        if not args.follow:
+            return EXIT_OK
+        from hpc.track import job_status
+
+        last_check = 0.0
+        while True:
+            chunk = log.read()
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+                continue
+            if time.monotonic() - last_check > 5:
+                last_check = time.monotonic()
+                if job_status(ref).done:
+                    sys.stdout.write(log.read())
+                    return EXIT_OK
+            time.sleep(0.3)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from hpc.submit import cancel
+    from hpc.track import wait
+
+    ref = _find(args.job)
+    cancel(ref, grace_s=args.grace)
+    status = wait(ref, until=(), timeout=args.grace + 60)
+    print(status.summary())
+    return EXIT_OK if status.done else EXIT_JOB_FAILED
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from hpc.client import Client, NotReady
+
+    try:
+        client = Client.from_job(args.job, replica=args.replica, model=args.model)
+    except NotReady as exc:
+        print(f"hpc-serve: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    if args.stream:
+        for piece in client.stream(args.prompt, max_tokens=args.max_tokens):
+            print(piece, end="", flush=True)
+        print()
+    else:
+        print(client.generate(args.prompt, max_tokens=args.max_tokens))
+    return EXIT_OK
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="render a spec into a new job folder and submit it")
+    p.add_argument("spec")
+    p.add_argument("--wait", action="store_true", help="show the job's progress until READY, then its endpoints")
+    p.add_argument("--timeout", type=float, default=None, help="with --wait: give up after S seconds")
+    p.add_argument("--executor", choices=["slurm", "local"], default=None,
+                   help="default: slurm where sbatch exists, else local")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="a job's state: PENDING (reason), STARTING, READY, FAILED (rank) …")
+    p.add_argument("job", nargs="?", help="job id or job folder; default the newest job")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("list", help="jobs this user submitted, newest first")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("wait", help="wait until a job is READY (exit 0) or has ended (exit 1)")
+    p.add_argument("job")
+    p.add_argument("--timeout", type=float, default=None)
+    p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser("endpoints", help="where a job serves: host and ports of each replica's leader")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--format", choices=["text", "env", "json"], default="text")
+    p.set_defaults(func=cmd_endpoints)
+
+    p = sub.add_parser("logs", help="a rank's log (stdout, or --err)")
+    p.add_argument("job")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--err", action="store_true", help="stderr instead of stdout")
+    p.add_argument("-f", "--follow", action="store_true")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("cancel", help="stop a job: graceful stop of every rank first, then scancel")
+    p.add_argument("job")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds to wait for a graceful stop")
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("generate", help="send a prompt to a job's ensemble on its published host")
+    p.add_argument("job")
+    p.add_argument("prompt")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--stream", action="store_true", help="stream tokens over gRPC")
+    p.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls")
+    p.add_argument("--replica", type=int, default=0)
+    p.set_defaults(func=cmd_generate)

@@ -1,0 +1,96 @@
+"""The local executor: run a rendered deployment on this machine, with the job folder Slurm would give it.
+
+For laptops, CI and a login-node smoke test of the embedded default. The job runs under a detached
+supervisor (`hpc.local_run`); its id is `local-<hex>`, so every other command tells it from a Slurm job.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpc.jobs import JobRef, index_dir, register
+
+
+def new_job_id() -> str:
+    while True:
+        job_id = f"local-{secrets.token_hex(3)}"
+        if not (index_dir() / job_id).exists():
+            return job_id
+
+
+def submit_local(deploy_dir: Path) -> JobRef:
+    """Start the deployment's ranks in the background; return at once."""
+    job_id = new_job_id()
+    job_dir = deploy_dir / "jobs" / job_id
+    (job_dir / "endpoints").mkdir(parents=True)
+    (job_dir / "ranks").mkdir()
+    register(job_id, job_dir)
+    log = open(deploy_dir / "logs" / f"{job_id}.out", "ab")
+    subprocess.Popen(
+        [sys.executable, "-m", "hpc.local_run", str(deploy_dir), job_id],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=deploy_dir,
+        env=dict(os.environ, PYTHONPATH=_pythonpath()),
+    )
+    log.close()
+    # The supervisor writes local.json as its first act; wait for it so `status` never sees a gap.
+    deadline = time.monotonic() + 10
+    while not (job_dir / "local.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return JobRef(job_id, job_dir)
+
+
+def _pythonpath() -> str:
+    from hpc.render import SOURCE_ROOT
+
+    current = os.environ.get("PYTHONPATH")
+    return f"{SOURCE_ROOT}:{current}" if current else str(SOURCE_ROOT)
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Pids of every process started for a local job (they all carry HPC_SERVE_JOB_ID in their environment):
+    the sweep that makes sure `cancel` leaves no tritonserver or python stub behind."""
+    marker = f"HPC_SERVE_JOB_ID={job_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def cancel_local(ref: JobRef, grace_s: float = 30.0) -> None:
+    """SIGTERM the supervisor (mpirun passes it to every launcher, which stops tritonserver gracefully), wait
+    for the ranks to go, then SIGKILL whatever is left."""
+    from hpc.local_run import STATE_FILE, write_state
+    import json
+
+    state = json.loads((ref.job_dir / STATE_FILE).read_text())
+    try:
+        os.kill(int(state["pid"]), signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while job_processes(ref.job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in job_processes(ref.job_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    state = json.loads((ref.job_dir / STATE_FILE).read_text())
+    if state.get("state") == "RUNNING":
+        write_state(ref.job_dir, state="CANCELLED", ended_at=time.time())

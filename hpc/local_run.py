@@ -1,0 +1,77 @@
+"""Supervisor of one local job: the per-rank script under `mpirun -n WORLD` (or directly for one rank).
+
+The local executor gives laptops and CI the same job folder as Slurm: per-rank logs named
+`<job>_<rank>_log.out|err`, endpoint and rank records from the launcher, and a `local.json` that plays
+the part of `sacct` (state, exit code). It runs detached (its own session) so the submitting shell can go.
+Usage (by hpc/local.py): python -m hpc.local_run DEPLOY_DIR JOB_ID
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpc.render import LAUNCH_NAME, SH_NAME
+
+STATE_FILE = "local.json"
+
+# Each rank's output goes to its own files, named as under Slurm (`srun --output=%j_%t_log.out`).
+_RANK_WRAPPER = 'exec bash "$0" >"$1/${2}_${OMPI_COMM_WORLD_RANK}_log.out" 2>"$1/${2}_${OMPI_COMM_WORLD_RANK}_log.err"'
+
+
+def write_state(job_dir: Path, **fields: object) -> None:
+    """Atomically update local.json (read by hpc/track.py's LocalScheduler)."""
+    path = job_dir / STATE_FILE
+    state = json.loads(path.read_text()) if path.exists() else {}
+    state.update(fields)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+def rank_command(deploy_dir: Path, job_dir: Path, job_id: str, world: int) -> list[str]:
+    """The command that starts every rank of the job on this machine."""
+    script = str(deploy_dir / SH_NAME)
+    if world == 1:
+        wrapper = _RANK_WRAPPER.replace("${OMPI_COMM_WORLD_RANK}", "0")
+        return ["bash", "-c", wrapper, script, str(job_dir), job_id]
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit(f"the job needs {world} ranks but mpirun is not on PATH (apt-get install openmpi-bin)")
+    return [mpirun, "--oversubscribe", "-n", str(world), "bash", "-c", _RANK_WRAPPER, script, str(job_dir), job_id]
+
+
+def main(argv: list[str]) -> int:
+    deploy_dir, job_id = Path(argv[0]), argv[1]
+    job_dir = deploy_dir / "jobs" / job_id
+    plan = json.loads((deploy_dir / LAUNCH_NAME).read_text())
+    world = int(plan["world_size_per_replica"]) * int(plan["replicas"])
+    env = dict(os.environ, HPC_SERVE_JOB_ID=job_id, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    child = subprocess.Popen(rank_command(deploy_dir, job_dir, job_id, world), env=env)
+    write_state(job_dir, state="RUNNING", pid=os.getpid(), child_pid=child.pid, world_size=world, started_at=time.time())
+    cancelled = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal cancelled
+        cancelled = True
+        try:
+            child.send_signal(signum)  # mpirun forwards SIGTERM/SIGINT to every rank's launcher
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    code = child.wait()
+    state = "CANCELLED" if cancelled else ("COMPLETED" if code == 0 else "FAILED")
+    write_state(job_dir, state=state, exit_code=code, ended_at=time.time())
+    return 0 if state != "FAILED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,224 @@
+"""Spec → deployment folder: the sbatch script, the per-rank script, the launch plan and the model repository.
+
+This is the one place where the spec is turned into things that run: the `#SBATCH` lines, the srun line
+and its container flags, the per-rank environment, the upstream model-repository parameters, and the
+launch plan the per-rank launcher reads. Every user string that reaches a script is shell-quoted here
+(the `q` filter) or was rejected by the spec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from hpc import __version__
+from hpc.spec import Spec, dump_spec, is_script_safe_path
+
+SUB_NAME = "tensorrt_llm_triton.sub"
+SH_NAME = "tensorrt_llm_triton.sh"
+REPO_NAME = "triton_model_repo"
+LAUNCH_NAME = "launch.json"
+SPEC_NAME = "spec.yaml"
+DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
+
+#: The folder that holds `hpc/`, `launcher/` and `backend/`: put on PYTHONPATH for each rank (and mounted
+#: into containers) so the launcher and the python models import the same code the user submitted with.
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """Where `render` put things."""
+
+    deploy_dir: Path
+    sub: Path
+    sh: Path
+    model_repository: Path
+    launch: Path
+
+
+def repository_parameters(spec: Spec) -> dict[str, Any]:
+    """The upstream fill_template parameters for the five models, from the spec (the one place this mapping is
+    decided). `triton.parameters` entries override or add to them."""
+    t, m = spec.triton, spec.model
+    params: dict[str, Any] = {
+        "triton_max_batch_size": t.triton_max_batch_size,
+        "decoupled_mode": t.decoupled,
+        "batching_strategy": t.batching_strategy,
+        "batch_scheduler_policy": t.batch_scheduler_policy,
+        "kv_cache_free_gpu_mem_fraction": t.kv_cache_free_gpu_mem_fraction,
+        "enable_kv_cache_reuse": t.enable_kv_cache_reuse,
+        "exclude_input_in_output": t.exclude_input_in_output,
+        "max_queue_delay_microseconds": t.max_queue_delay_microseconds,
+        "max_queue_size": t.max_queue_size,
+        "preprocessing_instance_count": t.preprocessing_instance_count,
+        "postprocessing_instance_count": t.postprocessing_instance_count,
+        "bls_instance_count": t.bls_instance_count,
+        "engine_dir": str(m.source_dir),
+        "tokenizer_dir": str(m.tokenizer),
+        "max_beam_width": 1,
+        "logits_datatype": "TYPE_FP32",
+        "encoder_input_features_data_type": "TYPE_FP16",
+        "accumulate_tokens": False,
+        "tensorrt_llm_model_name": "tensorrt_llm",
+    }
+    if m.backend == "cpu":
+        params["tp_size"] = m.tp_size
+    if t.max_tokens_in_paged_kv_cache is not None:
+        params["max_tokens_in_paged_kv_cache"] = t.max_tokens_in_paged_kv_cache
+    if t.max_attention_window_size is not None:
+        params["max_attention_window_size"] = t.max_attention_window_size
+    params.update(t.parameters)
+    return params
+
+
+def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
+    """The launcher's only input (DEVELOPERS.md, "launch.json"): what every rank needs and nothing else."""
+    env = {"PMIX_MCA_gds": "hash"}
+    if spec.mode == "orchestrator":
+        env.update({"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"})
+    return {
+        "version": 1,
+        "name": spec.name,
+        "deployment_dir": str(deploy_dir),
+        "model_repository": str(deploy_dir / REPO_NAME),
+        "tp_size": spec.model.tp_size,
+        "pp_size": spec.model.pp_size,
+        "replicas": spec.replicas,
+        "world_size_per_replica": spec.world_size_per_replica,
+        "mode": spec.mode,
+        "tritonserver": spec.triton.server,
+        "ports": spec.triton.ports.model_dump(),
+        "follower_models": ["tensorrt_llm"],
+        "server_args": [f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args],
+        "ready_timeout_s": spec.triton.ready_timeout_s,
+        "env": env,
+    }
+
+
+def _container_mounts(spec: Spec, deploy_dir: Path) -> list[str]:
+    """User mounts plus what every rank must see at the same path: the deployment folder, the hpc-serve
+    source, the model folders. A path the user already mounts is not mounted twice."""
+    mounts = list(spec.container.mounts)
+    targets = {m.split(":")[1] if ":" in m else m.split(":")[0] for m in mounts}
+    for path in (deploy_dir, SOURCE_ROOT, spec.model.source_dir, spec.model.tokenizer):
+        if path is not None and str(path) not in targets:
+            mounts.append(f"{path}:{path}")
+            targets.add(str(path))
+    return mounts
+
+
+def _srun_and_wrapper(spec: Spec, deploy_dir: Path) -> tuple[list[str], list[str]]:
+    """srun flags and the command prefix that wraps `bash tensorrt_llm_triton.sh` for the container kind."""
+    c = spec.container
+    srun = list(spec.slurm.srun_args)
+    wrapper: list[str] = []
+    if c.type == "pyxis":
+        srun += [f"--container-image={c.image}", f"--container-mounts={','.join(_container_mounts(spec, deploy_dir))}"]
+        if c.workdir:
+            srun.append(f"--container-workdir={c.workdir}")
+        if c.name:
+            srun.append(f"--container-name={c.name}")
+    elif c.type == "apptainer":
+        wrapper = ["apptainer", "exec", "--nv"]
+        for mount in _container_mounts(spec, deploy_dir):
+            wrapper += ["-B", mount]
+        if c.workdir:
+            wrapper += ["--pwd", c.workdir]
+        wrapper.append(str(c.image))
+    return srun, wrapper
+
+
+def _environment(templates: Path | None) -> jinja2.Environment:
+    search = [str(templates)] if templates else []
+    search.append(str(DEFAULT_TEMPLATES))
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(search),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) -> dict[str, str]:
+    """The text of the two scripts, without touching the disk (what `job_script()` shows)."""
+    env = _environment(templates)
+    srun, wrapper = _srun_and_wrapper(spec, deploy_dir)
+    gres = spec.slurm.gres or (f"gpu:{spec.slurm.gpus_per_node}" if spec.slurm.gpus_per_node else None)
+    python = sys.executable if spec.container.type == "none" else spec.container.python
+    context = {
+        "spec": spec,
+        "version": __version__,
+        "deploy_dir": str(deploy_dir),
+        "gres": gres,
+        "srun_args": srun,
+        "wrapper": wrapper,
+        "python": python,
+        "source_root": str(SOURCE_ROOT),
+    }
+    return {
+        SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),
+        SH_NAME: env.get_template(SH_NAME + ".j2").render(context),
+    }
+
+
+def ensure_checkpoint(spec: Spec) -> None:
+    """Create the CPU engine's checkpoint when the spec asks for it (`model.init`) and it is missing."""
+    m = spec.model
+    if m.backend == "cpu" and m.init is not None and not (m.checkpoint_dir / "config.json").exists():
+        from backend.cpu_engine.init_model import create_checkpoint
+
+        create_checkpoint(m.checkpoint_dir, family=m.init.family, size=m.init.size, seed=m.init.seed)
+
+
+def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Rendered:
+    """Write the deployment folder. Files are written to a temporary sibling first and moved into place, so a
+    failure leaves no half-written deployment behind; an existing folder's job records are kept."""
+    from backend.repository import write_model_repository
+
+    deploy_dir = Path(out_dir).expanduser().resolve()
+    if not is_script_safe_path(deploy_dir):
+        raise ValueError(
+            f"{deploy_dir}: the deployment folder's path must not contain spaces, quotes or shell characters "
+            "(Slurm's #SBATCH -o cannot quote them)"
+        )
+    ensure_checkpoint(spec)
+    scripts = render_scripts(spec, deploy_dir, templates)
+    deploy_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{deploy_dir.name}.", dir=deploy_dir.parent))
+    try:
+        write_model_repository(staging / REPO_NAME, spec.model.backend, repository_parameters(spec))
+        for name, text in scripts.items():
+            (staging / name).write_text(text)
+            (staging / name).chmod(0o755)
+        (staging / LAUNCH_NAME).write_text(json.dumps(launch_plan(spec, deploy_dir), indent=2) + "\n")
+        (staging / SPEC_NAME).write_text(dump_spec(spec))
+        deploy_dir.mkdir(exist_ok=True)
+        (deploy_dir / "logs").mkdir(exist_ok=True)
+        (deploy_dir / "jobs").mkdir(exist_ok=True)
+        # launch.json goes last: ranks of `hpc-serve launch SPEC` wait for it as the sign that all is in place.
+        for entry in sorted(staging.iterdir(), key=lambda e: e.name == LAUNCH_NAME):
+            target = deploy_dir / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Rendered(
+        deploy_dir=deploy_dir,
+        sub=deploy_dir / SUB_NAME,
+        sh=deploy_dir / SH_NAME,
+        model_repository=deploy_dir / REPO_NAME,
+        launch=deploy_dir / LAUNCH_NAME,
+    )

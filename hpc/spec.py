@@ -1,0 +1,594 @@
+"""The YAML job spec: schema, defaults, cross-field checks, and errors that point at a line.
+
+One spec describes one deployment: where it runs (`slurm`, `container`), what it serves (`model`), how
+Triton serves it (`triton`) and how many copies (`mode`, `replicas`). Everything a user types is checked
+here, before anything is rendered or submitted: a spec that loads is a spec that renders.
+
+Errors are collected, not raised one at a time, so `hpc-serve validate` lists every problem at once as
+``FILE:LINE: field.path: message``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+# Characters allowed in values that land in `#SBATCH` lines or paths baked into scripts. Slurm parses
+# `#SBATCH` lines itself (not a shell), but a newline there would start a new directive, and a path with
+# spaces or quotes would need quoting that `#SBATCH -o` does not do consistently across Slurm versions.
+_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+@%=/\-\[\]]+$")
+_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:|&*()\[\]\-]+$")
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,:+@=/~\-]+$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+
+
+def is_script_safe_path(path: str | Path) -> bool:
+    """True if a path can be written into `#SBATCH -o` and scripts without quoting problems."""
+    return bool(_SAFE_PATH.match(str(path)))
+
+
+def _no_newline(value: str) -> str:
+    if "\n" in value or "\r" in value or "\x00" in value:
+        raise ValueError("must be a single line (no newline or NUL characters)")
+    return value
+
+
+def _check(pattern: re.Pattern[str], what: str):
+    def validate(value: str | None) -> str | None:
+        if value is None:
+            return None
+        _no_newline(value)
+        if not pattern.match(value):
+            raise ValueError(f"{value!r} is not a valid {what}")
+        return value
+
+    return validate
+
+
+class _Section(BaseModel):
+    """Base for every section: unknown keys are errors (with a did-you-mean), never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+Port = int | Literal["auto"]
+
+
+class SlurmSpec(_Section):
+    """What `#SBATCH` asks for. Names follow sbatch's long options."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "01:00:00"
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0, description="GPUs requested per node (--gres=gpu:N); one rank per GPU")
+    ntasks_per_node: int | None = Field(
+        None, ge=1, description="ranks per node; default gpus_per_node, or world size / nodes on CPU"
+    )
+    cpus_per_task: int | None = Field(None, ge=1)
+    mem: str | None = None
+    exclusive: bool = False
+    constraint: str | None = None
+    reservation: str | None = None
+    gres: str | None = Field(None, description="a GRES string that replaces gpu:<gpus_per_node>")
+    sbatch_args: list[str] = Field(default_factory=list, description="extra #SBATCH directives, e.g. --mail-type=END")
+    srun_args: list[str] = Field(default_factory=list, description="extra srun options for the server step")
+    modules: list[str] = Field(default_factory=list, description="`module load` each, quoted")
+    setup: list[str] = Field(
+        default_factory=list, description="shell lines run verbatim before srun (your own commands)"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="exported for every rank, values quoted")
+    gpu_clocks_mhz: int | None = Field(None, ge=100, le=5000, description="lock SM clocks: nvidia-smi -lgc N,N")
+
+    _names = field_validator("partition", "account", "qos", "reservation", "gres")(_check(_SLURM_WORD, "Slurm name"))
+    _constraint = field_validator("constraint")(_check(_CONSTRAINT, "Slurm constraint expression"))
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        _no_newline(value)
+        if not _TIME.match(value):
+            raise ValueError(
+                f"{value!r} is not a Slurm time; use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+            )
+        return value
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str | None) -> str | None:
+        if value is not None and not _MEM.match(str(value)):
+            raise ValueError(f"{value!r} is not a Slurm memory size; use e.g. 64G, 512000M or 0 (all)")
+        return value
+
+    @field_validator("sbatch_args", "srun_args")
+    @classmethod
+    def _options(cls, values: list[str]) -> list[str]:
+        for value in values:
+            _no_newline(value)
+            if not re.match(r"^--?[A-Za-z][A-Za-z0-9\-]*(=[^\s'\"`$\\;&|<>]*)?$", value):
+                raise ValueError(
+                    f"{value!r} is not a single option like --mail-type=END (no spaces, quotes or shell characters)"
+                )
+        return values
+
+    @field_validator("modules", "setup")
+    @classmethod
+    def _lines(cls, values: list[str]) -> list[str]:
+        for value in values:
+            _no_newline(value)
+        return values
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, values: dict[str, str]) -> dict[str, str]:
+        for key, value in values.items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            _no_newline(str(value))
+        return {k: str(v) for k, v in values.items()}
+
+
+class ContainerSpec(_Section):
+    """How each rank's process is wrapped: nothing, pyxis (`srun --container-*`), or `apptainer exec --nv`."""
+
+    type: Literal["none", "pyxis", "apptainer"] = "none"
+    image: str | None = None
+    mounts: list[str] = Field(default_factory=list, description="SRC:DST[:FLAGS]; the deployment folder is added")
+    workdir: str | None = None
+    name: str | None = Field(None, description="pyxis --container-name (reuse an unpacked image across steps)")
+    python: str = Field("python3", description="python inside the container that runs the launcher")
+
+    _one_line = field_validator("image", "workdir", "python")(lambda v: _no_newline(v) if v else v)
+    _name = field_validator("name")(_check(_NAME, "container name"))
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, values: list[str]) -> list[str]:
+        for value in values:
+            _no_newline(value)
+            parts = value.split(":")
+            if not 1 <= len(parts) <= 3 or not all(parts[:2]):
+                raise ValueError(f"{value!r} is not SRC[:DST[:FLAGS]]")
+        return values
+
+    @model_validator(mode="after")
+    def _image_required(self) -> ContainerSpec:
+        if self.type != "none" and not self.image:
+            raise ValueError(f"@image: container.type {self.type} needs container.image")
+        return self
+
+
+class ModelInit(_Section):
+    """Create a small random-weight checkpoint if `checkpoint_dir` does not exist (CPU backend only)."""
+
+    family: Literal["gpt2", "llama"] = "gpt2"
+    size: Literal["tiny", "small"] = "tiny"
+    seed: int = 0
+
+
+class ModelSpec(_Section):
+    """What is served. `tensorrtllm`: an engine from trtllm-build; `cpu`: the embedded reference engine."""
+
+    backend: Literal["tensorrtllm", "cpu"] = "tensorrtllm"
+    engine_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+    tokenizer_dir: Path | None = None
+    tp_size: int = Field(1, ge=1)
+    pp_size: int = Field(1, ge=1)
+    init: ModelInit | None = None
+
+    @model_validator(mode="after")
+    def _dirs(self) -> ModelSpec:
+        if self.backend == "tensorrtllm":
+            if self.engine_dir is None:
+                raise ValueError("@engine_dir: model.backend tensorrtllm needs model.engine_dir (the trtllm-build output)")
+            if self.checkpoint_dir is not None or self.init is not None:
+                raise ValueError("@checkpoint_dir: model.checkpoint_dir and model.init are for backend: cpu; use engine_dir")
+            if self.tokenizer_dir is None:
+                raise ValueError("@tokenizer_dir: model.backend tensorrtllm needs model.tokenizer_dir")
+        else:
+            if self.checkpoint_dir is None:
+                raise ValueError("@checkpoint_dir: model.backend cpu needs model.checkpoint_dir (a Hugging Face folder)")
+            if self.engine_dir is not None:
+                raise ValueError("@engine_dir: model.engine_dir is for backend: tensorrtllm; use checkpoint_dir with backend: cpu")
+            if self.pp_size != 1:
+                raise ValueError("@pp_size: model.pp_size must be 1 with backend: cpu (the CPU engine splits by tensor only)")
+        return self
+
+    @property
+    def source_dir(self) -> Path:
+        """The folder the `tensorrt_llm` model reads (`gpt_model_path`)."""
+        return self.engine_dir if self.backend == "tensorrtllm" else self.checkpoint_dir  # type: ignore[return-value]
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.tokenizer_dir or self.source_dir
+
+
+class PortsSpec(_Section):
+    http: Port = "auto"
+    grpc: Port = "auto"
+    metrics: Port = "auto"
+
+    @field_validator("http", "grpc", "metrics")
+    @classmethod
+    def _range(cls, value: Port) -> Port:
+        if value != "auto" and not 1 <= int(value) <= 65535:
+            raise ValueError(f"{value} is not a TCP port (1-65535) or 'auto'")
+        return value
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PortsSpec:
+        fixed = [p for p in (self.http, self.grpc, self.metrics) if p != "auto"]
+        if len(fixed) != len(set(fixed)):
+            raise ValueError("@http: http, grpc and metrics ports must differ")
+        return self
+
+
+class TritonSpec(_Section):
+    """tritonserver and the model repository's parameters (upstream fill_template names)."""
+
+    server: str | None = Field(None, description="tritonserver binary; default $TRITONSERVER, NGC path, pytriton's")
+    ports: PortsSpec = Field(default_factory=PortsSpec)
+    triton_max_batch_size: int = Field(64, ge=1)
+    decoupled: bool = Field(True, description="decoupled_mode: needed for streaming and in-flight batching")
+    batching_strategy: Literal["inflight_fused_batching", "inflight_batching", "V1"] = "inflight_fused_batching"
+    batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
+    kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1)
+    max_tokens_in_paged_kv_cache: int | None = Field(None, ge=1)
+    max_attention_window_size: int | None = Field(None, ge=1)
+    enable_kv_cache_reuse: bool = False
+    exclude_input_in_output: bool = True
+    max_queue_delay_microseconds: int = Field(0, ge=0)
+    max_queue_size: int = Field(0, ge=0)
+    preprocessing_instance_count: int = Field(1, ge=1)
+    postprocessing_instance_count: int = Field(1, ge=1)
+    bls_instance_count: int = Field(1, ge=1)
+    parameters: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    log_verbose: int = Field(0, ge=0, le=6)
+    server_args: list[str] = Field(default_factory=list, description="extra tritonserver flags for every rank")
+    ready_timeout_s: int = Field(900, ge=10)
+
+    _server = field_validator("server")(lambda v: _no_newline(v) if v else v)
+
+    @field_validator("parameters")
+    @classmethod
+    def _known(cls, values: dict[str, Any]) -> dict[str, Any]:
+        if not values:
+            return values
+        from backend.repository import KNOWN_PARAMETERS
+
+        for key, value in values.items():
+            if key not in KNOWN_PARAMETERS:
+                raise ValueError(f"unknown tensorrt_llm parameter {key!r}{_did_you_mean(key, KNOWN_PARAMETERS)}")
+            if isinstance(value, str):
+                _no_newline(value)
+        return values
+
+    @field_validator("server_args")
+    @classmethod
+    def _args(cls, values: list[str]) -> list[str]:
+        for value in values:
+            _no_newline(value)
+            if not value.startswith("--"):
+                raise ValueError(f"{value!r}: give each flag as one item, --name=value")
+        return values
+
+
+class Spec(_Section):
+    """One deployment. Paths are resolved against the spec file's folder; `~` and `$VARS` are expanded."""
+
+    name: str
+    workdir: Path = Path("runs")
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
+    container: ContainerSpec = Field(default_factory=ContainerSpec)
+    model: ModelSpec
+    triton: TritonSpec = Field(default_factory=TritonSpec)
+    mode: Literal["leader", "orchestrator"] = "leader"
+    replicas: int = Field(1, ge=1)
+
+    _name = field_validator("name")(_check(_NAME, "name (letters, digits, '.', '_', '-'; 64 at most)"))
+
+    @property
+    def world_size_per_replica(self) -> int:
+        """Ranks in one copy of the model: TP×PP in leader mode, one orchestrator process otherwise."""
+        return 1 if self.mode == "orchestrator" else self.model.tp_size * self.model.pp_size
+
+    @property
+    def world_size(self) -> int:
+        return self.world_size_per_replica * self.replicas
+
+    @property
+    def tasks_per_node(self) -> int:
+        if self.slurm.ntasks_per_node is not None:
+            return self.slurm.ntasks_per_node
+        if self.slurm.gpus_per_node and self.model.backend == "tensorrtllm":
+            return self.slurm.gpus_per_node
+        return max(1, self.world_size // self.slurm.nodes)
+
+    @model_validator(mode="after")
+    def _fits(self) -> Spec:
+        s, m = self.slurm, self.model
+        tasks = s.nodes * self.tasks_per_node
+        if self.mode == "orchestrator":
+            if s.nodes != 1:
+                raise ValueError("@mode: mode orchestrator works on a single node only (MPI_Comm_spawn); use mode: leader")
+            if m.backend != "tensorrtllm":
+                raise ValueError("@mode: mode orchestrator needs model.backend tensorrtllm; the CPU engine uses leader mode")
+        if tasks != self.world_size:
+            raise ValueError(
+                f"@model.tp_size: tp_size {m.tp_size} × pp_size {m.pp_size} × replicas {self.replicas} = {self.world_size} ranks, "
+                f"but slurm.nodes {s.nodes} × ntasks_per_node {self.tasks_per_node} = {tasks} tasks; "
+                "make them equal"
+            )
+        if m.backend == "tensorrtllm" and self.mode == "leader":
+            if s.gpus_per_node and self.tasks_per_node > s.gpus_per_node:
+                raise ValueError(
+                    f"@slurm.gpus_per_node: {self.tasks_per_node} ranks per node but slurm.gpus_per_node is {s.gpus_per_node}: "
+                    "TensorRT-LLM runs one rank per GPU"
+                )
+            if not s.gpus_per_node:
+                raise ValueError("@slurm.gpus_per_node: model.backend tensorrtllm needs slurm.gpus_per_node (one rank per GPU)")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading, with errors that point at the YAML line
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec, located for a human: `FILE:LINE: field.path: message`."""
+
+    file: str
+    line: int
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path else ""
+        return f"{self.file}:{self.line}: {where}{self.message}"
+
+
+class SpecError(Exception):
+    """A spec with one or more problems. Nothing may be rendered or submitted from it."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def _did_you_mean(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _line_index(text: str) -> dict[tuple[str | int, ...], int]:
+    """Map every key path in the YAML document to its 1-based line (keys point at the key's line)."""
+    index: dict[tuple[str | int, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
+        index.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                child = path + (key.value,)
+                index[child] = key.start_mark.line + 1
+                walk(value, child)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                index[path + (i,)] = item.start_mark.line + 1
+                walk(item, path + (i,))
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    return index
+
+
+def _line_for(index: dict[tuple[str | int, ...], int], loc: tuple[str | int, ...]) -> int:
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in index:
+            return index[loc[:cut]]
+    return 1
+
+
+_SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
+    (): Spec,
+    ("slurm",): SlurmSpec,
+    ("container",): ContainerSpec,
+    ("model",): ModelSpec,
+    ("model", "init"): ModelInit,
+    ("triton",): TritonSpec,
+    ("triton", "ports"): PortsSpec,
+}
+
+
+def _problem_from_error(file: str, index: dict, err: dict) -> Problem:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    # pydantic reports union members (e.g. `int` / `literal['auto']`) as extra loc parts; drop them.
+    loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "float", "bool"})))
+    message = err["msg"].removeprefix("Value error, ")
+    if message.startswith("@"):  # a cross-field check names the field it is about: "@model.tp_size: ..."
+        where, message = message[1:].split(": ", 1)
+        loc = loc + tuple(where.split("."))
+    path = ".".join(str(p) for p in loc)
+    if err["type"] == "extra_forbidden":
+        parent = tuple(str(p) for p in loc[:-1])
+        model = _SECTIONS.get(parent)
+        fields = model.model_fields if model else {}
+        message = f"unknown key {loc[-1]!r}{_did_you_mean(str(loc[-1]), fields)}"
+    elif err["type"] == "missing":
+        message = "required field is missing"
+    return Problem(file, _line_for(index, loc), path, message)
+
+
+_VAR = re.compile(r"\$(\w+|\{\w+\})")
+
+
+def _expand_text(text: str) -> tuple[str, list[str]]:
+    """`~` and `$VAR`/`${VAR}` expanded on the submitting machine; the names of unset variables."""
+    missing = [m.strip("{}") for m in _VAR.findall(text) if m.strip("{}") not in os.environ]
+    return os.path.expandvars(os.path.expanduser(text)), missing
+
+
+def _resolve_paths(spec: Spec, base: Path, file: str, index: dict) -> tuple[Spec, list[Problem]]:
+    """Make every local path absolute, relative to the spec file (like docker compose), so rendered scripts
+    never depend on the directory `sbatch` was called from. Path fields may use `~` and `$VARS`
+    (e.g. `$SCRATCH`); an unset variable is a problem, not a literal `$` in a path."""
+    problems: list[Problem] = []
+
+    def text(value: str, loc: tuple[str, ...]) -> str:
+        expanded, missing = _expand_text(value)
+        for name in missing:
+            problems.append(Problem(file, _line_for(index, loc), ".".join(loc),
+                                    f"uses ${name}, which is not set; export {name} or write the path out"))
+        return expanded
+
+    def path(value: Path | None, loc: tuple[str, ...]) -> Path | None:
+        if value is None:
+            return None
+        expanded = Path(text(str(value), loc))
+        return (expanded if expanded.is_absolute() else base / expanded).resolve()
+
+    m, c = spec.model, spec.container
+    model = m.model_copy(update={
+        "engine_dir": path(m.engine_dir, ("model", "engine_dir")),
+        "checkpoint_dir": path(m.checkpoint_dir, ("model", "checkpoint_dir")),
+        "tokenizer_dir": path(m.tokenizer_dir, ("model", "tokenizer_dir")),
+    })
+    container = c.model_copy(update={
+        "image": text(c.image, ("container", "image")) if c.image else None,
+        "mounts": [text(mount, ("container", "mounts", str(i))) for i, mount in enumerate(c.mounts)],
+    })
+    spec = spec.model_copy(update={"workdir": path(spec.workdir, ("workdir",)), "model": model,
+                                   "container": container})
+    return spec, problems
+
+
+def _engine_parallelism(engine_dir: Path) -> tuple[int, int] | None:
+    """(tp, pp) an engine was built for, from trtllm-build's config.json (new or legacy layout)."""
+    try:
+        config = json.loads((engine_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    mapping = config.get("pretrained_config", {}).get("mapping")
+    if mapping:
+        return int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
+    builder = config.get("builder_config", {})
+    if "tensor_parallel" in builder:
+        return int(builder["tensor_parallel"]), int(builder.get("pipeline_parallel", 1))
+    return None
+
+
+def _filesystem_problems(spec: Spec, file: str, index: dict) -> list[Problem]:
+    """Checks that need the file system: paths that must exist, engines built for another TP×PP."""
+    problems: list[Problem] = []
+
+    def add(loc: tuple[str, ...], message: str) -> None:
+        problems.append(Problem(file, _line_for(index, loc), ".".join(loc), message))
+
+    m = spec.model
+    if m.backend == "tensorrtllm" and m.engine_dir is not None:
+        if not m.engine_dir.is_dir():
+            add(("model", "engine_dir"), f"{m.engine_dir} does not exist; point it at the trtllm-build output")
+        else:
+            built = _engine_parallelism(m.engine_dir)
+            if built and built != (m.tp_size, m.pp_size):
+                add(
+                    ("model", "tp_size"),
+                    f"engine in {m.engine_dir} was built for tp_size {built[0]} × pp_size {built[1]}, "
+                    f"the spec says tp_size {m.tp_size} × pp_size {m.pp_size}; rebuild or change the spec",
+                )
+    if m.backend == "cpu" and m.checkpoint_dir is not None and not m.checkpoint_dir.is_dir() and m.init is None:
+        add(
+            ("model", "checkpoint_dir"),
+            f"{m.checkpoint_dir} does not exist; create one with `hpc-serve init-model {m.checkpoint_dir}` "
+            "or add `init: {family: gpt2}` to create it at render time",
+        )
+    if m.tokenizer_dir is not None and not m.tokenizer_dir.is_dir():
+        add(("model", "tokenizer_dir"), f"{m.tokenizer_dir} does not exist")
+    if m.backend == "cpu" and m.checkpoint_dir is not None and m.checkpoint_dir.is_dir():
+        heads = _attention_heads(m.checkpoint_dir)
+        if heads and any(h % m.tp_size for h in heads):
+            add(("model", "tp_size"), f"tp_size {m.tp_size} does not divide the model's attention heads {heads}")
+    workdir = str(spec.workdir)
+    if not is_script_safe_path(workdir):
+        add(("workdir",), f"{workdir!r} has characters (spaces, quotes, $...) that Slurm's #SBATCH -o cannot take")
+    if spec.container.type == "apptainer" and spec.container.image and spec.container.image.endswith(".sif"):
+        if not Path(spec.container.image).exists():
+            add(("container", "image"), f"{spec.container.image} does not exist")
+    for i, mount in enumerate(spec.container.mounts):
+        src = Path(mount.split(":")[0])
+        if not src.exists():
+            add(("container", "mounts", str(i)), f"mount source {src} does not exist")
+    return problems
+
+
+def _attention_heads(checkpoint: Path) -> tuple[int, ...] | None:
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    heads = config.get("num_attention_heads", config.get("n_head"))
+    kv = config.get("num_key_value_heads", heads)
+    return tuple(int(h) for h in (heads, kv) if h) or None
+
+
+def load_spec(path: str | Path, *, check_files: bool = True) -> Spec:
+    """Read, validate and resolve a spec file; raise SpecError listing every problem with its line."""
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError([Problem(file, 1, "", f"cannot read the spec: {exc.strerror}")]) from None
+    return parse_spec(text, file=file, base=path.resolve().parent, check_files=check_files)
+
+
+def parse_spec(text: str, *, file: str = "<spec>", base: Path | None = None, check_files: bool = True) -> Spec:
+    """Validate spec text; `base` is the folder relative paths are resolved against."""
+    try:
+        data = yaml.safe_load(text)
+        index = _line_index(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise SpecError([Problem(file, line, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
+    if not isinstance(data, dict):
+        raise SpecError([Problem(file, 1, "", "the spec must be a YAML mapping with at least `name` and `model`")])
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError([_problem_from_error(file, index, e) for e in exc.errors()]) from None
+    spec, problems = _resolve_paths(spec, base or Path.cwd(), file, index)
+    if problems:
+        raise SpecError(problems)
+    if check_files:
+        problems = _filesystem_problems(spec, file, index)
+        if problems:
+            raise SpecError(problems)
+    return spec
+
+
+def dump_spec(spec: Spec) -> str:
+    """The resolved spec as YAML (what `render` writes beside the scripts, and what `status` reads back)."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

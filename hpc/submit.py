@@ -1,0 +1,88 @@
+"""Submit a spec: render it into a fresh deployment folder, then hand exactly that `.sub` to sbatch (or run it
+with the local executor). Also `cancel`, the other end of a job's life."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+from hpc.jobs import JobRef, register
+from hpc.render import render
+from hpc.spec import Spec
+
+CANCEL_MARKER = "cancel_requested"
+
+
+class SubmitError(RuntimeError):
+    """sbatch refused the job; the message is sbatch's own."""
+
+
+def default_executor() -> str:
+    """Slurm where there is a Slurm, else this machine."""
+    return "slurm" if shutil.which("sbatch") else "local"
+
+
+def new_deployment_dir(spec: Spec) -> Path:
+    """`<workdir>/<name>-<time>`: a new folder per submission, so a job never runs from files that a later
+    submission rewrote."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = spec.workdir / f"{spec.name}-{stamp}"
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def sbatch(sub: Path) -> str:
+    """Submit a rendered `.sub` as it is; return the job id."""
+    proc = subprocess.run(["sbatch", "--parsable", str(sub)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SubmitError(proc.stderr.strip() or f"sbatch exited with {proc.returncode}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def submit(spec: Spec, executor: str | None = None, deploy_dir: Path | None = None) -> JobRef:
+    """Render, then submit. Nothing is submitted if rendering fails."""
+    executor = executor or default_executor()
+    rendered = render(spec, deploy_dir or new_deployment_dir(spec))
+    if executor == "local":
+        from hpc.local import submit_local
+
+        return submit_local(rendered.deploy_dir)
+    if executor != "slurm":
+        raise ValueError(f"--executor {executor!r}: use slurm or local")
+    job_id = sbatch(rendered.sub)
+    job_dir = rendered.deploy_dir / "jobs" / job_id
+    (job_dir / "endpoints").mkdir(parents=True, exist_ok=True)
+    (job_dir / "ranks").mkdir(exist_ok=True)
+    register(job_id, job_dir)
+    return JobRef(job_id, job_dir)
+
+
+def cancel(ref: JobRef, grace_s: float = 30.0) -> None:
+    """Graceful stop first (SIGTERM to every rank: launchers stop tritonserver cleanly), then scancel.
+
+    The marker records that the user asked for this, so a job whose ranks all stopped cleanly before
+    `scancel` reached it is still reported CANCELLED rather than COMPLETED."""
+    (ref.job_dir / CANCEL_MARKER).write_text(json.dumps({"at": time.time()}))
+    if ref.is_local:
+        from hpc.local import cancel_local
+
+        cancel_local(ref, grace_s)
+        return
+    from hpc.track import job_status
+
+    if job_status(ref).state in ("STARTING", "READY"):
+        subprocess.run(["scancel", "--signal=TERM", ref.job_id], capture_output=True)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            ranks = list(ref.ranks_dir.glob("rank-*.json"))
+            if len(ranks) >= ref.world_size or job_status(ref).done:
+                break
+            time.sleep(0.5)
+    subprocess.run(["scancel", ref.job_id], capture_output=True)

@@ -1,0 +1,212 @@
+"""A job's state, from the scheduler and the job folder, in one state machine.
+
+    PENDING (Slurm's reason) → STARTING → READY → COMPLETED | FAILED | CANCELLED | TIMEOUT
+
+Where each transition is observed:
+- PENDING, and the end states: the scheduler (Slurm through submitit's sacct watcher, with squeue/scontrol
+  when sacct has nothing yet or is not there; the local executor's local.json).
+- STARTING → READY: every replica's leader has published `endpoints/replica-<k>.json` after its
+  `/v2/health/ready` answered 200.
+- FAILED, and why: the rank exit records (`ranks/rank-<r>.json`); the earliest non-zero exit is the cause,
+  the later ones are ranks that srun's --kill-on-bad-exit took down with it. A rank that failed makes the job
+  FAILED at once, even while Slurm still says RUNNING (the step is being torn down).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpc.jobs import JobRef
+
+ACTIVE = ("PENDING", "STARTING", "READY")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+UNKNOWN_GIVE_UP_S = 120.0
+
+_SLURM_STATES = {
+    "PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING", "REQUEUE_HOLD": "PENDING",
+    "REQUEUE_FED": "PENDING", "RESV_DEL_HOLD": "PENDING", "SUSPENDED": "PENDING",
+    "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "STAGE_OUT": "RUNNING", "SIGNALING": "RUNNING",
+    "RESIZING": "RUNNING",
+    "COMPLETED": "COMPLETED",
+    "FAILED": "FAILED", "NODE_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED", "BOOT_FAIL": "FAILED",
+    "CANCELLED": "CANCELLED", "PREEMPTED": "CANCELLED", "REVOKED": "CANCELLED",
+    "TIMEOUT": "TIMEOUT", "DEADLINE": "TIMEOUT",
+}
+
+
+@dataclass
+class JobStatus:
+    """What `hpc-serve status` shows and `--json` prints."""
+
+    job_id: str
+    state: str
+    reason: str | None = None
+    scheduler_state: str | None = None
+    job_dir: str | None = None
+    endpoints: list[dict] = field(default_factory=list)
+    replicas: int = 1
+    failed_rank: dict | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+    def summary(self) -> str:
+        text = f"{self.job_id} {self.state}"
+        if self.state == "PENDING" and self.reason:
+            text += f" ({self.reason})"
+        elif self.state == "STARTING":
+            text += f" ({len(self.endpoints)}/{self.replicas} replicas ready)"
+        elif self.state == "READY":
+            text += " " + ", ".join(f"http://{e['address']}:{e['http_port']}" for e in self.endpoints)
+        if self.failed_rank:
+            text += "\n" + describe_failure(self.failed_rank)
+        elif self.reason and self.state in TERMINAL:
+            text += f" ({self.reason})"
+        return text
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def describe_failure(record: dict) -> str:
+    """`rank 1 on node2 exited with SIGKILL` plus its last log lines: the first thing a user needs."""
+    how = f"signal {record['signal']}" if record.get("signal") else f"exit code {record.get('exit_code')}"
+    lines = [f"rank {record.get('rank')} on {record.get('host')} exited with {how}; last lines:"]
+    lines += [f"  | {line}" for line in record.get("log_tail", [])[-20:]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Schedulers: where PENDING/RUNNING/end states come from
+
+
+def _run(cmd: list[str], timeout: float = 30) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def slurm_state(job_id: str, job_dir: Path) -> tuple[str, str | None]:
+    """(raw Slurm state, reason). sacct via submitit first (it survives the job's end); squeue and scontrol
+    for what sacct does not know yet (a job seconds old) or when accounting is off."""
+    state = "UNKNOWN"
+    if shutil.which("sacct"):
+        import submitit
+
+        job = submitit.SlurmJob(folder=job_dir.parent / "%j", job_id=job_id)
+        state = job.watcher.get_state(job_id, mode="force").split()[0]
+    reason = None
+    if state in ("UNKNOWN", "PENDING") and shutil.which("squeue"):
+        out = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"]).strip()
+        if out:
+            state, reason = out.split("|", 1)
+    if state == "UNKNOWN" and shutil.which("scontrol"):
+        out = _run(["scontrol", "show", "job", job_id])
+        match = re.search(r"JobState=(\S+)(?:.*?Reason=(\S+))?", out, re.S)
+        if match:
+            state, reason = match.group(1), match.group(2)
+    return state, (None if reason in (None, "None", "(null)") else reason)
+
+
+def local_state(job_dir: Path) -> tuple[str, str | None]:
+    """(state, reason) of a local job from its supervisor's local.json."""
+    import os
+
+    path = job_dir / "local.json"
+    if not path.exists():
+        return "UNKNOWN", "the local supervisor never started"
+    record = json.loads(path.read_text())
+    state = record.get("state", "UNKNOWN")
+    if state == "RUNNING":
+        try:
+            os.kill(int(record["pid"]), 0)
+        except (ProcessLookupError, KeyError, ValueError):
+            return "FAILED", "the local supervisor died"
+    reason = f"exit code {record['exit_code']}" if state == "FAILED" and "exit_code" in record else None
+    return state, reason
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def read_records(folder: Path) -> list[dict]:
+    records = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # a record being replaced right now; the next poll sees it
+    return records
+
+
+def first_failure(ranks: list[dict]) -> dict | None:
+    failed = [r for r in ranks if r.get("exit_code") not in (0, None)]
+    return min(failed, key=lambda r: r.get("ended_at", 0)) if failed else None
+
+
+def job_status(ref: JobRef) -> JobStatus:
+    """The job's state now."""
+    raw, reason = local_state(ref.job_dir) if ref.is_local else slurm_state(ref.job_id, ref.job_dir)
+    state = _SLURM_STATES.get(raw, raw)
+    try:
+        replicas = int(ref.launch_plan()["replicas"])
+    except (OSError, ValueError, KeyError):
+        replicas = 1
+    endpoints = read_records(ref.endpoints_dir) if state == "RUNNING" else []
+    failure = first_failure(read_records(ref.ranks_dir))
+    if state == "RUNNING":
+        if failure is not None:
+            state = "FAILED"
+        else:
+            state = "READY" if len(endpoints) >= replicas else "STARTING"
+    elif state in ("COMPLETED", "CANCELLED", "TIMEOUT"):
+        failure = failure if state == "COMPLETED" else None
+        if failure is not None:
+            state = "FAILED"
+    if state in ("COMPLETED", "FAILED") and (ref.job_dir / "cancel_requested").exists():
+        state, failure = "CANCELLED", None  # the user stopped it (hpc.submit.cancel); ranks exiting is expected
+    return JobStatus(
+        job_id=ref.job_id,
+        state=state,
+        reason=reason,
+        scheduler_state=raw,
+        job_dir=str(ref.job_dir),
+        endpoints=endpoints,
+        replicas=replicas,
+        failed_rank=failure if state == "FAILED" else None,
+    )
+
+
+def wait(ref: JobRef, *, until: tuple[str, ...] = ("READY",), timeout: float | None = None,
+         on_change=None, poll_s: float = 1.0) -> JobStatus:
+    """Poll until the job reaches one of `until` or ends. Never waits forever on UNKNOWN: a job the
+    scheduler has not heard of for UNKNOWN_GIVE_UP_S is reported as it is."""
+    start = time.monotonic()
+    unknown_since: float | None = None
+    last = None
+    while True:
+        status = job_status(ref)
+        key = (status.state, status.reason, len(status.endpoints))
+        if key != last and on_change is not None:
+            on_change(status)
+        last = key
+        if status.state in until or status.done:
+            return status
+        now = time.monotonic()
+        if status.state == "UNKNOWN":
+            unknown_since = unknown_since or now
+            if now - unknown_since > UNKNOWN_GIVE_UP_S:
+                return status
+        else:
+            unknown_since = None
+        if timeout is not None and now - start > timeout:
+            return status
+        time.sleep(poll_s)
