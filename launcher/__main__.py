@@ -1,0 +1,8 @@
+"""``python -m launcher DIR``."""
+
+import sys
+
+from .run import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The tritonserver argv of one rank: a pure function, so it can be unit-tested and printed before running."""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from .ports import Ports
+
+
+def shm_prefix(rank: int, job_id: str) -> str:
+    """``prefix<rank>_<job>_``: upstream's ``prefix<rank>_`` shape (#684), plus the job id so two deployments
+    sharing a node's /dev/shm never collide (newer python_backend also randomises region names, PR #351; the prefix is cheap insurance)."""
+    safe_job = re.sub(r"[^A-Za-z0-9-]", "-", job_id)
+    return f"prefix{rank}_{safe_job}_"
+
+
+def build_argv(
+    argv0: str,
+    *,
+    model_repository: str,
+    rank: int,
+    job_id: str,
+    leader: bool,
+    ports: Ports | None = None,
+    follower_models: Sequence[str] = (),
+    backend_dir: str | None = None,
+    server_args: Sequence[str] = (),
+) -> list[str]:
+    """Build the command line.
+
+    Leader: the whole repository (default model control) on ``ports``.  Follower: only ``follower_models`` with
+    explicit model control (the python pre/post/BLS models stay on the leader, as in launch_triton_server.py), and
+    all three endpoints disabled, so even a follower that finishes loading (the root cause of #243) cannot take
+    a port.  ``server_args`` come last so a user can override anything.
+    """
+    argv = [argv0, f"--model-repository={model_repository}", "--disable-auto-complete-config"]
+    if backend_dir:
+        argv.append(f"--backend-directory={backend_dir}")
+    argv.append(f"--backend-config=python,shm-region-prefix-name={shm_prefix(rank, job_id)}")
+    if leader:
+        if ports is None:
+            raise ValueError("a leader needs ports")
+        argv += [f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"]
+    else:
+        if not follower_models:
+            raise ValueError("follower_models is empty: a follower would load nothing and exit")
+        argv.append("--model-control-mode=explicit")
+        argv += [f"--load-model={name}" for name in follower_models]
+        argv += ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+    argv += list(server_args)
+    return argv

@@ -1,0 +1,118 @@
+"""Port choice for the replica leader: honour fixed ports, pick free ones for ``auto``, spot bind failures.
+
+Upstream gives every rank the same fixed ports (#243); two deployments sharing a node then collide.  ``auto`` asks
+the kernel for free ports (bind to port 0) on the leader's node; the small window between our probe and
+tritonserver's own bind is covered by retrying with fresh ports when tritonserver reports the port in use.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+NAMES = ("http", "grpc", "metrics")
+
+
+class PortError(RuntimeError):
+    """A fixed (user-chosen) port cannot be used; names the port so the user can pick another."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The three tritonserver endpoints of a leader."""
+
+    http: int
+    grpc: int
+    metrics: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"http": self.http, "grpc": self.grpc, "metrics": self.metrics}
+
+
+def free_ports(count: int, exclude: Iterable[int] = (), host: str = "") -> list[int]:
+    """``count`` distinct ports that were free a moment ago (all probes are held open together, so distinct)."""
+    excluded = set(exclude)
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(count * 20):
+            if len(ports) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            held.append(sock)
+            port = sock.getsockname()[1]
+            if port not in excluded and port not in ports:
+                ports.append(port)
+    finally:
+        for sock in held:
+            sock.close()
+    if len(ports) != count:
+        raise PortError(f"could not find {count} free ports")
+    return ports
+
+
+def allocate(spec: Mapping[str, object] | None, avoid: Iterable[int] = ()) -> tuple[Ports, frozenset[str]]:
+    """Resolve ``{"http": "auto"|int, ...}`` into Ports; also return the names that were ``auto``.
+
+    ``avoid`` holds ports that already failed (or belong to other endpoints) so a retry never reuses them.
+    """
+    spec = dict(spec or {})
+    fixed: dict[str, int] = {}
+    auto: list[str] = []
+    for name in NAMES:
+        value = spec.get(name, "auto")
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("auto", "", "0")):
+            auto.append(name)
+            continue
+        try:
+            port = int(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise PortError(f"ports.{name} must be an integer or \"auto\", got {value!r}") from None
+        if not 0 < port < 65536:
+            raise PortError(f"ports.{name} = {port} is not a TCP port")
+        fixed[name] = port
+    if len(set(fixed.values())) != len(fixed):
+        raise PortError(f"ports must be distinct, got {fixed}")
+    picked = free_ports(len(auto), exclude=set(avoid) | set(fixed.values())) if auto else []
+    values = {**fixed, **dict(zip(auto, picked))}
+    return Ports(**values), frozenset(auto)
+
+
+def check_fixed(ports: Ports, auto: frozenset[str], host: str = "") -> None:
+    """Fail early, naming the port, when a user-fixed port is already bound on this node."""
+    for name, port in ports.as_dict().items():
+        if name in auto:
+            continue
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver does: ignore TIME_WAIT
+            sock.bind((host, port))
+        except OSError as exc:
+            raise PortError(
+                f"{name} port {port} (fixed in launch.json ports) is already in use on {socket.gethostname()}: "
+                f"{exc.strerror}; choose another port or \"auto\""
+            ) from None
+        finally:
+            sock.close()
+
+
+# tritonserver 2.51: main.cc "failed to start GRPC service: Unavailable - Socket '0.0.0.0:18001' already in use"
+# (same wording for HTTP and Metrics), plus grpc's own "Address already in use" lines.
+_IN_USE = re.compile(r"Socket '[^']*:(\d+)' already in use|:(\d+)'?\D{0,40}[Aa]ddress already in use")
+_FAILED_START = re.compile(r"failed to start (HTTP|GRPC|gRPC|Metrics) service", re.IGNORECASE)
+
+
+def bind_failure(lines: Iterable[str]) -> tuple[bool, int | None]:
+    """(did tritonserver fail to bind an endpoint?, the port number if the log names it)."""
+    failed, port = False, None
+    for line in lines:
+        match = _IN_USE.search(line)
+        if match:
+            failed = True
+            port = int(match.group(1) or match.group(2))
+        if _FAILED_START.search(line) or "already in use" in line:
+            failed = True
+    return failed, port

@@ -1,0 +1,126 @@
+"""Who am I? Rank, world size, node and job id of this launcher process.
+
+The launcher runs once per task of ``srun --mpi=pmix`` (or ``mpirun``, or by hand), so everything it needs to know
+about its place in the job comes from the environment the starter exported.  Kept free of I/O so that the parsing
+is unit-testable with a plain dict.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Mapping
+
+
+class WorldSizeError(ValueError):
+    """The number of started processes does not match tp_size × pp_size × replicas."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Identity of this process inside the job (as reported by the process starter)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    node: str
+    job_id: str
+    source: str  # "slurm" | "openmpi" | "pmi" | "single": which starter's variables were used
+
+
+@dataclass(frozen=True)
+class Role:
+    """What this rank does: which replica it belongs to and whether it is that replica's serving leader."""
+
+    replica: int
+    rank_in_replica: int
+    leader: bool
+
+
+def _int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name, "").strip()
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                continue
+    return None
+
+
+def job_id_from_env(env: Mapping[str, str] | None = None) -> str:
+    """``$SLURM_JOB_ID`` under Slurm, ``$HPC_SERVE_JOB_ID`` under the local executor, else ``local-<pid>``."""
+    env = os.environ if env is None else env
+    return env.get("SLURM_JOB_ID") or env.get("HPC_SERVE_JOB_ID") or f"local-{os.getpid()}"
+
+
+def detect(env: Mapping[str, str] | None = None) -> RankInfo:
+    """Read rank/local rank/world size from whichever process starter launched us.
+
+    Order matters:
+    * ``OMPI_COMM_WORLD_*`` first: they exist only when Open MPI's ``mpirun`` started this very process, and then
+      they are authoritative; an ``mpirun`` inside an sbatch allocation leaves stale ``SLURM_PROCID`` values
+      (those of the batch step or of the orted daemon) in the environment.
+    * ``SLURM_PROCID`` + ``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS`` (``srun``; ``srun --mpi=pmix`` does not export
+      ``OMPI_COMM_WORLD_*``).  ``SLURM_STEP_NUM_TASKS`` is preferred because it is only set inside a step: a
+      launcher started directly from the batch script sees ``SLURM_NTASKS`` of the whole allocation.
+    * ``PMI_RANK``/``PMI_SIZE`` (MPICH/Hydra).  ``PMIX_RANK`` alone is not used: PMIx exports no size variable.
+    * otherwise a single process (rank 0 of 1).
+    """
+    env = os.environ if env is None else env
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    job_id = job_id_from_env(env)
+
+    rank = _int(env, "OMPI_COMM_WORLD_RANK")
+    size = _int(env, "OMPI_COMM_WORLD_SIZE")
+    if rank is not None and size is not None:
+        local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+        return RankInfo(rank, local if local is not None else 0, size, node, job_id, "openmpi")
+
+    rank = _int(env, "SLURM_PROCID")
+    size = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+    if rank is not None and size is not None:
+        local = _int(env, "SLURM_LOCALID")
+        return RankInfo(rank, local if local is not None else 0, size, node, job_id, "slurm")
+
+    rank = _int(env, "PMI_RANK")
+    size = _int(env, "PMI_SIZE")
+    if rank is not None and size is not None:
+        local = _int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+        return RankInfo(rank, local if local is not None else 0, size, node, job_id, "pmi")
+
+    return RankInfo(0, 0, 1, node, job_id, "single")
+
+
+_STARTER = {
+    "slurm": "srun started {n} tasks",
+    "openmpi": "mpirun started {n} processes",
+    "pmi": "the MPI launcher started {n} processes",
+    "single": "{n} process was started (no srun/mpirun environment found)",
+}
+
+
+def role(info: RankInfo, tp_size: int, pp_size: int, replicas: int, world_size_per_replica: int | None = None) -> Role:
+    """Map the global rank onto (replica, leader) and refuse a world that does not fit the plan.
+
+    In TRT-LLM leader mode a replica is ``tp×pp`` consecutive ranks and only its first rank serves; a wrong world
+    size is the root cause of upstream's "port already in use" reports (#243), so it is rejected up front with the
+    numbers and the fix.  ``world_size_per_replica`` overrides ``tp×pp`` (orchestrator mode uses 1).
+    """
+    wpr = world_size_per_replica if world_size_per_replica is not None else tp_size * pp_size
+    if wpr < 1 or replicas < 1:
+        raise WorldSizeError(f"invalid plan: world_size_per_replica {wpr}, replicas {replicas}")
+    expected = wpr * replicas
+    if info.world_size != expected:
+        if world_size_per_replica is not None and world_size_per_replica != tp_size * pp_size:
+            need = f"world_size_per_replica {wpr} × replicas {replicas} = {expected}"
+        else:
+            need = f"tp_size {tp_size} × pp_size {pp_size} × replicas {replicas} = {expected}"
+        started = _STARTER.get(info.source, "{n} processes were started").format(n=info.world_size)
+        raise WorldSizeError(
+            f"{started} but the spec needs {need}; ask sbatch/srun for --ntasks={expected}"
+        )
+    if not 0 <= info.rank < info.world_size:
+        raise WorldSizeError(f"rank {info.rank} is outside the world of size {info.world_size}")
+    return Role(replica=info.rank // wpr, rank_in_replica=info.rank % wpr, leader=info.rank % wpr == 0)

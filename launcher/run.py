@@ -1,0 +1,192 @@
+"""``python -m launcher DIR``: one rank of a deployment, from launch.json to exit record."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from . import config, records
+from .command import build_argv
+from .ports import PortError, Ports, allocate, bind_failure, check_fixed
+from .rank import RankInfo, Role, WorldSizeError, detect, role
+from .server import ServerBinary, ServerNotFound, merge_env, resolve
+from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, signal_name, wait_ready
+
+EXIT_CONFIG = 2        # launch.json / world size / binary problems: nothing was started
+EXIT_PORT = 3          # a fixed port is taken, or auto ports kept colliding
+EXIT_READY_TIMEOUT = 124
+PORT_ATTEMPTS = 5
+
+#: the folder holding ``launcher/`` and ``backend/``: python models must be able to ``import backend...``
+SOURCE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def child_env(plan: config.LaunchPlan, server: ServerBinary, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of tritonserver: ours, + launch.json ``env`` (e.g. PMIX_MCA_gds=hash, #553), + the server's
+    library path, + the hpc-serve source root on PYTHONPATH (for the python backend stubs)."""
+    env = merge_env(dict(os.environ if base is None else base), plan.env)
+    env = merge_env(env, server.env)
+    env = merge_env(env, {"PYTHONPATH": SOURCE_ROOT})
+    if plan.mode == "orchestrator":
+        env.setdefault("TRTLLM_ORCHESTRATOR", "1")
+    return env
+
+
+def _single_node(env: dict[str, str] | os._Environ) -> bool:
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    return nodes is None or nodes.strip() == "1"
+
+
+def _record_failure(plan_dir: Path, job_id: str, rank: int, host: str, code: int, message: str,
+                    tail: Sequence[str] = ()) -> None:
+    try:
+        records.write_json_atomic(
+            records.rank_path(plan_dir, job_id, rank),
+            records.rank_record(rank=rank, host=host, exit_code=code, signal_name=None,
+                                log_tail=list(tail)[-LOG_TAIL:] + [message], error=message),
+        )
+    except OSError as exc:
+        log(f"could not write the rank record: {exc}")
+
+
+def _finish(plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Child, rc: int,
+            error: str | None = None) -> int:
+    sup.reap_group(child)
+    tail = list(child.ring)[-LOG_TAIL:]
+    if error:
+        tail.append(error)
+    sig = signal_name(rc)
+    records.write_json_atomic(
+        records.rank_path(plan.deployment_dir, info.job_id, info.rank),
+        records.rank_record(rank=info.rank, host=info.node, exit_code=rc, signal_name=sig, log_tail=tail,
+                            error=error),
+    )
+    log(f"rank {info.rank}: tritonserver exited with {sig or rc}" + (f" ({error})" if error else ""))
+    return exit_code(rc)
+
+
+def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary,
+          sup: Supervisor | None = None) -> int:
+    """Start tritonserver for this rank and supervise it until it exits; return the launcher's exit code."""
+    sup = sup or Supervisor(plan.stop_grace_s)
+    env = child_env(plan, server)
+    avoid: set[int] = set()
+    endpoint = records.endpoint_path(plan.deployment_dir, info.job_id, me.replica)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        ports: Ports | None = None
+        auto: frozenset[str] = frozenset()
+        if me.leader:
+            try:
+                ports, auto = allocate(plan.ports, avoid=avoid)
+                check_fixed(ports, auto)
+            except PortError as exc:
+                log(str(exc))
+                _record_failure(plan.deployment_dir, info.job_id, info.rank, info.node, EXIT_PORT, str(exc))
+                return EXIT_PORT
+        argv = build_argv(
+            server.argv0, model_repository=plan.model_repository, rank=info.rank, job_id=info.job_id,
+            leader=me.leader, ports=ports, follower_models=plan.follower_models, backend_dir=server.backend_dir,
+            server_args=plan.server_args,
+        )
+        print(f"[hpc-serve] rank {info.rank}/{info.world_size} on {info.node}: replica {me.replica}, "
+              f"{'leader' if me.leader else 'follower'}, cmd: {describe(argv)}", flush=True)
+        if sup.stopping:
+            log("stop requested before tritonserver started")
+            return exit_code(-(sup.stop_signal or signal.SIGTERM))
+        child = sup.spawn(argv, env)
+        if not me.leader:
+            return _finish(plan, info, sup, child, sup.wait(child))
+
+        assert ports is not None
+        state = wait_ready(sup, child, ports.http, plan.ready_timeout_s)
+        if state == "timeout":
+            msg = f"not ready after ready_timeout_s={plan.ready_timeout_s:g} s; stopping tritonserver"
+            log(msg)
+            sup.stop(child)
+            _finish(plan, info, sup, child, child.proc.returncode, error=msg)
+            return EXIT_READY_TIMEOUT
+        if state == "exited":
+            rc = child.proc.returncode
+            sup.reap_group(child)
+            failed, port = bind_failure(child.ring)
+            if failed and not sup.stopping:
+                by_port = {v: k for k, v in ports.as_dict().items()}
+                name = by_port.get(port) if port is not None else None
+                if name is not None and name not in auto:
+                    msg = (f"tritonserver could not bind the {name} port {port} fixed in launch.json ports "
+                           f"(already in use on {info.node}); choose another port or \"auto\"")
+                    log(msg)
+                    _finish(plan, info, sup, child, rc, error=msg)
+                    return EXIT_PORT
+                if auto and attempt < PORT_ATTEMPTS:
+                    log(f"tritonserver failed to bind {ports.as_dict()} (attempt {attempt}/{PORT_ATTEMPTS}); "
+                        "retrying with other ports")
+                    avoid |= set(ports.as_dict().values())
+                    continue
+            return _finish(plan, info, sup, child, rc)
+        if state == "ready":
+            ready_at = time.time()
+            record = records.endpoint_record(
+                job_id=info.job_id, replica=me.replica, rank=info.rank, host=info.node,
+                address=records.advertised_address(info.node, _single_node(os.environ)),
+                http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics, pid=child.proc.pid,
+                started_at=child.started_at, ready_at=ready_at,
+            )
+            records.write_json_atomic(endpoint, record)
+            log(f"replica {me.replica} ready in {ready_at - child.started_at:.2f} s: "
+                f"http://{record['address']}:{ports.http} (record {endpoint})")
+        try:
+            rc = sup.wait(child)
+        finally:
+            try:
+                endpoint.unlink()
+            except FileNotFoundError:
+                pass
+        return _finish(plan, info, sup, child, rc)
+    raise AssertionError("unreachable")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: ``launcher.main(["DIR"])`` or ``python -m launcher DIR``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m launcher", description=__doc__)
+    parser.add_argument("deployment", help="deployment folder containing launch.json (or the launch.json itself)")
+    parser.add_argument("--dry-run", action="store_true", help="print this rank's tritonserver command and exit")
+    args = parser.parse_args(argv)
+
+    try:
+        plan = config.load(args.deployment)
+    except config.PlanError as exc:
+        log(str(exc))
+        return EXIT_CONFIG
+    info = detect()
+    try:
+        me = role(info, plan.tp_size, plan.pp_size, plan.replicas, plan.world_size_per_replica)
+        server = resolve(plan.tritonserver)
+    except (WorldSizeError, ServerNotFound) as exc:
+        log(str(exc))
+        _record_failure(plan.deployment_dir, info.job_id, info.rank, info.node, EXIT_CONFIG, str(exc))
+        return EXIT_CONFIG
+    if args.dry_run:
+        ports = allocate(plan.ports)[0] if me.leader else None
+        print(describe(build_argv(
+            server.argv0, model_repository=plan.model_repository, rank=info.rank, job_id=info.job_id,
+            leader=me.leader, ports=ports, follower_models=plan.follower_models, backend_dir=server.backend_dir,
+            server_args=plan.server_args)))
+        return 0
+
+    sup = Supervisor(plan.stop_grace_s)
+    sup.install()
+    try:
+        return serve(plan, info, me, server, sup)
+    finally:
+        # Whatever happened (including a bug above), never leave tritonserver behind.
+        child = sup.child
+        if child is not None and child.proc.poll() is None:
+            sup.stop(child)
+            sup.reap_group(child)
+        sup.restore()

@@ -1,0 +1,247 @@
+"""Run one tritonserver, tee its output, publish readiness, forward signals, and record how it ended.
+
+Why a supervisor instead of ``exec tritonserver``: the leader must publish an endpoint record only once
+``/v2/health/ready`` is 200 and remove it when the server goes away; every rank must leave an exit record (exit code,
+signal, log tail) for ``hpc`` to explain failures; and no tritonserver or python stub may outlive the job step.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import IO, Callable, Sequence
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+# tritonserver handles SIGINT/SIGTERM gracefully; SIGHUP/SIGUSR1 would kill it outright (default action), so
+# they are turned into SIGTERM (Slurm sends SIGUSR1 with --signal before the time limit).
+_TO_CHILD = {signal.SIGINT: signal.SIGINT}
+PR_SET_PDEATHSIG = 1
+LOG_TAIL = 20
+
+
+def log(msg: str) -> None:
+    """Launcher messages go to stderr with a recognisable prefix (srun routes it to <job>_<rank>_log.err)."""
+    print(f"[hpc-serve] {msg}", file=sys.stderr, flush=True)
+
+
+def signal_name(returncode: int | None) -> str | None:
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"SIG{-returncode}"
+
+
+def exit_code(returncode: int) -> int:
+    """Shell convention: 128+N for a child killed by signal N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _pdeathsig_preexec() -> Callable[[], None]:
+    """A preexec_fn that puts the child in its own process group and asks Linux to SIGKILL it if we die.
+
+    SIGKILL rather than SIGTERM: a follower blocked in model initialisation ignores SIGTERM, and with the launcher
+    gone nobody would escalate.  The python stubs notice their dead parent by themselves (they poll its pid).
+    libc is loaded here, before fork, so the child only calls an already-resolved function.
+    """
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            prctl = libc.prctl
+        except (OSError, AttributeError):
+            prctl = None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # parent died before prctl took effect
+                os._exit(128 + signal.SIGKILL)
+
+    return preexec
+
+
+class Tee:
+    """Copy a child's pipe to one of our streams line by line, keeping recent lines for the exit record and for
+    spotting port-bind failures."""
+
+    def __init__(self, pipe: IO[bytes], out: IO[bytes], ring: collections.deque[str]) -> None:
+        self.ring = ring
+        self._pipe, self._out = pipe, out
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for raw in iter(self._pipe.readline, b""):
+            try:
+                self._out.write(raw)
+                self._out.flush()
+            except (OSError, ValueError):
+                pass
+            self.ring.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        self._pipe.close()
+
+
+@dataclass
+class Child:
+    """A running tritonserver and its output tees."""
+
+    proc: subprocess.Popen
+    ring: collections.deque[str]
+    tees: list[Tee] = field(default_factory=list)
+    started_at: float = 0.0
+
+    def finish_output(self, timeout: float = 2.0) -> None:
+        for tee in self.tees:
+            tee.thread.join(timeout)
+
+
+class Supervisor:
+    """Owns the child process group and the signal handlers."""
+
+    def __init__(self, stop_grace_s: float = 40.0) -> None:
+        self.stop_grace_s = stop_grace_s
+        self.stop_signal: int | None = None
+        self.kill_at: float | None = None
+        self.child: Child | None = None
+        self._old: dict[int, object] = {}
+
+    # -- signals -----------------------------------------------------------------------------------------------
+    def install(self) -> None:
+        for sig in FORWARDED:
+            self._old[sig] = signal.signal(sig, self._on_signal)
+
+    def restore(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        first = self.stop_signal is None
+        if first:
+            self.stop_signal = signum
+            self.kill_at = time.monotonic() + self.stop_grace_s
+        child = self.child
+        if child is not None and child.proc.poll() is None and first:
+            sig = _TO_CHILD.get(signal.Signals(signum), signal.SIGTERM)
+            log(f"received {signal.Signals(signum).name}; forwarding {sig.name} to tritonserver pid {child.proc.pid} "
+                f"(SIGKILL after {self.stop_grace_s:.0f} s)")
+            try:
+                os.kill(child.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_signal is not None
+
+    # -- process -----------------------------------------------------------------------------------------------
+    def spawn(self, argv: Sequence[str], env: dict[str, str], tail_lines: int = 400) -> Child:
+        ring: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        proc = subprocess.Popen(
+            list(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=_pdeathsig_preexec(), close_fds=True,
+        )
+        child = Child(proc, ring, started_at=time.time())
+        child.tees = [Tee(proc.stdout, sys.stdout.buffer, ring), Tee(proc.stderr, sys.stderr.buffer, ring)]
+        self.child = child
+        if self.stopping:  # a signal arrived while we were starting: stop right away
+            os.kill(proc.pid, signal.SIGTERM)
+        return child
+
+    def poll(self, child: Child) -> int | None:
+        """Non-blocking status; enforces the SIGKILL deadline of a requested stop."""
+        rc = child.proc.poll()
+        if rc is None and self.kill_at is not None and time.monotonic() >= self.kill_at:
+            log(f"tritonserver pid {child.proc.pid} still running {self.stop_grace_s:.0f} s after "
+                f"{signal.Signals(self.stop_signal or signal.SIGTERM).name}; sending SIGKILL to its process group")
+            self.kill_group(child, signal.SIGKILL)
+            self.kill_at = None
+        return rc
+
+    def wait(self, child: Child, interval: float = 0.2) -> int:
+        while True:
+            rc = self.poll(child)
+            if rc is not None:
+                return rc
+            time.sleep(interval)
+
+    def stop(self, child: Child) -> int:
+        """Ask tritonserver to stop (SIGTERM), escalate after the grace period, return its return code."""
+        if child.proc.poll() is None:
+            if self.stop_signal is None:
+                self.stop_signal = signal.SIGTERM
+                self.kill_at = time.monotonic() + self.stop_grace_s
+            try:
+                os.kill(child.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        return self.wait(child)
+
+    @staticmethod
+    def kill_group(child: Child, sig: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(child.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reap_group(self, child: Child, patience: float = 1.5) -> None:
+        """After tritonserver exited: give its python stubs a moment to exit on their own (they clean their shared
+        memory), then SIGKILL whatever is left in the process group, so nothing outlives the rank."""
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(child.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.05)
+        else:
+            log(f"killing leftover processes of group {child.proc.pid}")
+            self.kill_group(child, signal.SIGKILL)
+        child.finish_output()
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # clusters often export http_proxy
+
+
+def is_ready(http_port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
+    try:
+        with _NO_PROXY.open(f"http://{host}:{http_port}/v2/health/ready", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_ready(sup: Supervisor, child: Child, http_port: int, timeout_s: float) -> str:
+    """"ready" | "exited" | "stopping" | "timeout".  Polls fast at first (startup of a small repository takes
+    ~0.3 s) and backs off to 0.5 s so a 15-minute TRT-LLM load does not spin."""
+    deadline = time.monotonic() + timeout_s
+    interval = 0.02
+    while True:
+        if sup.poll(child) is not None:
+            return "exited"
+        if sup.stopping:
+            return "stopping"
+        if is_ready(http_port):
+            return "ready"
+        if time.monotonic() >= deadline:
+            return "timeout"
+        time.sleep(interval)
+        interval = min(interval * 1.5, 0.5)
+
+
+def describe(argv: Sequence[str]) -> str:
+    return shlex.join(argv)
