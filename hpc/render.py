@@ -107,13 +107,21 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
 
 def _container_mounts(spec: Spec, deploy_dir: Path) -> list[str]:
     """User mounts plus what every rank must see at the same path: the deployment folder, the hpc-serve
-    source, the model folders. A path the user already mounts is not mounted twice."""
+    source, the model folders. A path already visible at its own path (under a SRC:SRC mount) is not
+    mounted again."""
     mounts = list(spec.container.mounts)
-    targets = {m.split(":")[1] if ":" in m else m.split(":")[0] for m in mounts}
+
+    def same_path_roots() -> list[Path]:
+        roots = []
+        for mount in mounts:
+            parts = mount.split(":")
+            if len(parts) == 1 or parts[0] == parts[1]:
+                roots.append(Path(parts[0]))
+        return roots
+
     for path in (deploy_dir, SOURCE_ROOT, spec.model.source_dir, spec.model.tokenizer):
-        if path is not None and str(path) not in targets:
+        if path is not None and not any(path == root or root in path.parents for root in same_path_roots()):
             mounts.append(f"{path}:{path}")
-            targets.add(str(path))
     return mounts
 
 

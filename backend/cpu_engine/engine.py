@@ -115,6 +115,7 @@ class Engine:
         self.completed = 0
         self.iterations = 0
         self._stopped_followers = False
+        self.on_step: Callable[[EngineStats], None] | None = None  # e.g. Prometheus gauges, after every step
 
     # ------------------------------------------------------------------ public API
     def submit(self, req: GenerationRequest) -> GenerationRequest:
@@ -302,6 +303,11 @@ class Engine:
         rows.extend(zip(admitted, prefill_logits))
         for req, logits in rows:
             self._advance(req, logits, now)
+        if self.on_step is not None:
+            try:
+                self.on_step(self.stats())
+            except Exception:
+                log.exception("on_step hook failed")
         # finished requests leave (and free their slot/budget) at the start of the next step
 
     def _advance(self, req: GenerationRequest, logits: np.ndarray, now: int) -> None:

@@ -57,7 +57,8 @@ class GenerationRequest:
     finish_reason: str | None = None
     error: str | None = None
     cancel_requested: bool = False
-    reserved_blocks: int = 0
+    reserved_blocks: int = 0  # currently held (0 once released)
+    kv_blocks_allocated: int = 0  # reserved at admission (reported in kv_cache_alloc_* outputs)
     arrival_time_ns: int = field(default_factory=time.time_ns)
     first_scheduled_time_ns: int = 0
     first_token_time_ns: int = 0
@@ -164,6 +165,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.reserved_blocks = blocks
+            req.kv_blocks_allocated = blocks
             req.first_scheduled_time_ns = time.time_ns()
             self.running.append(req)
             admitted.append(req)

@@ -9,11 +9,15 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/common.sh"
 [[ $(id -u) -eq 0 ]] || die "must run as root"
 
-for n in "${NODES[@]}"; do stop_daemon "slurmd $n" "$(slurmd_pidfile "$n")" slurmd; done
-stop_daemon slurmctld "$SLURMCTLD_PID" slurmctld
+# Stop in parallel where order does not matter; slurmdbd after slurmctld (pending accounting records), then
+# mariadb and munged last.
+for n in "${NODES[@]}"; do stop_daemon "slurmd $n" "$(slurmd_pidfile "$n")" slurmd & done
+stop_daemon slurmctld "$SLURMCTLD_PID" slurmctld &
+wait
 stop_daemon slurmdbd "$SLURMDBD_PID" slurmdbd
 if [[ ${1:-} != --slurm ]]; then
-    stop_daemon mariadb "$MYSQL_PID" mariadbd
-    stop_daemon munged "$MUNGE_PID" munged
+    stop_daemon mariadb "$MYSQL_PID" mariadbd &
+    stop_daemon munged "$MUNGE_PID" munged &
+    wait
 fi
 log "stopped"

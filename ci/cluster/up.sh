@@ -30,6 +30,7 @@ REQUIRED_BINS=(slurmctld slurmd slurmdbd sinfo srun sbatch sacct sacctmgr scontr
                mariadbd mariadb mariadb-admin mpirun mpicc)
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (it installs packages and starts daemons)"
+export SLURM_CONF=$SLURM_ETC/slurm.conf   # the clients this script runs (sacctmgr, scontrol, sinfo)
 
 # tail_logs FILE...: print the tail of each existing file (used on failure).
 tail_logs() {
@@ -72,7 +73,7 @@ if ((${#missing[@]})); then
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && policy_created=1
     fi
-    apt-get install -y -q --no-install-recommends "${APT_PACKAGES[@]}" || {
+    apt-get install -y -q "${APT_PACKAGES[@]}" || {
         ((policy_created)) && rm -f /usr/sbin/policy-rc.d
         die "apt-get install failed"
     }
@@ -251,14 +252,20 @@ fi
 # ---------------------------------------------------------------------------------------------------------
 # 7. slurmd x2 (node1, node2 on this host; distinct ports, spool dirs, pid/log files, mpi.conf)
 # ---------------------------------------------------------------------------------------------------------
+declare -A STARTED_AT=()
+to_start=()
 for n in "${NODES[@]}"; do
-    pidfile=$(slurmd_pidfile "$n")
-    if [[ -z ${RESTART[$n]:-} ]] && pid_alive "$pidfile" slurmd >/dev/null; then
+    if [[ -z ${RESTART[$n]:-} ]] && pid_alive "$(slurmd_pidfile "$n")" slurmd >/dev/null; then
         log "slurmd $n: running"
-        continue
+    else
+        to_start+=("$n")
     fi
-    stop_daemon "slurmd $n" "$pidfile" slurmd
+done
+for n in "${to_start[@]}"; do stop_daemon "slurmd $n" "$(slurmd_pidfile "$n")" slurmd & done
+wait
+for n in "${to_start[@]}"; do
     log "slurmd $n: starting"
+    STARTED_AT[$n]=$(($(date +%s) - 1))
     SLURM_CONF=$(node_etc "$n")/slurm.conf slurmd -N "$n" >>"$LOG_DIR/slurmd-$n.start.log" 2>&1 \
         || { tail_logs "$LOG_DIR/slurmd-$n.start.log" "$LOG_DIR/slurmd-$n.log"; die "slurmd $n failed to start"; }
 done
@@ -266,8 +273,16 @@ done
 # ---------------------------------------------------------------------------------------------------------
 # 8. Nodes idle (resume DOWN/DRAIN), accounting reachable
 # ---------------------------------------------------------------------------------------------------------
+# registered N: the slurmd (re)started by this run has registered with slurmctld (SlurmdStartTime is its start).
+registered() {
+    local t
+    [[ -n ${STARTED_AT[$1]:-} ]] || return 0
+    t=$(scontrol show node "$1" -o | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2)
+    [[ -n $t && $t != None && $t != Unknown ]] && (($(date -d "$t" +%s) >= STARTED_AT[$1]))
+}
 nodes_ready() {
-    local states bad
+    local states bad n
+    for n in "${NODES[@]}"; do registered "$n" || return 1; done
     states=$(sinfo -h -N -p debug -o '%N %T' 2>/dev/null) || return 1
     [[ $(wc -l <<<"$states") -eq ${#NODES[@]} ]] || return 1
     bad=$(awk '$2 !~ /^(idle|mixed|allocated|completing)$/ {print $1}' <<<"$states")
