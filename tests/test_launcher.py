@@ -1,0 +1,254 @@
+"""Unit tests of the per-rank launcher (no tritonserver needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import config, records
+from launcher.command import build_argv, shm_prefix
+from launcher.ports import PortError, Ports, allocate, bind_failure, check_fixed, free_ports
+from launcher.rank import RankInfo, WorldSizeError, detect, role
+from launcher.run import SOURCE_ROOT, child_env
+from launcher.server import ServerBinary, ServerNotFound, merge_env, prepare_backends, resolve
+from launcher.supervise import exit_code, signal_name
+
+
+# --- rank.py ---------------------------------------------------------------------------------------------------
+def test_rank_from_slurm() -> None:
+    env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4",
+           "SLURMD_NODENAME": "node7", "SLURM_JOB_ID": "123", "PMIX_RANK": "3"}
+    assert detect(env) == RankInfo(3, 1, 4, "node7", "123", "slurm")
+
+
+def test_slurm_step_tasks_win_over_allocation_tasks() -> None:
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "9"}
+    assert detect(env).world_size == 2
+
+
+def test_rank_from_openmpi_beats_stale_slurm() -> None:
+    # mpirun inside an allocation: SLURM_PROCID belongs to the batch step / orted, OMPI_* to us.
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+           "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "55"}
+    info = detect(env)
+    assert (info.rank, info.local_rank, info.world_size, info.job_id, info.source) == (1, 1, 2, "55", "openmpi")
+
+
+def test_rank_single_process_and_job_ids() -> None:
+    info = detect({})
+    assert (info.rank, info.local_rank, info.world_size, info.source) == (0, 0, 1, "single")
+    assert info.job_id == f"local-{os.getpid()}"
+    assert info.node == socket.gethostname()
+    assert detect({"HPC_SERVE_JOB_ID": "local-7"}).job_id == "local-7"
+    assert detect({"HPC_SERVE_JOB_ID": "local-7", "SLURM_JOB_ID": "42"}).job_id == "42"
+
+
+def test_pmix_rank_alone_is_not_a_world() -> None:
+    assert detect({"PMIX_RANK": "2"}).source == "single"  # PMIx exports no size
+
+
+def test_world_size_mismatch_message() -> None:
+    info = RankInfo(0, 0, 3, "n", "1", "slurm")
+    with pytest.raises(WorldSizeError) as err:
+        role(info, tp_size=2, pp_size=1, replicas=2)
+    assert str(err.value) == ("srun started 3 tasks but the spec needs tp_size 2 × pp_size 1 × replicas 2 = 4; "
+                              "ask sbatch/srun for --ntasks=4")
+
+
+def test_roles_of_two_replicas_of_tp2() -> None:
+    roles = [role(RankInfo(r, r % 2, 4, "n", "1", "slurm"), 2, 1, 2) for r in range(4)]
+    assert [(x.replica, x.leader) for x in roles] == [(0, True), (0, False), (1, True), (1, False)]
+    # orchestrator mode: one process per replica
+    assert role(RankInfo(1, 0, 2, "n", "1", "slurm"), 4, 1, 2, world_size_per_replica=1).leader
+
+
+# --- command.py ------------------------------------------------------------------------------------------------
+def test_leader_argv() -> None:
+    argv = build_argv("/bin/ts", model_repository="/d/repo", rank=0, job_id="123", leader=True,
+                      ports=Ports(8000, 8001, 8002), follower_models=["tensorrt_llm"], backend_dir="/be",
+                      server_args=["--log-verbose=0"])
+    assert argv == ["/bin/ts", "--model-repository=/d/repo", "--disable-auto-complete-config",
+                    "--backend-directory=/be", "--backend-config=python,shm-region-prefix-name=prefix0_123_",
+                    "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--log-verbose=0"]
+
+
+def test_follower_argv() -> None:
+    argv = build_argv("/bin/ts", model_repository="/d/repo", rank=1, job_id="123", leader=False,
+                      follower_models=["tensorrt_llm", "multimodal_encoders"])
+    assert "--model-control-mode=explicit" in argv
+    assert [a for a in argv if a.startswith("--load-model=")] == [
+        "--load-model=tensorrt_llm", "--load-model=multimodal_encoders"]
+    assert {"--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"} <= set(argv)
+    assert not [a for a in argv if a.split("=")[0] in ("--http-port", "--grpc-port", "--metrics-port")]
+    assert "--backend-config=python,shm-region-prefix-name=prefix1_123_" in argv
+    with pytest.raises(ValueError):
+        build_argv("/bin/ts", model_repository="/r", rank=1, job_id="1", leader=False, follower_models=[])
+
+
+def test_shm_prefixes_distinct_per_rank_and_job() -> None:
+    prefixes = {shm_prefix(r, j) for r in range(16) for j in ("123", "124", "local-5")}
+    assert len(prefixes) == 48
+    assert shm_prefix(0, "123").startswith("prefix0_")
+    assert shm_prefix(2, "12_3/x") == "prefix2_12-3-x_"  # array job ids, odd characters
+
+
+# --- server.py -------------------------------------------------------------------------------------------------
+def _fake_exe(path: Path) -> str:
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_resolution_order(tmp_path: Path) -> None:
+    a, b = _fake_exe(tmp_path / "a"), _fake_exe(tmp_path / "b")
+    assert resolve(a, {"TRITONSERVER": b}) == ServerBinary(a, {}, None, "launch.json tritonserver")
+    assert resolve(None, {"TRITONSERVER": b}).argv0 == b
+    with pytest.raises(ServerNotFound, match="TRITONSERVER"):
+        resolve(None, {"TRITONSERVER": str(tmp_path / "missing")})
+    with pytest.raises(ServerNotFound, match="launch.json"):
+        resolve(str(tmp_path / "nope"), {"TRITONSERVER": b})
+
+
+def test_resolution_falls_back_to_wheel_or_explains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("launcher.server.NGC_TRITONSERVER", str(tmp_path / "opt-missing"))
+    monkeypatch.setattr("launcher.server._pytriton_root", lambda: None)
+    with pytest.raises(ServerNotFound) as err:
+        resolve(None, {})
+    msg = str(err.value)
+    assert "launch.json tritonserver: not set" in msg and "$TRITONSERVER: not set" in msg
+    assert "opt-missing" in msg and "nvidia-pytriton" in msg
+    monkeypatch.setattr("launcher.server.NGC_TRITONSERVER", _fake_exe(tmp_path / "ngc"))
+    assert resolve(None, {}).source == "NGC default"
+
+
+def test_private_backends_dir_is_built_once_atomically(tmp_path: Path) -> None:
+    wheel = tmp_path / "wheel" / "backends"
+    (wheel / "python").mkdir(parents=True)
+    (wheel / "python" / "libtriton_python.so").write_bytes(b"so")
+    stub = tmp_path / "stub"
+    stub.write_bytes(b"stub")
+    first = prepare_backends(wheel, stub, tmp_path / "cache")
+    assert (first / "python" / "triton_python_backend_stub").read_bytes() == b"stub"
+    assert os.access(first / "python" / "triton_python_backend_stub", os.X_OK)
+    assert (first / "python" / "libtriton_python.so").is_file()
+    assert prepare_backends(wheel, stub, tmp_path / "cache") == first
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no temp leftovers
+
+
+def test_env_merging_prepends_paths() -> None:
+    env = merge_env({"LD_LIBRARY_PATH": "/x:/y", "A": "1"}, {"LD_LIBRARY_PATH": "/lib:/y", "A": "2"})
+    assert env == {"LD_LIBRARY_PATH": "/lib:/y:/x", "A": "2"}
+
+
+def test_child_env(tmp_path: Path) -> None:
+    plan = config.LaunchPlan(deployment_dir=tmp_path, model_repository="/r", env={"PMIX_MCA_gds": "hash"})
+    env = child_env(plan, ServerBinary("/ts", {"LD_LIBRARY_PATH": "/libs"}), base={"PYTHONPATH": "/u"})
+    assert env["PMIX_MCA_gds"] == "hash"
+    assert env["LD_LIBRARY_PATH"] == "/libs"
+    assert env["PYTHONPATH"].split(":") == [SOURCE_ROOT, "/u"]
+    assert (Path(SOURCE_ROOT) / "launcher").is_dir()
+
+
+# --- ports.py --------------------------------------------------------------------------------------------------
+def test_auto_ports_are_distinct_and_free() -> None:
+    ports, auto = allocate({"http": "auto", "grpc": "auto", "metrics": "auto"})
+    assert auto == {"http", "grpc", "metrics"}
+    values = list(ports.as_dict().values())
+    assert len(set(values)) == 3
+    for p in values:  # really free
+        with socket.socket() as s:
+            s.bind(("", p))
+
+
+def test_fixed_ports_honoured_and_avoid_list() -> None:
+    ports, auto = allocate({"http": 18080, "grpc": "auto", "metrics": "auto"}, avoid={18081})
+    assert ports.http == 18080 and auto == {"grpc", "metrics"}
+    assert 18081 not in (ports.grpc, ports.metrics)
+    with pytest.raises(PortError):
+        allocate({"http": 18080, "grpc": 18080, "metrics": 1})
+    with pytest.raises(PortError):
+        allocate({"http": "eighty"})
+
+
+def test_free_ports_skip_excluded(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = free_ports(1)[0]
+    assert taken not in free_ports(3, exclude={taken})
+
+
+def test_fixed_port_taken_is_a_clear_error() -> None:
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        ports, auto = allocate({"http": port, "grpc": "auto", "metrics": "auto"})
+        with pytest.raises(PortError, match=f"http port {port} .*already in use"):
+            check_fixed(ports, auto)
+    check_fixed(ports, auto)  # released → fine
+
+
+def test_bind_failure_parsing_of_real_tritonserver_lines() -> None:
+    grpc = ["E1122 17:04:26.784798 9849 main.cc:245] \"failed to start GRPC service: Unavailable - Socket "
+            "'0.0.0.0:18001' already in use \""]
+    assert bind_failure(grpc) == (True, 18001)
+    assert bind_failure(["I... Started HTTPService at 0.0.0.0:8000"]) == (False, None)
+    assert bind_failure(["failed to start Metrics service: something"]) == (True, None)
+
+
+# --- records / supervise ---------------------------------------------------------------------------------------
+def test_atomic_json(tmp_path: Path) -> None:
+    path = records.endpoint_path(tmp_path, "7", 1)
+    records.write_json_atomic(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert path == tmp_path / "jobs" / "7" / "endpoints" / "replica-1.json"
+    assert [p.name for p in path.parent.iterdir()] == ["replica-1.json"]
+
+
+def test_advertised_address_never_loopback_multi_node() -> None:
+    addr = records.advertised_address("no-such-host.invalid", single_node=False,
+                                      env={"HPC_SERVE_ROUTE_PROBE": "10.255.255.255"})
+    assert not addr.startswith("127.")
+    assert records.advertised_address("n", False, {"HPC_SERVE_ADVERTISE_ADDRESS": "10.1.2.3"}) == "10.1.2.3"
+
+
+def test_exit_codes() -> None:
+    assert (exit_code(0), exit_code(3), exit_code(-9), exit_code(-15)) == (0, 3, 137, 143)
+    assert (signal_name(-9), signal_name(0), signal_name(None)) == ("SIGKILL", None, None)
+
+
+def test_plan_loading(tmp_path: Path) -> None:
+    with pytest.raises(config.PlanError, match="not found"):
+        config.load(tmp_path)
+    (tmp_path / "launch.json").write_text(json.dumps({"version": 1, "model_repository": "repo", "tp_size": 2}))
+    plan = config.load(tmp_path)
+    assert plan.model_repository == str(tmp_path / "repo") and plan.tp_size == 2 and plan.replicas == 1
+
+
+def test_main_refuses_wrong_world_and_writes_rank_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import launcher
+    (tmp_path / "launch.json").write_text(json.dumps(
+        {"version": 1, "model_repository": "repo", "tp_size": 2, "pp_size": 1, "replicas": 2}))
+    for k in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_", "PMI"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert launcher.main([str(tmp_path)]) == 2
+    assert "ask sbatch/srun for --ntasks=4" in capsys.readouterr().err
+    record = json.loads((tmp_path / "jobs" / "77" / "ranks" / "rank-0.json").read_text())
+    assert record["exit_code"] == 2 and "--ntasks=4" in record["error"]
+
+
+def test_stdlib_only() -> None:
+    """launcher/ may run where only the source tree is mounted: import it with site-packages disabled."""
+    import subprocess
+    code = ("import sys; sys.path=[p for p in sys.path if 'site-packages' not in p]; "
+            "import launcher, launcher.run, launcher.server, launcher.supervise; print('ok')")
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=SOURCE_ROOT, capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
