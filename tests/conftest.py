@@ -1,0 +1,68 @@
+"""Shared fixtures: an isolated job index, a tiny checkpoint, and the real Slurm test cluster.
+
+On CI (`CI=true`) a missing cluster or tritonserver is a failure, not a skip: `.ci/run` starts them, so
+their absence there is a broken setup that must not pass as green.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _unavailable(reason: str) -> None:
+    if ON_CI:
+        pytest.fail(f"{reason} (CI starts it in .ci/run; this is a broken setup)")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def hpc_home(tmp_path, monkeypatch) -> Path:
+    """A private job index, so tests never see (or touch) the user's jobs."""
+    home = tmp_path / "hpc-home"
+    monkeypatch.setenv("HPC_SERVE_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def shared_tmp(tmp_path_factory) -> Path:
+    """A folder every emulated node sees (they are one machine), kept for the session."""
+    return tmp_path_factory.mktemp("shared")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(shared_tmp) -> Path:
+    from backend.cpu_engine.init_model import create_checkpoint
+
+    return Path(create_checkpoint(shared_tmp / "tiny-gpt2", family="gpt2", size="tiny", seed=0))
+
+
+@pytest.fixture(scope="session")
+def tritonserver() -> str:
+    """Skip (or fail on CI) when no tritonserver can be found the way the launcher finds one."""
+    try:
+        from launcher.server import resolve as resolve_server
+    except ImportError as exc:  # pragma: no cover - the launcher is part of the package
+        pytest.fail(f"launcher.server: {exc}")
+    try:
+        resolved = resolve_server(None)
+    except Exception as exc:  # noqa: BLE001 - the launcher's own message says what was tried
+        _unavailable(f"no tritonserver: {exc}")
+    return resolved.argv0
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> dict:
+    """The one-machine test cluster of ci/cluster/up.sh, up and with both nodes idle."""
+    if not shutil.which("sinfo"):
+        _unavailable("Slurm is not installed (bash ci/cluster/up.sh)")
+    if subprocess.run(["scontrol", "ping"], capture_output=True, text=True).returncode != 0:
+        _unavailable("the Slurm test cluster is not up (bash ci/cluster/up.sh)")
+    env = {"OMPI_MCA_btl": "self,tcp", "PMIX_MCA_gds": "hash"}
+    return {"nodes": ["node1", "node2"], "partition": "debug", "env": env}
