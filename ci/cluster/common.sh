@@ -1,5 +1,6 @@
 # shellcheck shell=bash
 # Shared by ci/cluster/up.sh and ci/cluster/down.sh (sourced, not run).
+# shellcheck disable=SC2034  # the variables are used by the scripts that source this file
 
 CLUSTER_NAME=${HPC_CLUSTER_NAME:-hpcserve}
 NODES=(node1 node2)

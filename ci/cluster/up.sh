@@ -148,7 +148,7 @@ for n in "${NODES[@]}"; do
         [[ -c /dev/fakegpu$g ]] || { rm -f "/dev/fakegpu$g"; mknod -m 666 "/dev/fakegpu$g" c 1 3; RESTART[$n]=1; }
     done
 done
-((${#RESTART[@]})) && log "config: changed -> restart ${!RESTART[*]}" || log "config: unchanged"
+if ((${#RESTART[@]})); then log "config: changed -> restart ${!RESTART[*]}"; else log "config: unchanged"; fi
 
 # ---------------------------------------------------------------------------------------------------------
 # 3. munge

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cluster_env, run, wait_sacct
+from cluster_smoke_helpers import cluster_env, run, wait_sacct
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("cluster")]
 
