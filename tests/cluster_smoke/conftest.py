@@ -1,7 +1,9 @@
-"""Fixtures for the real one-machine Slurm test cluster (ci/cluster/up.sh). Tests skip when it is not up."""
+"""Fixtures for the real one-machine Slurm test cluster (ci/cluster/up.sh). Tests skip when it is not up, or
+fail when CI=true (as tests/conftest.py does: on CI the cluster's absence is a broken setup)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,7 +22,8 @@ def _cluster_skip_reason() -> str | None:
     except subprocess.TimeoutExpired:
         return "`scontrol ping` timed out; is the test cluster up? (ci/cluster/up.sh)"
     if "is UP" not in ping.stdout:
-        return f"slurmctld is not up (`scontrol ping`: {(ping.stdout + ping.stderr).strip()!r}); run ci/cluster/up.sh"
+        said = ((ping.stdout + ping.stderr).strip().splitlines() or ["no output"])[0]
+        return f"slurmctld is not up (`scontrol ping`: {said!r}); run ci/cluster/up.sh"
     info = subprocess.run(["sinfo", "-h", "-p", PARTITION, "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=20)
     nodes = dict(line.split() for line in info.stdout.splitlines() if line.strip())
     usable = [n for n, s in nodes.items() if s.rstrip("*") == s and s in ("idle", "mixed", "allocated", "completing")]
@@ -34,13 +37,15 @@ def cluster() -> str:
     """The partition to use; skips the test when the cluster is not up."""
     reason = _cluster_skip_reason()
     if reason:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"{reason} (CI=true: the test cluster must be up)")
         pytest.skip(reason)
     return PARTITION
 
 
 @pytest.fixture
-def shared_tmp(tmp_path: Path) -> Path:
-    """A job-visible working dir (all emulated nodes are this host, so tmp_path is shared)."""
+def job_dir(tmp_path: Path) -> Path:
+    """A per-test dir the jobs see (all emulated nodes are this host, so tmp_path is shared)."""
     return tmp_path
 
 

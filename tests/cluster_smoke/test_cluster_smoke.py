@@ -16,12 +16,12 @@ from cluster_smoke_helpers import cluster_env, run, wait_sacct
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("cluster")]
 
 
-def test_sbatch_hostname_completes_and_sacct_sees_it(cluster: str, shared_tmp: Path) -> None:
-    out = run(["sbatch", "--parsable", "-p", cluster, "-o", str(shared_tmp / "%j.out"),
-               "--chdir", str(shared_tmp), "--wrap", "hostname"])
+def test_sbatch_hostname_completes_and_sacct_sees_it(cluster: str, job_dir: Path) -> None:
+    out = run(["sbatch", "--parsable", "-p", cluster, "-o", str(job_dir / "%j.out"),
+               "--chdir", str(job_dir), "--wrap", "hostname"])
     job_id = out.strip().split(";")[0]
     assert wait_sacct(job_id, timeout=60) == "COMPLETED"
-    assert (shared_tmp / f"{job_id}.out").read_text().strip() == socket.gethostname()
+    assert (job_dir / f"{job_id}.out").read_text().strip() == socket.gethostname()
 
 
 MPI_PROG = r"""
@@ -34,10 +34,10 @@ print(json.dumps({"rank": comm.rank, "size": comm.size, "node": os.environ["SLUR
 """
 
 
-def test_srun_pmix_allreduce_across_two_nodes(cluster: str, shared_tmp: Path) -> None:
+def test_srun_pmix_allreduce_across_two_nodes(cluster: str, job_dir: Path) -> None:
     n = 4
     out = run(["srun", "-p", cluster, "-N2", f"-n{n}", "--ntasks-per-node=2", "--mpi=pmix", "--kill-on-bad-exit=1",
-               sys.executable, "-c", MPI_PROG], timeout=180, env=cluster_env(), cwd=shared_tmp)
+               sys.executable, "-c", MPI_PROG], timeout=180, env=cluster_env(), cwd=job_dir)
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in records) == list(range(n)), out
     assert {r["size"] for r in records} == {n}
@@ -46,9 +46,9 @@ def test_srun_pmix_allreduce_across_two_nodes(cluster: str, shared_tmp: Path) ->
     assert all("Open MPI" in r["lib"] for r in records), records
 
 
-def test_srun_gres_gpu4_is_allocated(cluster: str, shared_tmp: Path) -> None:
+def test_srun_gres_gpu4_is_allocated(cluster: str, job_dir: Path) -> None:
     out = run(["srun", "-p", cluster, "-N1", "--gres=gpu:4", "bash", "-c",
-               'echo "CVD=${CUDA_VISIBLE_DEVICES:-} STEP_GPUS=${SLURM_STEP_GPUS:-}"'], cwd=shared_tmp)
+               'echo "CVD=${CUDA_VISIBLE_DEVICES:-} STEP_GPUS=${SLURM_STEP_GPUS:-}"'], cwd=job_dir)
     fields = dict(kv.split("=", 1) for kv in out.split())
     assert fields["CVD"] == "0,1,2,3" or fields["STEP_GPUS"], out
     assert len((fields["CVD"] or fields["STEP_GPUS"]).split(",")) == 4, out
@@ -65,14 +65,14 @@ PY
 """
 
 
-def test_two_4gpu_jobs_run_concurrently_on_different_nodes(cluster: str, shared_tmp: Path) -> None:
-    script = shared_tmp / "gpu_job.sh"
-    script.write_text(GPU_JOB.format(out=shared_tmp))
-    ids = [run(["sbatch", "--parsable", "-p", cluster, "-N1", "--gres=gpu:4", "-o", str(shared_tmp / "%j.log"),
-                "--chdir", str(shared_tmp), str(script)]).strip().split(";")[0] for _ in range(2)]
+def test_two_4gpu_jobs_run_concurrently_on_different_nodes(cluster: str, job_dir: Path) -> None:
+    script = job_dir / "gpu_job.sh"
+    script.write_text(GPU_JOB.format(out=job_dir))
+    ids = [run(["sbatch", "--parsable", "-p", cluster, "-N1", "--gres=gpu:4", "-o", str(job_dir / "%j.log"),
+                "--chdir", str(job_dir), str(script)]).strip().split(";")[0] for _ in range(2)]
     states = [wait_sacct(j, timeout=90) for j in ids]
     assert states == ["COMPLETED", "COMPLETED"], states
-    a, b = (json.loads((shared_tmp / f"{j}.json").read_text()) for j in ids)
+    a, b = (json.loads((job_dir / f"{j}.json").read_text()) for j in ids)
     assert {a["node"], b["node"]} == {"node1", "node2"}, (a, b)
     assert len(a["gpus"].split(",")) == 4 and len(b["gpus"].split(",")) == 4, (a, b)
     assert a["start"] < b["end"] and b["start"] < a["end"], f"jobs did not overlap: {a} {b}"
@@ -100,9 +100,9 @@ def _submitit_final_state(job, timeout: float = 60) -> str:  # type: ignore[no-u
     return state
 
 
-def test_submitit_auto_executor_result(cluster: str, shared_tmp: Path) -> None:
+def test_submitit_auto_executor_result(cluster: str, job_dir: Path) -> None:
     submitit = pytest.importorskip("submitit")
-    executor = submitit.AutoExecutor(folder=shared_tmp / "submitit", cluster="slurm")
+    executor = submitit.AutoExecutor(folder=job_dir / "submitit", cluster="slurm")
     executor.update_parameters(slurm_partition=cluster, timeout_min=5)
     job = executor.submit(_make_where())
     t0 = time.monotonic()
@@ -114,9 +114,9 @@ def test_submitit_auto_executor_result(cluster: str, shared_tmp: Path) -> None:
     assert wait_sacct(job.job_id, timeout=60) == "COMPLETED"
 
 
-def test_submitit_slurm_executor_result(cluster: str, shared_tmp: Path) -> None:
+def test_submitit_slurm_executor_result(cluster: str, job_dir: Path) -> None:
     submitit = pytest.importorskip("submitit")
-    executor = submitit.SlurmExecutor(folder=shared_tmp / "submitit")
+    executor = submitit.SlurmExecutor(folder=job_dir / "submitit")
     executor.update_parameters(partition=cluster, time=5)
     job = executor.submit(_make_where())
     assert job.result()["answer"] == 42
