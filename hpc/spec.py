@@ -42,7 +42,7 @@ _MEM = re.compile(r"^\d+[KMGT]?$")
 
 def is_script_safe_path(path: str | Path) -> bool:
     """True if a path can be written into `#SBATCH -o` and scripts without quoting problems."""
-    return bool(_SAFE_PATH.match(str(path)))
+    return bool(_SAFE_PATH.fullmatch(str(path)))
 
 
 def _no_newline(value: str) -> str:
@@ -56,7 +56,7 @@ def _check(pattern: re.Pattern[str], what: str):
         if value is None:
             return None
         _no_newline(value)
-        if not pattern.match(value):
+        if not pattern.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid {what}")
         return value
 
@@ -106,7 +106,7 @@ class SlurmSpec(_Section):
     @classmethod
     def _time(cls, value: str) -> str:
         _no_newline(value)
-        if not _TIME.match(value):
+        if not _TIME.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a Slurm time; use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
             )
@@ -115,7 +115,7 @@ class SlurmSpec(_Section):
     @field_validator("mem")
     @classmethod
     def _mem(cls, value: str | None) -> str | None:
-        if value is not None and not _MEM.match(str(value)):
+        if value is not None and not _MEM.fullmatch(str(value)):
             raise ValueError(f"{value!r} is not a Slurm memory size; use e.g. 64G, 512000M or 0 (all)")
         return value
 
@@ -124,7 +124,7 @@ class SlurmSpec(_Section):
     def _options(cls, values: list[str]) -> list[str]:
         for value in values:
             _no_newline(value)
-            if not re.match(r"^--?[A-Za-z][A-Za-z0-9\-]*(=[^\s'\"`$\\;&|<>]*)?$", value):
+            if not re.fullmatch(r"^--?[A-Za-z][A-Za-z0-9\-]*(=[^\s'\"`$\\;&|<>]*)?$", value):
                 raise ValueError(
                     f"{value!r} is not a single option like --mail-type=END (no spaces, quotes or shell characters)"
                 )
@@ -141,7 +141,7 @@ class SlurmSpec(_Section):
     @classmethod
     def _env(cls, values: dict[str, str]) -> dict[str, str]:
         for key, value in values.items():
-            if not _ENV_NAME.match(key):
+            if not _ENV_NAME.fullmatch(key):
                 raise ValueError(f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
             _no_newline(str(value))
         return {k: str(v) for k, v in values.items()}
