@@ -102,6 +102,16 @@ class SlurmSpec(_Section):
     _names = field_validator("partition", "account", "qos", "reservation", "gres")(_check(_SLURM_WORD, "Slurm name"))
     _constraint = field_validator("constraint")(_check(_CONSTRAINT, "Slurm constraint expression"))
 
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_quoted(cls, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError(
+                f"got the number {value}: quote the time, e.g. time: \"02:00:00\" "
+                "(YAML reads an unquoted 02:00:00 as the base-60 number 7200)"
+            )
+        return value
+
     @field_validator("time")
     @classmethod
     def _time(cls, value: str) -> str:
@@ -111,6 +121,12 @@ class SlurmSpec(_Section):
                 f"{value!r} is not a Slurm time; use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
             )
         return value
+
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem_number(cls, value: Any) -> Any:
+        # `mem: 0` (all of the node's memory) or `mem: 64000` (MB) are YAML ints; they mean the same as the string.
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @field_validator("mem")
     @classmethod
@@ -278,10 +294,12 @@ class TritonSpec(_Section):
         from backend.repository import KNOWN_PARAMETERS
 
         for key, value in values.items():
+            # "@key: ..." points the problem at the key's own line (see _problem_from_error).
+            where = f"@{key}: " if re.fullmatch(r"\w+", key) else ""
             if key not in KNOWN_PARAMETERS:
-                raise ValueError(f"unknown tensorrt_llm parameter {key!r}{_did_you_mean(key, KNOWN_PARAMETERS)}")
-            if isinstance(value, str):
-                _no_newline(value)
+                raise ValueError(f"{where}unknown tensorrt_llm parameter {key!r}{_did_you_mean(key, KNOWN_PARAMETERS)}")
+            if isinstance(value, str) and ("\n" in value or "\r" in value or "\x00" in value):
+                raise ValueError(f"{where}must be a single line (no newline or NUL characters)")
         return values
 
     @field_validator("server_args")
