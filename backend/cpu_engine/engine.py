@@ -41,6 +41,7 @@ class EngineStats:
     max_requests: int
     context_requests: int  # prefilled in the last step
     generation_requests: int  # decoded in the last step
+    context_tokens: int  # prompt tokens prefilled in the last step
     completed_requests: int
     iterations: int
     used_blocks: int
@@ -112,6 +113,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._last_context = 0
         self._last_generation = 0
+        self._last_context_tokens = 0
         self.completed = 0
         self.iterations = 0
         self._stopped_followers = False
@@ -141,6 +143,7 @@ class Engine:
             max_requests=self.max_batch_size,
             context_requests=self._last_context,
             generation_requests=self._last_generation,
+            context_tokens=self._last_context_tokens,
             completed_requests=self.completed,
             iterations=self.iterations,
             used_blocks=self.budget.used_blocks,
@@ -296,6 +299,7 @@ class Engine:
         decode_logits, prefill_logits = self.shard.run_step(plan)
         self.iterations += 1
         self._last_context, self._last_generation = len(admitted), n_run
+        self._last_context_tokens = sum(r.prompt_len for r in admitted)
         now = time.time_ns()
         rows: list[tuple[GenerationRequest, np.ndarray]] = []
         if n_run:

@@ -1,0 +1,305 @@
+"""Triton python-backend model that stands in for ``tensorrt_llm`` when there is no GPU / TensorRT-LLM.
+
+Same input/output tensors as the upstream ``tensorrt_llm`` model (tensorrtllm_backend inflight_batcher_llm), so
+the ensemble, BLS and clients do not know the difference.  Parameters come from the model config written by
+``backend/repository.py``: ``gpt_model_path`` (HF checkpoint dir), ``tp_size``, ``max_tokens_in_paged_kv_cache``,
+``exclude_input_in_output``, ``max_batch_size`` (or ``triton_max_batch_size``) and the transaction policy.
+
+Leader mode like TensorRT-LLM: with an MPI world of N > 1 ranks (N must equal tp_size) rank 0 serves and ranks
+> 0 stay inside ``initialize()`` running the follower loop; they ``os._exit(0)`` when the leader's ``finalize()``
+tells them to stop (or when the leader disappears), so their tritonserver never becomes ready or binds ports.
+
+``triton_python_backend_utils`` exists only inside the python-backend stub, hence imported in ``initialize``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from backend.cpu_engine.engine import Engine, EngineStats, follower_loop, load_shard
+from backend.cpu_engine.parallel import MpiComm, SingleComm, world_size_from_env
+from backend.cpu_engine.scheduler import GenerationOutput
+from backend.cpu_engine.triton_io import InputError, RequestOptions, merge_rows, output_arrays, parse_inputs
+
+pb_utils: Any = None  # set in initialize()
+
+_TRUE = {"true", "1", "t", "y", "yes", "on"}
+
+
+def _param(params: dict[str, Any], key: str) -> str | None:
+    """A config parameter's string value; unfilled ``${...}`` templates and empty strings count as unset."""
+    value = params.get(key)
+    if isinstance(value, dict):
+        value = value.get("string_value")
+    if value is None:
+        return None
+    value = str(value).strip()
+    if not value or value.startswith("${"):
+        return None
+    return value
+
+
+def _int_param(params: dict[str, Any], key: str, default: int | None) -> int | None:
+    value = _param(params, key)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"model parameter {key!r} must be an integer, got {value!r}") from None
+
+
+class _Pending:
+    """Bookkeeping for one Triton request whose batch rows are in the engine."""
+
+    def __init__(self, rows: int) -> None:
+        self.remaining = rows
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.outputs: list[dict[str, np.ndarray] | None] = [None] * rows
+        self.error: str | None = None
+
+
+class TritonPythonModel:
+    """The CPU engine behind the ``tensorrt_llm`` model's tensors."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        global pb_utils
+        import triton_python_backend_utils as _pb  # only inside the stub
+
+        pb_utils = _pb
+        cfg = json.loads(args["model_config"])
+        params = cfg.get("parameters", {}) or {}
+        self.model_name = args.get("model_name", cfg.get("name", "tensorrt_llm"))
+        self.model_version = str(args.get("model_version", "1"))
+        self.decoupled = bool(pb_utils.using_decoupled_model_transaction_policy(cfg))
+        self.input_names = [i["name"] for i in cfg.get("input", [])]
+        self.output_names = {o["name"] for o in cfg.get("output", [])}
+        model_dir = _param(params, "gpt_model_path") or _param(params, "engine_dir")
+        if not model_dir:
+            raise ValueError("model parameter 'gpt_model_path' (engine_dir) must name a Hugging Face checkpoint folder")
+        max_batch = int(cfg.get("max_batch_size") or 0) or _int_param(params, "triton_max_batch_size", 8) or 8
+        tp_size = _int_param(params, "tp_size", 1) or 1
+        pp_size = _int_param(params, "pp_size", 1) or 1
+        if pp_size != 1:
+            raise ValueError(f"pp_size {pp_size}: the CPU engine supports tensor parallelism only (pp_size 1)")
+        beam = _int_param(params, "max_beam_width", 1) or 1
+        if beam != 1:
+            raise ValueError(f"max_beam_width {beam}: the CPU engine does not implement beam search (use 1)")
+        kv_tokens = _int_param(params, "max_tokens_in_paged_kv_cache", None)
+        self.default_exclude = (_param(params, "exclude_input_in_output") or "false").lower() in _TRUE
+        logger = pb_utils.Logger
+
+        world = world_size_from_env()
+        if world != tp_size:
+            raise ValueError(
+                f"MPI world size {world} != tp_size {tp_size}: leader mode needs exactly tp_size ranks "
+                f"(launch {tp_size} ranks, or set tp_size to {world})"
+            )
+        comm = MpiComm() if world > 1 else SingleComm()
+        if comm.size != tp_size:
+            raise ValueError(f"MPI world size {comm.size} != tp_size {tp_size}")
+        if comm.rank > 0:
+            logger.log_info(f"cpu engine rank {comm.rank}/{comm.size}: follower, waiting for the leader")
+            shard = load_shard(model_dir, comm, max_slots=max_batch)
+            follower_loop(shard)
+            logger.log_info(f"cpu engine rank {comm.rank}: terminating worker process, leader said stop")
+            os._exit(0)
+
+        self.engine = Engine(
+            model_dir, comm=comm, tp_size=tp_size, max_batch_size=max_batch, max_tokens_in_kv_cache=kv_tokens
+        )
+        self._init_metrics()
+        self.engine.on_step = self._update_metrics
+        self._update_metrics(self.engine.stats())
+        self.engine.start()
+        logger.log_info(
+            f"cpu engine ready: {model_dir} family={self.engine.config.family} tp={tp_size} "
+            f"max_batch={max_batch} kv_tokens={self.engine.budget.max_tokens} decoupled={self.decoupled}"
+        )
+
+    # ------------------------------------------------------------------ metrics
+    def _init_metrics(self) -> None:
+        base = {"model": self.model_name, "version": self.model_version}
+        G = pb_utils.MetricFamily.GAUGE
+        req = pb_utils.MetricFamily(name="nv_trt_llm_request_metrics", description="TRT LLM request metrics", kind=G)
+        kv = pb_utils.MetricFamily(
+            name="nv_trt_llm_kv_cache_block_metrics", description="TRT LLM KV cache block metrics", kind=G
+        )
+        ifb = pb_utils.MetricFamily(
+            name="nv_trt_llm_inflight_batcher_metrics", description="TRT LLM inflight batcher metrics", kind=G
+        )
+        gen = pb_utils.MetricFamily(name="nv_trt_llm_general_metrics", description="General TRT LLM metrics", kind=G)
+        self._metric_families = [req, kv, ifb, gen]  # keep alive
+        self._metrics = {
+            **{
+                ("request", t): req.Metric(labels={**base, "request_type": t})
+                for t in ("active", "max", "scheduled", "context", "waiting", "completed")
+            },
+            **{
+                ("kv", t): kv.Metric(labels={**base, "kv_cache_block_type": t})
+                for t in ("used", "free", "max", "tokens_per")
+            },
+            **{
+                ("ifb", t): ifb.Metric(labels={**base, "inflight_batcher_specific_metric": t})
+                for t in ("total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests")
+            },
+            **{
+                ("gen", t): gen.Metric(labels={**base, "general_type": t})
+                for t in ("iteration_counter", "timestamp")
+            },
+        }
+
+    def _update_metrics(self, s: EngineStats) -> None:
+        import time
+
+        values = {
+            ("request", "active"): s.active_requests,
+            ("request", "max"): s.max_requests,
+            ("request", "scheduled"): s.scheduled_requests,
+            ("request", "context"): s.context_requests,
+            ("request", "waiting"): s.waiting_requests,
+            ("request", "completed"): s.completed_requests,
+            ("kv", "used"): s.used_blocks,
+            ("kv", "free"): s.free_blocks,
+            ("kv", "max"): s.max_blocks,
+            ("kv", "tokens_per"): s.tokens_per_block,
+            ("ifb", "total_context_tokens"): s.context_tokens,
+            ("ifb", "generation_requests"): s.generation_requests,
+            ("ifb", "micro_batch_id"): 0,
+            ("ifb", "paused_requests"): 0,
+            ("gen", "iteration_counter"): s.iterations,
+            ("gen", "timestamp"): time.time_ns() // 1000,
+        }
+        for key, value in values.items():
+            self._metrics[key].set(float(value))
+
+    # ------------------------------------------------------------------ requests
+    def _inputs(self, request: Any) -> dict[str, np.ndarray]:
+        out = {}
+        for name in self.input_names:
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            if t is not None:
+                out[name] = t.as_numpy()
+        return out
+
+    def _response(self, arrays: dict[str, np.ndarray]) -> Any:
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(n, a) for n, a in arrays.items() if n in self.output_names]
+        )
+
+    @staticmethod
+    def _error(message: str) -> Any:
+        return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+    def _is_stop(self, inputs: dict[str, np.ndarray]) -> bool:
+        stop = inputs.get("stop")
+        return stop is not None and stop.size > 0 and bool(np.any(stop))
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        if self.decoupled:
+            for request in requests:
+                self._execute_decoupled(request)
+            return None
+        return self._execute_blocking(requests)
+
+    def _execute_decoupled(self, request: Any) -> None:
+        sender = request.get_response_sender()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            inputs = self._inputs(request)
+            if self._is_stop(inputs):
+                self.engine.cancel(request.request_id())
+                sender.send(flags=final)
+                return
+            reqs, opts = parse_inputs(inputs, self.default_exclude)
+        except (InputError, ValueError) as e:
+            sender.send(self._error(str(e)), flags=final)
+            return
+        pending = _Pending(len(reqs))
+        is_cancelled = getattr(sender, "is_cancelled", None) or getattr(request, "is_cancelled", None)
+        for b, req in enumerate(reqs):
+            req.request_id = request.request_id() or ""
+            req.is_cancelled = is_cancelled
+            req.on_output = self._streamer(sender, pending, b, opts)
+            self.engine.submit(req)
+
+    def _streamer(self, sender: Any, pending: _Pending, b: int, opts: RequestOptions):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+        def on_output(out: GenerationOutput) -> None:
+            with pending.lock:
+                if out.finished:
+                    pending.remaining -= 1
+                last = pending.remaining == 0
+            flags = final if last else 0
+            try:
+                if out.error:
+                    sender.send(self._error(out.error), flags=flags)
+                elif out.new_tokens or not opts.streaming:
+                    sender.send(self._response(output_arrays(out, b, opts)), flags=flags)
+                elif last:
+                    sender.send(flags=final)
+            except Exception:  # client gone / cancelled: nothing left to tell it
+                pass
+
+        return on_output
+
+    def _execute_blocking(self, requests: list[Any]) -> list[Any]:
+        responses: list[Any] = [None] * len(requests)
+        waits: list[tuple[int, _Pending, RequestOptions, int]] = []
+        for i, request in enumerate(requests):
+            try:
+                inputs = self._inputs(request)
+                if self._is_stop(inputs):
+                    self.engine.cancel(request.request_id())
+                    responses[i] = self._response(
+                        {"output_ids": np.zeros((1, 1, 0), np.int32), "sequence_length": np.zeros((1, 1), np.int32)}
+                    )
+                    continue
+                reqs, opts = parse_inputs(inputs, self.default_exclude)
+                if opts.streaming:
+                    raise InputError("input 'streaming': streaming needs a decoupled model (decoupled_mode: true)")
+            except (InputError, ValueError) as e:
+                responses[i] = self._error(str(e))
+                continue
+            pending = _Pending(len(reqs))
+            pad = next((r.pad_id for r in reqs if r.pad_id is not None), 0)
+            for b, req in enumerate(reqs):
+                req.request_id = request.request_id() or ""
+                req.is_cancelled = getattr(request, "is_cancelled", None)
+                req.on_output = self._collector(pending, b, opts)
+                self.engine.submit(req)
+            waits.append((i, pending, opts, pad))
+        for i, pending, _opts, pad in waits:
+            pending.done.wait()
+            if pending.error:
+                responses[i] = self._error(pending.error)
+            else:
+                responses[i] = self._response(merge_rows([o for o in pending.outputs if o is not None], pad))
+        return responses
+
+    @staticmethod
+    def _collector(pending: _Pending, b: int, opts: RequestOptions):
+        def on_output(out: GenerationOutput) -> None:
+            if not out.finished:
+                return
+            with pending.lock:
+                if out.error:
+                    pending.error = pending.error or out.error
+                else:
+                    pending.outputs[b] = output_arrays(out, b, opts)
+                pending.remaining -= 1
+                if pending.remaining == 0:
+                    pending.done.set()
+
+        return on_output
+
+    def finalize(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()  # tells followers to stop; they os._exit(0)
