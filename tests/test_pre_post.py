@@ -226,13 +226,17 @@ def test_bls_non_streaming(tok):
 
 
 def test_bls_streaming_chunks_and_accumulate(tok):
-    text = "Hello world, hello Triton!"
+    text = "Hello world, hello Triton! ünïcødé ✓"
     pieces = [o["text_output"][0, 0].decode()
               for o in BlsPipeline(FakeServer(tok, chunk=2), decoupled=True).run(bls_inputs(text, stream=True))]
     assert len(pieces) > 1 and "".join(pieces) == text
     acc = [o["text_output"][0, 0].decode() for o in BlsPipeline(FakeServer(tok, chunk=2), decoupled=True,
                                                                  accumulate_tokens=True).run(bls_inputs(text, stream=True))]
-    assert acc[-1] == text and all(text.startswith(a) for a in acc)
+    assert acc[-1] == text and all(text.startswith(a) for a in acc if "\ufffd" not in a)
+    # one byte-level token per chunk: a multi-byte character split across chunks arrives whole
+    chunks = list(BlsPipeline(FakeServer(tok, chunk=1), decoupled=True).run(bls_inputs("a✓é", stream=True)))
+    pieces = [c["text_output"][0, 0].decode() for c in chunks]
+    assert "".join(pieces) == "a✓é" and "✓" in pieces and not any("\ufffd" in p for p in pieces)
 
 
 def test_bls_errors(tok):

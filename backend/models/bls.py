@@ -1,8 +1,11 @@
 """`tensorrt_llm_bls` model: the ensemble's pipeline as python BLS calls.
 
 preprocessing → tensorrt_llm (decoupled when this model is decoupled, so tokens can be streamed) →
-postprocessing, with upstream's `accumulate_tokens` (in streaming, decode all tokens so far instead of
-only the new ones: slower, but multi-byte characters and leading spaces come out right).
+postprocessing. Streaming: with upstream's `accumulate_tokens` every response carries the text of all
+tokens so far; without it, each response carries only the new text. Unlike upstream (which decodes each
+chunk's tokens on their own, splitting multi-byte characters into U+FFFD and dropping SentencePiece
+leading spaces), the new text is the difference between decoding all tokens so far and what was
+already sent, holding back a trailing incomplete character until the next chunk completes it.
 
 The pipeline (`BlsPipeline`) only sees a `ModelCaller` — name, input arrays, requested outputs,
 decoupled → iterator of output dicts — so it is unit-tested with plain functions; `TritonPythonModel`
@@ -57,6 +60,11 @@ class _Accumulator:
         for b in range(tokens.shape[0]):
             for k in range(tokens.shape[1]):
                 self.seqs[b][k].extend(tokens[b, k, : int(lengths[b, k])].tolist())
+        return self.current()
+
+    def current(self) -> tuple[np.ndarray, np.ndarray]:
+        """All tokens so far as (TOKENS_BATCH [batch, beam, max_len], SEQUENCE_LENGTH [batch, beam])."""
+        assert self.seqs is not None
         width = max([len(s) for row in self.seqs for s in row] + [1])
         out = np.zeros((len(self.seqs), len(self.seqs[0]), width), dtype=np.int32)
         lens = np.zeros((len(self.seqs), len(self.seqs[0])), dtype=np.int32)
@@ -104,7 +112,8 @@ class BlsPipeline:
         pre = self._single("preprocessing", pre_inputs, PREPROCESSING_OUTPUTS)
         llm_inputs = {dst: pre[src] for dst, src in LLM_FROM_PREPROCESSING if pre.get(src) is not None}
         llm_inputs.update({dst: inputs[src] for dst, src in LLM_FROM_CLIENT if inputs.get(src) is not None})
-        accumulator = _Accumulator() if stream and self.accumulate_tokens else None
+        accumulator = _Accumulator() if stream else None
+        sent: np.ndarray | None = None  # text already streamed per (batch, beam), delta mode only
         produced = 0
         for response in self.call(self.llm_model_name, llm_inputs, LLM_REQUESTED_OUTPUTS, self.decoupled):
             if response.get("output_ids") is None:  # the empty final response of a decoupled stream
@@ -112,15 +121,49 @@ class BlsPipeline:
             tokens, lengths = response["output_ids"], response["sequence_length"]
             if accumulator is not None:
                 tokens, lengths = accumulator.add(tokens, lengths)
-            post = self._single("postprocessing", {"TOKENS_BATCH": np.asarray(tokens, dtype=np.int32),
-                                                   "SEQUENCE_LENGTH": np.asarray(lengths, dtype=np.int32)},
-                                ("OUTPUT",))
-            out = {"text_output": post["OUTPUT"]}
+            text = self._postprocess(tokens, lengths)
+            if stream and not self.accumulate_tokens:
+                full = text
+                sent = np.full(full.shape, b"", dtype=object) if sent is None else sent
+                text, sent = _delta(full, sent)
+            out = {"text_output": text}
             out.update({t.name: response[t.name] for t in PASSTHROUGH_OUTPUTS if response.get(t.name) is not None})
             produced += 1
             yield out
         if produced == 0:
             raise InnerModelError(f"{self.llm_model_name} returned no output_ids")
+        if sent is not None and accumulator is not None and accumulator.seqs is not None:
+            # flush text held back at the very end (the sequence really ends in a partial character)
+            final = self._postprocess(*accumulator.current())
+            rest, _ = _delta(final, sent, hold_back=False)
+            if any(rest.reshape(-1)):
+                yield {"text_output": rest}
+
+    def _postprocess(self, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        post = self._single("postprocessing", {"TOKENS_BATCH": np.asarray(tokens, dtype=np.int32),
+                                               "SEQUENCE_LENGTH": np.asarray(lengths, dtype=np.int32)}, ("OUTPUT",))
+        return np.asarray(post["OUTPUT"], dtype=object)
+
+
+_REPLACEMENT = "\ufffd".encode()
+
+
+def _delta(full: np.ndarray, sent: np.ndarray, hold_back: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """New UTF-8 text per element of `full` beyond what was `sent`; a trailing U+FFFD (an incomplete
+    multi-byte character) is held back until a later chunk completes it."""
+    full = full.reshape(sent.shape)
+    delta = np.empty(sent.shape, dtype=object)
+    new_sent = sent.copy()
+    for idx in np.ndindex(sent.shape):
+        text, done = bytes(full[idx]), bytes(sent[idx])
+        if hold_back:
+            while text.endswith(_REPLACEMENT):
+                text = text[: -len(_REPLACEMENT)]
+        if text.startswith(done):
+            delta[idx], new_sent[idx] = text[len(done):], text
+        else:  # decoding changed earlier text (rare, e.g. cleanup rules); send nothing until consistent
+            delta[idx] = b""
+    return delta, new_sent
 
 
 class TritonPythonModel:
