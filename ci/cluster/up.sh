@@ -202,7 +202,7 @@ else
     fi
     log "mariadb: starting"
     setsid -f mariadbd --user=mysql --datadir=/var/lib/mysql --pid-file="$MYSQL_PID" --socket="$MYSQL_SOCK" \
-        --bind-address=127.0.0.1 --log-error="$MARIADB_LOG" --innodb-lock-wait-timeout=900 --innodb-buffer-pool-size=256M \
+        --bind-address=127.0.0.1 --log-error="$MARIADB_LOG" --innodb-lock-wait-timeout=900 \
         </dev/null >>"$MARIADB_LOG" 2>&1
     wait_until "mariadb (mariadb-admin ping)" "$TIMEOUT" "$MARIADB_LOG" mysql_ok
     log "mariadb: up"
@@ -295,9 +295,8 @@ nodes_ready() {
 }
 node_logs="$LOG_DIR/slurmctld.log"
 for n in "${NODES[@]}"; do
-    pid_alive "$(slurmd_pidfile "$n")" slurmd >/dev/null 2>&1 || sleep 0.5
-    pid_alive "$(slurmd_pidfile "$n")" slurmd >/dev/null \
-        || { tail_logs "$LOG_DIR/slurmd-$n.start.log" "$LOG_DIR/slurmd-$n.log"; die "slurmd $n died after start"; }
+    wait_until "slurmd $n (pid file $(slurmd_pidfile "$n"))" 15 "$LOG_DIR/slurmd-$n.start.log $LOG_DIR/slurmd-$n.log" \
+        pid_alive "$(slurmd_pidfile "$n")" slurmd
     node_logs+=" $LOG_DIR/slurmd-$n.log"
 done
 if ! nodes_ready; then
