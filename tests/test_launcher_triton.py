@@ -1,0 +1,422 @@
+"""The launcher against the real tritonserver 2.51 of nvidia-pytriton (CPU, python backend).
+
+Each test builds its own tiny model repository and deployment folder, runs ``python -m launcher DIR`` as a
+subprocess like srun would, and checks the files and processes it leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from launcher.server import ServerNotFound, resolve
+
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+
+try:
+    SERVER = resolve(None, {})
+    SKIP = ""
+except ServerNotFound as exc:  # pragma: no cover - depends on the machine
+    SERVER, SKIP = None, str(exc)
+
+pytestmark = [pytest.mark.triton, pytest.mark.timeout(180),
+              pytest.mark.skipif(SERVER is None, reason=f"no tritonserver: {SKIP}")]
+
+IDENTITY = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+'''
+
+# Emulates a TRT-LLM follower: never returns from initialize() (it would sit in the TP collectives).
+BLOCKER = '''
+import os, time
+
+class TritonPythonModel:
+    def initialize(self, args):
+        open(os.environ["BLOCKER_MARKER"], "w").write(str(os.getpid()))
+        while True:
+            time.sleep(1)
+
+    def execute(self, requests):
+        return []
+'''
+
+CONFIG = '''name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+'''
+
+
+def make_deployment(root: Path, models: dict[str, str], **plan: object) -> Path:
+    repo = root / "triton_model_repo"
+    for name, source in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+        (repo / name / "1" / "model.py").write_text(source)
+    launch = {
+        "version": 1, "name": root.name, "deployment_dir": str(root), "model_repository": str(repo),
+        "tp_size": 1, "pp_size": 1, "replicas": 1, "world_size_per_replica": 1, "mode": "leader",
+        "tritonserver": None, "ports": {"http": "auto", "grpc": "auto", "metrics": "auto"},
+        "follower_models": ["identity"], "server_args": ["--log-verbose=0"], "ready_timeout_s": 60,
+        "env": {"PMIX_MCA_gds": "hash"}, "stop_grace_s": 10,
+    }
+    launch.update(plan)
+    (root / "launch.json").write_text(json.dumps(launch))
+    return root
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "PMI_", "HPC_SERVE_"))}
+    env["PYTHONPATH"] = str(SOURCE_ROOT)
+    env.update(extra)
+    return env
+
+
+class Launcher:
+    """``python -m launcher DIR`` in the background, output to files (as srun's per-rank files)."""
+
+    def __init__(self, deployment: Path, job_id: str, **env: str) -> None:
+        self.dir, self.job_id = deployment, job_id
+        self.out = deployment / f"{job_id}_log.out"
+        self.err = deployment / f"{job_id}_log.err"
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "launcher", str(deployment)], env=clean_env(HPC_SERVE_JOB_ID=job_id, **env),
+            stdout=self.out.open("wb"), stderr=self.err.open("wb"), cwd=deployment,
+        )
+
+    def path(self, *parts: str) -> Path:
+        return self.dir / "jobs" / self.job_id / Path(*parts)
+
+    def wait_for(self, check: Callable[[], object], timeout: float = 60, what: str = "") -> object:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            if self.proc.poll() is not None:
+                raise AssertionError(f"launcher exited {self.proc.returncode} while waiting for {what}\n" + self.logs())
+            time.sleep(0.02)
+        raise AssertionError(f"timeout waiting for {what}\n" + self.logs())
+
+    def endpoint(self, replica: int = 0) -> dict:
+        path = self.path("endpoints", f"replica-{replica}.json")
+        return self.wait_for(lambda: path.exists() and json.loads(path.read_text()), what=str(path))  # type: ignore
+
+    def logs(self) -> str:
+        return self.out.read_text(errors="replace")[-3000:] + self.err.read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture
+def launchers():
+    started: list[Launcher] = []
+    yield started
+    for launcher in started:
+        launcher.stop()
+
+
+def pids_matching(text: str) -> list[int]:
+    """PIDs whose command line mentions ``text`` (our tmp repository path is unique per test)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and int(entry.name) != os.getpid():
+                found.append(int(entry.name))
+    return found
+
+
+def listening_ports(pid: int) -> list[int]:
+    """TCP ports in LISTEN state owned by ``pid`` (socket inodes of its fds matched against /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def http_ready(port: int) -> int:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as resp:
+        return resp.status
+
+
+def infer(port: int) -> list[float]:
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]}).encode()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/identity/infer", data=body, method="POST")
+    with opener.open(req, timeout=10) as resp:
+        return json.loads(resp.read())["outputs"][0]["data"]
+
+
+def wait_gone(text: str, timeout: float = 10) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and pids_matching(text):
+        time.sleep(0.1)
+    return pids_matching(text)
+
+
+def test_leader_publishes_endpoint_and_stops_cleanly_on_sigterm(tmp_path: Path, launchers: list) -> None:
+    dep = make_deployment(tmp_path / "dep", {"identity": IDENTITY})
+    repo = str(dep / "triton_model_repo")
+    run = Launcher(dep, "t1")
+    launchers.append(run)
+    ep = run.endpoint()
+    assert ep["job_id"] == "t1" and ep["replica"] == 0 and ep["rank"] == 0 and ep["version"] == 1
+    assert ep["host"] == socket.gethostname()
+    assert len({ep["http_port"], ep["grpc_port"], ep["metrics_port"]}) == 3
+    assert ep["ready_at"] >= ep["started_at"]
+    assert http_ready(ep["http_port"]) == 200
+    assert infer(ep["http_port"]) == [1.0, 2.0, 3.0]
+    first = run.out.read_text().splitlines()[0]
+    assert first.startswith("[hpc-serve] rank 0/1 on ") and "replica 0, leader, cmd: " in first
+    assert "shm-region-prefix-name=prefix0_t1_" in first
+    stub_pids = [p for p in pids_matching(repo) if p != ep["pid"]]
+    assert stub_pids, "python backend stub not found"
+
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(40) == 0, run.logs()  # tritonserver stops gracefully → 0
+    record = json.loads(run.path("ranks", "rank-0.json").read_text())
+    assert record["exit_code"] == 0 and record["signal"] is None and record["rank"] == 0
+    assert record["log_tail"] and len(record["log_tail"]) <= 21
+    assert not run.path("endpoints", "replica-0.json").exists()
+    assert wait_gone(repo, 2) == [], "tritonserver or triton_python_backend_stub left behind"
+    assert "Signal (15) received." in run.err.read_text() + run.out.read_text()  # logs reached our stdout/err
+
+
+def test_two_deployments_on_one_node_get_different_ports(tmp_path: Path, launchers: list) -> None:
+    a = Launcher(make_deployment(tmp_path / "a", {"identity": IDENTITY}), "t1")
+    b = Launcher(make_deployment(tmp_path / "b", {"identity": IDENTITY}), "t2")
+    launchers += [a, b]
+    ea, eb = a.endpoint(), b.endpoint()
+    pa = {ea["http_port"], ea["grpc_port"], ea["metrics_port"]}
+    pb = {eb["http_port"], eb["grpc_port"], eb["metrics_port"]}
+    assert not pa & pb
+    assert http_ready(ea["http_port"]) == 200 and http_ready(eb["http_port"]) == 200
+    assert infer(eb["http_port"]) == [1.0, 2.0, 3.0]
+
+
+def test_auto_port_collision_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process grabs the port between our probe and tritonserver's bind: tritonserver fails with
+    "already in use", the launcher retries with new ports (in-process, with the probe rigged)."""
+    from launcher import config, ports, rank, run
+
+    dep = make_deployment(tmp_path / "dep", {"identity": IDENTITY})
+    holder = socket.socket()
+    holder.bind(("", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    real = ports.free_ports
+    calls: list[list[int]] = []
+
+    def rigged(count: int, exclude=(), host: str = "") -> list[int]:
+        picked = real(count, exclude, host)
+        if not calls:
+            picked[1] = taken  # grpc port is stolen on the first attempt
+        calls.append(picked)
+        return picked
+
+    monkeypatch.setattr(ports, "free_ports", rigged)
+    plan = config.load(dep)
+    info = rank.RankInfo(0, 0, 1, socket.gethostname(), "t1", "single")
+    result: dict = {}
+
+    import threading
+
+    def serve() -> None:
+        result["rc"] = run.serve(plan, info, rank.role(info, 1, 1, 1), SERVER)  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=serve)
+    try:
+        thread.start()
+        ep_path = dep / "jobs" / "t1" / "endpoints" / "replica-0.json"
+        deadline = time.monotonic() + 60
+        while not ep_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ep = json.loads(ep_path.read_text())
+        assert len(calls) == 2 and ep["grpc_port"] != taken and taken not in calls[1]
+        assert http_ready(ep["http_port"]) == 200
+        os.kill(ep["pid"], signal.SIGTERM)
+        thread.join(40)
+        assert result["rc"] == 0
+    finally:
+        holder.close()
+        wait_gone(str(dep / "triton_model_repo"), 20)
+
+
+def _follower(tmp_path: Path, models: dict[str, str], follower_models: list[str]) -> tuple[Launcher, Path]:
+    dep = make_deployment(tmp_path / "dep", models, tp_size=2, world_size_per_replica=2,
+                          follower_models=follower_models)
+    marker = tmp_path / "blocker.pid"
+    run = Launcher(dep, "t1", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_LOCAL_RANK="1", OMPI_COMM_WORLD_SIZE="2",
+                   BLOCKER_MARKER=str(marker))
+    return run, marker
+
+
+def _server_pid(run: Launcher) -> int:
+    repo = str(run.dir / "triton_model_repo")
+    pids = run.wait_for(lambda: [p for p in pids_matching(repo)
+                                 if Path(f"/proc/{p}/exe").resolve().name == "tritonserver"], what="tritonserver")
+    return pids[0]  # type: ignore[index]
+
+
+def test_blocked_follower_opens_no_port_and_sigkill_is_recorded(tmp_path: Path, launchers: list) -> None:
+    run, marker = _follower(tmp_path, {"identity": IDENTITY, "blocker": BLOCKER}, ["blocker"])
+    launchers.append(run)
+    run.wait_for(marker.exists, what="follower model initialize()")
+    first = run.out.read_text().splitlines()[0]
+    assert "rank 1/2" in first and "replica 0, follower" in first and "--load-model=blocker" in first
+    assert "prefix1_t1_" in first
+    pid = _server_pid(run)
+    time.sleep(0.5)
+    assert listening_ports(pid) == []
+    assert not run.path("endpoints").exists()
+
+    os.kill(pid, signal.SIGKILL)
+    assert run.proc.wait(30) == 128 + signal.SIGKILL
+    record = json.loads(run.path("ranks", "rank-1.json").read_text())
+    assert record["signal"] == "SIGKILL" and record["exit_code"] == -signal.SIGKILL and record["rank"] == 1
+    assert wait_gone(str(run.dir / "triton_model_repo"), 5) == [], "blocked stub left behind"
+
+
+def test_follower_that_finishes_loading_still_opens_no_port(tmp_path: Path, launchers: list) -> None:
+    """Upstream's #243: a follower that does load binds the leader's ports.  Ours cannot bind anything."""
+    run, _ = _follower(tmp_path, {"identity": IDENTITY}, ["identity"])
+    launchers.append(run)
+    run.wait_for(lambda: "successfully loaded 'identity'" in run.err.read_text() + run.out.read_text(),
+                 what="identity loaded on the follower")
+    pid = _server_pid(run)
+    time.sleep(1.0)  # endpoints start right after loading
+    assert run.proc.poll() is None and listening_ports(pid) == []
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(40) == 0
+    assert wait_gone(str(run.dir / "triton_model_repo"), 5) == []
+
+
+def test_sigterm_on_blocked_follower_kills_it_and_its_orphaned_stub(tmp_path: Path, launchers: list) -> None:
+    """tritonserver installs its SIGTERM handler only after loading, so a follower stuck in initialize() dies of
+    the forwarded SIGTERM (default action) and its python stub is orphaned: the launcher kills the group."""
+    run, marker = _follower(tmp_path, {"blocker": BLOCKER}, ["blocker"])
+    launchers.append(run)
+    run.wait_for(marker.exists, what="follower model initialize()")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(30) == 128 + signal.SIGTERM
+    record = json.loads(run.path("ranks", "rank-1.json").read_text())
+    assert record["signal"] == "SIGTERM"
+    assert wait_gone(str(run.dir / "triton_model_repo"), 1) == []
+
+
+HANGS_IN_FINALIZE = IDENTITY + '''
+    def finalize(self):
+        import time
+        while True:
+            time.sleep(1)
+'''
+
+
+def test_graceful_stop_that_hangs_is_escalated_to_sigkill(tmp_path: Path, launchers: list) -> None:
+    """A server that does not finish its graceful stop within stop_grace_s is SIGKILLed with its whole group."""
+    dep = make_deployment(tmp_path / "dep", {"identity": HANGS_IN_FINALIZE}, stop_grace_s=3,
+                          server_args=["--exit-timeout-secs=120"])
+    run = Launcher(dep, "t1")
+    launchers.append(run)
+    run.endpoint()
+    t0 = time.monotonic()
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(30) == 128 + signal.SIGKILL
+    assert 2.5 < time.monotonic() - t0 < 15
+    record = json.loads(run.path("ranks", "rank-0.json").read_text())
+    assert record["signal"] == "SIGKILL"
+    assert "sending SIGKILL" in run.err.read_text()
+    assert not run.path("endpoints", "replica-0.json").exists()
+    assert wait_gone(str(dep / "triton_model_repo"), 2) == []
+
+
+def test_sigkilled_launcher_leaves_no_tritonserver(tmp_path: Path, launchers: list) -> None:
+    """PR_SET_PDEATHSIG: even SIGKILL of the launcher (no chance to clean up) takes tritonserver down."""
+    dep = make_deployment(tmp_path / "dep", {"identity": IDENTITY})
+    run = Launcher(dep, "t1")
+    launchers.append(run)
+    run.endpoint()
+    run.proc.kill()
+    run.proc.wait(10)
+    assert wait_gone(str(dep / "triton_model_repo"), 10) == []
+
+
+def test_startup_overhead_vs_bare_tritonserver(tmp_path: Path, launchers: list) -> None:
+    """Measure launcher start → endpoint record against bare tritonserver start → ready (printed, -s)."""
+    from launcher.ports import free_ports
+    from launcher.run import child_env
+    from launcher import config
+
+    dep = make_deployment(tmp_path / "dep", {"identity": IDENTITY})
+    plan = config.load(dep)
+    bare, launched = [], []
+    for i in range(3):
+        http, grpc, metrics = free_ports(3)
+        argv = [SERVER.argv0, f"--model-repository={plan.model_repository}", "--disable-auto-complete-config",  # type: ignore[union-attr]
+                f"--backend-directory={SERVER.backend_dir}", f"--http-port={http}", f"--grpc-port={grpc}",  # type: ignore[union-attr]
+                f"--metrics-port={metrics}"]
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, env=child_env(plan, SERVER, clean_env()),  # type: ignore[arg-type]
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while True:
+                try:
+                    if http_ready(http) == 200:
+                        break
+                except OSError:
+                    pass
+                assert proc.poll() is None
+                time.sleep(0.01)
+            bare.append(time.monotonic() - t0)
+        finally:
+            proc.terminate()
+            proc.wait(40)
+        run = Launcher(dep, f"m{i}")
+        launchers.append(run)
+        run.endpoint()
+        launched.append(time.monotonic() - run.t0)
+        run.stop()
+    print(f"\n[measure] bare tritonserver → ready: {', '.join(f'{t:.2f}' for t in bare)} s; "
+          f"launcher start → endpoint record: {', '.join(f'{t:.2f}' for t in launched)} s")
+    assert min(launched) < min(bare) + 5
