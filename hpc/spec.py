@@ -108,7 +108,7 @@ class SlurmSpec(_Section):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise ValueError(
                 f"got the number {value}: quote the time, e.g. time: \"02:00:00\" "
-                "(YAML reads an unquoted 02:00:00 as the base-60 number 7200)"
+                "(YAML reads an unquoted 2:00:00 as the base-60 number 7200)"
             )
         return value
 
