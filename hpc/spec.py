@@ -487,6 +487,13 @@ def _resolve_paths(spec: Spec, base: Path, file: str, index: dict) -> tuple[Spec
         expanded = Path(text(str(value), loc))
         return (expanded if expanded.is_absolute() else base / expanded).resolve()
 
+    def mount_path(value: str, loc: tuple[str, ...]) -> str:
+        """SRC[:DST[:FLAGS]] with SRC made absolute like the other paths (DST is inside the container)."""
+        src, sep, rest = text(value, loc).partition(":")
+        if not os.path.isabs(src):
+            src = str((base / src).resolve())
+        return f"{src}{sep}{rest}"
+
     m, c = spec.model, spec.container
     model = m.model_copy(update={
         "engine_dir": path(m.engine_dir, ("model", "engine_dir")),
@@ -495,7 +502,7 @@ def _resolve_paths(spec: Spec, base: Path, file: str, index: dict) -> tuple[Spec
     })
     container = c.model_copy(update={
         "image": text(c.image, ("container", "image")) if c.image else None,
-        "mounts": [text(mount, ("container", "mounts", str(i))) for i, mount in enumerate(c.mounts)],
+        "mounts": [mount_path(mount, ("container", "mounts", str(i))) for i, mount in enumerate(c.mounts)],
     })
     spec = spec.model_copy(update={"workdir": path(spec.workdir, ("workdir",)), "model": model,
                                    "container": container})
