@@ -1,0 +1,374 @@
+"""hpc/render.py: the deployment folder (DEVELOPERS.md), launch.json, the #SBATCH header and srun line of the
+.sub, container flags, re-render and failed-render behaviour, site templates, model repository configs."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+import backend.repository
+from hpc import render as R
+from hpc.spec import Spec, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def cpu_spec(tmp: Path, **extra) -> Spec:
+    (tmp / "ckpt").mkdir(parents=True, exist_ok=True)
+    data = deep_merge({"name": "cpu-test", "slurm": {"nodes": 1}, "model": {"backend": "cpu", "checkpoint_dir": "ckpt"}},
+                      extra)
+    return parse_spec(yaml.safe_dump(data), file="cpu.yaml", base=tmp)
+
+
+def gpu_spec(tmp: Path, tp: int = 2, pp: int = 1, **extra) -> Spec:
+    engine = tmp / "models" / "engine"
+    engine.mkdir(parents=True, exist_ok=True)
+    (engine / "config.json").write_text(json.dumps({"pretrained_config": {"mapping": {"tp_size": tp, "pp_size": pp}}}))
+    (tmp / "models" / "tok").mkdir(exist_ok=True)
+    data = deep_merge({
+        "name": "gpu-test",
+        "slurm": {"nodes": pp, "gpus_per_node": tp, "partition": "gpu", "account": "proj", "time": "02:00:00"},
+        "model": {"backend": "tensorrtllm", "engine_dir": "models/engine", "tokenizer_dir": "models/tok",
+                  "tp_size": tp, "pp_size": pp},
+    }, extra)
+    return parse_spec(yaml.safe_dump(data), file="gpu.yaml", base=tmp)
+
+
+def sbatch_header(sub: str) -> list[str]:
+    """The #SBATCH lines sbatch reads: those before the first line that is not a comment or blank."""
+    lines = sub.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    header = []
+    for line in lines[1:]:
+        if line.strip() and not line.startswith("#"):
+            break
+        if line.startswith("#SBATCH"):
+            header.append(line)
+    assert header == [line for line in lines if line.startswith("#SBATCH")], "an #SBATCH line after the first command"
+    return header
+
+
+def srun_argv(sub: str) -> list[str]:
+    """The server step's argv as bash would split it (continuations joined, quotes removed)."""
+    joined = sub.replace("\\\n", " ")
+    lines = [line for line in joined.splitlines() if line.startswith("srun --mpi=pmix")]
+    assert len(lines) == 1, lines
+    return shlex.split(lines[0])
+
+
+def parse_pbtxt(path: Path) -> mc.ModelConfig:
+    return text_format.Parse(path.read_text(encoding="utf-8"), mc.ModelConfig())
+
+
+# ------------------------------------------------------------------------------------------ the folder
+def test_render_writes_the_deployment_folder(tmp_path):
+    spec = cpu_spec(tmp_path)
+    out = R.render(spec, tmp_path / "deploy")
+    d = tmp_path / "deploy"
+    assert out.deploy_dir == d and out.sub == d / "tensorrt_llm_triton.sub" and out.sh == d / "tensorrt_llm_triton.sh"
+    assert out.launch == d / "launch.json" and out.model_repository == d / "triton_model_repo"
+    assert {p.name for p in d.iterdir()} == {"spec.yaml", "launch.json", "tensorrt_llm_triton.sub",
+                                             "tensorrt_llm_triton.sh", "triton_model_repo", "logs", "jobs"}
+    for script in (out.sub, out.sh):
+        assert os.access(script, os.X_OK)
+    assert {p.name for p in out.model_repository.iterdir() if p.is_dir()} == MODELS
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".deploy")] == []  # no staging left
+    # spec.yaml is the resolved spec: it loads back to the same thing with absolute paths
+    reloaded = load_spec(d / "spec.yaml")
+    assert reloaded == spec
+    assert reloaded.model.checkpoint_dir == tmp_path / "ckpt"
+
+
+def test_launch_json_contract(tmp_path):
+    spec = cpu_spec(tmp_path, replicas=2, model={"tp_size": 2}, slurm={"ntasks_per_node": 4},
+                    triton={"log_verbose": 2, "server_args": ["--exit-timeout-secs=5"], "ready_timeout_s": 60})
+    R.render(spec, tmp_path / "d")
+    plan = json.loads((tmp_path / "d" / "launch.json").read_text())
+    assert plan == {
+        "version": 1, "name": "cpu-test", "deployment_dir": str(tmp_path / "d"),
+        "model_repository": str(tmp_path / "d" / "triton_model_repo"),
+        "tp_size": 2, "pp_size": 1, "replicas": 2, "world_size_per_replica": 2, "mode": "leader",
+        "tritonserver": None, "ports": {"http": "auto", "grpc": "auto", "metrics": "auto"},
+        "follower_models": ["tensorrt_llm"], "server_args": ["--log-verbose=2", "--exit-timeout-secs=5"],
+        "ready_timeout_s": 60, "env": {"PMIX_MCA_gds": "hash"},
+    }
+
+
+def test_launch_json_fixed_ports_server_and_orchestrator(tmp_path):
+    spec = gpu_spec(tmp_path, tp=2, slurm={"ntasks_per_node": 1}, mode="orchestrator",
+                    triton={"ports": {"http": 9000, "grpc": 9001, "metrics": "auto"}, "server": "/opt/ts"})
+    plan = R.launch_plan(spec, tmp_path / "d")
+    assert plan["ports"] == {"http": 9000, "grpc": 9001, "metrics": "auto"}
+    assert plan["tritonserver"] == "/opt/ts"
+    assert plan["world_size_per_replica"] == 1 and plan["tp_size"] == 2 and plan["mode"] == "orchestrator"
+    assert plan["env"]["PMIX_MCA_gds"] == "hash" and plan["env"]["TRTLLM_ORCHESTRATOR"] == "1"
+
+
+def test_ranks_other_than_the_leader_load_only_tensorrt_llm(tmp_path):
+    from launcher import command, config, rank
+    from launcher.ports import Ports
+
+    spec = cpu_spec(tmp_path, replicas=2, model={"tp_size": 2}, slurm={"ntasks_per_node": 4})
+    R.render(spec, tmp_path / "d")
+    plan = config.load(tmp_path / "d")
+    assert plan.follower_models == ("tensorrt_llm",)
+    leaders = []
+    for r in range(4):
+        info = rank.RankInfo(r, r, 4, "n1", "7", "slurm")
+        me = rank.role(info, plan.tp_size, plan.pp_size, plan.replicas, plan.world_size_per_replica)
+        argv = command.build_argv("tritonserver", model_repository=plan.model_repository, rank=r, job_id="7",
+                                  leader=me.leader, ports=Ports(8000, 8001, 8002),
+                                  follower_models=plan.follower_models, server_args=plan.server_args)
+        loads = [a for a in argv if a.startswith("--load-model=")]
+        if me.leader:
+            leaders.append(r)
+            assert loads == [] and "--http-port=8000" in argv
+        else:
+            assert loads == ["--load-model=tensorrt_llm"] and "--model-control-mode=explicit" in argv
+            assert not any(a.startswith("--http-port") for a in argv)
+    assert leaders == [0, 2]
+
+
+# ----------------------------------------------------------------------------------------------- the .sub
+def test_sub_header_and_srun_line(tmp_path):
+    spec = gpu_spec(tmp_path, tp=4, pp=2, slurm={"qos": "normal", "mem": "64G", "constraint": "a100&ib",
+                                                 "sbatch_args": ["--mail-type=END"], "exclusive": True})
+    R.render(spec, tmp_path / "d")
+    d = tmp_path / "d"
+    sub = (d / "tensorrt_llm_triton.sub").read_text()
+    assert sbatch_header(sub) == [
+        "#SBATCH -J gpu-test", f"#SBATCH -o {d}/logs/%j.out", f"#SBATCH -e {d}/logs/%j.err", "#SBATCH -A proj",
+        "#SBATCH -p gpu", "#SBATCH --qos=normal", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --time=02:00:00", "#SBATCH --gres=gpu:4", "#SBATCH --mem=64G", "#SBATCH --exclusive",
+        "#SBATCH --constraint=a100&ib", "#SBATCH --mail-type=END",
+    ]
+    argv = srun_argv(sub)
+    assert argv[:3] == ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"]
+    assert "--output=$JOB_DIR/%j_%t_log.out" in argv and "--error=$JOB_DIR/%j_%t_log.err" in argv
+    assert argv[-2:] == ["bash", "$DEPLOY_DIR/tensorrt_llm_triton.sh"]
+    assert f"DEPLOY_DIR={d}" in sub.splitlines()
+    assert 'JOB_DIR="$DEPLOY_DIR/jobs/$SLURM_JOB_ID"' in sub
+    assert "nvidia-smi" not in sub  # no clock lock unless asked for
+
+
+def test_optional_directives_absent_when_unset(tmp_path):
+    sub = R.render_scripts(cpu_spec(tmp_path), tmp_path / "d")[R.SUB_NAME]
+    header = sbatch_header(sub)
+    assert not any(re.match(r"#SBATCH (-A|-p|--qos|--gres|--mem|--exclusive|--constraint|--reservation)", h)
+                   for h in header), header
+    assert "#SBATCH --ntasks-per-node=1" in header and "#SBATCH --time=01:00:00" in header
+    assert "module load" not in sub and "nvidia-smi" not in sub
+
+
+def test_clock_lock_only_when_set(tmp_path):
+    spec = gpu_spec(tmp_path, slurm={"gpu_clocks_mhz": 1410})
+    sub = R.render_scripts(spec, tmp_path / "d")[R.SUB_NAME]
+    assert "srun --ntasks-per-node=1 sudo nvidia-smi -lgc 1410,1410" in sub.splitlines()
+    # the lock runs before the server step
+    assert sub.index("nvidia-smi -lgc") < sub.index("srun --mpi=pmix")
+
+
+def test_modules_setup_and_gres_override(tmp_path):
+    spec = gpu_spec(tmp_path, slurm={"modules": ["cuda/12.4", "apptainer"], "setup": ["echo hi > /dev/null"],
+                                     "gres": "gpu:a100:2", "reservation": "resv"})
+    sub = R.render_scripts(spec, tmp_path / "d")[R.SUB_NAME]
+    lines = sub.splitlines()
+    assert "module load cuda/12.4" in lines and "module load apptainer" in lines
+    assert "echo hi > /dev/null" in lines
+    assert "#SBATCH --gres=gpu:a100:2" in lines and "#SBATCH --gres=gpu:2" not in lines
+    assert "#SBATCH --reservation=resv" in lines
+
+
+def test_pyxis_container_flags(tmp_path):
+    (tmp_path / "data").mkdir()
+    spec = gpu_spec(tmp_path, container={"type": "pyxis", "image": "nvcr.io#nvidia/tritonserver:24.08",
+                                         "mounts": [f"{tmp_path / 'data'}:/data:ro"], "workdir": "/work",
+                                         "name": "trt", "python": "/usr/bin/python3"})
+    d = tmp_path / "d"
+    scripts = R.render_scripts(spec, d)
+    argv = srun_argv(scripts[R.SUB_NAME])
+    assert "--container-image=nvcr.io#nvidia/tritonserver:24.08" in argv
+    assert "--container-workdir=/work" in argv and "--container-name=trt" in argv
+    mounts = [a for a in argv if a.startswith("--container-mounts=")]
+    assert len(mounts) == 1
+    assert mounts[0].removeprefix("--container-mounts=").split(",") == [
+        f"{tmp_path / 'data'}:/data:ro", f"{d}:{d}", f"{R.SOURCE_ROOT}:{R.SOURCE_ROOT}",
+        f"{tmp_path / 'models' / 'engine'}:{tmp_path / 'models' / 'engine'}",
+        f"{tmp_path / 'models' / 'tok'}:{tmp_path / 'models' / 'tok'}",
+    ]
+    assert "apptainer" not in argv
+    assert scripts[R.SH_NAME].splitlines()[-1] == f"exec /usr/bin/python3 -m launcher {d}"
+
+
+def test_model_folder_under_a_same_path_mount_is_not_mounted_twice(tmp_path):
+    spec = gpu_spec(tmp_path, container={"type": "pyxis", "image": "img", "mounts": [str(tmp_path / "models")]})
+    argv = srun_argv(R.render_scripts(spec, tmp_path / "d")[R.SUB_NAME])
+    mounts = next(a for a in argv if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
+    assert mounts[0] == str(tmp_path / "models")
+    assert not any("engine" in m or "/tok" in m for m in mounts), mounts
+
+
+def test_apptainer_wrapper(tmp_path):
+    image = tmp_path / "img.sif"
+    image.write_text("")
+    spec = gpu_spec(tmp_path, container={"type": "apptainer", "image": str(image), "workdir": "/w"})
+    d = tmp_path / "d"
+    scripts = R.render_scripts(spec, d)
+    argv = srun_argv(scripts[R.SUB_NAME])
+    start = argv.index("apptainer")
+    engine, tok = tmp_path / "models" / "engine", tmp_path / "models" / "tok"
+    assert argv[start:] == ["apptainer", "exec", "--nv", "-B", f"{d}:{d}", "-B", f"{R.SOURCE_ROOT}:{R.SOURCE_ROOT}",
+                            "-B", f"{engine}:{engine}", "-B", f"{tok}:{tok}", "--pwd", "/w", str(image),
+                            "bash", "$DEPLOY_DIR/tensorrt_llm_triton.sh"]
+    assert not any(a.startswith("--container-") for a in argv)
+    assert scripts[R.SH_NAME].splitlines()[-1] == f"exec python3 -m launcher {d}"
+
+
+def test_sh_exports_env_quoted_and_runs_the_launcher(tmp_path):
+    spec = cpu_spec(tmp_path, slurm={"env": {"NCCL_DEBUG": "WARN", "WITH_SPACE": "a b"}})
+    sh = R.render_scripts(spec, tmp_path / "d")[R.SH_NAME]
+    lines = sh.splitlines()
+    assert "export PMIX_MCA_gds=hash" in lines
+    assert "export NCCL_DEBUG=WARN" in lines and "export WITH_SPACE='a b'" in lines
+    assert f'export PYTHONPATH={shlex.quote(str(R.SOURCE_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"' in lines
+    assert lines[-1] == f"exec {shlex.quote(sys.executable)} -m launcher {tmp_path / 'd'}"
+    assert "set -euo pipefail" in lines
+
+
+# ------------------------------------------------------------------------------ re-render and failures
+def test_rerender_keeps_jobs_and_replaces_the_repository(tmp_path):
+    d = tmp_path / "d"
+    R.render(cpu_spec(tmp_path), d)
+    (d / "jobs" / "123").mkdir()
+    (d / "jobs" / "123" / "123_0_log.out").write_text("log")
+    (d / "logs" / "123.out").write_text("out")
+    (d / "triton_model_repo" / "stale").mkdir()
+    R.render(cpu_spec(tmp_path, triton={"triton_max_batch_size": 7}), d)
+    assert (d / "jobs" / "123" / "123_0_log.out").read_text() == "log"
+    assert (d / "logs" / "123.out").read_text() == "out"
+    assert not (d / "triton_model_repo" / "stale").exists()
+    assert parse_pbtxt(d / "triton_model_repo" / "tensorrt_llm" / "config.pbtxt").max_batch_size == 7
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".d.")] == []
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("disk full")
+
+
+def test_failed_render_leaves_no_deployment_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(backend.repository, "write_model_repository", _boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        R.render(cpu_spec(tmp_path), tmp_path / "out" / "d")
+    assert list((tmp_path / "out").iterdir()) == []  # neither d nor a staging sibling
+
+
+def test_failed_rerender_keeps_the_previous_deployment(tmp_path, monkeypatch):
+    d = tmp_path / "d"
+    R.render(cpu_spec(tmp_path), d)
+    before = {p.relative_to(d): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    monkeypatch.setattr(backend.repository, "write_model_repository", _boom)
+    with pytest.raises(RuntimeError):
+        R.render(cpu_spec(tmp_path, triton={"triton_max_batch_size": 7}), d)
+    after = {p.relative_to(d): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "d"]
+
+
+@pytest.mark.parametrize("name", ["my deploy", "d$x", "d'q", "d;x"])
+def test_unsafe_deployment_folder_is_refused(tmp_path, name):
+    with pytest.raises(ValueError, match="#SBATCH -o"):
+        R.render(cpu_spec(tmp_path), tmp_path / name)
+    assert not (tmp_path / name).exists()
+
+
+def test_deployment_folder_with_a_trailing_newline_is_refused(tmp_path):
+    with pytest.raises(ValueError):
+        R.render(cpu_spec(tmp_path), str(tmp_path / "d") + "\n")
+
+
+# ------------------------------------------------------------------------------------------ CLI render
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "hpc.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=60)
+
+
+def test_cli_render_with_site_template(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "spec.yaml").write_text("name: site\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "tensorrt_llm_triton.sh.j2").write_text(
+        "#!/bin/bash\n# SITE TEMPLATE for {{ spec.name }}\nexec {{ python | q }} -m launcher {{ deploy_dir | q }}\n")
+    result = _cli("render", "spec.yaml", "-o", "d", "--templates", str(site), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    sh = (tmp_path / "d" / "tensorrt_llm_triton.sh").read_text()
+    assert sh.startswith("#!/bin/bash\n# SITE TEMPLATE for site\n")
+    sub = (tmp_path / "d" / "tensorrt_llm_triton.sub").read_text()
+    assert "SITE TEMPLATE" not in sub and "srun --mpi=pmix" in sub  # the other file: the default template
+    # without --templates the default per-rank script comes back
+    assert _cli("render", "spec.yaml", "-o", "d", cwd=tmp_path).returncode == 0
+    assert "SITE TEMPLATE" not in (tmp_path / "d" / "tensorrt_llm_triton.sh").read_text()
+
+
+def test_cli_render_bad_spec_and_bad_folder_exit_2(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: nope\n")
+    bad = _cli("render", "spec.yaml", "-o", "d", cwd=tmp_path)
+    assert bad.returncode == 2 and "spec.yaml:4: model.checkpoint_dir:" in bad.stderr
+    assert not (tmp_path / "d").exists()
+    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n")
+    spaced = _cli("render", "spec.yaml", "-o", "my d", cwd=tmp_path)
+    assert spaced.returncode == 2 and "#SBATCH -o" in spaced.stderr
+    assert not (tmp_path / "my d").exists()
+
+
+# ------------------------------------------------------------------------------------ model repository
+@pytest.mark.parametrize("kind", ["cpu", "tensorrtllm"])
+def test_every_config_pbtxt_parses_and_has_no_placeholders(tmp_path, kind):
+    if kind == "cpu":
+        spec = cpu_spec(tmp_path, model={"tp_size": 1}, triton={"max_tokens_in_paged_kv_cache": 4096,
+                                                                "parameters": {"enable_chunked_context": True}})
+    else:
+        spec = gpu_spec(tmp_path, triton={"decoupled": False, "triton_max_batch_size": 32,
+                                          "max_attention_window_size": 2560})
+    out = R.render(spec, tmp_path / "d")
+    configs = sorted(out.model_repository.glob("*/config.pbtxt"))
+    assert {c.parent.name for c in configs} == MODELS
+    parsed = {}
+    for path in configs:
+        text = path.read_text()
+        assert "${" not in text, path
+        parsed[path.parent.name] = parse_pbtxt(path)
+        assert parsed[path.parent.name].name == path.parent.name
+    trt = parsed["tensorrt_llm"]
+    assert trt.backend == ("python" if kind == "cpu" else "tensorrtllm")
+    assert trt.parameters["gpt_model_path"].string_value == str(spec.model.source_dir)
+    assert parsed["preprocessing"].parameters["tokenizer_dir"].string_value == str(spec.model.tokenizer)
+    if kind == "cpu":
+        assert trt.max_batch_size == 64
+        assert trt.model_transaction_policy.decoupled is True
+        assert trt.parameters["max_tokens_in_paged_kv_cache"].string_value == "4096"
+        assert trt.parameters["enable_chunked_context"].string_value == "true"
+    else:
+        assert trt.max_batch_size == 32
+        assert trt.model_transaction_policy.decoupled is False
+        assert trt.parameters["max_attention_window_size"].string_value == "2560"
