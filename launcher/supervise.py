@@ -32,7 +32,10 @@ LOG_TAIL = 20
 
 def log(msg: str) -> None:
     """Launcher messages go to stderr with a recognisable prefix (srun routes it to <job>_<rank>_log.err)."""
-    print(f"[hpc-serve] {msg}", file=sys.stderr, flush=True)
+    try:
+        print(f"[hpc-serve] {msg}", file=sys.stderr, flush=True)
+    except (OSError, RuntimeError, ValueError):  # reentrant call from a signal handler, closed stderr
+        pass
 
 
 def signal_name(returncode: int | None) -> str | None:

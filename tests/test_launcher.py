@@ -252,3 +252,23 @@ def test_stdlib_only() -> None:
             "import launcher, launcher.run, launcher.server, launcher.supervise; print('ok')")
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=SOURCE_ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_dry_run_prints_the_follower_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import launcher
+    exe = _fake_exe(tmp_path / "ts")
+    (tmp_path / "launch.json").write_text(json.dumps(
+        {"version": 1, "model_repository": "repo", "tp_size": 2, "tritonserver": exe,
+         "follower_models": ["tensorrt_llm"], "server_args": ["--log-verbose=1"]}))
+    for k in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_", "PMI"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("HPC_SERVE_JOB_ID", "local-3")
+    assert launcher.main([str(tmp_path), "--dry-run"]) == 0
+    assert capsys.readouterr().out.split() == [
+        exe, f"--model-repository={tmp_path / 'repo'}", "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=prefix1_local-3_", "--model-control-mode=explicit",
+        "--load-model=tensorrt_llm", "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
+        "--log-verbose=1"]

@@ -373,6 +373,18 @@ def test_graceful_stop_that_hangs_is_escalated_to_sigkill(tmp_path: Path, launch
     assert wait_gone(str(dep / "triton_model_repo"), 2) == []
 
 
+def test_leader_not_ready_in_time(tmp_path: Path, launchers: list) -> None:
+    """ready_timeout_s expires: stop tritonserver, exit 124, rank record says why, no endpoint, no leftovers."""
+    dep = make_deployment(tmp_path / "dep", {"blocker": BLOCKER}, ready_timeout_s=2, stop_grace_s=3)
+    run = Launcher(dep, "t1", BLOCKER_MARKER=str(tmp_path / "m"))
+    launchers.append(run)
+    assert run.proc.wait(30) == 124
+    record = json.loads(run.path("ranks", "rank-0.json").read_text())
+    assert "ready_timeout_s=2" in record["error"] and "ready_timeout_s=2" in record["log_tail"][-1]
+    assert not run.path("endpoints").exists() or not list(run.path("endpoints").iterdir())
+    assert pids_matching(str(dep / "triton_model_repo")) == []
+
+
 def test_sigkilled_launcher_leaves_no_tritonserver(tmp_path: Path, launchers: list) -> None:
     """PR_SET_PDEATHSIG: even SIGKILL of the launcher (no chance to clean up) takes tritonserver down."""
     dep = make_deployment(tmp_path / "dep", {"identity": IDENTITY})
