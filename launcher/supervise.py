@@ -82,17 +82,19 @@ class Tee:
     """Copy a child's pipe to one of our streams line by line, keeping recent lines for the exit record and for
     spotting port-bind failures."""
 
-    def __init__(self, pipe: IO[bytes], out: IO[bytes], ring: collections.deque[str]) -> None:
+    def __init__(self, pipe: IO[bytes], out: IO, ring: collections.deque[str]) -> None:
         self.ring = ring
         self._pipe, self._out = pipe, out
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
+        binary = hasattr(self._out, "buffer")
+        out = self._out.buffer if binary else self._out  # text-only streams (e.g. a caller's capture object)
         for raw in iter(self._pipe.readline, b""):
             try:
-                self._out.write(raw)
-                self._out.flush()
+                out.write(raw if binary else raw.decode("utf-8", "replace"))
+                out.flush()
             except (OSError, ValueError):
                 pass
             self.ring.append(raw.decode("utf-8", "replace").rstrip("\n"))
@@ -159,7 +161,7 @@ class Supervisor:
             preexec_fn=_pdeathsig_preexec(), close_fds=True,
         )
         child = Child(proc, ring, started_at=time.time())
-        child.tees = [Tee(proc.stdout, sys.stdout.buffer, ring), Tee(proc.stderr, sys.stderr.buffer, ring)]
+        child.tees = [Tee(proc.stdout, sys.stdout, ring), Tee(proc.stderr, sys.stderr, ring)]
         self.child = child
         if self.stopping:  # a signal arrived while we were starting: stop right away
             os.kill(proc.pid, signal.SIGTERM)
@@ -230,7 +232,7 @@ def is_ready(http_port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> b
 
 def wait_ready(sup: Supervisor, child: Child, http_port: int, timeout_s: float) -> str:
     """"ready" | "exited" | "stopping" | "timeout".  Polls fast at first (startup of a small repository takes
-    ~0.3 s) and backs off to 0.5 s so a 15-minute TRT-LLM load does not spin."""
+    ~0.3 s) and backs off to 0.25 s so a 15-minute TRT-LLM load does not spin."""
     deadline = time.monotonic() + timeout_s
     interval = 0.02
     while True:
@@ -243,7 +245,7 @@ def wait_ready(sup: Supervisor, child: Child, http_port: int, timeout_s: float) 
         if time.monotonic() >= deadline:
             return "timeout"
         time.sleep(interval)
-        interval = min(interval * 1.5, 0.5)
+        interval = min(interval * 1.5, 0.25)
 
 
 def describe(argv: Sequence[str]) -> str:
