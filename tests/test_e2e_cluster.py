@@ -1,0 +1,189 @@
+"""End-to-end on the real one-machine Slurm cluster (ci/cluster/up.sh): node1 and node2, PMIx, sacct.
+
+Every test drives the real CLI, the real sbatch/srun, the real tritonserver and the CPU engine over MPI.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from tests.e2e import CLI, cli, kill_quietly, listening_ports, processes_under, status, submit, wait_for, write_spec
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+@pytest.fixture
+def jobs(slurm_cluster, hpc_home, tritonserver):
+    """Job ids a test started; whatever the outcome, they are scancel'ed at the end."""
+    started: list[str] = []
+    yield started
+    for job in started:
+        subprocess.run(["scancel", job], capture_output=True)
+
+
+def _assert_no_server_left(deploy_dir, timeout=60):
+    wait_for(lambda: not processes_under(deploy_dir), timeout, f"every process of {deploy_dir} to exit")
+
+
+def _stream_core_model(endpoint: dict, tokenizer_dir, prompt: str, n: int) -> list[np.ndarray]:
+    """Tokens streamed over gRPC from the `tensorrt_llm` model itself (token ids in, token ids out)."""
+    import tritonclient.grpc as grpcclient
+
+    from backend.models.tokenizer import load_tokenizer
+
+    ids = np.array([load_tokenizer(tokenizer_dir).encode(prompt)], dtype=np.int32)
+    arrays = {
+        "input_ids": ids,
+        "input_lengths": np.array([[ids.shape[1]]], dtype=np.int32),
+        "request_output_len": np.array([[n]], dtype=np.int32),
+        "streaming": np.array([[True]], dtype=bool),
+    }
+    inputs = []
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"{endpoint['address']}:{endpoint['grpc_port']}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    pieces = []
+    try:
+        client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            output = result.as_numpy("output_ids")
+            if output is not None and output.size:
+                pieces.append(output)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return pieces
+
+
+def test_tp2_across_two_nodes_serves_streams_and_cancels(jobs, tmp_path, tiny_gpt2):
+    spec = write_spec(tmp_path, "tp2", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
+    job, job_dir = submit(spec)
+    jobs.append(job)
+    deploy_dir = job_dir.parent.parent
+
+    st = status(job)
+    assert st["state"] == "READY"
+    (endpoint,) = st["endpoints"]
+    assert endpoint["host"] == "node1" and endpoint["rank"] == 0
+    assert not endpoint["address"].startswith("127."), "clients must get an address other nodes can reach"
+
+    text = cli("generate", job, "Once upon a time", "--max-tokens", "12").stdout
+    assert text.strip(), "the ensemble returned no text"
+    bls = cli("generate", job, "Once upon a time", "--max-tokens", "12", "--model", "tensorrt_llm_bls").stdout
+    assert bls == text, "BLS and ensemble must give the same greedy text"
+
+    pieces = _stream_core_model(endpoint, tiny_gpt2, "Once upon a time", 8)
+    assert len(pieces) >= 2, f"expected tokens streamed one by one, got {len(pieces)} responses"
+
+    # Rank 1 is a follower: a tritonserver that never listens on any port.
+    follower = [pid for pid, cmd in processes_under(deploy_dir)
+                if "tritonserver " in cmd and "--load-model=tensorrt_llm" in cmd]
+    assert len(follower) == 1 and listening_ports(follower[0]) == set()
+
+    out = cli("cancel", job, timeout=120).stdout
+    assert "CANCELLED" in out
+    assert status(job)["state"] == "CANCELLED"
+    _assert_no_server_left(deploy_dir)
+
+
+def test_two_jobs_on_one_node_get_distinct_auto_ports(jobs, tmp_path, tiny_gpt2):
+    specs = [write_spec(tmp_path, f"twin{i}", tiny_gpt2, slurm={"sbatch_args": ["--nodelist=node1"]})
+             for i in (1, 2)]
+    submitted = []
+    for spec in specs:
+        job, job_dir = submit(spec)
+        jobs.append(job)
+        submitted.append(job)
+    endpoints = [status(job)["endpoints"][0] for job in submitted]
+    assert {e["host"] for e in endpoints} == {"node1"}
+    ports = [(e["http_port"], e["grpc_port"], e["metrics_port"]) for e in endpoints]
+    assert len(set(sum(ports, ()))) == 6, f"ports collide: {ports}"
+    for job in submitted:
+        assert cli("generate", job, "hello", "--max-tokens", "4").stdout.strip()
+
+
+def test_four_ranks_on_one_node_have_distinct_shm_prefixes(jobs, tmp_path, tiny_gpt2):
+    spec = write_spec(tmp_path, "tp4", tiny_gpt2, tp=4, nodes=1, ntasks_per_node=4,
+                      slurm={"sbatch_args": ["--nodelist=node2"]})
+    job, job_dir = submit(spec)
+    jobs.append(job)
+    servers = [cmd for _, cmd in processes_under(job_dir.parent.parent) if "tritonserver " in cmd]
+    prefixes = [re.search(r"shm-region-prefix-name=(\S+)", cmd).group(1) for cmd in servers]
+    assert len(prefixes) == 4 and len(set(prefixes)) == 4, prefixes
+    assert status(job)["state"] == "READY"
+    assert cli("generate", job, "four ranks", "--max-tokens", "6").stdout.strip()
+
+
+def test_killed_follower_fails_the_job_and_status_names_the_rank(jobs, tmp_path, tiny_gpt2):
+    spec = write_spec(tmp_path, "victim", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
+    job, job_dir = submit(spec)
+    jobs.append(job)
+    deploy_dir = job_dir.parent.parent
+    follower = [pid for pid, cmd in processes_under(deploy_dir)
+                if "tritonserver " in cmd and "--load-model=tensorrt_llm" in cmd]
+    assert len(follower) == 1
+    started = time.monotonic()
+    kill_quietly(follower)
+    st = wait_for(lambda: (s := status(job))["state"] == "FAILED" and s, 30, "the job to be FAILED")
+    assert time.monotonic() - started <= 30
+    assert st["failed_rank"]["rank"] == 1
+    shown = cli("status", job, check=False)
+    assert shown.returncode == 1 and "rank 1 on node2" in shown.stdout and "SIGKILL" in shown.stdout
+    _assert_no_server_left(deploy_dir)
+
+
+def test_salloc_and_srun_launch_spec_interactively(jobs, tmp_path, tiny_gpt2):
+    spec = write_spec(tmp_path, "interactive", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
+    proc = subprocess.Popen(
+        ["salloc", "-N2", "--ntasks-per-node=1", "-t", "10",
+         "srun", "--mpi=pmix", *CLI, "launch", str(spec)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    job = None
+    try:
+        line = proc.stdout.readline()
+        match = re.search(r"job allocation (\d+)", line)
+        assert match, f"salloc said: {line}"
+        job = match.group(1)
+        jobs.append(job)
+        wait_for(lambda: status(job).get("state") == "READY", 180, "the interactive step to be READY")
+        assert cli("generate", job, "interactive", "--max-tokens", "4").stdout.strip()
+        endpoints = cli("endpoints", job, "--format", "env").stdout
+        assert "TRITON_HTTP_URL=http://" in endpoints and "127.0.0.1" not in endpoints
+    finally:
+        if proc.poll() is None:
+            if job:
+                subprocess.run(["scancel", job], capture_output=True)
+            else:
+                proc.terminate()
+        proc.wait(timeout=90)
+
+
+def test_hand_sbatch_of_rendered_folder_is_tracked(jobs, tmp_path, tiny_gpt2):
+    spec = write_spec(tmp_path, "byhand", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
+    deploy_dir = tmp_path / "deploy"
+    cli("render", str(spec), "-o", str(deploy_dir))
+    out = subprocess.run(["sbatch", "--parsable", str(deploy_dir / "tensorrt_llm_triton.sub")],
+                         capture_output=True, text=True, check=True).stdout
+    job = out.strip().split(";")[0]
+    jobs.append(job)
+    assert cli("wait", job, "--timeout", "180", timeout=240).returncode == 0
+    assert status(job)["job_dir"] == str(deploy_dir / "jobs" / job)
+    assert cli("generate", job, "by hand", "--max-tokens", "4").stdout.strip()
+    cli("cancel", job, timeout=120)
+    assert status(job)["state"] == "CANCELLED"
+    _assert_no_server_left(deploy_dir)
