@@ -80,9 +80,7 @@ def describe_failure(record: dict) -> str:
     how = f"signal {record['signal']}" if record.get("signal") else f"exit code {record.get('exit_code')}"
     lines = [f"rank {record.get('rank')} on {record.get('host')} exited with {how}"
              + (f": {record['error']}" if record.get("error") else "") + "; last lines:"]
-    # tritonserver's option table ("| key | value |", "+---+") says nothing about why a rank died.
-    tail = [line for line in record.get("log_tail", []) if line.strip() and not line.startswith(("|", "+-"))]
-    lines += [f"  | {line}" for line in tail[-12:]]
+    lines += [f"  | {line}" for line in record.get("log_tail", [])]
     return "\n".join(lines)
 
 

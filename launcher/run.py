@@ -56,7 +56,8 @@ def _record_failure(plan_dir: Path, job_id: str, rank: int, host: str, code: int
 def _finish(plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Child, rc: int,
             error: str | None = None) -> int:
     sup.reap_group(child)
-    tail = list(child.ring)[-LOG_TAIL:]
+    # tritonserver's option table ("| key | value |", "+---+") says nothing about why a rank died.
+    tail = [line for line in child.ring if line.strip() and not line.startswith(("|", "+-"))][-LOG_TAIL:]
     if error:
         tail.append(error)
     sig = signal_name(rc)
