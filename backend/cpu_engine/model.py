@@ -42,7 +42,7 @@ class _Layer:
     w_qkv: np.ndarray  # [hidden, (Hl + 2*KVl) * D]
     b_qkv: np.ndarray | None
     w_o: np.ndarray  # [Hl*D, hidden]
-    b_o: np.ndarray | None  # added on rank 0 only (row-parallel bias)
+    b_o: np.ndarray | None  # row-parallel bias: added once, after the all-reduce
     ln2_w: np.ndarray
     ln2_b: np.ndarray | None
     w_up: np.ndarray  # gpt2: c_fc [hidden, Il]; llama: [gate|up] [hidden, 2*Il]
@@ -127,7 +127,6 @@ class TransformerShard:
         self.wpe = g("wpe.weight")
         H = c.hidden_size
         self.layers: list[_Layer] = []
-        first = self.rank == 0
         for i in range(c.num_layers):
             p = f"h.{i}."
             wa, ba = g(p + "attn.c_attn.weight"), g(p + "attn.c_attn.bias")
@@ -138,13 +137,13 @@ class TransformerShard:
                     w_qkv=self._split_qkv_cols(wa[:, :H], wa[:, H : 2 * H], wa[:, 2 * H :]),
                     b_qkv=self._split_qkv_cols(ba[:H], ba[H : 2 * H], ba[2 * H :]),
                     w_o=np.ascontiguousarray(_shard_rows(g(p + "attn.c_proj.weight"), self.tp, self.rank)),
-                    b_o=g(p + "attn.c_proj.bias") if first else None,
+                    b_o=g(p + "attn.c_proj.bias"),
                     ln2_w=g(p + "ln_2.weight"),
                     ln2_b=g(p + "ln_2.bias"),
                     w_up=np.ascontiguousarray(_shard_cols(g(p + "mlp.c_fc.weight"), self.tp, self.rank)),
                     b_up=np.ascontiguousarray(_shard_cols(g(p + "mlp.c_fc.bias"), self.tp, self.rank)),
                     w_down=np.ascontiguousarray(_shard_rows(g(p + "mlp.c_proj.weight"), self.tp, self.rank)),
-                    b_down=g(p + "mlp.c_proj.bias") if first else None,
+                    b_down=g(p + "mlp.c_proj.bias"),
                 )
             )
         self.lnf_w, self.lnf_b = g("ln_f.weight"), g("ln_f.bias")
@@ -160,7 +159,6 @@ class TransformerShard:
         self.wte = g("embed_tokens.weight")
         self.wpe = None
         self.layers = []
-        first = self.rank == 0
         for i in range(c.num_layers):
             p = f"layers.{i}."
             q, k, v = (g(p + f"self_attn.{n}_proj.weight").T for n in "qkv")
@@ -175,7 +173,7 @@ class TransformerShard:
                     w_qkv=self._split_qkv_cols(q, k, v),
                     b_qkv=None if bq is None else self._split_qkv_cols(bq, bk, bv),
                     w_o=np.ascontiguousarray(_shard_rows(g(p + "self_attn.o_proj.weight").T, self.tp, self.rank)),
-                    b_o=bo if first else None,
+                    b_o=bo,
                     ln2_w=g(p + "post_attention_layernorm.weight"),
                     ln2_b=None,
                     w_up=np.ascontiguousarray(
@@ -185,7 +183,7 @@ class TransformerShard:
                     if bgate is None
                     else np.concatenate([_shard_cols(bgate, self.tp, self.rank), _shard_cols(bup, self.tp, self.rank)]),
                     w_down=np.ascontiguousarray(_shard_rows(g(p + "mlp.down_proj.weight").T, self.tp, self.rank)),
-                    b_down=bdown if first else None,
+                    b_down=bdown,
                 )
             )
         self.lnf_w, self.lnf_b = g("norm.weight"), None

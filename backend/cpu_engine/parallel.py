@@ -69,7 +69,8 @@ class MpiComm:
         if self.rank == 0:
             payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
             header[0] = len(payload)
-            self.comm.Bcast(header, root=0)
+            # non-blocking on both sides: MPI never matches a blocking with a non-blocking collective
+            self.comm.Ibcast(header, root=0).Wait()
             buf = np.frombuffer(payload, dtype=np.uint8).copy()
             self.comm.Bcast(buf, root=0)
             return obj

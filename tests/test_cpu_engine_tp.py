@@ -1,0 +1,109 @@
+"""Tensor parallelism: the engine under ``mpirun -n 2`` (leader + follower) gives the same tokens as tp 1.
+
+The test runs this very file under mpirun; ``__main__`` is the MPI program (rank 0 leader, rank 1 follower).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.cpu_engine.init_model import create_checkpoint
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+
+
+def _requests(prompt_sets: list[list[int]]):
+    from backend.cpu_engine.sampling import SamplingParams
+    from backend.cpu_engine.scheduler import GenerationRequest
+
+    out = []
+    for i, p in enumerate(prompt_sets):
+        sp = SamplingParams(temperature=0.8, top_k=40, seed=100 + i) if i % 2 else SamplingParams()
+        out.append(GenerationRequest(input_ids=p, max_new_tokens=12 + 3 * i, sampling=sp, return_log_probs=True))
+    return out
+
+
+PROMPTS = [[3, 17, 42, 5], [9] * 11, list(range(20, 57)), [101, 7], [250, 3, 4, 5, 6, 7, 8]]
+
+
+def _run(engine) -> list[dict]:
+    reqs = _requests(PROMPTS)
+    engine.submit(reqs[0])
+    engine.submit(reqs[1])
+    engine.step()
+    engine.step()
+    for r in reqs[2:]:
+        engine.submit(r)
+        engine.step()
+    engine.run_until_idle()
+    return [{"tokens": r.output_ids, "log_probs": r.log_probs, "reason": r.finish_reason} for r in reqs]
+
+
+def mpi_main(model_dir: str, out_file: str) -> None:
+    from backend.cpu_engine.engine import Engine, follower_loop, load_shard
+    from backend.cpu_engine.parallel import SingleComm, world_comm
+
+    comm = world_comm(2)
+    shard = load_shard(model_dir, comm, max_slots=4)
+    if comm.rank > 0:
+        follower_loop(shard)
+        return
+    tp2 = _run(Engine(shard=shard, max_batch_size=4))
+    Engine(shard=shard).shutdown()  # any leader Engine over this comm can tell the follower to stop
+    tp1 = _run(Engine(model_dir, comm=SingleComm(), max_batch_size=4))
+    heads = {"tp2_local_heads": shard.n_heads, "tp2_local_kv_heads": shard.n_kv, "tp2_local_inter": shard.inter}
+    Path(out_file).write_text(json.dumps({"tp2": tp2, "tp1": tp1, **heads}))
+
+
+def _mpirun() -> str:
+    exe = shutil.which("mpirun")
+    if not exe:
+        pytest.skip("mpirun not installed")
+    return exe
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_tp2_equals_tp1(family: str, tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    ckpt = create_checkpoint(tmp_path / family, family=family, seed=5)
+    out = tmp_path / "result.json"
+    env = {
+        **os.environ,
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+    }
+    cmd = [_mpirun(), "-n", "2", "--oversubscribe", sys.executable, str(HERE), ckpt, str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    # the model really was split: each rank held half the heads and half the MLP
+    assert res["tp2_local_heads"] == 2 and res["tp2_local_kv_heads"] == (1 if family == "llama" else 2)
+    for a, b in zip(res["tp2"], res["tp1"]):
+        assert a["tokens"] == b["tokens"] and a["reason"] == b["reason"]
+        assert max(abs(x - y) for x, y in zip(a["log_probs"], b["log_probs"])) < 1e-4
+
+
+def test_tp_size_must_equal_world_size(tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    code = (
+        "from backend.cpu_engine.parallel import world_comm\n"
+        "try:\n    world_comm(2)\nexcept ValueError as e:\n    print(e)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "MPI world size 1 != tp_size 2" in proc.stdout, proc.stdout + proc.stderr
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    mpi_main(sys.argv[1], sys.argv[2])
