@@ -358,6 +358,11 @@ class Spec(_Section):
                 f"but slurm.nodes {s.nodes} × ntasks_per_node {self.tasks_per_node} = {tasks} tasks; "
                 "make them equal"
             )
+        if m.backend == "tensorrtllm" and self.replicas > 1:
+            raise ValueError(
+                "@replicas: replicas > 1 with backend tensorrtllm is not supported yet: TensorRT-LLM's leader mode "
+                "needs MPI world size = tp_size × pp_size per step; submit one job per replica instead"
+            )
         if m.backend == "tensorrtllm" and self.mode == "leader":
             if s.gpus_per_node and self.tasks_per_node > s.gpus_per_node:
                 raise ValueError(
@@ -565,6 +570,16 @@ def _filesystem_problems(spec: Spec, file: str, index: dict) -> list[Problem]:
         src = Path(mount.split(":")[0])
         if not src.exists():
             add(("container", "mounts", str(i)), f"mount source {src} does not exist")
+        if "," in mount:
+            add(("container", "mounts", str(i)), f"{mount!r}: a ',' would split it into several mounts "
+                "(pyxis --container-mounts and apptainer -B take comma-separated lists)")
+    if spec.container.type != "none":
+        # Model folders are mounted at their own path as SRC:SRC in a comma-separated list (hpc/render.py).
+        for field in ("engine_dir", "checkpoint_dir", "tokenizer_dir"):
+            value = getattr(m, field)
+            if value is not None and ("," in str(value) or ":" in str(value)):
+                add(("model", field), f"{value}: a path with ',' or ':' cannot be mounted into the container "
+                    "(they separate mounts and SRC:DST); rename or symlink the folder")
     return problems
 
 
