@@ -201,6 +201,11 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
             f"{deploy_dir}: the deployment folder's path must not contain spaces, quotes or shell characters "
             "(Slurm's #SBATCH -o cannot quote them)"
         )
+    if spec.container.type != "none" and ("," in str(deploy_dir) or ":" in str(deploy_dir)):
+        raise ValueError(
+            f"{deploy_dir}: with container.type {spec.container.type} the deployment folder is mounted as SRC:DST "
+            "in a comma-separated list, so its path must not contain ',' or ':'"
+        )
     ensure_checkpoint(spec)
     scripts = render_scripts(spec, deploy_dir, templates)
     deploy_dir.parent.mkdir(parents=True, exist_ok=True)
