@@ -225,9 +225,15 @@ def create_checkpoint(
             os.chmod(os.path.join(tmp, name), 0o644)
         if os.path.exists(out):
             if overwrite:
-                shutil.rmtree(out)
+                shutil.rmtree(out, ignore_errors=True)
+            elif _is_complete(out):  # another writer finished first
+                shutil.rmtree(tmp, ignore_errors=True)
+                return out
             else:
-                os.rmdir(out)  # empty placeholder
+                try:
+                    os.rmdir(out)  # empty placeholder
+                except OSError:
+                    pass
         try:
             os.rename(tmp, out)
         except OSError as e:
