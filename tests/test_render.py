@@ -372,3 +372,10 @@ def test_every_config_pbtxt_parses_and_has_no_placeholders(tmp_path, kind):
         assert trt.max_batch_size == 32
         assert trt.model_transaction_policy.decoupled is False
         assert trt.parameters["max_attention_window_size"].string_value == "2560"
+
+
+def test_deployment_folder_with_comma_is_refused_only_with_a_container(tmp_path):
+    with pytest.raises(ValueError, match="','"):
+        R.render(cpu_spec(tmp_path, container={"type": "pyxis", "image": "img"}), tmp_path / "a,b")
+    assert not (tmp_path / "a,b").exists()
+    assert R.render(cpu_spec(tmp_path), tmp_path / "a,b").deploy_dir == tmp_path / "a,b"

@@ -471,3 +471,19 @@ def test_relative_mount_source_resolves_against_the_spec_folder(tmp_path, monkey
     found = [p for p in problems(spec) if p.path.startswith("container.mounts")]
     assert [p.path for p in found] == ["container.mounts.0", "container.mounts.1"]
     assert all(f"mount source {here / 'data'} does not exist" in p.message for p in found)
+
+
+@pytest.mark.parametrize("container", ["pyxis", "apptainer"])
+def test_paths_that_would_split_a_mount_list_are_rejected_with_a_container(tmp_path, container):
+    (tmp_path / "a,b").mkdir()
+    (tmp_path / "c:d").mkdir()
+    body = (CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: c:d")
+            + f"container:\n  type: {container}\n  image: img\n  mounts: ['a,b']\n")
+    spec = write(tmp_path, body)
+    found = {p.path: p for p in problems(spec)}
+    assert set(found) == {"container.mounts.0", "model.checkpoint_dir"}
+    assert "','" in found["container.mounts.0"].message
+    assert found["model.checkpoint_dir"].line == line_of(spec, "checkpoint_dir:")
+    # without a container nothing is mounted, so such folder names are fine
+    spec.write_text(CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: c:d"))
+    assert load_spec(spec).model.checkpoint_dir == tmp_path / "c:d"

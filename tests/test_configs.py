@@ -1,0 +1,98 @@
+"""Every configs/*.yaml validates and renders exactly like tests/golden/<config>/ (machine-specific paths
+normalised: the tmp tree → <TMP>, sys.executable → <PYTHON>, the source root → <SRC>, the version → <VERSION>).
+Regenerate after an intended change with:  UPDATE_GOLDEN=1 python -m pytest tests/test_configs.py"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc import __version__
+from hpc import render as R
+from hpc.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+GOLDEN = Path(__file__).resolve().parent / "golden"
+FILES = (R.SUB_NAME, R.SH_NAME, R.LAUNCH_NAME)
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+
+# What the engines in configs/ were built for (trtllm-build's config.json), by engine folder.
+ENGINES = {
+    "gpt2-medium/engines/tp4": (4, 1),
+    "llama3-70b-instruct/engines/fp16-tp4-pp2": (4, 2),
+    "llama3-8b-instruct/engines/fp16-tp2": (2, 1),
+    "llama3-8b-instruct/engines/awq-int4-tp1": (1, 1),
+}
+
+
+@pytest.fixture()
+def site(tmp_path: Path, monkeypatch) -> Path:
+    """$HPC_SERVE_MODELS with the engines, tokenizers and image the configs name; $HPC_SERVE_WORKDIR; a tmp $HOME
+    (tiny-cpu's checkpoint goes to ~/.cache)."""
+    models = tmp_path / "models"
+    for engine, (tp, pp) in ENGINES.items():
+        (models / engine).mkdir(parents=True)
+        (models / engine / "config.json").write_text(
+            json.dumps({"pretrained_config": {"mapping": {"tp_size": tp, "pp_size": pp, "world_size": tp * pp}}}))
+    for hf in ("gpt2-medium/hf", "llama3-70b-instruct/hf", "llama3-8b-instruct/hf"):
+        (models / hf).mkdir(parents=True)
+    (models / "images").mkdir()
+    (models / "images" / "tritonserver-trtllm.sif").write_text("")
+    monkeypatch.setenv("HPC_SERVE_MODELS", str(models))
+    monkeypatch.setenv("HPC_SERVE_WORKDIR", str(tmp_path / "work"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def normalise(text: str, tmp: Path) -> str:
+    for real, token in sorted([(str(tmp), "<TMP>"), (sys.executable, "<PYTHON>"), (str(R.SOURCE_ROOT), "<SRC>")],
+                              key=lambda pair: -len(pair[0])):
+        text = text.replace(real, token)
+    return text.replace(f"hpc-serve {__version__}", "hpc-serve <VERSION>")
+
+
+def test_there_are_configs():
+    assert {c.stem for c in CONFIGS} >= {"tiny-cpu", "gpt2-medium-tp4", "llama3-70b-tp4pp2", "llama3-8b-apptainer",
+                                         "llama3-8b-awq"}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_config_validates_and_matches_golden(site, config):
+    result = subprocess.run([sys.executable, "-m", "hpc.cli", "validate", str(config)], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=site, timeout=60)
+    assert result.returncode == 0, result.stderr
+    spec = load_spec(config)
+    out = R.render(spec, site / "deploy" / config.stem)
+    golden = GOLDEN / config.stem
+    if UPDATE:
+        golden.mkdir(parents=True, exist_ok=True)
+        for name in FILES:
+            (golden / name).write_text(normalise((out.deploy_dir / name).read_text(), site))
+    for name in FILES:
+        got = normalise((out.deploy_dir / name).read_text(), site)
+        assert "/tmp/" not in got and str(ROOT) not in got, "an absolute machine path was not normalised"
+        want = (golden / name).read_text()
+        assert got == want, f"{config.stem}/{name} differs from tests/golden (UPDATE_GOLDEN=1 to accept)"
+    for name in (R.SUB_NAME, R.SH_NAME):
+        script = out.deploy_dir / name
+        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+        if shutil.which("shellcheck"):
+            check = subprocess.run(["shellcheck", "-S", "warning", "-s", "bash", str(script)], capture_output=True,
+                                   text=True)
+            assert check.returncode == 0, check.stdout
+    plan = json.loads(out.launch.read_text())
+    assert plan["tp_size"] * plan["pp_size"] * plan["replicas"] == spec.slurm.nodes * spec.tasks_per_node
+
+
+def test_golden_folders_match_the_configs():
+    """A config without a golden (or a golden without a config) is a test that silently stopped running."""
+    assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(c.stem for c in CONFIGS)
+    for folder in GOLDEN.iterdir():
+        assert sorted(p.name for p in folder.iterdir()) == sorted(FILES)
