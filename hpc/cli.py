@@ -48,6 +48,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     from hpc.render import render
 
     spec = _load_or_exit(args.spec)
+    if args.templates and not Path(args.templates).is_dir():
+        _err(f"--templates {args.templates}: no such folder (it should hold tensorrt_llm_triton.sub.j2 and/or .sh.j2)")
+        return EXIT_USAGE
     try:
         out = render(spec, args.output, templates=Path(args.templates) if args.templates else None)
     except ValueError as exc:

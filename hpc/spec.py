@@ -618,7 +618,10 @@ def parse_spec(text: str, *, file: str = "<spec>", base: Path | None = None, che
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError([_problem_from_error(file, index, e) for e in exc.errors()]) from None
+        problems = [_problem_from_error(file, index, e) for e in exc.errors()]
+        # A value that fits no member of a union (`int | "auto"`) is reported once per member: keep the first.
+        unique = {(p.line, p.path): p for p in reversed(problems)}
+        raise SpecError(sorted(unique.values(), key=problems.index)) from None
     spec, problems = _resolve_paths(spec, base or Path.cwd(), file, index)
     if problems:
         raise SpecError(problems)
