@@ -104,6 +104,11 @@ def slurm_state(job_id: str, job_dir: Path) -> tuple[str, str | None]:
 
         job = submitit.SlurmJob(folder=job_dir.parent / "%j", job_id=job_id)
         state = job.watcher.get_state(job_id, mode="force").split()[0]
+        if _SLURM_STATES.get(state) not in TERMINAL:
+            # submitit's watcher (one per process) stops asking sacct about a job whose state is not on its
+            # short "incomplete" list: SUSPENDED, CONFIGURING, COMPLETING, REQUEUE_HOLD … would be cached as
+            # final, and a `wait` would never see the job run again. Keep it on the watch list until it ended.
+            job.watcher._finished.discard(job_id)
     reason = None
     if state in ("UNKNOWN", "PENDING") and shutil.which("squeue"):
         out = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"]).strip()
