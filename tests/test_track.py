@@ -1,0 +1,568 @@
+"""hpc/track.py: the job state machine, from fake job folders (no scheduler), and `slurm_state`'s
+sacct/squeue/scontrol parsing against the real test cluster (mark `cluster`).
+
+A fake job is what the launcher and the schedulers leave behind (DEVELOPERS.md): `D/launch.json`,
+`D/jobs/<id>/endpoints/replica-<k>.json`, `D/jobs/<id>/ranks/rank-<r>.json`, and for local jobs `local.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc import track
+from hpc.jobs import JobRef
+from hpc.track import JobStatus, describe_failure, first_failure, job_status, read_records, wait
+from tests.e2e import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fake job folders
+
+
+def make_job(tmp_path: Path, job_id: str = "4242", *, replicas: int = 1, world_per_replica: int = 2) -> JobRef:
+    deploy = tmp_path / "deploy"
+    deploy.mkdir(exist_ok=True)
+    (deploy / "launch.json").write_text(json.dumps({
+        "version": 1, "name": "fake", "deployment_dir": str(deploy), "replicas": replicas,
+        "world_size_per_replica": world_per_replica, "tp_size": world_per_replica, "pp_size": 1,
+    }))
+    job_dir = deploy / "jobs" / job_id
+    (job_dir / "endpoints").mkdir(parents=True)
+    (job_dir / "ranks").mkdir()
+    return JobRef(job_id, job_dir)
+
+
+def publish(ref: JobRef, replica: int, address: str = "10.1.2.3", http_port: int = 8000) -> dict:
+    record = {"version": 1, "job_id": ref.job_id, "replica": replica, "rank": replica * 2, "host": f"node{replica + 1}",
+              "address": address, "http_port": http_port, "grpc_port": http_port + 1,
+              "metrics_port": http_port + 2, "pid": 1, "started_at": 1.0, "ready_at": 2.0}
+    (ref.endpoints_dir / f"replica-{replica}.json").write_text(json.dumps(record))
+    return record
+
+
+def rank_exit(ref: JobRef, rank: int, exit_code: int | None, *, ended_at: float, signal: str | None = None,
+              host: str | None = None, tail: list[str] | None = None) -> dict:
+    record = {"rank": rank, "host": host or f"node{rank + 1}", "exit_code": exit_code, "signal": signal,
+              "log_tail": tail if tail is not None else [f"rank {rank} last line"], "ended_at": ended_at}
+    (ref.ranks_dir / f"rank-{rank}.json").write_text(json.dumps(record))
+    return record
+
+
+@pytest.fixture
+def scheduler(monkeypatch):
+    """Set what 'Slurm' says about the job: `scheduler.set("PENDING", "Priority")`."""
+
+    class Fake:
+        raw, reason = "PENDING", None
+        calls = 0
+
+        def set(self, raw, reason=None):
+            self.raw, self.reason = raw, reason
+
+        def __call__(self, job_id, job_dir):
+            self.calls += 1
+            return self.raw, self.reason
+
+    fake = Fake()
+    monkeypatch.setattr(track, "slurm_state", fake)
+    return fake
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Slurm jobs: scheduler state + job folder
+
+
+def test_pending_carries_slurm_reason(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    scheduler.set("PENDING", "Resources")
+    st = job_status(ref)
+    assert (st.state, st.reason, st.scheduler_state) == ("PENDING", "Resources", "PENDING")
+    assert st.summary() == "4242 PENDING (Resources)"
+    assert not st.done and st.failed_rank is None and st.endpoints == []
+
+
+@pytest.mark.parametrize("raw", ["CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "SUSPENDED"])
+def test_other_waiting_slurm_states_are_pending(tmp_path, scheduler, raw):
+    ref = make_job(tmp_path)
+    scheduler.set(raw, "BeginTime")
+    st = job_status(ref)
+    assert st.state == "PENDING" and st.scheduler_state == raw
+
+
+def test_running_without_endpoint_is_starting(tmp_path, scheduler):
+    ref = make_job(tmp_path, replicas=2)
+    scheduler.set("RUNNING")
+    st = job_status(ref)
+    assert st.state == "STARTING" and st.replicas == 2
+    assert st.summary() == "4242 STARTING (0/2 replicas ready)"
+    publish(ref, 0)
+    st = job_status(ref)
+    assert st.state == "STARTING", "one of two replicas published is not READY"
+    assert st.summary() == "4242 STARTING (1/2 replicas ready)"
+
+
+def test_all_replicas_published_is_ready(tmp_path, scheduler):
+    ref = make_job(tmp_path, replicas=2)
+    scheduler.set("RUNNING")
+    records = [publish(ref, 0, "10.0.0.5", 8000), publish(ref, 1, "10.0.0.6", 9000)]
+    st = job_status(ref)
+    assert st.state == "READY" and not st.done
+    assert sorted(st.endpoints, key=lambda e: e["replica"]) == records
+    assert st.summary().startswith("4242 READY ")
+    assert "http://10.0.0.5:8000" in st.summary() and "http://10.0.0.6:9000" in st.summary()
+
+
+@pytest.mark.parametrize("raw", ["COMPLETING", "SIGNALING", "STAGE_OUT"])
+def test_running_like_states_use_the_job_folder(tmp_path, scheduler, raw):
+    ref = make_job(tmp_path)
+    scheduler.set(raw)
+    publish(ref, 0)
+    assert job_status(ref).state == "READY"
+
+
+def test_endpoint_ignored_unless_running(tmp_path, scheduler):
+    """A leftover record of a job that is not running (yet/any more) is no endpoint."""
+    ref = make_job(tmp_path)
+    publish(ref, 0)
+    scheduler.set("PENDING", "Priority")
+    assert job_status(ref).endpoints == []
+    scheduler.set("COMPLETED")
+    st = job_status(ref)
+    assert st.state == "COMPLETED" and st.endpoints == []
+
+
+def test_running_with_failed_rank_is_failed_naming_the_earliest(tmp_path, scheduler):
+    """Rank 1 died first; srun's --kill-on-bad-exit then took rank 0 (and 2) down: rank 1 is the cause,
+    even though rank 0 has the lower number and a record written later."""
+    ref = make_job(tmp_path, world_per_replica=4)
+    scheduler.set("RUNNING")
+    publish(ref, 0)
+    rank_exit(ref, 3, 0, ended_at=90.0)  # a clean exit is never the cause
+    cause = rank_exit(ref, 1, -9, signal="SIGKILL", ended_at=100.0, tail=["loading", "Killed"])
+    rank_exit(ref, 0, 143, ended_at=100.5)
+    rank_exit(ref, 2, -15, signal="SIGTERM", ended_at=101.0)
+    st = job_status(ref)
+    assert st.state == "FAILED" and st.done
+    assert st.scheduler_state == "RUNNING", "FAILED at once, while Slurm still tears the step down"
+    assert st.failed_rank == cause
+    text = st.summary()
+    assert text.splitlines()[0] == "4242 FAILED"
+    assert "rank 1 on node2 exited with signal SIGKILL" in text and "| Killed" in text
+    assert "rank 0" not in text
+
+
+def test_completed_with_clean_ranks(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    scheduler.set("COMPLETED")
+    rank_exit(ref, 0, 0, ended_at=1.0)
+    rank_exit(ref, 1, 0, ended_at=2.0)
+    st = job_status(ref)
+    assert st.state == "COMPLETED" and st.done and st.failed_rank is None
+    assert st.summary() == "4242 COMPLETED"
+
+
+def test_completed_but_a_rank_failed_is_failed(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    scheduler.set("COMPLETED")
+    rank_exit(ref, 0, 0, ended_at=1.0)
+    cause = rank_exit(ref, 1, 2, ended_at=2.0, tail=["world size 3 does not match"])
+    st = job_status(ref)
+    assert st.state == "FAILED" and st.failed_rank == cause
+    assert "rank 1 on node2 exited with exit code 2" in st.summary()
+
+
+def test_slurm_failed_names_the_rank(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    scheduler.set("FAILED")
+    cause = rank_exit(ref, 0, 124, ended_at=5.0, tail=["not ready after ready_timeout_s=900 s"])
+    st = job_status(ref)
+    assert st.state == "FAILED" and st.failed_rank == cause
+
+
+@pytest.mark.parametrize("raw,state", [
+    ("CANCELLED", "CANCELLED"), ("PREEMPTED", "CANCELLED"), ("REVOKED", "CANCELLED"),
+    ("TIMEOUT", "TIMEOUT"), ("DEADLINE", "TIMEOUT"),
+    ("NODE_FAIL", "FAILED"), ("OUT_OF_MEMORY", "FAILED"), ("BOOT_FAIL", "FAILED"),
+])
+def test_end_states_map(tmp_path, scheduler, raw, state):
+    ref = make_job(tmp_path)
+    scheduler.set(raw)
+    st = job_status(ref)
+    assert st.state == state and st.done and st.scheduler_state == raw
+
+
+@pytest.mark.parametrize("raw", ["CANCELLED", "TIMEOUT"])
+def test_ranks_killed_by_scancel_or_time_limit_are_not_a_failure(tmp_path, scheduler, raw):
+    ref = make_job(tmp_path)
+    scheduler.set(raw)
+    rank_exit(ref, 0, -15, signal="SIGTERM", ended_at=1.0)
+    rank_exit(ref, 1, -9, signal="SIGKILL", ended_at=2.0)
+    st = job_status(ref)
+    assert st.state == raw and st.failed_rank is None
+    assert "exited with" not in st.summary()
+
+
+def test_cancel_marker_makes_a_stopped_job_cancelled(tmp_path, scheduler):
+    """`hpc.submit.cancel` writes the marker, then SIGTERMs every rank: ranks ending (cleanly or not) before
+    scancel lands must not read as COMPLETED or FAILED."""
+    from hpc.submit import CANCEL_MARKER
+
+    ref = make_job(tmp_path)
+    (ref.job_dir / CANCEL_MARKER).write_text("{}")
+    scheduler.set("COMPLETED")
+    rank_exit(ref, 0, 0, ended_at=1.0)
+    assert job_status(ref).state == "CANCELLED"
+    rank_exit(ref, 1, 143, ended_at=2.0)
+    scheduler.set("RUNNING")  # the step is still being torn down
+    st = job_status(ref)
+    assert st.state == "CANCELLED" and st.failed_rank is None and st.done
+    scheduler.set("FAILED")
+    assert job_status(ref).state == "CANCELLED"
+
+
+def test_cancel_marker_does_not_end_a_running_job(tmp_path, scheduler):
+    """While the graceful stop is in progress the job is what it is; the marker only explains its end."""
+    from hpc.submit import CANCEL_MARKER
+
+    ref = make_job(tmp_path)
+    (ref.job_dir / CANCEL_MARKER).write_text("{}")
+    scheduler.set("RUNNING")
+    publish(ref, 0)
+    assert job_status(ref).state == "READY"
+
+
+def test_unknown_job(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    scheduler.set("UNKNOWN")
+    st = job_status(ref)
+    assert st.state == "UNKNOWN" and not st.done
+
+
+def test_missing_launch_plan_means_one_replica(tmp_path, scheduler):
+    ref = make_job(tmp_path, replicas=3)
+    (ref.deploy_dir / "launch.json").unlink()
+    scheduler.set("RUNNING")
+    publish(ref, 0)
+    assert job_status(ref).state == "READY"
+
+
+def test_half_written_and_temporary_records_are_skipped(tmp_path, scheduler):
+    ref = make_job(tmp_path, replicas=2)
+    scheduler.set("RUNNING")
+    publish(ref, 0)
+    (ref.endpoints_dir / "replica-1.json").write_text('{"replica": 1, "addr')  # being written
+    (ref.endpoints_dir / ".replica-1.json.abc.tmp").write_text("{}")  # write_json_atomic's temporary
+    assert len(read_records(ref.endpoints_dir)) == 1
+    assert job_status(ref).state == "STARTING"
+    assert read_records(tmp_path / "nowhere") == []
+
+
+def test_status_json_round_trips(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    scheduler.set("RUNNING")
+    rank_exit(ref, 1, -9, signal="SIGKILL", ended_at=3.0)
+    data = json.loads(json.dumps(job_status(ref).to_json()))
+    assert data["state"] == "FAILED" and data["failed_rank"]["rank"] == 1 and data["job_dir"] == str(ref.job_dir)
+    assert set(data) == {"job_id", "state", "reason", "scheduler_state", "job_dir", "endpoints", "replicas",
+                         "failed_rank"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# first_failure / describe_failure
+
+
+def test_first_failure_ignores_clean_and_unfinished():
+    assert first_failure([]) is None
+    assert first_failure([{"rank": 0, "exit_code": 0, "ended_at": 1}, {"rank": 1, "exit_code": None}]) is None
+    ranks = [{"rank": 0, "exit_code": 137, "ended_at": 9.0}, {"rank": 1, "exit_code": 1, "ended_at": 8.0},
+             {"rank": 2, "exit_code": 0, "ended_at": 1.0}]
+    assert first_failure(ranks)["rank"] == 1
+
+
+def test_describe_failure_signal_and_exit_code():
+    record = {"rank": 1, "host": "node2", "exit_code": -9, "signal": "SIGKILL", "log_tail": ["a", "b"]}
+    assert describe_failure(record) == "rank 1 on node2 exited with signal SIGKILL; last lines:\n  | a\n  | b"
+    record = {"rank": 0, "host": "node1", "exit_code": 3, "signal": None, "log_tail": []}
+    assert describe_failure(record) == "rank 0 on node1 exited with exit code 3; last lines:"
+
+
+def test_describe_failure_names_the_launchers_own_error():
+    record = {"rank": 0, "host": "node1", "exit_code": 3, "signal": None, "error": "http port 8000 is taken",
+              "log_tail": ["bind failed"]}
+    assert describe_failure(record) == ("rank 0 on node1 exited with exit code 3: http port 8000 is taken; "
+                                        "last lines:\n  | bind failed")
+
+
+def test_describe_failure_keeps_the_tail_in_order():
+    record = {"rank": 2, "host": "n", "exit_code": 1, "log_tail": [f"line {i}" for i in range(5)]}
+    assert describe_failure(record).splitlines()[1:] == [f"  | line {i}" for i in range(5)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# local jobs: local.json plays sacct
+
+
+def make_local(tmp_path: Path, **state) -> JobRef:
+    ref = make_job(tmp_path, "local-abc123", world_per_replica=1)
+    if state:
+        (ref.job_dir / "local.json").write_text(json.dumps(state))
+    return ref
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # reaped: the pid names no process (not even a zombie)
+    return proc.pid
+
+
+def test_local_running_supervisor_alive(tmp_path, scheduler):
+    ref = make_local(tmp_path, state="RUNNING", pid=os.getpid())
+    assert ref.is_local
+    st = job_status(ref)
+    assert st.state == "STARTING" and scheduler.calls == 0, "a local job never asks Slurm"
+    publish(ref, 0)
+    assert job_status(ref).state == "READY"
+
+
+def test_local_running_with_dead_supervisor_is_failed(tmp_path):
+    ref = make_local(tmp_path, state="RUNNING", pid=dead_pid())
+    st = job_status(ref)
+    assert st.state == "FAILED" and st.done
+    assert "supervisor died" in st.reason
+    assert "supervisor died" in st.summary()
+
+
+def test_local_dead_supervisor_with_failed_rank_names_it(tmp_path):
+    ref = make_local(tmp_path, state="RUNNING", pid=dead_pid())
+    cause = rank_exit(ref, 0, -9, signal="SIGKILL", ended_at=1.0)
+    assert job_status(ref).failed_rank == cause
+
+
+def test_local_failed_reports_exit_code_and_rank(tmp_path):
+    ref = make_local(tmp_path, state="FAILED", pid=1, exit_code=137)
+    rank_exit(ref, 0, -9, signal="SIGKILL", ended_at=1.0, host="vm")
+    st = job_status(ref)
+    assert st.state == "FAILED" and st.reason == "exit code 137"
+    assert "rank 0 on vm exited with signal SIGKILL" in st.summary()
+
+
+@pytest.mark.parametrize("state", ["COMPLETED", "CANCELLED"])
+def test_local_end_states(tmp_path, state):
+    ref = make_local(tmp_path, state=state, pid=dead_pid(), exit_code=0)
+    st = job_status(ref)
+    assert st.state == state and st.reason is None and st.done
+
+
+def test_local_never_started_is_unknown(tmp_path):
+    ref = make_local(tmp_path)
+    st = job_status(ref)
+    assert st.state == "UNKNOWN" and "never started" in st.reason
+
+
+# ---------------------------------------------------------------------------------------------------------
+# wait()
+
+
+def test_wait_follows_the_job_to_ready(tmp_path, scheduler, monkeypatch):
+    ref = make_job(tmp_path)
+    script = iter([("PENDING", "Priority"), ("PENDING", "Priority"), ("PENDING", "Resources"), ("RUNNING", None),
+                   ("RUNNING", None), ("RUNNING", "publish"), ("RUNNING", None)])
+
+    def step(job_id, job_dir):
+        raw, reason = next(script)
+        if reason == "publish":
+            publish(ref, 0)
+            reason = None
+        return raw, reason
+
+    monkeypatch.setattr(track, "slurm_state", step)
+    seen: list[JobStatus] = []
+    st = wait(ref, on_change=seen.append, poll_s=0.01)
+    assert st.state == "READY"
+    assert [(s.state, s.reason) for s in seen] == [("PENDING", "Priority"), ("PENDING", "Resources"),
+                                                   ("STARTING", None), ("READY", None)]
+
+
+def test_wait_stops_at_an_end_state_it_was_not_waiting_for(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    scheduler.set("RUNNING")
+    rank_exit(ref, 0, 1, ended_at=1.0)
+    assert wait(ref, until=("READY",), poll_s=0.01, timeout=30).state == "FAILED"
+
+
+def test_wait_gives_up_on_unknown(tmp_path, scheduler, monkeypatch):
+    monkeypatch.setattr(track, "UNKNOWN_GIVE_UP_S", 0.3)
+    ref = make_job(tmp_path)
+    scheduler.set("UNKNOWN")
+    started = time.monotonic()
+    st = wait(ref, poll_s=0.02)  # no timeout: only the UNKNOWN rule can end this
+    assert st.state == "UNKNOWN"
+    assert time.monotonic() - started >= 0.3, "gave up before UNKNOWN_GIVE_UP_S"
+    assert scheduler.calls >= 2
+
+
+class FakeClock:
+    """Stands in for `time` in hpc.track: sleep() advances monotonic() exactly, so timing rules are exact."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_wait_unknown_clock_restarts_when_the_scheduler_answers(tmp_path, scheduler, monkeypatch):
+    """UNKNOWN for a moment (sacct lag right after sbatch) does not count towards a later UNKNOWN spell."""
+    clock = FakeClock()
+    monkeypatch.setattr(track, "time", clock)
+    monkeypatch.setattr(track, "UNKNOWN_GIVE_UP_S", 10.0)
+    ref = make_job(tmp_path)
+    # 8 s UNKNOWN, 1 s PENDING, 8 s UNKNOWN, 1 s PENDING, then UNKNOWN for good (one poll per second)
+    script = ["UNKNOWN"] * 8 + ["PENDING"] + ["UNKNOWN"] * 8 + ["PENDING"]
+    calls = 0
+
+    def flaky(job_id, job_dir):
+        nonlocal calls
+        calls += 1
+        return (script[calls - 1] if calls <= len(script) else "UNKNOWN"), None
+
+    monkeypatch.setattr(track, "slurm_state", flaky)
+    start = clock.now
+    st = wait(ref, poll_s=1.0)
+    assert st.state == "UNKNOWN"
+    # the last UNKNOWN spell starts at poll 19 (t=18 s) and is given up once more than 10 s old
+    assert calls == 18 + 12 and clock.now - start == 29.0
+
+
+def test_wait_gives_up_on_unknown_exactly(tmp_path, scheduler, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(track, "time", clock)
+    monkeypatch.setattr(track, "UNKNOWN_GIVE_UP_S", 5.0)
+    ref = make_job(tmp_path)
+    scheduler.set("UNKNOWN")
+    start = clock.now
+    wait(ref, poll_s=1.0)
+    assert clock.now - start == 6.0 and scheduler.calls == 7
+
+
+def test_wait_honours_timeout(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    scheduler.set("PENDING", "Priority")
+    started = time.monotonic()
+    st = wait(ref, timeout=0.3, poll_s=0.02)
+    assert (st.state, st.reason) == ("PENDING", "Priority")
+    assert time.monotonic() - started >= 0.3
+
+
+def test_wait_timeout_applies_to_unknown_too(tmp_path, scheduler, monkeypatch):
+    monkeypatch.setattr(track, "UNKNOWN_GIVE_UP_S", 3600.0)
+    ref = make_job(tmp_path)
+    scheduler.set("UNKNOWN")
+    assert wait(ref, timeout=0.2, poll_s=0.02).state == "UNKNOWN"
+
+
+def test_wait_until_nothing_waits_for_the_end(tmp_path, scheduler, monkeypatch):
+    """`hpc-serve cancel` waits with until=(): READY is not enough, only an end state is."""
+    ref = make_job(tmp_path)
+    n = 0
+
+    def ending(job_id, job_dir):
+        nonlocal n
+        n += 1
+        return ("RUNNING", None) if n < 5 else ("CANCELLED", None)
+
+    publish(ref, 0)
+    monkeypatch.setattr(track, "slurm_state", ending)
+    assert wait(ref, until=(), poll_s=0.01, timeout=30).state == "CANCELLED"
+    assert n == 5
+
+
+# ---------------------------------------------------------------------------------------------------------
+# slurm_state against the real cluster: sacct (through submitit), squeue and scontrol parsing
+
+
+def _sbatch_held(folder: Path) -> str:
+    proc = subprocess.run(["sbatch", "--parsable", "--hold", "-p", "debug", "-o", f"{folder}/%j.out",
+                           "--wrap", "sleep 30"], capture_output=True, text=True, check=True)
+    return proc.stdout.strip().split(";")[0]
+
+
+def _sacct_state(job: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+@pytest.fixture
+def held_job(slurm_cluster, tmp_path):
+    job = _sbatch_held(tmp_path)
+    yield job, tmp_path / "jobs" / job
+    subprocess.run(["scancel", job], capture_output=True)
+
+
+@pytest.mark.cluster
+def test_slurm_state_held_released_cancelled(held_job):
+    job, job_dir = held_job
+    raw, reason = track.slurm_state(job, job_dir)
+    assert (raw, reason) == ("PENDING", "JobHeldUser")
+    ref = JobRef(job, job_dir)
+    assert job_status(ref).summary() == f"{job} PENDING (JobHeldUser)"
+
+    subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
+    wait_for(lambda: track.slurm_state(job, job_dir)[0] == "RUNNING", 30, "the released job to run")
+    st = job_status(ref)
+    assert st.state == "STARTING" and st.reason is None, "running, and no endpoint (it is `sleep 30`)"
+
+    subprocess.run(["scancel", job], check=True, capture_output=True)
+    wait_for(lambda: track.slurm_state(job, job_dir)[0] == "CANCELLED", 30, "sacct to say CANCELLED")
+    assert _sacct_state(job).startswith("CANCELLED by"), "slurm_state must keep only the state word"
+    st = job_status(ref)
+    assert st.state == "CANCELLED" and st.done
+
+
+@pytest.mark.cluster
+def test_slurm_state_without_sacct_uses_squeue_then_scontrol(held_job, monkeypatch):
+    job, job_dir = held_job
+    real_which = track.shutil.which
+    hidden: set[str] = {"sacct"}
+    monkeypatch.setattr(track.shutil, "which", lambda name, *a, **k: None if name in hidden else real_which(name))
+    assert track.slurm_state(job, job_dir) == ("PENDING", "JobHeldUser")  # squeue -o %T|%r
+    hidden.add("squeue")
+    assert track.slurm_state(job, job_dir) == ("PENDING", "JobHeldUser")  # scontrol show job
+    hidden.add("scontrol")
+    assert track.slurm_state(job, job_dir) == ("UNKNOWN", None)
+
+
+@pytest.mark.cluster
+def test_slurm_state_of_a_job_slurm_never_heard_of(slurm_cluster, tmp_path):
+    assert track.slurm_state("999999", tmp_path / "jobs" / "999999") == ("UNKNOWN", None)
+
+
+@pytest.mark.cluster
+def test_slurm_state_follows_suspend_and_resume_in_one_process(slurm_cluster, tmp_path):
+    """`hpc-serve wait` polls from one process, through submitit's process-wide sacct watcher: a state that
+    watcher does not count as 'incomplete' (SUSPENDED) must not be cached as final."""
+    job = _sbatch_held(tmp_path)
+    job_dir = tmp_path / "jobs" / job
+    try:
+        subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
+        wait_for(lambda: track.slurm_state(job, job_dir)[0] == "RUNNING", 30, "the job to run")
+        subprocess.run(["scontrol", "suspend", job], check=True, capture_output=True)
+        wait_for(lambda: track.slurm_state(job, job_dir)[0] == "SUSPENDED", 30, "SUSPENDED")
+        assert job_status(JobRef(job, job_dir)).state == "PENDING"
+        subprocess.run(["scontrol", "resume", job], check=True, capture_output=True)
+        wait_for(lambda: _sacct_state(job) == "RUNNING", 30, "sacct to say RUNNING again")
+        assert track.slurm_state(job, job_dir)[0] == "RUNNING"
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
