@@ -98,8 +98,10 @@ def find_job(job: str) -> JobRef:
     as_path = Path(job).expanduser()
     if as_path.is_dir() and as_path.parent.name == "jobs":
         return JobRef(as_path.name, as_path.resolve())
+    # Only a plain id is looked up in the index: `index_dir() / "/abs/path"` is "/abs/path" itself, which made a
+    # deployment folder passed by mistake "found" as a job whose id was that path.
     link = index_dir() / job
-    if link.exists():
+    if os.sep not in job and link.exists():
         return JobRef(job, link.resolve())
     for finder in (_from_scontrol, _from_sacct):
         deploy = finder(job)
