@@ -53,6 +53,27 @@ def _int_param(params: dict[str, Any], key: str, default: int | None) -> int | N
         raise ValueError(f"model parameter {key!r} must be an integer, got {value!r}") from None
 
 
+def _end_follower_process() -> None:
+    """Leave like a TensorRT-LLM worker rank: the whole rank goes away once the leader stopped.
+
+    This stub is a child of the rank's tritonserver, which is still loading this model (so it never became
+    ready and never bound ports).  Exiting the stub alone makes that tritonserver abort (SIGABRT inside the
+    python backend), so we first send it SIGTERM; the rank then ends by SIGTERM, promptly.  Only done when the
+    parent really is tritonserver (never to a test runner).
+    """
+    import signal
+
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/comm", encoding="utf-8") as f:
+            parent = f.read().strip()
+    except OSError:
+        parent = ""
+    if parent == "tritonserver":
+        os.kill(ppid, signal.SIGTERM)
+    os._exit(0)
+
+
 class _Pending:
     """Bookkeeping for one Triton request whose batch rows are in the engine."""
 
@@ -108,7 +129,7 @@ class TritonPythonModel:
             shard = load_shard(model_dir, comm, max_slots=max_batch)
             follower_loop(shard)
             logger.log_info(f"cpu engine rank {comm.rank}: terminating worker process, leader said stop")
-            os._exit(0)
+            _end_follower_process()
 
         self.engine = Engine(
             model_dir, comm=comm, tp_size=tp_size, max_batch_size=max_batch, max_tokens_in_kv_cache=kv_tokens
