@@ -87,10 +87,16 @@ def _from_sacct(job_id: str) -> Path | None:
     if not shutil.which("sacct"):
         return None
     out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "SubmitLine"], capture_output=True, text=True
+        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "WorkDir,SubmitLine"], capture_output=True, text=True
     ).stdout
-    match = re.search(rf"(\S+/){re.escape(SUB_NAME)}", out)
-    return Path(match.group(1)) if match else None
+    for line in out.splitlines():
+        workdir, _, submit_line = line.partition("|")
+        # The submit line is as typed: `cd D && sbatch tensorrt_llm_triton.sub` leaves no folder in it at all,
+        # and a relative one is relative to the job's WorkDir, not to this shell's cwd.
+        match = re.search(rf"(?:^|\s)((?:\S*/)?){re.escape(SUB_NAME)}(?:\s|$)", submit_line)
+        if match:
+            return Path(workdir) / match.group(1) if workdir else Path(match.group(1) or ".")
+    return None
 
 
 def find_job(job: str) -> JobRef:
