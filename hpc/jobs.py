@@ -120,9 +120,12 @@ def find_job(job: str) -> JobRef:
 
 
 def list_jobs() -> list[JobRef]:
-    """Every indexed job whose folder still exists, newest first."""
+    """Every indexed job whose folder still exists, newest first: by when its index entry was made (at submit,
+    again when a Slurm job starts). Not by the job folder's mtime, which every local.json update, log or
+    `cancel` of an old job moves forward, making it the 'newest' that `hpc-serve status` shows."""
     index = index_dir()
     if not index.is_dir():
         return []
-    refs = [JobRef(p.name, p.resolve()) for p in index.iterdir() if not p.name.startswith(".") and p.exists()]
-    return sorted(refs, key=lambda r: r.job_dir.stat().st_mtime, reverse=True)
+    links = [p for p in index.iterdir() if not p.name.startswith(".") and p.exists()]
+    links.sort(key=lambda p: p.lstat().st_mtime, reverse=True)
+    return [JobRef(p.name, p.resolve()) for p in links]
