@@ -62,6 +62,23 @@ def mpi_main(model_dir: str, out_file: str) -> None:
     Path(out_file).write_text(json.dumps({"tp2": tp2, "tp1": tp1, **heads}))
 
 
+def mpi_silent_leader(model_dir: str, out_file: str) -> None:
+    """Rank 0 goes quiet (no heartbeat) and leaves; rank 1's follower loop must notice and return."""
+    import time
+
+    from backend.cpu_engine.engine import follower_loop, load_shard
+    from backend.cpu_engine.parallel import MpiComm
+
+    comm = MpiComm(leader_timeout_s=2.0)
+    shard = load_shard(model_dir, comm, max_slots=2)
+    if comm.rank == 0:
+        time.sleep(6)
+        return
+    t0 = time.monotonic()
+    follower_loop(shard)
+    Path(out_file).write_text(json.dumps({"follower_returned_after_s": time.monotonic() - t0}))
+
+
 def _mpirun() -> str:
     exe = shutil.which("mpirun")
     if not exe:
@@ -93,6 +110,19 @@ def test_tp2_equals_tp1(family: str, tmp_path: Path) -> None:
         assert max(abs(x - y) for x, y in zip(a["log_probs"], b["log_probs"])) < 1e-4
 
 
+def test_follower_leaves_when_leader_goes_silent(tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    ckpt = create_checkpoint(tmp_path / "gpt2", family="gpt2", seed=5)
+    out = tmp_path / "result.json"
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "PYTHONPATH": str(ROOT), "CPU_ENGINE_TP_TEST_MODE": "silent-leader"}
+    cmd = [_mpirun(), "-n", "2", "--oversubscribe", sys.executable, str(HERE), ckpt, str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 1.5 < json.loads(out.read_text())["follower_returned_after_s"] < 6
+    assert "no message from the leader" in proc.stderr
+
+
 def test_tp_size_must_equal_world_size(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     code = (
@@ -106,4 +136,7 @@ def test_tp_size_must_equal_world_size(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    mpi_main(sys.argv[1], sys.argv[2])
+    if os.environ.get("CPU_ENGINE_TP_TEST_MODE") == "silent-leader":
+        mpi_silent_leader(sys.argv[1], sys.argv[2])
+    else:
+        mpi_main(sys.argv[1], sys.argv[2])
