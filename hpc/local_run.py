@@ -17,7 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from hpc.render import LAUNCH_NAME, SH_NAME
+# hpc/render.py's names, not imported from it: that import pulls in pydantic, jinja2 and the spec (~0.14 s),
+# all on the critical path between a local job's start and its ranks' start.
+LAUNCH_NAME = "launch.json"
+SH_NAME = "tensorrt_llm_triton.sh"
 
 STATE_FILE = "local.json"
 
