@@ -55,17 +55,24 @@ def _record_failure(plan_dir: Path, job_id: str, rank: int, host: str, code: int
 
 def _finish(plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Child, rc: int,
             error: str | None = None) -> int:
-    sup.reap_group(child)
-    # tritonserver's option table ("| key | value |", "+---+") says nothing about why a rank died.
-    tail = [line for line in child.ring if line.strip() and not line.startswith(("|", "+-"))][-LOG_TAIL:]
-    if error:
-        tail.append(error)
     sig = signal_name(rc)
-    records.write_json_atomic(
-        records.rank_path(plan.deployment_dir, info.job_id, info.rank),
-        records.rank_record(rank=info.rank, host=info.node, exit_code=rc, signal_name=sig, log_tail=tail,
-                            error=error),
-    )
+
+    def write_record() -> None:
+        # tritonserver's option table ("| key | value |", "+---+") says nothing about why a rank died.
+        tail = [line for line in child.ring if line.strip() and not line.startswith(("|", "+-"))][-LOG_TAIL:]
+        if error:
+            tail.append(error)
+        records.write_json_atomic(
+            records.rank_path(plan.deployment_dir, info.job_id, info.rank),
+            records.rank_record(rank=info.rank, host=info.node, exit_code=rc, signal_name=sig, log_tail=tail,
+                                error=error),
+        )
+
+    # Record first: when a rank dies its MPI peers abort and Slurm may SIGKILL this step within a second,
+    # so the record must not wait for the stubs to be reaped. Rewritten after, with the complete log tail.
+    write_record()
+    sup.reap_group(child)
+    write_record()
     log(f"rank {info.rank}: tritonserver exited with {sig or rc}" + (f" ({error})" if error else ""))
     return exit_code(rc)
 
