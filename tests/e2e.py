@@ -47,7 +47,9 @@ def submit(spec: Path, *extra: str, timeout: float = 240) -> tuple[str, Path]:
 
 
 def status(job: str) -> dict:
-    return json.loads(cli("status", job, "--json", check=False).stdout)
+    """`hpc-serve status JOB --json`; {} while the job is not known yet (exit 3, e.g. before rank 0 renders)."""
+    proc = cli("status", job, "--json", check=False)
+    return json.loads(proc.stdout) if proc.stdout.strip() else {}
 
 
 def processes_under(path: Path) -> list[tuple[int, str]]:
