@@ -25,14 +25,41 @@ PORT_ATTEMPTS = 5
 SOURCE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
-def child_env(plan: config.LaunchPlan, server: ServerBinary, base: dict[str, str] | None = None) -> dict[str, str]:
+def release_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
+    """File a follower's model touches when its leader told it to stop: its exit is then a clean one."""
+    return records.rank_path(plan.deployment_dir, info.job_id, info.rank).with_suffix(".released")
+
+
+def _threads_per_rank(env: dict[str, str], info: RankInfo) -> str:
+    """CPU threads for BLAS in one rank: Slurm's cpus-per-task, else this node's cores shared by its ranks,
+    so TP ranks on one node do not oversubscribe the CPU."""
+    if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return env["SLURM_CPUS_PER_TASK"]
+    # SLURM_TASKS_PER_NODE looks like "2(x3),1": the first group is enough for a per-node share.
+    local = env.get("SLURM_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
+    local = local if local.isdigit() else env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
+    return str(max(1, (os.cpu_count() or 1) // max(1, int(local) if local.isdigit() else 1)))
+
+
+def child_env(plan: config.LaunchPlan, server: ServerBinary, base: dict[str, str] | None = None,
+              info: RankInfo | None = None, me: Role | None = None) -> dict[str, str]:
     """Environment of tritonserver: ours, + launch.json ``env`` (e.g. PMIX_MCA_gds=hash, #553), + the server's
-    library path, + the hpc-serve source root on PYTHONPATH (for the python backend stubs)."""
+    library path, + the hpc-serve source root on PYTHONPATH (for the python backend stubs), + what the CPU
+    engine needs to know of its place: its replica (one MPI communicator per replica) and, for a follower,
+    where to say that the leader released it."""
     env = merge_env(dict(os.environ if base is None else base), plan.env)
     env = merge_env(env, server.env)
     env = merge_env(env, {"PYTHONPATH": SOURCE_ROOT})
     if plan.mode == "orchestrator":
         env.setdefault("TRTLLM_ORCHESTRATOR", "1")
+    if info is not None and me is not None:
+        env["HPC_SERVE_REPLICA"] = str(me.replica)
+        env["HPC_SERVE_RANKS_PER_REPLICA"] = str(plan.world_size_per_replica)
+        if not me.leader:
+            env["HPC_SERVE_RELEASE_FILE"] = str(release_path(plan, info))
+        threads = _threads_per_rank(env, info)
+        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(name, threads)
     return env
 
 
@@ -55,6 +82,10 @@ def _record_failure(plan_dir: Path, job_id: str, rank: int, host: str, code: int
 
 def _finish(plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Child, rc: int,
             error: str | None = None) -> int:
+    if release_path(plan, info).exists():
+        # A follower whose leader stopped: TensorRT-LLM workers exit(0) then; ours end their tritonserver.
+        log(f"rank {info.rank}: released by the leader")
+        rc = 0
     sig = signal_name(rc)
 
     def write_record() -> None:
@@ -81,7 +112,7 @@ def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinar
           sup: Supervisor | None = None) -> int:
     """Start tritonserver for this rank and supervise it until it exits; return the launcher's exit code."""
     sup = sup or Supervisor(plan.stop_grace_s)
-    env = child_env(plan, server)
+    env = child_env(plan, server, info=info, me=me)
     avoid: set[int] = set()
     endpoint = records.endpoint_path(plan.deployment_dir, info.job_id, me.replica)
     for attempt in range(1, PORT_ATTEMPTS + 1):

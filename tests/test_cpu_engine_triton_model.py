@@ -302,5 +302,12 @@ def test_metrics_have_trtllm_names_and_labels(make_model) -> None:
 
 def test_world_size_must_equal_tp_size(make_model, monkeypatch) -> None:
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
-    with pytest.raises(ValueError, match=r"MPI world size 3 != tp_size 2"):
+    with pytest.raises(ValueError, match=r"3 ranks per replica \(MPI world 3\) != tp_size 2"):
+        make_model(tp_size=2)
+
+
+def test_replicas_need_a_whole_number_of_tp_groups(make_model, monkeypatch) -> None:
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    monkeypatch.setenv("HPC_SERVE_RANKS_PER_REPLICA", "2")
+    with pytest.raises(ValueError, match=r"2 ranks per replica \(MPI world 3\)"):
         make_model(tp_size=2)

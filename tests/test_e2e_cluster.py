@@ -187,3 +187,41 @@ def test_hand_sbatch_of_rendered_folder_is_tracked(jobs, tmp_path, tiny_gpt2):
     cli("cancel", job, timeout=120)
     assert status(job)["state"] == "CANCELLED"
     _assert_no_server_left(deploy_dir)
+
+
+def test_two_replicas_of_tp2_publish_two_endpoints(jobs, tmp_path, tiny_gpt2):
+    """replicas × tp ranks in one srun step: each replica has its own MPI communicator and its own leader."""
+    import yaml
+
+    spec = write_spec(tmp_path, "replicas", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=2)
+    data = yaml.safe_load(spec.read_text())
+    data["replicas"] = 2
+    spec.write_text(yaml.safe_dump(data))
+    job, job_dir = submit(spec)
+    jobs.append(job)
+    endpoints = sorted(status(job)["endpoints"], key=lambda e: e["replica"])
+    assert [e["replica"] for e in endpoints] == [0, 1]
+    assert [e["rank"] for e in endpoints] == [0, 2]
+    assert len({(e["address"], e["http_port"]) for e in endpoints}) == 2
+    texts = {cli("generate", job, "same prompt", "--max-tokens", "6", "--replica", str(r)).stdout for r in (0, 1)}
+    assert len(texts) == 1, "two replicas of one checkpoint must give the same greedy text"
+
+
+def test_leader_stop_releases_followers_and_job_completes(jobs, tmp_path, tiny_gpt2):
+    """Leader mode as TensorRT-LLM does it: when the leader unloads, followers leave and the job ends cleanly."""
+    import json
+    import os
+    import signal
+
+    spec = write_spec(tmp_path, "release", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
+    job, job_dir = submit(spec)
+    jobs.append(job)
+    leader = [pid for pid, cmd in processes_under(job_dir.parent.parent)
+              if "tritonserver " in cmd and "--load-model=" not in cmd]
+    assert len(leader) == 1
+    os.kill(leader[0], signal.SIGTERM)  # a graceful stop of rank 0's tritonserver only
+    wait_for(lambda: status(job).get("state") == "COMPLETED", 60, "the job to complete")
+    ranks = {r["rank"]: r for r in map(json.loads, (p.read_text() for p in (job_dir / "ranks").glob("rank-*.json")))}
+    assert sorted(ranks) == [0, 1]
+    assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks
+    _assert_no_server_left(job_dir.parent.parent)

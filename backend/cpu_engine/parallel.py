@@ -88,6 +88,20 @@ class MpiComm:
         return pickle.loads(buf.tobytes())
 
 
+def replica_comm(world: int, per_replica: int) -> Communicator:
+    """This rank's replica's communicator: COMM_WORLD when the world is one replica, else COMM_WORLD split by
+    replica (rank // per_replica), so several data-parallel copies share one srun step without sharing
+    collectives."""
+    if per_replica == 1:
+        return SingleComm()
+    if world == per_replica:
+        return MpiComm()
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    return MpiComm(MPI.COMM_WORLD.Split(color=rank // per_replica, key=rank))
+
+
 def world_size_from_env(environ: dict[str, str] | None = None) -> int:
     """MPI world size as announced by the launcher (Open MPI, PMIx, Slurm), without importing mpi4py.
 

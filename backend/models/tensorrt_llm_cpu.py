@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from backend.cpu_engine.engine import Engine, EngineStats, follower_loop, load_shard
-from backend.cpu_engine.parallel import MpiComm, SingleComm, world_size_from_env
+from backend.cpu_engine.parallel import SingleComm, replica_comm, world_size_from_env
 from backend.cpu_engine.scheduler import GenerationOutput
 from backend.cpu_engine.triton_io import InputError, RequestOptions, merge_rows, output_arrays, parse_inputs
 
@@ -63,15 +63,35 @@ def _end_follower_process() -> None:
     """
     import signal
 
+    release = os.environ.get("HPC_SERVE_RELEASE_FILE")
+    if release:  # the launcher then reports this rank's end as a clean one (launcher/run.py release_path)
+        try:
+            with open(release, "w", encoding="utf-8") as f:
+                f.write("released by the leader\n")
+        except OSError:
+            pass
     ppid = os.getppid()
     try:
         with open(f"/proc/{ppid}/comm", encoding="utf-8") as f:
             parent = f.read().strip()
     except OSError:
         parent = ""
+    _finalize_mpi()
     if parent == "tritonserver":
         os.kill(ppid, signal.SIGTERM)
     os._exit(0)
+
+
+def _finalize_mpi() -> None:
+    """End MPI properly: under `srun --mpi=pmix` a rank that leaves without MPI_Finalize counts as aborted,
+    and Slurm kills the whole step (so the other ranks could not finish cleanly)."""
+    import sys
+
+    if "mpi4py" in sys.modules:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
 
 
 class _Pending:
@@ -116,12 +136,13 @@ class TritonPythonModel:
         logger = pb_utils.Logger
 
         world = world_size_from_env()
-        if world != tp_size:
+        per_replica = int(os.environ.get("HPC_SERVE_RANKS_PER_REPLICA", world))
+        if per_replica != tp_size or world % per_replica:
             raise ValueError(
-                f"MPI world size {world} != tp_size {tp_size}: leader mode needs exactly tp_size ranks "
-                f"(launch {tp_size} ranks, or set tp_size to {world})"
+                f"{per_replica} ranks per replica (MPI world {world}) != tp_size {tp_size}: leader mode needs "
+                f"exactly tp_size ranks per replica (launch {tp_size} × replicas ranks, or set tp_size)"
             )
-        comm = MpiComm() if world > 1 else SingleComm()
+        comm = replica_comm(world, per_replica) if world > 1 else SingleComm()
         if comm.size != tp_size:
             raise ValueError(f"MPI world size {comm.size} != tp_size {tp_size}")
         if comm.rank > 0:
@@ -323,4 +344,5 @@ class TritonPythonModel:
     def finalize(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:
-            engine.shutdown()  # tells followers to stop; they os._exit(0)
+            engine.shutdown()  # tells followers to stop; they finalize MPI and leave
+        _finalize_mpi()
