@@ -231,9 +231,11 @@ def is_ready(http_port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> b
 
 
 def wait_ready(sup: Supervisor, child: Child, http_port: int, timeout_s: float) -> str:
-    """"ready" | "exited" | "stopping" | "timeout".  Polls fast at first (startup of a small repository takes
-    ~0.3 s) and backs off to 0.25 s so a 15-minute TRT-LLM load does not spin."""
-    deadline = time.monotonic() + timeout_s
+    """"ready" | "exited" | "stopping" | "timeout".  Polls every 20 ms for the first 10 s (a small repository is
+    ready in ~0.3 s, and every poll gap is added to the time to READY), then backs off to 0.25 s so a 15-minute
+    TRT-LLM load does not spin."""
+    start = time.monotonic()
+    deadline = start + timeout_s
     interval = 0.02
     while True:
         if sup.poll(child) is not None:
@@ -245,7 +247,8 @@ def wait_ready(sup: Supervisor, child: Child, http_port: int, timeout_s: float) 
         if time.monotonic() >= deadline:
             return "timeout"
         time.sleep(interval)
-        interval = min(interval * 1.5, 0.25)
+        if time.monotonic() - start > 10:
+            interval = min(interval * 1.5, 0.25)
 
 
 def describe(argv: Sequence[str]) -> str:
