@@ -167,7 +167,9 @@ def iter_tensors(files: Iterable[str]) -> Iterable[tuple[str, np.ndarray]]:
                     arr = f.get_tensor(name)
                 except TypeError:  # bfloat16
                     arr = _read_bf16_tensor(filename, name)
-                if arr.dtype != np.float32 and np.issubdtype(arr.dtype, np.floating):
+                # ml_dtypes' bfloat16 (present when jax/tensorflow-style packages are installed) is not a numpy
+                # "floating" subtype, but it converts like one.
+                if arr.dtype != np.float32 and (np.issubdtype(arr.dtype, np.floating) or arr.dtype.name == "bfloat16"):
                     arr = arr.astype(np.float32)
                 yield name, arr
 
