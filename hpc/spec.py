@@ -254,9 +254,11 @@ class PortsSpec(_Section):
 
     @model_validator(mode="after")
     def _distinct(self) -> PortsSpec:
-        fixed = [p for p in (self.http, self.grpc, self.metrics) if p != "auto"]
-        if len(fixed) != len(set(fixed)):
-            raise ValueError("@http: http, grpc and metrics ports must differ")
+        named = [(n, p) for n, p in (("http", self.http), ("grpc", self.grpc), ("metrics", self.metrics)) if p != "auto"]
+        for i, (name, port) in enumerate(named):
+            same = [other for other, p in named[i + 1:] if p == port]
+            if same:
+                raise ValueError(f"@{same[0]}: {name} and {same[0]} are both port {port}; give each its own or 'auto'")
         return self
 
 
@@ -621,7 +623,7 @@ def parse_spec(text: str, *, file: str = "<spec>", base: Path | None = None, che
         problems = [_problem_from_error(file, index, e) for e in exc.errors()]
         # A value that fits no member of a union (`int | "auto"`) is reported once per member: keep the first.
         unique = {(p.line, p.path): p for p in reversed(problems)}
-        raise SpecError(sorted(unique.values(), key=problems.index)) from None
+        raise SpecError(sorted(unique.values(), key=lambda p: (p.line, p.path))) from None
     spec, problems = _resolve_paths(spec, base or Path.cwd(), file, index)
     if problems:
         raise SpecError(problems)

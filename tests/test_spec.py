@@ -239,7 +239,7 @@ def test_wrong_types_in_slurm(cpu_dir, snippet, field, words):
     ("replicas: [1]\n", "replicas", "valid integer", "replicas:"),
     ("triton: 5\n", "triton", "valid dictionary", "triton:"),
     ("triton:\n  ports:\n    http: 70000\n", "triton.ports.http", "not a TCP port", "http:"),
-    ("triton:\n  ports: {http: 8000, grpc: 8000}\n", "triton.ports.http", "must differ", "ports:"),
+    ("triton:\n  ports: {http: 8000, grpc: 8000}\n", "triton.ports.grpc", "both port 8000", "ports:"),
     ("triton:\n  kv_cache_free_gpu_mem_fraction: 1.5\n", "triton.kv_cache_free_gpu_mem_fraction",
      "less than or equal", "kv_cache"),
     ("mode: leeder\n", "mode", "'leader' or 'orchestrator'", "mode:"),
