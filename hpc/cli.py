@@ -70,7 +70,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     if (out / "config.json").exists() and not args.force:
         _err(f"{out} already holds a checkpoint; pass --force to replace it")
         return EXIT_USAGE
-    create_checkpoint(out, family=args.family, size=args.size, seed=args.seed)
+    create_checkpoint(out, family=args.family, size=args.size, seed=args.seed, overwrite=args.force)
     print(f"wrote a random-weight {args.family} ({args.size}) checkpoint and tokenizer to {out}")
     return EXIT_OK
 
