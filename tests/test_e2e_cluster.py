@@ -5,6 +5,7 @@ Every test drives the real CLI, the real sbatch/srun, the real tritonserver and 
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import subprocess
@@ -85,6 +86,11 @@ def test_tp2_across_two_nodes_serves_streams_and_cancels(jobs, tmp_path, tiny_gp
     assert text.strip(), "the ensemble returned no text"
     bls = cli("generate", job, "Once upon a time", "--max-tokens", "12", "--model", "tensorrt_llm_bls").stdout
     assert bls == text, "BLS and ensemble must give the same greedy text"
+
+    metrics = json.loads(cli("metrics", job, "--json").stdout)
+    by_type = {m["labels"].get("request_type"): m["value"] for m in metrics if m["name"] == "nv_trt_llm_request_metrics"}
+    assert by_type["max"] == 8, by_type  # triton_max_batch_size of the spec, from the leader's metrics port
+    assert any(m["name"] == "nv_inference_request_success_total" and m["value"] >= 1 for m in metrics)
 
     pieces = _stream_core_model(endpoint, tiny_gpt2, "Once upon a time", 8)
     assert len(pieces) >= 2, f"expected tokens streamed one by one, got {len(pieces)} responses"
