@@ -56,7 +56,12 @@ def submit(spec: Spec, executor: str | None = None, deploy_dir: Path | None = No
         return submit_local(rendered.deploy_dir)
     if executor != "slurm":
         raise ValueError(f"--executor {executor!r}: use slurm or local")
-    job_id = sbatch(rendered.sub)
+    try:
+        job_id = sbatch(rendered.sub)
+    except SubmitError:
+        if deploy_dir is None:  # a folder made for this submission only: nothing half-done is left behind
+            shutil.rmtree(rendered.deploy_dir, ignore_errors=True)
+        raise
     job_dir = rendered.deploy_dir / "jobs" / job_id
     (job_dir / "endpoints").mkdir(parents=True, exist_ok=True)
     (job_dir / "ranks").mkdir(exist_ok=True)

@@ -77,7 +77,12 @@ class JobStatus:
 
 def describe_failure(record: dict) -> str:
     """`rank 1 on node2 exited with SIGKILL` plus its last log lines: the first thing a user needs."""
-    how = f"signal {record['signal']}" if record.get("signal") else f"exit code {record.get('exit_code')}"
+    if record.get("signal"):
+        how = f"signal {record['signal']}"
+    elif record.get("exit_code") is not None:
+        how = f"exit code {record['exit_code']}"
+    else:
+        how = "an unknown status"
     lines = [f"rank {record.get('rank')} on {record.get('host')} exited with {how}"
              + (f": {record['error']}" if record.get("error") else "") + "; last lines:"]
     lines += [f"  | {line}" for line in record.get("log_tail", [])]
@@ -153,6 +158,35 @@ def read_records(folder: Path) -> list[dict]:
     return records
 
 
+_EXITED = re.compile(r"\[hpc-serve\] rank (\d+): tritonserver exited with (\S+)")
+_PMIX_ABORT = re.compile(r"slurmstepd-(\S+): error:\s+mpi/pmix\S*: _errhandler: \S+ \[(\d+)\]")
+
+
+def failure_from_logs(ref: JobRef) -> dict | None:
+    """When Slurm tore the step down before any launcher could write its record (a rank SIGKILLed with its
+    launcher, PMIx aborting the step), the rank logs still tell who went first: the launcher's own "rank R:
+    tritonserver exited" line, else slurmstepd's PMIx error naming the rank whose process died."""
+    candidates: list[tuple[float, dict]] = []
+    for path in sorted(ref.job_dir.glob(f"{ref.job_id}_*_log.err")):
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        tail = [line for line in lines if line.strip() and not line.startswith(("|", "+-"))][-12:]
+        for line in lines:
+            exited, aborted = _EXITED.search(line), _PMIX_ABORT.search(line)
+            if exited or aborted:
+                how = exited.group(2).rstrip(".") if exited else ""
+                record = {"rank": int(exited.group(1)) if exited else int(aborted.group(2)),
+                          "host": aborted.group(1) if aborted else "?",
+                          "exit_code": int(how) if how.lstrip("-").isdigit() else None,
+                          "signal": how if how.startswith("SIG") else None, "log_tail": tail,
+                          "error": "no exit record (the step was killed); from the rank's log"}
+                candidates.append((path.stat().st_mtime, record))
+                break
+    return min(candidates, key=lambda c: c[0])[1] if candidates else None
+
+
 def first_failure(ranks: list[dict]) -> dict | None:
     failed = [r for r in ranks if r.get("exit_code") not in (0, None)]
     return min(failed, key=lambda r: r.get("ended_at", 0)) if failed else None
@@ -179,6 +213,8 @@ def job_status(ref: JobRef) -> JobStatus:
             state = "FAILED"
     if state in ("COMPLETED", "FAILED") and (ref.job_dir / "cancel_requested").exists():
         state, failure = "CANCELLED", None  # the user stopped it (hpc.submit.cancel); ranks exiting is expected
+    if state == "FAILED" and failure is None:
+        failure = failure_from_logs(ref)
     return JobStatus(
         job_id=ref.job_id,
         state=state,

@@ -222,3 +222,16 @@ def test_a_job_that_is_not_hpc_serve_is_not_found(cancel_after, hpc_home, tmp_pa
     cancel_after.append(job)
     with pytest.raises(JobNotFound, match=f"job {job}: "):
         find_job(job)
+
+
+@pytest.mark.cluster
+def test_refused_submission_leaves_no_deployment_folder(slurm_cluster, hpc_home, tmp_path, tiny_gpt2):
+    """sbatch says no (an unknown partition): exit 2 with sbatch's words, and no rendered folder remains."""
+    from tests.e2e import cli, write_spec
+
+    spec = write_spec(tmp_path, "refused", tiny_gpt2, slurm={"partition": "nosuchpartition"})
+    proc = cli("submit", str(spec), check=False)
+    assert proc.returncode == 2
+    assert "sbatch refused the job" in proc.stderr and "partition" in proc.stderr.lower()
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir())

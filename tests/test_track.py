@@ -579,3 +579,25 @@ def test_slurm_state_follows_suspend_and_resume_in_one_process(slurm_cluster, tm
         assert track.slurm_state(job, job_dir)[0] == "RUNNING"
     finally:
         subprocess.run(["scancel", job], capture_output=True)
+
+
+def test_failure_from_logs_when_the_step_was_killed_before_any_record(tmp_path):
+    """No rank record (Slurm SIGKILLed the launchers): the rank logs still name who died first."""
+    import os
+
+    from hpc.jobs import JobRef
+    from hpc.track import describe_failure, failure_from_logs
+
+    job_dir = tmp_path / "D" / "jobs" / "7"
+    job_dir.mkdir(parents=True)
+    (job_dir / "7_0_log.err").write_text("I1122 server started\nslurmstepd-node1: error: *** STEP 7.0 CANCELLED ***\n")
+    (job_dir / "7_1_log.err").write_text(
+        "I1122 loading tensorrt_llm\n"
+        "slurmstepd-node2: error:  mpi/pmix_v4: _errhandler: node2 [1]: pmixp_client_v2.c:211: "
+        "Error handler invoked: status = -61, source = [slurm.pmix.7.0:1]\n")
+    os.utime(job_dir / "7_0_log.err", (1, 1))  # rank 0's log is not what went first
+    record = failure_from_logs(JobRef("7", job_dir))
+    assert record["rank"] == 1 and record["host"] == "node2"
+    text = describe_failure(record)
+    assert text.startswith("rank 1 on node2 exited with an unknown status") and "_errhandler" in text
+    assert failure_from_logs(JobRef("8", tmp_path / "D" / "jobs" / "8")) is None
