@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from backend.models import model_parameter, parse_bool
-from backend.models.tokenizer import TextTokenizer, load_tokenizer
+from backend.models.tokenizer import TextTokenizer, tokenizer_from_config
 
 
 def split_sequences(tokens: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
@@ -52,12 +52,9 @@ class TritonPythonModel:
 
         self._pb = pb_utils
         config = json.loads(args["model_config"])
-        tokenizer_dir = model_parameter(config, "tokenizer_dir")
-        if tokenizer_dir is None:
-            raise ValueError("postprocessing: parameter tokenizer_dir is not set")
         self.skip_special_tokens = parse_bool(model_parameter(config, "skip_special_tokens"), True,
                                               "skip_special_tokens")
-        self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.tokenizer = tokenizer_from_config(config, "postprocessing")
 
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = self._pb

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from backend.models import model_parameter, parse_bool
-from backend.models.tokenizer import TextTokenizer, load_tokenizer
+from backend.models.tokenizer import TextTokenizer, tokenizer_from_config
 
 INPUT_NAMES: tuple[str, ...] = (
     "QUERY", "DECODER_QUERY", "IMAGE_BYTES", "IMAGE_URL", "VIDEO_BYTES", "REQUEST_OUTPUT_LEN",
@@ -153,11 +153,8 @@ class TritonPythonModel:
 
         self._pb = pb_utils
         config = json.loads(args["model_config"])
-        tokenizer_dir = model_parameter(config, "tokenizer_dir")
-        if tokenizer_dir is None:
-            raise ValueError("preprocessing: parameter tokenizer_dir is not set")
         add_special = parse_bool(model_parameter(config, "add_special_tokens"), True, "add_special_tokens")
-        self.preprocessor = Preprocessor(load_tokenizer(tokenizer_dir), add_special_tokens=add_special)
+        self.preprocessor = Preprocessor(tokenizer_from_config(config, "preprocessing"), add_special_tokens=add_special)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = self._pb

@@ -10,7 +10,7 @@ end_id / pad_id follow upstream: end = the eos token, pad = the pad token, or en
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -174,3 +174,13 @@ def load_tokenizer(tokenizer_dir: str | Path) -> TextTokenizer:
         add_eos=bool(config.get("add_eos_token", False)),
         special_tokens=special,
     )
+
+
+def tokenizer_from_config(model_config: Mapping[str, Any], model: str) -> TextTokenizer:
+    """The tokenizer named by a model config's `tokenizer_dir` parameter (pre- and postprocessing)."""
+    from backend.models import model_parameter
+
+    tokenizer_dir = model_parameter(model_config, "tokenizer_dir")
+    if tokenizer_dir is None:
+        raise ValueError(f"{model}: parameter tokenizer_dir is not set")
+    return load_tokenizer(tokenizer_dir)
