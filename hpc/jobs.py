@@ -60,8 +60,12 @@ class JobRef:
         return int(plan["world_size_per_replica"]) * int(plan["replicas"])
 
     def rank_log(self, rank: int, stream: str = "out") -> Path:
-        """Per-rank log, named as submitit's JobPaths expects (`<job>_<rank>_log.out`)."""
-        return self.job_dir / f"{self.job_id}_{rank}_log.{stream}"
+        """Per-rank log: submitit's own naming (`<job>_<rank>_log.out|err` in `D/jobs/%j`), which the `.sub`'s
+        `srun --output=$JOB_DIR/%j_%t_log.out` produces, so `submitit.SlurmJob(...).stdout()` reads it too."""
+        from submitit.core.utils import JobPaths
+
+        paths = JobPaths(self.job_dir.parent / "%j", job_id=self.job_id, task_id=rank)
+        return paths.stdout if stream == "out" else paths.stderr
 
 
 def register(job_id: str, job_dir: Path) -> None:

@@ -190,6 +190,12 @@ def test_hand_sbatch_of_rendered_folder_is_tracked(jobs, tmp_path, tiny_gpt2):
     assert cli("wait", job, "--timeout", "180", timeout=240).returncode == 0
     assert status(job)["job_dir"] == str(deploy_dir / "jobs" / job)
     assert cli("generate", job, "by hand", "--max-tokens", "4").stdout.strip()
+    import submitit  # the per-rank logs are where submitit looks for a task's output
+
+    tracked = submitit.SlurmJob(folder=deploy_dir / "jobs" / "%j", job_id=job, tasks=(0, 1))
+    assert tracked.task(1).stdout().startswith("[hpc-serve] rank 1/2 on node2: replica 0, follower")
+    assert "tensorrt_llm" in tracked.task(1).stderr()
+    assert tracked.state == "RUNNING"
     cli("cancel", job, timeout=120)
     assert status(job)["state"] == "CANCELLED"
     _assert_no_server_left(deploy_dir)
