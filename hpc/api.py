@@ -1,0 +1,70 @@
+"""The Python API: what the CLI does, for notebooks and scripts.
+
+    from hpc.api import Job, submit
+    job = submit("configs/tiny-cpu.yaml", executor="local")
+    job.wait()                       # READY, or raises JobFailed naming the rank
+    print(job.client().generate("Hello", max_tokens=16))
+    job.cancel()
+
+    Job("1234").status().state       # any job, from its id alone
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpc.client import Client, Endpoint, job_endpoints
+from hpc.jobs import JobRef, find_job
+from hpc.track import JobStatus, job_status, wait
+
+
+class JobFailed(RuntimeError):
+    """The job ended (FAILED, CANCELLED, TIMEOUT) or did not become READY in time."""
+
+    def __init__(self, status: JobStatus):
+        self.status = status
+        super().__init__(status.summary())
+
+
+class Job:
+    """A submitted deployment, found from its id (or job folder) alone."""
+
+    def __init__(self, job: str | JobRef):
+        self.ref = job if isinstance(job, JobRef) else find_job(job)
+
+    @property
+    def job_id(self) -> str:
+        return self.ref.job_id
+
+    def status(self) -> JobStatus:
+        return job_status(self.ref)
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        """Block until READY; raise JobFailed if the job ends first or the timeout passes."""
+        status = wait(self.ref, until=("READY",), timeout=timeout)
+        if status.state != "READY":
+            raise JobFailed(status)
+        return status
+
+    def endpoints(self) -> list[Endpoint]:
+        return job_endpoints(str(self.ref.job_dir))
+
+    def client(self, replica: int = 0, model: str = "ensemble") -> Client:
+        return Client.from_job(str(self.ref.job_dir), replica=replica, model=model)
+
+    def cancel(self, grace_s: float = 30.0) -> JobStatus:
+        from hpc.submit import cancel
+
+        cancel(self.ref, grace_s)
+        return wait(self.ref, until=(), timeout=grace_s + 60)
+
+    def __repr__(self) -> str:
+        return f"Job({self.job_id!r}, folder={str(self.ref.job_dir)!r})"
+
+
+def submit(spec: str | Path, executor: str | None = None) -> Job:
+    """Validate, render and submit a spec file (raises hpc.spec.SpecError listing every problem)."""
+    from hpc.spec import load_spec
+    from hpc.submit import submit as submit_spec
+
+    return Job(submit_spec(load_spec(spec), executor=executor))
