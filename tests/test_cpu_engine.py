@@ -101,6 +101,30 @@ def test_prefill_and_decode_logits_match_transformers(ckpt: Path) -> None:
     np.testing.assert_allclose(step1[1], full[len(prompt)], atol=1e-4)
 
 
+def test_one_forward_of_mixed_rows_equals_separate_passes(ckpt: Path) -> None:
+    """Decode rows + several ragged prompts (slots not contiguous, not in order) in one forward give the same
+    logits and leave the same cache as running each piece on its own."""
+    prompts = [np.array(p) for p in _prompts(ckpt)]
+    cfg, w = load_config(ckpt), load_weights(ckpt)
+    sep = TransformerShard(cfg, w, max_slots=6)
+    one = TransformerShard(cfg, w, max_slots=6)
+    for shard in (sep, one):  # two running sequences in slots 0, 1
+        shard.prefill(0, prompts[1])
+        shard.prefill(1, prompts[2])
+    dec_tok, dec_pos = np.array([7, 11]), np.array([len(prompts[1]), len(prompts[2])])
+    want_dec = sep.decode(dec_tok, dec_pos)
+    want_pre = [sep.prefill(slot, prompts[i]) for slot, i in ((4, 3), (2, 0), (3, 1))]
+    got = one.forward(dec_tok, dec_pos, [(4, prompts[3]), (2, prompts[0]), (3, prompts[1])])
+    assert got.shape == (5, cfg.vocab_size)
+    np.testing.assert_allclose(got[:2], want_dec, atol=1e-4)
+    for row, want in zip(got[2:], want_pre):
+        np.testing.assert_allclose(row, want, atol=1e-4)
+    for slot, n in ((0, len(prompts[1]) + 1), (1, len(prompts[2]) + 1), (2, len(prompts[0])), (3, len(prompts[1])),
+                    (4, len(prompts[3]))):
+        for a, b in zip(sep.k_cache + sep.v_cache, one.k_cache + one.v_cache):
+            np.testing.assert_allclose(a[slot, :, :n], b[slot, :, :n], atol=1e-4)
+
+
 def test_checkpoint_errors_are_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"architectures": ["BertModel"], "model_type": "bert"}')
     with pytest.raises(CheckpointError, match="BertModel"):

@@ -275,53 +275,96 @@ class TransformerShard:
 
     def prefill(self, slot: int, tokens: np.ndarray) -> np.ndarray | None:
         """Run a whole prompt into ``slot`` (positions 0..P-1); return last-position logits (leader) or None."""
-        P = len(tokens)
-        self._ensure_capacity(P)
-        pos = np.arange(P)
-        x = self._embed(np.asarray(tokens, np.int64), pos)
-        g = self.n_heads // self.n_kv
-        causal = np.triu(np.full((P, P), -np.inf, np.float32), k=1)
-        for i, L in enumerate(self.layers):
-            h = self._norm(x, L.ln1_w, L.ln1_b)
-            q, k, v = self._qkv(L, h, pos)
-            self.k_cache[i][slot, :, :P] = k.transpose(1, 0, 2)
-            self.v_cache[i][slot, :, :P] = v.transpose(1, 0, 2)
-            # q [P, Hl, D] -> [KVl, g, P, D]; k,v -> [KVl, 1, P, D]
-            qh = q.reshape(P, self.n_kv, g, self.head_dim).transpose(1, 2, 0, 3)
-            kh = k.transpose(1, 0, 2)[:, None]
-            vh = v.transpose(1, 0, 2)[:, None]
-            scores = (qh @ kh.transpose(0, 1, 3, 2)) * self.scale + causal
-            attn = softmax(scores) @ vh  # [KVl, g, P, D]
-            attn = attn.transpose(2, 0, 1, 3).reshape(P, self.n_heads * self.head_dim)
-            x = x + self._attn_out(L, attn)
-            x = x + self._mlp(L, self._norm(x, L.ln2_w, L.ln2_b))
-        return self._logits(x[-1:])[0] if self.compute_logits else None
+        logits = self.forward(np.zeros(0, np.int64), np.zeros(0, np.int64), [(slot, tokens)])
+        return None if logits is None else logits[0]
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
         """One token for each sequence in slots ``0..B-1`` at its own position; return logits ``[B, V]`` (leader)."""
-        B = len(tokens)
-        positions = np.asarray(positions, np.int64)
-        max_len = int(positions.max()) + 1
-        self._ensure_capacity(max_len)
-        x = self._embed(np.asarray(tokens, np.int64), positions)
-        g = self.n_heads // self.n_kv
-        rows = np.arange(B)
-        mask = np.where(np.arange(max_len)[None, :] > positions[:, None], -np.inf, 0.0).astype(np.float32)
-        mask = mask[:, None, None, :]  # [B, 1, 1, L]
+        return self.forward(tokens, positions, [])
+
+    def forward(
+        self, decode_tokens: np.ndarray, decode_positions: np.ndarray, prefills: list[tuple[int, np.ndarray]]
+    ) -> np.ndarray | None:
+        """One forward pass over every row of the step: ``B`` decode tokens (slots ``0..B-1``) followed by the
+        concatenated prompts of ``prefills`` (ragged, each from position 0).  Returns logits ``[B + N, V]`` (decode
+        rows, then the last position of each prompt) on the leader, None elsewhere.
+
+        Why one pass: the linear layers (most of the FLOPs) run as one GEMM over all rows of the step instead of
+        one small GEMM per prompt, and TP does one all-reduce per layer half instead of one per prompt.  Attention
+        is the only per-sequence part: decode rows attend over the cache view ``[:B, :, :max_len]`` with a
+        length mask; prompts are padded to the longest one and attend causally in one batched matmul.
+        """
+        dec_tok = np.asarray(decode_tokens, np.int64).reshape(-1)
+        dec_pos = np.asarray(decode_positions, np.int64).reshape(-1)
+        B, N = len(dec_tok), len(prefills)
+        lens = np.array([len(ids) for _, ids in prefills], np.int64)
+        pre_slots = np.array([slot for slot, _ in prefills], np.int64)
+        parts_tok = [dec_tok] + [np.asarray(ids, np.int64).reshape(-1) for _, ids in prefills]
+        parts_pos = [dec_pos] + [np.arange(n, dtype=np.int64) for n in lens]
+        tokens = np.concatenate(parts_tok) if N else dec_tok
+        positions = np.concatenate(parts_pos) if N else dec_pos
+        T = len(tokens)
+        if T == 0:
+            return None
+        max_len = int(dec_pos.max()) + 1 if B else 0
+        p_max = int(lens.max()) if N else 0
+        self._ensure_capacity(max(max_len, p_max))
+        # cache coordinates of every row (decode rows live in slots 0..B-1)
+        row_slot = np.concatenate([np.arange(B, dtype=np.int64), np.repeat(pre_slots, lens)]) if N else np.arange(B)
+        D, Hl, KVl = self.head_dim, self.n_heads, self.n_kv
+        g = Hl // KVl
+        if B:
+            dec_mask = np.where(np.arange(max_len)[None, :] > dec_pos[:, None], -np.inf, 0.0).astype(np.float32)
+            dec_mask = dec_mask[:, None, None, :]  # [B, 1, 1, L]
+        if N:
+            starts = B + np.concatenate([[0], np.cumsum(lens)[:-1]])
+            ar = np.arange(p_max)
+            # padded [N, Pmax] -> row index (padding repeats a prompt's last row; those outputs are dropped)
+            pad_rows = starts[:, None] + np.minimum(ar[None, :], lens[:, None] - 1)
+            valid = (ar[None, :] < lens[:, None]).reshape(-1)
+            causal = np.triu(np.full((p_max, p_max), -np.inf, np.float32), k=1)
+            s0 = int(pre_slots[0])
+            contiguous = bool(np.array_equal(pre_slots, np.arange(s0, s0 + N)))
+        last_rows = np.concatenate([np.arange(B), B + np.cumsum(lens) - 1]) if N else None
+        x = self._embed(tokens, positions)
+        n_layers = len(self.layers)
         for i, L in enumerate(self.layers):
             h = self._norm(x, L.ln1_w, L.ln1_b)
             q, k, v = self._qkv(L, h, positions)
             kc, vc = self.k_cache[i], self.v_cache[i]
-            kc[rows, :, positions] = k
-            vc[rows, :, positions] = v
-            qh = q.reshape(B, self.n_kv, g, self.head_dim)
-            kview = kc[:B, :, :max_len]  # [B, KVl, L, D] (view)
-            vview = vc[:B, :, :max_len]
-            scores = (qh @ kview.transpose(0, 1, 3, 2)) * self.scale + mask  # [B, KVl, g, L]
-            attn = (softmax(scores) @ vview).reshape(B, self.n_heads * self.head_dim)
+            kc[row_slot, :, positions] = k
+            vc[row_slot, :, positions] = v
+            outs = []
+            if B:
+                qh = q[:B].reshape(B, KVl, g, D)
+                kview = kc[:B, :, :max_len]  # [B, KVl, L, D] (view)
+                vview = vc[:B, :, :max_len]
+                scores = qh @ kview.transpose(0, 1, 3, 2)  # [B, KVl, g, L]
+                scores *= self.scale
+                scores += dec_mask
+                outs.append((softmax(scores) @ vview).reshape(B, Hl * D))
+            if N:
+                # q [N, Pmax, Hl, D] -> [N, KVl, g, Pmax, D]; k/v from the cache just written: [N, KVl, 1, Pmax, D]
+                qp = q[pad_rows].reshape(N, p_max, KVl, g, D).transpose(0, 2, 3, 1, 4)
+                if contiguous:
+                    kp, vp = kc[s0 : s0 + N, :, :p_max], vc[s0 : s0 + N, :, :p_max]
+                else:
+                    kp, vp = kc[pre_slots, :, :p_max], vc[pre_slots, :, :p_max]
+                scores = qp @ kp[:, :, None].transpose(0, 1, 2, 4, 3)  # [N, KVl, g, Pmax, Pmax]
+                scores *= self.scale
+                scores += causal
+                attn = softmax(scores) @ vp[:, :, None]  # [N, KVl, g, Pmax, D]
+                attn = attn.transpose(0, 3, 1, 2, 4).reshape(N * p_max, Hl * D)
+                outs.append(attn[valid])
+            attn = outs[0] if len(outs) == 1 else np.concatenate(outs)
+            if i == n_layers - 1 and last_rows is not None:
+                # only the rows that produce logits matter after the last layer's attention
+                x, attn = x[last_rows], attn[last_rows]
             x = x + self._attn_out(L, attn)
             x = x + self._mlp(L, self._norm(x, L.ln2_w, L.ln2_b))
-        return self._logits(x) if self.compute_logits else None
+        if not self.compute_logits:
+            return None
+        return self._logits(x)
 
     def move_slot(self, src: int, dst: int) -> None:
         """Copy a sequence's cache from ``src`` to ``dst`` (compaction when a sequence leaves)."""
@@ -330,11 +373,14 @@ class TransformerShard:
             vc[dst] = vc[src]
 
     def run_step(self, plan: StepPlan) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
-        """Execute a :class:`StepPlan`; every rank calls this with the same plan (collectives stay in lock-step)."""
+        """Execute a :class:`StepPlan`; every rank calls this with the same plan (collectives stay in lock-step).
+
+        Returns (decode logits ``[B, V]`` or None, one ``[V]`` logits row per prefill) on the leader; Nones elsewhere.
+        """
         for src, dst in plan.moves:
             self.move_slot(src, dst)
-        decode_logits = None
-        if len(plan.decode_tokens):
-            decode_logits = self.decode(plan.decode_tokens, plan.decode_positions)
-        prefill_logits = [self.prefill(slot, ids) for slot, ids in plan.prefills]
-        return decode_logits, prefill_logits
+        B = len(plan.decode_tokens)
+        logits = self.forward(plan.decode_tokens, plan.decode_positions, plan.prefills)
+        if logits is None:
+            return None, [None] * len(plan.prefills)
+        return (logits[:B] if B else None), list(logits[B:])
