@@ -301,12 +301,14 @@ class Engine:
         self._last_context, self._last_generation = len(admitted), n_run
         self._last_context_tokens = sum(r.prompt_len for r in admitted)
         now = time.time_ns()
-        rows: list[tuple[GenerationRequest, np.ndarray]] = []
-        if n_run:
-            rows.extend(zip(running, decode_logits))
-        rows.extend(zip(admitted, prefill_logits))
-        for req, logits in rows:
-            self._advance(req, logits, now)
+        reqs = running + admitted
+        if n_run and admitted:
+            logits = np.concatenate([decode_logits, np.stack(prefill_logits)])
+        else:
+            logits = decode_logits if n_run else np.stack(prefill_logits)
+        picks = self._greedy_picks(reqs, logits)
+        for j, req in enumerate(reqs):
+            self._advance(req, logits[j], now, picks[j])
         if self.on_step is not None:
             try:
                 self.on_step(self.stats())
@@ -314,17 +316,51 @@ class Engine:
                 log.exception("on_step hook failed")
         # finished requests leave (and free their slot/budget) at the start of the next step
 
-    def _advance(self, req: GenerationRequest, logits: np.ndarray, now: int) -> None:
-        """Sample one token for ``req`` and apply the stop rules."""
+    @staticmethod
+    def _plain_greedy(req: GenerationRequest) -> bool:
+        """Greedy with nothing that edits the logits first (no penalties, bad words or active min_tokens)."""
         p = req.sampling
-        logits = np.array(logits, dtype=np.float32)  # own copy: penalties write in place
-        apply_penalties(logits, p, req.input_ids, req.output_ids)
+        return (
+            p.greedy
+            and not req.bad_words
+            and (p.repetition_penalty is None or p.repetition_penalty == 1.0)
+            and not p.presence_penalty
+            and not p.frequency_penalty
+            and (req.end_id is None or len(req.output_ids) >= p.min_tokens)
+        )
+
+    def _greedy_picks(self, reqs: list[GenerationRequest], logits: np.ndarray) -> list[tuple[int, float] | None]:
+        """(token, log-prob) for every plain-greedy row, computed for the whole batch at once (the same arithmetic
+        as ``sample_token`` row by row: argmax, then log_softmax at that token); None where the row needs the
+        per-request path."""
+        plain = [self._plain_greedy(r) for r in reqs]
+        if not any(plain):
+            return [None] * len(reqs)
+        rows = np.flatnonzero(plain)
+        x = logits if len(rows) == len(reqs) else logits[rows]
+        tokens = np.argmax(x, axis=-1)
+        shifted = x - np.max(x, axis=-1, keepdims=True)
+        lse = np.log(np.sum(np.exp(shifted), axis=-1))
+        logps = shifted[np.arange(len(rows)), tokens] - lse
+        picks: list[tuple[int, float] | None] = [None] * len(reqs)
+        for j, t, lp in zip(rows.tolist(), tokens.tolist(), logps.tolist()):
+            picks[j] = (t, lp)
+        return picks
+
+    def _advance(self, req: GenerationRequest, logits: np.ndarray, now: int, pick: tuple[int, float] | None = None) -> None:
+        """Sample one token for ``req`` (or take ``pick``, its batched greedy choice) and apply the stop rules."""
+        p = req.sampling
         n_out = len(req.output_ids)
-        if req.bad_words:
-            ban_bad_words(logits, req.bad_words, req.input_ids.tolist() + req.output_ids)
-        if req.end_id is not None and n_out < p.min_tokens and 0 <= req.end_id < logits.shape[-1]:
-            logits[req.end_id] = -np.inf
-        token, logp = sample_token(logits, p, req.rng)
+        if pick is not None:
+            token, logp = pick
+        else:
+            logits = np.array(logits, dtype=np.float32)  # own copy: penalties write in place
+            apply_penalties(logits, p, req.input_ids, req.output_ids)
+            if req.bad_words:
+                ban_bad_words(logits, req.bad_words, req.input_ids.tolist() + req.output_ids)
+            if req.end_id is not None and n_out < p.min_tokens and 0 <= req.end_id < logits.shape[-1]:
+                logits[req.end_id] = -np.inf
+            token, logp = sample_token(logits, p, req.rng)
         if not req.first_token_time_ns:
             req.first_token_time_ns = now
         req.last_token_time_ns = now
