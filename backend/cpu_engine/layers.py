@@ -10,11 +10,19 @@ _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    """LayerNorm over the last axis (GPT-2)."""
-    mean = x.mean(axis=-1, keepdims=True)
+    """LayerNorm over the last axis (GPT-2).  (Few temporaries, in-place steps: this runs 2x per layer per step.)"""
+    inv_n = np.float32(1.0 / x.shape[-1])
+    mean = np.add.reduce(x, axis=-1, keepdims=True)
+    mean *= inv_n
     xc = x - mean
-    var = np.mean(xc * xc, axis=-1, keepdims=True)
-    return xc / np.sqrt(var + np.float32(eps)) * weight + bias
+    var = np.add.reduce(xc * xc, axis=-1, keepdims=True)
+    var *= inv_n
+    var += np.float32(eps)
+    np.sqrt(var, out=var)
+    xc /= var
+    xc *= weight
+    xc += bias
+    return xc
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -24,8 +32,17 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def gelu_new(x: np.ndarray) -> np.ndarray:
-    """GPT-2's tanh-approximated GELU (HF ``gelu_new``)."""
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_SQRT_2_OVER_PI * (x + np.float32(0.044715) * x * x * x)))
+    """GPT-2's tanh-approximated GELU (HF ``gelu_new``): 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))."""
+    t = x * x
+    t *= np.float32(0.044715)
+    t += np.float32(1.0)
+    t *= x
+    t *= _SQRT_2_OVER_PI
+    np.tanh(t, out=t)
+    t += np.float32(1.0)
+    t *= x
+    t *= np.float32(0.5)
+    return t
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -35,9 +52,10 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically stable softmax; ``-inf`` entries get probability 0."""
-    m = np.max(x, axis=axis, keepdims=True)
-    e = np.exp(x - m)
-    return e / np.sum(e, axis=axis, keepdims=True)
+    e = x - np.max(x, axis=axis, keepdims=True)
+    np.exp(e, out=e)
+    e /= np.add.reduce(e, axis=axis, keepdims=True)
+    return e
 
 
 def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
