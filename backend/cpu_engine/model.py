@@ -39,6 +39,7 @@ class StepPlan:
 class _Layer:
     ln1_w: np.ndarray
     ln1_b: np.ndarray | None
+    # matrices are stored [out, in] (C-contiguous) once loaded, see TransformerShard._linear
     w_qkv: np.ndarray  # [hidden, (Hl + 2*KVl) * D]
     b_qkv: np.ndarray | None
     w_o: np.ndarray  # [Hl*D, hidden]
@@ -96,6 +97,11 @@ class TransformerShard:
             self._load_gpt2(weights)
         else:
             self._load_llama(weights)
+        for L in self.layers:
+            for name in ("w_qkv", "w_o", "w_up", "w_down"):
+                setattr(L, name, np.ascontiguousarray(getattr(L, name).T))
+        self.lm_head_w = np.ascontiguousarray(self.lm_head_t.T)  # [V, hidden]
+        del self.lm_head_t
         self.capacity = 0
         self.k_cache: list[np.ndarray] = []
         self.v_cache: list[np.ndarray] = []
@@ -221,20 +227,31 @@ class TransformerShard:
         return sum(a.nbytes for a in self.k_cache) + sum(a.nbytes for a in self.v_cache)
 
     # ------------------------------------------------------------------ forward
+    @staticmethod
+    def _linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """``x [T, in] @ w.T`` for ``w`` stored ``[out, in]``, computed as ``(w @ x.T).T``.
+
+        Why: with few rows (decode) OpenBLAS's sgemm is markedly faster with the weight as the left operand
+        (measured ~1.8x at 8 rows, ~1.15x at 32 on 256..1024-wide layers).  The result is a transposed
+        (F-ordered) view; elementwise ops keep that order, and the next ``_linear`` turns it back into a
+        contiguous right operand, so nothing is copied.
+        """
+        return (w @ x.T).T
+
     def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
         if self.cfg.family == "gpt2":
             return layer_norm(x, w, b, self.cfg.norm_eps)
         return rms_norm(x, w, self.cfg.norm_eps)
 
     def _mlp(self, L: _Layer, h: np.ndarray) -> np.ndarray:
-        up = h @ L.w_up
+        up = self._linear(h, L.w_up)
         if L.b_up is not None:
             up += L.b_up
         if self.cfg.family == "gpt2":
             act = gelu_new(up)
         else:
             act = silu(up[..., : self.inter]) * up[..., self.inter :]
-        out = act @ L.w_down
+        out = self._linear(act, L.w_down)
         out = self.comm.allreduce_sum(out)
         if L.b_down is not None:
             out += L.b_down
@@ -242,7 +259,7 @@ class TransformerShard:
 
     def _qkv(self, L: _Layer, h: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Project ``h [T, hidden]`` to q ``[T, Hl, D]``, k/v ``[T, KVl, D]`` (RoPE applied for Llama)."""
-        qkv = h @ L.w_qkv
+        qkv = self._linear(h, L.w_qkv)
         if L.b_qkv is not None:
             qkv += L.b_qkv
         T, D = h.shape[0], self.head_dim
@@ -264,14 +281,14 @@ class TransformerShard:
         return x.astype(np.float32, copy=False)
 
     def _attn_out(self, L: _Layer, attn: np.ndarray) -> np.ndarray:
-        out = attn @ L.w_o
+        out = self._linear(attn, L.w_o)
         out = self.comm.allreduce_sum(out)
         if L.b_o is not None:
             out += L.b_o
         return out
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
-        return self._norm(h, self.lnf_w, self.lnf_b) @ self.lm_head_t
+        return np.ascontiguousarray(self._linear(self._norm(h, self.lnf_w, self.lnf_b), self.lm_head_w))
 
     def prefill(self, slot: int, tokens: np.ndarray) -> np.ndarray | None:
         """Run a whole prompt into ``slot`` (positions 0..P-1); return last-position logits (leader) or None."""
