@@ -27,8 +27,13 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """RMSNorm over the last axis (Llama)."""
-    var = np.mean(x * x, axis=-1, keepdims=True)
-    return (x / np.sqrt(var + np.float32(eps))) * weight
+    var = np.add.reduce(x * x, axis=-1, keepdims=True)
+    var *= np.float32(1.0 / x.shape[-1])
+    var += np.float32(eps)
+    np.sqrt(var, out=var)
+    out = x / var
+    out *= weight
+    return out
 
 
 def gelu_new(x: np.ndarray) -> np.ndarray:
