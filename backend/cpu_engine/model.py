@@ -5,6 +5,10 @@ slots ``0..B-1`` of a preallocated cache ``[slots, kv_heads, capacity, head_dim]
 use a *view* ``cache[:B, :, :max_len]`` (no gather); when a sequence leaves, the last one is moved into its slot.
 Per-sequence lengths are honoured with a mask.  The token *budget* (admission) lives in ``scheduler.py``.
 
+One forward per engine step: the decode rows and every prompt admitted in that step are concatenated (ragged) and
+go through the linear layers as one GEMM; only attention is split (decode rows over the cache, prompts padded to
+the longest with a causal mask), and the last layer runs its o-proj/MLP only for the rows that produce logits.
+
 Tensor parallelism (Megatron style): q/k/v, gate/up and c_fc are split by columns (heads / intermediate units),
 o_proj/down/c_proj by rows, followed by one all-reduce each; embeddings and lm_head are replicated and only the
 leader computes logits.
