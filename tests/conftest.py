@@ -1,25 +1,17 @@
 """Shared fixtures: an isolated job index, a tiny checkpoint, and the real Slurm test cluster.
 
-On CI (`CI=true`) a missing cluster or tritonserver is a failure, not a skip: `.ci/run` starts them, so
-their absence there is a broken setup that must not pass as green.
+A missing cluster or tritonserver fails on CI and skips elsewhere (tests/_env.py).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def _unavailable(reason: str) -> None:
-    if ON_CI:
-        pytest.fail(f"{reason} (CI starts it in .ci/run; this is a broken setup)")
-    pytest.skip(reason)
+from tests._env import unavailable as _unavailable
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from backend.cpu_engine.init_model import create_checkpoint
+from tests._env import unavailable
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
@@ -82,7 +83,7 @@ def mpi_silent_leader(model_dir: str, out_file: str) -> None:
 def _mpirun() -> str:
     exe = shutil.which("mpirun")
     if not exe:
-        pytest.skip("mpirun not installed")
+        unavailable("mpirun not installed (apt-get install openmpi-bin)")
     return exe
 
 

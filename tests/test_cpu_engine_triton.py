@@ -10,7 +10,6 @@ import queue
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from backend.cpu_engine.engine import Engine
 from backend.cpu_engine.init_model import create_checkpoint
 from backend.cpu_engine.scheduler import GenerationRequest
+from tests._env import unavailable
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,9 +33,7 @@ def _server():
     try:
         return resolve(None), merge_env
     except ServerNotFound as e:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
+        unavailable(str(e))
 
 
 def _repo(tmp: Path, ckpt: str, tp: int) -> Path:
@@ -66,7 +64,7 @@ def _start(tmp: Path, repo: Path, tp: int) -> tuple[subprocess.Popen, int, int, 
         argv.append(f"--backend-directory={server.backend_dir}")
     if tp > 1:
         if not shutil.which("mpirun"):
-            pytest.skip("mpirun not installed")
+            unavailable("mpirun not installed (apt-get install openmpi-bin)")
         argv = ["mpirun", "-n", str(tp), "--oversubscribe", "--tag-output"] + argv
     log = tmp / "server.log"
     proc = subprocess.Popen(argv, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)

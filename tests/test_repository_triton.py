@@ -5,7 +5,6 @@ down the repository + preprocessing + postprocessing + BLS, not the CPU engine.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,9 @@ import pytest
 from _triton import find_tritonserver, tritonserver
 from backend.repository import write_model_repository
 from test_pre_post import build_tokenizer
+from tests._env import unavailable
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
-ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +22,7 @@ def _needs_tritonserver() -> None:
     """Skip with the reason locally; on CI a missing binary is a broken setup (conftest convention)."""
     if find_tritonserver() is None:
         reason = "tritonserver binary not found (pip install 'hpc-serve[local]' for nvidia-pytriton)"
-        pytest.fail(reason) if ON_CI else pytest.skip(reason)
+        unavailable(reason)
 
 ECHO_MODEL = '''
 """Echo stand-in for tensorrt_llm: output_ids = input_ids[:input_lengths]; streams in chunks of 2

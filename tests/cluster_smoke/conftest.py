@@ -3,13 +3,13 @@ fail when CI=true (as tests/conftest.py does: on CI the cluster's absence is a b
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from cluster_smoke_helpers import PARTITION
+from tests._env import unavailable
 
 _durations: list[tuple[str, str, float]] = []
 
@@ -37,9 +37,7 @@ def cluster() -> str:
     """The partition to use; skips the test when the cluster is not up."""
     reason = _cluster_skip_reason()
     if reason:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"{reason} (CI=true: the test cluster must be up)")
-        pytest.skip(reason)
+        unavailable(reason)
     return PARTITION
 
 
