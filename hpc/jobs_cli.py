@@ -66,6 +66,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from hpc.submit import SubmitError, submit
 
     spec = _load_or_exit(args.spec)
+    if args.dry_run:
+        from hpc.render import render_scripts
+        from hpc.submit import new_deployment_dir
+
+        deploy_dir = new_deployment_dir(spec)
+        for name, text in render_scripts(spec, deploy_dir).items():
+            print(f"# ==> {deploy_dir / name} <==")
+            print(text)
+        print(f"# (dry run: nothing written, nothing submitted; the model repository goes to {deploy_dir}/"
+              "triton_model_repo)", file=sys.stderr)
+        return EXIT_OK
     try:
         ref = submit(spec, executor=args.executor)
     except SubmitError as exc:
@@ -235,6 +246,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=None, help="with --wait: give up after S seconds")
     p.add_argument("--executor", choices=["slurm", "local"], default=None,
                    help="default: slurm where sbatch exists, else local")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the exact sbatch and per-rank scripts that would run; write and submit nothing")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="a job's state: PENDING (reason), STARTING, READY, FAILED (rank) …")

@@ -379,3 +379,23 @@ def test_deployment_folder_with_comma_is_refused_only_with_a_container(tmp_path)
         R.render(cpu_spec(tmp_path, container={"type": "pyxis", "image": "img"}), tmp_path / "a,b")
     assert not (tmp_path / "a,b").exists()
     assert R.render(cpu_spec(tmp_path), tmp_path / "a,b").deploy_dir == tmp_path / "a,b"
+
+
+def test_submit_dry_run_prints_the_scripts_and_writes_nothing(tmp_path, monkeypatch):
+    """Like dask-jobqueue's job_script(): see exactly what would run, before spending an allocation."""
+    import os
+    import subprocess
+    import sys
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"num_attention_heads": 4}')
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: dry\nworkdir: {tmp_path}/runs\nmodel:\n  backend: cpu\n  checkpoint_dir: {ckpt}\n")
+    home = tmp_path / "home"
+    proc = subprocess.run([sys.executable, "-m", "hpc.cli", "submit", str(spec), "--dry-run"], capture_output=True,
+                          text=True, env={**os.environ, "HPC_SERVE_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH -J dry" in proc.stdout and "srun --mpi=pmix" in proc.stdout
+    assert "-m launcher" in proc.stdout
+    assert not (tmp_path / "runs").exists() and not home.exists()
