@@ -51,6 +51,11 @@ class JobRef:
     def ranks_dir(self) -> Path:
         return self.job_dir / "ranks"
 
+    @property
+    def cancel_marker(self) -> Path:
+        """Written by `cancel` before it signals anything: ranks that exit after it were stopped by the user."""
+        return self.job_dir / "cancel_requested"
+
     def launch_plan(self) -> dict:
         return json.loads((self.deploy_dir / LAUNCH_NAME).read_text())
 

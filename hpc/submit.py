@@ -14,8 +14,6 @@ from hpc.jobs import JobRef, register
 from hpc.render import render
 from hpc.spec import Spec
 
-CANCEL_MARKER = "cancel_requested"
-
 
 class SubmitError(RuntimeError):
     """sbatch refused the job; the message is sbatch's own."""
@@ -74,7 +72,7 @@ def cancel(ref: JobRef, grace_s: float = 30.0) -> None:
 
     The marker records that the user asked for this, so a job whose ranks all stopped cleanly before
     `scancel` reached it is still reported CANCELLED rather than COMPLETED."""
-    (ref.job_dir / CANCEL_MARKER).write_text(json.dumps({"at": time.time()}))
+    ref.cancel_marker.write_text(json.dumps({"at": time.time()}))
     if ref.is_local:
         from hpc.local import cancel_local
 

@@ -211,7 +211,7 @@ def job_status(ref: JobRef) -> JobStatus:
         failure = failure if state == "COMPLETED" else None
         if failure is not None:
             state = "FAILED"
-    if state in ("COMPLETED", "FAILED") and (ref.job_dir / "cancel_requested").exists():
+    if state in ("COMPLETED", "FAILED") and ref.cancel_marker.exists():
         state, failure = "CANCELLED", None  # the user stopped it (hpc.submit.cancel); ranks exiting is expected
     if state == "FAILED" and failure is None:
         failure = failure_from_logs(ref)

@@ -214,10 +214,9 @@ def test_ranks_killed_by_scancel_or_time_limit_are_not_a_failure(tmp_path, sched
 def test_cancel_marker_makes_a_stopped_job_cancelled(tmp_path, scheduler):
     """`hpc.submit.cancel` writes the marker, then SIGTERMs every rank: ranks ending (cleanly or not) before
     scancel lands must not read as COMPLETED or FAILED."""
-    from hpc.submit import CANCEL_MARKER
 
     ref = make_job(tmp_path)
-    (ref.job_dir / CANCEL_MARKER).write_text("{}")
+    ref.cancel_marker.write_text("{}")
     scheduler.set("COMPLETED")
     rank_exit(ref, 0, 0, ended_at=1.0)
     assert job_status(ref).state == "CANCELLED"
@@ -231,10 +230,9 @@ def test_cancel_marker_makes_a_stopped_job_cancelled(tmp_path, scheduler):
 
 def test_cancel_marker_does_not_end_a_running_job(tmp_path, scheduler):
     """While the graceful stop is in progress the job is what it is; the marker only explains its end."""
-    from hpc.submit import CANCEL_MARKER
 
     ref = make_job(tmp_path)
-    (ref.job_dir / CANCEL_MARKER).write_text("{}")
+    ref.cancel_marker.write_text("{}")
     scheduler.set("RUNNING")
     publish(ref, 0)
     assert job_status(ref).state == "READY"
