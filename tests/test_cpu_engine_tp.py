@@ -64,15 +64,18 @@ def mpi_main(model_dir: str, out_file: str) -> None:
 
 
 def mpi_silent_leader(model_dir: str, out_file: str) -> None:
-    """Rank 0 goes quiet (no heartbeat) and leaves; rank 1's follower loop must notice and return."""
+    """Rank 0 loads slowly (silent longer than the timeout: must NOT count), heartbeats once, then goes quiet
+    and leaves; rank 1's follower loop must wait through the load and notice the silence after the heartbeat."""
     import time
 
-    from backend.cpu_engine.engine import follower_loop, load_shard
+    from backend.cpu_engine.engine import _PING, follower_loop, load_shard
     from backend.cpu_engine.parallel import MpiComm
 
     comm = MpiComm(leader_timeout_s=2.0)
     shard = load_shard(model_dir, comm, max_slots=2)
     if comm.rank == 0:
+        time.sleep(3)  # "loading a big checkpoint": longer than leader_timeout_s, before the first message
+        comm.bcast_obj(_PING)
         time.sleep(6)
         return
     t0 = time.monotonic()
@@ -120,7 +123,8 @@ def test_follower_leaves_when_leader_goes_silent(tmp_path: Path) -> None:
     cmd = [_mpirun(), "-n", "2", "--oversubscribe", sys.executable, str(HERE), ckpt, str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert 1.5 < json.loads(out.read_text())["follower_returned_after_s"] < 6
+    # 3 s of silent loading do not count; 2 s of silence after the heartbeat do (≈ 5 s in all).
+    assert 4.5 < json.loads(out.read_text())["follower_returned_after_s"] < 9
     assert "no message from the leader" in proc.stderr
 
 

@@ -58,6 +58,7 @@ class MpiComm:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.leader_timeout_s = leader_timeout_s
+        self.heard_from_leader = False
 
     def allreduce_sum(self, buf: np.ndarray) -> np.ndarray:
         buf = np.ascontiguousarray(buf, dtype=np.float32)
@@ -81,8 +82,11 @@ class MpiComm:
             spins += 1
             if spins > 20000:  # stop burning the core when idle
                 time.sleep(0.001)
-                if time.monotonic() - start > self.leader_timeout_s:
+                # Only a leader that has spoken can fall silent: before its first message it may still be
+                # loading a large checkpoint (minutes), and its death then is srun's --kill-on-bad-exit's job.
+                if self.heard_from_leader and time.monotonic() - start > self.leader_timeout_s:
                     raise LeaderDied(f"no message from the leader for {self.leader_timeout_s:.0f}s")
+        self.heard_from_leader = True
         buf = np.empty(int(header[0]), dtype=np.uint8)
         self.comm.Bcast(buf, root=0)
         return pickle.loads(buf.tobytes())
