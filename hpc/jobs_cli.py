@@ -54,6 +54,8 @@ def _wait_and_report(ref, timeout: float | None) -> int:
         status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
     if status.state == "READY":
         _print_endpoints(ref.job_id, "text")
+        console.print(f"[dim]next: hpc-serve generate {ref.job_id} \"Hello\"  ·  hpc-serve status {ref.job_id}  ·  "
+                      f"hpc-serve cancel {ref.job_id}[/dim]", soft_wrap=True)
         return EXIT_OK
     print(status.summary(), file=sys.stderr)
     if status.state not in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED"):
