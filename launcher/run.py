@@ -14,7 +14,8 @@ from .command import build_argv
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
 from .rank import RankInfo, Role, WorldSizeError, detect, role
 from .server import ServerBinary, ServerNotFound, merge_env, resolve
-from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, signal_name, wait_ready
+from .supervise import (LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name,
+                        wait_ready)
 
 EXIT_CONFIG = 2        # launch.json / world size / binary problems: nothing was started
 EXIT_PORT = 3          # a fixed port is taken, or auto ports kept colliding
@@ -202,6 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(str(exc))
         return EXIT_CONFIG
     info = detect()
+    if not args.dry_run:
+        rank_log = records.job_dir(plan.deployment_dir, info.job_id) / f"{info.job_id}_{info.rank}_log"
+        log_to_rank_files(rank_log.with_suffix(".out"), rank_log.with_suffix(".err"))
     try:
         me = role(info, plan.tp_size, plan.pp_size, plan.replicas, plan.world_size_per_replica)
         server = resolve(plan.tritonserver)

@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Callable, Sequence
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -99,6 +100,51 @@ class Tee:
                 pass
             self.ring.append(raw.decode("utf-8", "replace").rstrip("\n"))
         self._pipe.close()
+
+
+class _Both:
+    """A write-only stream copying to two streams (text, or binary as `.buffer`): the terminal of an
+    interactive `srun` and the rank's own log file."""
+
+    def __init__(self, first: IO, second: IO) -> None:
+        self._streams = (first, second)
+        if all(hasattr(st, "buffer") for st in self._streams):
+            self.buffer = _Both(first.buffer, second.buffer)
+
+    def write(self, data):  # type: ignore[no-untyped-def]
+        for stream in self._streams:
+            try:
+                stream.write(data)
+            except (OSError, ValueError):
+                pass
+        return len(data)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def log_to_rank_files(out_path: Path, err_path: Path) -> None:
+    """Make sure this rank's output lands in its per-rank log files (what `hpc-serve logs` and submitit read).
+    Under the rendered `.sub`, srun's --output already points stdout there; under a hand-typed `srun` (e.g.
+    `srun --mpi=pmix hpc-serve launch spec.yaml` in salloc) it goes to the terminal, so copy it to the files too."""
+    for fd, path, name in ((1, out_path, "stdout"), (2, err_path, "stderr")):
+        if _same_file(fd, path):
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        copy = open(path, "a", buffering=1, encoding="utf-8", errors="replace")
+        setattr(sys, name, _Both(getattr(sys, name), copy))
 
 
 @dataclass

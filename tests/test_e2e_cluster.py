@@ -170,6 +170,10 @@ def test_salloc_and_srun_launch_spec_interactively(jobs, tmp_path, tiny_gpt2):
         assert cli("generate", job, "interactive", "--max-tokens", "4").stdout.strip()
         endpoints = cli("endpoints", job, "--format", "env").stdout
         assert "TRITON_HTTP_URL=http://" in endpoints and "127.0.0.1" not in endpoints
+        # Without srun --output, each rank still writes its own log file (and the terminal gets a copy).
+        follower_log = cli("logs", job, "--rank", "1").stdout
+        assert follower_log.startswith("[hpc-serve] rank 1/2 on node2: replica 0, follower")
+        assert "tensorrt_llm" in cli("logs", job, "--rank", "1", "--err").stdout
     finally:
         if proc.poll() is None:
             if job:
