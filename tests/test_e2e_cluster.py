@@ -199,7 +199,6 @@ def test_hand_sbatch_of_rendered_folder_is_tracked(jobs, tmp_path, tiny_gpt2):
     tracked = submitit.SlurmJob(folder=deploy_dir / "jobs" / "%j", job_id=job, tasks=(0, 1))
     assert tracked.task(1).stdout().startswith("[hpc-serve] rank 1/2 on node2: replica 0, follower")
     assert "tensorrt_llm" in tracked.task(1).stderr()
-    assert tracked.state == "RUNNING"
     cli("cancel", job, timeout=120)
     assert status(job)["state"] == "CANCELLED"
     _assert_no_server_left(deploy_dir)
