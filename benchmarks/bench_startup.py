@@ -62,26 +62,13 @@ def write_spec(folder: Path, checkpoint: Path, *, partition: str | None = None) 
     return path
 
 
-def processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().split(") ")[-1].split()[0]
-        except OSError:
-            continue
-        if text in cmd and state != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
 def wait_gone(text: str, timeout: float = 90) -> None:
+    from hpc.local import processes_mentioning
+
     deadline = time.monotonic() + timeout
     while processes_mentioning(text):
         if time.monotonic() > deadline:
-            for pid in processes_mentioning(text):
+            for pid, _ in processes_mentioning(text):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:

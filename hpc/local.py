@@ -56,6 +56,23 @@ def _pythonpath() -> str:
     return f"{SOURCE_ROOT}:{current}" if current else str(SOURCE_ROOT)
 
 
+def processes_mentioning(text: str) -> list[tuple[int, str]]:
+    """Live (not zombie) processes whose command line contains `text`, with that command line: how tests and
+    benchmarks prove a deployment folder left no tritonserver, stub or launcher behind."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().split(") ")[-1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append((int(entry.name), cmdline))
+    return found
+
+
 def job_processes(job_id: str) -> list[int]:
     """Pids of every process started for a local job (they all carry HPC_SERVE_JOB_ID in their environment):
     the sweep that makes sure `cancel` leaves no tritonserver or python stub behind."""

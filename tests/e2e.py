@@ -54,19 +54,9 @@ def status(job: str) -> dict:
 
 def processes_under(path: Path) -> list[tuple[int, str]]:
     """Live processes whose command line mentions `path` (tritonserver, python stubs, launchers)."""
-    found = []
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().split(") ")[-1].split()[0]
-        except OSError:
-            continue
-        if str(path) in cmdline and state != "Z":
-            found.append((int(entry.name), cmdline))
-    return found
+    from hpc.local import processes_mentioning
+
+    return processes_mentioning(str(path))
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
