@@ -83,6 +83,50 @@ def mpi_silent_leader(model_dir: str, out_file: str) -> None:
     Path(out_file).write_text(json.dumps({"follower_returned_after_s": time.monotonic() - t0}))
 
 
+def mpi_faults(model_dir: str, out_file: str) -> None:
+    """A follower that fails half-way through a forward pass, and a plan every rank must reject: the step's
+    requests fail with the reason, both ranks stay in step, and the next request is served exactly as tp 1."""
+    import numpy as np
+
+    from backend.cpu_engine.engine import Engine, follower_loop, load_shard
+    from backend.cpu_engine.lockstep import PlanRejected
+    from backend.cpu_engine.model import StepPlan
+    from backend.cpu_engine.parallel import SingleComm, world_comm
+    from backend.cpu_engine.scheduler import GenerationRequest
+
+    comm = world_comm(2)
+    shard = load_shard(model_dir, comm, max_slots=4)
+    if comm.rank > 0:
+        real_mlp, calls = shard._mlp, []
+
+        def failing_mlp(layer, h):  # the 2nd MLP of the first step raises (after 3 all-reduces were done)
+            calls.append(1)
+            if len(calls) == 2:
+                raise MemoryError("injected follower fault")
+            return real_mlp(layer, h)
+
+        shard._mlp = failing_mlp
+        follower_loop(shard)
+        return
+    engine = Engine(shard=shard, max_batch_size=4)
+    first = engine.submit(GenerationRequest(input_ids=PROMPTS[0], max_new_tokens=6))
+    reason = engine.step_or_fail()
+    rejected = ""
+    try:  # a plan with a token id outside the vocabulary: both ranks refuse it before any collective
+        shard.run_step(StepPlan(prefills=[(0, np.array([10**9]))]))
+    except PlanRejected as e:
+        rejected = str(e)
+    rejected_by_engine = engine.generate(GenerationRequest(input_ids=[5, -1, 7], max_new_tokens=4))
+    after = engine.generate(GenerationRequest(input_ids=PROMPTS[2], max_new_tokens=8))
+    engine.shutdown()
+    ref = Engine(model_dir, comm=SingleComm(), max_batch_size=4).generate(
+        GenerationRequest(input_ids=PROMPTS[2], max_new_tokens=8))
+    Path(out_file).write_text(json.dumps({
+        "step_reason": reason, "first": [first.finish_reason, first.error], "rejected": rejected,
+        "negative": [rejected_by_engine.finish_reason, rejected_by_engine.error],
+        "after": after.output_ids, "ref": ref.output_ids}))
+
+
 def _mpirun() -> str:
     exe = shutil.which("mpirun")
     if not exe:
@@ -128,6 +172,23 @@ def test_follower_leaves_when_leader_goes_silent(tmp_path: Path) -> None:
     assert "no message from the leader" in proc.stderr
 
 
+def test_a_failing_rank_fails_only_its_step_and_ranks_stay_in_step(tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    ckpt = create_checkpoint(tmp_path / "gpt2", family="gpt2", seed=5)
+    out = tmp_path / "result.json"
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "PYTHONPATH": str(ROOT), "CPU_ENGINE_TP_TEST_MODE": "faults", "OMP_NUM_THREADS": "1"}
+    cmd = [_mpirun(), "-n", "2", "--oversubscribe", sys.executable, str(HERE), ckpt, str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert "peer rank failed" in res["step_reason"]
+    assert res["first"][0] == "error" and "peer rank failed" in res["first"][1]
+    assert "outside the vocabulary" in res["rejected"]
+    assert res["negative"][0] == "error" and "token id -1 at position 1" in res["negative"][1]
+    assert res["after"] == res["ref"] and len(res["after"]) == 8
+
+
 def test_tp_size_must_equal_world_size(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     code = (
@@ -143,5 +204,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     if os.environ.get("CPU_ENGINE_TP_TEST_MODE") == "silent-leader":
         mpi_silent_leader(sys.argv[1], sys.argv[2])
+    elif os.environ.get("CPU_ENGINE_TP_TEST_MODE") == "faults":
+        mpi_faults(sys.argv[1], sys.argv[2])
     else:
         mpi_main(sys.argv[1], sys.argv[2])

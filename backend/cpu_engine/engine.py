@@ -20,10 +20,12 @@ from typing import Any, Callable
 import numpy as np
 
 from .checkpoint import ModelConfig, load_config, load_weights
+from .lockstep import StepFailed
 from .model import StepPlan, TransformerShard
 from .parallel import Communicator, LeaderDied, SingleComm, world_comm
 from .sampling import apply_penalties, ban_bad_words, sample_token
 from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
+from .validate import request_problem
 
 log = logging.getLogger("hpc_serve.cpu_engine")
 
@@ -69,7 +71,12 @@ def follower_loop(shard: TransformerShard) -> None:
             return
         if msg == _PING:
             continue
-        shard.run_step(msg)
+        try:
+            shard.run_step(msg)
+        except StepFailed as e:  # the leader fails the step's requests; this rank just goes on
+            log.warning("rank %d: %s", comm.rank, e)
+        except Exception:  # noqa: BLE001 - a follower must never leave because of one request
+            log.exception("rank %d: step failed outside the forward pass; going on", comm.rank)
 
 
 class Engine:
@@ -201,11 +208,7 @@ class Engine:
         last_msg = time.monotonic()
         while not self._stop.is_set():
             if self.has_work():
-                try:
-                    self.step()
-                except Exception as e:  # keep serving: fail the batch, not the server
-                    log.exception("engine step failed")
-                    self._fail_running(f"engine step failed: {e}")
+                self.step_or_fail()
                 last_msg = time.monotonic()
                 continue
             self._wake.wait(self.heartbeat_s)
@@ -213,6 +216,21 @@ class Engine:
             if self.comm.size > 1 and time.monotonic() - last_msg >= self.heartbeat_s:
                 self.comm.bcast_obj(_PING)  # followers use this to tell an idle leader from a dead one
                 last_msg = time.monotonic()
+
+    def step_or_fail(self) -> str | None:
+        """One :meth:`step`; if it fails, only the requests of that step fail (with the reason, returned here)
+        and the engine keeps serving: the server must never go down because of one batch."""
+        try:
+            self.step()
+            return None
+        except StepFailed as e:  # every rank skipped it together (lockstep.py)
+            reason = str(e)
+            log.error("%s", reason)
+        except Exception as e:  # noqa: BLE001 - e.g. sampling on the leader, after the ranks finished the step
+            reason = f"engine step failed: {type(e).__name__}: {e}"
+            log.exception("engine step failed")
+        self._fail_running(reason)
+        return reason
 
     def _stop_followers(self) -> None:
         if self.comm.size > 1 and not self._stopped_followers:
@@ -265,7 +283,7 @@ class Engine:
             cancel_ids, self._cancel_ids = self._cancel_ids, set()
         while not self._incoming.empty():
             req = self._incoming.get()
-            problem = self.scheduler.check(req)
+            problem = request_problem(req, self.config.vocab_size) or self.scheduler.check(req)
             if problem:
                 self._finish(req, "error", problem)
             else:

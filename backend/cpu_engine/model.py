@@ -21,6 +21,7 @@ import numpy as np
 
 from .checkpoint import CheckpointError, ModelConfig
 from .layers import apply_rope, gelu_new, layer_norm, rms_norm, rope_tables, silu, softmax
+from .lockstep import StepFailed, anyone_failed, check_plan, finish_collectives
 from .parallel import Communicator, SingleComm
 
 
@@ -106,6 +107,7 @@ class TransformerShard:
                 setattr(L, name, np.ascontiguousarray(getattr(L, name).T))
         self.lm_head_w = np.ascontiguousarray(self.lm_head_t.T)  # [V, hidden]
         del self.lm_head_t
+        self._reduces_done = 0
         self.capacity = 0
         self.k_cache: list[np.ndarray] = []
         self.v_cache: list[np.ndarray] = []
@@ -256,7 +258,7 @@ class TransformerShard:
         else:
             act = silu(up[..., : self.inter]) * up[..., self.inter :]
         out = self._linear(act, L.w_down)
-        out = self.comm.allreduce_sum(out)
+        out = self._allreduce(out)
         if L.b_down is not None:
             out += L.b_down
         return out
@@ -278,6 +280,12 @@ class TransformerShard:
             k = apply_rope(k, cos, sin)
         return q, k, v
 
+    def _allreduce(self, buf: np.ndarray) -> np.ndarray:
+        """All-reduce counted, so a rank that fails mid-step knows how many its peers still wait for."""
+        out = self.comm.allreduce_sum(buf)
+        self._reduces_done += 1
+        return out
+
     def _embed(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         x = self.wte[tokens]
         if self.wpe is not None:
@@ -286,7 +294,7 @@ class TransformerShard:
 
     def _attn_out(self, L: _Layer, attn: np.ndarray) -> np.ndarray:
         out = self._linear(attn, L.w_o)
-        out = self.comm.allreduce_sum(out)
+        out = self._allreduce(out)
         if L.b_o is not None:
             out += L.b_o
         return out
@@ -397,11 +405,24 @@ class TransformerShard:
         """Execute a :class:`StepPlan`; every rank calls this with the same plan (collectives stay in lock-step).
 
         Returns (decode logits ``[B, V]`` or None, one ``[V]`` logits row per prefill) on the leader; Nones elsewhere.
+        Raises :class:`StepFailed` on every rank when the plan was rejected or any rank failed during it; the
+        ranks are still in step afterwards (see ``lockstep.py``), so the caller fails the step's requests only.
         """
-        for src, dst in plan.moves:
-            self.move_slot(src, dst)
+        check_plan(self, plan)  # same verdict on every rank, before any collective
+        self._reduces_done = 0
+        error: BaseException | None = None
+        logits = None
+        try:
+            for src, dst in plan.moves:
+                self.move_slot(src, dst)
+            logits = self.forward(plan.decode_tokens, plan.decode_positions, plan.prefills)
+        except Exception as e:  # noqa: BLE001 - reported below, after the peers were released
+            error = e
+            finish_collectives(self, plan, self._reduces_done)
+        if anyone_failed(self, error is not None):
+            reason = f"{type(error).__name__}: {error}" if error else "a tensor-parallel peer rank failed this step"
+            raise StepFailed(f"engine step failed: {reason}") from error
         B = len(plan.decode_tokens)
-        logits = self.forward(plan.decode_tokens, plan.decode_positions, plan.prefills)
         if logits is None:
             return None, [None] * len(plan.prefills)
         return (logits[:B] if B else None), list(logits[B:])

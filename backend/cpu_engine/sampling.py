@@ -9,6 +9,7 @@ and temperature, before top-k/top-p truncation), reported for the chosen token.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,14 +39,23 @@ class SamplingParams:
         return self.temperature is None and not self.top_k and not (self.top_p and 0.0 < self.top_p < 1.0)
 
     def validate(self) -> None:
+        """Refuse values that would poison a batch step (NaN/inf spread to every row's sampling)."""
+        floats = {"temperature": self.temperature, "runtime_top_p": self.top_p,
+                  "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
+                  "frequency_penalty": self.frequency_penalty}
+        for name, value in floats.items():
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"input '{name}' must be a finite number, got {value}")
         if self.temperature is not None and self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ValueError(f"input 'temperature' must be >= 0, got {self.temperature}")
         if self.top_k is not None and self.top_k < 0:
-            raise ValueError(f"runtime_top_k must be >= 0, got {self.top_k}")
+            raise ValueError(f"input 'runtime_top_k' must be >= 0 (0 = no limit), got {self.top_k}")
         if self.top_p is not None and not 0.0 <= self.top_p <= 1.0:
-            raise ValueError(f"runtime_top_p must be in [0, 1], got {self.top_p}")
+            raise ValueError(f"input 'runtime_top_p' must be in [0, 1], got {self.top_p}")
         if self.repetition_penalty is not None and self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise ValueError(f"input 'repetition_penalty' must be > 0, got {self.repetition_penalty}")
+        if self.min_tokens < 0:
+            raise ValueError(f"input 'min_tokens' must be >= 0, got {self.min_tokens}")
 
 
 def apply_penalties(
@@ -104,10 +114,14 @@ def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
         token = int(np.argmax(logits))
         return token, float(log_softmax(logits)[token])
     temp = params.temperature if params.temperature else 1.0
-    scaled = logits / np.float32(temp)
+    scaled = logits.astype(np.float64) / temp  # float64: a tiny temperature must not overflow to inf
     logp = log_softmax(scaled)
     truncated = _truncate(scaled, params.top_k, params.top_p)
-    probs = np.exp(truncated - np.max(truncated)).astype(np.float64)
+    top = np.max(truncated)
+    if not np.isfinite(top):  # every token masked (bad words, penalties): nothing to sample from
+        token = int(np.argmax(scaled))
+        return token, float(logp[token])
+    probs = np.exp(truncated - top)
     probs /= probs.sum()
     token = int(rng.choice(len(probs), p=probs))
     return token, float(logp[token])

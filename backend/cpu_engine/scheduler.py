@@ -139,13 +139,19 @@ class Scheduler:
     def check(self, req: GenerationRequest) -> str | None:
         """Why a request can never run (so it fails now instead of waiting forever), or None."""
         if req.prompt_len == 0:
-            return "input_ids is empty"
+            return "input 'input_ids' is empty: the prompt must have at least one token"
         if req.max_new_tokens <= 0:
-            return f"request_output_len must be > 0, got {req.max_new_tokens}"
+            return f"input 'request_output_len' must be at least 1, got {req.max_new_tokens}"
+        if req.prompt_len >= self.max_seq_len:
+            return (
+                f"input 'input_ids': the prompt has {req.prompt_len} tokens but this model's context (max_seq_len) is "
+                f"{self.max_seq_len} tokens (prompt + new tokens); shorten the prompt"
+            )
         if req.total_tokens > self.max_seq_len:
             return (
-                f"input length {req.prompt_len} + request_output_len {req.max_new_tokens} = {req.total_tokens} "
-                f"exceeds max_seq_len {self.max_seq_len}"
+                f"input 'request_output_len': the prompt's {req.prompt_len} tokens + {req.max_new_tokens} new "
+                f"tokens = {req.total_tokens} exceed this model's context (max_seq_len) of {self.max_seq_len} tokens; "
+                f"ask for at most {max(0, self.max_seq_len - req.prompt_len)} new tokens or shorten the prompt"
             )
         need = self.budget.blocks_for(req.total_tokens)
         if need > self.budget.max_blocks:

@@ -87,17 +87,26 @@ PERF_OUTPUTS = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_
 KV_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks")
 
 
-def parse_words_list(arr: np.ndarray | None) -> list[list[int]]:
-    """TensorRT-LLM words list ``[2, L]`` (row 0 flat ids, row 1 cumulative end offsets, -1 padded) → token lists."""
+def parse_words_list(arr: np.ndarray | None, name: str = "stop_words_list") -> list[list[int]]:
+    """TensorRT-LLM words list ``[2, L]`` (row 0 flat ids, row 1 cumulative end offsets, -1 padded) → token lists.
+
+    Offsets must grow and stay within the ids; anything else is an :class:`InputError` naming ``name``."""
     if arr is None or arr.size == 0:
         return []
-    a = np.asarray(arr).reshape(2, -1)
+    a = np.asarray(arr)
+    if a.size % 2 or (a.ndim >= 2 and a.shape[-2] != 2):
+        raise InputError(f"input '{name}' must be [2, L] (token ids, cumulative end offsets), got shape "
+                         f"{list(a.shape)}")
+    a = a.reshape(2, -1)
     ids, offsets = a[0], a[1]
     words, start = [], 0
     for off in offsets:
         off = int(off)
         if off < 0:
             break
+        if off < start or off > len(ids):
+            raise InputError(f"input '{name}': offset {off} must be >= the previous one ({start}) and <= "
+                             f"{len(ids)} (the number of ids)")
         if off > start:
             words.append([int(t) for t in ids[start:off]])
         start = off
@@ -146,6 +155,26 @@ def _scalar(inputs: Mapping[str, np.ndarray], name: str, b: int, batch: int, def
     return r.reshape(-1)[0].item()
 
 
+_SCALAR_INPUTS = ("input_lengths", "request_output_len", "end_id", "pad_id", "temperature", "runtime_top_k",
+                  "runtime_top_p", "seed", "min_tokens", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty")
+
+
+def _check_batch_dims(inputs: Mapping[str, np.ndarray], batch: int) -> None:
+    """A per-row input must have one row per prompt (or a single value for all): a mismatch is the client's
+    mistake, never a silent reuse of the first row."""
+    for name in _SCALAR_INPUTS:
+        a = inputs.get(name)
+        if a is None:
+            continue
+        a = np.asarray(a)
+        if a.ndim and a.shape[0] not in (batch, 1) or (a.ndim and a.size == 0):
+            raise InputError(f"input '{name}' has shape {list(a.shape)} but input_ids has {batch} row(s): "
+                             f"give one value per row")
+        if a.ndim and a.size != a.shape[0]:
+            raise InputError(f"input '{name}' must hold one value per row, got shape {list(a.shape)}")
+
+
 def parse_inputs(
     inputs: Mapping[str, np.ndarray], default_exclude_input: bool = False
 ) -> tuple[list[GenerationRequest], RequestOptions]:
@@ -153,9 +182,14 @@ def parse_inputs(
     if "input_ids" not in inputs:
         raise InputError("input 'input_ids' is required")
     ids = np.asarray(inputs["input_ids"])
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise InputError(f"input 'input_ids' must hold integer token ids (INT32), got {ids.dtype}")
     if ids.ndim == 1:
         ids = ids[None]
+    if ids.ndim != 2:
+        raise InputError(f"input 'input_ids' must be [batch, tokens], got shape {list(ids.shape)}")
     batch = ids.shape[0]
+    _check_batch_dims(inputs, batch)
     for name, (in_use, why) in UNSUPPORTED_INPUTS.items():
         if name in inputs and in_use(np.asarray(inputs[name])):
             raise InputError(f"input '{name}': {why}")
@@ -175,8 +209,11 @@ def parse_inputs(
         length = _scalar(inputs, "input_lengths", b, batch, None)
         row = ids[b].reshape(-1)
         if length is not None:
+            if int(length) == 0:
+                raise InputError("input 'input_lengths' is 0: the prompt is empty; send at least one token")
             if not 0 < int(length) <= row.shape[0]:
-                raise InputError(f"input 'input_lengths' = {length} does not fit input_ids of length {row.shape[0]}")
+                raise InputError(f"input 'input_lengths' = {length} does not fit input_ids of length "
+                                 f"{row.shape[0]}; it must be in [1, {row.shape[0]}]")
             row = row[: int(length)]
         top_k = _scalar(inputs, "runtime_top_k", b, batch, None)
         top_p = _scalar(inputs, "runtime_top_p", b, batch, None)
@@ -206,8 +243,8 @@ def parse_inputs(
                 max_new_tokens=int(_scalar(inputs, "request_output_len", b, batch)),
                 end_id=None if end_id is None else int(end_id),
                 pad_id=None if pad_id is None else int(pad_id),
-                stop_words=parse_words_list(_row(inputs, "stop_words_list", b, batch)),
-                bad_words=parse_words_list(_row(inputs, "bad_words_list", b, batch)),
+                stop_words=parse_words_list(_row(inputs, "stop_words_list", b, batch), "stop_words_list"),
+                bad_words=parse_words_list(_row(inputs, "bad_words_list", b, batch), "bad_words_list"),
                 sampling=sampling,
                 return_log_probs=opts.return_log_probs,
                 streaming=streaming,
