@@ -21,7 +21,8 @@ from typing import Any
 import jinja2
 
 from hpc import __version__
-from hpc.spec import Spec, dump_spec, is_script_safe_path
+from hpc.spec import Spec, dump_spec
+from hpc.spec_files import is_script_safe_path
 
 SUB_NAME = "tensorrt_llm_triton.sub"
 SH_NAME = "tensorrt_llm_triton.sh"

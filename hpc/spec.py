@@ -11,7 +11,6 @@ Errors are collected, not raised one at a time, so `hpc-serve validate` lists ev
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -28,21 +27,18 @@ from pydantic import (
     model_validator,
 )
 
+from hpc.envvars import expand, unset_message
+from hpc.spec_files import conflicts, missing_inputs
+
 # Characters allowed in values that land in `#SBATCH` lines or paths baked into scripts. Slurm parses
 # `#SBATCH` lines itself (not a shell), but a newline there would start a new directive, and a path with
 # spaces or quotes would need quoting that `#SBATCH -o` does not do consistently across Slurm versions.
 _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+@%=/\-\[\]]+$")
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:|&*()\[\]\-]+$")
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,:+@=/~\-]+$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$")
 _MEM = re.compile(r"^\d+[KMGT]?$")
-
-
-def is_script_safe_path(path: str | Path) -> bool:
-    """True if a path can be written into `#SBATCH -o` and scripts without quoting problems."""
-    return bool(_SAFE_PATH.fullmatch(str(path)))
 
 
 def _no_newline(value: str) -> str:
@@ -466,26 +462,17 @@ def _problem_from_error(file: str, index: dict, err: dict) -> Problem:
     return Problem(file, _line_for(index, loc), path, message)
 
 
-_VAR = re.compile(r"\$(\w+|\{\w+\})")
-
-
-def _expand_text(text: str) -> tuple[str, list[str]]:
-    """`~` and `$VAR`/`${VAR}` expanded on the submitting machine; the names of unset variables."""
-    missing = [m.strip("{}") for m in _VAR.findall(text) if m.strip("{}") not in os.environ]
-    return os.path.expandvars(os.path.expanduser(text)), missing
-
-
 def _resolve_paths(spec: Spec, base: Path, file: str, index: dict) -> tuple[Spec, list[Problem]]:
     """Make every local path absolute, relative to the spec file (like docker compose), so rendered scripts
     never depend on the directory `sbatch` was called from. Path fields may use `~` and `$VARS`
-    (e.g. `$SCRATCH`); an unset variable is a problem, not a literal `$` in a path."""
+    (e.g. `$SCRATCH`, `${MODELS:-~/models}`); an unset variable without a default is a problem, not a literal
+    `$` in a path."""
     problems: list[Problem] = []
 
     def text(value: str, loc: tuple[str, ...]) -> str:
-        expanded, missing = _expand_text(value)
+        expanded, missing = expand(value)
         for name in missing:
-            problems.append(Problem(file, _line_for(index, loc), ".".join(loc),
-                                    f"uses ${name}, which is not set; export {name} or write the path out"))
+            problems.append(Problem(file, _line_for(index, loc), ".".join(loc), unset_message(name)))
         return expanded
 
     def path(value: Path | None, loc: tuple[str, ...]) -> Path | None:
@@ -516,98 +503,37 @@ def _resolve_paths(spec: Spec, base: Path, file: str, index: dict) -> tuple[Spec
     return spec, problems
 
 
-def _engine_parallelism(engine_dir: Path) -> tuple[int, int] | None:
-    """(tp, pp) an engine was built for, from trtllm-build's config.json (new or legacy layout)."""
-    try:
-        config = json.loads((engine_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    mapping = config.get("pretrained_config", {}).get("mapping")
-    if mapping:
-        return int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
-    builder = config.get("builder_config", {})
-    if "tensor_parallel" in builder:
-        return int(builder["tensor_parallel"]), int(builder.get("pipeline_parallel", 1))
-    return None
-
-
-def _filesystem_problems(spec: Spec, file: str, index: dict) -> list[Problem]:
-    """Checks that need the file system: paths that must exist, engines built for another TP×PP."""
-    problems: list[Problem] = []
-
-    def add(loc: tuple[str, ...], message: str) -> None:
-        problems.append(Problem(file, _line_for(index, loc), ".".join(loc), message))
-
-    m = spec.model
-    if m.backend == "tensorrtllm" and m.engine_dir is not None:
-        if not m.engine_dir.is_dir():
-            add(("model", "engine_dir"), f"{m.engine_dir} does not exist; point it at the trtllm-build output")
-        else:
-            built = _engine_parallelism(m.engine_dir)
-            if built and built != (m.tp_size, m.pp_size):
-                add(
-                    ("model", "tp_size"),
-                    f"engine in {m.engine_dir} was built for tp_size {built[0]} × pp_size {built[1]}, "
-                    f"the spec says tp_size {m.tp_size} × pp_size {m.pp_size}; rebuild or change the spec",
-                )
-    if m.backend == "cpu" and m.checkpoint_dir is not None and not m.checkpoint_dir.is_dir() and m.init is None:
-        add(
-            ("model", "checkpoint_dir"),
-            f"{m.checkpoint_dir} does not exist; create one with `hpc-serve init-model {m.checkpoint_dir}` "
-            "or add `init: {family: gpt2}` to create it at render time",
-        )
-    if m.tokenizer_dir is not None and not m.tokenizer_dir.is_dir():
-        add(("model", "tokenizer_dir"), f"{m.tokenizer_dir} does not exist")
-    if m.backend == "cpu" and m.checkpoint_dir is not None and m.checkpoint_dir.is_dir():
-        heads = _attention_heads(m.checkpoint_dir)
-        if heads and any(h % m.tp_size for h in heads):
-            add(("model", "tp_size"), f"tp_size {m.tp_size} does not divide the model's attention heads {heads}")
-    workdir = str(spec.workdir)
-    if not is_script_safe_path(workdir):
-        add(("workdir",), f"{workdir!r} has characters (spaces, quotes, $...) that Slurm's #SBATCH -o cannot take")
-    if spec.container.type == "apptainer" and spec.container.image and spec.container.image.endswith(".sif"):
-        if not Path(spec.container.image).exists():
-            add(("container", "image"), f"{spec.container.image} does not exist")
-    for i, mount in enumerate(spec.container.mounts):
-        src = Path(mount.split(":")[0])
-        if not src.exists():
-            add(("container", "mounts", str(i)), f"mount source {src} does not exist")
-        if "," in mount:
-            add(("container", "mounts", str(i)), f"{mount!r}: a ',' would split it into several mounts "
-                "(pyxis --container-mounts and apptainer -B take comma-separated lists)")
-    if spec.container.type != "none":
-        # Model folders are mounted at their own path as SRC:SRC in a comma-separated list (hpc/render.py).
-        for field in ("engine_dir", "checkpoint_dir", "tokenizer_dir"):
-            value = getattr(m, field)
-            if value is not None and ("," in str(value) or ":" in str(value)):
-                add(("model", field), f"{value}: a path with ',' or ':' cannot be mounted into the container "
-                    "(they separate mounts and SRC:DST); rename or symlink the folder")
-    return problems
-
-
-def _attention_heads(checkpoint: Path) -> tuple[int, ...] | None:
-    try:
-        config = json.loads((checkpoint / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    heads = config.get("num_attention_heads", config.get("n_head"))
-    kv = config.get("num_key_value_heads", heads)
-    return tuple(int(h) for h in (heads, kv) if h) or None
-
-
 def load_spec(path: str | Path, *, check_files: bool = True) -> Spec:
     """Read, validate and resolve a spec file; raise SpecError listing every problem with its line."""
+    spec, _ = _load(path, check_files=check_files, require_inputs=True)
+    return spec
+
+
+def preview_spec(path: str | Path) -> tuple[Spec, list[Problem]]:
+    """Load a spec for `render` / `submit --dry-run`: like load_spec, except that model folders, images and
+    mount sources that do not exist yet are returned as notes instead of raised, so the scripts of a job can
+    be looked at before its engine is built. `validate` and `submit` stay strict."""
+    return _load(path, check_files=True, require_inputs=False)
+
+
+def _load(path: str | Path, *, check_files: bool, require_inputs: bool) -> tuple[Spec, list[Problem]]:
     path = Path(path)
     file = str(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise SpecError([Problem(file, 1, "", f"cannot read the spec: {exc.strerror}")]) from None
-    return parse_spec(text, file=file, base=path.resolve().parent, check_files=check_files)
+    return _parse(text, file, path.resolve().parent, check_files, require_inputs)
 
 
 def parse_spec(text: str, *, file: str = "<spec>", base: Path | None = None, check_files: bool = True) -> Spec:
     """Validate spec text; `base` is the folder relative paths are resolved against."""
+    spec, _ = _parse(text, file, base or Path.cwd(), check_files, require_inputs=True)
+    return spec
+
+
+def _parse(text: str, file: str, base: Path, check_files: bool, require_inputs: bool) -> tuple[Spec, list[Problem]]:
+    """The spec and the missing inputs it was let off with (only when not `require_inputs`)."""
     try:
         data = yaml.safe_load(text)
         index = _line_index(text)
@@ -624,14 +550,26 @@ def parse_spec(text: str, *, file: str = "<spec>", base: Path | None = None, che
         # A value that fits no member of a union (`int | "auto"`) is reported once per member: keep the first.
         unique = {(p.line, p.path): p for p in reversed(problems)}
         raise SpecError(sorted(unique.values(), key=lambda p: (p.line, p.path))) from None
-    spec, problems = _resolve_paths(spec, base or Path.cwd(), file, index)
+    spec, problems = _resolve_paths(spec, base, file, index)
     if problems:
-        raise SpecError(problems)
-    if check_files:
-        problems = _filesystem_problems(spec, file, index)
-        if problems:
-            raise SpecError(problems)
-    return spec
+        raise SpecError(_by_line(problems))
+    if not check_files:
+        return spec, []
+
+    def located(findings: list[tuple[tuple[str, ...], str]]) -> list[Problem]:
+        return [Problem(file, _line_for(index, loc), ".".join(loc), message) for loc, message in findings]
+
+    missing, problems = located(missing_inputs(spec)), located(conflicts(spec))
+    if require_inputs:
+        problems, missing = missing + problems, []
+    if problems:
+        raise SpecError(_by_line(problems))
+    return spec, _by_line(missing)
+
+
+def _by_line(problems: list[Problem]) -> list[Problem]:
+    """In file order, as a reader goes through the spec (stable: same-line problems keep their order)."""
+    return sorted(problems, key=lambda p: p.line)
 
 
 def dump_spec(spec: Spec) -> str:

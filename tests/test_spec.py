@@ -337,7 +337,8 @@ def test_missing_checkpoint_dir_without_init(tmp_path):
     assert problem.line == line_of(spec, "checkpoint_dir:")
     assert f"{tmp_path / 'ckpt'} does not exist" in problem.message and "init" in problem.message
     spec.write_text(spec.read_text() + "  init: {family: gpt2}\n")
-    assert load_spec(spec).model.init.family == "gpt2"  # created at render time, not an error now
+    assert load_spec(spec).model.init.family == "gpt2"  # `hpc-serve submit` creates it: not an error now
+    assert not (tmp_path / "ckpt").exists()  # and loading (validate) does not create it either
 
 
 def test_check_files_false_skips_the_filesystem(tmp_path):
@@ -358,6 +359,63 @@ def test_unset_variable_in_a_path_field(cpu_dir, monkeypatch):
     loaded = load_spec(spec)
     assert loaded.model.checkpoint_dir == cpu_dir / "ckpt"
     assert loaded.workdir == cpu_dir / "runs"
+
+
+def test_unset_variable_message_names_the_variable_and_the_fix(cpu_dir, monkeypatch):
+    monkeypatch.delenv("HPC_TEST_UNSET_VAR", raising=False)
+    spec = write(cpu_dir, CPU_SPEC + "workdir: ${HPC_TEST_UNSET_VAR}/runs\n")
+    result = validate_cli(spec)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"{spec}:{line_of(spec, 'workdir:')}: workdir: uses $HPC_TEST_UNSET_VAR, which is not set; "
+        "export HPC_TEST_UNSET_VAR=/some/path, or give it a default in the spec: ${HPC_TEST_UNSET_VAR:-/some/path}")
+
+
+def test_variable_defaults_shell_style(cpu_dir, monkeypatch):
+    """`${VAR:-default}` (what configs/ use so they validate on a fresh machine): the default when VAR is unset
+    or empty, VAR's value otherwise; a default may start with `~`."""
+    monkeypatch.delenv("HPC_TEST_UNSET_VAR", raising=False)
+    monkeypatch.setenv("HOME", str(cpu_dir / "home"))
+    (cpu_dir / "home" / "m").mkdir(parents=True)
+    spec = write(cpu_dir, CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: ${HPC_TEST_UNSET_VAR:-~/m}")
+                 + "workdir: ${HPC_TEST_UNSET_VAR:-.}/runs\n")
+    loaded = load_spec(spec)
+    assert loaded.model.checkpoint_dir == cpu_dir / "home" / "m" and loaded.workdir == cpu_dir / "runs"
+    monkeypatch.setenv("HPC_TEST_UNSET_VAR", "")
+    assert load_spec(spec).workdir == cpu_dir / "runs"
+    monkeypatch.setenv("HPC_TEST_UNSET_VAR", str(cpu_dir))
+    loaded = load_spec(spec)
+    assert loaded.model.checkpoint_dir == cpu_dir and loaded.workdir == cpu_dir / "runs"
+
+
+def test_expand_unit():
+    from hpc.envvars import expand
+
+    env = {"A": "/a", "E": ""}
+    assert expand("$A/x:${A}/y", env) == ("/a/x:/a/y", [])
+    assert expand("${B:-/b}/${E:-/e}/${E}", env) == ("/b//e/", [])
+    assert expand("$B/${C}/x", env) == ("$B/${C}/x", ["B", "C"])
+    assert expand("${B:-~}/x", env)[0] == os.path.expanduser("~") + "/x"
+
+
+def test_preview_notes_missing_inputs_but_refuses_conflicts(tmp_path):
+    from hpc.spec import preview_spec
+
+    spec = write(tmp_path, GPU_SPEC)  # neither engine nor tok exist
+    loaded, notes = preview_spec(spec)
+    assert loaded.model.engine_dir == tmp_path / "engine"
+    assert [n.path for n in notes] == ["model.engine_dir", "model.tokenizer_dir"]
+    assert all("does not exist" in n.message for n in notes)
+    make_engine(tmp_path / "engine", tp=4)
+    with pytest.raises(SpecError) as info:
+        preview_spec(spec)
+    assert [p.path for p in info.value.problems] == ["model.tp_size"]  # an engine built for another tp: refused
+
+
+def test_problems_are_listed_in_file_order(cpu_dir, monkeypatch):
+    monkeypatch.delenv("HPC_TEST_UNSET_VAR", raising=False)
+    spec = write(cpu_dir, "workdir: $HPC_TEST_UNSET_VAR/runs\n" + CPU_SPEC.replace("ckpt", "$HPC_TEST_UNSET_VAR/c"))
+    assert [p.path for p in problems(spec)] == ["workdir", "model.checkpoint_dir"]
 
 
 def test_relative_paths_resolve_against_the_spec_folder(tmp_path, monkeypatch):
