@@ -33,21 +33,38 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load_or_exit(path: str):
-    from hpc.spec import SpecError, load_spec
+def _load_or_exit(path: str, preview: bool = False):
+    """The spec, or exit 2 listing its problems. `preview` (render, submit --dry-run): model folders that do
+    not exist yet are printed as notes, not refused, and so is a checkpoint that `model.init` will create."""
+    from hpc.spec import SpecError, load_spec, preview_spec
 
     try:
-        return load_spec(path)
+        spec, notes = preview_spec(path) if preview else (load_spec(path), [])
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+    for note in notes:
+        print(f"note: {note} (validate and submit refuse this until it exists)", file=sys.stderr)
+    if preview:
+        _note_model_to_create(spec)
+    return spec
+
+
+def _note_model_to_create(spec) -> None:
+    """Say what will create the checkpoint `model.init` asks for, since a preview does not."""
+    from hpc.model_init import init_command
+
+    command = init_command(spec)
+    if command:
+        print(f"note: model.checkpoint_dir {spec.model.checkpoint_dir} does not exist yet; `hpc-serve submit` "
+              f"creates it (model.init), or create it now with: {command}", file=sys.stderr)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     from hpc.render import render
 
-    spec = _load_or_exit(args.spec)
+    spec = _load_or_exit(args.spec, preview=True)
     if args.templates and not Path(args.templates).is_dir():
         _err(f"--templates {args.templates}: no such folder (it should hold tensorrt_llm_triton.sub.j2 and/or .sh.j2)")
         return EXIT_USAGE
@@ -59,7 +76,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     print(f"rendered {out.deploy_dir}")
     for path in (out.sub, out.sh, out.model_repository, out.launch):
         print(f"  {path}")
-    print(f"submit with: sbatch {out.sub}")
+    from hpc.model_init import init_command
+
+    first = init_command(spec)
+    print(f"submit with: {first + ' && ' if first else ''}sbatch {out.sub}")
     return EXIT_OK
 
 

@@ -39,8 +39,10 @@ def deployment_for_spec(spec_path: Path) -> Path:
     deploy_dir = spec.workdir / f"{spec.name}-{_step_name()}"
     if _rank() == 0:
         from hpc.jobs import register
+        from hpc.model_init import ensure_model
         from hpc.render import render
 
+        ensure_model(spec)  # this step serves the spec, so `model.init` is due now (render no longer does it)
         render(spec, deploy_dir)
         job_id = os.environ.get("SLURM_JOB_ID")
         if job_id:

@@ -67,7 +67,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from hpc.cli import _load_or_exit
     from hpc.submit import SubmitError, submit
 
-    spec = _load_or_exit(args.spec)
+    spec = _load_or_exit(args.spec, preview=args.dry_run)
     if args.dry_run:
         from hpc.render import render_scripts
         from hpc.submit import new_deployment_dir

@@ -182,18 +182,12 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
     }
 
 
-def ensure_checkpoint(spec: Spec) -> None:
-    """Create the CPU engine's checkpoint when the spec asks for it (`model.init`) and it is missing."""
-    m = spec.model
-    if m.backend == "cpu" and m.init is not None and not (m.checkpoint_dir / "config.json").exists():
-        from backend.cpu_engine.init_model import create_checkpoint
-
-        create_checkpoint(m.checkpoint_dir, family=m.init.family, size=m.init.size, seed=m.init.seed)
-
-
 def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Rendered:
     """Write the deployment folder. Files are written to a temporary sibling first and moved into place, so a
-    failure leaves no half-written deployment behind; an existing folder's job records are kept."""
+    failure leaves no half-written deployment behind; an existing folder's job records are kept.
+
+    Render is a preview: it writes into `out_dir` only and never creates the model a spec's `model.init` asks
+    for (hpc/model_init.py does, from `submit`, `launch SPEC` or `hpc-serve init-model`)."""
     from backend.repository import write_model_repository
 
     deploy_dir = Path(out_dir).expanduser().resolve()
@@ -207,7 +201,6 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
             f"{deploy_dir}: with container.type {spec.container.type} the deployment folder is mounted as SRC:DST "
             "in a comma-separated list, so its path must not contain ',' or ':'"
         )
-    ensure_checkpoint(spec)
     scripts = render_scripts(spec, deploy_dir, templates)
     deploy_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{deploy_dir.name}.", dir=deploy_dir.parent))

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from hpc.jobs import JobRef, register
+from hpc.model_init import ensure_model
 from hpc.render import render
 from hpc.spec import Spec
 
@@ -45,8 +46,10 @@ def sbatch(sub: Path) -> str:
 
 
 def submit(spec: Spec, executor: str | None = None, deploy_dir: Path | None = None) -> JobRef:
-    """Render, then submit. Nothing is submitted if rendering fails."""
+    """Create the model `model.init` asks for (the explicit step render leaves out), render, then submit.
+    Nothing is submitted if either fails."""
     executor = executor or default_executor()
+    ensure_model(spec)
     rendered = render(spec, deploy_dir or new_deployment_dir(spec))
     if executor == "local":
         from hpc.local import submit_local

@@ -34,7 +34,7 @@ ENGINES = {
 @pytest.fixture()
 def site(tmp_path: Path, monkeypatch) -> Path:
     """$HPC_SERVE_MODELS with the engines, tokenizers and image the configs name; $HPC_SERVE_WORKDIR; a tmp $HOME
-    (tiny-cpu's checkpoint goes to ~/.cache)."""
+    (tiny-cpu's checkpoint would go to ~/.cache)."""
     models = tmp_path / "models"
     for engine, (tp, pp) in ENGINES.items():
         (models / engine).mkdir(parents=True)
@@ -96,3 +96,39 @@ def test_golden_folders_match_the_configs():
     assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(c.stem for c in CONFIGS)
     for folder in GOLDEN.iterdir():
         assert sorted(p.name for p in folder.iterdir()) == sorted(FILES)
+
+
+def fresh_machine(tmp: Path) -> dict[str, str]:
+    """The environment of a newcomer's first shell: no HPC_SERVE_* variables, an empty $HOME."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPC_SERVE_")}
+    return {**env, "HOME": str(tmp / "home"), "PYTHONPATH": str(ROOT)}
+
+
+def cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc.cli", *args], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_readme_commands_on_a_fresh_machine(tmp_path, config):
+    """README: `hpc-serve validate|render CONFIG` and `submit CONFIG --dry-run` with nothing exported. No config
+    stops on an unset variable; a GPU config's validate names the engine that is not built yet (and nothing
+    else); render and the dry run preview every config and create nothing outside the deployment folder."""
+    env = fresh_machine(tmp_path)
+    validated = cli(["validate", str(config)], env, tmp_path)
+    assert "not set" not in validated.stderr
+    if "backend: cpu" in config.read_text():
+        assert validated.returncode == 0, validated.stderr
+    else:
+        assert validated.returncode == 2
+        for line in validated.stderr.splitlines():
+            assert f"{tmp_path / 'home' / 'models'}" in line and "does not exist" in line, line
+    rendered = cli(["render", str(config), "-o", "deploy"], env, tmp_path)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "submit with:" in rendered.stdout and (tmp_path / "deploy" / R.SUB_NAME).is_file()
+    dry = cli(["submit", str(config), "--dry-run"], env, tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "#SBATCH" in dry.stdout and "not set" not in dry.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deploy"], "a preview wrote outside its folder"
+    plan = json.loads((tmp_path / "deploy" / R.LAUNCH_NAME).read_text())
+    assert plan["deployment_dir"] == str(tmp_path / "deploy")

@@ -331,9 +331,9 @@ def test_cli_render_with_site_template(tmp_path):
 
 def test_cli_render_bad_spec_and_bad_folder_exit_2(tmp_path):
     (tmp_path / "ckpt").mkdir()
-    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: nope\n")
+    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n  tp_szie: 2\n")
     bad = _cli("render", "spec.yaml", "-o", "d", cwd=tmp_path)
-    assert bad.returncode == 2 and "spec.yaml:4: model.checkpoint_dir:" in bad.stderr
+    assert bad.returncode == 2 and "spec.yaml:5: model.tp_szie:" in bad.stderr
     assert not (tmp_path / "d").exists()
     (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n")
     spaced = _cli("render", "spec.yaml", "-o", "my d", cwd=tmp_path)
@@ -399,3 +399,77 @@ def test_submit_dry_run_prints_the_scripts_and_writes_nothing(tmp_path, monkeypa
     assert "#SBATCH -J dry" in proc.stdout and "srun --mpi=pmix" in proc.stdout
     assert "-m launcher" in proc.stdout
     assert not (tmp_path / "runs").exists() and not home.exists()
+
+
+# ------------------------------------------------------------- render is a preview: no model is created
+INIT_SPEC = "name: init-test\nworkdir: runs\nmodel:\n  backend: cpu\n  checkpoint_dir: models/tiny\n" \
+            "  init: {family: gpt2, size: tiny, seed: 3}\n"
+
+
+def fake_sbatch(tmp: Path) -> tuple[dict, Path]:
+    """An environment whose `sbatch` records its arguments (so a test sees whether anything was submitted)
+    and whose job index is private to the test."""
+    bin_dir, calls = tmp / "bin", tmp / "sbatch-calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/bash\necho \"$@\" >> {calls}\necho 4242\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HPC_SERVE_HOME": str(tmp / "hs")}
+    return env, calls
+
+
+def test_render_writes_the_scripts_but_creates_no_checkpoint(tmp_path):
+    spec = parse_spec(INIT_SPEC, file="s.yaml", base=tmp_path)
+    out = R.render(spec, tmp_path / "d")
+    assert out.sub.is_file() and out.launch.is_file() and (out.model_repository / "tensorrt_llm").is_dir()
+    assert not (tmp_path / "models").exists(), "render created the checkpoint (model creation is an explicit step)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # render wrote into the deployment folder only
+
+
+def test_cli_render_and_dry_run_create_nothing_and_say_what_will(tmp_path):
+    (tmp_path / "s.yaml").write_text(INIT_SPEC)
+    env, calls = fake_sbatch(tmp_path)
+    rendered = subprocess.run([sys.executable, "-m", "hpc.cli", "render", "s.yaml", "-o", "d"], capture_output=True,
+                              text=True, cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr
+    ckpt = tmp_path / "models" / "tiny"
+    command = f"hpc-serve init-model {ckpt} --family gpt2 --size tiny --seed 3"
+    assert "`hpc-serve submit` creates it" in rendered.stderr and command in rendered.stderr
+    assert f"submit with: {command} && sbatch {tmp_path / 'd' / R.SUB_NAME}" in rendered.stdout
+    dry = subprocess.run([sys.executable, "-m", "hpc.cli", "submit", "s.yaml", "--dry-run"], capture_output=True,
+                         text=True, cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert "#SBATCH -J init-test" in dry.stdout and command in dry.stderr
+    assert not (tmp_path / "models").exists(), "a preview created the checkpoint"
+    assert not calls.exists() and not (tmp_path / "runs").exists() and not (tmp_path / "hs").exists()
+    # The command the note gives is the explicit step, and it works as printed.
+    made = subprocess.run([sys.executable, "-m", "hpc.cli", *command.split()[1:]], capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert (ckpt / "config.json").is_file() and (ckpt / "tokenizer.json").is_file()
+    again = subprocess.run([sys.executable, "-m", "hpc.cli", "render", "s.yaml", "-o", "d"], capture_output=True,
+                           text=True, cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert "note:" not in again.stderr and f"submit with: sbatch {tmp_path / 'd' / R.SUB_NAME}" in again.stdout
+
+
+def test_submit_creates_the_checkpoint_then_submits(tmp_path, monkeypatch):
+    from hpc.submit import submit
+
+    env, calls = fake_sbatch(tmp_path)
+    for name in ("PATH", "HPC_SERVE_HOME"):
+        monkeypatch.setenv(name, env[name])
+    spec = parse_spec(INIT_SPEC, file="s.yaml", base=tmp_path)
+    ref = submit(spec, executor="slurm")
+    ckpt = tmp_path / "models" / "tiny"
+    assert (ckpt / "config.json").is_file() and (ckpt / "tokenizer.json").is_file()
+    assert ref.job_id == "4242"
+    assert calls.read_text().split() == ["--parsable", str(ref.job_dir.parent.parent / R.SUB_NAME)]
+
+
+def test_cli_render_previews_a_spec_whose_model_folders_do_not_exist_yet(tmp_path):
+    """`render` shows the scripts before the engine is built; validate still refuses the spec."""
+    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: nope\n")
+    result = _cli("render", "spec.yaml", "-o", "d", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"note: spec.yaml:4: model.checkpoint_dir: {tmp_path / 'nope'} does not exist" in result.stderr
+    assert (tmp_path / "d" / R.SUB_NAME).is_file() and not (tmp_path / "nope").exists()
+    assert _cli("validate", "spec.yaml", cwd=tmp_path).returncode == 2
