@@ -9,14 +9,17 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import queue
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from hpc.jobs import find_job
 from hpc.track import read_records
 
@@ -119,10 +122,15 @@ class Client:
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         results: queue.Queue = queue.Queue()
+        # a server that splits a multi-byte character across responses (upstream's ensemble does) must not
+        # print U+FFFD pieces: incomplete bytes wait for the next response
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         client = grpcclient.InferenceServerClient(self.endpoint.grpc_url)
         client.start_stream(callback=lambda result, error: results.put((result, error)))
         try:
-            client.async_stream_infer(self.model, tensors, enable_empty_final_response=True)
+            # a unique id in hpc-serve's form lets the ensemble's postprocessing hold split characters back
+            request_id = f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}"
+            client.async_stream_infer(self.model, tensors, request_id=request_id, enable_empty_final_response=True)
             while True:
                 result, error = results.get(timeout=self.timeout_s)
                 if error is not None:
@@ -130,9 +138,13 @@ class Client:
                 final = result.get_response().parameters.get("triton_final_response")
                 text = result.as_numpy("text_output")
                 if text is not None and text.size:
-                    yield b"".join(t if isinstance(t, bytes) else str(t).encode() for t in text.ravel()).decode(
-                        errors="replace")
+                    piece = utf8.decode(b"".join(t if isinstance(t, bytes) else str(t).encode() for t in text.ravel()))
+                    if piece:
+                        yield piece
                 if final is not None and final.bool_param:
+                    tail = utf8.decode(b"", final=True)
+                    if tail:
+                        yield tail
                     return
         finally:
             client.stop_stream()

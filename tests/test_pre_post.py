@@ -94,8 +94,8 @@ def test_round_trip_text_ids_text(tok):
     for row, n in zip(ids, lens[:, 0]):
         assert (row[n:] == tok.pad_id).all()  # right padded
     out = decode_batches(tok, [(ids[:, None, :], lens)])[0]
-    assert out.shape == (3, 1)
-    assert [o.decode() for o in out[:, 0]] == texts  # BOS skipped as a special token
+    assert out.shape == (3,)  # upstream's layout: one flat element per beam of every row
+    assert [o.decode() for o in out] == texts  # BOS skipped as a special token
 
 
 def test_preprocessing_outputs(tok):
@@ -170,10 +170,10 @@ def test_postprocessing_beams_and_lengths(tok):
     lengths = np.array([[len(a), len(b)]], dtype=np.int32)
     assert split_sequences(tokens, lengths) == [a, b]
     out1, out2 = decode_batches(tok, [(tokens, lengths), (tokens[:, :1], lengths[:, :1])])
-    assert out1.tolist() == [[b"Hello world", b"lazy dog"]]
-    assert out2.tolist() == [[b"Hello world"]]
+    assert out1.tolist() == [b"Hello world", b"lazy dog"]
+    assert out2.tolist() == [b"Hello world"]
     bos_text = decode_batches(tok, [(np.array([[[0] + a]]), np.array([[len(a) + 1]]))], skip_special_tokens=False)
-    assert bos_text[0][0, 0].decode().startswith("<s>")
+    assert bos_text[0][0].decode().startswith("<s>")
 
 
 # ---------------------------------------------------------------------------------------------- BLS pipeline
@@ -217,7 +217,8 @@ def bls_inputs(text: str, **extra: object) -> dict[str, np.ndarray]:
 def test_bls_non_streaming(tok):
     server = FakeServer(tok)
     outs = list(BlsPipeline(server, decoupled=False).run(bls_inputs("Hello world", top_k=1, stream=False)))
-    assert len(outs) == 1 and outs[0]["text_output"].tolist() == [[b"Hello world"]]
+    assert len(outs) == 1 and outs[0]["text_output"].tolist() == [b"Hello world"]
+    assert outs[0]["text_output"][0].decode("utf-8") == "Hello world"  # how upstream's clients read it
     assert outs[0]["batch_index"].tolist() == [[0]]
     llm_call = server.calls[1]
     assert llm_call[0] == "tensorrt_llm" and llm_call[2] is False
@@ -227,15 +228,15 @@ def test_bls_non_streaming(tok):
 
 def test_bls_streaming_chunks_and_accumulate(tok):
     text = "Hello world, hello Triton! ünïcødé ✓"
-    pieces = [o["text_output"][0, 0].decode()
+    pieces = [o["text_output"][0].decode()
               for o in BlsPipeline(FakeServer(tok, chunk=2), decoupled=True).run(bls_inputs(text, stream=True))]
     assert len(pieces) > 1 and "".join(pieces) == text
-    acc = [o["text_output"][0, 0].decode() for o in BlsPipeline(FakeServer(tok, chunk=2), decoupled=True,
+    acc = [o["text_output"][0].decode() for o in BlsPipeline(FakeServer(tok, chunk=2), decoupled=True,
                                                                  accumulate_tokens=True).run(bls_inputs(text, stream=True))]
     assert acc[-1] == text and all(text.startswith(a) for a in acc if "\ufffd" not in a)
     # one byte-level token per chunk: a multi-byte character split across chunks arrives whole
     chunks = list(BlsPipeline(FakeServer(tok, chunk=1), decoupled=True).run(bls_inputs("a✓é", stream=True)))
-    pieces = [c["text_output"][0, 0].decode() for c in chunks]
+    pieces = [c["text_output"][0].decode() for c in chunks]
     assert "".join(pieces) == "a✓é" and "✓" in pieces and not any("\ufffd" in p for p in pieces)
 
 
