@@ -250,3 +250,15 @@ def test_bls_errors(tok):
     with pytest.raises(ValueError, match="multimodal"):
         list(BlsPipeline(FakeServer(tok), decoupled=False).run(
             {**bls_inputs("x"), "image_url_input": strings("http://x")}))
+
+
+@pytest.mark.parametrize("inputs,message", [
+    ({"QUERY": np.array([[b"ok \xff\xfe"]], dtype=object)}, "input QUERY is not valid UTF-8 \\(byte 3"),
+    ({"QUERY": np.array([[b""]], dtype=object)}, "QUERY \\(text_input\\) is empty"),
+    ({"REQUEST_OUTPUT_LEN": np.array([[0]], dtype=np.int32)}, "REQUEST_OUTPUT_LEN \\(max_tokens\\) must be at least 1"),
+    ({"STOP_WORDS_DICT": np.array([[b"\xc3"]], dtype=object)}, "input STOP_WORDS_DICT is not valid UTF-8"),
+])
+def test_text_level_mistakes_are_named(tok, inputs, message):
+    base = {"QUERY": strings("Hello"), "REQUEST_OUTPUT_LEN": np.array([[4]], dtype=np.int32)}
+    with pytest.raises(ValueError, match=message):  # no BOS: an empty text really is no tokens
+        Preprocessor(tok, add_special_tokens=False)({**base, **inputs})

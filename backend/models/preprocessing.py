@@ -24,9 +24,15 @@ INPUT_NAMES: tuple[str, ...] = (
 MULTIMODAL_INPUTS: tuple[str, ...] = ("IMAGE_BYTES", "IMAGE_URL", "VIDEO_BYTES")
 
 
-def as_text(value: object) -> str:
-    """Triton BYTES elements arrive as bytes (or str from some clients)."""
-    return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
+def as_text(value: object, name: str = "QUERY") -> str:
+    """Triton BYTES elements arrive as bytes (or str from some clients); anything but UTF-8 is refused by name."""
+    if not isinstance(value, (bytes, bytearray)):
+        return str(value)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"input {name} is not valid UTF-8 (byte {e.start}: "
+                         f"{bytes(value[e.start:e.start + 1])!r}); send UTF-8 text") from None
 
 
 def pad_right(rows: Sequence[Sequence[int]], pad_id: int, dtype: Any = np.int32) -> np.ndarray:
@@ -38,7 +44,8 @@ def pad_right(rows: Sequence[Sequence[int]], pad_id: int, dtype: Any = np.int32)
     return out
 
 
-def words_to_list_format(tokenizer: TextTokenizer, words: np.ndarray | None, batch_size: int) -> np.ndarray:
+def words_to_list_format(tokenizer: TextTokenizer, words: np.ndarray | None, batch_size: int,
+                         name: str = "STOP_WORDS_DICT") -> np.ndarray:
     """TRT-LLM bad/stop words format: int32 [batch, 2, L]; row 0 = concatenated token ids of every word,
     row 1 = cumulative end offsets, padded with 0 / -1. No words → [batch, 2, 0].
 
@@ -53,7 +60,7 @@ def words_to_list_format(tokenizer: TextTokenizer, words: np.ndarray | None, bat
         ids: list[int] = []
         ends: list[int] = []
         for word in row:
-            tokens = tokenizer.encode(as_text(word), add_special_tokens=False)
+            tokens = tokenizer.encode(as_text(word, name), add_special_tokens=False)
             if not tokens:
                 continue
             ids.extend(tokens)
@@ -83,7 +90,7 @@ def embedding_bias(tokenizer: TextTokenizer, words: np.ndarray | None, weights: 
     out = np.zeros((batch_size, tokenizer.vocab_size), dtype=np.float32)
     for i in range(batch_size):
         for word, weight in zip(words[i], weights[i]):
-            for tid in tokenizer.encode(as_text(word), add_special_tokens=False):
+            for tid in tokenizer.encode(as_text(word, "EMBEDDING_BIAS_WORDS"), add_special_tokens=False):
                 out[i, tid] += weight
     return out
 
@@ -101,10 +108,10 @@ class Preprocessor:
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
 
-    def _encode_column(self, texts: np.ndarray) -> list[list[int]]:
+    def _encode_column(self, texts: np.ndarray, name: str = "QUERY") -> list[list[int]]:
         texts = np.asarray(texts, dtype=object)
         rows = texts.reshape(texts.shape[0], -1) if texts.ndim else texts.reshape(1, 1)
-        return [self.tokenizer.encode(as_text(r[0]), add_special_tokens=self.add_special_tokens) for r in rows]
+        return [self.tokenizer.encode(as_text(r[0], name), add_special_tokens=self.add_special_tokens) for r in rows]
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         given = [n for n in MULTIMODAL_INPUTS if inputs.get(n) is not None]
@@ -116,6 +123,11 @@ class Preprocessor:
             raise ValueError("input REQUEST_OUTPUT_LEN is required")
         query_ids = self._encode_column(inputs["QUERY"])
         batch = len(query_ids)
+        if any(not ids for ids in query_ids):
+            raise ValueError("input QUERY (text_input) is empty: it encodes to no tokens; send a non-empty prompt")
+        out_len = np.asarray(inputs["REQUEST_OUTPUT_LEN"])
+        if out_len.size and int(out_len.min()) < 1:
+            raise ValueError(f"input REQUEST_OUTPUT_LEN (max_tokens) must be at least 1, got {int(out_len.min())}")
         end_ids = _ids_column(inputs.get("END_ID"), self.tokenizer.end_id, batch, "END_ID")
         pad_ids = _ids_column(inputs.get("PAD_ID"), self.tokenizer.pad_id, batch, "PAD_ID")
         pad = int(pad_ids[0, 0])
@@ -125,13 +137,14 @@ class Preprocessor:
             "REQUEST_INPUT_LEN": np.array([[len(r)] for r in query_ids], dtype=np.int32),
         }
         if inputs.get("DECODER_QUERY") is not None:
-            decoder_ids = self._encode_column(inputs["DECODER_QUERY"])
+            decoder_ids = self._encode_column(inputs["DECODER_QUERY"], "DECODER_QUERY")
             out["DECODER_INPUT_ID"] = pad_right(decoder_ids, pad)
             out["REQUEST_DECODER_INPUT_LEN"] = np.array([[len(r)] for r in decoder_ids], dtype=np.int32)
         else:  # upstream: a single pad token, length 1
             out["DECODER_INPUT_ID"] = pad_ids.copy()
             out["REQUEST_DECODER_INPUT_LEN"] = np.ones((batch, 1), dtype=np.int32)
-        out["BAD_WORDS_IDS"] = words_to_list_format(self.tokenizer, inputs.get("BAD_WORDS_DICT"), batch)
+        out["BAD_WORDS_IDS"] = words_to_list_format(self.tokenizer, inputs.get("BAD_WORDS_DICT"), batch,
+                                                    "BAD_WORDS_DICT")
         out["STOP_WORDS_IDS"] = words_to_list_format(self.tokenizer, inputs.get("STOP_WORDS_DICT"), batch)
         out["EMBEDDING_BIAS"] = embedding_bias(self.tokenizer, inputs.get("EMBEDDING_BIAS_WORDS"),
                                                inputs.get("EMBEDDING_BIAS_WEIGHTS"), batch)
