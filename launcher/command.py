@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Sequence
 
@@ -26,18 +27,23 @@ def build_argv(
     follower_models: Sequence[str] = (),
     backend_dir: str | None = None,
     server_args: Sequence[str] = (),
+    exit_timeout_s: float | None = None,
 ) -> list[str]:
     """Build the command line.
 
     Leader: the whole repository (default model control) on ``ports``.  Follower: only ``follower_models`` with
     explicit model control (the python pre/post/BLS models stay on the leader, as in launch_triton_server.py), and
     all three endpoints disabled, so even a follower that finishes loading (the root cause of #243) cannot take
-    a port.  ``server_args`` come last so a user can override anything.
+    a port.  ``exit_timeout_s`` bounds tritonserver's own graceful stop (drain in-flight requests, unload), so a
+    cancel ends in a known time (launch.json ``drain_s``).  ``server_args`` come last so a user can override
+    anything.
     """
     argv = [argv0, f"--model-repository={model_repository}", "--disable-auto-complete-config"]
     if backend_dir:
         argv.append(f"--backend-directory={backend_dir}")
     argv.append(f"--backend-config=python,shm-region-prefix-name={shm_prefix(rank, job_id)}")
+    if exit_timeout_s is not None:
+        argv.append(f"--exit-timeout-secs={max(0, math.ceil(exit_timeout_s))}")
     if leader:
         if ports is None:
             raise ValueError("a leader needs ports")

@@ -14,8 +14,16 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """The launcher's only input.  Optional keys beyond DEVELOPERS.md: ``stop_grace_s`` (default 40: tritonserver's
-    own exit timeout is 30 s, so a graceful stop normally finishes before we escalate to SIGKILL)."""
+    """The launcher's only input.  Optional keys beyond DEVELOPERS.md, the bounds of an ordered stop:
+
+    - ``drain_s`` (default 10): the leader's tritonserver gets ``--exit-timeout-secs`` from it: on SIGTERM it stops
+      taking requests, waits at most this long for those in flight, unloads (the CPU engine's finalize releases
+      the followers) and exits, whatever is still running. A ``--exit-timeout-secs`` in ``server_args`` wins.
+    - ``release_wait_s`` (default drain + 10): how long a follower waits after a stop signal for its leader's
+      release before ending its tritonserver itself (launcher/stop.py).
+    - ``stop_grace_s`` (default 40): SIGTERM → SIGKILL of the leader's tritonserver group, a backstop only (it
+      exits by itself within the drain time once its signal handler is installed).
+    """
 
     deployment_dir: Path
     model_repository: str
@@ -32,6 +40,28 @@ class LaunchPlan:
     env: dict = field(default_factory=dict)
     stop_grace_s: float = 40.0
     name: str = ""
+    drain_s: float = 10.0
+    release_wait_s: float | None = None
+
+    @property
+    def exit_timeout_s(self) -> float:
+        """tritonserver's effective exit timeout: the last ``--exit-timeout-secs`` of server_args, else drain_s."""
+        value = self.drain_s
+        args = list(self.server_args)
+        for i, arg in enumerate(args):
+            if arg == "--exit-timeout-secs" and i + 1 < len(args):
+                arg = f"--exit-timeout-secs={args[i + 1]}"
+            if arg.startswith("--exit-timeout-secs="):
+                try:
+                    value = float(arg.split("=", 1)[1])
+                except ValueError:
+                    pass
+        return value
+
+    @property
+    def follower_wait_s(self) -> float:
+        """How long a follower waits for its leader's release after a stop signal (see launcher/stop.py)."""
+        return self.release_wait_s if self.release_wait_s is not None else self.exit_timeout_s + 10.0
 
 
 def load(path: str | os.PathLike[str]) -> LaunchPlan:
@@ -81,5 +111,7 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
         ready_timeout_s=num("ready_timeout_s", 900.0, float),
         env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
         stop_grace_s=num("stop_grace_s", 40.0, float),
+        drain_s=num("drain_s", 10.0, float),
+        release_wait_s=num("release_wait_s", None, float),
         name=str(data.get("name") or ""),
     )

@@ -14,6 +14,7 @@ from .command import build_argv
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
 from .rank import RankInfo, Role, WorldSizeError, detect, role
 from .server import ServerBinary, ServerNotFound, merge_env, resolve
+from .stop import FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop
 from .supervise import (LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name,
                         wait_ready)
 
@@ -29,6 +30,28 @@ SOURCE_ROOT = str(Path(__file__).resolve().parent.parent)
 def release_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
     """File a follower's model touches when its leader told it to stop: its exit is then a clean one."""
     return records.rank_path(plan.deployment_dir, info.job_id, info.rank).with_suffix(".released")
+
+
+def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
+    """A leader's supervisor forwards stop signals; a follower's waits (bounded) for its leader's release,
+    and gives up early once the leader's rank record shows the leader ended (launcher/stop.py)."""
+    if me.leader:
+        return Supervisor(plan.stop_grace_s)
+    per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
+    leader = records.rank_path(plan.deployment_dir, info.job_id, me.replica * per_replica)
+    try:  # the model writes the release file there; a hand-run launcher has no ranks/ folder yet
+        release_path(plan, info).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log(f"cannot create {release_path(plan, info).parent}: {exc}")
+    return Supervisor(plan.stop_grace_s, FollowerStop(plan.follower_wait_s, release_path(plan, info), leader))
+
+
+def _argv(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, ports: Ports | None) -> list[str]:
+    return build_argv(
+        server.argv0, model_repository=plan.model_repository, rank=info.rank, job_id=info.job_id,
+        leader=me.leader, ports=ports, follower_models=plan.follower_models, backend_dir=server.backend_dir,
+        server_args=plan.server_args, exit_timeout_s=plan.drain_s,
+    )
 
 
 def _threads_per_rank(env: dict[str, str], info: RankInfo) -> str:
@@ -112,7 +135,7 @@ def _finish(plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Chi
 def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary,
           sup: Supervisor | None = None) -> int:
     """Start tritonserver for this rank and supervise it until it exits; return the launcher's exit code."""
-    sup = sup or Supervisor(plan.stop_grace_s)
+    sup = sup or supervisor(plan, info, me)
     env = child_env(plan, server, info=info, me=me)
     avoid: set[int] = set()
     endpoint = records.endpoint_path(plan.deployment_dir, info.job_id, me.replica)
@@ -127,17 +150,13 @@ def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinar
                 log(str(exc))
                 _record_failure(plan.deployment_dir, info.job_id, info.rank, info.node, EXIT_PORT, str(exc))
                 return EXIT_PORT
-        argv = build_argv(
-            server.argv0, model_repository=plan.model_repository, rank=info.rank, job_id=info.job_id,
-            leader=me.leader, ports=ports, follower_models=plan.follower_models, backend_dir=server.backend_dir,
-            server_args=plan.server_args,
-        )
+        argv = _argv(plan, info, me, server, ports)
         print(f"[hpc-serve] rank {info.rank}/{info.world_size} on {info.node}: replica {me.replica}, "
               f"{'leader' if me.leader else 'follower'}, cmd: {describe(argv)}", flush=True)
         if sup.stopping:
             log("stop requested before tritonserver started")
             return exit_code(-(sup.stop_signal or signal.SIGTERM))
-        child = sup.spawn(argv, env)
+        child = sup.spawn(argv, env, ignore=LEADER_IGNORES if me.leader else FOLLOWER_IGNORES)
         if not me.leader:
             return _finish(plan, info, sup, child, sup.wait(child))
 
@@ -215,13 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     if args.dry_run:
         ports = allocate(plan.ports)[0] if me.leader else None
-        print(describe(build_argv(
-            server.argv0, model_repository=plan.model_repository, rank=info.rank, job_id=info.job_id,
-            leader=me.leader, ports=ports, follower_models=plan.follower_models, backend_dir=server.backend_dir,
-            server_args=plan.server_args)))
+        print(describe(_argv(plan, info, me, server, ports)))
         return 0
 
-    sup = Supervisor(plan.stop_grace_s)
+    sup = supervisor(plan, info, me)
     sup.install()
     try:
         return serve(plan, info, me, server, sup)

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Sequence
 
+from .stop import KILL, TERM, FollowerStop
+
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 # tritonserver handles SIGINT/SIGTERM gracefully; SIGHUP/SIGUSR1 would kill it outright (default action), so
 # they are turned into SIGTERM (Slurm sends SIGUSR1 with --signal before the time limit).
@@ -53,8 +55,9 @@ def exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def _pdeathsig_preexec() -> Callable[[], None]:
-    """A preexec_fn that puts the child in its own process group and asks Linux to SIGKILL it if we die.
+def _pdeathsig_preexec(ignore: Sequence[int] = ()) -> Callable[[], None]:
+    """A preexec_fn that puts the child in its own process group and asks Linux to SIGKILL it if we die, with
+    the signals in ``ignore`` ignored (an ignored disposition survives exec; see launcher/stop.py for why).
 
     SIGKILL rather than SIGTERM: a follower blocked in model initialisation ignores SIGTERM, and with the launcher
     gone nobody would escalate.  The python stubs notice their dead parent by themselves (they poll its pid).
@@ -71,6 +74,8 @@ def _pdeathsig_preexec() -> Callable[[], None]:
 
     def preexec() -> None:
         os.setpgid(0, 0)
+        for sig in ignore:
+            signal.signal(sig, signal.SIG_IGN)
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != parent:  # parent died before prctl took effect
@@ -162,10 +167,15 @@ class Child:
 
 
 class Supervisor:
-    """Owns the child process group and the signal handlers."""
+    """Owns the child process group and the signal handlers.
 
-    def __init__(self, stop_grace_s: float = 40.0) -> None:
+    A leader's stop: the signal is forwarded (SIGTERM) and the group SIGKILLed after ``stop_grace_s``. A
+    follower's (``follower`` given): nothing is forwarded; ``follower`` decides when to stop waiting for the
+    leader's release (launcher/stop.py)."""
+
+    def __init__(self, stop_grace_s: float = 40.0, follower: FollowerStop | None = None) -> None:
         self.stop_grace_s = stop_grace_s
+        self.follower = follower
         self.stop_signal: int | None = None
         self.kill_at: float | None = None
         self.child: Child | None = None
@@ -182,6 +192,12 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         first = self.stop_signal is None
+        if first and self.follower is not None:
+            self.stop_signal = signum
+            self.follower.begin()
+            log(f"received {signal.Signals(signum).name}; waiting up to {self.follower.release_wait_s:g} s for "
+                "the leader to release this rank")
+            return
         if first:
             self.stop_signal = signum
             self.kill_at = time.monotonic() + self.stop_grace_s
@@ -200,22 +216,36 @@ class Supervisor:
         return self.stop_signal is not None
 
     # -- process -----------------------------------------------------------------------------------------------
-    def spawn(self, argv: Sequence[str], env: dict[str, str], tail_lines: int = 400) -> Child:
+    def spawn(self, argv: Sequence[str], env: dict[str, str], tail_lines: int = 400,
+              ignore: Sequence[int] = ()) -> Child:
+        """Start tritonserver in its own process group with the signals in ``ignore`` ignored."""
         ring: collections.deque[str] = collections.deque(maxlen=tail_lines)
         proc = subprocess.Popen(
             list(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_pdeathsig_preexec(), close_fds=True,
+            preexec_fn=_pdeathsig_preexec(ignore), close_fds=True,
         )
         child = Child(proc, ring, started_at=time.time())
         child.tees = [Tee(proc.stdout, sys.stdout, ring), Tee(proc.stderr, sys.stderr, ring)]
         self.child = child
-        if self.stopping:  # a signal arrived while we were starting: stop right away
+        if self.stopping and self.follower is None:  # a signal arrived while we were starting: stop right away
             os.kill(proc.pid, signal.SIGTERM)
         return child
 
     def poll(self, child: Child) -> int | None:
-        """Non-blocking status; enforces the SIGKILL deadline of a requested stop."""
+        """Non-blocking status; enforces the SIGKILL deadline of a requested stop (a follower's: its own)."""
         rc = child.proc.poll()
+        if rc is None and self.follower is not None:
+            what, why = self.follower.action()
+            if what == TERM:
+                log(f"{why}; sending SIGTERM to tritonserver pid {child.proc.pid}")
+                try:
+                    os.kill(child.proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            elif what == KILL:
+                log(f"tritonserver pid {child.proc.pid} {why}; sending SIGKILL to its process group")
+                self.kill_group(child, signal.SIGKILL)
+            return rc
         if rc is None and self.kill_at is not None and time.monotonic() >= self.kill_at:
             log(f"tritonserver pid {child.proc.pid} still running {self.stop_grace_s:.0f} s after "
                 f"{signal.Signals(self.stop_signal or signal.SIGTERM).name}; sending SIGKILL to its process group")
@@ -231,7 +261,12 @@ class Supervisor:
             time.sleep(interval)
 
     def stop(self, child: Child) -> int:
-        """Ask tritonserver to stop (SIGTERM), escalate after the grace period, return its return code."""
+        """Ask tritonserver to stop (SIGTERM), escalate after the grace period, return its return code.
+        A follower's ignores SIGTERM while loading: the launcher itself gave up on it, so no release wait."""
+        if self.follower is not None:
+            self.stop_signal = self.stop_signal or signal.SIGTERM
+            self.follower.begin(0.0)
+            return self.wait(child)
         if child.proc.poll() is None:
             if self.stop_signal is None:
                 self.stop_signal = signal.SIGTERM

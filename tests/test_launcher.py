@@ -76,6 +76,12 @@ def test_leader_argv() -> None:
     assert argv == ["/bin/ts", "--model-repository=/d/repo", "--disable-auto-complete-config",
                     "--backend-directory=/be", "--backend-config=python,shm-region-prefix-name=prefix0_123_",
                     "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--log-verbose=0"]
+    bounded = build_argv("/bin/ts", model_repository="/d/repo", rank=0, job_id="1", leader=True,
+                         ports=Ports(8000, 8001, 8002), exit_timeout_s=7.5, server_args=["--exit-timeout-secs=3"])
+    # the drain bound, before the user's own server_args (tritonserver keeps the last value)
+    assert [a for a in bounded if a.startswith("--exit-timeout-secs")] == ["--exit-timeout-secs=8",
+                                                                           "--exit-timeout-secs=3"]
+    assert bounded[-1] == "--exit-timeout-secs=3"
 
 
 def test_follower_argv() -> None:
@@ -269,6 +275,7 @@ def test_dry_run_prints_the_follower_command(tmp_path: Path, monkeypatch: pytest
     assert launcher.main([str(tmp_path), "--dry-run"]) == 0
     assert capsys.readouterr().out.split() == [
         exe, f"--model-repository={tmp_path / 'repo'}", "--disable-auto-complete-config",
-        "--backend-config=python,shm-region-prefix-name=prefix1_local-3_", "--model-control-mode=explicit",
+        "--backend-config=python,shm-region-prefix-name=prefix1_local-3_", "--exit-timeout-secs=10",
+        "--model-control-mode=explicit",
         "--load-model=tensorrt_llm", "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
         "--log-verbose=1"]

@@ -285,9 +285,10 @@ def test_auto_port_collision_is_retried(tmp_path: Path, monkeypatch: pytest.Monk
         wait_gone(str(dep / "triton_model_repo"), 20)
 
 
-def _follower(tmp_path: Path, models: dict[str, str], follower_models: list[str]) -> tuple[Launcher, Path]:
+def _follower(tmp_path: Path, models: dict[str, str], follower_models: list[str],
+              **plan: object) -> tuple[Launcher, Path]:
     dep = make_deployment(tmp_path / "dep", models, tp_size=2, world_size_per_replica=2,
-                          follower_models=follower_models)
+                          follower_models=follower_models, **plan)
     marker = tmp_path / "blocker.pid"
     run = Launcher(dep, "t1", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_LOCAL_RANK="1", OMPI_COMM_WORLD_SIZE="2",
                    BLOCKER_MARKER=str(marker))
@@ -322,29 +323,76 @@ def test_blocked_follower_opens_no_port_and_sigkill_is_recorded(tmp_path: Path, 
 
 def test_follower_that_finishes_loading_still_opens_no_port(tmp_path: Path, launchers: list) -> None:
     """Upstream's #243: a follower that does load binds the leader's ports.  Ours cannot bind anything."""
-    run, _ = _follower(tmp_path, {"identity": IDENTITY}, ["identity"])
+    run, _ = _follower(tmp_path, {"identity": IDENTITY}, ["identity"], release_wait_s=1)
     launchers.append(run)
     run.wait_for(lambda: "successfully loaded 'identity'" in run.err.read_text() + run.out.read_text(),
                  what="identity loaded on the follower")
     pid = _server_pid(run)
     time.sleep(1.0)  # endpoints start right after loading
     assert run.proc.poll() is None and listening_ports(pid) == []
-    run.proc.send_signal(signal.SIGTERM)
+    run.proc.send_signal(signal.SIGTERM)  # no leader to release it: after release_wait_s, SIGTERM (graceful)
     assert run.proc.wait(40) == 0
     assert wait_gone(str(run.dir / "triton_model_repo"), 5) == []
 
 
-def test_sigterm_on_blocked_follower_kills_it_and_its_orphaned_stub(tmp_path: Path, launchers: list) -> None:
-    """tritonserver installs its SIGTERM handler only after loading, so a follower stuck in initialize() dies of
-    the forwarded SIGTERM (default action) and its python stub is orphaned: the launcher kills the group."""
-    run, marker = _follower(tmp_path, {"blocker": BLOCKER}, ["blocker"])
+def test_sigterm_on_blocked_follower_waits_for_a_release_then_kills_its_group(tmp_path: Path,
+                                                                              launchers: list) -> None:
+    """Slurm signals every process of the step: a follower stuck in initialize() survives its own SIGTERM (it
+    waits for its leader), and with no release within release_wait_s the launcher kills the whole group."""
+    run, marker = _follower(tmp_path, {"blocker": BLOCKER}, ["blocker"], release_wait_s=2)
     launchers.append(run)
     run.wait_for(marker.exists, what="follower model initialize()")
-    run.proc.send_signal(signal.SIGTERM)
-    assert run.proc.wait(30) == 128 + signal.SIGTERM
+    server = _server_pid(run)
+    t0 = time.monotonic()
+    for pid in (run.proc.pid, server):
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(1.0)
+    assert run.proc.poll() is None and Path(f"/proc/{server}").exists(), "the follower left before its leader"
+    assert run.proc.wait(30) == 128 + signal.SIGKILL
+    assert 2.0 <= time.monotonic() - t0 < 10
     record = json.loads(run.path("ranks", "rank-1.json").read_text())
-    assert record["signal"] == "SIGTERM"
+    assert record["signal"] == "SIGKILL"
+    assert "no release from the leader within 2 s" in run.err.read_text()
     assert pids_matching(str(run.dir / "triton_model_repo")) == []  # immediately: the group was killed
+
+
+# A CPU-engine follower in miniature: sits in initialize() until "the leader says stop" (a file here), then
+# leaves exactly as the real one does (backend/models/tensorrt_llm_cpu.py _end_follower_process).
+RELEASED = '''
+import os, time
+
+class TritonPythonModel:
+    def initialize(self, args):
+        open(os.environ["BLOCKER_MARKER"], "w").write(str(os.getpid()))
+        while not os.path.exists(os.environ["BLOCKER_MARKER"] + ".stop"):
+            time.sleep(0.05)
+        from backend.models.tensorrt_llm_cpu import _end_follower_process
+        _end_follower_process()
+
+    def execute(self, requests):
+        return []
+'''
+
+
+def test_follower_released_by_its_leader_during_a_stop_exits_cleanly(tmp_path: Path, launchers: list) -> None:
+    """The ordered stop of a follower: SIGTERM to the launcher and to tritonserver (as Slurm sends it) changes
+    nothing until the leader releases the rank; then the rank ends at once, with exit code 0."""
+    run, marker = _follower(tmp_path, {"released": RELEASED}, ["released"], release_wait_s=60)
+    launchers.append(run)
+    run.wait_for(marker.exists, what="follower model initialize()")
+    server = _server_pid(run)
+    for pid in (run.proc.pid, server):
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(1.0)
+    assert run.proc.poll() is None and Path(f"/proc/{server}").exists(), "the follower left before its leader"
+    t0 = time.monotonic()
+    Path(str(marker) + ".stop").write_text("")
+    assert run.proc.wait(30) == 0, run.logs()
+    assert time.monotonic() - t0 < 5
+    record = json.loads(run.path("ranks", "rank-1.json").read_text())
+    assert record["exit_code"] == 0 and record["signal"] is None
+    assert "released by the leader" in run.err.read_text()
+    assert wait_gone(str(run.dir / "triton_model_repo"), 5) == []
 
 
 HANGS_IN_FINALIZE = IDENTITY + '''

@@ -1,0 +1,143 @@
+"""The bounds of an ordered stop, with a fake clock (no sleeping, no MPI, no tritonserver):
+a follower's wait for its leader's release (launcher/stop.py), the launch.json keys that set the bounds, and
+the bounded, non-spinning wait for an MPI request (backend/cpu_engine/parallel.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher import config
+from launcher.stop import KILL, TERM, WAIT, FollowerStop
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def follower(tmp_path: Path, clock: Clock, wait_s: float = 20.0) -> FollowerStop:
+    return FollowerStop(wait_s, tmp_path / "rank-1.released", tmp_path / "rank-0.json", leader_gone_s=3.0,
+                        kill_after_s=2.0, clock=clock)
+
+
+def test_follower_waits_for_nothing_before_a_stop_signal(tmp_path: Path) -> None:
+    clock = Clock()
+    stop = follower(tmp_path, clock)
+    clock.now += 1000
+    assert stop.action() == (WAIT, "") and not stop.started
+
+
+def test_follower_waits_for_the_release_then_terms_then_kills(tmp_path: Path) -> None:
+    clock = Clock()
+    stop = follower(tmp_path, clock, wait_s=20.0)
+    stop.begin()
+    clock.now += 19.9
+    assert stop.action()[0] == WAIT
+    clock.now += 0.1
+    what, why = stop.action()
+    assert what == TERM and "within 20 s" in why
+    assert stop.action()[0] == WAIT  # SIGTERM once; a loaded follower may still stop gracefully
+    clock.now += 2.0
+    assert stop.action()[0] == KILL
+    clock.now += 100
+    assert stop.action()[0] == WAIT  # and SIGKILL once
+
+
+def test_follower_gives_up_soon_after_its_leader_ended_without_releasing_it(tmp_path: Path) -> None:
+    clock = Clock()
+    stop = follower(tmp_path, clock, wait_s=20.0)
+    stop.begin()
+    clock.now += 1.0
+    (tmp_path / "rank-0.json").write_text("{}")  # the leader's launcher wrote its exit record
+    assert stop.action()[0] == WAIT
+    clock.now += 3.0
+    what, why = stop.action()
+    assert what == TERM and "leader ended without releasing" in why
+
+
+def test_released_follower_is_not_hurried_by_its_leaders_end(tmp_path: Path) -> None:
+    """The release comes first (the stub then ends its tritonserver itself): only the overall bound applies."""
+    clock = Clock()
+    stop = follower(tmp_path, clock, wait_s=20.0)
+    stop.begin()
+    (tmp_path / "rank-1.released").write_text("released")
+    (tmp_path / "rank-0.json").write_text("{}")
+    clock.now += 10
+    assert stop.action()[0] == WAIT
+
+
+def test_a_second_signal_never_extends_the_wait_and_the_launcher_can_cut_it(tmp_path: Path) -> None:
+    clock = Clock()
+    stop = follower(tmp_path, clock, wait_s=20.0)
+    stop.begin()
+    clock.now += 15
+    stop.begin()
+    clock.now += 5
+    assert stop.action()[0] == TERM
+    cut = follower(tmp_path / "x", Clock())
+    cut.begin()
+    cut.begin(0.0)  # the launcher itself gives up (Supervisor.stop): no release wait
+    assert cut.action()[0] == TERM
+
+
+def test_plan_stop_bounds(tmp_path: Path) -> None:
+    def plan(**keys: object) -> config.LaunchPlan:
+        (tmp_path / "launch.json").write_text(json.dumps({"version": 1, "model_repository": "r", **keys}))
+        return config.load(tmp_path)
+
+    default = plan()
+    assert (default.drain_s, default.exit_timeout_s, default.follower_wait_s, default.stop_grace_s) == (10, 10, 20, 40)
+    custom = plan(drain_s=4, release_wait_s=9)
+    assert (custom.exit_timeout_s, custom.follower_wait_s) == (4, 9)
+    # the user's own --exit-timeout-secs is what tritonserver uses, so the follower waits for that one
+    assert plan(server_args=["--exit-timeout-secs=30"]).follower_wait_s == 40
+    assert plan(server_args=["--exit-timeout-secs", "2"]).exit_timeout_s == 2
+    with pytest.raises(config.PlanError, match="drain_s"):
+        plan(drain_s="soon")
+
+
+class Request:
+    """An MPI request that completes after ``polls`` calls of Test(), or never (None)."""
+
+    def __init__(self, polls: int | None) -> None:
+        self.polls, self.tests = polls, 0
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        self.tests += 1
+        return self.polls is not None and self.tests >= self.polls
+
+
+def test_wait_request_gives_up_on_a_peer_that_is_gone_without_spinning() -> None:
+    from backend.cpu_engine.parallel import wait_request
+
+    clock, naps = Clock(), []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        clock.now += seconds
+
+    never = Request(None)
+    assert wait_request(never, 5.0, clock=clock, sleep=sleep, spin_s=0.0, nap_s=0.001) is False
+    assert 4999 <= len(naps) <= 5001 and set(naps) == {0.001}  # every poll after the spin sleeps
+    assert clock.now == pytest.approx(105.0, abs=0.01)
+
+
+def test_wait_request_spins_first_and_may_wait_forever() -> None:
+    from backend.cpu_engine.parallel import wait_request
+
+    clock, naps = Clock(), []
+    soon = Request(50)
+    assert wait_request(soon, None, clock=clock, sleep=naps.append, spin_s=1.0) is True
+    assert soon.tests == 50 and naps == []  # within the spin time: no sleep, no added latency
+    late = Request(10)
+    assert wait_request(late, None, clock=clock, sleep=lambda s: clock.sleep(s), spin_s=0.0, nap_s=60.0)
+    assert clock.now == pytest.approx(100 + 9 * 60.0)  # no timeout: it waits as long as it takes
