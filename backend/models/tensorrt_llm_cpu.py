@@ -56,15 +56,20 @@ def _int_param(params: dict[str, Any], key: str, default: int | None) -> int | N
 def _end_follower_process() -> None:
     """Leave like a TensorRT-LLM worker rank: the whole rank goes away once the leader stopped.
 
-    This stub is a child of the rank's tritonserver, which is still loading this model (so it never became
-    ready and never bound ports).  Exiting the stub alone makes that tritonserver abort (SIGABRT inside the
-    python backend), so we first send it SIGTERM; the rank then ends by SIGTERM, promptly.  Only done when the
-    parent really is tritonserver (never to a test runner).
+    Order matters. MPI first: meeting the leader in a bounded MPI_Finalize (see ``_finalize_mpi``) is what
+    shows the leader really released us, not merely fell silent. Then the release file, which makes the
+    launcher report this rank's end as a clean one (launcher/run.py release_path); it is not written when the
+    leader is gone. Last the parent tritonserver: it is still loading this model (never ready, no ports) and
+    the launcher started it ignoring the stop signals (so that Slurm's SIGTERM, sent to every process of the
+    step at once, cannot end a follower before its leader released it), hence SIGKILL; exiting the stub alone
+    would make it abort (SIGABRT inside the python backend). Only done when the parent really is tritonserver
+    (never to a test runner).
     """
     import signal
 
+    released = _finalize_mpi() in ("MPI finalized", "no MPI")
     release = os.environ.get("HPC_SERVE_RELEASE_FILE")
-    if release:  # the launcher then reports this rank's end as a clean one (launcher/run.py release_path)
+    if release and released:
         try:
             with open(release, "w", encoding="utf-8") as f:
                 f.write("released by the leader\n")
@@ -76,22 +81,21 @@ def _end_follower_process() -> None:
             parent = f.read().strip()
     except OSError:
         parent = ""
-    _finalize_mpi()
     if parent == "tritonserver":
-        os.kill(ppid, signal.SIGTERM)
+        os.kill(ppid, signal.SIGKILL)
     os._exit(0)
 
 
-def _finalize_mpi() -> None:
-    """End MPI properly: under `srun --mpi=pmix` a rank that leaves without MPI_Finalize counts as aborted,
-    and Slurm kills the whole step (so the other ranks could not finish cleanly)."""
-    import sys
+def _finalize_mpi() -> str:
+    """End MPI properly but never wait on a peer that is gone (parallel.finalize_mpi, bounded): under
+    `srun --mpi=pmix` a rank that leaves without MPI_Finalize counts as aborted and Slurm kills the whole step,
+    so the other ranks could not finish cleanly. Returns (and logs) what happened."""
+    from backend.cpu_engine.parallel import finalize_mpi
 
-    if "mpi4py" in sys.modules:
-        from mpi4py import MPI
-
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            MPI.Finalize()
+    outcome = finalize_mpi()
+    if pb_utils is not None and outcome != "no MPI":
+        pb_utils.Logger.log_info(f"cpu engine: {outcome}")
+    return outcome
 
 
 class _Pending:
@@ -342,7 +346,19 @@ class TritonPythonModel:
         return on_output
 
     def finalize(self) -> None:
+        """Triton unloads the model: on SIGTERM tritonserver first stops taking requests and lets those in
+        flight finish (up to its --exit-timeout-secs, which the launcher sets from launch.json drain_s), then
+        unloads. Here the engine stops (what is still queued fails with a clear error), the followers are
+        released (Engine.shutdown broadcasts stop) and MPI ends; every step is bounded, so a follower that is
+        already gone delays the leader by seconds, never forever."""
         engine = getattr(self, "engine", None)
         if engine is not None:
-            engine.shutdown()  # tells followers to stop; they finalize MPI and leave
+            stopping = getattr(engine.comm, "stopping", None)  # MpiComm: shorter bounds from now on
+            if stopping is not None:
+                stopping()
+            try:
+                engine.shutdown()  # tells followers to stop; they finalize MPI and leave
+            except Exception as e:  # noqa: BLE001 - e.g. parallel.PeerGone: still end MPI and let Triton go on
+                if pb_utils is not None:
+                    pb_utils.Logger.log_warn(f"cpu engine: stopping the followers failed: {e}")
         _finalize_mpi()
