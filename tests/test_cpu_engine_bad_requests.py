@@ -116,3 +116,13 @@ def _tensors(**extra) -> dict[str, np.ndarray]:
 def test_tensor_level_mistakes_are_named(extra: dict, message: str) -> None:
     with pytest.raises(InputError, match=message):
         parse_inputs(_tensors(**extra))
+
+
+def test_stats_after_the_last_step_show_nothing_active(gpt2: Path) -> None:
+    """The finished request leaves its slot only at the next step; the metrics must not show it as active
+    while the engine idles (they are only updated after steps)."""
+    engine = Engine(str(gpt2), max_batch_size=8)
+    engine.generate(GenerationRequest(input_ids=GOOD[0], max_new_tokens=3))
+    stats = engine.stats()
+    assert engine.scheduler.running, "precondition: the finished request still holds its slot"
+    assert stats.active_requests == 0 and stats.used_blocks == 0 and stats.free_blocks == stats.max_blocks

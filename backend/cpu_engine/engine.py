@@ -142,10 +142,14 @@ class Engine:
         self._wake.set()
 
     def stats(self) -> EngineStats:
+        """Counts as a client would read them: a request that finished in the last step is no longer active,
+        although it leaves its slot (and its KV blocks) only at the start of the next step."""
         s = self.scheduler
+        live = [r for r in s.running if not r.finished]
+        leaving_blocks = sum(r.reserved_blocks for r in s.running if r.finished)
         return EngineStats(
-            active_requests=len(s.running),
-            scheduled_requests=len(s.running),
+            active_requests=len(live),
+            scheduled_requests=len(live),
             waiting_requests=len(s.waiting) + self._incoming.qsize(),
             max_requests=self.max_batch_size,
             context_requests=self._last_context,
@@ -153,8 +157,8 @@ class Engine:
             context_tokens=self._last_context_tokens,
             completed_requests=self.completed,
             iterations=self.iterations,
-            used_blocks=self.budget.used_blocks,
-            free_blocks=self.budget.free_blocks,
+            used_blocks=self.budget.used_blocks - leaving_blocks,
+            free_blocks=self.budget.free_blocks + leaving_blocks,
             max_blocks=self.budget.max_blocks,
             tokens_per_block=self.budget.block_size,
         )
