@@ -75,6 +75,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def post_json(host: str, port: int, path: str, body: dict | bytes, timeout: float = 60) -> tuple[int, dict]:
+    """POST a JSON body (or raw bytes, to send malformed ones) → (HTTP status, parsed reply or {"raw": text})."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn.request("POST", path, data, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+    finally:
+        conn.close()
+    try:
+        return resp.status, json.loads(raw)
+    except json.JSONDecodeError:
+        return resp.status, {"raw": raw.decode(errors="replace")}
+
+
 @dataclass
 class Server:
     process: subprocess.Popen
@@ -84,17 +100,7 @@ class Server:
     log: Path
 
     def post(self, path: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
-        try:
-            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
-        try:
-            return resp.status, json.loads(data)
-        except json.JSONDecodeError:
-            return resp.status, {"raw": data.decode(errors="replace")}
+        return post_json("127.0.0.1", self.http_port, path, body, timeout)
 
     def stream(self, path: str, body: dict, timeout: float = 60) -> list[dict]:
         """POST to a `generate_stream` endpoint and return the server-sent events' JSON payloads."""

@@ -5,7 +5,6 @@ still succeeds on the same job, which stays READY.  One job serves the whole mod
 from __future__ import annotations
 
 import concurrent.futures
-import http.client
 import json
 import os
 import socket
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._triton import post_json
 from tests.e2e import cli, status, submit, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -45,18 +45,7 @@ def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
 
 
 def _post(endpoint: dict, path: str, body: bytes | dict, timeout: float = 60) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection(endpoint["address"], endpoint["http_port"], timeout=timeout)
-    try:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        conn.request("POST", path, data, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        raw = resp.read()
-    finally:
-        conn.close()
-    try:
-        return resp.status, json.loads(raw)
-    except json.JSONDecodeError:
-        return resp.status, {"raw": raw.decode(errors="replace")}
+    return post_json(endpoint["address"], endpoint["http_port"], path, body, timeout)
 
 
 def _generate(endpoint: dict, body: bytes | dict, model: str = "ensemble") -> tuple[int, dict]:
