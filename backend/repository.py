@@ -223,8 +223,17 @@ def _as_str(key: str, value: object, kind: object) -> str:
     return value
 
 
-def _normalize(key: str, value: object) -> str:
-    """Validate `value` for `key` and return its canonical text (what ends up in the pbtxt)."""
+def choices(key: str) -> tuple[str, ...]:
+    """The allowed values of an enumerated parameter (the spec's `Literal`s are built from these)."""
+    kind = _KINDS[key]
+    if not isinstance(kind, tuple):
+        raise KeyError(f"parameter {key!r} is not an enumeration")
+    return kind
+
+
+def normalize_parameter(key: str, value: object) -> str:
+    """Validate `value` for `key` and return its canonical text (what ends up in the pbtxt); the one type
+    check of a parameter, used by `validate` (hpc/spec.py) as well as by the repository writer."""
     kind = _KINDS[key]
     if isinstance(kind, tuple):
         if value not in kind:
@@ -262,7 +271,7 @@ def validate_parameters(backend: Backend, params: Mapping[str, object]) -> dict[
         key = sorted(unknown)[0]
         raise ValueError(f"unknown model repository parameter {key!r}{_did_you_mean(key)}"
                          + (f"; also unknown: {sorted(unknown)[1:]}" if len(unknown) > 1 else ""))
-    values = {k: _normalize(k, v) for k, v in params.items() if v is not None}
+    values = {k: normalize_parameter(k, v) for k, v in params.items() if v is not None}
     for key, text in values.items():
         if "${" in text:  # consumers treat `${...}` as "unset"; never write one
             raise ValueError(f"parameter {key!r} contains '${{', which reads as an unfilled template placeholder")

@@ -21,7 +21,7 @@ from typing import Any
 import jinja2
 
 from hpc import __version__
-from hpc.spec import Spec, dump_spec
+from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
 from hpc.spec_files import is_script_safe_path
 
 SUB_NAME = "tensorrt_llm_triton.sub"
@@ -52,18 +52,9 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
     decided). `triton.parameters` entries override or add to them."""
     t, m = spec.triton, spec.model
     params: dict[str, Any] = {
-        "triton_max_batch_size": t.triton_max_batch_size,
-        "decoupled_mode": t.decoupled,
-        "batching_strategy": t.batching_strategy,
-        "batch_scheduler_policy": t.batch_scheduler_policy,
-        "kv_cache_free_gpu_mem_fraction": t.kv_cache_free_gpu_mem_fraction,
-        "enable_kv_cache_reuse": t.enable_kv_cache_reuse,
-        "exclude_input_in_output": t.exclude_input_in_output,
-        "max_queue_delay_microseconds": t.max_queue_delay_microseconds,
-        "max_queue_size": t.max_queue_size,
-        "preprocessing_instance_count": t.preprocessing_instance_count,
-        "postprocessing_instance_count": t.postprocessing_instance_count,
-        "bls_instance_count": t.bls_instance_count,
+        param: getattr(t, field) for field, param in NAMED_PARAMETERS.items() if getattr(t, field) is not None
+    }
+    params.update({
         "engine_dir": str(m.source_dir),
         "tokenizer_dir": str(m.tokenizer),
         "max_beam_width": 1,
@@ -71,13 +62,9 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
         "encoder_input_features_data_type": "TYPE_FP16",
         "accumulate_tokens": False,
         "tensorrt_llm_model_name": "tensorrt_llm",
-    }
+    })
     if m.backend == "cpu":
         params["tp_size"] = m.tp_size
-    if t.max_tokens_in_paged_kv_cache is not None:
-        params["max_tokens_in_paged_kv_cache"] = t.max_tokens_in_paged_kv_cache
-    if t.max_attention_window_size is not None:
-        params["max_attention_window_size"] = t.max_attention_window_size
     params.update(t.parameters)
     return params
 

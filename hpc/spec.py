@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from backend.repository import KNOWN_PARAMETERS, choices, normalize_parameter
 from hpc.envvars import expand, unset_message
 from hpc.spec_files import conflicts, missing_inputs
 
@@ -258,6 +259,26 @@ class PortsSpec(_Section):
         return self
 
 
+#: `triton:` field → the repository parameter it sets (hpc/render.py maps the spec with this table).
+NAMED_PARAMETERS: dict[str, str] = {
+    "triton_max_batch_size": "triton_max_batch_size", "decoupled": "decoupled_mode",
+    "batching_strategy": "batching_strategy", "batch_scheduler_policy": "batch_scheduler_policy",
+    "kv_cache_free_gpu_mem_fraction": "kv_cache_free_gpu_mem_fraction",
+    "max_tokens_in_paged_kv_cache": "max_tokens_in_paged_kv_cache",
+    "max_attention_window_size": "max_attention_window_size", "enable_kv_cache_reuse": "enable_kv_cache_reuse",
+    "exclude_input_in_output": "exclude_input_in_output",
+    "max_queue_delay_microseconds": "max_queue_delay_microseconds", "max_queue_size": "max_queue_size",
+    "preprocessing_instance_count": "preprocessing_instance_count",
+    "postprocessing_instance_count": "postprocessing_instance_count", "bls_instance_count": "bls_instance_count",
+}
+#: Repository parameters a spec field decides; `triton.parameters` may not set them a second time.
+PARAMETER_OWNERS: dict[str, str] = {
+    **{param: f"triton.{field}" for field, param in NAMED_PARAMETERS.items()},
+    "engine_dir": "model.engine_dir (or model.checkpoint_dir)", "tokenizer_dir": "model.tokenizer_dir",
+    "tp_size": "model.tp_size", "pp_size": "model.pp_size", "triton_backend": "model.backend",
+}
+
+
 class TritonSpec(_Section):
     """tritonserver and the model repository's parameters (upstream fill_template names)."""
 
@@ -265,8 +286,9 @@ class TritonSpec(_Section):
     ports: PortsSpec = Field(default_factory=PortsSpec)
     triton_max_batch_size: int = Field(64, ge=1)
     decoupled: bool = Field(True, description="decoupled_mode: needed for streaming and in-flight batching")
-    batching_strategy: Literal["inflight_fused_batching", "inflight_batching", "V1"] = "inflight_fused_batching"
-    batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
+    # allowed values from the repository's one table of parameters (backend/repository.py)
+    batching_strategy: Literal[choices("batching_strategy")] = "inflight_fused_batching"  # type: ignore[valid-type]
+    batch_scheduler_policy: Literal[choices("batch_scheduler_policy")] = "guaranteed_no_evict"  # type: ignore[valid-type]
     kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1)
     max_tokens_in_paged_kv_cache: int | None = Field(None, ge=1)
     max_attention_window_size: int | None = Field(None, ge=1)
@@ -287,10 +309,6 @@ class TritonSpec(_Section):
     @field_validator("parameters")
     @classmethod
     def _known(cls, values: dict[str, Any]) -> dict[str, Any]:
-        if not values:
-            return values
-        from backend.repository import KNOWN_PARAMETERS
-
         for key, value in values.items():
             # "@key: ..." points the problem at the key's own line (see _problem_from_error).
             where = f"@{key}: " if re.fullmatch(r"\w+", key) else ""
@@ -550,14 +568,15 @@ def _parse(text: str, file: str, base: Path, check_files: bool, require_inputs: 
         # A value that fits no member of a union (`int | "auto"`) is reported once per member: keep the first.
         unique = {(p.line, p.path): p for p in reversed(problems)}
         raise SpecError(sorted(unique.values(), key=lambda p: (p.line, p.path))) from None
+    def located(findings: list[tuple[tuple[str, ...], str]]) -> list[Problem]:
+        return [Problem(file, _line_for(index, loc), ".".join(loc), message) for loc, message in findings]
+
     spec, problems = _resolve_paths(spec, base, file, index)
+    problems += located(parameter_findings(spec))
     if problems:
         raise SpecError(_by_line(problems))
     if not check_files:
         return spec, []
-
-    def located(findings: list[tuple[tuple[str, ...], str]]) -> list[Problem]:
-        return [Problem(file, _line_for(index, loc), ".".join(loc), message) for loc, message in findings]
 
     missing, problems = located(missing_inputs(spec)), located(conflicts(spec))
     if require_inputs:
@@ -565,6 +584,23 @@ def _parse(text: str, file: str, base: Path, check_files: bool, require_inputs: 
     if problems:
         raise SpecError(_by_line(problems))
     return spec, _by_line(missing)
+
+
+def parameter_findings(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
+    """Every `triton.parameters` entry that a named spec field already sets, or whose value has the wrong type
+    (the repository's own check, so `validate` catches what `render` would refuse)."""
+    findings = []
+    for key, value in spec.triton.parameters.items():
+        loc = ("triton", "parameters", key)
+        owner = PARAMETER_OWNERS.get(key)
+        if owner:
+            findings.append((loc, f"{key} is set by {owner}; set it there and remove it from triton.parameters"))
+            continue
+        try:
+            normalize_parameter(key, value)
+        except ValueError as e:
+            findings.append((loc, str(e)))
+    return findings
 
 
 def _by_line(problems: list[Problem]) -> list[Problem]:

@@ -545,3 +545,39 @@ def test_paths_that_would_split_a_mount_list_are_rejected_with_a_container(tmp_p
     # without a container nothing is mounted, so such folder names are fine
     spec.write_text(CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: c:d"))
     assert load_spec(spec).model.checkpoint_dir == tmp_path / "c:d"
+
+
+# ------------------------------------------------------------------------ triton.parameters: one typed table
+def test_parameter_types_and_conflicts_are_all_caught_by_validate_with_their_lines(cpu_dir):
+    path = write(cpu_dir, """
+        name: p
+        model: {backend: cpu, checkpoint_dir: ckpt}
+        triton:
+          decoupled: false
+          parameters:
+            max_beam_width: abc
+            decoupled_mode: true
+            kv_cache_free_gpu_mem_fraction: 1.5
+            engine_dir: /elsewhere
+            enable_chunked_context: true
+    """)
+    found = {p.path: p for p in problems(path)}
+    assert set(found) == {f"triton.parameters.{k}" for k in
+                          ("max_beam_width", "decoupled_mode", "kv_cache_free_gpu_mem_fraction", "engine_dir")}
+    assert "must be an integer, got 'abc'" in found["triton.parameters.max_beam_width"].message
+    assert found["triton.parameters.max_beam_width"].line == line_of(path, "max_beam_width")
+    assert "set by triton.decoupled" in found["triton.parameters.decoupled_mode"].message
+    assert found["triton.parameters.decoupled_mode"].line == line_of(path, "decoupled_mode")
+    assert "set by model.engine_dir" in found["triton.parameters.engine_dir"].message
+
+
+def test_spec_choices_are_the_repository_choices(cpu_dir):
+    from backend.repository import choices
+
+    for policy in choices("batch_scheduler_policy"):
+        spec = load_spec(write(cpu_dir, f"""
+            name: p
+            model: {{backend: cpu, checkpoint_dir: ckpt}}
+            triton: {{batch_scheduler_policy: {policy}}}
+        """))
+        assert spec.triton.batch_scheduler_policy == policy
