@@ -428,6 +428,18 @@ def _shim(model_name: str, module: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- writing
+def check_replaceable(out_dir: Path) -> None:
+    """Refuse to replace `out_dir` unless it is missing, empty, or a repository this module wrote (it carries
+    `.hpc-serve-repository.json`): never someone's unrelated folder.  Also used by render before its swap."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if not out_dir.is_dir() or out_dir.is_symlink():
+        raise FileExistsError(f"{out_dir} exists and is not a directory")
+    if any(out_dir.iterdir()) and not (out_dir / MARKER_FILE).is_file():
+        raise FileExistsError(f"{out_dir} is not empty and is not an hpc-serve model repository "
+                              f"(no {MARKER_FILE}); refusing to replace it")
+
+
 def write_model_repository(out_dir: Path, backend: Backend, params: Mapping[str, object]) -> None:
     """Write the five-model repository to `out_dir`, replacing a previous one atomically.
 
@@ -438,12 +450,7 @@ def write_model_repository(out_dir: Path, backend: Backend, params: Mapping[str,
     """
     files = render_repository(backend, params)
     out_dir = Path(out_dir).absolute()
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise FileExistsError(f"{out_dir} exists and is not a directory")
-        if any(out_dir.iterdir()) and not (out_dir / MARKER_FILE).is_file():
-            raise FileExistsError(f"{out_dir} is not empty and is not an hpc-serve model repository "
-                                  f"(no {MARKER_FILE}); refusing to replace it")
+    check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     trash: Path | None = None

@@ -175,7 +175,7 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
 
     Render is a preview: it writes into `out_dir` only and never creates the model a spec's `model.init` asks
     for (hpc/model_init.py does, from `submit`, `launch SPEC` or `hpc-serve init-model`)."""
-    from backend.repository import write_model_repository
+    from backend.repository import check_replaceable, write_model_repository
 
     deploy_dir = Path(out_dir).expanduser().resolve()
     if not is_script_safe_path(deploy_dir):
@@ -189,6 +189,7 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
             "in a comma-separated list, so its path must not contain ',' or ':'"
         )
     scripts = render_scripts(spec, deploy_dir, templates)
+    check_replaceable(deploy_dir / REPO_NAME)  # before anything is written: nothing half-done
     deploy_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{deploy_dir.name}.", dir=deploy_dir.parent))
     try:

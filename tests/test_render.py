@@ -269,6 +269,16 @@ def test_rerender_keeps_jobs_and_replaces_the_repository(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".d.")] == []
 
 
+def test_render_never_deletes_a_folder_it_did_not_write(tmp_path):
+    d = tmp_path / "d"
+    (d / "triton_model_repo").mkdir(parents=True)
+    (d / "triton_model_repo" / "my-notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not an hpc-serve model repository"):
+        R.render(cpu_spec(tmp_path), d)
+    assert (d / "triton_model_repo" / "my-notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in d.iterdir()) == ["triton_model_repo"]  # nothing half-written beside it
+
+
 def _boom(*args, **kwargs):
     raise RuntimeError("disk full")
 
