@@ -50,6 +50,31 @@ def rank_command(deploy_dir: Path, job_dir: Path, job_id: str, world: int) -> li
     return [mpirun, "--oversubscribe", "-n", str(world), "bash", "-c", _RANK_WRAPPER, script, str(job_dir), job_id]
 
 
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc): under ``mpirun`` on one machine, one per rank."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def stop_targets(child_pid: int, world: int) -> list[int]:
+    """Whom a stop signal goes to: every rank's launcher, not mpirun. Open MPI's mpirun treats SIGTERM as
+    "abort the job" and SIGKILLs the ranks a moment later, which would cut the ordered stop short (leaders
+    drain and release their followers, launcher/stop.py). One rank runs without mpirun (``exec`` chain: the
+    child is the launcher); before mpirun has started its ranks, mpirun itself."""
+    if world == 1:
+        return [child_pid]
+    return children(child_pid) or [child_pid]
+
+
 def main(argv: list[str]) -> int:
     deploy_dir, job_id = Path(argv[0]), argv[1]
     job_dir = deploy_dir / "jobs" / job_id
@@ -63,10 +88,11 @@ def main(argv: list[str]) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         nonlocal cancelled
         cancelled = True
-        try:
-            child.send_signal(signum)  # mpirun forwards SIGTERM/SIGINT to every rank's launcher
-        except ProcessLookupError:
-            pass
+        for pid in stop_targets(child.pid, world):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -71,24 +71,29 @@ def submit(spec: Spec, executor: str | None = None, deploy_dir: Path | None = No
 
 
 def cancel(ref: JobRef, grace_s: float = 30.0) -> None:
-    """Graceful stop first (SIGTERM to every rank: launchers stop tritonserver cleanly), then scancel.
+    """Ordered stop first, then scancel for whatever is left.
 
-    The marker records that the user asked for this, so a job whose ranks all stopped cleanly before
-    `scancel` reached it is still reported CANCELLED rather than COMPLETED."""
+    `scancel --signal=TERM` reaches every process of the job's steps at once (as Slurm's time limit does): each
+    leader's tritonserver stops taking requests, drains those in flight (launch.json drain_s) and unloads, which
+    releases its followers; followers wait for that release (bounded) instead of leaving first. Once every rank
+    has written its exit record (or `grace_s` passed), plain `scancel` ends the job. The marker records that the
+    user asked for this: the job reads CANCELLING until no rank process is left, then CANCELLED (not COMPLETED
+    or FAILED, however its ranks ended)."""
+    from hpc.track import job_status
+
+    stoppable = job_status(ref).state in ("STARTING", "READY", "CANCELLING")  # before the marker changes it
     ref.cancel_marker.write_text(json.dumps({"at": time.time()}))
     if ref.is_local:
         from hpc.local import cancel_local
 
         cancel_local(ref, grace_s)
         return
-    from hpc.track import job_status
-
-    if job_status(ref).state in ("STARTING", "READY"):
+    if stoppable:
         subprocess.run(["scancel", "--signal=TERM", ref.job_id], capture_output=True)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             ranks = list(ref.ranks_dir.glob("rank-*.json"))
             if len(ranks) >= ref.world_size or job_status(ref).done:
                 break
-            time.sleep(0.5)
+            time.sleep(0.25)
     subprocess.run(["scancel", ref.job_id], capture_output=True)

@@ -1,6 +1,7 @@
 """A job's state, from the scheduler and the job folder, in one state machine.
 
     PENDING (Slurm's reason) → STARTING → READY → COMPLETED | FAILED | CANCELLED | TIMEOUT
+                                   ↘ CANCELLING (hpc-serve cancel) → CANCELLED
 
 Where each transition is observed:
 - PENDING, and the end states: the scheduler (Slurm through submitit's sacct watcher, with squeue/scontrol
@@ -10,6 +11,10 @@ Where each transition is observed:
 - FAILED, and why: the rank exit records (`ranks/rank-<r>.json`); the earliest non-zero exit is the cause,
   the later ones are ranks that srun's --kill-on-bad-exit took down with it. A rank that failed makes the job
   FAILED at once, even while Slurm still says RUNNING (the step is being torn down).
+- CANCELLING: the user asked for the stop (the cancel marker) and ranks are still stopping (draining, releasing
+  their followers). CANCELLED only once the scheduler says the job has ended *and* no longer lists it as
+  COMPLETING, i.e. no rank process of it is left (Slurm reports a job's end state while its processes are
+  still being killed; squeue shows those jobs as COMPLETING).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 
 from hpc.jobs import JobRef
 
-ACTIVE = ("PENDING", "STARTING", "READY")
+ACTIVE = ("PENDING", "STARTING", "READY", "CANCELLING")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 UNKNOWN_GIVE_UP_S = 120.0
 
@@ -63,6 +68,8 @@ class JobStatus:
             text += f" ({self.reason})"
         elif self.state == "STARTING":
             text += f" ({len(self.endpoints)}/{self.replicas} replicas ready)"
+        elif self.state == "CANCELLING":
+            text += " (ranks stopping: in-flight requests drain, then the leaders release their followers)"
         elif self.state == "READY":
             text += " " + ", ".join(f"http://{e['address']}:{e['http_port']}" for e in self.endpoints)
         if self.failed_rank:
@@ -100,24 +107,34 @@ def _run(cmd: list[str], timeout: float = 30) -> str:
         return ""
 
 
+def sacct_state(job_id: str, job_dir: Path) -> str:
+    """The raw state sacct (through submitit's watcher) has for the job; UNKNOWN without accounting."""
+    if not shutil.which("sacct"):
+        return "UNKNOWN"
+    import submitit
+
+    job = submitit.SlurmJob(folder=job_dir.parent / "%j", job_id=job_id)
+    state = job.watcher.get_state(job_id, mode="force").split()[0]
+    if _SLURM_STATES.get(state) not in TERMINAL:
+        # submitit's watcher (one per process) stops asking sacct about a job whose state is not on its
+        # short "incomplete" list: SUSPENDED, CONFIGURING, COMPLETING, REQUEUE_HOLD … would be cached as
+        # final, and a `wait` would never see the job run again. Keep it on the watch list until it ended.
+        job.watcher._finished.discard(job_id)
+    return state
+
+
 def slurm_state(job_id: str, job_dir: Path) -> tuple[str, str | None]:
     """(raw Slurm state, reason). sacct via submitit first (it survives the job's end); squeue and scontrol
-    for what sacct does not know yet (a job seconds old) or when accounting is off."""
-    state = "UNKNOWN"
-    if shutil.which("sacct"):
-        import submitit
-
-        job = submitit.SlurmJob(folder=job_dir.parent / "%j", job_id=job_id)
-        state = job.watcher.get_state(job_id, mode="force").split()[0]
-        if _SLURM_STATES.get(state) not in TERMINAL:
-            # submitit's watcher (one per process) stops asking sacct about a job whose state is not on its
-            # short "incomplete" list: SUSPENDED, CONFIGURING, COMPLETING, REQUEUE_HOLD … would be cached as
-            # final, and a `wait` would never see the job run again. Keep it on the watch list until it ended.
-            job.watcher._finished.discard(job_id)
+    for what sacct does not know yet (a job seconds old) or when accounting is off, and squeue again for a
+    job sacct says has ended, whose processes may still be being killed (COMPLETING)."""
+    state = sacct_state(job_id, job_dir)
     reason = None
-    if state in ("UNKNOWN", "PENDING") and shutil.which("squeue"):
+    ended = _SLURM_STATES.get(state) in TERMINAL
+    if (state in ("UNKNOWN", "PENDING") or ended) and shutil.which("squeue"):
         out = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"]).strip()
-        if out:
+        if out and not (ended and _SLURM_STATES.get(out.split("|", 1)[0]) in TERMINAL):
+            # sacct records a job's end as soon as it starts ending; while its processes are still being
+            # killed squeue says COMPLETING, and that is the state of the job
             state, reason = out.split("|", 1)
     if state == "UNKNOWN" and shutil.which("scontrol"):
         out = _run(["scontrol", "show", "job", job_id])
@@ -200,9 +217,10 @@ def job_status(ref: JobRef) -> JobStatus:
         replicas = int(ref.launch_plan()["replicas"])
     except (OSError, ValueError, KeyError):
         replicas = 1
-    endpoints = read_records(ref.endpoints_dir) if state == "RUNNING" else []
+    running = state == "RUNNING"
+    endpoints = read_records(ref.endpoints_dir) if running else []
     failure = first_failure(read_records(ref.ranks_dir))
-    if state == "RUNNING":
+    if running:
         if failure is not None:
             state = "FAILED"
         else:
@@ -211,8 +229,11 @@ def job_status(ref: JobRef) -> JobStatus:
         failure = failure if state == "COMPLETED" else None
         if failure is not None:
             state = "FAILED"
-    if state in ("COMPLETED", "FAILED") and ref.cancel_marker.exists():
-        state, failure = "CANCELLED", None  # the user stopped it (hpc.submit.cancel); ranks exiting is expected
+    cancelled = ref.cancel_marker.exists()  # the user stopped it (hpc.submit.cancel); ranks exiting is expected
+    if cancelled and running:
+        state, failure, endpoints = "CANCELLING", None, []
+    elif cancelled and state in ("COMPLETED", "FAILED"):
+        state, failure = "CANCELLED", None
     if state == "FAILED" and failure is None:
         failure = failure_from_logs(ref)
     return JobStatus(

@@ -21,8 +21,9 @@ class LaunchPlan:
       the followers) and exits, whatever is still running. A ``--exit-timeout-secs`` in ``server_args`` wins.
     - ``release_wait_s`` (default drain + 10): how long a follower waits after a stop signal for its leader's
       release before ending its tritonserver itself (launcher/stop.py).
-    - ``stop_grace_s`` (default 40): SIGTERM → SIGKILL of the leader's tritonserver group, a backstop only (it
-      exits by itself within the drain time once its signal handler is installed).
+    - ``stop_grace_s`` (default drain + 3): SIGTERM → SIGKILL of the leader's tritonserver group, a backstop: it
+      exits by itself within the drain time, unless its model never finishes unloading (tritonserver then
+      hangs in its own teardown after "Exit timeout expired").
     """
 
     deployment_dir: Path
@@ -38,7 +39,7 @@ class LaunchPlan:
     server_args: tuple[str, ...] = ()
     ready_timeout_s: float = 900.0
     env: dict = field(default_factory=dict)
-    stop_grace_s: float = 40.0
+    stop_grace_s: float | None = None
     name: str = ""
     drain_s: float = 10.0
     release_wait_s: float | None = None
@@ -57,6 +58,11 @@ class LaunchPlan:
                 except ValueError:
                     pass
         return value
+
+    @property
+    def grace_s(self) -> float:
+        """SIGTERM → SIGKILL of the leader's tritonserver group (``stop_grace_s``, default exit timeout + 3)."""
+        return self.stop_grace_s if self.stop_grace_s is not None else self.exit_timeout_s + 3.0
 
     @property
     def follower_wait_s(self) -> float:
@@ -110,7 +116,7 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
         server_args=tuple(str(a) for a in data.get("server_args") or ()),
         ready_timeout_s=num("ready_timeout_s", 900.0, float),
         env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
-        stop_grace_s=num("stop_grace_s", 40.0, float),
+        stop_grace_s=num("stop_grace_s", None, float),
         drain_s=num("drain_s", 10.0, float),
         release_wait_s=num("release_wait_s", None, float),
         name=str(data.get("name") or ""),

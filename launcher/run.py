@@ -32,18 +32,32 @@ def release_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
     return records.rank_path(plan.deployment_dir, info.job_id, info.rank).with_suffix(".released")
 
 
+def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
+    """File a leader's launcher writes on its first stop signal, for the model (``HPC_SERVE_STOP_FILE``): when
+    the stop began and until when in-flight requests may drain (``drain_until``, epoch seconds; tritonserver
+    gives up then), so the engine can finish or fail its work in time for its finalize to release the
+    followers."""
+    return records.rank_path(plan.deployment_dir, info.job_id, info.rank).with_suffix(".stopping")
+
+
+def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> None:
+    now = time.time()
+    records.write_json_atomic(stop_path(plan, info), {
+        "signal": signal.Signals(signum).name, "at": now, "drain_until": now + plan.exit_timeout_s})
+
+
 def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
     """A leader's supervisor forwards stop signals; a follower's waits (bounded) for its leader's release,
     and gives up early once the leader's rank record shows the leader ended (launcher/stop.py)."""
     if me.leader:
-        return Supervisor(plan.stop_grace_s)
+        return Supervisor(plan.grace_s, on_stop=lambda signum: _announce_stop(plan, info, signum))
     per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
     leader = records.rank_path(plan.deployment_dir, info.job_id, me.replica * per_replica)
     try:  # the model writes the release file there; a hand-run launcher has no ranks/ folder yet
         release_path(plan, info).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         log(f"cannot create {release_path(plan, info).parent}: {exc}")
-    return Supervisor(plan.stop_grace_s, FollowerStop(plan.follower_wait_s, release_path(plan, info), leader))
+    return Supervisor(plan.grace_s, FollowerStop(plan.follower_wait_s, release_path(plan, info), leader))
 
 
 def _argv(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, ports: Ports | None) -> list[str]:
@@ -79,7 +93,9 @@ def child_env(plan: config.LaunchPlan, server: ServerBinary, base: dict[str, str
     if info is not None and me is not None:
         env["HPC_SERVE_REPLICA"] = str(me.replica)
         env["HPC_SERVE_RANKS_PER_REPLICA"] = str(plan.world_size_per_replica)
-        if not me.leader:
+        if me.leader:
+            env["HPC_SERVE_STOP_FILE"] = str(stop_path(plan, info))
+        else:
             env["HPC_SERVE_RELEASE_FILE"] = str(release_path(plan, info))
         threads = _threads_per_rank(env, info)
         for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

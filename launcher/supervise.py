@@ -173,9 +173,11 @@ class Supervisor:
     follower's (``follower`` given): nothing is forwarded; ``follower`` decides when to stop waiting for the
     leader's release (launcher/stop.py)."""
 
-    def __init__(self, stop_grace_s: float = 40.0, follower: FollowerStop | None = None) -> None:
+    def __init__(self, stop_grace_s: float = 40.0, follower: FollowerStop | None = None,
+                 on_stop: Callable[[int], None] | None = None) -> None:
         self.stop_grace_s = stop_grace_s
         self.follower = follower
+        self.on_stop = on_stop  # called once with the first stop signal, before it is forwarded
         self.stop_signal: int | None = None
         self.kill_at: float | None = None
         self.child: Child | None = None
@@ -201,6 +203,11 @@ class Supervisor:
         if first:
             self.stop_signal = signum
             self.kill_at = time.monotonic() + self.stop_grace_s
+            if self.on_stop is not None:
+                try:
+                    self.on_stop(signum)
+                except Exception as exc:  # noqa: BLE001 - telling the model is a courtesy; the stop goes on
+                    log(f"could not announce the stop: {exc}")
         child = self.child
         if child is not None and child.proc.poll() is None and first:
             sig = _TO_CHILD.get(signal.Signals(signum), signal.SIGTERM)

@@ -34,11 +34,20 @@ def _assert_no_server_left(deploy_dir, timeout=60):
 
 def _stream_core_model(endpoint: dict, tokenizer_dir, prompt: str, n: int) -> list[np.ndarray]:
     """Tokens streamed over gRPC from the `tensorrt_llm` model itself (token ids in, token ids out)."""
-    import tritonclient.grpc as grpcclient
-
     from backend.models.tokenizer import load_tokenizer
 
-    ids = np.array([load_tokenizer(tokenizer_dir).encode(prompt)], dtype=np.int32)
+    pieces, error = _core_model_stream(endpoint, load_tokenizer(tokenizer_dir).encode(prompt), n)
+    assert error is None, error
+    return pieces
+
+
+def _core_model_stream(endpoint: dict, prompt_ids: list[int], n: int, on_piece=None,
+                       timeout: float = 60) -> tuple[list[np.ndarray], str | None]:
+    """Stream `n` tokens from the `tensorrt_llm` model (no end_id: exactly n unless stopped) → (token pieces,
+    the error that ended the stream, if one did). ``on_piece`` is called after each piece."""
+    import tritonclient.grpc as grpcclient
+
+    ids = np.array([prompt_ids], dtype=np.int32)
     arrays = {
         "input_ids": ids,
         "input_lengths": np.array([[ids.shape[1]]], dtype=np.int32),
@@ -53,21 +62,24 @@ def _stream_core_model(endpoint: dict, tokenizer_dir, prompt: str, n: int) -> li
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(f"{endpoint['address']}:{endpoint['grpc_port']}")
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    pieces = []
+    pieces: list[np.ndarray] = []
     try:
         client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
         while True:
-            result, error = results.get(timeout=60)
-            assert error is None, error
+            result, error = results.get(timeout=timeout)
+            if error is not None:
+                return pieces, str(error)
             output = result.as_numpy("output_ids")
             if output is not None and output.size:
                 pieces.append(output)
+                if on_piece is not None:
+                    on_piece()
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
     finally:
         client.stop_stream()
         client.close()
-    return pieces
+    return pieces, None
 
 
 def test_tp2_across_two_nodes_serves_streams_and_cancels(jobs, tmp_path, tiny_gpt2):
@@ -240,3 +252,66 @@ def test_leader_stop_releases_followers_and_job_completes(jobs, tmp_path, tiny_g
     assert sorted(ranks) == [0, 1]
     assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks
     _assert_no_server_left(job_dir.parent.parent)
+
+
+def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_path, tiny_gpt2):
+    """`hpc-serve cancel` SIGTERMs every process of the step at once: the leader stops taking requests, lets the
+    one in flight finish (or fails it) within drain_s, unloads and releases its follower, which waited for that
+    instead of leaving first. Nothing spins or waits on a peer that is gone: cancel returns and no process of
+    the job is left within 15 s, with CANCELLED reported only once they are all gone."""
+    import threading
+
+    spec = write_spec(tmp_path, "stop", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
+    job, job_dir = submit(spec)
+    jobs.append(job)
+    deploy_dir = job_dir.parent.parent
+    (endpoint,) = status(job)["endpoints"]
+
+    streaming, outcome = threading.Event(), {}
+
+    def in_flight() -> None:  # 250 tokens, streamed one by one: still running when the cancel lands
+        try:
+            outcome["pieces"], outcome["error"] = _core_model_stream(
+                endpoint, [5, 6, 7], 250, on_piece=streaming.set, timeout=30)
+        except Exception as exc:  # noqa: BLE001 - the stream broke: what the client saw is the result
+            outcome["pieces"], outcome["error"] = [], f"{type(exc).__name__}: {exc}"
+        outcome["at"] = time.monotonic()
+
+    request = threading.Thread(target=in_flight, daemon=True)
+    request.start()
+    assert streaming.wait(30), "the request never started streaming"
+
+    seen: list[tuple[str, int]] = []
+    watching = threading.Event()
+
+    def watch() -> None:  # what `status` says while the ranks stop, and whether processes are left then
+        while not watching.is_set():
+            state = status(job).get("state", "?")
+            seen.append((state, len(processes_under(deploy_dir))))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    t0 = time.monotonic()
+    out = cli("cancel", job, timeout=60).stdout
+    returned = time.monotonic() - t0
+    wait_for(lambda: not processes_under(deploy_dir), max(0.1, t0 + 15 - time.monotonic()),
+             f"every process of {deploy_dir} to exit within 15 s of the cancel", interval=0.1)
+    gone = time.monotonic() - t0
+    watching.set()
+    watcher.join(30)
+    request.join(30)
+    print(f"\ncancel returned after {returned:.1f} s, no process left after {gone:.1f} s; "
+          f"status seen: {seen}; request: {len(outcome.get('pieces', []))} pieces, error {outcome.get('error')}")
+
+    assert returned < 15 and "CANCELLED" in out, out
+    assert status(job)["state"] == "CANCELLED"
+    assert not [state for state, procs in seen if state == "CANCELLED" and procs], \
+        f"CANCELLED reported while processes of the job were still running: {seen}"
+    # the request in flight at cancel time got its whole answer or a clear error, not a hang
+    assert not request.is_alive() and outcome["at"] - t0 < 15
+    tokens = sum(piece.size for piece in outcome["pieces"])
+    assert tokens == 250 or outcome["error"], outcome
+    ranks = {r["rank"]: r for r in map(json.loads, (p.read_text() for p in (job_dir / "ranks").glob("rank-*.json")))}
+    assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks  # drained, released: clean exits
+    logs = "".join(p.read_text(errors="replace") for p in job_dir.glob(f"{job}_*_log.err"))
+    assert "released by the leader" in logs and "sending SIGKILL" not in logs

@@ -215,10 +215,15 @@ def test_leader_publishes_endpoint_and_stops_cleanly_on_sigterm(tmp_path: Path, 
     stub_pids = [p for p in pids_matching(repo) if p != ep["pid"]]
     assert stub_pids, "python backend stub not found"
 
+    t0 = time.time()
     run.proc.send_signal(signal.SIGTERM)
     assert run.proc.wait(40) == 0, run.logs()  # tritonserver stops gracefully → 0
     record = json.loads(run.path("ranks", "rank-0.json").read_text())
     assert record["exit_code"] == 0 and record["signal"] is None and record["rank"] == 0
+    # the model was told when the stop began and until when its in-flight requests may drain (drain_s 10)
+    stop = json.loads(run.path("ranks", "rank-0.stopping").read_text())
+    assert stop["signal"] == "SIGTERM" and t0 <= stop["at"] and stop["drain_until"] == stop["at"] + 10
+    assert "--exit-timeout-secs=10" in first
     assert record["log_tail"] and len(record["log_tail"]) <= 21
     assert not run.path("endpoints", "replica-0.json").exists()
     assert wait_gone(repo, 2) == [], "tritonserver or triton_python_backend_stub left behind"

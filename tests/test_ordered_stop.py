@@ -95,9 +95,9 @@ def test_plan_stop_bounds(tmp_path: Path) -> None:
         return config.load(tmp_path)
 
     default = plan()
-    assert (default.drain_s, default.exit_timeout_s, default.follower_wait_s, default.stop_grace_s) == (10, 10, 20, 40)
-    custom = plan(drain_s=4, release_wait_s=9)
-    assert (custom.exit_timeout_s, custom.follower_wait_s) == (4, 9)
+    assert (default.drain_s, default.exit_timeout_s, default.grace_s, default.follower_wait_s) == (10, 10, 13, 20)
+    custom = plan(drain_s=4, release_wait_s=9, stop_grace_s=7)
+    assert (custom.exit_timeout_s, custom.follower_wait_s, custom.grace_s) == (4, 9, 7)
     # the user's own --exit-timeout-secs is what tritonserver uses, so the follower waits for that one
     assert plan(server_args=["--exit-timeout-secs=30"]).follower_wait_s == 40
     assert plan(server_args=["--exit-timeout-secs", "2"]).exit_timeout_s == 2
@@ -141,3 +141,15 @@ def test_wait_request_spins_first_and_may_wait_forever() -> None:
     late = Request(10)
     assert wait_request(late, None, clock=clock, sleep=lambda s: clock.sleep(s), spin_s=0.0, nap_s=60.0)
     assert clock.now == pytest.approx(100 + 9 * 60.0)  # no timeout: it waits as long as it takes
+
+
+def test_drain_deadline_is_what_the_launcher_announced(tmp_path: Path) -> None:
+    from backend.cpu_engine.parallel import drain_deadline
+
+    stop = tmp_path / "rank-0.stopping"
+    env = {"HPC_SERVE_STOP_FILE": str(stop)}
+    assert drain_deadline({}) is None and drain_deadline(env) is None  # not stopping
+    stop.write_text(json.dumps({"signal": "SIGTERM", "at": 5.0, "drain_until": 15.0}))
+    assert drain_deadline(env) == 15.0
+    stop.write_text("{half")
+    assert drain_deadline(env) is None

@@ -212,8 +212,8 @@ def test_ranks_killed_by_scancel_or_time_limit_are_not_a_failure(tmp_path, sched
 
 
 def test_cancel_marker_makes_a_stopped_job_cancelled(tmp_path, scheduler):
-    """`hpc.submit.cancel` writes the marker, then SIGTERMs every rank: ranks ending (cleanly or not) before
-    scancel lands must not read as COMPLETED or FAILED."""
+    """`hpc.submit.cancel` writes the marker, then SIGTERMs every rank: ranks ending (cleanly or not) must not
+    read as COMPLETED or FAILED once the job has ended."""
 
     ref = make_job(tmp_path)
     ref.cancel_marker.write_text("{}")
@@ -221,21 +221,52 @@ def test_cancel_marker_makes_a_stopped_job_cancelled(tmp_path, scheduler):
     rank_exit(ref, 0, 0, ended_at=1.0)
     assert job_status(ref).state == "CANCELLED"
     rank_exit(ref, 1, 143, ended_at=2.0)
-    scheduler.set("RUNNING")  # the step is still being torn down
+    scheduler.set("FAILED")
     st = job_status(ref)
     assert st.state == "CANCELLED" and st.failed_rank is None and st.done
-    scheduler.set("FAILED")
-    assert job_status(ref).state == "CANCELLED"
 
 
-def test_cancel_marker_does_not_end_a_running_job(tmp_path, scheduler):
-    """While the graceful stop is in progress the job is what it is; the marker only explains its end."""
+@pytest.mark.parametrize("raw", ["RUNNING", "COMPLETING"])
+def test_cancelled_job_whose_ranks_are_still_stopping_is_cancelling(tmp_path, scheduler, raw):
+    """While the ordered stop runs (drain, release, MPI_Finalize) or Slurm still kills processes (COMPLETING),
+    the job is neither READY nor already CANCELLED: no endpoint is offered, no rank is blamed, and `wait` goes
+    on until no rank process is left."""
 
     ref = make_job(tmp_path)
-    ref.cancel_marker.write_text("{}")
-    scheduler.set("RUNNING")
     publish(ref, 0)
-    assert job_status(ref).state == "READY"
+    ref.cancel_marker.write_text("{}")
+    scheduler.set(raw)
+    st = job_status(ref)
+    assert st.state == "CANCELLING" and not st.done and st.endpoints == []
+    rank_exit(ref, 1, 137, signal="SIGKILL", ended_at=2.0)  # a follower that was given up on
+    st = job_status(ref)
+    assert st.state == "CANCELLING" and st.failed_rank is None
+    assert "ranks stopping" in st.summary()
+
+
+def test_marker_only_explains_the_end_of_a_job_that_was_not_running(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    ref.cancel_marker.write_text("{}")
+    scheduler.set("PENDING", "Priority")
+    assert job_status(ref).state == "PENDING"
+    scheduler.set("TIMEOUT")
+    assert job_status(ref).state == "TIMEOUT"
+
+
+def test_slurm_end_state_waits_for_completing(monkeypatch, tmp_path):
+    """sacct records the end as soon as the job starts ending; squeue's COMPLETING (processes still being
+    killed) wins until squeue no longer lists the job, or lists it as ended."""
+    import shutil
+
+    answers: dict[str, str] = {}
+    monkeypatch.setattr(shutil, "which", lambda name: f"/bin/{name}")
+    monkeypatch.setattr(track, "sacct_state", lambda job_id, job_dir: "CANCELLED")
+    monkeypatch.setattr(track, "_run", lambda cmd, timeout=30: answers.get(cmd[0], ""))
+    assert track.slurm_state("7", tmp_path)[0] == "CANCELLED"  # squeue forgot the job: it is gone
+    answers["squeue"] = "COMPLETING|None"
+    assert track.slurm_state("7", tmp_path)[0] == "COMPLETING"
+    answers["squeue"] = "CANCELLED|None"
+    assert track.slurm_state("7", tmp_path)[0] == "CANCELLED"
 
 
 def test_unknown_job(tmp_path, scheduler):

@@ -160,6 +160,26 @@ def finalize_mpi(timeout_s: float = STOP_TIMEOUT_S) -> str:
     return "MPI finalized"
 
 
+def drain_deadline(environ: dict[str, str] | None = None) -> float | None:
+    """Epoch seconds by which the leader must have finished or failed its in-flight requests, once its launcher
+    received a stop signal (it writes ``$HPC_SERVE_STOP_FILE``); None while serving normally.
+
+    Why the engine needs it: tritonserver calls the model's finalize (which releases the followers) only after
+    every request has had its final response, and gives up at its exit timeout; requests still running then
+    would leave the followers waiting and the job ending by SIGKILL instead of an ordered stop.
+    """
+    import json
+
+    path = (os.environ if environ is None else environ).get("HPC_SERVE_STOP_FILE")
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return float(json.load(f)["drain_until"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def replica_comm(world: int, per_replica: int) -> Communicator:
     """This rank's replica's communicator: COMM_WORLD when the world is one replica, else COMM_WORLD split by
     replica (rank // per_replica), so several data-parallel copies share one srun step without sharing
