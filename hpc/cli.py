@@ -1,6 +1,6 @@
 """`hpc-serve` command line. Each sub-command is a thin shell over a module that does the work.
 
-Exit codes: 0 ok, 1 the job failed / was cancelled / timed out, 2 bad input (spec, flags), 3 not found.
+Exit codes: hpc/cli_support.py (0 ok, 1 the job failed / was cancelled / timed out, 2 bad input, 3 not found).
 Imports are lazy so `hpc-serve --help` and `validate` stay fast on a login node.
 """
 
@@ -10,11 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
-
-
-def _err(message: str) -> None:
-    print(f"hpc-serve: {message}", file=sys.stderr)
+from hpc.cli_support import EXIT_OK, EXIT_USAGE, load_spec_or_exit
+from hpc.cli_support import err as _err
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -33,38 +30,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load_or_exit(path: str, preview: bool = False):
-    """The spec, or exit 2 listing its problems. `preview` (render, submit --dry-run): model folders that do
-    not exist yet are printed as notes, not refused, and so is a checkpoint that `model.init` will create."""
-    from hpc.spec import SpecError, load_spec, preview_spec
-
-    try:
-        spec, notes = preview_spec(path) if preview else (load_spec(path), [])
-    except SpecError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
-    for note in notes:
-        print(f"note: {note} (validate and submit refuse this until it exists)", file=sys.stderr)
-    if preview:
-        _note_model_to_create(spec)
-    return spec
-
-
-def _note_model_to_create(spec) -> None:
-    """Say what will create the checkpoint `model.init` asks for, since a preview does not."""
-    from hpc.model_init import init_command
-
-    command = init_command(spec)
-    if command:
-        print(f"note: model.checkpoint_dir {spec.model.checkpoint_dir} does not exist yet; `hpc-serve submit` "
-              f"creates it (model.init), or create it now with: {command}", file=sys.stderr)
-
-
 def cmd_render(args: argparse.Namespace) -> int:
     from hpc.render import render
 
-    spec = _load_or_exit(args.spec, preview=True)
+    spec = load_spec_or_exit(args.spec, preview=True)
     if args.templates and not Path(args.templates).is_dir():
         _err(f"--templates {args.templates}: no such folder (it should hold tensorrt_llm_triton.sub.j2 and/or .sh.j2)")
         return EXIT_USAGE

@@ -17,27 +17,14 @@ from hpc.render import LAUNCH_NAME
 WAIT_FOR_RENDER_S = 300.0
 
 
-def _rank() -> int:
-    for name in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if name in os.environ:
-            return int(os.environ[name])
-    return 0
-
-
-def _step_name() -> str:
-    job = os.environ.get("SLURM_JOB_ID")
-    if job:
-        return f"{job}.{os.environ.get('SLURM_STEP_ID', '0')}"
-    return os.environ.get("HPC_SERVE_JOB_ID", f"local-{os.getppid()}")
-
-
 def deployment_for_spec(spec_path: Path) -> Path:
     """Render (rank 0) or wait for (other ranks) the step's deployment folder."""
-    from hpc.cli import _load_or_exit
+    from hpc.cli_support import load_spec_or_exit
+    from launcher.rank import detect, step_name
 
-    spec = _load_or_exit(str(spec_path))
-    deploy_dir = spec.workdir / f"{spec.name}-{_step_name()}"
-    if _rank() == 0:
+    spec = load_spec_or_exit(str(spec_path))
+    deploy_dir = spec.workdir / f"{spec.name}-{step_name()}"
+    if detect().rank == 0:  # the launcher's one reader: OMPI_* before a stale SLURM_PROCID
         from hpc.jobs import register
         from hpc.model_init import ensure_model
         from hpc.render import render

@@ -11,7 +11,13 @@ import json
 import sys
 import time
 
-EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+from hpc.cli_support import (
+    EXIT_JOB_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    load_spec_or_exit,
+)
 
 
 def _console():
@@ -64,10 +70,9 @@ def _wait_and_report(ref, timeout: float | None) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from hpc.cli import _load_or_exit
     from hpc.submit import SubmitError, submit
 
-    spec = _load_or_exit(args.spec, preview=args.dry_run)
+    spec = load_spec_or_exit(args.spec, preview=args.dry_run)
     if args.dry_run:
         from hpc.render import render_scripts
         from hpc.submit import new_deployment_dir

@@ -8,9 +8,10 @@ is unit-testable with a plain dict.
 from __future__ import annotations
 
 import os
+import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 
 class WorldSizeError(ValueError):
@@ -50,9 +51,24 @@ def _int(env: Mapping[str, str], *names: str) -> int | None:
 
 
 def job_id_from_env(env: Mapping[str, str] | None = None) -> str:
-    """``$SLURM_JOB_ID`` under Slurm, ``$HPC_SERVE_JOB_ID`` under the local executor, else ``local-<pid>``."""
+    """``$SLURM_JOB_ID`` under Slurm, ``$HPC_SERVE_JOB_ID`` under the local executor; under a bare ``mpirun``
+    ``local-`` and the MPI job's namespace (the same on every rank, so all ranks agree on one folder); else
+    ``local-<pid>`` (a single process)."""
     env = os.environ if env is None else env
-    return env.get("SLURM_JOB_ID") or env.get("HPC_SERVE_JOB_ID") or f"local-{os.getpid()}"
+    explicit = env.get("SLURM_JOB_ID") or env.get("HPC_SERVE_JOB_ID")
+    if explicit:
+        return explicit
+    namespace = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid")
+    if namespace:
+        return "local-" + re.sub(r"[^A-Za-z0-9]+", "-", namespace).strip("-")
+    return f"local-{os.getpid()}"
+
+
+def step_name(env: Mapping[str, str] | None = None) -> str:
+    """``<job>.<step>`` under srun (every step of an allocation gets its own), else the job id."""
+    env = os.environ if env is None else env
+    job = job_id_from_env(env)
+    return f"{job}.{env.get('SLURM_STEP_ID', '0')}" if env.get("SLURM_JOB_ID") else job
 
 
 def detect(env: Mapping[str, str] | None = None) -> RankInfo:
