@@ -1,6 +1,6 @@
 """The local executor end to end: the real CLI, the real tritonserver (nvidia-pytriton) and the CPU engine,
-on this machine, with the job folder Slurm would give the job. TP 1 only (see tests/test_e2e_cluster.py for TP
-across ranks)."""
+on this machine, with the job folder Slurm would give the job. TP 1, and the ordered stop of a TP 2 job under
+mpirun (see tests/test_e2e_cluster.py for TP across nodes)."""
 
 from __future__ import annotations
 
@@ -108,3 +108,26 @@ def test_local_job_whose_tritonserver_is_killed_fails_naming_rank_0(tmp_path, ti
     assert _local_state(job_dir)["exit_code"] == 128 + signal.SIGKILL  # the launcher's 128+N
     wait_for(lambda: not processes_under(deploy_dir), 60, "the stubs and the launcher to exit")
     assert status(job)["state"] == "FAILED", "still FAILED once the supervisor is gone"
+
+
+def test_local_tp2_cancel_is_an_ordered_stop(tmp_path, tiny_gpt2, local_jobs):
+    """Open MPI's mpirun turns SIGTERM into "abort the job" (SIGKILL to every rank a moment later), so the local
+    executor signals each rank's launcher instead: the leader drains and releases its follower, both exit 0."""
+    import shutil
+    import time
+
+    from tests._env import unavailable
+
+    if not shutil.which("mpirun"):
+        unavailable("mpirun not installed (apt-get install openmpi-bin)")
+    spec = write_spec(tmp_path, "local-tp2", tiny_gpt2, tp=2)
+    job, job_dir = submit(spec, "--executor", "local", timeout=240)
+    deploy_dir = job_dir.parent.parent
+    local_jobs.append((job, deploy_dir))
+    t0 = time.monotonic()
+    out = cli("cancel", job, timeout=120).stdout
+    wait_for(lambda: not processes_under(deploy_dir), 15, f"every process of {deploy_dir} to exit", interval=0.1)
+    assert out.startswith(f"{job} CANCELLED") and time.monotonic() - t0 < 15, out
+    ranks = {r["rank"]: r for r in map(json.loads, (p.read_text() for p in (job_dir / "ranks").glob("rank-*.json")))}
+    assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks
+    assert (job_dir / "ranks" / "rank-1.released").exists()
