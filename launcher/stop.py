@@ -35,7 +35,7 @@ class FollowerStop:
     poll says what to do now: WAIT, TERM (once) or KILL (once), with the reason."""
 
     def __init__(self, release_wait_s: float, release_file: Path, leader_record: Path | None, *,
-                 leader_gone_s: float = 3.0, kill_after_s: float = 1.0,
+                 leader_gone_s: float = 3.0, kill_after_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.release_wait_s = release_wait_s
         self.release_file = release_file

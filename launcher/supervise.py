@@ -296,15 +296,36 @@ class Supervisor:
         memory), then SIGKILL whatever is left in the process group, so nothing outlives the rank."""
         deadline = time.monotonic() + patience
         while time.monotonic() < deadline:
-            try:
-                os.killpg(child.proc.pid, 0)
-            except (ProcessLookupError, PermissionError):
+            if not group_alive(child.proc.pid):
                 break
             time.sleep(0.05)
         else:
             log(f"killing leftover processes of group {child.proc.pid}")
             self.kill_group(child, signal.SIGKILL)
         child.finish_output()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process group still has a live member. Zombies do not count: a stub whose tritonserver was
+    killed is reparented to whoever reaps orphans (slurmstepd, a container's init), which may take its time,
+    and ``killpg(pgid, 0)`` would count it until then."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields after the name: state, ppid, pgrp, ...
+            return True
+    return False
 
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # clusters often export http_proxy

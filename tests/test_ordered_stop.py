@@ -153,3 +153,23 @@ def test_drain_deadline_is_what_the_launcher_announced(tmp_path: Path) -> None:
     assert drain_deadline(env) == 15.0
     stop.write_text("{half")
     assert drain_deadline(env) is None
+
+
+def test_a_group_of_zombies_is_not_alive() -> None:
+    """A stub whose tritonserver was killed waits as a zombie until its new parent reaps it: the launcher must
+    not wait for it (nor report it as a leftover)."""
+    import os
+    import signal
+    import subprocess
+
+    from launcher.supervise import group_alive
+
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert group_alive(proc.pid) and group_alive(os.getpgrp())
+        os.kill(proc.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie
+        assert not group_alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
