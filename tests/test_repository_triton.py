@@ -2,14 +2,23 @@
 
 tensorrt_llm is replaced by a tiny echo model written here (output_ids = input_ids), so the test pins
 down the repository + preprocessing + postprocessing + BLS, not the CPU engine.
+
+Output layouts are read the way upstream's clients read them: tensorrtllm_backend's end_to_end_grpc_client.py
+and the HTTP examples do ``result.as_numpy("text_output")[0].decode("utf-8")`` (one flat element per beam);
+inflight_batcher_llm_client.py reads ``output_ids[0][0][:sequence_length[0][0]]``.  The streamed text has
+multi-byte characters split across the echo model's 2-token chunks, and every chunk is decoded strictly.
 """
 from __future__ import annotations
 
+import queue
+import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from _triton import find_tritonserver, tritonserver
+from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from backend.repository import write_model_repository
 from test_pre_post import build_tokenizer
 from tests._env import unavailable
@@ -62,6 +71,7 @@ class TritonPythonModel:
 '''
 
 TEXT = "Hello world, hello Triton! ünïcødé"
+SPLIT_TEXT = "Grüße ✓ 中文字 🙂 ünïcødé"  # characters of 2-4 bytes: byte-level tokens split them across chunks
 
 
 def make_repo(tmp_path: Path, decoupled: bool) -> Path:
@@ -78,34 +88,173 @@ def make_repo(tmp_path: Path, decoupled: bool) -> Path:
     return out
 
 
-def test_ensemble_and_bls_round_trip(tmp_path):
-    repo = make_repo(tmp_path, decoupled=False)
-    with tritonserver(repo, tmp_path) as server:
-        for model in ("ensemble", "tensorrt_llm_bls"):
-            status, body = server.post(f"/v2/models/{model}/generate", {"text_input": TEXT, "max_tokens": 8})
-            assert status == 200, (model, body, server.log_tail())
-            assert body["text_output"] == TEXT, (model, body)
-            assert body.get("batch_index") == 0 or body.get("batch_index") == [0], (model, body)
-        # stop words reach the engine in TRT-LLM format without breaking the pipeline
-        status, body = server.post("/v2/models/ensemble/generate",
-                                   {"text_input": TEXT, "max_tokens": 8, "stop_words": ["world", "Triton"]})
-        assert status == 200 and body["text_output"] == TEXT, body
-        # inner/unsupported errors surface as the request's error
-        status, body = server.post("/v2/models/tensorrt_llm_bls/generate",
-                                   {"text_input": TEXT, "max_tokens": 8, "num_draft_tokens": 2})
-        assert status >= 400 and "draft" in body.get("error", ""), body
-        status, body = server.post("/v2/models/tensorrt_llm_bls/generate",
-                                   {"text_input": TEXT, "max_tokens": 8, "stream": True})
-        assert status >= 400 and "decoupled" in body.get("error", ""), body
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """One tritonserver for the module: the repository with decoupled_mode false."""
+    tmp = tmp_path_factory.mktemp("plain")
+    with tritonserver(make_repo(tmp, decoupled=False), tmp) as server:
+        yield server
 
 
-def test_decoupled_streaming_bls(tmp_path):
-    repo = make_repo(tmp_path, decoupled=True)
-    with tritonserver(repo, tmp_path) as server:
-        for model in ("ensemble", "tensorrt_llm_bls"):
-            status, body = server.post(f"/v2/models/{model}/generate", {"text_input": TEXT, "max_tokens": 8})
-            assert status == 200 and body["text_output"] == TEXT, (model, body, server.log_tail())
-        chunks = server.stream("/v2/models/tensorrt_llm_bls/generate_stream",
-                               {"text_input": TEXT, "max_tokens": 8, "stream": True})
-        texts = [c["text_output"] for c in chunks]
-        assert len(texts) > 2 and "".join(texts) == TEXT, chunks
+@pytest.fixture(scope="module")
+def decoupled(tmp_path_factory):
+    """One tritonserver for the module: the repository with decoupled_mode true (streaming)."""
+    tmp = tmp_path_factory.mktemp("decoupled")
+    with tritonserver(make_repo(tmp, decoupled=True), tmp) as server:
+        yield server
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_round_trip(plain, model):
+    status, body = plain.post(f"/v2/models/{model}/generate", {"text_input": TEXT, "max_tokens": 8})
+    assert status == 200, (model, body, plain.log_tail())
+    assert body["text_output"] == TEXT, (model, body)
+    assert body.get("batch_index") == 0 or body.get("batch_index") == [0], (model, body)
+
+
+def test_stop_words_reach_the_engine_without_breaking_the_pipeline(plain):
+    status, body = plain.post("/v2/models/ensemble/generate",
+                              {"text_input": TEXT, "max_tokens": 8, "stop_words": ["world", "Triton"]})
+    assert status == 200 and body["text_output"] == TEXT, body
+
+
+@pytest.mark.parametrize("extra,expected", [({"num_draft_tokens": 2}, "draft"), ({"stream": True}, "decoupled")])
+def test_bls_errors_are_the_requests_error(plain, extra, expected):
+    status, body = plain.post("/v2/models/tensorrt_llm_bls/generate", {"text_input": TEXT, "max_tokens": 8, **extra})
+    assert status >= 400 and expected in body.get("error", ""), body
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_decoupled_models_answer_generate(decoupled, model):
+    status, body = decoupled.post(f"/v2/models/{model}/generate", {"text_input": TEXT, "max_tokens": 8})
+    assert status == 200 and body["text_output"] == TEXT, (model, body, decoupled.log_tail())
+
+
+def test_bls_generate_stream_chunks_concatenate(decoupled):
+    chunks = decoupled.stream("/v2/models/tensorrt_llm_bls/generate_stream",
+                              {"text_input": TEXT, "max_tokens": 8, "stream": True})
+    texts = [c["text_output"] for c in chunks]
+    assert len(texts) > 2 and "".join(texts) == TEXT, chunks
+
+
+def _inputs(client_module, text: str | list[str], stream: bool | None = None, max_tokens: int = 64) -> list:
+    texts = [text] if isinstance(text, str) else text
+    arrays = {"text_input": np.array([[t.encode()] for t in texts], dtype=object),
+              "max_tokens": np.full((len(texts), 1), max_tokens, np.int32)}
+    if stream is not None:
+        arrays["stream"] = np.full((len(texts), 1), stream, bool)
+    tensors = []
+    for name, array in arrays.items():
+        dtype = {"O": "BYTES", "i": "INT32", "b": "BOOL"}[array.dtype.kind]
+        t = client_module.InferInput(name, list(array.shape), dtype)
+        t.set_data_from_numpy(array)
+        tensors.append(t)
+    return tensors
+
+
+def _stream(grpc_url: str, model: str, text: str, request_id: str = "") -> list[str]:
+    """Upstream's streaming client: one callback per response, each chunk decoded on its own."""
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.async_stream_infer(model, _inputs(grpcclient, text, stream=True), request_id=request_id,
+                              enable_empty_final_response=True)
+    pieces = []
+    while True:
+        result, error = results.get(timeout=60)
+        assert error is None, error
+        out = result.as_numpy("text_output")
+        if out is not None:
+            assert out.ndim == 1, f"{model}: text_output {out.shape} is not upstream's flat layout"
+            pieces.append(out[0].decode("utf-8"))  # strict: raw partial bytes would raise here
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    client.close()
+    return pieces
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_text_output_is_flat_and_decodes_like_upstream_reads_it(plain, model, protocol):
+    module = _client_module(protocol)
+    port = plain.http_port if protocol == "http" else plain.grpc_port
+    out = module.InferenceServerClient(f"127.0.0.1:{port}").infer(model, _inputs(module, SPLIT_TEXT)).as_numpy("text_output")
+    assert out.shape == (1,) and out[0].decode("utf-8") == SPLIT_TEXT, (model, out)
+
+
+def test_each_model_alone_as_end_to_end_test_calls_them(plain, tmp_path_factory):
+    import tritonclient.http as httpclient
+
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{plain.http_port}")
+    pre = http.infer("preprocessing", _pre_inputs(httpclient))
+    ids, lens = pre.as_numpy("INPUT_ID"), pre.as_numpy("REQUEST_INPUT_LEN")
+    assert ids.ndim == 2 and lens.shape == (1, 1)
+    post = http.infer("postprocessing", _post_inputs(httpclient, ids[:, None, :], lens))
+    assert post.as_numpy("OUTPUT").shape == (1,) and post.as_numpy("OUTPUT")[0].decode() == SPLIT_TEXT
+    core = http.infer("tensorrt_llm", _core_inputs(httpclient, ids, lens))
+    seq = core.as_numpy("sequence_length")
+    assert core.as_numpy("output_ids")[0][0][: seq[0][0]].tolist() == ids[0, : lens[0, 0]].tolist()
+
+
+def test_postprocessing_batch_is_one_flat_element_per_row(plain):
+    import tritonclient.http as httpclient
+
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{plain.http_port}")
+    pre = http.infer("preprocessing", _pre_inputs(httpclient))
+    ids, lens = pre.as_numpy("INPUT_ID"), pre.as_numpy("REQUEST_INPUT_LEN")
+    two = np.concatenate([ids[:, None, :], ids[:, None, :]])
+    post = http.infer("postprocessing", _post_inputs(httpclient, two, np.array([[lens[0, 0]], [3]])))
+    texts = [o.decode() for o in post.as_numpy("OUTPUT")]
+    assert texts[0] == SPLIT_TEXT and SPLIT_TEXT.startswith(texts[1].rstrip("\ufffd")) and len(texts) == 2
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_streamed_chunks_arrive_as_whole_characters(decoupled, model):
+    request_id = f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}" if model == "ensemble" else ""
+    pieces = _stream(f"127.0.0.1:{decoupled.grpc_port}", model, SPLIT_TEXT, request_id)
+    assert len(pieces) > 3 and "".join(pieces) == SPLIT_TEXT, (model, pieces)
+    assert not any("\ufffd" in p for p in pieces), (model, pieces)
+
+
+def test_ensemble_stream_without_our_request_id_behaves_like_upstream(decoupled):
+    """The ensemble cannot tell streams apart without hpc-serve's request id: split characters arrive as U+FFFD,
+    exactly as upstream's ensemble does (README: where we differ)."""
+    pieces = _stream(f"127.0.0.1:{decoupled.grpc_port}", "ensemble", SPLIT_TEXT)
+    assert "\ufffd" in "".join(pieces) and len(pieces) > 3
+
+
+def _client_module(protocol: str):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    return httpclient if protocol == "http" else grpcclient
+
+
+def _pre_inputs(module) -> list:
+    query = module.InferInput("QUERY", [1, 1], "BYTES")
+    query.set_data_from_numpy(np.array([[SPLIT_TEXT.encode()]], dtype=object))
+    out_len = module.InferInput("REQUEST_OUTPUT_LEN", [1, 1], "INT32")
+    out_len.set_data_from_numpy(np.array([[8]], np.int32))
+    return [query, out_len]
+
+
+def _post_inputs(module, tokens: np.ndarray, lengths: np.ndarray) -> list:
+    t = module.InferInput("TOKENS_BATCH", list(tokens.shape), "INT32")
+    t.set_data_from_numpy(tokens.astype(np.int32))
+    n = module.InferInput("SEQUENCE_LENGTH", list(lengths.shape), "INT32")
+    n.set_data_from_numpy(lengths.astype(np.int32))
+    return [t, n]
+
+
+def _core_inputs(module, ids: np.ndarray, lengths: np.ndarray) -> list:
+    arrays = {"input_ids": ids.astype(np.int32), "input_lengths": lengths.astype(np.int32),
+              "request_output_len": np.array([[8]], np.int32)}
+    tensors = []
+    for name, array in arrays.items():
+        t = module.InferInput(name, list(array.shape), "INT32")
+        t.set_data_from_numpy(array)
+        tensors.append(t)
+    return tensors
