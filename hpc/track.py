@@ -2,6 +2,7 @@
 
     PENDING (Slurm's reason) → STARTING → READY → COMPLETED | FAILED | CANCELLED | TIMEOUT
                                    ↘ CANCELLING (hpc-serve cancel) → CANCELLED
+                                   ↘ STOPPING (Slurm's COMPLETING: ending, processes still there) → end state
 
 Where each transition is observed:
 - PENDING, and the end states: the scheduler (Slurm through submitit's sacct watcher, with squeue/scontrol
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from hpc.jobs import JobRef
 
-ACTIVE = ("PENDING", "STARTING", "READY", "CANCELLING")
+ACTIVE = ("PENDING", "STARTING", "READY", "CANCELLING", "STOPPING")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 UNKNOWN_GIVE_UP_S = 120.0
 
@@ -70,6 +71,8 @@ class JobStatus:
             text += f" ({len(self.endpoints)}/{self.replicas} replicas ready)"
         elif self.state == "CANCELLING":
             text += " (ranks stopping: in-flight requests drain, then the leaders release their followers)"
+        elif self.state == "STOPPING":
+            text += " (the job is ending; Slurm is stopping its processes)"
         elif self.state == "READY":
             text += " " + ", ".join(f"http://{e['address']}:{e['http_port']}" for e in self.endpoints)
         if self.failed_rank:
@@ -232,6 +235,8 @@ def job_status(ref: JobRef) -> JobStatus:
     cancelled = ref.cancel_marker.exists()  # the user stopped it (hpc.submit.cancel); ranks exiting is expected
     if cancelled and running:
         state, failure, endpoints = "CANCELLING", None, []
+    elif raw == "COMPLETING" and state in ("STARTING", "READY"):
+        state, endpoints = "STOPPING", []  # the job is ending (time limit, scancel): no endpoint to offer
     elif cancelled and state in ("COMPLETED", "FAILED"):
         state, failure = "CANCELLED", None
     if state == "FAILED" and failure is None:

@@ -121,7 +121,7 @@ def test_all_replicas_published_is_ready(tmp_path, scheduler):
     assert "http://10.0.0.5:8000" in st.summary() and "http://10.0.0.6:9000" in st.summary()
 
 
-@pytest.mark.parametrize("raw", ["COMPLETING", "SIGNALING", "STAGE_OUT"])
+@pytest.mark.parametrize("raw", ["SIGNALING", "STAGE_OUT"])  # COMPLETING: see test_completing_job_is_stopping
 def test_running_like_states_use_the_job_folder(tmp_path, scheduler, raw):
     ref = make_job(tmp_path)
     scheduler.set(raw)
@@ -242,6 +242,17 @@ def test_cancelled_job_whose_ranks_are_still_stopping_is_cancelling(tmp_path, sc
     st = job_status(ref)
     assert st.state == "CANCELLING" and st.failed_rank is None
     assert "ranks stopping" in st.summary()
+
+
+def test_completing_job_is_stopping_not_ready(tmp_path, scheduler):
+    """Slurm's COMPLETING (time limit, scancel): the job is ending but its processes are still there."""
+    ref = make_job(tmp_path)
+    publish(ref, 0)
+    scheduler.set("COMPLETING")
+    st = job_status(ref)
+    assert st.state == "STOPPING" and not st.done and st.endpoints == [] and "ending" in st.summary()
+    rank_exit(ref, 1, 137, signal="SIGKILL", ended_at=2.0)
+    assert job_status(ref).state == "FAILED"  # a rank that died on its own is still the news
 
 
 def test_marker_only_explains_the_end_of_a_job_that_was_not_running(tmp_path, scheduler):
