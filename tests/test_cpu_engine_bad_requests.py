@@ -2,6 +2,7 @@
 requests beside it in the same batch are served exactly as if they had been alone."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,31 @@ def test_stats_after_the_last_step_show_nothing_active(gpt2: Path) -> None:
     stats = engine.stats()
     assert engine.scheduler.running, "precondition: the finished request still holds its slot"
     assert stats.active_requests == 0 and stats.used_blocks == 0 and stats.free_blocks == stats.max_blocks
+
+
+def test_stopping_engine_fails_what_cannot_finish_before_its_drain_time(gpt2: Path) -> None:
+    """Told to stop (its launcher's stop file): close to the drain deadline, queued and running requests get an
+    error naming the stop, and new ones are refused at once, so the ranks can still stop in order."""
+    engine = Engine(str(gpt2), max_batch_size=1)
+    reqs = [engine.submit(GenerationRequest(input_ids=GOOD[0], max_new_tokens=200)) for _ in range(3)]
+    engine.drain_deadline = lambda: time.time() + 1.0  # already less than DRAIN_MARGIN_S away
+    engine.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not all(r.finished for r in reqs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [r.finish_reason for r in reqs] == ["error"] * 3 and all("stopping" in r.error for r in reqs)
+        late = engine.submit(GenerationRequest(input_ids=GOOD[1], max_new_tokens=2))
+        assert late.finished and "stopping" in late.error
+    finally:
+        engine.shutdown()
+
+
+def test_a_stopping_engine_with_time_to_spare_still_serves(gpt2: Path) -> None:
+    engine = Engine(str(gpt2))
+    engine.drain_deadline = lambda: time.time() + 60.0  # stopping, but with time to spare
+    engine.start()
+    try:
+        assert engine.generate(GenerationRequest(input_ids=GOOD[0], max_new_tokens=4), timeout=30).finish_reason == "length"
+    finally:
+        engine.shutdown()

@@ -22,7 +22,7 @@ import numpy as np
 from .checkpoint import ModelConfig, load_config, load_weights
 from .lockstep import StepFailed
 from .model import StepPlan, TransformerShard
-from .parallel import Communicator, LeaderDied, SingleComm, world_comm
+from .parallel import Communicator, LeaderDied, PeerGone, SingleComm, drain_deadline, world_comm
 from .sampling import apply_penalties, ban_bad_words, sample_token
 from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
 from .validate import request_problem
@@ -31,6 +31,8 @@ log = logging.getLogger("hpc_serve.cpu_engine")
 
 _PING = "ping"
 _STOP = "stop"
+DRAIN_CHECK_S = 0.25  # how often the loop looks at the stop file (cheap: a stat and a small read)
+DRAIN_MARGIN_S = 2.0  # fail what is left this long before the drain deadline: the unload and release need it
 
 
 @dataclass
@@ -125,10 +127,16 @@ class Engine:
         self.iterations = 0
         self._stopped_followers = False
         self.on_step: Callable[[EngineStats], None] | None = None  # e.g. Prometheus gauges, after every step
+        #: epoch seconds by which in-flight work must be done once stopping (None: not stopping); see _enforce_drain
+        self.drain_deadline: Callable[[], float | None] | None = drain_deadline
+        self._refusing: str | None = None  # why new requests are answered with an error at once
 
     # ------------------------------------------------------------------ public API
     def submit(self, req: GenerationRequest) -> GenerationRequest:
         """Queue a request (any thread); outputs arrive through ``req.on_output`` from the engine thread."""
+        if self._refusing:  # stopping or broken: answer at once instead of queueing behind nothing
+            self._finish(req, "error", self._refusing)
+            return req
         req.sampling.validate()
         req.rng = np.random.default_rng(int(req.sampling.seed) & 0xFFFFFFFFFFFFFFFF)
         self._incoming.put(req)
@@ -210,16 +218,38 @@ class Engine:
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
         last_msg = time.monotonic()
+        next_drain_check = 0.0
         while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_drain_check:
+                next_drain_check = now + DRAIN_CHECK_S
+                self._enforce_drain(time.time())
             if self.has_work():
                 self.step_or_fail()
                 last_msg = time.monotonic()
                 continue
-            self._wake.wait(self.heartbeat_s)
+            self._wake.wait(min(self.heartbeat_s, DRAIN_CHECK_S))
             self._wake.clear()
             if self.comm.size > 1 and time.monotonic() - last_msg >= self.heartbeat_s:
-                self.comm.bcast_obj(_PING)  # followers use this to tell an idle leader from a dead one
+                try:
+                    self.comm.bcast_obj(_PING)  # followers use this to tell an idle leader from a dead one
+                except PeerGone as e:  # a follower died: nothing can run on this replica any more
+                    log.error("%s", e)
+                    self._refusing = f"a tensor-parallel peer of this replica is gone ({e})"
+                    self._fail_all(self._refusing)
                 last_msg = time.monotonic()
+
+    def _enforce_drain(self, now_epoch: float) -> None:
+        """Once the rank was told to stop (its launcher's stop file): before the drain time runs out, refuse new
+        requests and fail what is still queued or running, so tritonserver can unload the model (which releases
+        the followers) while the ranks are still allowed to stop in order."""
+        deadline = self.drain_deadline() if self.drain_deadline is not None else None
+        if deadline is None or self._refusing or now_epoch < deadline - DRAIN_MARGIN_S:
+            return
+        self._refusing = "the server is stopping (its drain time ran out); retry on another replica or job"
+        log.warning("drain time ends at %.1f: failing %d queued/running request(s)", deadline,
+                    len(self.scheduler.running) + len(self.scheduler.waiting) + self._incoming.qsize())
+        self._fail_all(self._refusing)
 
     def step_or_fail(self) -> str | None:
         """One :meth:`step`; if it fails, only the requests of that step fail (with the reason, returned here)
