@@ -22,6 +22,7 @@ import jinja2
 
 from hpc import __version__
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
+from launcher.config import DEFAULT_DRAIN_S, STOP_OVERHEAD_S
 from hpc.spec_files import is_script_safe_path
 
 SUB_NAME = "tensorrt_llm_triton.sub"
@@ -162,6 +163,8 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         "wrapper": wrapper,
         "python": python,
         "source_root": str(SOURCE_ROOT),
+        # Slurm's time-limit warning: early enough for an ordered stop (DEVELOPERS.md "Stopping")
+        "stop_lead_s": int(DEFAULT_DRAIN_S + STOP_OVERHEAD_S),
     }
     return {
         SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),

@@ -12,6 +12,13 @@ class PlanError(ValueError):
     """launch.json is missing or malformed."""
 
 
+#: Seconds a stopping leader drains in-flight requests (launch.json ``drain_s``); the .sub asks Slurm for its
+#: time-limit warning this much (plus the release and unload time) before the end (hpc/render.py).
+DEFAULT_DRAIN_S = 10.0
+#: What an ordered stop needs beyond the drain: the followers' release, the unload, MPI_Finalize.
+STOP_OVERHEAD_S = 20.0
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """The launcher's only input.  Optional keys beyond DEVELOPERS.md, the bounds of an ordered stop:
@@ -41,7 +48,7 @@ class LaunchPlan:
     env: dict = field(default_factory=dict)
     stop_grace_s: float | None = None
     name: str = ""
-    drain_s: float = 10.0
+    drain_s: float = DEFAULT_DRAIN_S
     release_wait_s: float | None = None
 
     @property
@@ -117,7 +124,7 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
         ready_timeout_s=num("ready_timeout_s", 900.0, float),
         env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
         stop_grace_s=num("stop_grace_s", None, float),
-        drain_s=num("drain_s", 10.0, float),
+        drain_s=num("drain_s", DEFAULT_DRAIN_S, float),
         release_wait_s=num("release_wait_s", None, float),
         name=str(data.get("name") or ""),
     )

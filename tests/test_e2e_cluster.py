@@ -318,3 +318,17 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_
     assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks  # drained, released: clean exits
     logs = "".join(p.read_text(errors="replace") for p in job_dir.glob(f"{job}_*_log.err"))
     assert "released by the leader" in logs and "sending SIGKILL" not in logs
+
+
+def test_time_limit_is_an_ordered_stop_and_the_job_completes(jobs, tmp_path, tiny_gpt2):
+    """Slurm's time-limit warning (the .sub's --signal=B:USR1) stops the ranks in order before the limit: both
+    exit 0 and the job ends COMPLETED, not TIMEOUT with its ranks SIGKILLed."""
+    spec = write_spec(tmp_path, "limit", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1, slurm={"time": "00:01:00"})
+    job, job_dir = submit(spec)
+    jobs.append(job)
+    st = wait_for(lambda: (s := status(job)).get("state") in ("COMPLETED", "TIMEOUT", "FAILED") and s, 100,
+                  "the job to reach its time limit")
+    assert st["state"] == "COMPLETED", st
+    ranks = {r["rank"]: r for r in map(json.loads, (p.read_text() for p in (job_dir / "ranks").glob("rank-*.json")))}
+    assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks
+    _assert_no_server_left(job_dir.parent.parent)

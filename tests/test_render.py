@@ -71,7 +71,9 @@ def srun_argv(sub: str) -> list[str]:
     joined = sub.replace("\\\n", " ")
     lines = [line for line in joined.splitlines() if line.startswith("srun --mpi=pmix")]
     assert len(lines) == 1, lines
-    return shlex.split(lines[0])
+    argv = shlex.split(lines[0])
+    assert argv[-1] == "&", "srun runs in the background so the .sub's traps can act (ordered stop)"
+    return argv[:-1]
 
 
 def parse_pbtxt(path: Path) -> mc.ModelConfig:
@@ -157,13 +159,15 @@ def test_sub_header_and_srun_line(tmp_path):
     assert sbatch_header(sub) == [
         "#SBATCH -J gpu-test", f"#SBATCH -o {d}/logs/%j.out", f"#SBATCH -e {d}/logs/%j.err", "#SBATCH -A proj",
         "#SBATCH -p gpu", "#SBATCH --qos=normal", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
-        "#SBATCH --time=02:00:00", "#SBATCH --gres=gpu:4", "#SBATCH --mem=64G", "#SBATCH --exclusive",
+        "#SBATCH --time=02:00:00", "#SBATCH --signal=B:USR1@30", "#SBATCH --gres=gpu:4", "#SBATCH --mem=64G",
+        "#SBATCH --exclusive",
         "#SBATCH --constraint=a100&ib", "#SBATCH --mail-type=END",
     ]
     argv = srun_argv(sub)
     assert argv[:3] == ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"]
     assert "--output=$JOB_DIR/%j_%t_log.out" in argv and "--error=$JOB_DIR/%j_%t_log.err" in argv
     assert argv[-2:] == ["bash", "$DEPLOY_DIR/tensorrt_llm_triton.sh"]
+    assert "trap 'scancel --signal=TERM \"$SLURM_JOB_ID\" || true' USR1 TERM" in sub  # ordered stop, not srun's
     assert f"DEPLOY_DIR={d}" in sub.splitlines()
     assert 'JOB_DIR="$DEPLOY_DIR/jobs/$SLURM_JOB_ID"' in sub
     assert "nvidia-smi" not in sub  # no clock lock unless asked for
