@@ -362,3 +362,15 @@ class TritonPythonModel:
                 if pb_utils is not None:
                     pb_utils.Logger.log_warn(f"cpu engine: stopping the followers failed: {e}")
         _finalize_mpi()
+        self._release_stub_objects()
+
+    def _release_stub_objects(self) -> None:
+        """Drop the metric families/metrics and the engine (whose finished requests hold response senders) now,
+        while the stub is still whole: left to the interpreter's final garbage collection, their destructors
+        run after the stub tore down its shared memory and segfault (seen at every tp 2 leader exit)."""
+        import gc
+
+        self.engine = None
+        self._metrics = {}
+        self._metric_families = []
+        gc.collect()
