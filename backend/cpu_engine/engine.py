@@ -26,6 +26,7 @@ from .parallel import Communicator, LeaderDied, PeerGone, SingleComm, drain_dead
 from .sampling import apply_penalties, ban_bad_words, sample_token
 from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
 from .validate import request_problem
+from .selection import greedy_picks, hit_stop_word
 
 log = logging.getLogger("hpc_serve.cpu_engine")
 
@@ -358,7 +359,7 @@ class Engine:
             logits = np.concatenate([decode_logits, np.stack(prefill_logits)])
         else:
             logits = decode_logits if n_run else np.stack(prefill_logits)
-        picks = self._greedy_picks(reqs, logits)
+        picks = greedy_picks(reqs, logits)
         for j, req in enumerate(reqs):
             self._advance(req, logits[j], now, picks[j])
         if self.on_step is not None:
@@ -367,37 +368,6 @@ class Engine:
             except Exception:
                 log.exception("on_step hook failed")
         # finished requests leave (and free their slot/budget) at the start of the next step
-
-    @staticmethod
-    def _plain_greedy(req: GenerationRequest) -> bool:
-        """Greedy with nothing that edits the logits first (no penalties, bad words or active min_tokens)."""
-        p = req.sampling
-        return (
-            p.greedy
-            and not req.bad_words
-            and (p.repetition_penalty is None or p.repetition_penalty == 1.0)
-            and not p.presence_penalty
-            and not p.frequency_penalty
-            and (req.end_id is None or len(req.output_ids) >= p.min_tokens)
-        )
-
-    def _greedy_picks(self, reqs: list[GenerationRequest], logits: np.ndarray) -> list[tuple[int, float] | None]:
-        """(token, log-prob) for every plain-greedy row, computed for the whole batch at once (the same arithmetic
-        as ``sample_token`` row by row: argmax, then log_softmax at that token); None where the row needs the
-        per-request path."""
-        plain = [self._plain_greedy(r) for r in reqs]
-        if not any(plain):
-            return [None] * len(reqs)
-        rows = np.flatnonzero(plain)
-        x = logits if len(rows) == len(reqs) else logits[rows]
-        tokens = np.argmax(x, axis=-1)
-        shifted = x - np.max(x, axis=-1, keepdims=True)
-        lse = np.log(np.sum(np.exp(shifted), axis=-1))
-        logps = shifted[np.arange(len(rows)), tokens] - lse
-        picks: list[tuple[int, float] | None] = [None] * len(reqs)
-        for j, t, lp in zip(rows.tolist(), tokens.tolist(), logps.tolist()):
-            picks[j] = (t, lp)
-        return picks
 
     def _advance(self, req: GenerationRequest, logits: np.ndarray, now: int, pick: tuple[int, float] | None = None) -> None:
         """Sample one token for ``req`` (or take ``pick``, its batched greedy choice) and apply the stop rules."""
@@ -423,17 +393,9 @@ class Engine:
         req.log_probs.append(logp)
         req.cum_log_prob += logp
         n_out += 1
-        if n_out >= p.min_tokens and req.stop_words and self._hit_stop_word(req):
+        if n_out >= p.min_tokens and req.stop_words and hit_stop_word(req):
             self._finish(req, "stop_words")
         elif n_out >= req.max_new_tokens:
             self._finish(req, "length")
         else:
             self._emit(req, final=False)
-
-    @staticmethod
-    def _hit_stop_word(req: GenerationRequest) -> bool:
-        out = req.output_ids
-        for word in req.stop_words:
-            if word and len(out) >= len(word) and out[-len(word) :] == word:
-                return True
-        return False
