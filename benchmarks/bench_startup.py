@@ -122,18 +122,13 @@ def run_hpc_local(deploy_dir: Path) -> dict:
 
 
 def run_hpc_slurm(deploy_dir: Path) -> dict:
-    from hpc.jobs import JobRef, register
-    from hpc.render import SUB_NAME
-    from hpc.submit import cancel, sbatch
-    from hpc.track import job_status
+    from hpc import slurm
+    from hpc.executors import SlurmExecutor
+    from hpc.submit import cancel
 
     t_submit = time.time()
-    job_id = sbatch(deploy_dir / SUB_NAME)
-    job_dir = deploy_dir / "jobs" / job_id
-    (job_dir / "endpoints").mkdir(parents=True, exist_ok=True)
-    (job_dir / "ranks").mkdir(exist_ok=True)
-    register(job_id, job_dir)
-    ref = JobRef(job_id, job_dir)
+    ref = SlurmExecutor().submit(deploy_dir)
+    job_id = ref.job_id
     endpoint = ref.endpoints_dir / "replica-0.json"
     t_ready = poll_file(endpoint, 300, alive=lambda: not list(ref.ranks_dir.glob("*.json")))
     record = json.loads(endpoint.read_text())
@@ -141,13 +136,9 @@ def run_hpc_slurm(deploy_dir: Path) -> dict:
     if out.exists() and out.stat().st_size == 0:
         t0, how = out.stat().st_mtime, "logs/<id>.out created"
     else:
-        show = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True).stdout
-        stamp = next(w.split("=", 1)[1] for w in show.split() if w.startswith("StartTime="))
+        stamp = slurm.default.scontrol_jobs([job_id])[job_id]["StartTime"]
         t0, how = time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")), "scontrol StartTime"
-    cancel(ref, grace_s=30)
-    deadline = time.monotonic() + 90
-    while not job_status(ref).done and time.monotonic() < deadline:
-        time.sleep(0.2)
+    cancel(ref, grace_s=30)  # returns once the job has ended (or 90 s passed)
     wait_gone(str(deploy_dir))
     http = http_started(ref.rank_log(0, "err"))
     return {"total": t_ready - t0, "queued": t0 - t_submit, "spawned": record["started_at"] - t0,

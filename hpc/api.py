@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpc.client import Client, Endpoint, job_endpoints
+from hpc.executors import watch
 from hpc.jobs import JobRef, find_job
 from hpc.track import JobStatus, job_status, wait
 
@@ -31,6 +32,7 @@ class Job:
 
     def __init__(self, job: str | JobRef):
         self.ref = job if isinstance(job, JobRef) else find_job(job)
+        watch([self.ref])  # many Job objects, one sacct per refresh for all of them
 
     @property
     def job_id(self) -> str:
@@ -47,16 +49,16 @@ class Job:
         return status
 
     def endpoints(self) -> list[Endpoint]:
-        return job_endpoints(str(self.ref.job_dir))
+        return job_endpoints(self.ref)
 
     def client(self, replica: int = 0, model: str = "ensemble") -> Client:
-        return Client.from_job(str(self.ref.job_dir), replica=replica, model=model)
+        return Client.from_job(self.ref, replica=replica, model=model)
 
     def cancel(self, grace_s: float = 30.0) -> JobStatus:
+        """Ordered stop, then scancel, then wait for the end: the same `hpc.submit.cancel` as the CLI's."""
         from hpc.submit import cancel
 
-        cancel(self.ref, grace_s)
-        return wait(self.ref, until=(), timeout=grace_s + 60)
+        return cancel(self.ref, grace_s)
 
     def __repr__(self) -> str:
         return f"Job({self.job_id!r}, folder={str(self.ref.job_dir)!r})"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
-from hpc.jobs import find_job
+from hpc.jobs import JobRef, find_job
 from hpc.track import read_records
 
 
@@ -61,9 +61,10 @@ class Endpoint:
         return f"http://{self.address}:{self.metrics_port}/metrics"
 
 
-def job_endpoints(job: str) -> list[Endpoint]:
-    """Every published replica endpoint of a job, by replica number."""
-    ref = find_job(job)
+def job_endpoints(job: str | JobRef) -> list[Endpoint]:
+    """Every published replica endpoint of a job (an id, a job folder, or the JobRef already looked up), by
+    replica number."""
+    ref = job if isinstance(job, JobRef) else find_job(job)
     records = sorted(read_records(ref.endpoints_dir), key=lambda r: r.get("replica", 0))
     return [Endpoint.from_record(r) for r in records]
 
@@ -77,11 +78,13 @@ class Client:
         self.timeout_s = timeout_s
 
     @classmethod
-    def from_job(cls, job: str, replica: int = 0, model: str = "ensemble") -> Client:
+    def from_job(cls, job: str | JobRef, replica: int = 0, model: str = "ensemble") -> Client:
         endpoints = job_endpoints(job)
         chosen = [e for e in endpoints if e.replica == replica]
         if not chosen:
-            raise NotReady(f"job {job} has no ready endpoint for replica {replica}; see `hpc-serve status {job}`")
+            name = job.job_id if isinstance(job, JobRef) else job
+            raise NotReady(f"job {name} has no ready endpoint for replica {replica}; "
+                           f"see `hpc-serve status {name}`")
         return cls(chosen[0], model=model)
 
     def ready(self) -> bool:

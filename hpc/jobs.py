@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc import slurm
 from hpc.render import LAUNCH_NAME, SUB_NAME
 
 
@@ -38,10 +37,6 @@ class JobRef:
     @property
     def deploy_dir(self) -> Path:
         return self.job_dir.parent.parent
-
-    @property
-    def is_local(self) -> bool:
-        return self.job_id.startswith("local-")
 
     @property
     def endpoints_dir(self) -> Path:
@@ -85,21 +80,20 @@ def register(job_id: str, job_dir: Path) -> None:
 
 
 def _from_scontrol(job_id: str) -> Path | None:
-    if not shutil.which("scontrol"):
-        return None
-    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
-    match = re.search(r"\bCommand=(\S+)", out)
-    return Path(match.group(1)).parent if match else None
+    try:
+        command = slurm.default.scontrol_jobs([job_id]).get(job_id, {}).get("Command")
+    except slurm.SlurmError:
+        return None  # not installed, or the controller is away: the next finder may still know
+    return Path(command).parent if command else None
 
 
 def _from_sacct(job_id: str) -> Path | None:
-    if not shutil.which("sacct"):
+    try:
+        rows = slurm.default.sacct([job_id], ["WorkDir", "SubmitLine"])
+    except slurm.SlurmError:
         return None
-    out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "WorkDir,SubmitLine"], capture_output=True, text=True
-    ).stdout
-    for line in out.splitlines():
-        workdir, _, submit_line = line.partition("|")
+    for row in rows:
+        workdir, submit_line = row.get("WorkDir", ""), row.get("SubmitLine", "")
         # The submit line is as typed: `cd D && sbatch tensorrt_llm_triton.sub` leaves no folder in it at all,
         # and a relative one is relative to the job's WorkDir, not to this shell's cwd.
         match = re.search(rf"(?:^|\s)((?:\S*/)?){re.escape(SUB_NAME)}(?:\s|$)", submit_line)

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from hpc.cli_support import (
     EXIT_JOB_FAILED,
@@ -19,6 +20,9 @@ from hpc.cli_support import (
     load_spec_or_exit,
 )
 
+if TYPE_CHECKING:
+    from hpc.jobs import JobRef
+
 
 def _console():
     from rich.console import Console
@@ -26,7 +30,8 @@ def _console():
     return Console(stderr=True, highlight=False)
 
 
-def _find(job: str):
+def _find(job: str) -> JobRef:
+    """The job, looked up once per command (its folder from the index, else scontrol/sacct), or exit 3."""
     from hpc.jobs import JobNotFound, find_job
 
     try:
@@ -36,14 +41,14 @@ def _find(job: str):
         raise SystemExit(EXIT_NOT_FOUND) from None
 
 
-def _latest_job() -> str:
+def _latest_job() -> JobRef:
     from hpc.jobs import list_jobs
 
     jobs = list_jobs()
     if not jobs:
         print("hpc-serve: no jobs yet; submit one with `hpc-serve submit SPEC`", file=sys.stderr)
         raise SystemExit(EXIT_NOT_FOUND)
-    return jobs[0].job_id
+    return jobs[0]
 
 
 def _wait_and_report(ref, timeout: float | None) -> int:
@@ -59,7 +64,7 @@ def _wait_and_report(ref, timeout: float | None) -> int:
 
         status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
     if status.state == "READY":
-        _print_endpoints(ref.job_id, "text")
+        _print_endpoints(ref, "text")
         console.print(f"[dim]next: hpc-serve generate {ref.job_id} \"Hello\"  ·  hpc-serve status {ref.job_id}  ·  "
                       f"hpc-serve cancel {ref.job_id}[/dim]", soft_wrap=True)
         return EXIT_OK
@@ -101,7 +106,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from hpc.track import job_status
 
-    ref = _find(args.job or _latest_job())
+    ref = _find(args.job) if args.job else _latest_job()
     status = job_status(ref)
     if args.json:
         print(json.dumps(status.to_json(), indent=2))
@@ -114,12 +119,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from hpc.executors import watch
     from hpc.jobs import list_jobs
     from hpc.track import job_status
 
     table = Table("job", "state", "reason / endpoint", "folder")
     rows = []
-    for ref in list_jobs()[: args.limit]:
+    refs = list_jobs()[: args.limit]
+    watch(refs)  # one sacct (and squeue) for all of them, not one per job
+    for ref in refs:
         status = job_status(ref)
         detail = status.reason or ", ".join(f"{e['address']}:{e['http_port']}" for e in status.endpoints)
         table.add_row(ref.job_id, status.state, detail or "", str(ref.deploy_dir))
@@ -135,11 +143,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return _wait_and_report(_find(args.job), args.timeout)
 
 
-def _print_endpoints(job: str, fmt: str) -> int:
+def _print_endpoints(ref: JobRef, fmt: str) -> int:
     from hpc.client import job_endpoints
 
-    endpoints = job_endpoints(job)
+    endpoints = job_endpoints(ref)
     if not endpoints:
+        job = ref.job_id
         print(f"hpc-serve: job {job} has no ready endpoint yet; see `hpc-serve status {job}`", file=sys.stderr)
         return EXIT_NOT_FOUND
     if fmt == "json":
@@ -159,8 +168,7 @@ def _print_endpoints(job: str, fmt: str) -> int:
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
-    _find(args.job)
-    return _print_endpoints(args.job, "json" if args.json else args.format)
+    return _print_endpoints(_find(args.job), "json" if args.json else args.format)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -194,12 +202,15 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    from hpc.slurm import SlurmError
     from hpc.submit import cancel
-    from hpc.track import wait
 
     ref = _find(args.job)
-    cancel(ref, grace_s=args.grace)
-    status = wait(ref, until=(), timeout=args.grace + 60)
+    try:
+        status = cancel(ref, grace_s=args.grace)
+    except SlurmError as exc:  # scancel refused (not the owner …): its words, not a traceback
+        print(f"hpc-serve: {exc}", file=sys.stderr)
+        return EXIT_JOB_FAILED
     print(status.summary())
     return EXIT_OK if status.done else EXIT_JOB_FAILED
 
@@ -207,8 +218,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from hpc.client import Client, NotReady
 
+    ref = _find(args.job)
     try:
-        client = Client.from_job(args.job, replica=args.replica, model=args.model)
+        client = Client.from_job(ref, replica=args.replica, model=args.model)
     except NotReady as exc:
         print(f"hpc-serve: {exc}", file=sys.stderr)
         return EXIT_NOT_FOUND
@@ -228,8 +240,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from hpc.client import job_endpoints
     from hpc.metrics import DEFAULT_PREFIXES, parse, scrape
 
-    _find(args.job)
-    endpoints = [e for e in job_endpoints(args.job) if e.replica == args.replica]
+    endpoints = [e for e in job_endpoints(_find(args.job)) if e.replica == args.replica]
     if not endpoints:
         print(f"hpc-serve: job {args.job} has no ready endpoint for replica {args.replica}", file=sys.stderr)
         return EXIT_NOT_FOUND

@@ -6,6 +6,7 @@ supervisor (`hpc.local_run`); its id is `local-<hex>`, so every other command te
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -17,9 +18,13 @@ from pathlib import Path
 from hpc.jobs import JobRef, index_dir, register
 
 
+#: every local job id starts with it: how `hpc.executors.executor_of` tells a local job from a Slurm one
+JOB_ID_PREFIX = "local-"
+
+
 def new_job_id() -> str:
     while True:
-        job_id = f"local-{secrets.token_hex(3)}"
+        job_id = f"{JOB_ID_PREFIX}{secrets.token_hex(3)}"
         if not (index_dir() / job_id).exists():
             return job_id
 
@@ -47,6 +52,24 @@ def submit_local(deploy_dir: Path) -> JobRef:
     while not (job_dir / "local.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return JobRef(job_id, job_dir)
+
+
+def local_state(job_dir: Path) -> tuple[str, str | None]:
+    """(state, reason) of a local job from its supervisor's local.json: what sacct is to a Slurm job."""
+    from hpc.local_run import STATE_FILE
+
+    path = job_dir / STATE_FILE
+    if not path.exists():
+        return "UNKNOWN", "the local supervisor never started"
+    record = json.loads(path.read_text())
+    state = record.get("state", "UNKNOWN")
+    if state == "RUNNING":
+        try:
+            os.kill(int(record["pid"]), 0)
+        except (ProcessLookupError, KeyError, ValueError):
+            return "FAILED", "the local supervisor died"
+    reason = f"exit code {record['exit_code']}" if state == "FAILED" and "exit_code" in record else None
+    return state, reason
 
 
 def _pythonpath() -> str:
@@ -93,7 +116,6 @@ def cancel_local(ref: JobRef, grace_s: float = 30.0) -> None:
     """SIGTERM the supervisor (mpirun passes it to every launcher, which stops tritonserver gracefully), wait
     for the ranks to go, then SIGKILL whatever is left."""
     from hpc.local_run import STATE_FILE, write_state
-    import json
 
     state = json.loads((ref.job_dir / STATE_FILE).read_text())
     try:

@@ -5,8 +5,9 @@
                                    ↘ STOPPING (Slurm's COMPLETING: ending, processes still there) → end state
 
 Where each transition is observed:
-- PENDING, and the end states: the scheduler (Slurm through submitit's sacct watcher, with squeue/scontrol
-  when sacct has nothing yet or is not there; the local executor's local.json).
+- PENDING, and the end states: the job's executor (hpc/executors.py): Slurm through the process's shared,
+  throttled watcher (hpc/slurm_watch.py: sacct, with squeue/scontrol when sacct has nothing yet or is not
+  there); the local executor's local.json.
 - STARTING → READY: every replica's leader has published `endpoints/replica-<k>.json` after its
   `/v2/health/ready` answered 200.
 - FAILED, and why: the rank exit records (`ranks/rank-<r>.json`); the earliest non-zero exit is the cause,
@@ -22,28 +23,21 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
+from hpc.executors import executor_of
 from hpc.jobs import JobRef
+from hpc.slurm import STATE_CLASS
 
 ACTIVE = ("PENDING", "STARTING", "READY", "CANCELLING", "STOPPING")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 UNKNOWN_GIVE_UP_S = 120.0
-
-_SLURM_STATES = {
-    "PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING", "REQUEUE_HOLD": "PENDING",
-    "REQUEUE_FED": "PENDING", "RESV_DEL_HOLD": "PENDING", "SUSPENDED": "PENDING",
-    "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "STAGE_OUT": "RUNNING", "SIGNALING": "RUNNING",
-    "RESIZING": "RUNNING",
-    "COMPLETED": "COMPLETED",
-    "FAILED": "FAILED", "NODE_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED", "BOOT_FAIL": "FAILED",
-    "CANCELLED": "CANCELLED", "PREEMPTED": "CANCELLED", "REVOKED": "CANCELLED",
-    "TIMEOUT": "TIMEOUT", "DEADLINE": "TIMEOUT",
-}
+#: `wait`'s back-off: 1 s after a change, growing with the time since (an eighth of it) up to 5 s. Only the
+#: job folder is read that often; the scheduler is asked at the watcher's own pace (hpc/slurm_watch.py).
+MIN_POLL_S, MAX_POLL_S = 1.0, 5.0
 
 
 @dataclass
@@ -99,75 +93,6 @@ def describe_failure(record: dict) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Schedulers: where PENDING/RUNNING/end states come from
-
-
-def _run(cmd: list[str], timeout: float = 30) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
-def sacct_state(job_id: str, job_dir: Path) -> str:
-    """The raw state sacct (through submitit's watcher) has for the job; UNKNOWN without accounting."""
-    if not shutil.which("sacct"):
-        return "UNKNOWN"
-    import submitit
-
-    job = submitit.SlurmJob(folder=job_dir.parent / "%j", job_id=job_id)
-    state = job.watcher.get_state(job_id, mode="force").split()[0]
-    if _SLURM_STATES.get(state) not in TERMINAL:
-        # submitit's watcher (one per process) stops asking sacct about a job whose state is not on its
-        # short "incomplete" list: SUSPENDED, CONFIGURING, COMPLETING, REQUEUE_HOLD … would be cached as
-        # final, and a `wait` would never see the job run again. Keep it on the watch list until it ended.
-        job.watcher._finished.discard(job_id)
-    return state
-
-
-def slurm_state(job_id: str, job_dir: Path) -> tuple[str, str | None]:
-    """(raw Slurm state, reason). sacct via submitit first (it survives the job's end); squeue and scontrol
-    for what sacct does not know yet (a job seconds old) or when accounting is off, and squeue again for a
-    job sacct says has ended, whose processes may still be being killed (COMPLETING)."""
-    state = sacct_state(job_id, job_dir)
-    reason = None
-    ended = _SLURM_STATES.get(state) in TERMINAL
-    if (state in ("UNKNOWN", "PENDING") or ended) and shutil.which("squeue"):
-        out = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"]).strip()
-        if out and not (ended and _SLURM_STATES.get(out.split("|", 1)[0]) in TERMINAL):
-            # sacct records a job's end as soon as it starts ending; while its processes are still being
-            # killed squeue says COMPLETING, and that is the state of the job
-            state, reason = out.split("|", 1)
-    if state == "UNKNOWN" and shutil.which("scontrol"):
-        out = _run(["scontrol", "show", "job", job_id])
-        match = re.search(r"JobState=(\S+)(?:.*?Reason=(\S+))?", out, re.S)
-        if match:
-            state, reason = match.group(1), match.group(2)
-    return state, (None if reason in (None, "None", "(null)") else reason)
-
-
-def local_state(job_dir: Path) -> tuple[str, str | None]:
-    """(state, reason) of a local job from its supervisor's local.json."""
-    import os
-
-    path = job_dir / "local.json"
-    if not path.exists():
-        return "UNKNOWN", "the local supervisor never started"
-    record = json.loads(path.read_text())
-    state = record.get("state", "UNKNOWN")
-    if state == "RUNNING":
-        try:
-            os.kill(int(record["pid"]), 0)
-        except (ProcessLookupError, KeyError, ValueError):
-            return "FAILED", "the local supervisor died"
-    reason = f"exit code {record['exit_code']}" if state == "FAILED" and "exit_code" in record else None
-    return state, reason
-
-
-# ---------------------------------------------------------------------------------------------------------
-
-
 def read_records(folder: Path) -> list[dict]:
     records = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -214,8 +139,8 @@ def first_failure(ranks: list[dict]) -> dict | None:
 
 def job_status(ref: JobRef) -> JobStatus:
     """The job's state now."""
-    raw, reason = local_state(ref.job_dir) if ref.is_local else slurm_state(ref.job_id, ref.job_dir)
-    state = _SLURM_STATES.get(raw, raw)
+    raw, reason = executor_of(ref).scheduler_state(ref)
+    state = STATE_CLASS.get(raw, raw)
     try:
         replicas = int(ref.launch_plan()["replicas"])
     except (OSError, ValueError, KeyError):
@@ -254,17 +179,20 @@ def job_status(ref: JobRef) -> JobStatus:
 
 
 def wait(ref: JobRef, *, until: tuple[str, ...] = ("READY",), timeout: float | None = None,
-         on_change=None, poll_s: float = 1.0) -> JobStatus:
-    """Poll until the job reaches one of `until` or ends. Never waits forever on UNKNOWN: a job the
-    scheduler has not heard of for UNKNOWN_GIVE_UP_S is reported as it is."""
-    start = time.monotonic()
+         on_change: Callable[[JobStatus], object] | None = None, poll_s: float | None = None) -> JobStatus:
+    """Poll until the job reaches one of `until` or ends, backing off while nothing changes (a fixed `poll_s`
+    if given). Never waits forever on UNKNOWN: a job the scheduler has not heard of for UNKNOWN_GIVE_UP_S is
+    reported as it is."""
+    start = changed_at = time.monotonic()
     unknown_since: float | None = None
     last = None
     while True:
         status = job_status(ref)
         key = (status.state, status.reason, len(status.endpoints))
-        if key != last and on_change is not None:
-            on_change(status)
+        if key != last:
+            changed_at = time.monotonic()
+            if on_change is not None:
+                on_change(status)
         last = key
         if status.state in until or status.done:
             return status
@@ -277,4 +205,4 @@ def wait(ref: JobRef, *, until: tuple[str, ...] = ("READY",), timeout: float | N
             unknown_since = None
         if timeout is not None and now - start > timeout:
             return status
-        time.sleep(poll_s)
+        time.sleep(poll_s if poll_s is not None else min(MAX_POLL_S, max(MIN_POLL_S, (now - changed_at) / 8)))

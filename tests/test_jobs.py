@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc import jobs
+from hpc import slurm
+from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
 from hpc.jobs import JobNotFound, JobRef, find_job, index_dir, list_jobs, register
 from hpc.render import LAUNCH_NAME, SUB_NAME
 from tests.e2e import wait_for
@@ -31,8 +32,8 @@ def make_job_dir(root: Path, job_id: str, *, replicas: int = 1, world_per_replic
 @pytest.fixture
 def no_scheduler(monkeypatch):
     """Hide scontrol and sacct from hpc.jobs: only the index and paths are left."""
-    real_which = jobs.shutil.which
-    monkeypatch.setattr(jobs.shutil, "which",
+    real_which = slurm.shutil.which
+    monkeypatch.setattr(slurm.shutil, "which",
                         lambda name, *a, **k: None if name in ("scontrol", "sacct") else real_which(name, *a, **k))
 
 
@@ -58,7 +59,7 @@ def test_register_then_find_by_id(hpc_home, tmp_path, no_scheduler):
     ref = find_job("123")
     assert ref == JobRef("123", job_dir.resolve())
     assert ref.deploy_dir == job_dir.parent.parent.resolve()
-    assert not ref.is_local
+    assert isinstance(executor_of(ref), SlurmExecutor)
 
 
 def test_register_again_replaces_the_link_and_leaves_no_temporary(hpc_home, tmp_path, no_scheduler):
@@ -88,7 +89,7 @@ def test_local_job_ids(hpc_home, tmp_path, no_scheduler):
     job_dir = make_job_dir(tmp_path, "local-1a2b3c", world_per_replica=1)
     register("local-1a2b3c", job_dir)
     ref = find_job("local-1a2b3c")
-    assert ref.is_local and ref.world_size == 1
+    assert isinstance(executor_of(ref), LocalExecutor) and ref.world_size == 1
 
 
 def test_job_not_found_says_what_was_tried(hpc_home, no_scheduler):
@@ -211,8 +212,8 @@ def test_hand_submitted_with_a_relative_path_is_found(cancel_after, hpc_home, tm
     sacct = ["sacct", "-n", "-X", "-P", "-j", job, "-o", "SubmitLine"]
     wait_for(lambda: SUB_NAME in subprocess.run(sacct, capture_output=True, text=True).stdout,
              60, "sacct to record the cancelled job's submit line")
-    real_which = jobs.shutil.which
-    monkeypatch.setattr(jobs.shutil, "which", lambda name, *a, **k: None if name == "scontrol" else real_which(name))
+    real_which = slurm.shutil.which
+    monkeypatch.setattr(slurm.shutil, "which", lambda name, *a, **k: None if name == "scontrol" else real_which(name))
     assert find_job(job).job_dir == deploy / "jobs" / job  # sacct: SubmitLine + WorkDir
 
 

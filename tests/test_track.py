@@ -1,5 +1,6 @@
-"""hpc/track.py: the job state machine, from fake job folders (no scheduler), and `slurm_state`'s
-sacct/squeue/scontrol parsing against the real test cluster (mark `cluster`).
+"""hpc/track.py: the job state machine, from fake job folders (no scheduler), and the Slurm watcher's
+sacct/squeue/scontrol parsing against the real test cluster (mark `cluster`; with fake commands:
+tests/test_slurm.py).
 
 A fake job is what the launcher and the schedulers leave behind (DEVELOPERS.md): `D/launch.json`,
 `D/jobs/<id>/endpoints/replica-<k>.json`, `D/jobs/<id>/ranks/rank-<r>.json`, and for local jobs `local.json`.
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from hpc import track
+from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
 from hpc.jobs import JobRef
+from hpc.slurm_watch import SlurmWatcher
 from hpc.track import JobStatus, describe_failure, first_failure, job_status, read_records, wait
 from tests.e2e import wait_for
 
@@ -73,8 +76,13 @@ def scheduler(monkeypatch):
             return self.raw, self.reason
 
     fake = Fake()
-    monkeypatch.setattr(track, "slurm_state", fake)
+    set_slurm_state(monkeypatch, fake)
     return fake
+
+
+def set_slurm_state(monkeypatch, answer) -> None:
+    """What every Slurm job's executor reports: `answer(job_id, job_dir) -> (raw state, reason)`."""
+    monkeypatch.setattr(SlurmExecutor, "scheduler_state", lambda self, ref: answer(ref.job_id, ref.job_dir))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -264,89 +272,6 @@ def test_marker_only_explains_the_end_of_a_job_that_was_not_running(tmp_path, sc
     assert job_status(ref).state == "TIMEOUT"
 
 
-def test_slurm_end_state_waits_for_completing(monkeypatch, tmp_path):
-    """sacct records the end as soon as the job starts ending; squeue's COMPLETING (processes still being
-    killed) wins until squeue no longer lists the job, or lists it as ended."""
-    import shutil
-
-    answers: dict[str, str] = {}
-    monkeypatch.setattr(shutil, "which", lambda name: f"/bin/{name}")
-    monkeypatch.setattr(track, "sacct_state", lambda job_id, job_dir: "CANCELLED")
-    monkeypatch.setattr(track, "_run", lambda cmd, timeout=30: answers.get(cmd[0], ""))
-    assert track.slurm_state("7", tmp_path)[0] == "CANCELLED"  # squeue forgot the job: it is gone
-    answers["squeue"] = "COMPLETING|None"
-    assert track.slurm_state("7", tmp_path)[0] == "COMPLETING"
-    answers["squeue"] = "CANCELLED|None"
-    assert track.slurm_state("7", tmp_path)[0] == "CANCELLED"
-
-
-def test_unknown_job(tmp_path, scheduler):
-    ref = make_job(tmp_path)
-    scheduler.set("UNKNOWN")
-    st = job_status(ref)
-    assert st.state == "UNKNOWN" and not st.done
-
-
-def test_missing_launch_plan_means_one_replica(tmp_path, scheduler):
-    ref = make_job(tmp_path, replicas=3)
-    (ref.deploy_dir / "launch.json").unlink()
-    scheduler.set("RUNNING")
-    publish(ref, 0)
-    assert job_status(ref).state == "READY"
-
-
-def test_half_written_and_temporary_records_are_skipped(tmp_path, scheduler):
-    ref = make_job(tmp_path, replicas=2)
-    scheduler.set("RUNNING")
-    publish(ref, 0)
-    (ref.endpoints_dir / "replica-1.json").write_text('{"replica": 1, "addr')  # being written
-    (ref.endpoints_dir / ".replica-1.json.abc.tmp").write_text("{}")  # write_json_atomic's temporary
-    assert len(read_records(ref.endpoints_dir)) == 1
-    assert job_status(ref).state == "STARTING"
-    assert read_records(tmp_path / "nowhere") == []
-
-
-def test_status_json_round_trips(tmp_path, scheduler):
-    ref = make_job(tmp_path)
-    scheduler.set("RUNNING")
-    rank_exit(ref, 1, -9, signal="SIGKILL", ended_at=3.0)
-    data = json.loads(json.dumps(job_status(ref).to_json()))
-    assert data["state"] == "FAILED" and data["failed_rank"]["rank"] == 1 and data["job_dir"] == str(ref.job_dir)
-    assert set(data) == {"job_id", "state", "reason", "scheduler_state", "job_dir", "endpoints", "replicas",
-                         "failed_rank"}
-
-
-# ---------------------------------------------------------------------------------------------------------
-# first_failure / describe_failure
-
-
-def test_first_failure_ignores_clean_and_unfinished():
-    assert first_failure([]) is None
-    assert first_failure([{"rank": 0, "exit_code": 0, "ended_at": 1}, {"rank": 1, "exit_code": None}]) is None
-    ranks = [{"rank": 0, "exit_code": 137, "ended_at": 9.0}, {"rank": 1, "exit_code": 1, "ended_at": 8.0},
-             {"rank": 2, "exit_code": 0, "ended_at": 1.0}]
-    assert first_failure(ranks)["rank"] == 1
-
-
-def test_describe_failure_signal_and_exit_code():
-    record = {"rank": 1, "host": "node2", "exit_code": -9, "signal": "SIGKILL", "log_tail": ["a", "b"]}
-    assert describe_failure(record) == "rank 1 on node2 exited with signal SIGKILL; last lines:\n  | a\n  | b"
-    record = {"rank": 0, "host": "node1", "exit_code": 3, "signal": None, "log_tail": []}
-    assert describe_failure(record) == "rank 0 on node1 exited with exit code 3; last lines:"
-
-
-def test_describe_failure_names_the_launchers_own_error():
-    record = {"rank": 0, "host": "node1", "exit_code": 3, "signal": None, "error": "http port 8000 is taken",
-              "log_tail": ["bind failed"]}
-    assert describe_failure(record) == ("rank 0 on node1 exited with exit code 3: http port 8000 is taken; "
-                                        "last lines:\n  | bind failed")
-
-
-def test_describe_failure_keeps_the_tail_in_order():
-    record = {"rank": 2, "host": "n", "exit_code": 1, "log_tail": [f"line {i}" for i in range(5)]}
-    assert describe_failure(record).splitlines()[1:] == [f"  | line {i}" for i in range(5)]
-
-
 # ---------------------------------------------------------------------------------------------------------
 # local jobs: local.json plays sacct
 
@@ -366,7 +291,7 @@ def dead_pid() -> int:
 
 def test_local_running_supervisor_alive(tmp_path, scheduler):
     ref = make_local(tmp_path, state="RUNNING", pid=os.getpid())
-    assert ref.is_local
+    assert isinstance(executor_of(ref), LocalExecutor)
     st = job_status(ref)
     assert st.state == "STARTING" and scheduler.calls == 0, "a local job never asks Slurm"
     publish(ref, 0)
@@ -437,7 +362,7 @@ def test_wait_follows_the_job_to_ready(tmp_path, scheduler, monkeypatch):
             reason = None
         return raw, reason
 
-    monkeypatch.setattr(track, "slurm_state", step)
+    set_slurm_state(monkeypatch, step)
     seen: list[JobStatus] = []
     st = wait(ref, on_change=seen.append, poll_s=0.01)
     assert st.state == "READY"
@@ -491,7 +416,7 @@ def test_wait_unknown_clock_restarts_when_the_scheduler_answers(tmp_path, schedu
         calls += 1
         return (script[calls - 1] if calls <= len(script) else "UNKNOWN"), None
 
-    monkeypatch.setattr(track, "slurm_state", flaky)
+    set_slurm_state(monkeypatch, flaky)
     start = clock.now
     st = wait(ref, poll_s=1.0)
     assert st.state == "UNKNOWN"
@@ -537,13 +462,18 @@ def test_wait_until_nothing_waits_for_the_end(tmp_path, scheduler, monkeypatch):
         return ("RUNNING", None) if n < 5 else ("CANCELLED", None)
 
     publish(ref, 0)
-    monkeypatch.setattr(track, "slurm_state", ending)
+    set_slurm_state(monkeypatch, ending)
     assert wait(ref, until=(), poll_s=0.01, timeout=30).state == "CANCELLED"
     assert n == 5
 
 
 # ---------------------------------------------------------------------------------------------------------
-# slurm_state against the real cluster: sacct (through submitit), squeue and scontrol parsing
+# the Slurm watcher against the real cluster: sacct, squeue and scontrol parsing
+
+
+def slurm_state(job: str) -> tuple[str, str | None]:
+    """What Slurm says now: a fresh watcher asks at once (the process's shared one would answer from cache)."""
+    return SlurmWatcher().state(job)
 
 
 def _sbatch_held(folder: Path) -> str:
@@ -567,56 +497,59 @@ def held_job(slurm_cluster, tmp_path):
 @pytest.mark.cluster
 def test_slurm_state_held_released_cancelled(held_job):
     job, job_dir = held_job
-    raw, reason = track.slurm_state(job, job_dir)
+    raw, reason = slurm_state(job)
     assert (raw, reason) == ("PENDING", "JobHeldUser")
     ref = JobRef(job, job_dir)
     assert job_status(ref).summary() == f"{job} PENDING (JobHeldUser)"
 
     subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
-    wait_for(lambda: track.slurm_state(job, job_dir)[0] == "RUNNING", 30, "the released job to run")
-    st = job_status(ref)
-    assert st.state == "STARTING" and st.reason is None, "running, and no endpoint (it is `sleep 30`)"
+    # this process's watcher answers from its cache until its next refresh is due (2 s, 4 s, 8 s … later)
+    wait_for(lambda: job_status(ref).state == "STARTING", 30, "running, and no endpoint (it is `sleep 30`)")
+    assert job_status(ref).reason is None
 
     subprocess.run(["scancel", job], check=True, capture_output=True)
-    wait_for(lambda: track.slurm_state(job, job_dir)[0] == "CANCELLED", 30, "sacct to say CANCELLED")
-    assert _sacct_state(job).startswith("CANCELLED by"), "slurm_state must keep only the state word"
-    st = job_status(ref)
-    assert st.state == "CANCELLED" and st.done
+    wait_for(lambda: job_status(ref).state == "CANCELLED", 30, "the watcher to see the job CANCELLED")
+    assert _sacct_state(job).startswith("CANCELLED by") and slurm_state(job) == ("CANCELLED", None), \
+        "the watcher must keep only the state word"
+    assert job_status(ref).done
 
 
 @pytest.mark.cluster
 def test_slurm_state_without_sacct_uses_squeue_then_scontrol(held_job, monkeypatch):
     job, job_dir = held_job
-    real_which = track.shutil.which
+    from hpc import slurm
+
+    real_which = slurm.shutil.which
     hidden: set[str] = {"sacct"}
-    monkeypatch.setattr(track.shutil, "which", lambda name, *a, **k: None if name in hidden else real_which(name))
-    assert track.slurm_state(job, job_dir) == ("PENDING", "JobHeldUser")  # squeue -o %T|%r
+    monkeypatch.setattr(slurm.shutil, "which", lambda name, *a, **k: None if name in hidden else real_which(name))
+    assert slurm_state(job) == ("PENDING", "JobHeldUser")  # squeue -o %T|%r
     hidden.add("squeue")
-    assert track.slurm_state(job, job_dir) == ("PENDING", "JobHeldUser")  # scontrol show job
+    assert slurm_state(job) == ("PENDING", "JobHeldUser")  # scontrol show job
     hidden.add("scontrol")
-    assert track.slurm_state(job, job_dir) == ("UNKNOWN", None)
+    assert slurm_state(job) == ("UNKNOWN", None)
 
 
 @pytest.mark.cluster
 def test_slurm_state_of_a_job_slurm_never_heard_of(slurm_cluster, tmp_path):
-    assert track.slurm_state("999999", tmp_path / "jobs" / "999999") == ("UNKNOWN", None)
+    assert slurm_state("999999") == ("UNKNOWN", None)
 
 
 @pytest.mark.cluster
 def test_slurm_state_follows_suspend_and_resume_in_one_process(slurm_cluster, tmp_path):
-    """`hpc-serve wait` polls from one process, through submitit's process-wide sacct watcher: a state that
-    watcher does not count as 'incomplete' (SUSPENDED) must not be cached as final."""
+    """`hpc-serve wait` polls from one process, through one watcher: a state the job can leave (SUSPENDED)
+    must not be cached as final, as submitit's watcher would."""
     job = _sbatch_held(tmp_path)
     job_dir = tmp_path / "jobs" / job
+    watcher = SlurmWatcher()
     try:
         subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
-        wait_for(lambda: track.slurm_state(job, job_dir)[0] == "RUNNING", 30, "the job to run")
+        wait_for(lambda: watcher.state(job)[0] == "RUNNING", 30, "the job to run")
         subprocess.run(["scontrol", "suspend", job], check=True, capture_output=True)
-        wait_for(lambda: track.slurm_state(job, job_dir)[0] == "SUSPENDED", 30, "SUSPENDED")
+        wait_for(lambda: watcher.state(job)[0] == "SUSPENDED", 60, "SUSPENDED")
         assert job_status(JobRef(job, job_dir)).state == "PENDING"
         subprocess.run(["scontrol", "resume", job], check=True, capture_output=True)
         wait_for(lambda: _sacct_state(job) == "RUNNING", 30, "sacct to say RUNNING again")
-        assert track.slurm_state(job, job_dir)[0] == "RUNNING"
+        wait_for(lambda: watcher.state(job)[0] == "RUNNING", 60, "the same watcher to see it run again")
     finally:
         subprocess.run(["scancel", job], capture_output=True)
 

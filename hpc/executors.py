@@ -1,0 +1,122 @@
+"""Where a job runs: a Slurm cluster or this machine, one class each.
+
+Why classes: what differs between the two (how a job is submitted, where its scheduler state comes from, how
+it is stopped) used to be `job_id.startswith("local-")` tests scattered over the tree. dask-jobqueue's `Job` /
+`LocalJob` is the model: one interface, and a local class that does here what the other asks Slurm to do.
+`executor_of(job)` is the one place that tells a job's executor from its id.
+
+The Slurm side talks to Slurm only through the gateway (`hpc.slurm`) and reads states through the process's
+shared watcher (`hpc.slurm_watch`); the local side is `hpc.local` (a detached supervisor and its local.json).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+from hpc import slurm
+from hpc.jobs import JobRef, register
+from hpc.local import JOB_ID_PREFIX, cancel_local, local_state, submit_local
+from hpc.slurm_watch import watcher
+
+#: how often a cancel looks for the ranks' exit records (files; the scheduler is asked at the watcher's pace)
+CANCEL_POLL_S = 0.25
+
+
+class Executor(ABC):
+    """Submits a rendered deployment folder and stops its jobs; says what its scheduler knows of them."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def submit(self, deploy_dir: Path) -> JobRef:
+        """Start the deployment's job; return once it has an id and a registered job folder."""
+
+    @abstractmethod
+    def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
+        """(raw state, reason): Slurm's words (PENDING, RUNNING, COMPLETING, CANCELLED …) or local.json's."""
+
+    @abstractmethod
+    def cancel(self, ref: JobRef, grace_s: float, stoppable: bool) -> None:
+        """Ordered stop of every rank if `stoppable` (its ranks run), at most `grace_s`, then end the job."""
+
+
+class SlurmExecutor(Executor):
+    name = "slurm"
+
+    def submit(self, deploy_dir: Path) -> JobRef:
+        """sbatch the `.sub` as it is (raises hpc.slurm.SlurmError with sbatch's words), then index the job."""
+        from hpc.render import SUB_NAME
+
+        job_id = slurm.default.sbatch(deploy_dir / SUB_NAME)
+        job_dir = deploy_dir / "jobs" / job_id
+        (job_dir / "endpoints").mkdir(parents=True, exist_ok=True)
+        (job_dir / "ranks").mkdir(exist_ok=True)
+        register(job_id, job_dir)
+        watcher().arm(job_id)
+        return JobRef(job_id, job_dir)
+
+    def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
+        return watcher().state(ref.job_id)
+
+    def cancel(self, ref: JobRef, grace_s: float, stoppable: bool) -> None:
+        """`scancel --signal=TERM` reaches every process of the job's steps at once (as Slurm's time limit
+        does); once every rank has written its exit record (or `grace_s` passed, or the job ended), plain
+        `scancel` ends what is left. Each signal re-arms the watcher, so the end is seen within seconds."""
+        if stoppable:
+            slurm.default.scancel(ref.job_id, signal="TERM")
+            watcher().arm(ref.job_id)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                if len(list(ref.ranks_dir.glob("rank-*.json"))) >= ref.world_size:
+                    break
+                if slurm.ended(self.scheduler_state(ref)[0]):
+                    break
+                time.sleep(CANCEL_POLL_S)
+        slurm.default.scancel(ref.job_id)
+        watcher().arm(ref.job_id)
+
+
+class LocalExecutor(Executor):
+    """This machine: the job runs under a detached supervisor (`hpc.local_run`), its id `local-<hex>`."""
+
+    name = "local"
+
+    def submit(self, deploy_dir: Path) -> JobRef:
+        return submit_local(deploy_dir)
+
+    def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
+        return local_state(ref.job_dir)
+
+    def cancel(self, ref: JobRef, grace_s: float, stoppable: bool) -> None:
+        cancel_local(ref, grace_s)
+
+
+EXECUTORS: dict[str, type[Executor]] = {"slurm": SlurmExecutor, "local": LocalExecutor}
+
+
+def default_executor() -> str:
+    """Slurm where there is a Slurm, else this machine."""
+    return "slurm" if shutil.which("sbatch") else "local"
+
+
+def executor_named(name: str | None) -> Executor:
+    """`--executor NAME` (None: the default); ValueError naming the choices for anything else."""
+    name = name or default_executor()
+    if name not in EXECUTORS:
+        raise ValueError(f"--executor {name!r}: use {' or '.join(EXECUTORS)}")
+    return EXECUTORS[name]()
+
+
+def executor_of(ref: JobRef) -> Executor:
+    """The executor that runs a job: local jobs are the ones whose id the local executor gave out."""
+    return LocalExecutor() if ref.job_id.startswith(JOB_ID_PREFIX) else SlurmExecutor()
+
+
+def watch(refs: list[JobRef]) -> None:
+    """Tell the Slurm watcher about every Slurm job of a listing before the first status is asked, so one
+    sacct (and one squeue) covers them all."""
+    watcher().watch(*(ref.job_id for ref in refs if isinstance(executor_of(ref), SlurmExecutor)))
