@@ -17,6 +17,26 @@ class PlanError(ValueError):
 DEFAULT_DRAIN_S = 10.0
 #: What an ordered stop needs beyond the drain: the followers' release, the unload, MPI_Finalize.
 STOP_OVERHEAD_S = 20.0
+#: A leader's backstop, SIGTERM → SIGKILL of its tritonserver group: this long after the drain (``stop_grace_s``).
+STOP_GRACE_AFTER_DRAIN_S = 3.0
+#: How long after the drain a follower still waits for its leader's release (``release_wait_s``).
+RELEASE_WAIT_AFTER_DRAIN_S = 10.0
+#: ``hpc-serve cancel``: how long the ordered stop may take before plain scancel / SIGKILL (``--grace``).
+CANCEL_GRACE_S = 30.0
+#: Seconds a leader's tritonserver may take to answer ``/v2/health/ready`` (spec ``triton.ready_timeout_s``).
+DEFAULT_READY_TIMEOUT_S = 900
+
+#: Environment of every rank's tritonserver: Open MPI inside the python backend stubs needs the hash GDS under
+#: PMIx (tensorrtllm_backend#553).
+BASE_ENV = {"PMIX_MCA_gds": "hash"}
+#: ... and in orchestrator mode, TensorRT-LLM's orchestrator spawns its own workers.
+ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+
+
+def default_env(mode: str) -> dict[str, str]:
+    """What launch.json's ``env`` holds for ``mode`` (render writes it; the launcher applies it as defaults
+    under a plan that lacks it, e.g. one written by hand)."""
+    return {**BASE_ENV, **(ORCHESTRATOR_ENV if mode == "orchestrator" else {})}
 
 
 @dataclass(frozen=True)
@@ -44,7 +64,7 @@ class LaunchPlan:
     ports: dict = field(default_factory=lambda: {"http": "auto", "grpc": "auto", "metrics": "auto"})
     follower_models: tuple[str, ...] = ("tensorrt_llm",)
     server_args: tuple[str, ...] = ()
-    ready_timeout_s: float = 900.0
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     env: dict = field(default_factory=dict)
     stop_grace_s: float | None = None
     name: str = ""
@@ -69,12 +89,13 @@ class LaunchPlan:
     @property
     def grace_s(self) -> float:
         """SIGTERM → SIGKILL of the leader's tritonserver group (``stop_grace_s``, default exit timeout + 3)."""
-        return self.stop_grace_s if self.stop_grace_s is not None else self.exit_timeout_s + 3.0
+        return self.stop_grace_s if self.stop_grace_s is not None else self.exit_timeout_s + STOP_GRACE_AFTER_DRAIN_S
 
     @property
     def follower_wait_s(self) -> float:
         """How long a follower waits for its leader's release after a stop signal (see launcher/stop.py)."""
-        return self.release_wait_s if self.release_wait_s is not None else self.exit_timeout_s + 10.0
+        return (self.release_wait_s if self.release_wait_s is not None
+                else self.exit_timeout_s + RELEASE_WAIT_AFTER_DRAIN_S)
 
 
 def load(path: str | os.PathLike[str]) -> LaunchPlan:
@@ -121,7 +142,7 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
         ports=dict(data.get("ports") or {}),
         follower_models=tuple(data.get("follower_models") or ("tensorrt_llm",)),
         server_args=tuple(str(a) for a in data.get("server_args") or ()),
-        ready_timeout_s=num("ready_timeout_s", 900.0, float),
+        ready_timeout_s=num("ready_timeout_s", DEFAULT_READY_TIMEOUT_S, float),
         env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
         stop_grace_s=num("stop_grace_s", None, float),
         drain_s=num("drain_s", DEFAULT_DRAIN_S, float),

@@ -14,6 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 
+#: The launcher hands the job id to every process of a local job (the local executor's mpirun sets it).
+JOB_ID_ENV = "HPC_SERVE_JOB_ID"
+#: What the launcher decided about a rank's place, handed to tritonserver (and so to the models) through the
+#: environment: the models never parse the process starter's variables themselves (DEVELOPERS.md).
+WORLD_SIZE_ENV = "HPC_SERVE_WORLD_SIZE"
+REPLICA_ENV = "HPC_SERVE_REPLICA"
+RANKS_PER_REPLICA_ENV = "HPC_SERVE_RANKS_PER_REPLICA"
+#: a leader's: written by its launcher on the first stop signal; a follower's: touched by its model when released
+STOP_FILE_ENV = "HPC_SERVE_STOP_FILE"
+RELEASE_FILE_ENV = "HPC_SERVE_RELEASE_FILE"
+
+
 class WorldSizeError(ValueError):
     """The number of started processes does not match tp_size × pp_size × replicas."""
 
@@ -55,7 +67,7 @@ def job_id_from_env(env: Mapping[str, str] | None = None) -> str:
     ``local-`` and the MPI job's namespace (the same on every rank, so all ranks agree on one folder); else
     ``local-<pid>`` (a single process)."""
     env = os.environ if env is None else env
-    explicit = env.get("SLURM_JOB_ID") or env.get("HPC_SERVE_JOB_ID")
+    explicit = env.get("SLURM_JOB_ID") or env.get(JOB_ID_ENV)
     if explicit:
         return explicit
     namespace = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid")
@@ -140,3 +152,42 @@ def role(info: RankInfo, tp_size: int, pp_size: int, replicas: int, world_size_p
     if not 0 <= info.rank < info.world_size:
         raise WorldSizeError(f"rank {info.rank} is outside the world of size {info.world_size}")
     return Role(replica=info.rank // wpr, rank_in_replica=info.rank % wpr, leader=info.rank % wpr == 0)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A rank's place as the model sees it: the launcher's decision (``placement_env``), read by ``placement``."""
+
+    world_size: int
+    replica: int = 0
+    ranks_per_replica: int = 1
+    stop_file: str | None = None
+    release_file: str | None = None
+
+
+def placement_env(info: RankInfo, me: Role, ranks_per_replica: int, side_file: str) -> dict[str, str]:
+    """The variables the launcher sets for its tritonserver: world size, replica, ranks per replica, and the
+    leader's stop file or the follower's release file (``side_file``)."""
+    return {
+        WORLD_SIZE_ENV: str(info.world_size),
+        REPLICA_ENV: str(me.replica),
+        RANKS_PER_REPLICA_ENV: str(ranks_per_replica),
+        STOP_FILE_ENV if me.leader else RELEASE_FILE_ENV: side_file,
+    }
+
+
+def placement(env: Mapping[str, str] | None = None) -> Placement:
+    """The model's one reader of its place: what the launcher exported; without a launcher (a model run under a
+    bare ``mpirun`` in unit tests) the process starter's variables, read the launcher's way (``detect``)."""
+    env = os.environ if env is None else env
+    world = _int(env, WORLD_SIZE_ENV)
+    if world is None:
+        world = detect(env).world_size
+    per_replica = _int(env, RANKS_PER_REPLICA_ENV)
+    return Placement(
+        world_size=world,
+        replica=_int(env, REPLICA_ENV) or 0,
+        ranks_per_replica=per_replica if per_replica is not None else world,
+        stop_file=env.get(STOP_FILE_ENV) or None,
+        release_file=env.get(RELEASE_FILE_ENV) or None,
+    )

@@ -1,34 +1,29 @@
-"""The files other processes read: ``jobs/<job>/endpoints/replica-<k>.json`` and ``jobs/<job>/ranks/rank-<r>.json``.
+"""The records other processes read: ``endpoints/replica-<k>.json`` and ``ranks/rank-<r>.json`` (paths: layout.py).
 
-Readers (``hpc`` discover/track, clients on other nodes over a shared filesystem) must never see a half-written
-file, so every write goes to a temporary sibling and is ``os.replace``d into place.
+Defined once, as typed records with a version, for both sides: the launcher writes them, ``hpc`` (track, client)
+reads them, on other nodes over a shared filesystem. Readers must never see a half-written file, so every
+write goes to a temporary sibling and is ``os.replace``d into place; and a reader takes a record of an older
+version (fields it lacks get defaults) or a newer one (fields it does not know are ignored).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
 import socket
 import subprocess
 import tempfile
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, TypeVar
 
+from .layout import ENDPOINT_GLOB, RANK_RECORD_GLOB, JobPaths
+from .urls import grpc_target, http_url, metrics_url
+
+#: version 1: the first with a version key in the endpoint record; rank records had none before it
 VERSION = 1
-
-
-def job_dir(deployment_dir: str | os.PathLike[str], job_id: str) -> Path:
-    return Path(deployment_dir) / "jobs" / job_id
-
-
-def endpoint_path(deployment_dir: str | os.PathLike[str], job_id: str, replica: int) -> Path:
-    return job_dir(deployment_dir, job_id) / "endpoints" / f"replica-{replica}.json"
-
-
-def rank_path(deployment_dir: str | os.PathLike[str], job_id: str, rank: int) -> Path:
-    return job_dir(deployment_dir, job_id) / "ranks" / f"rank-{rank}.json"
 
 
 def write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
@@ -92,23 +87,98 @@ def advertised_address(node: str, single_node: bool, env: Mapping[str, str] | No
     return "127.0.0.1" if single_node else node
 
 
-def endpoint_record(*, job_id: str, replica: int, rank: int, host: str, address: str, http_port: int,
-                    grpc_port: int, metrics_port: int, pid: int, started_at: float, ready_at: float) -> dict:
-    """The endpoint record of DEVELOPERS.md (field names are the contract with ``hpc``)."""
-    return {
-        "version": VERSION, "job_id": job_id, "replica": replica, "rank": rank, "host": host, "address": address,
-        "http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port, "pid": pid,
-        "started_at": started_at, "ready_at": ready_at,
-    }
+_R = TypeVar("_R", bound="_Record")
 
 
-def rank_record(*, rank: int, host: str, exit_code: int | None, signal_name: str | None, log_tail: list[str],
-                error: str | None = None) -> dict:
-    """The rank exit record of DEVELOPERS.md; ``error`` is added only when the launcher itself gave up."""
-    record: dict[str, object] = {
-        "rank": rank, "host": host, "exit_code": exit_code, "signal": signal_name, "log_tail": log_tail,
-        "ended_at": time.time(),
-    }
-    if error:
-        record["error"] = error
-    return record
+class _Record:
+    """to/from dict for the record dataclasses below: unknown keys are ignored, missing ones take defaults."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[_R], data: Mapping[str, Any]) -> _R:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointRecord(_Record):
+    """Where a replica serves, published by its leader once ``/v2/health/ready`` answered 200."""
+
+    version: int = VERSION
+    job_id: str = ""
+    replica: int = 0
+    rank: int = 0
+    host: str = ""
+    address: str
+    http_port: int
+    grpc_port: int = 0
+    metrics_port: int = 0
+    pid: int = 0
+    started_at: float = 0.0
+    ready_at: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EndpointRecord:
+        record = super().from_dict(data)
+        ints = {name: int(getattr(record, name)) for name in ("replica", "rank", "http_port", "grpc_port",
+                                                                "metrics_port", "pid")}
+        return dataclasses.replace(record, job_id=str(record.job_id), **ints)
+
+    @property
+    def http_url(self) -> str:
+        return http_url(self.address, self.http_port)
+
+    @property
+    def grpc_url(self) -> str:
+        return grpc_target(self.address, self.grpc_port)
+
+    @property
+    def metrics_url(self) -> str:
+        return metrics_url(self.address, self.metrics_port)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankExitRecord(_Record):
+    """How a rank ended: written by its launcher when tritonserver exits, or when the launcher itself gave up
+    (``error`` says why: world size, port, ready timeout)."""
+
+    version: int = VERSION
+    rank: int
+    host: str = "?"
+    exit_code: int | None = None
+    signal: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    ended_at: float = 0.0
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code not in (0, None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        if data["error"] is None:
+            del data["error"]  # present only when the launcher gave up
+        return data
+
+
+def _read(folder: Path, pattern: str, kind: type[_R]) -> list[_R]:
+    found = []
+    for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
+        try:
+            found.append(kind.from_dict(json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # a record being replaced right now (or a hand-written partial one); the next poll sees it
+    return found
+
+
+def read_endpoints(job: JobPaths) -> list[EndpointRecord]:
+    """Every published replica endpoint of a job, by replica number."""
+    return sorted(_read(job.endpoints_dir, ENDPOINT_GLOB, EndpointRecord), key=lambda r: r.replica)
+
+
+def read_rank_records(job: JobPaths) -> list[RankExitRecord]:
+    """Every rank exit record of a job, by rank."""
+    return sorted(_read(job.ranks_dir, RANK_RECORD_GLOB, RankExitRecord), key=lambda r: r.rank)

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Sequence
 
 from . import config, records
+from .layout import JobPaths, with_source_root
 from .command import build_argv
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
-from .rank import RankInfo, Role, WorldSizeError, detect, role
+from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
 from .server import ServerBinary, ServerNotFound, merge_env, resolve
 from .stop import FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop
 from .supervise import (LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name,
@@ -23,13 +24,15 @@ EXIT_PORT = 3          # a fixed port is taken, or auto ports kept colliding
 EXIT_READY_TIMEOUT = 124
 PORT_ATTEMPTS = 5
 
-#: the folder holding ``launcher/`` and ``backend/``: python models must be able to ``import backend...``
-SOURCE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+def job_paths(plan: config.LaunchPlan, info: RankInfo) -> JobPaths:
+    """This job's folder under the deployment folder actually given (it may be mounted elsewhere)."""
+    return JobPaths(plan.deployment_dir, info.job_id)
 
 
 def release_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
     """File a follower's model touches when its leader told it to stop: its exit is then a clean one."""
-    return records.rank_path(plan.deployment_dir, info.job_id, info.rank).with_suffix(".released")
+    return job_paths(plan, info).released(info.rank)
 
 
 def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
@@ -37,7 +40,7 @@ def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
     the stop began and until when in-flight requests may drain (``drain_until``, epoch seconds; tritonserver
     gives up then), so the engine can finish or fail its work in time for its finalize to release the
     followers."""
-    return records.rank_path(plan.deployment_dir, info.job_id, info.rank).with_suffix(".stopping")
+    return job_paths(plan, info).stopping(info.rank)
 
 
 def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> None:
@@ -52,7 +55,7 @@ def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
     if me.leader:
         return Supervisor(plan.grace_s, on_stop=lambda signum: _announce_stop(plan, info, signum))
     per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
-    leader = records.rank_path(plan.deployment_dir, info.job_id, me.replica * per_replica)
+    leader = job_paths(plan, info).rank_record(me.replica * per_replica)
     try:  # the model writes the release file there; a hand-run launcher has no ranks/ folder yet
         release_path(plan, info).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -81,22 +84,20 @@ def _threads_per_rank(env: dict[str, str], info: RankInfo) -> str:
 
 def child_env(plan: config.LaunchPlan, server: ServerBinary, base: dict[str, str] | None = None,
               info: RankInfo | None = None, me: Role | None = None) -> dict[str, str]:
-    """Environment of tritonserver: ours, + launch.json ``env`` (e.g. PMIX_MCA_gds=hash, #553), + the server's
-    library path, + the hpc-serve source root on PYTHONPATH (for the python backend stubs), + what the CPU
-    engine needs to know of its place: its replica (one MPI communicator per replica) and, for a follower,
-    where to say that the leader released it."""
+    """Environment of tritonserver: ours, + launch.json ``env`` (its defaults, e.g. PMIX_MCA_gds=hash (#553),
+    for a plan that lacks them: config.default_env), + the server's library path, + the hpc-serve source root
+    first on PYTHONPATH (for the python backend stubs), + what the CPU engine needs to know of its place
+    (launcher/rank.py placement_env): the world size and its replica (one MPI communicator per replica), and
+    the leader's stop file or the follower's release file."""
     env = merge_env(dict(os.environ if base is None else base), plan.env)
+    for key, value in config.default_env(plan.mode).items():
+        env.setdefault(key, value)
     env = merge_env(env, server.env)
-    env = merge_env(env, {"PYTHONPATH": SOURCE_ROOT})
-    if plan.mode == "orchestrator":
-        env.setdefault("TRTLLM_ORCHESTRATOR", "1")
+    env["PYTHONPATH"] = with_source_root(env.get("PYTHONPATH"))
     if info is not None and me is not None:
-        env["HPC_SERVE_REPLICA"] = str(me.replica)
-        env["HPC_SERVE_RANKS_PER_REPLICA"] = str(plan.world_size_per_replica)
-        if me.leader:
-            env["HPC_SERVE_STOP_FILE"] = str(stop_path(plan, info))
-        else:
-            env["HPC_SERVE_RELEASE_FILE"] = str(release_path(plan, info))
+        per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
+        side_file = stop_path(plan, info) if me.leader else release_path(plan, info)
+        env.update(placement_env(info, me, per_replica, str(side_file)))
         threads = _threads_per_rank(env, info)
         for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(name, threads)
@@ -108,14 +109,14 @@ def _single_node(env: dict[str, str] | os._Environ) -> bool:
     return nodes is None or nodes.strip() == "1"
 
 
-def _record_failure(plan_dir: Path, job_id: str, rank: int, host: str, code: int, message: str,
+def _record_failure(plan: config.LaunchPlan, info: RankInfo, code: int, message: str,
                     tail: Sequence[str] = ()) -> None:
+    """The launcher gave up before (or instead of) running tritonserver: say why in the rank's exit record."""
+    record = records.RankExitRecord(rank=info.rank, host=info.node, exit_code=code, signal=None,
+                                    log_tail=list(tail)[-LOG_TAIL:] + [message], ended_at=time.time(),
+                                    error=message)
     try:
-        records.write_json_atomic(
-            records.rank_path(plan_dir, job_id, rank),
-            records.rank_record(rank=rank, host=host, exit_code=code, signal_name=None,
-                                log_tail=list(tail)[-LOG_TAIL:] + [message], error=message),
-        )
+        records.write_json_atomic(job_paths(plan, info).rank_record(info.rank), record.to_dict())
     except OSError as exc:
         log(f"could not write the rank record: {exc}")
 
@@ -133,11 +134,9 @@ def _finish(plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Chi
         tail = [line for line in child.ring if line.strip() and not line.startswith(("|", "+-"))][-LOG_TAIL:]
         if error:
             tail.append(error)
-        records.write_json_atomic(
-            records.rank_path(plan.deployment_dir, info.job_id, info.rank),
-            records.rank_record(rank=info.rank, host=info.node, exit_code=rc, signal_name=sig, log_tail=tail,
-                                error=error),
-        )
+        record = records.RankExitRecord(rank=info.rank, host=info.node, exit_code=rc, signal=sig, log_tail=tail,
+                                        ended_at=time.time(), error=error)
+        records.write_json_atomic(job_paths(plan, info).rank_record(info.rank), record.to_dict())
 
     # Record first: when a rank dies its MPI peers abort and Slurm may SIGKILL this step within a second,
     # so the record must not wait for the stubs to be reaped. Rewritten after, with the complete log tail.
@@ -154,7 +153,7 @@ def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinar
     sup = sup or supervisor(plan, info, me)
     env = child_env(plan, server, info=info, me=me)
     avoid: set[int] = set()
-    endpoint = records.endpoint_path(plan.deployment_dir, info.job_id, me.replica)
+    endpoint = job_paths(plan, info).endpoint(me.replica)
     for attempt in range(1, PORT_ATTEMPTS + 1):
         ports: Ports | None = None
         auto: frozenset[str] = frozenset()
@@ -164,7 +163,7 @@ def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinar
                 check_fixed(ports, auto)
             except PortError as exc:
                 log(str(exc))
-                _record_failure(plan.deployment_dir, info.job_id, info.rank, info.node, EXIT_PORT, str(exc))
+                _record_failure(plan, info, EXIT_PORT, str(exc))
                 return EXIT_PORT
         argv = _argv(plan, info, me, server, ports)
         print(f"[hpc-serve] rank {info.rank}/{info.world_size} on {info.node}: replica {me.replica}, "
@@ -205,15 +204,15 @@ def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinar
             return _finish(plan, info, sup, child, rc)
         if state == "ready":
             ready_at = time.time()
-            record = records.endpoint_record(
+            record = records.EndpointRecord(
                 job_id=info.job_id, replica=me.replica, rank=info.rank, host=info.node,
                 address=records.advertised_address(info.node, _single_node(os.environ)),
                 http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics, pid=child.proc.pid,
                 started_at=child.started_at, ready_at=ready_at,
             )
-            records.write_json_atomic(endpoint, record)
-            log(f"replica {me.replica} ready in {ready_at - child.started_at:.2f} s: "
-                f"http://{record['address']}:{ports.http} (record {endpoint})")
+            records.write_json_atomic(endpoint, record.to_dict())
+            log(f"replica {me.replica} ready in {ready_at - child.started_at:.2f} s: {record.http_url} "
+                f"(record {endpoint})")
         try:
             rc = sup.wait(child)
         finally:
@@ -239,14 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     info = detect()
     if not args.dry_run:
-        rank_log = records.job_dir(plan.deployment_dir, info.job_id) / f"{info.job_id}_{info.rank}_log"
-        log_to_rank_files(rank_log.with_suffix(".out"), rank_log.with_suffix(".err"))
+        paths = job_paths(plan, info)
+        log_to_rank_files(paths.rank_log(info.rank, "out"), paths.rank_log(info.rank, "err"))
     try:
         me = role(info, plan.tp_size, plan.pp_size, plan.replicas, plan.world_size_per_replica)
         server = resolve(plan.tritonserver)
     except (WorldSizeError, ServerNotFound) as exc:
         log(str(exc))
-        _record_failure(plan.deployment_dir, info.job_id, info.rank, info.node, EXIT_CONFIG, str(exc))
+        _record_failure(plan, info, EXIT_CONFIG, str(exc))
         return EXIT_CONFIG
     if args.dry_run:
         ports = allocate(plan.ports)[0] if me.leader else None

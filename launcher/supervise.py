@@ -18,12 +18,12 @@ import sys
 import threading
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Sequence
 
 from .stop import KILL, TERM, FollowerStop
+from .urls import READY_PATH, http_url, open_direct
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 # tritonserver handles SIGINT/SIGTERM gracefully; SIGHUP/SIGUSR1 would kill it outright (default action), so
@@ -173,7 +173,7 @@ class Supervisor:
     follower's (``follower`` given): nothing is forwarded; ``follower`` decides when to stop waiting for the
     leader's release (launcher/stop.py)."""
 
-    def __init__(self, stop_grace_s: float = 40.0, follower: FollowerStop | None = None,
+    def __init__(self, stop_grace_s: float, follower: FollowerStop | None = None,
                  on_stop: Callable[[int], None] | None = None) -> None:
         self.stop_grace_s = stop_grace_s
         self.follower = follower
@@ -328,12 +328,9 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # clusters often export http_proxy
-
-
 def is_ready(http_port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
     try:
-        with _NO_PROXY.open(f"http://{host}:{http_port}/v2/health/ready", timeout=timeout) as resp:
+        with open_direct(http_url(host, http_port, READY_PATH), timeout=timeout) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -8,6 +8,7 @@ between the config and this model fails here.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import types
@@ -135,8 +136,8 @@ def ckpt(tmp_path_factory) -> Path:
 @pytest.fixture
 def make_model(ckpt, monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
-    for k in ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(k, raising=False)
+    for k in [k for k in os.environ if k.startswith(("HPC_SERVE_", "OMPI_", "PMI", "SLURM_"))]:
+        monkeypatch.delenv(k, raising=False)  # a world of one, whatever runs the tests
     models = []
 
     def make(decoupled: bool = True, **params):
@@ -301,13 +302,14 @@ def test_metrics_have_trtllm_names_and_labels(make_model) -> None:
 
 
 def test_world_size_must_equal_tp_size(make_model, monkeypatch) -> None:
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")  # a bare mpirun, no launcher: the starter's world size
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
     with pytest.raises(ValueError, match=r"3 ranks per replica \(MPI world 3\) != tp_size 2"):
         make_model(tp_size=2)
 
 
 def test_replicas_need_a_whole_number_of_tp_groups(make_model, monkeypatch) -> None:
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    monkeypatch.setenv("HPC_SERVE_WORLD_SIZE", "3")  # the launcher's decision (launcher/rank.py placement_env)
     monkeypatch.setenv("HPC_SERVE_RANKS_PER_REPLICA", "2")
     with pytest.raises(ValueError, match=r"2 ranks per replica \(MPI world 3\)"):
         make_model(tp_size=2)

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from launcher import config, records
+from launcher.layout import SOURCE_ROOT, JobPaths
 from launcher.command import build_argv, shm_prefix
 from launcher.ports import PortError, Ports, allocate, bind_failure, check_fixed, free_ports
 from launcher.rank import RankInfo, WorldSizeError, detect, role
-from launcher.run import SOURCE_ROOT, child_env
+from launcher.run import child_env
 from launcher.server import ServerBinary, ServerNotFound, merge_env, prepare_backends, resolve
 from launcher.supervise import exit_code, signal_name
 
@@ -157,8 +158,30 @@ def test_child_env(tmp_path: Path) -> None:
     env = child_env(plan, ServerBinary("/ts", {"LD_LIBRARY_PATH": "/libs"}), base={"PYTHONPATH": "/u"})
     assert env["PMIX_MCA_gds"] == "hash"
     assert env["LD_LIBRARY_PATH"] == "/libs"
-    assert env["PYTHONPATH"].split(":") == [SOURCE_ROOT, "/u"]
-    assert (Path(SOURCE_ROOT) / "launcher").is_dir()
+    assert env["PYTHONPATH"].split(":") == [str(SOURCE_ROOT), "/u"]
+    assert (SOURCE_ROOT / "launcher").is_dir()
+
+
+def test_child_env_hands_the_model_its_place(tmp_path: Path) -> None:
+    """The launcher decides world size, replica and ranks per replica; the model reads only that."""
+    from launcher.rank import placement
+
+    plan = config.LaunchPlan(deployment_dir=tmp_path, model_repository="/r", tp_size=2, replicas=2)
+    info = RankInfo(rank=3, local_rank=1, world_size=4, node="n", job_id="9", source="slurm")
+    me = role(info, 2, 1, 2)
+    env = child_env(plan, ServerBinary("/ts", {}), base={}, info=info, me=me)
+    assert env["PMIX_MCA_gds"] == "hash", "launch.json's defaults apply to a hand-written plan too"
+    place = placement(env)
+    assert (place.world_size, place.replica, place.ranks_per_replica) == (4, 1, 2)
+    assert place.release_file == str(JobPaths(tmp_path, "9").released(3)) and place.stop_file is None
+
+
+def test_placement_without_a_launcher_reads_the_starter_like_the_launcher() -> None:
+    from launcher.rank import placement
+
+    assert placement({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3"}).ranks_per_replica == 3
+    assert placement({"PMIX_SIZE": "4", "SLURM_NTASKS": "4"}).world_size == 1, "not a world size (rank.py)"
+    assert placement({}).world_size == 1
 
 
 # --- ports.py --------------------------------------------------------------------------------------------------
@@ -208,7 +231,7 @@ def test_bind_failure_parsing_of_real_tritonserver_lines() -> None:
 
 # --- records / supervise ---------------------------------------------------------------------------------------
 def test_atomic_json(tmp_path: Path) -> None:
-    path = records.endpoint_path(tmp_path, "7", 1)
+    path = JobPaths(tmp_path, "7").endpoint(1)
     records.write_json_atomic(path, {"a": 1})
     assert json.loads(path.read_text()) == {"a": 1}
     assert path == tmp_path / "jobs" / "7" / "endpoints" / "replica-1.json"

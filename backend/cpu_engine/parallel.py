@@ -170,7 +170,9 @@ def drain_deadline(environ: dict[str, str] | None = None) -> float | None:
     """
     import json
 
-    path = (os.environ if environ is None else environ).get("HPC_SERVE_STOP_FILE")
+    from launcher.rank import STOP_FILE_ENV
+
+    path = (os.environ if environ is None else environ).get(STOP_FILE_ENV)
     if not path:
         return None
     try:
@@ -192,20 +194,6 @@ def replica_comm(world: int, per_replica: int) -> Communicator:
 
     rank = MPI.COMM_WORLD.Get_rank()
     return MpiComm(MPI.COMM_WORLD.Split(color=rank // per_replica, key=rank))
-
-
-def world_size_from_env(environ: dict[str, str] | None = None) -> int:
-    """MPI world size as announced by the launcher (Open MPI, PMIx, Slurm), without importing mpi4py.
-
-    Why: importing mpi4py initialises MPI, which under a bare ``python`` (no mpirun/srun) can be slow or fail; we
-    only want that cost when there really are several ranks.
-    """
-    env = os.environ if environ is None else environ
-    for key in ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
-        value = env.get(key)
-        if value and value.strip().isdigit():
-            return int(value)
-    return 1
 
 
 def world_comm(tp_size: int, leader_timeout_s: float = 120.0) -> Communicator:

@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from backend.cpu_engine.engine import Engine, EngineStats, follower_loop, load_shard
-from backend.cpu_engine.parallel import SingleComm, replica_comm, world_size_from_env
+from backend.cpu_engine.parallel import SingleComm, replica_comm
 from backend.cpu_engine.scheduler import GenerationOutput
 from backend.cpu_engine.triton_io import InputError, RequestOptions, merge_rows, output_arrays, parse_inputs
+from launcher.rank import placement
 
 pb_utils: Any = None  # set in initialize()
 
@@ -68,7 +69,7 @@ def _end_follower_process() -> None:
     import signal
 
     released = _finalize_mpi() in ("MPI finalized", "no MPI")
-    release = os.environ.get("HPC_SERVE_RELEASE_FILE")
+    release = placement().release_file
     if release and released:
         try:
             with open(release, "w", encoding="utf-8") as f:
@@ -139,8 +140,8 @@ class TritonPythonModel:
         self.default_exclude = (_param(params, "exclude_input_in_output") or "false").lower() in _TRUE
         logger = pb_utils.Logger
 
-        world = world_size_from_env()
-        per_replica = int(os.environ.get("HPC_SERVE_RANKS_PER_REPLICA", world))
+        place = placement()  # what the launcher decided (launcher/rank.py), not the starter's variables
+        world, per_replica = place.world_size, place.ranks_per_replica
         if per_replica != tp_size or world % per_replica:
             raise ValueError(
                 f"{per_replica} ranks per replica (MPI world {world}) != tp_size {tp_size}: leader mode needs "

@@ -1,0 +1,202 @@
+"""The deployment folder's names and paths: the only module that knows them (DEVELOPERS.md "The deployment folder").
+
+Why one module: the folder is the contract between processes that never import each other's code at run time
+(render writes it, the `.sub` and the launcher fill it on compute nodes, `hpc` reads it from any shell), and
+every hand-typed copy of a name is a copy that can drift. Modelled on submitit's ``JobPaths``: a small object
+built from the deployment folder and a job id, used on the write side (launcher, `.sub` through the values
+render passes into its templates, the local executor) and on the read side (`hpc` track, clients, tests).
+
+Standard library only, and cheap to import: the local executor's supervisor imports it on the critical path
+to a job's start.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+SPEC_NAME = "spec.yaml"
+LAUNCH_NAME = "launch.json"
+SUB_NAME = "tensorrt_llm_triton.sub"
+SH_NAME = "tensorrt_llm_triton.sh"
+REPO_NAME = "triton_model_repo"
+LOGS_NAME = "logs"
+JOBS_NAME = "jobs"
+ENDPOINTS_NAME = "endpoints"
+RANKS_NAME = "ranks"
+CANCEL_MARKER_NAME = "cancel_requested"
+#: the local executor's supervisor state: what sacct is to a Slurm job
+LOCAL_STATE_NAME = "local.json"
+
+ENDPOINT_GLOB = "replica-*.json"
+RANK_RECORD_GLOB = "rank-*.json"
+
+#: The job index (`<index>/<job_id>` → `D/jobs/<job_id>`): `$HPC_SERVE_HOME/jobs`, default `~/.hpc-serve/jobs`.
+HOME_ENV = "HPC_SERVE_HOME"
+DEFAULT_HOME = "~/.hpc-serve"
+#: the same rule in the shell, for the `.sub`'s `INDEX=` line (a hand-run sbatch indexes its job too)
+INDEX_DIR_SHELL = f"${{{HOME_ENV}:-$HOME/{DEFAULT_HOME[2:]}}}/{JOBS_NAME}"
+
+#: The folder holding `launcher/`, `backend/` and `hpc/`: put first on each rank's PYTHONPATH (and mounted into
+#: containers) so the launcher and the python models import the code the user submitted with.
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def index_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where job ids map to job folders (the `.sub` computes the same folder from INDEX_DIR_SHELL)."""
+    env = os.environ if env is None else env
+    return Path(env.get(HOME_ENV) or DEFAULT_HOME).expanduser() / JOBS_NAME
+
+
+def with_source_root(pythonpath: str | None) -> str:
+    """PYTHONPATH with SOURCE_ROOT first (and not twice): how every process hpc-serve starts finds its code."""
+    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != str(SOURCE_ROOT)]
+    return os.pathsep.join([str(SOURCE_ROOT), *rest])
+
+
+def rank_log_name(job_id: str, rank: int | str, stream: str = "out") -> str:
+    """`<job>_<rank>_log.out|err`: submitit's JobPaths naming, so `submitit.SlurmJob(...).stdout()` reads it.
+    Also takes placeholders (`"%j", "%t"` for srun's --output, shell variables for the local executor)."""
+    if stream not in ("out", "err"):
+        raise ValueError(f"stream must be 'out' or 'err', got {stream!r}")
+    return f"{job_id}_{rank}_log.{stream}"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One rendered deployment folder `D` (what `render` writes)."""
+
+    root: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.root / SPEC_NAME
+
+    @property
+    def launch(self) -> Path:
+        return self.root / LAUNCH_NAME
+
+    @property
+    def sub(self) -> Path:
+        return self.root / SUB_NAME
+
+    @property
+    def sh(self) -> Path:
+        return self.root / SH_NAME
+
+    @property
+    def model_repository(self) -> Path:
+        return self.root / REPO_NAME
+
+    @property
+    def logs_dir(self) -> Path:
+        """sbatch's own -o/-e (Slurm does not create folders, so render does)."""
+        return self.root / LOGS_NAME
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / JOBS_NAME
+
+    def sbatch_log(self, stream: str = "out", job_id: str = "%j") -> Path:
+        """`D/logs/<job>.out|err`: the batch script's output (`%j` in the `#SBATCH -o` line)."""
+        return self.logs_dir / f"{job_id}.{stream}"
+
+    def job(self, job_id: str) -> JobPaths:
+        return JobPaths(self.root, job_id)
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Everything one submission of a deployment reads or writes: `D/jobs/<job_id>/…`."""
+
+    deploy_dir: Path
+    job_id: str
+
+    @classmethod
+    def of_folder(cls, job_dir: Path) -> JobPaths:
+        """From a job folder `D/jobs/<job_id>` (the index's symlink target)."""
+        return cls(job_dir.parent.parent, job_dir.name)
+
+    @staticmethod
+    def is_job_folder(path: Path) -> bool:
+        return path.parent.name == JOBS_NAME
+
+    @property
+    def deployment(self) -> Deployment:
+        return Deployment(self.deploy_dir)
+
+    @property
+    def folder(self) -> Path:
+        return self.deploy_dir / JOBS_NAME / self.job_id
+
+    @property
+    def endpoints_dir(self) -> Path:
+        return self.folder / ENDPOINTS_NAME
+
+    @property
+    def ranks_dir(self) -> Path:
+        return self.folder / RANKS_NAME
+
+    def endpoint(self, replica: int) -> Path:
+        """Written atomically by replica `replica`'s leader once tritonserver is ready."""
+        return self.endpoints_dir / f"replica-{replica}.json"
+
+    def rank_record(self, rank: int) -> Path:
+        """Written by each rank's launcher when its tritonserver exits (or it gave up)."""
+        return self.ranks_dir / f"rank-{rank}.json"
+
+    def stopping(self, rank: int) -> Path:
+        """A leader's launcher, on its first stop signal (`HPC_SERVE_STOP_FILE` for the model)."""
+        return self.ranks_dir / f"rank-{rank}.stopping"
+
+    def released(self, rank: int) -> Path:
+        """A follower's model, once its leader released it (`HPC_SERVE_RELEASE_FILE`)."""
+        return self.ranks_dir / f"rank-{rank}.released"
+
+    def rank_log(self, rank: int | str, stream: str = "out") -> Path:
+        return self.folder / rank_log_name(self.job_id, rank, stream)
+
+    def rank_logs(self, stream: str = "err") -> list[Path]:
+        """Every rank's log of `stream` that exists, sorted by name."""
+        return sorted(self.folder.glob(rank_log_name(self.job_id, "*", stream)))
+
+    @property
+    def cancel_marker(self) -> Path:
+        """Written by `cancel` before it signals anything: ranks that exit after it were stopped by the user."""
+        return self.folder / CANCEL_MARKER_NAME
+
+    @property
+    def local_state(self) -> Path:
+        return self.folder / LOCAL_STATE_NAME
+
+    @property
+    def index_entry(self) -> Path:
+        return index_dir() / self.job_id
+
+    def create(self) -> JobPaths:
+        """Make the folders the ranks write into (the `.sub` does the same for a hand-run sbatch)."""
+        self.endpoints_dir.mkdir(parents=True, exist_ok=True)
+        self.ranks_dir.mkdir(exist_ok=True)
+        return self
+
+
+def template_values(deploy_dir: Path) -> dict[str, str]:
+    """The names and paths the `.sub`/`.sh` templates write, so the templates re-type none of them. Paths inside
+    the job folder are relative to the shell variables the `.sub` sets (`$DEPLOY_DIR`, `$JOB_DIR`)."""
+    dep = Deployment(deploy_dir)
+    return {
+        "sub_path": str(dep.sub),
+        "sh_path": str(dep.sh),
+        "sh_name": SH_NAME,
+        "sbatch_out": str(dep.sbatch_log("out")),
+        "sbatch_err": str(dep.sbatch_log("err")),
+        "jobs_name": JOBS_NAME,
+        "endpoints_name": ENDPOINTS_NAME,
+        "ranks_name": RANKS_NAME,
+        "rank_log_example": str(dep.job("<job id>").rank_log("<rank>")),
+        "rank_out_pattern": rank_log_name("%j", "%t", "out"),  # srun --output: %j job id, %t task (rank)
+        "rank_err_pattern": rank_log_name("%j", "%t", "err"),
+        "index_dir_shell": INDEX_DIR_SHELL,
+    }
