@@ -65,7 +65,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from hpc.interactive import launch
+    from hpc.launch import launch
 
     return launch(args.target)
 

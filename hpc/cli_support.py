@@ -1,6 +1,6 @@
 """What every `hpc-serve` command module shares: the exit-code table, error printing, loading a spec or exiting.
 
-Why a module of its own: the command modules (cli, jobs_cli, interactive) used to import these from each other,
+Why a module of its own: the command modules (cli, jobs_cli, launch) used to import these from each other,
 which made an import cycle; now they all import from here and from nothing of each other.
 """
 

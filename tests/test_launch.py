@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import hpc.interactive as interactive
+import hpc.launch as launch
 from launcher.rank import job_id_from_env, step_name
 from tests.e2e import write_spec
 
@@ -34,14 +34,14 @@ def test_mpirun_inside_an_allocation_renders_once_on_rank_0(tmp_path: Path, monk
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
     spec = write_spec(tmp_path, "interactive", ckpt)
-    monkeypatch.setattr(interactive, "WAIT_FOR_RENDER_S", 0.3)
+    monkeypatch.setattr(launch, "WAIT_FOR_RENDER_S", 0.3)
     _use_env(monkeypatch, _mpirun_rank(1))  # stale SLURM_PROCID=0, but mpirun says rank 1
     with pytest.raises(SystemExit, match="rank 0 did not render"):
-        interactive.deployment_for_spec(spec)
+        launch.deployment_for_spec(spec)
     assert not (tmp_path / "runs").exists(), "rank 1 must wait for rank 0, not render"
     _use_env(monkeypatch, {**_mpirun_rank(0), "SLURM_PROCID": "1"})
     monkeypatch.setattr("hpc.model_init.ensure_model", lambda spec: None)
-    deploy = interactive.deployment_for_spec(spec)
+    deploy = launch.deployment_for_spec(spec)
     assert (deploy / "launch.json").is_file() and deploy.name == "interactive-77.4294967290"
 
 
