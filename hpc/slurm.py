@@ -18,9 +18,9 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 DEFAULT_TIMEOUT_S = 30.0
 ATTEMPTS = 3
@@ -72,7 +72,8 @@ def run_subprocess(argv: Sequence[str], timeout: float) -> Result:
     """The real runner. `shutil.which` first, so a command missing from PATH is told apart from a failing one."""
     if shutil.which(argv[0]) is None:
         raise FileNotFoundError(argv[0])
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          check=False)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -17,8 +17,8 @@ soon without polling fast for ever.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from hpc import slurm
 from hpc.slurm import SlurmError, SlurmNotInstalled, ended

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 
@@ -223,7 +224,7 @@ def test_a_wait_on_a_pending_job_backs_off(tmp_path, cluster, monkeypatch):
     status = wait(ref, timeout=60)
     print(f"\nwait: {len(polls)} polls, {fake.count('sacct')} sacct + {fake.count('squeue')} squeue calls in 60 s")
     assert status.state == "PENDING"
-    gaps = [b - a for a, b in zip(polls, polls[1:])]
+    gaps = [b - a for a, b in pairwise(polls)]
     assert gaps[0] == 1.0 and max(gaps) == 5.0 and gaps == sorted(gaps), gaps
     assert fake.count("sacct") <= 6 and fake.count("squeue") <= 6
 
@@ -269,7 +270,7 @@ def test_a_state_the_job_can_leave_is_not_cached_as_final(tmp_path, cluster):
 def test_an_ended_job_still_completing_is_completing(tmp_path, cluster):
     """sacct records the end as soon as the job starts ending; squeue's COMPLETING (processes still being
     killed) wins until squeue no longer lists the job, or lists it as ended."""
-    fake, clock = cluster
+    fake, _ = cluster
     watcher = slurm_watch.watcher()
     fake.sacct["7"], fake.queue["7"] = "CANCELLED", ("COMPLETING", "None")
     assert watcher.state("7")[0] == "COMPLETING"
