@@ -16,6 +16,7 @@ soon without polling fast for ever.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class SlurmWatcher:
         self.clock, self.min_delay_s, self.max_delay_s = clock, min_delay_s, max_delay_s
         self._jobs: dict[str, _Job] = {}
         self._last_refresh = float("-inf")
+        self._lock = threading.RLock()  # API users may wait on several jobs from threads: still one refresh
 
     @property
     def gateway(self) -> slurm.Slurm:
@@ -53,21 +55,24 @@ class SlurmWatcher:
     def watch(self, *job_ids: str) -> None:
         """Add jobs to the next refresh, which the first question about any of them makes at once: register
         every job of a listing before asking, and one sacct covers them all."""
-        for job_id in job_ids:
-            self._jobs.setdefault(job_id, _Job(armed_at=self.clock()))
+        with self._lock:
+            for job_id in job_ids:
+                self._jobs.setdefault(job_id, _Job(armed_at=self.clock()))
 
     def arm(self, job_id: str) -> None:
         """Something happened to the job (submitted, signalled): ask about it now, then at 2, 4, 8 … s."""
-        job = self._jobs.setdefault(job_id, _Job(armed_at=self.clock()))
-        job.armed_at, job.final = self.clock(), False
-        self._last_refresh = float("-inf")
+        with self._lock:
+            job = self._jobs.setdefault(job_id, _Job(armed_at=self.clock()))
+            job.armed_at, job.final = self.clock(), False
+            self._last_refresh = float("-inf")
 
     def state(self, job_id: str) -> tuple[str, str | None]:
         """(raw Slurm state, reason) as of the last refresh, refreshing first if one is due."""
-        self.watch(job_id)
-        if not self._jobs[job_id].answered or self.due():
-            self.refresh()
-        return self._jobs[job_id].state
+        with self._lock:
+            self.watch(job_id)
+            if not self._jobs[job_id].answered or self.due():
+                self.refresh()
+            return self._jobs[job_id].state
 
     def delay_s(self) -> float:
         """How long answers are good for: half the age of the newest armed job, within [min, max]."""
