@@ -16,57 +16,26 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from hpc.jobs import JobRef, find_job
-from hpc.track import read_records
+from launcher.records import EndpointRecord, read_endpoints
+from launcher.urls import READY_PATH, generate_url, open_direct
+
+#: One replica's published endpoint record (launcher/records.py, DEVELOPERS.md): address, ports and URLs.
+Endpoint = EndpointRecord
 
 
 class NotReady(RuntimeError):
     """The job has no published endpoint (yet)."""
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """One replica's published endpoint record (DEVELOPERS.md)."""
-
-    address: str
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-    host: str = ""
-    replica: int = 0
-    job_id: str = ""
-
-    @classmethod
-    def from_record(cls, record: dict) -> Endpoint:
-        return cls(
-            address=record["address"], http_port=int(record["http_port"]), grpc_port=int(record["grpc_port"]),
-            metrics_port=int(record["metrics_port"]), host=record.get("host", ""),
-            replica=int(record.get("replica", 0)), job_id=str(record.get("job_id", "")),
-        )
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.address}:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self.address}:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.address}:{self.metrics_port}/metrics"
-
-
 def job_endpoints(job: str | JobRef) -> list[Endpoint]:
     """Every published replica endpoint of a job (an id, a job folder, or the JobRef already looked up), by
     replica number."""
     ref = job if isinstance(job, JobRef) else find_job(job)
-    records = sorted(read_records(ref.endpoints_dir), key=lambda r: r.get("replica", 0))
-    return [Endpoint.from_record(r) for r in records]
+    return read_endpoints(ref.paths)
 
 
 class Client:
@@ -89,21 +58,22 @@ class Client:
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.endpoint.http_url}/v2/health/ready", timeout=5) as resp:
+            with open_direct(self.endpoint.http_url + READY_PATH, timeout=5) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, OSError):
             return False
 
     def generate(self, prompt: str, max_tokens: int = 64, **params: Any) -> str:
-        """One completion via Triton's HTTP generate extension (`POST /v2/models/<model>/generate`)."""
+        """One completion via Triton's HTTP generate extension (`POST /v2/models/<model>/generate`), sent to the
+        node directly (not through `$http_proxy`: launcher/urls.py)."""
         body = {"text_input": prompt, "max_tokens": max_tokens, **params}
         request = urllib.request.Request(
-            f"{self.endpoint.http_url}/v2/models/{self.model}/generate",
+            generate_url(self.endpoint.http_url, self.model),
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+            with open_direct(request, timeout=self.timeout_s) as resp:
                 return json.loads(resp.read())["text_output"]
         except urllib.error.HTTPError as exc:
             raise RuntimeError(f"{self.model}: HTTP {exc.code}: {exc.read().decode(errors='replace')}") from None

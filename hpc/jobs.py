@@ -15,16 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc import slurm
-from hpc.render import LAUNCH_NAME, SUB_NAME
+from launcher.layout import LAUNCH_NAME, SUB_NAME, JobPaths, index_dir
 
 
 class JobNotFound(LookupError):
     """No folder is known for this job id."""
-
-
-def index_dir() -> Path:
-    """Where job ids map to job folders. Must match the `.sub` template's `INDEX=` line."""
-    return Path(os.environ.get("HPC_SERVE_HOME", "~/.hpc-serve")).expanduser() / "jobs"
 
 
 @dataclass(frozen=True)
@@ -35,24 +30,28 @@ class JobRef:
     job_dir: Path
 
     @property
+    def paths(self) -> JobPaths:
+        """Every name and path in the job folder (launcher/layout.py, shared with the launcher)."""
+        return JobPaths.of_folder(self.job_dir)
+
+    @property
     def deploy_dir(self) -> Path:
-        return self.job_dir.parent.parent
+        return self.paths.deploy_dir
 
     @property
     def endpoints_dir(self) -> Path:
-        return self.job_dir / "endpoints"
+        return self.paths.endpoints_dir
 
     @property
     def ranks_dir(self) -> Path:
-        return self.job_dir / "ranks"
+        return self.paths.ranks_dir
 
     @property
     def cancel_marker(self) -> Path:
-        """Written by `cancel` before it signals anything: ranks that exit after it were stopped by the user."""
-        return self.job_dir / "cancel_requested"
+        return self.paths.cancel_marker
 
     def launch_plan(self) -> dict:
-        return json.loads((self.deploy_dir / LAUNCH_NAME).read_text())
+        return json.loads(self.paths.deployment.launch.read_text())
 
     @property
     def world_size(self) -> int:
@@ -60,12 +59,8 @@ class JobRef:
         return int(plan["world_size_per_replica"]) * int(plan["replicas"])
 
     def rank_log(self, rank: int, stream: str = "out") -> Path:
-        """Per-rank log: submitit's own naming (`<job>_<rank>_log.out|err` in `D/jobs/%j`), which the `.sub`'s
-        `srun --output=$JOB_DIR/%j_%t_log.out` produces, so `submitit.SlurmJob(...).stdout()` reads it too."""
-        from submitit.core.utils import JobPaths
-
-        paths = JobPaths(self.job_dir.parent / "%j", job_id=self.job_id, task_id=rank)
-        return paths.stdout if stream == "out" else paths.stderr
+        """Per-rank log, in submitit's naming (launcher/layout.py rank_log_name)."""
+        return self.paths.rank_log(rank, stream)
 
 
 def register(job_id: str, job_dir: Path) -> None:
@@ -105,7 +100,7 @@ def _from_sacct(job_id: str) -> Path | None:
 def find_job(job: str) -> JobRef:
     """A job id (`123`, `local-…`) or a job folder path → JobRef. Raises JobNotFound saying what was tried."""
     as_path = Path(job).expanduser()
-    if as_path.is_dir() and as_path.parent.name == "jobs":
+    if as_path.is_dir() and JobPaths.is_job_folder(as_path):
         return JobRef(as_path.name, as_path.resolve())
     # Only a plain id is looked up in the index: `index_dir() / "/abs/path"` is "/abs/path" itself, which made a
     # deployment folder passed by mistake "found" as a job whose id was that path.
@@ -115,7 +110,7 @@ def find_job(job: str) -> JobRef:
     for finder in (_from_scontrol, _from_sacct):
         deploy = finder(job)
         if deploy is not None and (deploy / LAUNCH_NAME).exists():
-            return JobRef(job, deploy / "jobs" / job)
+            return JobRef(job, JobPaths(deploy, job).folder)
     raise JobNotFound(
         f"job {job}: not in {index_dir()}, and neither scontrol nor sacct names a hpc-serve script for it; "
         "pass the job folder (DEPLOY_DIR/jobs/JOB) instead"

@@ -129,7 +129,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     watch(refs)  # one sacct (and squeue) for all of them, not one per job
     for ref in refs:
         status = job_status(ref)
-        detail = status.reason or ", ".join(f"{e['address']}:{e['http_port']}" for e in status.endpoints)
+        detail = status.reason or ", ".join(f"{e.address}:{e.http_port}" for e in status.endpoints)
         table.add_row(ref.job_id, status.state, detail or "", str(ref.deploy_dir))
         rows.append(status.to_json())
     if args.json:
@@ -152,7 +152,7 @@ def _print_endpoints(ref: JobRef, fmt: str) -> int:
         print(f"hpc-serve: job {job} has no ready endpoint yet; see `hpc-serve status {job}`", file=sys.stderr)
         return EXIT_NOT_FOUND
     if fmt == "json":
-        print(json.dumps([e.__dict__ | {"http_url": e.http_url, "grpc_url": e.grpc_url,
+        print(json.dumps([e.to_dict() | {"http_url": e.http_url, "grpc_url": e.grpc_url,
                                         "metrics_url": e.metrics_url} for e in endpoints], indent=2))
     elif fmt == "env":
         first = endpoints[0]

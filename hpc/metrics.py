@@ -4,10 +4,11 @@ names) and Triton's own `nv_inference_*` counters, so one view serves GPU and CP
 
 from __future__ import annotations
 
-import urllib.request
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from launcher.urls import open_direct
 
 #: Families shown by default: what tells whether a deployment is busy, queued or out of KV cache.
 DEFAULT_PREFIXES = ("nv_trt_llm_", "nv_inference_request_success", "nv_inference_request_failure",
@@ -22,8 +23,7 @@ class Sample:
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> str:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # clusters often export http_proxy
-    with opener.open(url, timeout=timeout_s) as resp:
+    with open_direct(url, timeout=timeout_s) as resp:  # not through $http_proxy (launcher/urls.py)
         return resp.read().decode()
 
 

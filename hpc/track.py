@@ -21,16 +21,15 @@ Where each transition is observed:
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from hpc.executors import executor_of
 from hpc.jobs import JobRef
 from hpc.slurm import STATE_CLASS
+from launcher.records import EndpointRecord, RankExitRecord, read_endpoints, read_rank_records
 
 ACTIVE = ("PENDING", "STARTING", "READY", "CANCELLING", "STOPPING")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
@@ -49,9 +48,9 @@ class JobStatus:
     reason: str | None = None
     scheduler_state: str | None = None
     job_dir: str | None = None
-    endpoints: list[dict] = field(default_factory=list)
+    endpoints: list[EndpointRecord] = field(default_factory=list)
     replicas: int = 1
-    failed_rank: dict | None = None
+    failed_rank: RankExitRecord | None = None
 
     @property
     def done(self) -> bool:
@@ -68,73 +67,64 @@ class JobStatus:
         elif self.state == "STOPPING":
             text += " (the job is ending; Slurm is stopping its processes)"
         elif self.state == "READY":
-            text += " " + ", ".join(f"http://{e['address']}:{e['http_port']}" for e in self.endpoints)
+            text += " " + ", ".join(e.http_url for e in self.endpoints)
         if self.failed_rank:
             text += "\n" + describe_failure(self.failed_rank)
         elif self.reason and self.state in TERMINAL:
             text += f" ({self.reason})"
         return text
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    def to_json(self) -> dict[str, Any]:
+        """The records as they are on disk (launcher/records.py to_dict)."""
+        data = asdict(self)
+        data["endpoints"] = [e.to_dict() for e in self.endpoints]
+        data["failed_rank"] = self.failed_rank.to_dict() if self.failed_rank else None
+        return data
 
 
-def describe_failure(record: dict) -> str:
+def describe_failure(record: RankExitRecord) -> str:
     """`rank 1 on node2 exited with SIGKILL` plus its last log lines: the first thing a user needs."""
-    if record.get("signal"):
-        how = f"signal {record['signal']}"
-    elif record.get("exit_code") is not None:
-        how = f"exit code {record['exit_code']}"
+    if record.signal:
+        how = f"signal {record.signal}"
+    elif record.exit_code is not None:
+        how = f"exit code {record.exit_code}"
     else:
         how = "an unknown status"
-    lines = [f"rank {record.get('rank')} on {record.get('host')} exited with {how}"
-             + (f": {record['error']}" if record.get("error") else "") + "; last lines:"]
-    lines += [f"  | {line}" for line in record.get("log_tail", [])]
+    lines = [f"rank {record.rank} on {record.host} exited with {how}"
+             + (f": {record.error}" if record.error else "") + "; last lines:"]
+    lines += [f"  | {line}" for line in record.log_tail]
     return "\n".join(lines)
 
 
-def read_records(folder: Path) -> list[dict]:
-    records = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # a record being replaced right now; the next poll sees it
-    return records
-
-
-_EXITED = re.compile(r"\[hpc-serve\] rank (\d+): tritonserver exited with (\S+)")
 _PMIX_ABORT = re.compile(r"slurmstepd-(\S+): error:\s+mpi/pmix\S*: _errhandler: \S+ \[(\d+)\]")
 
 
-def failure_from_logs(ref: JobRef) -> dict | None:
+def failure_from_logs(ref: JobRef) -> RankExitRecord | None:
     """When Slurm tore the step down before any launcher could write its record (a rank SIGKILLed with its
-    launcher, PMIx aborting the step), the rank logs still tell who went first: the launcher's own "rank R:
-    tritonserver exited" line, else slurmstepd's PMIx error naming the rank whose process died."""
-    candidates: list[tuple[float, dict]] = []
-    for path in sorted(ref.job_dir.glob(f"{ref.job_id}_*_log.err")):
+    launcher, PMIx aborting the step), the rank logs still tell who went first: slurmstepd's PMIx error names
+    the rank whose process died. (What the launcher knows it writes as the rank's exit record, before it logs
+    anything about the exit, so its own log lines are never needed here.)"""
+    candidates: list[tuple[float, RankExitRecord]] = []
+    for path in ref.paths.rank_logs("err"):
         try:
             lines = path.read_text(errors="replace").splitlines()
         except OSError:
             continue
         tail = [line for line in lines if line.strip() and not line.startswith(("|", "+-"))][-12:]
         for line in lines:
-            exited, aborted = _EXITED.search(line), _PMIX_ABORT.search(line)
-            if exited or aborted:
-                how = exited.group(2).rstrip(".") if exited else ""
-                record = {"rank": int(exited.group(1)) if exited else int(aborted.group(2)),
-                          "host": aborted.group(1) if aborted else "?",
-                          "exit_code": int(how) if how.lstrip("-").isdigit() else None,
-                          "signal": how if how.startswith("SIG") else None, "log_tail": tail,
-                          "error": "no exit record (the step was killed); from the rank's log"}
+            aborted = _PMIX_ABORT.search(line)
+            if aborted:
+                record = RankExitRecord(rank=int(aborted.group(2)), host=aborted.group(1), log_tail=tail,
+                                        error="no exit record (the step was killed); from the rank's log")
                 candidates.append((path.stat().st_mtime, record))
                 break
     return min(candidates, key=lambda c: c[0])[1] if candidates else None
 
 
-def first_failure(ranks: list[dict]) -> dict | None:
-    failed = [r for r in ranks if r.get("exit_code") not in (0, None)]
-    return min(failed, key=lambda r: r.get("ended_at", 0)) if failed else None
+def first_failure(ranks: list[RankExitRecord]) -> RankExitRecord | None:
+    """The earliest non-zero exit: the cause; later ones are ranks srun's --kill-on-bad-exit took down."""
+    failed = [r for r in ranks if r.failed]
+    return min(failed, key=lambda r: r.ended_at) if failed else None
 
 
 def job_status(ref: JobRef) -> JobStatus:
@@ -146,8 +136,8 @@ def job_status(ref: JobRef) -> JobStatus:
     except (OSError, ValueError, KeyError):
         replicas = 1
     running = state == "RUNNING"
-    endpoints = read_records(ref.endpoints_dir) if running else []
-    failure = first_failure(read_records(ref.ranks_dir))
+    endpoints = read_endpoints(ref.paths) if running else []
+    failure = first_failure(read_rank_records(ref.paths))
     if running:
         if failure is not None:
             state = "FAILED"

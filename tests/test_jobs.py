@@ -13,7 +13,7 @@ import pytest
 from hpc import slurm
 from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
 from hpc.jobs import JobNotFound, JobRef, find_job, index_dir, list_jobs, register
-from hpc.render import LAUNCH_NAME, SUB_NAME
+from launcher.layout import LAUNCH_NAME, SUB_NAME, JobPaths
 from tests.e2e import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,10 +23,7 @@ def make_job_dir(root: Path, job_id: str, *, replicas: int = 1, world_per_replic
     deploy = root / f"deploy-{job_id}"
     deploy.mkdir(parents=True, exist_ok=True)
     (deploy / LAUNCH_NAME).write_text(json.dumps({"replicas": replicas, "world_size_per_replica": world_per_replica}))
-    job_dir = deploy / "jobs" / job_id
-    (job_dir / "endpoints").mkdir(parents=True)
-    (job_dir / "ranks").mkdir()
-    return job_dir
+    return JobPaths(deploy, job_id).create().folder
 
 
 @pytest.fixture
@@ -118,8 +115,12 @@ def test_jobref_paths(tmp_path):
     ref = JobRef("4242", job_dir)
     assert ref.endpoints_dir == job_dir / "endpoints" and ref.ranks_dir == job_dir / "ranks"
     assert ref.world_size == 12 and ref.launch_plan()["replicas"] == 3
-    assert ref.rank_log(5) == job_dir / "4242_5_log.out"  # submitit's JobPaths naming
+    assert ref.rank_log(5) == job_dir / "4242_5_log.out"
     assert ref.rank_log(0, "err") == job_dir / "4242_0_log.err"
+    from submitit.core.utils import JobPaths as SubmititPaths  # the naming submitit's SlurmJob reads
+
+    theirs = SubmititPaths(job_dir.parent / "%j", job_id="4242", task_id=5)
+    assert (ref.rank_log(5), ref.rank_log(5, "err")) == (theirs.stdout, theirs.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ from hpc import track
 from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
 from hpc.jobs import JobRef
 from hpc.slurm_watch import SlurmWatcher
-from hpc.track import JobStatus, describe_failure, first_failure, job_status, read_records, wait
+from hpc.track import job_status, wait
+from launcher.layout import JobPaths
+from launcher.records import EndpointRecord, RankExitRecord
 from tests.e2e import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,26 +40,24 @@ def make_job(tmp_path: Path, job_id: str = "4242", *, replicas: int = 1, world_p
         "version": 1, "name": "fake", "deployment_dir": str(deploy), "replicas": replicas,
         "world_size_per_replica": world_per_replica, "tp_size": world_per_replica, "pp_size": 1,
     }))
-    job_dir = deploy / "jobs" / job_id
-    (job_dir / "endpoints").mkdir(parents=True)
-    (job_dir / "ranks").mkdir()
-    return JobRef(job_id, job_dir)
+    return JobRef(job_id, JobPaths(deploy, job_id).create().folder)
 
 
-def publish(ref: JobRef, replica: int, address: str = "10.1.2.3", http_port: int = 8000) -> dict:
+def publish(ref: JobRef, replica: int, address: str = "10.1.2.3", http_port: int = 8000) -> EndpointRecord:
     record = {"version": 1, "job_id": ref.job_id, "replica": replica, "rank": replica * 2, "host": f"node{replica + 1}",
               "address": address, "http_port": http_port, "grpc_port": http_port + 1,
               "metrics_port": http_port + 2, "pid": 1, "started_at": 1.0, "ready_at": 2.0}
-    (ref.endpoints_dir / f"replica-{replica}.json").write_text(json.dumps(record))
-    return record
+    ref.paths.endpoint(replica).write_text(json.dumps(record))
+    return EndpointRecord.from_dict(record)
 
 
 def rank_exit(ref: JobRef, rank: int, exit_code: int | None, *, ended_at: float, signal: str | None = None,
-              host: str | None = None, tail: list[str] | None = None) -> dict:
+              host: str | None = None, tail: list[str] | None = None) -> RankExitRecord:
+    """A rank exit record as the launcher wrote it before records had a version (read as they still are)."""
     record = {"rank": rank, "host": host or f"node{rank + 1}", "exit_code": exit_code, "signal": signal,
               "log_tail": tail if tail is not None else [f"rank {rank} last line"], "ended_at": ended_at}
-    (ref.ranks_dir / f"rank-{rank}.json").write_text(json.dumps(record))
-    return record
+    ref.paths.rank_record(rank).write_text(json.dumps(record))
+    return RankExitRecord.from_dict(record)
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def test_all_replicas_published_is_ready(tmp_path, scheduler):
     records = [publish(ref, 0, "10.0.0.5", 8000), publish(ref, 1, "10.0.0.6", 9000)]
     st = job_status(ref)
     assert st.state == "READY" and not st.done
-    assert sorted(st.endpoints, key=lambda e: e["replica"]) == records
+    assert st.endpoints == records, "by replica"
     assert st.summary().startswith("4242 READY ")
     assert "http://10.0.0.5:8000" in st.summary() and "http://10.0.0.6:9000" in st.summary()
 
@@ -279,7 +279,7 @@ def test_marker_only_explains_the_end_of_a_job_that_was_not_running(tmp_path, sc
 def make_local(tmp_path: Path, **state) -> JobRef:
     ref = make_job(tmp_path, "local-abc123", world_per_replica=1)
     if state:
-        (ref.job_dir / "local.json").write_text(json.dumps(state))
+        ref.paths.local_state.write_text(json.dumps(state))
     return ref
 
 
@@ -561,7 +561,8 @@ def test_failure_from_logs_when_the_step_was_killed_before_any_record(tmp_path):
     from hpc.jobs import JobRef
     from hpc.track import describe_failure, failure_from_logs
 
-    job_dir = tmp_path / "D" / "jobs" / "7"
+    paths = JobPaths(tmp_path / "D", "7")
+    job_dir = paths.folder
     job_dir.mkdir(parents=True)
     (job_dir / "7_0_log.err").write_text("I1122 server started\nslurmstepd-node1: error: *** STEP 7.0 CANCELLED ***\n")
     (job_dir / "7_1_log.err").write_text(
@@ -570,7 +571,7 @@ def test_failure_from_logs_when_the_step_was_killed_before_any_record(tmp_path):
         "Error handler invoked: status = -61, source = [slurm.pmix.7.0:1]\n")
     os.utime(job_dir / "7_0_log.err", (1, 1))  # rank 0's log is not what went first
     record = failure_from_logs(JobRef("7", job_dir))
-    assert record["rank"] == 1 and record["host"] == "node2"
+    assert record.rank == 1 and record.host == "node2"
     text = describe_failure(record)
     assert text.startswith("rank 1 on node2 exited with an unknown status") and "_errhandler" in text
     assert failure_from_logs(JobRef("8", tmp_path / "D" / "jobs" / "8")) is None
