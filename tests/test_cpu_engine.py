@@ -303,6 +303,18 @@ def test_cancellation_frees_slot_and_budget(llama: Path) -> None:
     assert eng.budget.used_blocks == 0 and eng.stats().completed_requests == 3
 
 
+def test_cancelling_the_last_request_reports_its_blocks_free(llama: Path) -> None:
+    eng = Engine(str(llama), max_tokens_in_kv_cache=256)
+    reported = []
+    eng.on_step = reported.append
+    eng.submit(GenerationRequest(input_ids=_prompts(llama)[0], max_new_tokens=100, request_id="a"))
+    eng.step()
+    assert reported[-1].used_blocks > 0
+    eng.cancel("a")
+    eng.step()
+    assert reported[-1].used_blocks == 0 and reported[-1].active_requests == 0
+
+
 def test_kv_budget_smaller_than_demand_makes_requests_wait(gpt2: Path) -> None:
     prompts = _prompts(gpt2)
     kws = [dict(input_ids=prompts[i % 3], max_new_tokens=30 + i) for i in range(6)]

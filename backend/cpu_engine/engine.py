@@ -333,13 +333,16 @@ class Engine:
 
     def step(self) -> None:
         """One iteration: intake/cancel, compact, admit, one forward (decode + prefills), sample, emit."""
+        completed = self.completed
         self._intake()
         sched = self.scheduler
         moves = sched.remove_finished()
         running = list(sched.running)
         admitted = sched.admit()
-        if not running and not admitted:
-            return  # nothing survives, so pending slot moves are moot
+        if not running and not admitted:  # nothing survives, so pending slot moves are moot
+            if self.completed != completed:  # a cancel or a refused request emptied the batch: say so
+                self._report()
+            return
         n_run = len(running)
         plan = StepPlan(
             moves=moves,
@@ -362,12 +365,15 @@ class Engine:
         picks = greedy_picks(reqs, logits)
         for j, req in enumerate(reqs):
             self._advance(req, logits[j], now, picks[j])
+        self._report()
+        # finished requests leave (and free their slot/budget) at the start of the next step
+
+    def _report(self) -> None:
         if self.on_step is not None:
             try:
                 self.on_step(self.stats())
             except Exception:
                 log.exception("on_step hook failed")
-        # finished requests leave (and free their slot/budget) at the start of the next step
 
     def _advance(self, req: GenerationRequest, logits: np.ndarray, now: int, pick: tuple[int, float] | None = None) -> None:
         """Sample one token for ``req`` (or take ``pick``, its batched greedy choice) and apply the stop rules."""
