@@ -22,19 +22,12 @@ import jinja2
 
 from hpc import __version__
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
-from launcher.config import DEFAULT_DRAIN_S, STOP_OVERHEAD_S
 from hpc.spec_files import is_script_safe_path
+from launcher.config import DEFAULT_DRAIN_S, STOP_OVERHEAD_S, default_env
+# the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
+from launcher.layout import LAUNCH_NAME, SH_NAME, SOURCE_ROOT, SUB_NAME, Deployment, template_values
 
-SUB_NAME = "tensorrt_llm_triton.sub"
-SH_NAME = "tensorrt_llm_triton.sh"
-REPO_NAME = "triton_model_repo"
-LAUNCH_NAME = "launch.json"
-SPEC_NAME = "spec.yaml"
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
-
-#: The folder that holds `hpc/`, `launcher/` and `backend/`: put on PYTHONPATH for each rank (and mounted
-#: into containers) so the launcher and the python models import the same code the user submitted with.
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -72,14 +65,11 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
 
 def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
     """The launcher's only input (DEVELOPERS.md, "launch.json"): what every rank needs and nothing else."""
-    env = {"PMIX_MCA_gds": "hash"}
-    if spec.mode == "orchestrator":
-        env.update({"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"})
     return {
         "version": 1,
         "name": spec.name,
         "deployment_dir": str(deploy_dir),
-        "model_repository": str(deploy_dir / REPO_NAME),
+        "model_repository": str(Deployment(deploy_dir).model_repository),
         "tp_size": spec.model.tp_size,
         "pp_size": spec.model.pp_size,
         "replicas": spec.replicas,
@@ -90,7 +80,7 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "follower_models": ["tensorrt_llm"],
         "server_args": [f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args],
         "ready_timeout_s": spec.triton.ready_timeout_s,
-        "env": env,
+        "env": default_env(spec.mode),
     }
 
 
@@ -165,6 +155,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         "source_root": str(SOURCE_ROOT),
         # Slurm's time-limit warning: early enough for an ordered stop (DEVELOPERS.md "Stopping")
         "stop_lead_s": int(DEFAULT_DRAIN_S + STOP_OVERHEAD_S),
+        **template_values(deploy_dir),  # every name and path in the folder (launcher/layout.py)
     }
     return {
         SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),
@@ -192,19 +183,21 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
             "in a comma-separated list, so its path must not contain ',' or ':'"
         )
     scripts = render_scripts(spec, deploy_dir, templates)
-    check_replaceable(deploy_dir / REPO_NAME)  # before anything is written: nothing half-done
+    dep = Deployment(deploy_dir)
+    check_replaceable(dep.model_repository)  # before anything is written: nothing half-done
     deploy_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{deploy_dir.name}.", dir=deploy_dir.parent))
+    staged = Deployment(staging)
     try:
-        write_model_repository(staging / REPO_NAME, spec.model.backend, repository_parameters(spec))
+        write_model_repository(staged.model_repository, spec.model.backend, repository_parameters(spec))
         for name, text in scripts.items():
             (staging / name).write_text(text)
             (staging / name).chmod(0o755)
-        (staging / LAUNCH_NAME).write_text(json.dumps(launch_plan(spec, deploy_dir), indent=2) + "\n")
-        (staging / SPEC_NAME).write_text(dump_spec(spec))
+        staged.launch.write_text(json.dumps(launch_plan(spec, deploy_dir), indent=2) + "\n")
+        staged.spec.write_text(dump_spec(spec))
         deploy_dir.mkdir(exist_ok=True)
-        (deploy_dir / "logs").mkdir(exist_ok=True)
-        (deploy_dir / "jobs").mkdir(exist_ok=True)
+        dep.logs_dir.mkdir(exist_ok=True)
+        dep.jobs_dir.mkdir(exist_ok=True)
         # launch.json goes last: ranks of `hpc-serve launch SPEC` wait for it as the sign that all is in place.
         for entry in sorted(staging.iterdir(), key=lambda e: e.name == LAUNCH_NAME):
             target = deploy_dir / entry.name
@@ -213,10 +206,5 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
             os.replace(entry, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Rendered(
-        deploy_dir=deploy_dir,
-        sub=deploy_dir / SUB_NAME,
-        sh=deploy_dir / SH_NAME,
-        model_repository=deploy_dir / REPO_NAME,
-        launch=deploy_dir / LAUNCH_NAME,
-    )
+    return Rendered(deploy_dir=deploy_dir, sub=dep.sub, sh=dep.sh, model_repository=dep.model_repository,
+                    launch=dep.launch)
