@@ -38,13 +38,14 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
+
+from launcher.records import EndpointRecord  # noqa: E402
 
 POLL_S = 0.002
 
@@ -109,16 +110,16 @@ def run_hpc_local(deploy_dir: Path) -> dict:
     t0 = time.time()
     ref = submit_local(deploy_dir)
     t_returned = time.time()
-    endpoint = ref.endpoints_dir / "replica-0.json"
+    endpoint = ref.paths.endpoint(0)
     t_ready = poll_file(endpoint, 300, alive=lambda: not list(ref.ranks_dir.glob("*.json")))
-    record = json.loads(endpoint.read_text())
-    local = json.loads((ref.job_dir / "local.json").read_text())
-    cancel_local(ref, grace_s=30)
+    record = EndpointRecord.from_dict(json.loads(endpoint.read_text()))
+    local = json.loads(ref.paths.local_state.read_text())
+    cancel_local(ref)
     wait_gone(str(deploy_dir))
     http = http_started(ref.rank_log(0, "err"))
     return {"total": t_ready - t0, "returned": t_returned - t0, "supervisor": local["started_at"] - t0,
-            "spawned": record["started_at"] - t0, "ready_at": record["ready_at"] - t0,
-            "http_up": (http - record["started_at"]) if http else float("nan")}
+            "spawned": record.started_at - t0, "ready_at": record.ready_at - t0,
+            "http_up": (http - record.started_at) if http else float("nan")}
 
 
 def run_hpc_slurm(deploy_dir: Path) -> dict:
@@ -129,21 +130,21 @@ def run_hpc_slurm(deploy_dir: Path) -> dict:
     t_submit = time.time()
     ref = SlurmExecutor().submit(deploy_dir)
     job_id = ref.job_id
-    endpoint = ref.endpoints_dir / "replica-0.json"
+    endpoint = ref.paths.endpoint(0)
     t_ready = poll_file(endpoint, 300, alive=lambda: not list(ref.ranks_dir.glob("*.json")))
-    record = json.loads(endpoint.read_text())
-    out = deploy_dir / "logs" / f"{job_id}.out"
+    record = EndpointRecord.from_dict(json.loads(endpoint.read_text()))
+    out = ref.paths.deployment.sbatch_log("out", job_id)
     if out.exists() and out.stat().st_size == 0:
         t0, how = out.stat().st_mtime, "logs/<id>.out created"
     else:
         stamp = slurm.default.scontrol_jobs([job_id])[job_id]["StartTime"]
         t0, how = time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")), "scontrol StartTime"
-    cancel(ref, grace_s=30)  # returns once the job has ended (or 90 s passed)
+    cancel(ref)  # returns once the job has ended (or CANCEL_GRACE_S + 60 s passed)
     wait_gone(str(deploy_dir))
     http = http_started(ref.rank_log(0, "err"))
-    return {"total": t_ready - t0, "queued": t0 - t_submit, "spawned": record["started_at"] - t0,
-            "ready_at": record["ready_at"] - t0, "t0": how,
-            "http_up": (http - record["started_at"]) if http else float("nan")}
+    return {"total": t_ready - t0, "queued": t0 - t_submit, "spawned": record.started_at - t0,
+            "ready_at": record.ready_at - t0, "t0": how,
+            "http_up": (http - record.started_at) if http else float("nan")}
 
 
 def run_bare(deploy_dir: Path, n: int) -> dict:
@@ -152,6 +153,7 @@ def run_bare(deploy_dir: Path, n: int) -> dict:
     from launcher.ports import allocate
     from launcher.run import child_env
     from launcher.server import resolve
+    from launcher.urls import READY_PATH, http_url, open_direct
 
     plan = config.load(deploy_dir)
     server = resolve(plan.tritonserver)
@@ -160,7 +162,7 @@ def run_bare(deploy_dir: Path, n: int) -> dict:
                       leader=True, ports=ports, follower_models=plan.follower_models,
                       backend_dir=server.backend_dir, server_args=plan.server_args)
     env = child_env(plan, server)
-    url = f"http://127.0.0.1:{ports.http}/v2/health/ready"
+    url = http_url("127.0.0.1", ports.http, READY_PATH)
     log = open(deploy_dir / "logs" / f"bare-{n}.log", "wb")
     t0 = time.time()
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -170,7 +172,7 @@ def run_bare(deploy_dir: Path, n: int) -> dict:
             if proc.poll() is not None:
                 raise RuntimeError(f"bare tritonserver exited {proc.returncode}; see {log.name}")
             try:
-                with urllib.request.urlopen(url, timeout=1) as resp:
+                with open_direct(url, timeout=1) as resp:
                     if resp.status == 200:
                         break
             except (urllib.error.URLError, OSError):

@@ -17,6 +17,7 @@ from hpc.client import Client, Endpoint, job_endpoints
 from hpc.executors import watch
 from hpc.jobs import JobRef, find_job
 from hpc.track import JobStatus, job_status, wait
+from launcher.config import CANCEL_GRACE_S
 
 
 class JobFailed(RuntimeError):
@@ -54,7 +55,7 @@ class Job:
     def client(self, replica: int = 0, model: str = "ensemble") -> Client:
         return Client.from_job(self.ref, replica=replica, model=model)
 
-    def cancel(self, grace_s: float = 30.0) -> JobStatus:
+    def cancel(self, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
         """Ordered stop, then scancel, then wait for the end: the same `hpc.submit.cancel` as the CLI's."""
         from hpc.submit import cancel
 

@@ -21,6 +21,8 @@ from hpc import slurm
 from hpc.jobs import JobRef, register
 from hpc.local import JOB_ID_PREFIX, cancel_local, local_state, submit_local
 from hpc.slurm_watch import watcher
+from launcher.layout import Deployment, JobPaths
+from launcher.records import read_rank_records
 
 #: how often a cancel looks for the ranks' exit records (files; the scheduler is asked at the watcher's pace)
 CANCEL_POLL_S = 0.25
@@ -49,12 +51,8 @@ class SlurmExecutor(Executor):
 
     def submit(self, deploy_dir: Path) -> JobRef:
         """sbatch the `.sub` as it is (raises hpc.slurm.SlurmError with sbatch's words), then index the job."""
-        from hpc.render import SUB_NAME
-
-        job_id = slurm.default.sbatch(deploy_dir / SUB_NAME)
-        job_dir = deploy_dir / "jobs" / job_id
-        (job_dir / "endpoints").mkdir(parents=True, exist_ok=True)
-        (job_dir / "ranks").mkdir(exist_ok=True)
+        job_id = slurm.default.sbatch(Deployment(deploy_dir).sub)
+        job_dir = JobPaths(deploy_dir, job_id).create().folder
         register(job_id, job_dir)
         watcher().arm(job_id)
         return JobRef(job_id, job_dir)
@@ -71,7 +69,7 @@ class SlurmExecutor(Executor):
             watcher().arm(ref.job_id)
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline:
-                if len(list(ref.ranks_dir.glob("rank-*.json"))) >= ref.world_size:
+                if len(read_rank_records(ref.paths)) >= ref.world_size:
                     break
                 if slurm.ended(self.scheduler_state(ref)[0]):
                     break

@@ -19,6 +19,7 @@ from hpc.cli_support import (
     EXIT_USAGE,
     load_spec_or_exit,
 )
+from launcher.config import CANCEL_GRACE_S
 
 if TYPE_CHECKING:
     from hpc.jobs import JobRef
@@ -298,7 +299,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("cancel", help="stop a job: graceful stop of every rank first, then scancel")
     p.add_argument("job")
-    p.add_argument("--grace", type=float, default=30.0, help="seconds to wait for a graceful stop")
+    p.add_argument("--grace", type=float, default=CANCEL_GRACE_S, help="seconds to wait for a graceful stop")
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("metrics", help="a job's nv_trt_llm_* and nv_inference_* metrics from its leader")

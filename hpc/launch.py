@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpc.render import LAUNCH_NAME
+from launcher.layout import Deployment, JobPaths, with_source_root
 
 WAIT_FOR_RENDER_S = 300.0
 
@@ -33,10 +33,10 @@ def deployment_for_spec(spec_path: Path) -> Path:
         render(spec, deploy_dir)
         job_id = os.environ.get("SLURM_JOB_ID")
         if job_id:
-            register(job_id, deploy_dir / "jobs" / job_id)
+            register(job_id, JobPaths(deploy_dir, job_id).folder)
         return deploy_dir
     deadline = time.monotonic() + WAIT_FOR_RENDER_S
-    while not (deploy_dir / LAUNCH_NAME).exists():
+    while not Deployment(deploy_dir).launch.exists():
         if time.monotonic() > deadline:
             raise SystemExit(f"hpc-serve launch: rank 0 did not render {deploy_dir} within {WAIT_FOR_RENDER_S}s")
         time.sleep(0.2)
@@ -46,9 +46,7 @@ def deployment_for_spec(spec_path: Path) -> Path:
 def launch(target: str) -> int:
     path = Path(target).expanduser().resolve()
     deploy_dir = path if path.is_dir() else deployment_for_spec(path)
-    from hpc.render import SOURCE_ROOT
-
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), os.environ.get("PYTHONPATH")) if p)
+    os.environ["PYTHONPATH"] = with_source_root(os.environ.get("PYTHONPATH"))
     import launcher
 
     return launcher.main([str(deploy_dir)])

@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from hpc.jobs import JobRef, index_dir, register
+from hpc.jobs import JobRef, register
+from launcher.config import CANCEL_GRACE_S
+from launcher.layout import JobPaths, index_dir, with_source_root
 
 
 #: every local job id starts with it: how `hpc.executors.executor_of` tells a local job from a Slurm one
@@ -32,11 +34,10 @@ def new_job_id() -> str:
 def submit_local(deploy_dir: Path) -> JobRef:
     """Start the deployment's ranks in the background; return at once."""
     job_id = new_job_id()
-    job_dir = deploy_dir / "jobs" / job_id
-    (job_dir / "endpoints").mkdir(parents=True)
-    (job_dir / "ranks").mkdir()
+    paths = JobPaths(deploy_dir, job_id).create()
+    job_dir = paths.folder
     register(job_id, job_dir)
-    log = open(deploy_dir / "logs" / f"{job_id}.out", "ab")
+    log = open(paths.deployment.sbatch_log("out", job_id), "ab")
     subprocess.Popen(
         [sys.executable, "-m", "hpc.local_run", str(deploy_dir), job_id],
         stdin=subprocess.DEVNULL,
@@ -44,21 +45,19 @@ def submit_local(deploy_dir: Path) -> JobRef:
         stderr=subprocess.STDOUT,
         start_new_session=True,
         cwd=deploy_dir,
-        env=dict(os.environ, PYTHONPATH=_pythonpath()),
+        env=dict(os.environ, PYTHONPATH=with_source_root(os.environ.get("PYTHONPATH"))),
     )
     log.close()
     # The supervisor writes local.json as its first act; wait for it so `status` never sees a gap.
     deadline = time.monotonic() + 10
-    while not (job_dir / "local.json").exists() and time.monotonic() < deadline:
+    while not paths.local_state.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return JobRef(job_id, job_dir)
 
 
 def local_state(job_dir: Path) -> tuple[str, str | None]:
     """(state, reason) of a local job from its supervisor's local.json: what sacct is to a Slurm job."""
-    from hpc.local_run import STATE_FILE
-
-    path = job_dir / STATE_FILE
+    path = JobPaths.of_folder(job_dir).local_state
     if not path.exists():
         return "UNKNOWN", "the local supervisor never started"
     record = json.loads(path.read_text())
@@ -70,13 +69,6 @@ def local_state(job_dir: Path) -> tuple[str, str | None]:
             return "FAILED", "the local supervisor died"
     reason = f"exit code {record['exit_code']}" if state == "FAILED" and "exit_code" in record else None
     return state, reason
-
-
-def _pythonpath() -> str:
-    from hpc.render import SOURCE_ROOT
-
-    current = os.environ.get("PYTHONPATH")
-    return f"{SOURCE_ROOT}:{current}" if current else str(SOURCE_ROOT)
 
 
 def processes_mentioning(text: str) -> list[tuple[int, str]]:
@@ -112,12 +104,12 @@ def job_processes(job_id: str) -> list[int]:
     return pids
 
 
-def cancel_local(ref: JobRef, grace_s: float = 30.0) -> None:
+def cancel_local(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> None:
     """SIGTERM the supervisor (mpirun passes it to every launcher, which stops tritonserver gracefully), wait
     for the ranks to go, then SIGKILL whatever is left."""
-    from hpc.local_run import STATE_FILE, write_state
+    from hpc.local_run import write_state
 
-    state = json.loads((ref.job_dir / STATE_FILE).read_text())
+    state = json.loads(ref.paths.local_state.read_text())
     try:
         os.kill(int(state["pid"]), signal.SIGTERM)
     except ProcessLookupError:
@@ -130,6 +122,6 @@ def cancel_local(ref: JobRef, grace_s: float = 30.0) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    state = json.loads((ref.job_dir / STATE_FILE).read_text())
+    state = json.loads(ref.paths.local_state.read_text())
     if state.get("state") == "RUNNING":
         write_state(ref.job_dir, state="CANCELLED", ended_at=time.time())

@@ -17,20 +17,20 @@ import sys
 import time
 from pathlib import Path
 
-# hpc/render.py's names, not imported from it: that import pulls in pydantic, jinja2 and the spec (~0.14 s),
-# all on the critical path between a local job's start and its ranks' start.
-LAUNCH_NAME = "launch.json"
-SH_NAME = "tensorrt_llm_triton.sh"
+# The folder's names from launcher/layout.py (stdlib, cheap), not from hpc/render.py: that import pulls in
+# pydantic, jinja2 and the spec (~0.14 s), all on the critical path between a local job's start and its ranks'.
+from launcher.layout import Deployment, JobPaths, rank_log_name
 
-STATE_FILE = "local.json"
-
-# Each rank's output goes to its own files, named as under Slurm (`srun --output=%j_%t_log.out`).
-_RANK_WRAPPER = 'exec bash "$0" >"$1/${2}_${OMPI_COMM_WORLD_RANK}_log.out" 2>"$1/${2}_${OMPI_COMM_WORLD_RANK}_log.err"'
+# Each rank's output goes to its own files, named as under Slurm (`srun --output=%j_%t_log.out`): $1 the job
+# folder, $2 the job id, the rank from mpirun.
+_RANK = "${OMPI_COMM_WORLD_RANK}"
+_RANK_WRAPPER = (f'exec bash "$0" >"$1/{rank_log_name("${2}", _RANK, "out")}" '
+                 f'2>"$1/{rank_log_name("${2}", _RANK, "err")}"')
 
 
 def write_state(job_dir: Path, **fields: object) -> None:
-    """Atomically update local.json (read by hpc/track.py's LocalScheduler)."""
-    path = job_dir / STATE_FILE
+    """Atomically update local.json (read by hpc/local.py local_state, the local executor's sacct)."""
+    path = JobPaths.of_folder(job_dir).local_state
     state = json.loads(path.read_text()) if path.exists() else {}
     state.update(fields)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -40,9 +40,9 @@ def write_state(job_dir: Path, **fields: object) -> None:
 
 def rank_command(deploy_dir: Path, job_dir: Path, job_id: str, world: int) -> list[str]:
     """The command that starts every rank of the job on this machine."""
-    script = str(deploy_dir / SH_NAME)
+    script = str(Deployment(deploy_dir).sh)
     if world == 1:
-        wrapper = _RANK_WRAPPER.replace("${OMPI_COMM_WORLD_RANK}", "0")
+        wrapper = _RANK_WRAPPER.replace(_RANK, "0")
         return ["bash", "-c", wrapper, script, str(job_dir), job_id]
     mpirun = shutil.which("mpirun")
     if mpirun is None:
@@ -77,8 +77,8 @@ def stop_targets(child_pid: int, world: int) -> list[int]:
 
 def main(argv: list[str]) -> int:
     deploy_dir, job_id = Path(argv[0]), argv[1]
-    job_dir = deploy_dir / "jobs" / job_id
-    plan = json.loads((deploy_dir / LAUNCH_NAME).read_text())
+    job_dir = JobPaths(deploy_dir, job_id).folder
+    plan = json.loads(Deployment(deploy_dir).launch.read_text())
     world = int(plan["world_size_per_replica"]) * int(plan["replicas"])
     env = dict(os.environ, HPC_SERVE_JOB_ID=job_id, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     child = subprocess.Popen(rank_command(deploy_dir, job_dir, job_id, world), env=env)

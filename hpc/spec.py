@@ -30,6 +30,7 @@ from pydantic import (
 from backend.repository import KNOWN_PARAMETERS, choices, normalize_parameter
 from hpc.envvars import expand, unset_message
 from hpc.spec_files import conflicts, missing_inputs
+from launcher.config import DEFAULT_READY_TIMEOUT_S
 
 # Characters allowed in values that land in `#SBATCH` lines or paths baked into scripts. Slurm parses
 # `#SBATCH` lines itself (not a shell), but a newline there would start a new directive, and a path with
@@ -302,7 +303,7 @@ class TritonSpec(_Section):
     parameters: dict[str, str | int | float | bool] = Field(default_factory=dict)
     log_verbose: int = Field(0, ge=0, le=6)
     server_args: list[str] = Field(default_factory=list, description="extra tritonserver flags for every rank")
-    ready_timeout_s: int = Field(900, ge=10)
+    ready_timeout_s: int = Field(DEFAULT_READY_TIMEOUT_S, ge=10)
 
     _server = field_validator("server")(lambda v: _no_newline(v) if v else v)
 

@@ -16,6 +16,7 @@ from hpc.render import render
 from hpc.slurm import SlurmError
 from hpc.spec import Spec
 from hpc.track import JobStatus, job_status, wait
+from launcher.config import CANCEL_GRACE_S
 
 
 class SubmitError(RuntimeError):
@@ -48,7 +49,7 @@ def submit(spec: Spec, executor: str | None = None, deploy_dir: Path | None = No
         raise SubmitError(str(exc)) from exc
 
 
-def cancel(ref: JobRef, grace_s: float = 30.0) -> JobStatus:
+def cancel(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
     """Ordered stop first, then scancel for whatever is left, then wait until the job has ended (at most
     `grace_s` + 60 s); the job's last status. The CLI's `cancel` and `hpc.api.Job.cancel` are this.
 

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from launcher.layout import JobPaths
+from launcher.records import RankExitRecord, read_rank_records
+
 CLI = [sys.executable, "-m", "hpc.cli"]
 
 
@@ -44,6 +47,11 @@ def submit(spec: Path, *extra: str, timeout: float = 240) -> tuple[str, Path]:
     first = proc.stdout.splitlines()[0].split() if proc.stdout.strip() else ["?", "?"]
     assert proc.returncode == 0, f"submit did not reach READY:\n{proc.stdout}\n{proc.stderr}"
     return first[0], Path(first[1])
+
+
+def rank_records(job_dir: Path) -> dict[int, RankExitRecord]:
+    """Every rank's exit record in a job folder, by rank."""
+    return {r.rank: r for r in read_rank_records(JobPaths.of_folder(job_dir))}
 
 
 def status(job: str) -> dict:

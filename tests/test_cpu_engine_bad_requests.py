@@ -134,6 +134,8 @@ def test_stopping_engine_fails_what_cannot_finish_before_its_drain_time(gpt2: Pa
     error naming the stop, and new ones are refused at once, so the ranks can still stop in order."""
     engine = Engine(str(gpt2), max_batch_size=1)
     reqs = [engine.submit(GenerationRequest(input_ids=GOOD[0], max_new_tokens=200)) for _ in range(3)]
+    reported = []
+    engine.on_step = reported.append
     engine.drain_deadline = lambda: time.time() + 1.0  # already less than DRAIN_MARGIN_S away
     engine.start()
     try:
@@ -143,6 +145,7 @@ def test_stopping_engine_fails_what_cannot_finish_before_its_drain_time(gpt2: Pa
         assert [r.finish_reason for r in reqs] == ["error"] * 3 and all("stopping" in r.error for r in reqs)
         late = engine.submit(GenerationRequest(input_ids=GOOD[1], max_new_tokens=2))
         assert late.finished and "stopping" in late.error
+        assert reported[-1].active_requests == 0 and reported[-1].waiting_requests == 0  # the metrics say so too
     finally:
         engine.shutdown()
 

@@ -14,7 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from tests.e2e import CLI, cli, kill_quietly, listening_ports, processes_under, status, submit, wait_for, write_spec
+from launcher.layout import JobPaths
+from tests.e2e import (CLI, cli, kill_quietly, listening_ports, processes_under, rank_records, status, submit,
+                       wait_for, write_spec)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -204,7 +206,7 @@ def test_hand_sbatch_of_rendered_folder_is_tracked(jobs, tmp_path, tiny_gpt2):
     job = out.strip().split(";")[0]
     jobs.append(job)
     assert cli("wait", job, "--timeout", "180", timeout=240).returncode == 0
-    assert status(job)["job_dir"] == str(deploy_dir / "jobs" / job)
+    assert status(job)["job_dir"] == str(JobPaths(deploy_dir, job).folder)
     assert cli("generate", job, "by hand", "--max-tokens", "4").stdout.strip()
     import submitit  # the per-rank logs are where submitit looks for a task's output
 
@@ -236,7 +238,6 @@ def test_two_replicas_of_tp2_publish_two_endpoints(jobs, tmp_path, tiny_gpt2):
 
 def test_leader_stop_releases_followers_and_job_completes(jobs, tmp_path, tiny_gpt2):
     """Leader mode as TensorRT-LLM does it: when the leader unloads, followers leave and the job ends cleanly."""
-    import json
     import os
     import signal
 
@@ -248,10 +249,10 @@ def test_leader_stop_releases_followers_and_job_completes(jobs, tmp_path, tiny_g
     assert len(leader) == 1
     os.kill(leader[0], signal.SIGTERM)  # a graceful stop of rank 0's tritonserver only
     wait_for(lambda: status(job).get("state") == "COMPLETED", 60, "the job to complete")
-    ranks = {r["rank"]: r for r in map(json.loads, (p.read_text() for p in (job_dir / "ranks").glob("rank-*.json")))}
+    ranks = rank_records(job_dir)
     assert sorted(ranks) == [0, 1]
-    assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks
-    leader_log = (job_dir / f"{job}_0_log.err").read_text(errors="replace")
+    assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks
+    leader_log = JobPaths.of_folder(job_dir).rank_log(0, "err").read_text(errors="replace")
     assert "Segmentation fault" not in leader_log  # the stub's objects are released before its interpreter ends
     _assert_no_server_left(job_dir.parent.parent)
 
@@ -303,7 +304,7 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_
     watcher.join(30)
     for request in requests:
         request.join(30)
-    stopped_at = json.loads((job_dir / "ranks" / "rank-0.stopping").read_text())["at"]  # the leader's SIGTERM
+    stopped_at = json.loads(JobPaths.of_folder(job_dir).stopping(0).read_text())["at"]  # the leader's SIGTERM
     print(f"\ncancel returned after {returned:.1f} s, no process left after {gone:.1f} s; status seen: {seen}; "
           f"requests (tokens, error, s after the leader's SIGTERM): "
           f"{[(o['tokens'], o['error'], round(o['at'] - stopped_at, 2)) for o in outcomes]}")
@@ -316,9 +317,9 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_
     assert len(outcomes) == len(requests), "a request hung"
     assert [o for o in outcomes if o["at"] > stopped_at], f"no request was in flight at the stop: {outcomes}"
     assert all(o["tokens"] == 250 or o["error"] for o in outcomes), outcomes
-    ranks = {r["rank"]: r for r in map(json.loads, (p.read_text() for p in (job_dir / "ranks").glob("rank-*.json")))}
-    assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks  # drained, released: clean exits
-    logs = "".join(p.read_text(errors="replace") for p in job_dir.glob(f"{job}_*_log.err"))
+    ranks = rank_records(job_dir)
+    assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks  # drained, released: clean exits
+    logs = "".join(p.read_text(errors="replace") for p in JobPaths.of_folder(job_dir).rank_logs("err"))
     assert "released by the leader" in logs and "sending SIGKILL" not in logs
 
 
@@ -331,6 +332,6 @@ def test_time_limit_is_an_ordered_stop_and_the_job_completes(jobs, tmp_path, tin
     st = wait_for(lambda: (s := status(job)).get("state") in ("COMPLETED", "TIMEOUT", "FAILED") and s, 100,
                   "the job to reach its time limit")
     assert st["state"] == "COMPLETED", st
-    ranks = {r["rank"]: r for r in map(json.loads, (p.read_text() for p in (job_dir / "ranks").glob("rank-*.json")))}
-    assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks
+    ranks = rank_records(job_dir)
+    assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks
     _assert_no_server_left(job_dir.parent.parent)

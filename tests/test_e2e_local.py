@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import cli, kill_quietly, processes_under, status, submit, wait_for, write_spec
+from launcher.layout import Deployment, JobPaths
+from launcher.records import read_endpoints
+from tests.e2e import cli, kill_quietly, processes_under, rank_records, status, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,20 +40,20 @@ def _submit_local(tmp_path: Path, name: str, checkpoint: Path, local_jobs) -> tu
 
 
 def _local_state(job_dir: Path) -> dict:
-    return json.loads((job_dir / "local.json").read_text())
+    return json.loads(JobPaths.of_folder(job_dir).local_state.read_text())
 
 
 def _server_pid(job_dir: Path) -> int:
-    (record,) = [json.loads(p.read_text()) for p in (job_dir / "endpoints").glob("*.json")]
-    cmdline = Path(f"/proc/{record['pid']}/cmdline").read_bytes().split(b"\0")
+    (record,) = read_endpoints(JobPaths.of_folder(job_dir))
+    cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
     assert Path(cmdline[0].decode()).name == "tritonserver", cmdline
-    return int(record["pid"])
+    return record.pid
 
 
 def test_local_job_serves_reports_and_cancels(tmp_path, tiny_gpt2, local_jobs):
     job, job_dir, deploy_dir = _submit_local(tmp_path, "local-tp1", tiny_gpt2, local_jobs)
     assert job.startswith("local-")
-    assert job_dir == deploy_dir / "jobs" / job and (deploy_dir / "launch.json").exists()
+    assert job_dir == JobPaths(deploy_dir, job).folder and Deployment(deploy_dir).launch.exists()
     assert (Path(os.environ["HPC_SERVE_HOME"]) / "jobs" / job).resolve() == job_dir.resolve()
 
     # status --json: READY, one endpoint, published by rank 0
@@ -88,7 +90,7 @@ def test_local_job_serves_reports_and_cancels(tmp_path, tiny_gpt2, local_jobs):
     assert _local_state(job_dir)["state"] == "CANCELLED"
     st = status(job)
     assert st["state"] == "CANCELLED" and st["endpoints"] == [] and st["failed_rank"] is None
-    assert not list((job_dir / "endpoints").glob("*.json")), "the endpoint record goes with its server"
+    assert not read_endpoints(JobPaths.of_folder(job_dir)), "the endpoint record goes with its server"
     assert cli("status", job, check=False).returncode == 0
 
 
@@ -128,6 +130,6 @@ def test_local_tp2_cancel_is_an_ordered_stop(tmp_path, tiny_gpt2, local_jobs):
     out = cli("cancel", job, timeout=120).stdout
     wait_for(lambda: not processes_under(deploy_dir), 15, f"every process of {deploy_dir} to exit", interval=0.1)
     assert out.startswith(f"{job} CANCELLED") and time.monotonic() - t0 < 15, out
-    ranks = {r["rank"]: r for r in map(json.loads, (p.read_text() for p in (job_dir / "ranks").glob("rank-*.json")))}
-    assert ranks[0]["exit_code"] == 0 and ranks[1]["exit_code"] == 0, ranks
-    assert (job_dir / "ranks" / "rank-1.released").exists()
+    ranks = rank_records(job_dir)
+    assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks
+    assert JobPaths.of_folder(job_dir).released(1).exists()

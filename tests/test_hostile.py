@@ -27,6 +27,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from hpc import render as R
 from hpc.spec import SpecError, load_spec
+from launcher.layout import JobPaths
 
 HOSTILE = [
     "$(touch PWNED)",
@@ -353,8 +354,9 @@ def check_scripts(w: World) -> None:
         result = w.run(script)
         assert result.returncode == 0, (script.name, result.stderr)
     assert w.calls("sbatch") == []
-    assert (w.deploy / "jobs" / "1" / "endpoints").is_dir()
-    assert (w.home / ".hpc-serve" / "jobs" / "1").resolve() == w.deploy / "jobs" / "1"
+    job = JobPaths(w.deploy, "1")
+    assert job.endpoints_dir.is_dir() and job.ranks_dir.is_dir()
+    assert (w.home / ".hpc-serve" / "jobs" / "1").resolve() == job.folder, "the .sub's INDEX= default"
 
 
 def assert_not_pwned(w: World) -> None:

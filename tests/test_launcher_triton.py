@@ -19,6 +19,7 @@ from typing import Callable
 
 import pytest
 
+from launcher.layout import JobPaths
 from launcher.server import ServerNotFound, resolve
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
@@ -105,8 +106,9 @@ class Launcher:
             stdout=self.out.open("wb"), stderr=self.err.open("wb"), cwd=deployment,
         )
 
-    def path(self, *parts: str) -> Path:
-        return self.dir / "jobs" / self.job_id / Path(*parts)
+    @property
+    def paths(self) -> JobPaths:
+        return JobPaths(self.dir, self.job_id)
 
     def wait_for(self, check: Callable[[], object], timeout: float = 60, what: str = "") -> object:
         deadline = time.monotonic() + timeout
@@ -120,7 +122,7 @@ class Launcher:
         raise AssertionError(f"timeout waiting for {what}\n" + self.logs())
 
     def endpoint(self, replica: int = 0) -> dict:
-        path = self.path("endpoints", f"replica-{replica}.json")
+        path = self.paths.endpoint(replica)
         return self.wait_for(lambda: path.exists() and json.loads(path.read_text()), what=str(path))  # type: ignore
 
     def logs(self) -> str:
@@ -218,14 +220,14 @@ def test_leader_publishes_endpoint_and_stops_cleanly_on_sigterm(tmp_path: Path, 
     t0 = time.time()
     run.proc.send_signal(signal.SIGTERM)
     assert run.proc.wait(40) == 0, run.logs()  # tritonserver stops gracefully → 0
-    record = json.loads(run.path("ranks", "rank-0.json").read_text())
+    record = json.loads(run.paths.rank_record(0).read_text())
     assert record["exit_code"] == 0 and record["signal"] is None and record["rank"] == 0
     # the model was told when the stop began and until when its in-flight requests may drain (drain_s 10)
-    stop = json.loads(run.path("ranks", "rank-0.stopping").read_text())
+    stop = json.loads(run.paths.stopping(0).read_text())
     assert stop["signal"] == "SIGTERM" and t0 <= stop["at"] and stop["drain_until"] == stop["at"] + 10
     assert "--exit-timeout-secs=10" in first
     assert record["log_tail"] and len(record["log_tail"]) <= 21
-    assert not run.path("endpoints", "replica-0.json").exists()
+    assert not run.paths.endpoint(0).exists()
     assert wait_gone(repo, 2) == [], "tritonserver or triton_python_backend_stub left behind"
     assert "Signal (15) received." in run.err.read_text() + run.out.read_text()  # logs reached our stdout/err
 
@@ -275,7 +277,7 @@ def test_auto_port_collision_is_retried(tmp_path: Path, monkeypatch: pytest.Monk
     thread = threading.Thread(target=serve)
     try:
         thread.start()
-        ep_path = dep / "jobs" / "t1" / "endpoints" / "replica-0.json"
+        ep_path = JobPaths(dep, "t1").endpoint(0)
         deadline = time.monotonic() + 60
         while not ep_path.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -317,11 +319,11 @@ def test_blocked_follower_opens_no_port_and_sigkill_is_recorded(tmp_path: Path, 
     pid = _server_pid(run)
     time.sleep(0.5)
     assert listening_ports(pid) == []
-    assert not run.path("endpoints").exists()
+    assert not run.paths.endpoints_dir.exists()
 
     os.kill(pid, signal.SIGKILL)
     assert run.proc.wait(30) == 128 + signal.SIGKILL
-    record = json.loads(run.path("ranks", "rank-1.json").read_text())
+    record = json.loads(run.paths.rank_record(1).read_text())
     assert record["signal"] == "SIGKILL" and record["exit_code"] == -signal.SIGKILL and record["rank"] == 1
     assert pids_matching(str(run.dir / "triton_model_repo")) == [], "blocked stub or its helper left behind"
 
@@ -355,7 +357,7 @@ def test_sigterm_on_blocked_follower_waits_for_a_release_then_kills_its_group(tm
     assert run.proc.poll() is None and Path(f"/proc/{server}").exists(), "the follower left before its leader"
     assert run.proc.wait(30) == 128 + signal.SIGKILL
     assert 2.0 <= time.monotonic() - t0 < 10
-    record = json.loads(run.path("ranks", "rank-1.json").read_text())
+    record = json.loads(run.paths.rank_record(1).read_text())
     assert record["signal"] == "SIGKILL"
     assert "no release from the leader within 2 s" in run.err.read_text()
     assert pids_matching(str(run.dir / "triton_model_repo")) == []  # immediately: the group was killed
@@ -394,7 +396,7 @@ def test_follower_released_by_its_leader_during_a_stop_exits_cleanly(tmp_path: P
     Path(str(marker) + ".stop").write_text("")
     assert run.proc.wait(30) == 0, run.logs()
     assert time.monotonic() - t0 < 5
-    record = json.loads(run.path("ranks", "rank-1.json").read_text())
+    record = json.loads(run.paths.rank_record(1).read_text())
     assert record["exit_code"] == 0 and record["signal"] is None
     assert "released by the leader" in run.err.read_text()
     assert wait_gone(str(run.dir / "triton_model_repo"), 5) == []
@@ -419,10 +421,10 @@ def test_graceful_stop_that_hangs_is_escalated_to_sigkill(tmp_path: Path, launch
     run.proc.send_signal(signal.SIGTERM)
     assert run.proc.wait(30) == 128 + signal.SIGKILL
     assert 2.5 < time.monotonic() - t0 < 15
-    record = json.loads(run.path("ranks", "rank-0.json").read_text())
+    record = json.loads(run.paths.rank_record(0).read_text())
     assert record["signal"] == "SIGKILL"
     assert "sending SIGKILL" in run.err.read_text()
-    assert not run.path("endpoints", "replica-0.json").exists()
+    assert not run.paths.endpoint(0).exists()
     assert wait_gone(str(dep / "triton_model_repo"), 2) == []
 
 
@@ -432,9 +434,9 @@ def test_leader_not_ready_in_time(tmp_path: Path, launchers: list) -> None:
     run = Launcher(dep, "t1", BLOCKER_MARKER=str(tmp_path / "m"))
     launchers.append(run)
     assert run.proc.wait(30) == 124
-    record = json.loads(run.path("ranks", "rank-0.json").read_text())
+    record = json.loads(run.paths.rank_record(0).read_text())
     assert "ready_timeout_s=2" in record["error"] and "ready_timeout_s=2" in record["log_tail"][-1]
-    assert not run.path("endpoints").exists() or not list(run.path("endpoints").iterdir())
+    assert not run.paths.endpoints_dir.exists() or not list(run.paths.endpoints_dir.iterdir())
     assert pids_matching(str(dep / "triton_model_repo")) == []
 
 

@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 import backend.repository
 from hpc import render as R
 from hpc.spec import Spec, load_spec, parse_spec
+from launcher.layout import JobPaths
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
@@ -261,13 +262,14 @@ def test_sh_exports_env_quoted_and_runs_the_launcher(tmp_path):
 def test_rerender_keeps_jobs_and_replaces_the_repository(tmp_path):
     d = tmp_path / "d"
     R.render(cpu_spec(tmp_path), d)
-    (d / "jobs" / "123").mkdir()
-    (d / "jobs" / "123" / "123_0_log.out").write_text("log")
-    (d / "logs" / "123.out").write_text("out")
-    (d / "triton_model_repo" / "stale").mkdir()
+    job = JobPaths(d, "123")
+    job.folder.mkdir()
+    job.rank_log(0).write_text("log")
+    job.deployment.sbatch_log("out", "123").write_text("out")
+    (job.deployment.model_repository / "stale").mkdir()
     R.render(cpu_spec(tmp_path, triton={"triton_max_batch_size": 7}), d)
-    assert (d / "jobs" / "123" / "123_0_log.out").read_text() == "log"
-    assert (d / "logs" / "123.out").read_text() == "out"
+    assert job.rank_log(0).read_text() == "log"
+    assert job.deployment.sbatch_log("out", "123").read_text() == "out"
     assert not (d / "triton_model_repo" / "stale").exists()
     assert parse_pbtxt(d / "triton_model_repo" / "tensorrt_llm" / "config.pbtxt").max_batch_size == 7
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".d.")] == []

@@ -21,7 +21,7 @@ from hpc import track
 from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
 from hpc.jobs import JobRef
 from hpc.slurm_watch import SlurmWatcher
-from hpc.track import job_status, wait
+from hpc.track import JobStatus, job_status, wait
 from launcher.layout import JobPaths
 from launcher.records import EndpointRecord, RankExitRecord
 from tests.e2e import wait_for
@@ -333,16 +333,14 @@ def test_local_never_started_is_unknown(tmp_path):
     assert st.state == "UNKNOWN" and "never started" in st.reason
 
 
-def test_local_supervisor_names_match_render_and_stay_light():
-    """hpc.local_run (the detached supervisor) keeps its own copy of render's file names so that starting it
+def test_local_supervisor_stays_light():
+    """hpc.local_run (the detached supervisor) takes the folder's names from launcher.layout, so that starting it
     does not import pydantic/jinja2/the spec before the ranks start."""
-    import hpc.local_run
-    import hpc.render
+    from launcher.layout import SOURCE_ROOT
 
-    assert (hpc.local_run.LAUNCH_NAME, hpc.local_run.SH_NAME) == (hpc.render.LAUNCH_NAME, hpc.render.SH_NAME)
     code = "import sys, hpc.local_run; print(sorted({'pydantic', 'jinja2', 'hpc.spec', 'hpc.render'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(hpc.render.SOURCE_ROOT)).stdout
+                         cwd=SOURCE_ROOT).stdout
     assert out.strip() == "[]"
 
 

@@ -306,6 +306,7 @@ class Engine:
             self._finish(req, "error", message)
         self.scheduler.waiting.clear()
         self._fail_running(message)
+        self._report()  # the metrics must show the emptied batch now, not at some later step
 
     def _fail_running(self, message: str) -> None:
         for req in self.scheduler.running:
