@@ -193,7 +193,7 @@ def test_hand_submitted_pending_job_is_found_through_scontrol(cancel_after, hpc_
     cancel_after.append(job)
     assert not (hpc_home / "jobs" / job).exists(), "nothing registered it: only Slurm knows the script"
     ref = find_job(job)
-    assert ref == JobRef(job, deploy / "jobs" / job)
+    assert ref == JobRef(job, JobPaths(deploy, job).folder)
     st = job_status(ref)
     assert (st.state, st.reason) == ("PENDING", "JobHeldUser")
 
@@ -206,7 +206,7 @@ def test_hand_submitted_with_a_relative_path_is_found(cancel_after, hpc_home, tm
     job = _sbatch(["--hold", "-o", f"{tmp_path}/%j.out", SUB_NAME], cwd=deploy)
     cancel_after.append(job)
     monkeypatch.chdir("/")
-    assert find_job(job).job_dir == deploy / "jobs" / job  # scontrol
+    assert find_job(job).job_dir == JobPaths(deploy, job).folder  # scontrol
 
     subprocess.run(["scancel", job], check=True, capture_output=True)
     # slurmdbd fills SubmitLine/WorkDir of a job that never started a few seconds after it ended
@@ -215,7 +215,7 @@ def test_hand_submitted_with_a_relative_path_is_found(cancel_after, hpc_home, tm
              60, "sacct to record the cancelled job's submit line")
     real_which = slurm.shutil.which
     monkeypatch.setattr(slurm.shutil, "which", lambda name, *a, **k: None if name == "scontrol" else real_which(name))
-    assert find_job(job).job_dir == deploy / "jobs" / job  # sacct: SubmitLine + WorkDir
+    assert find_job(job).job_dir == JobPaths(deploy, job).folder  # sacct: SubmitLine + WorkDir
 
 
 @pytest.mark.cluster

@@ -270,7 +270,7 @@ def test_main_refuses_wrong_world_and_writes_rank_record(tmp_path: Path, monkeyp
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     assert launcher.main([str(tmp_path)]) == 2
     assert "ask sbatch/srun for --ntasks=4" in capsys.readouterr().err
-    record = json.loads((tmp_path / "jobs" / "77" / "ranks" / "rank-0.json").read_text())
+    record = json.loads(JobPaths(tmp_path, "77").rank_record(0).read_text())
     assert record["exit_code"] == 2 and "--ntasks=4" in record["error"]
 
 

@@ -21,6 +21,7 @@ from hpc.jobs import JobRef
 from hpc.slurm import Result, Slurm, SlurmError, SlurmNotInstalled, SlurmTimeout
 from hpc.slurm_watch import SlurmWatcher
 from hpc.track import job_status, wait
+from launcher.layout import JobPaths
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -185,10 +186,9 @@ def cluster(monkeypatch) -> tuple[FakeCluster, Clock]:
 
 def make_job(root: Path, job_id: str) -> JobRef:
     deploy = root / f"deploy-{job_id}"
-    (deploy / "jobs" / job_id / "endpoints").mkdir(parents=True)
-    (deploy / "jobs" / job_id / "ranks").mkdir()
+    JobPaths(deploy, job_id).create()
     (deploy / "launch.json").write_text(json.dumps({"replicas": 1, "world_size_per_replica": 2}))
-    return JobRef(job_id, deploy / "jobs" / job_id)
+    return JobRef(job_id, JobPaths(deploy, job_id).folder)
 
 
 def test_watching_20_jobs_for_a_minute_makes_a_bounded_number_of_scheduler_calls(tmp_path, cluster):

@@ -488,7 +488,7 @@ def _sacct_state(job: str) -> str:
 @pytest.fixture
 def held_job(slurm_cluster, tmp_path):
     job = _sbatch_held(tmp_path)
-    yield job, tmp_path / "jobs" / job
+    yield job, JobPaths(tmp_path, job).folder
     subprocess.run(["scancel", job], capture_output=True)
 
 
@@ -537,7 +537,7 @@ def test_slurm_state_follows_suspend_and_resume_in_one_process(slurm_cluster, tm
     """`hpc-serve wait` polls from one process, through one watcher: a state the job can leave (SUSPENDED)
     must not be cached as final, as submitit's watcher would."""
     job = _sbatch_held(tmp_path)
-    job_dir = tmp_path / "jobs" / job
+    job_dir = JobPaths(tmp_path, job).folder
     watcher = SlurmWatcher()
     try:
         subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
@@ -572,4 +572,4 @@ def test_failure_from_logs_when_the_step_was_killed_before_any_record(tmp_path):
     assert record.rank == 1 and record.host == "node2"
     text = describe_failure(record)
     assert text.startswith("rank 1 on node2 exited with an unknown status") and "_errhandler" in text
-    assert failure_from_logs(JobRef("8", tmp_path / "D" / "jobs" / "8")) is None
+    assert failure_from_logs(JobRef("8", JobPaths(tmp_path / "D", "8").folder)) is None
