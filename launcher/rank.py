@@ -13,7 +13,6 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-
 #: The launcher hands the job id to every process of a local job (the local executor's mpirun sets it).
 JOB_ID_ENV = "HPC_SERVE_JOB_ID"
 #: What the launcher decided about a rank's place, handed to tritonserver (and so to the models) through the

@@ -15,9 +15,10 @@ import os
 import socket
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Self, TypeVar
 
 from .layout import ENDPOINT_GLOB, RANK_RECORD_GLOB, JobPaths
 from .urls import grpc_target, http_url, metrics_url
@@ -97,7 +98,7 @@ class _Record:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     @classmethod
-    def from_dict(cls: type[_R], data: Mapping[str, Any]) -> _R:
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -122,9 +123,10 @@ class EndpointRecord(_Record):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EndpointRecord:
         record = super().from_dict(data)
-        ints = {name: int(getattr(record, name)) for name in ("replica", "rank", "http_port", "grpc_port",
-                                                                "metrics_port", "pid")}
-        return dataclasses.replace(record, job_id=str(record.job_id), **ints)
+        return dataclasses.replace(  # JSON written by hand or by another tool may quote numbers
+            record, job_id=str(record.job_id), replica=int(record.replica), rank=int(record.rank),
+            http_port=int(record.http_port), grpc_port=int(record.grpc_port),
+            metrics_port=int(record.metrics_port), pid=int(record.pid))
 
     @property
     def http_url(self) -> str:

@@ -8,8 +8,8 @@ the client's `generate`, the metrics scrape.
 
 from __future__ import annotations
 
+import http.client
 import urllib.request
-from typing import IO
 
 READY_PATH = "/v2/health/ready"
 METRICS_PATH = "/metrics"
@@ -37,6 +37,6 @@ def generate_url(base: str, model: str) -> str:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def open_direct(request: str | urllib.request.Request, timeout: float) -> IO[bytes]:
+def open_direct(request: str | urllib.request.Request, timeout: float) -> http.client.HTTPResponse:
     """`urllib.request.urlopen` that ignores `$http_proxy`/`$https_proxy` (see the module docstring)."""
     return _DIRECT.open(request, timeout=timeout)
