@@ -46,7 +46,7 @@ def deployment_for_spec(spec_path: Path) -> Path:
 def launch(target: str) -> int:
     path = Path(target).expanduser().resolve()
     deploy_dir = path if path.is_dir() else deployment_for_spec(path)
-    os.environ["PYTHONPATH"] = with_source_root(os.environ.get("PYTHONPATH"))
+    os.environ["PYTHONPATH"] = with_source_root(os.environ.get("PYTHONPATH"), Deployment(deploy_dir).runtime_root)
     import launcher
 
     return launcher.main([str(deploy_dir)])

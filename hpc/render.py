@@ -25,7 +25,9 @@ from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
 from hpc.spec_files import is_script_safe_path
 from launcher.config import DEFAULT_DRAIN_S, STOP_OVERHEAD_S, default_env
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
-from launcher.layout import LAUNCH_NAME, SH_NAME, SOURCE_ROOT, SUB_NAME, Deployment, template_values
+from launcher.layout import (
+    LAUNCH_NAME, SH_NAME, SHIPPED_PACKAGES, SOURCE_ROOT, SUB_NAME, Deployment, template_values,
+)
 
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
 
@@ -98,7 +100,7 @@ def _container_mounts(spec: Spec, deploy_dir: Path) -> list[str]:
                 roots.append(Path(parts[0]))
         return roots
 
-    for path in (deploy_dir, SOURCE_ROOT, spec.model.source_dir, spec.model.tokenizer):
+    for path in (deploy_dir, spec.model.source_dir, spec.model.tokenizer):  # the code ships inside deploy_dir
         if path is not None and not any(path == root or root in path.parents for root in same_path_roots()):
             mounts.append(f"{path}:{path}")
     return mounts
@@ -152,7 +154,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         "srun_args": srun,
         "wrapper": wrapper,
         "python": python,
-        "source_root": str(SOURCE_ROOT),
+        "source_root": str(Deployment(deploy_dir).runtime),
         # Slurm's time-limit warning: early enough for an ordered stop (DEVELOPERS.md "Stopping")
         "stop_lead_s": int(DEFAULT_DRAIN_S + STOP_OVERHEAD_S),
         **template_values(deploy_dir),  # every name and path in the folder (launcher/layout.py)
@@ -161,6 +163,13 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),
         SH_NAME: env.get_template(SH_NAME + ".j2").render(context),
     }
+
+
+def ship_packages(dest: Path) -> None:
+    """Copy hpc-serve's rank-side packages (launcher/, backend/) into `dest` (`D/python`): the ranks import
+    exactly the code that rendered the folder, and nothing else of the environment it was installed into."""
+    for name in SHIPPED_PACKAGES:
+        shutil.copytree(SOURCE_ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Rendered:
@@ -190,6 +199,7 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
     staged = Deployment(staging)
     try:
         write_model_repository(staged.model_repository, spec.model.backend, repository_parameters(spec))
+        ship_packages(staged.runtime)
         for name, text in scripts.items():
             (staging / name).write_text(text)
             (staging / name).chmod(0o755)

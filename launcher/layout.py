@@ -23,6 +23,9 @@ SUB_NAME = "tensorrt_llm_triton.sub"
 SH_NAME = "tensorrt_llm_triton.sh"
 REPO_NAME = "triton_model_repo"
 LOGS_NAME = "logs"
+#: hpc-serve's own packages, copied here by render: what every rank imports (never the whole site-packages)
+RUNTIME_NAME = "python"
+SHIPPED_PACKAGES = ("launcher", "backend")
 JOBS_NAME = "jobs"
 ENDPOINTS_NAME = "endpoints"
 RANKS_NAME = "ranks"
@@ -50,10 +53,14 @@ def index_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(env.get(HOME_ENV) or DEFAULT_HOME).expanduser() / JOBS_NAME
 
 
-def with_source_root(pythonpath: str | None) -> str:
-    """PYTHONPATH with SOURCE_ROOT first (and not twice): how every process hpc-serve starts finds its code."""
-    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != str(SOURCE_ROOT)]
-    return os.pathsep.join([str(SOURCE_ROOT), *rest])
+def with_source_root(pythonpath: str | None, root: Path = SOURCE_ROOT) -> str:
+    """PYTHONPATH with `root` first (and not twice): how every process hpc-serve starts finds its code.
+
+    Ranks pass their deployment's shipped copy (`Deployment.runtime_root`): after a wheel install SOURCE_ROOT
+    is `site-packages`, which first on PYTHONPATH (or mounted into a container) would shadow the container's
+    own numpy and friends."""
+    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != str(root)]
+    return os.pathsep.join([str(root), *rest])
 
 
 def rank_log_name(job_id: str, rank: int | str, stream: str = "out") -> str:
@@ -89,6 +96,17 @@ class Deployment:
     @property
     def model_repository(self) -> Path:
         return self.root / REPO_NAME
+
+    @property
+    def runtime(self) -> Path:
+        """`D/python`: the copy of hpc-serve's packages the ranks import (render writes it)."""
+        return self.root / RUNTIME_NAME
+
+    @property
+    def runtime_root(self) -> Path:
+        """What a rank puts first on PYTHONPATH: the shipped copy, or (a folder rendered before there was one)
+        the installed source root."""
+        return self.runtime if (self.runtime / "launcher").is_dir() else SOURCE_ROOT
 
     @property
     def logs_dir(self) -> Path:

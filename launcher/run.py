@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import config, records
-from .layout import JobPaths, with_source_root
+from .layout import Deployment, JobPaths, with_source_root
 from .command import build_argv
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
 from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
@@ -93,7 +93,7 @@ def child_env(plan: config.LaunchPlan, server: ServerBinary, base: dict[str, str
     for key, value in config.default_env(plan.mode).items():
         env.setdefault(key, value)
     env = merge_env(env, server.env)
-    env["PYTHONPATH"] = with_source_root(env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = with_source_root(env.get("PYTHONPATH"), Deployment(Path(plan.deployment_dir)).runtime_root)
     if info is not None and me is not None:
         per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
         side_file = stop_path(plan, info) if me.leader else release_path(plan, info)

@@ -89,7 +89,12 @@ def test_render_writes_the_deployment_folder(tmp_path):
     assert out.deploy_dir == d and out.sub == d / "tensorrt_llm_triton.sub" and out.sh == d / "tensorrt_llm_triton.sh"
     assert out.launch == d / "launch.json" and out.model_repository == d / "triton_model_repo"
     assert {p.name for p in d.iterdir()} == {"spec.yaml", "launch.json", "tensorrt_llm_triton.sub",
-                                             "tensorrt_llm_triton.sh", "triton_model_repo", "logs", "jobs"}
+                                             "tensorrt_llm_triton.sh", "triton_model_repo", "logs", "jobs",
+                                             "python"}
+    # the ranks' code ships inside the folder: hpc-serve's own packages, never the environment around them
+    assert {p.name for p in (d / "python").iterdir()} == {"launcher", "backend"}
+    assert (d / "python" / "backend" / "models" / "postprocessing.py").is_file()
+    assert f"export PYTHONPATH={d}/python" in out.sh.read_text()
     for script in (out.sub, out.sh):
         assert os.access(script, os.X_OK)
     assert {p.name for p in out.model_repository.iterdir() if p.is_dir()} == MODELS
@@ -215,7 +220,7 @@ def test_pyxis_container_flags(tmp_path):
     mounts = [a for a in argv if a.startswith("--container-mounts=")]
     assert len(mounts) == 1
     assert mounts[0].removeprefix("--container-mounts=").split(",") == [
-        f"{tmp_path / 'data'}:/data:ro", f"{d}:{d}", f"{R.SOURCE_ROOT}:{R.SOURCE_ROOT}",
+        f"{tmp_path / 'data'}:/data:ro", f"{d}:{d}",  # the code ships in d/python: no install mounted
         f"{tmp_path / 'models' / 'engine'}:{tmp_path / 'models' / 'engine'}",
         f"{tmp_path / 'models' / 'tok'}:{tmp_path / 'models' / 'tok'}",
     ]
@@ -240,8 +245,7 @@ def test_apptainer_wrapper(tmp_path):
     argv = srun_argv(scripts[R.SUB_NAME])
     start = argv.index("apptainer")
     engine, tok = tmp_path / "models" / "engine", tmp_path / "models" / "tok"
-    assert argv[start:] == ["apptainer", "exec", "--nv", "-B", f"{d}:{d}", "-B", f"{R.SOURCE_ROOT}:{R.SOURCE_ROOT}",
-                            "-B", f"{engine}:{engine}", "-B", f"{tok}:{tok}", "--pwd", "/w", str(image),
+    assert argv[start:] == ["apptainer", "exec", "--nv", "-B", f"{d}:{d}", "-B", f"{engine}:{engine}", "-B", f"{tok}:{tok}", "--pwd", "/w", str(image),
                             "bash", "$DEPLOY_DIR/tensorrt_llm_triton.sh"]
     assert not any(a.startswith("--container-") for a in argv)
     assert scripts[R.SH_NAME].splitlines()[-1] == f"exec python3 -m launcher {d}"
@@ -253,7 +257,7 @@ def test_sh_exports_env_quoted_and_runs_the_launcher(tmp_path):
     lines = sh.splitlines()
     assert not any("PMIX_MCA_gds" in line for line in lines), "launch.json's env, applied by the launcher"
     assert "export NCCL_DEBUG=WARN" in lines and "export WITH_SPACE='a b'" in lines
-    assert f'export PYTHONPATH={shlex.quote(str(R.SOURCE_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"' in lines
+    assert f'export PYTHONPATH={shlex.quote(str(tmp_path / "d" / "python"))}"${{PYTHONPATH:+:$PYTHONPATH}}"' in lines
     assert lines[-1] == f"exec {shlex.quote(sys.executable)} -m launcher {tmp_path / 'd'}"
     assert "set -euo pipefail" in lines
 

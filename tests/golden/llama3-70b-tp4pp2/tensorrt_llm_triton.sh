@@ -4,5 +4,5 @@
 set -euo pipefail
 export NCCL_DEBUG=WARN
 export UCX_UD_TIMEOUT=120s
-export PYTHONPATH=<SRC>"${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH=<TMP>/deploy/llama3-70b-tp4pp2/python"${PYTHONPATH:+:$PYTHONPATH}"
 exec python3 -m launcher <TMP>/deploy/llama3-70b-tp4pp2

@@ -2,5 +2,5 @@
 # Per-rank script for llama3-8b-apptainer: `srun --mpi=pmix` runs one copy per rank, and each starts one
 # tritonserver. Inside salloc, by hand:  srun --mpi=pmix bash <TMP>/deploy/llama3-8b-apptainer/tensorrt_llm_triton.sh
 set -euo pipefail
-export PYTHONPATH=<SRC>"${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH=<TMP>/deploy/llama3-8b-apptainer/python"${PYTHONPATH:+:$PYTHONPATH}"
 exec python3 -m launcher <TMP>/deploy/llama3-8b-apptainer

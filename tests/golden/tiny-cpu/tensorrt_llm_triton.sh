@@ -2,5 +2,5 @@
 # Per-rank script for tiny-cpu: `srun --mpi=pmix` runs one copy per rank, and each starts one
 # tritonserver. Inside salloc, by hand:  srun --mpi=pmix bash <TMP>/deploy/tiny-cpu/tensorrt_llm_triton.sh
 set -euo pipefail
-export PYTHONPATH=<SRC>"${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH=<TMP>/deploy/tiny-cpu/python"${PYTHONPATH:+:$PYTHONPATH}"
 exec <PYTHON> -m launcher <TMP>/deploy/tiny-cpu
