@@ -9,6 +9,7 @@ import hook stays out of it, as in submitit's installable_wheel test target.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,8 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def wheel_venv(tmp_path_factory) -> Path:
     """A venv with hpc-serve installed from a freshly built wheel; other packages come from this interpreter."""
     tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "source"  # a copy: setuptools leaves build/ and *.egg-info beside what it builds
+    for name in ("hpc", "launcher", "backend"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(tmp / "dist"), str(source)], check=True, capture_output=True, timeout=300)
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     site = next((venv / "lib").glob("python*/site-packages"))
