@@ -233,7 +233,7 @@ def choices(key: str) -> tuple[str, ...]:
 
 def normalize_parameter(key: str, value: object) -> str:
     """Validate `value` for `key` and return its canonical text (what ends up in the pbtxt); the one type
-    check of a parameter, used by `validate` (hpc/spec.py) as well as by the repository writer."""
+    check of a parameter, used by `validate` (hpc/spec/parameters.py) as well as by the repository writer."""
     kind = _KINDS[key]
     if isinstance(kind, tuple):
         if value not in kind:

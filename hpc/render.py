@@ -22,7 +22,7 @@ import jinja2
 
 from hpc import __version__
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
-from hpc.spec_files import is_script_safe_path
+from hpc.spec.files import is_script_safe_path
 from launcher.config import DEFAULT_DRAIN_S, STOP_OVERHEAD_S, default_env
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.layout import (

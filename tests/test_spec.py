@@ -1,4 +1,4 @@
-"""`hpc-serve validate` and hpc/spec.py: every problem listed as FILE:LINE: field.path: message, with the line
+"""`hpc-serve validate` and hpc/spec/: every problem listed as FILE:LINE: field.path: message, with the line
 of the offending key; unknown keys with a did-you-mean; cross-field and file-system checks; path resolution."""
 from __future__ import annotations
 

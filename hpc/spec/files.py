@@ -6,7 +6,7 @@ checkpoint, tokenizer, an Apptainer image, mount sources. `validate` and `submit
 *Conflicts* make scripts that cannot work whatever exists later (an engine built for another TP×PP, paths
 Slurm or a mount list cannot take); every command refuses them.
 
-Findings are `(field path, message)`; hpc/spec.py turns them into located Problems (no import back, so no cycle).
+Findings are `(field path, message)`; hpc/spec/load.py turns them into located Problems (types only from hpc.spec.schema, so no cycle).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpc.spec import ModelSpec, Spec
+    from hpc.spec.schema import ModelSpec, Spec
 
 Finding = tuple[tuple[str, ...], str]
 

@@ -1,0 +1,20 @@
+"""The YAML job spec: schema (`schema`), the parameter table's spec side (`parameters`), file-system checks
+(`files`) and loading with errors that point at a line (`load`). Import from here."""
+
+from hpc.spec.load import Problem, SpecError, dump_spec, load_spec, parse_spec, preview_spec
+from hpc.spec.parameters import NAMED_PARAMETERS, PARAMETER_OWNERS, parameter_findings
+from hpc.spec.schema import (
+    ContainerSpec,
+    ModelInit,
+    ModelSpec,
+    PortsSpec,
+    SlurmSpec,
+    Spec,
+    TritonSpec,
+)
+
+__all__ = [
+    "NAMED_PARAMETERS", "PARAMETER_OWNERS", "ContainerSpec", "ModelInit", "ModelSpec", "PortsSpec", "Problem",
+    "SlurmSpec", "Spec", "SpecError", "TritonSpec", "dump_spec", "load_spec", "parameter_findings", "parse_spec",
+    "preview_spec",
+]
