@@ -14,6 +14,7 @@ This is upstream `tools/fill_template.py` done right (see ../shared/reference/te
 The tensor tables live in `backend/templates/tables.py`; this module only renders them.
 Only the standard library is imported (the `hpc` side calls this at render time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,10 +42,24 @@ PYTHON_MODEL_MODULES: dict[str, str] = {
 CPU_ENGINE_MODULE = "backend.models.tensorrt_llm_cpu"
 MARKER_FILE = ".hpc-serve-repository.json"
 
-_DTYPES = frozenset({
-    "TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64", "TYPE_INT8", "TYPE_INT16",
-    "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32", "TYPE_FP64", "TYPE_STRING", "TYPE_BF16",
-})
+_DTYPES = frozenset(
+    {
+        "TYPE_BOOL",
+        "TYPE_UINT8",
+        "TYPE_UINT16",
+        "TYPE_UINT32",
+        "TYPE_UINT64",
+        "TYPE_INT8",
+        "TYPE_INT16",
+        "TYPE_INT32",
+        "TYPE_INT64",
+        "TYPE_FP16",
+        "TYPE_FP32",
+        "TYPE_FP64",
+        "TYPE_STRING",
+        "TYPE_BF16",
+    }
+)
 _TRUE = frozenset({"true", "1", "t", "y", "yes", "on"})
 _FALSE = frozenset({"false", "0", "f", "n", "no", "off"})
 
@@ -93,8 +108,17 @@ _KINDS: dict[str, object] = {
     "lora_cache_gpu_memory_fraction": "frac",
     "lora_cache_host_memory_bytes": "uint",
     "lora_prefetch_dir": "path",
-    "decoding_mode": ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead",
-                      "eagle", "explicit_draft_tokens"),
+    "decoding_mode": (
+        "top_k",
+        "top_p",
+        "top_k_top_p",
+        "beam_search",
+        "medusa",
+        "redrafter",
+        "lookahead",
+        "eagle",
+        "explicit_draft_tokens",
+    ),
     "lookahead_window_size": "pos",
     "lookahead_ngram_size": "pos",
     "lookahead_verification_set_size": "pos",
@@ -132,11 +156,21 @@ KNOWN_PARAMETERS: frozenset[str] = frozenset(_KINDS)
 
 #: Keys that must be given for every backend: the structural fields (without them the config does not
 #: parse or means nothing) plus the tokenizer and model paths every deployment needs.
-REQUIRED_PARAMETERS: frozenset[str] = frozenset({
-    "triton_max_batch_size", "decoupled_mode", "max_queue_delay_microseconds", "max_queue_size",
-    "logits_datatype", "encoder_input_features_data_type", "preprocessing_instance_count",
-    "postprocessing_instance_count", "bls_instance_count", "tokenizer_dir", "engine_dir",
-})
+REQUIRED_PARAMETERS: frozenset[str] = frozenset(
+    {
+        "triton_max_batch_size",
+        "decoupled_mode",
+        "max_queue_delay_microseconds",
+        "max_queue_size",
+        "logits_datatype",
+        "encoder_input_features_data_type",
+        "preprocessing_instance_count",
+        "postprocessing_instance_count",
+        "bls_instance_count",
+        "tokenizer_dir",
+        "engine_dir",
+    }
+)
 
 #: What upstream `fill_template.py` silently injects; pass `{**UPSTREAM_DEFAULTS, **params}` to opt in.
 UPSTREAM_DEFAULTS: Mapping[str, object] = {"max_queue_size": 0, "max_queue_delay_microseconds": 0}
@@ -269,16 +303,20 @@ def validate_parameters(backend: Backend, params: Mapping[str, object]) -> dict[
     unknown = [k for k in params if k not in KNOWN_PARAMETERS]
     if unknown:
         key = sorted(unknown)[0]
-        raise ValueError(f"unknown model repository parameter {key!r}{_did_you_mean(key)}"
-                         + (f"; also unknown: {sorted(unknown)[1:]}" if len(unknown) > 1 else ""))
+        raise ValueError(
+            f"unknown model repository parameter {key!r}{_did_you_mean(key)}"
+            + (f"; also unknown: {sorted(unknown)[1:]}" if len(unknown) > 1 else "")
+        )
     values = {k: normalize_parameter(k, v) for k, v in params.items() if v is not None}
     for key, text in values.items():
         if "${" in text:  # consumers treat `${...}` as "unset"; never write one
             raise ValueError(f"parameter {key!r} contains '${{', which reads as an unfilled template placeholder")
     expected = _TRITON_BACKEND[backend]
     if values.setdefault("triton_backend", expected) != expected:
-        raise ValueError(f"parameter 'triton_backend'={values['triton_backend']!r} contradicts "
-                         f"backend={backend!r} (which means triton_backend {expected!r})")
+        raise ValueError(
+            f"parameter 'triton_backend'={values['triton_backend']!r} contradicts "
+            f"backend={backend!r} (which means triton_backend {expected!r})"
+        )
     missing = sorted(required_parameters(backend) - values.keys())
     if missing:
         raise ValueError(f"missing required model repository parameter(s): {', '.join(missing)}")
@@ -325,8 +363,9 @@ def _tensor_block(t: Tensor, dtype: Callable[[str], str]) -> str:
     return "  {\n" + "\n".join(lines) + "\n  }"
 
 
-def render_config(model: ModelTable, scalar: Resolver, string: Resolver,
-                  fixed_overrides: Mapping[str, str] | None = None) -> str:
+def render_config(
+    model: ModelTable, scalar: Resolver, string: Resolver, fixed_overrides: Mapping[str, str] | None = None
+) -> str:
     """Render one config.pbtxt. `scalar(key)` gives an unquoted token (number, bool, enum), `string(key)`
     a quoted pbtxt string; both return None for keys that were not given (the entry is then omitted).
     `fixed_overrides` replaces upstream's hard-coded parameter values (Triton key → value).
@@ -373,8 +412,9 @@ def render_config(model: ModelTable, scalar: Resolver, string: Resolver,
             steps.append("    {\n" + "\n".join(lines) + "\n    }")
         out.append("\nensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}")
     if model.instance_count is not None:
-        count = (str(model.instance_count) if isinstance(model.instance_count, int)
-                 else need(scalar, model.instance_count))
+        count = (
+            str(model.instance_count) if isinstance(model.instance_count, int) else need(scalar, model.instance_count)
+        )
         out.append(f"\ninstance_group [\n  {{\n    count: {count}\n    kind: KIND_CPU\n  }}\n]")
     for param in model.parameters:
         fixed = (fixed_overrides or {}).get(param.key, param.fixed)
@@ -436,8 +476,10 @@ def check_replaceable(out_dir: Path) -> None:
     if not out_dir.is_dir() or out_dir.is_symlink():
         raise FileExistsError(f"{out_dir} exists and is not a directory")
     if any(out_dir.iterdir()) and not (out_dir / MARKER_FILE).is_file():
-        raise FileExistsError(f"{out_dir} is not empty and is not an hpc-serve model repository "
-                              f"(no {MARKER_FILE}); refusing to replace it")
+        raise FileExistsError(
+            f"{out_dir} is not empty and is not an hpc-serve model repository "
+            f"(no {MARKER_FILE}); refusing to replace it"
+        )
 
 
 def write_model_repository(out_dir: Path, backend: Backend, params: Mapping[str, object]) -> None:

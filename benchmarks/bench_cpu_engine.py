@@ -16,6 +16,7 @@ other processes does not land on one side only.
     python benchmarks/bench_cpu_engine.py [--family llama|gpt2] [--size small] [--new-tokens 64] [--conc 1 8 32]
                                           [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,10 +64,16 @@ def hf_runner(model, pad_id: int):
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        kw = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id,
-                  eos_token_id=None, use_cache=True)
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        kw = dict(
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=None,
+            use_cache=True,
+        )
         with torch.no_grad():
             t0 = time.perf_counter()
             out = model.generate(ids, attention_mask=mask, **kw)
@@ -96,9 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     cfg = model.config
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
-    print(f"checkpoint {path} ({args.family} {args.size}: {cfg.num_hidden_layers if hasattr(cfg, 'num_hidden_layers') else cfg.n_layer} layers, "
-          f"vocab {cfg.vocab_size}); torch threads {torch.get_num_threads()}, cores {os.cpu_count()}, "
-          f"{args.new_tokens} new tokens per request, median of {args.repeats} alternating timed runs after a warm-up")
+    print(
+        f"checkpoint {path} ({args.family} {args.size}: {cfg.num_hidden_layers if hasattr(cfg, 'num_hidden_layers') else cfg.n_layer} layers, "
+        f"vocab {cfg.vocab_size}); torch threads {torch.get_num_threads()}, cores {os.cpu_count()}, "
+        f"{args.new_tokens} new tokens per request, median of {args.repeats} alternating timed runs after a warm-up"
+    )
     print(f"{'concurrent':>10} {'engine tok/s':>13} {'HF tok/s':>10} {'ratio':>7} {'greedy agree':>13}")
     for c in args.conc:
         prompts = make_prompts(c, cfg.vocab_size, seed=c)
@@ -110,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             ours_s.append(ours_run(prompts, args.new_tokens)[0])
             hf_s.append(hf_run(prompts, args.new_tokens)[0])
         ours, hf = float(np.median(ours_s)), float(np.median(hf_s))
-        agree = np.mean([a == b for a, b in zip(ours_tokens, hf_tokens)])
+        agree = np.mean([a == b for a, b in zip(ours_tokens, hf_tokens, strict=False)])
         print(f"{c:>10} {ours:>13.1f} {hf:>10.1f} {ours / hf:>6.2f}x {agree:>12.0%}", flush=True)
     return 0
 

@@ -54,7 +54,12 @@ def write_spec(folder: Path, checkpoint: Path, *, partition: str | None = None) 
     spec = {
         "name": "bench-startup",
         "workdir": str(folder / "runs"),
-        "slurm": {"nodes": 1, "ntasks_per_node": 1, "time": "00:10:00", **({"partition": partition} if partition else {})},
+        "slurm": {
+            "nodes": 1,
+            "ntasks_per_node": 1,
+            "time": "00:10:00",
+            **({"partition": partition} if partition else {}),
+        },
         "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint), "tp_size": 1},
         "triton": {"triton_max_batch_size": 8, "ready_timeout_s": 300},
     }
@@ -117,9 +122,14 @@ def run_hpc_local(deploy_dir: Path) -> dict:
     cancel_local(ref)
     wait_gone(str(deploy_dir))
     http = http_started(ref.rank_log(0, "err"))
-    return {"total": t_ready - t0, "returned": t_returned - t0, "supervisor": local["started_at"] - t0,
-            "spawned": record.started_at - t0, "ready_at": record.ready_at - t0,
-            "http_up": (http - record.started_at) if http else float("nan")}
+    return {
+        "total": t_ready - t0,
+        "returned": t_returned - t0,
+        "supervisor": local["started_at"] - t0,
+        "spawned": record.started_at - t0,
+        "ready_at": record.ready_at - t0,
+        "http_up": (http - record.started_at) if http else float("nan"),
+    }
 
 
 def run_hpc_slurm(deploy_dir: Path) -> dict:
@@ -142,9 +152,14 @@ def run_hpc_slurm(deploy_dir: Path) -> dict:
     cancel(ref)  # returns once the job has ended (or CANCEL_GRACE_S + 60 s passed)
     wait_gone(str(deploy_dir))
     http = http_started(ref.rank_log(0, "err"))
-    return {"total": t_ready - t0, "queued": t0 - t_submit, "spawned": record.started_at - t0,
-            "ready_at": record.ready_at - t0, "t0": how,
-            "http_up": (http - record.started_at) if http else float("nan")}
+    return {
+        "total": t_ready - t0,
+        "queued": t0 - t_submit,
+        "spawned": record.started_at - t0,
+        "ready_at": record.ready_at - t0,
+        "t0": how,
+        "http_up": (http - record.started_at) if http else float("nan"),
+    }
 
 
 def run_bare(deploy_dir: Path, n: int) -> dict:
@@ -158,15 +173,24 @@ def run_bare(deploy_dir: Path, n: int) -> dict:
     plan = config.load(deploy_dir)
     server = resolve(plan.tritonserver)
     ports = allocate(plan.ports)[0]
-    argv = build_argv(server.argv0, model_repository=plan.model_repository, rank=0, job_id=f"bare-{n}",
-                      leader=True, ports=ports, follower_models=plan.follower_models,
-                      backend_dir=server.backend_dir, server_args=plan.server_args)
+    argv = build_argv(
+        server.argv0,
+        model_repository=plan.model_repository,
+        rank=0,
+        job_id=f"bare-{n}",
+        leader=True,
+        ports=ports,
+        follower_models=plan.follower_models,
+        backend_dir=server.backend_dir,
+        server_args=plan.server_args,
+    )
     env = child_env(plan, server)
     url = http_url("127.0.0.1", ports.http, READY_PATH)
     log = open(deploy_dir / "logs" / f"bare-{n}.log", "wb")
     t0 = time.time()
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         while True:
             if proc.poll() is not None:
@@ -223,8 +247,10 @@ def main() -> int:
         checkpoint = Path(create_checkpoint(work / "tiny-gpt2", family="gpt2", size="tiny", seed=0))
     spec = load_spec(write_spec(work, checkpoint, partition=args.partition))
     server = resolve(None)
-    print(f"tritonserver: {server.argv0} ({server.source})\nbackends: {server.backend_dir}\n"
-          f"checkpoint: {checkpoint}\nexecutor: {args.executor}, {args.rounds} rounds, alternating order\n")
+    print(
+        f"tritonserver: {server.argv0} ({server.source})\nbackends: {server.backend_dir}\n"
+        f"checkpoint: {checkpoint}\nexecutor: {args.executor}, {args.rounds} rounds, alternating order\n"
+    )
 
     run_hpc = run_hpc_local if args.executor == "local" else run_hpc_slurm
     # one unmeasured warm-up of each (page cache, python bytecode, the backends cache dir)
@@ -247,8 +273,10 @@ def main() -> int:
             h = run_hpc(rendered.deploy_dir)
         hpc_runs.append(h)
         bare_runs.append(b)
-        print(f"{n:>5} {'hpc-serve' if n % 2 else 'bare':>9} {renders[-1]:>9.3f} {h['total']:>12.3f} {b['total']:>8.3f}",
-              flush=True)
+        print(
+            f"{n:>5} {'hpc-serve' if n % 2 else 'bare':>9} {renders[-1]:>9.3f} {h['total']:>12.3f} {b['total']:>8.3f}",
+            flush=True,
+        )
 
     med = {key: statistics.median(r[key] for r in hpc_runs) for key in hpc_runs[0] if key != "t0"}
     bare = statistics.median(r["total"] for r in bare_runs)
@@ -256,12 +284,16 @@ def main() -> int:
     print()
     print(f"render (not in hpc-serve's time), median: {statistics.median(renders):.3f} s")
     if args.executor == "slurm":
-        print(f"sbatch → job start (the scheduler's), median: {med['queued']:.3f} s; job start from: "
-              f"{hpc_runs[0]['t0']}")
-    print(f"hpc-serve job start → READY, median: {med['total']:.3f} s   raw: "
-          + " ".join(f"{r['total']:.3f}" for r in hpc_runs))
-    print(f"bare tritonserver → ready, median:   {bare:.3f} s   raw: "
-          + " ".join(f"{r['total']:.3f}" for r in bare_runs))
+        print(
+            f"sbatch → job start (the scheduler's), median: {med['queued']:.3f} s; job start from: {hpc_runs[0]['t0']}"
+        )
+    print(
+        f"hpc-serve job start → READY, median: {med['total']:.3f} s   raw: "
+        + " ".join(f"{r['total']:.3f}" for r in hpc_runs)
+    )
+    print(
+        f"bare tritonserver → ready, median:   {bare:.3f} s   raw: " + " ".join(f"{r['total']:.3f}" for r in bare_runs)
+    )
     print(f"ratio median(hpc-serve) / median(bare): {med['total'] / bare:.3f}   (target <= 1.15)")
     print("\nhpc-serve, where the time goes (medians, seconds after job start):")
     if args.executor == "local":
@@ -271,8 +303,10 @@ def main() -> int:
     print(f"  launcher saw /v2/health/ready 200  {med['ready_at']:.3f}")
     print(f"  endpoint record seen               {med['total']:.3f}")
     print(f"  tritonserver spawn → ready:        {med['ready_at'] - med['spawned']:.3f} s   (bare: {bare:.3f} s)")
-    print(f"  tritonserver spawn → its log says 'Started HTTPService': {med['http_up']:.3f} s   (bare: "
-          f"{bare_http:.3f} s); the rest of spawn → ready is readiness polling")
+    print(
+        f"  tritonserver spawn → its log says 'Started HTTPService': {med['http_up']:.3f} s   (bare: "
+        f"{bare_http:.3f} s); the rest of spawn → ready is readiness polling"
+    )
     if args.keep:
         print(f"\ndeployments kept in {work / 'runs'}")
     else:

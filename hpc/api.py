@@ -1,12 +1,12 @@
 """The Python API: what the CLI does, for notebooks and scripts.
 
-    from hpc.api import Job, submit
-    job = submit("configs/tiny-cpu.yaml", executor="local")
-    job.wait()                       # READY, or raises JobFailed naming the rank
-    print(job.client().generate("Hello", max_tokens=16))
-    job.cancel()
+from hpc.api import Job, submit
+job = submit("configs/tiny-cpu.yaml", executor="local")
+job.wait()                       # READY, or raises JobFailed naming the rank
+print(job.client().generate("Hello", max_tokens=16))
+job.cancel()
 
-    Job("1234").status().state       # any job, from its id alone
+Job("1234").status().state       # any job, from its id alone
 """
 
 from __future__ import annotations

@@ -45,5 +45,8 @@ def note_model_to_create(spec: Spec) -> None:
 
     command = init_command(spec)
     if command:
-        print(f"note: model.checkpoint_dir {spec.model.checkpoint_dir} does not exist yet; `hpc-serve submit` "
-              f"creates it (model.init), or create it now with: {command}", file=sys.stderr)
+        print(
+            f"note: model.checkpoint_dir {spec.model.checkpoint_dir} does not exist yet; `hpc-serve submit` "
+            f"creates it (model.init), or create it now with: {command}",
+            file=sys.stderr,
+        )

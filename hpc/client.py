@@ -1,10 +1,10 @@
 """Talk to a served job through the host its leader published — never an assumed localhost.
 
-    from hpc.client import Client
-    client = Client.from_job("1234")
-    print(client.generate("The capital of France is", max_tokens=16))
-    for piece in client.stream("Once upon a time", max_tokens=32):
-        print(piece, end="", flush=True)
+from hpc.client import Client
+client = Client.from_job("1234")
+print(client.generate("The capital of France is", max_tokens=16))
+for piece in client.stream("Once upon a time", max_tokens=32):
+    print(piece, end="", flush=True)
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ class Client:
         chosen = [e for e in endpoints if e.replica == replica]
         if not chosen:
             name = job.job_id if isinstance(job, JobRef) else job
-            raise NotReady(f"job {name} has no ready endpoint for replica {replica}; "
-                           f"see `hpc-serve status {name}`")
+            raise NotReady(f"job {name} has no ready endpoint for replica {replica}; see `hpc-serve status {name}`")
         return cls(chosen[0], model=model)
 
     def ready(self) -> bool:
@@ -83,9 +82,11 @@ class Client:
         import numpy as np
         import tritonclient.grpc as grpcclient
 
-        inputs = {"text_input": np.array([[prompt]], dtype=object),
-                  "max_tokens": np.array([[max_tokens]], dtype=np.int32),
-                  "stream": np.array([[True]], dtype=bool)}
+        inputs = {
+            "text_input": np.array([[prompt]], dtype=object),
+            "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+            "stream": np.array([[True]], dtype=bool),
+        }
         for key, value in params.items():
             dtype = {bool: bool, int: np.int32, float: np.float32}.get(type(value), object)
             inputs[key] = np.array([[value]], dtype=dtype)
@@ -129,5 +130,9 @@ def _triton_dtype(array) -> str:
 
     if array.dtype == object:
         return "BYTES"
-    return {np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
-            np.dtype(np.uint64): "UINT64"}[array.dtype]
+    return {
+        np.dtype(bool): "BOOL",
+        np.dtype(np.int32): "INT32",
+        np.dtype(np.float32): "FP32",
+        np.dtype(np.uint64): "UINT64",
+    }[array.dtype]

@@ -37,5 +37,7 @@ def expand(text: str, environ: dict[str, str] | None = None) -> tuple[str, list[
 
 def unset_message(name: str) -> str:
     """What to tell the user about an unset variable: its name and both ways to fix it."""
-    return (f"uses ${name}, which is not set; export {name}=/some/path, or give it a default in the spec: "
-            f"${{{name}:-/some/path}}")
+    return (
+        f"uses ${name}, which is not set; export {name}=/some/path, or give it a default in the spec: "
+        f"${{{name}:-/some/path}}"
+    )

@@ -58,6 +58,7 @@ def _wait_and_report(ref, timeout: float | None) -> int:
 
     console = _console()
     with console.status(f"{ref.job_id} submitted") as line:
+
         def show(status) -> None:
             text = status.summary().splitlines()[0]
             line.update(f"{text}  [dim]({time.strftime('%H:%M:%S')})[/dim]")
@@ -66,8 +67,11 @@ def _wait_and_report(ref, timeout: float | None) -> int:
         status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
     if status.state == "READY":
         _print_endpoints(ref, "text")
-        console.print(f"[dim]next: hpc-serve generate {ref.job_id} \"Hello\"  ·  hpc-serve status {ref.job_id}  ·  "
-                      f"hpc-serve cancel {ref.job_id}[/dim]", soft_wrap=True)
+        console.print(
+            f'[dim]next: hpc-serve generate {ref.job_id} "Hello"  ·  hpc-serve status {ref.job_id}  ·  '
+            f"hpc-serve cancel {ref.job_id}[/dim]",
+            soft_wrap=True,
+        )
         return EXIT_OK
     print(status.summary(), file=sys.stderr)
     if status.state not in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED"):
@@ -87,8 +91,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         for name, text in render_scripts(spec, deploy_dir).items():
             print(f"# ==> {deploy_dir / name} <==")
             print(text)
-        print(f"# (dry run: nothing written, nothing submitted; the model repository goes to {deploy_dir}/"
-              "triton_model_repo)", file=sys.stderr)
+        print(
+            f"# (dry run: nothing written, nothing submitted; the model repository goes to {deploy_dir}/"
+            "triton_model_repo)",
+            file=sys.stderr,
+        )
         return EXIT_OK
     try:
         ref = submit(spec, executor=args.executor)
@@ -153,8 +160,15 @@ def _print_endpoints(ref: JobRef, fmt: str) -> int:
         print(f"hpc-serve: job {job} has no ready endpoint yet; see `hpc-serve status {job}`", file=sys.stderr)
         return EXIT_NOT_FOUND
     if fmt == "json":
-        print(json.dumps([e.to_dict() | {"http_url": e.http_url, "grpc_url": e.grpc_url,
-                                        "metrics_url": e.metrics_url} for e in endpoints], indent=2))
+        print(
+            json.dumps(
+                [
+                    e.to_dict() | {"http_url": e.http_url, "grpc_url": e.grpc_url, "metrics_url": e.metrics_url}
+                    for e in endpoints
+                ],
+                indent=2,
+            )
+        )
     elif fmt == "env":
         first = endpoints[0]
         print(f"TRITON_HOST={first.address}")
@@ -245,8 +259,9 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     if not endpoints:
         print(f"hpc-serve: job {args.job} has no ready endpoint for replica {args.replica}", file=sys.stderr)
         return EXIT_NOT_FOUND
-    samples = parse(scrape(endpoints[0].metrics_url), prefixes=() if args.all else DEFAULT_PREFIXES,
-                    hide_zero_failures=not args.all)
+    samples = parse(
+        scrape(endpoints[0].metrics_url), prefixes=() if args.all else DEFAULT_PREFIXES, hide_zero_failures=not args.all
+    )
     if args.json:
         print(json.dumps([s.__dict__ for s in samples], indent=2))
         return EXIT_OK
@@ -263,10 +278,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spec")
     p.add_argument("--wait", action="store_true", help="show the job's progress until READY, then its endpoints")
     p.add_argument("--timeout", type=float, default=None, help="with --wait: give up after S seconds")
-    p.add_argument("--executor", choices=["slurm", "local"], default=None,
-                   help="default: slurm where sbatch exists, else local")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the exact sbatch and per-rank scripts that would run; write and submit nothing")
+    p.add_argument(
+        "--executor", choices=["slurm", "local"], default=None, help="default: slurm where sbatch exists, else local"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the exact sbatch and per-rank scripts that would run; write and submit nothing",
+    )
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="a job's state: PENDING (reason), STARTING, READY, FAILED (rank) …")

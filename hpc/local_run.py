@@ -24,8 +24,9 @@ from launcher.layout import Deployment, JobPaths, rank_log_name
 # Each rank's output goes to its own files, named as under Slurm (`srun --output=%j_%t_log.out`): $1 the job
 # folder, $2 the job id, the rank from mpirun.
 _RANK = "${OMPI_COMM_WORLD_RANK}"
-_RANK_WRAPPER = (f'exec bash "$0" >"$1/{rank_log_name("${2}", _RANK, "out")}" '
-                 f'2>"$1/{rank_log_name("${2}", _RANK, "err")}"')
+_RANK_WRAPPER = (
+    f'exec bash "$0" >"$1/{rank_log_name("${2}", _RANK, "out")}" 2>"$1/{rank_log_name("${2}", _RANK, "err")}"'
+)
 
 
 def write_state(job_dir: Path, **fields: object) -> None:
@@ -82,7 +83,9 @@ def main(argv: list[str]) -> int:
     world = int(plan["world_size_per_replica"]) * int(plan["replicas"])
     env = dict(os.environ, HPC_SERVE_JOB_ID=job_id, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     child = subprocess.Popen(rank_command(deploy_dir, job_dir, job_id, world), env=env)
-    write_state(job_dir, state="RUNNING", pid=os.getpid(), child_pid=child.pid, world_size=world, started_at=time.time())
+    write_state(
+        job_dir, state="RUNNING", pid=os.getpid(), child_pid=child.pid, world_size=world, started_at=time.time()
+    )
     cancelled = False
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -11,8 +11,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from launcher.urls import open_direct
 
 #: Families shown by default: what tells whether a deployment is busy, queued or out of KV cache.
-DEFAULT_PREFIXES = ("nv_trt_llm_", "nv_inference_request_success", "nv_inference_request_failure",
-                    "nv_inference_count", "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us")
+DEFAULT_PREFIXES = (
+    "nv_trt_llm_",
+    "nv_inference_request_success",
+    "nv_inference_request_failure",
+    "nv_inference_count",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_infer_duration_us",
+)
 
 
 @dataclass(frozen=True)

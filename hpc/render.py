@@ -24,9 +24,16 @@ from hpc import __version__
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
 from hpc.spec.files import is_script_safe_path
 from launcher.config import DEFAULT_DRAIN_S, STOP_OVERHEAD_S, default_env
+
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.layout import (
-    LAUNCH_NAME, SH_NAME, SHIPPED_PACKAGES, SOURCE_ROOT, SUB_NAME, Deployment, template_values,
+    LAUNCH_NAME,
+    SH_NAME,
+    SHIPPED_PACKAGES,
+    SOURCE_ROOT,
+    SUB_NAME,
+    Deployment,
+    template_values,
 )
 
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
@@ -50,15 +57,17 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
     params: dict[str, Any] = {
         param: getattr(t, field) for field, param in NAMED_PARAMETERS.items() if getattr(t, field) is not None
     }
-    params.update({
-        "engine_dir": str(m.source_dir),
-        "tokenizer_dir": str(m.tokenizer),
-        "max_beam_width": 1,
-        "logits_datatype": "TYPE_FP32",
-        "encoder_input_features_data_type": "TYPE_FP16",
-        "accumulate_tokens": False,
-        "tensorrt_llm_model_name": "tensorrt_llm",
-    })
+    params.update(
+        {
+            "engine_dir": str(m.source_dir),
+            "tokenizer_dir": str(m.tokenizer),
+            "max_beam_width": 1,
+            "logits_datatype": "TYPE_FP32",
+            "encoder_input_features_data_type": "TYPE_FP16",
+            "accumulate_tokens": False,
+            "tensorrt_llm_model_name": "tensorrt_llm",
+        }
+    )
     if m.backend == "cpu":
         params["tp_size"] = m.tp_size
     params.update(t.parameters)
@@ -216,5 +225,6 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
             os.replace(entry, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Rendered(deploy_dir=deploy_dir, sub=dep.sub, sh=dep.sh, model_repository=dep.model_repository,
-                    launch=dep.launch)
+    return Rendered(
+        deploy_dir=deploy_dir, sub=dep.sub, sh=dep.sh, model_repository=dep.model_repository, launch=dep.launch
+    )

@@ -28,21 +28,37 @@ BACKOFF_S = 1.0
 
 #: Slurm's raw job states, as the state hpc-serve reads them as (RUNNING is refined by the job folder).
 STATE_CLASS = {
-    "PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING", "REQUEUE_HOLD": "PENDING",
-    "REQUEUE_FED": "PENDING", "RESV_DEL_HOLD": "PENDING", "SUSPENDED": "PENDING",
-    "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "STAGE_OUT": "RUNNING", "SIGNALING": "RUNNING",
+    "PENDING": "PENDING",
+    "CONFIGURING": "PENDING",
+    "REQUEUED": "PENDING",
+    "REQUEUE_HOLD": "PENDING",
+    "REQUEUE_FED": "PENDING",
+    "RESV_DEL_HOLD": "PENDING",
+    "SUSPENDED": "PENDING",
+    "RUNNING": "RUNNING",
+    "COMPLETING": "RUNNING",
+    "STAGE_OUT": "RUNNING",
+    "SIGNALING": "RUNNING",
     "RESIZING": "RUNNING",
     "COMPLETED": "COMPLETED",
-    "FAILED": "FAILED", "NODE_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED", "BOOT_FAIL": "FAILED",
-    "CANCELLED": "CANCELLED", "PREEMPTED": "CANCELLED", "REVOKED": "CANCELLED",
-    "TIMEOUT": "TIMEOUT", "DEADLINE": "TIMEOUT",
+    "FAILED": "FAILED",
+    "NODE_FAIL": "FAILED",
+    "OUT_OF_MEMORY": "FAILED",
+    "BOOT_FAIL": "FAILED",
+    "CANCELLED": "CANCELLED",
+    "PREEMPTED": "CANCELLED",
+    "REVOKED": "CANCELLED",
+    "TIMEOUT": "TIMEOUT",
+    "DEADLINE": "TIMEOUT",
 }
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 #: stderr of a failure worth repeating: the controller (or slurmdbd) was busy or away for a moment.
-TRANSIENT = re.compile(r"Socket timed out|Unable to contact slurm controller|slurm_load_jobs error: (?!Invalid job id)"
-                       r"|Zero Bytes were transmitted|Connection refused|Resource temporarily unavailable"
-                       r"|temporarily unable")
+TRANSIENT = re.compile(
+    r"Socket timed out|Unable to contact slurm controller|slurm_load_jobs error: (?!Invalid job id)"
+    r"|Zero Bytes were transmitted|Connection refused|Resource temporarily unavailable"
+    r"|temporarily unable"
+)
 #: stderr proving the request never reached the controller: the only failures after which sbatch is repeated.
 UNREACHED = re.compile(r"Unable to contact slurm controller|Connection refused")
 #: the job is not (or no longer) known to the controller: an answer, not a failure.
@@ -72,8 +88,9 @@ def run_subprocess(argv: Sequence[str], timeout: float) -> Result:
     """The real runner. `shutil.which` first, so a command missing from PATH is told apart from a failing one."""
     if shutil.which(argv[0]) is None:
         raise FileNotFoundError(argv[0])
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                          check=False)
+    proc = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -96,8 +113,15 @@ class SlurmTimeout(SlurmError):
 class Slurm:
     """Runs Slurm commands: timeouts, errors with the command and stderr, retries of transient failures."""
 
-    def __init__(self, runner: Runner = run_subprocess, *, sleep: Callable[[float], None] = time.sleep,
-                 attempts: int = ATTEMPTS, backoff_s: float = BACKOFF_S, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        runner: Runner = run_subprocess,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        attempts: int = ATTEMPTS,
+        backoff_s: float = BACKOFF_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
         self.runner, self.sleep = runner, sleep
         self.attempts, self.backoff_s, self.timeout_s = attempts, backoff_s, timeout_s
         self.calls: Counter[str] = Counter()
@@ -120,8 +144,9 @@ class Slurm:
             else:
                 if result.returncode == 0:
                     return result
-                error = SlurmError(argv, f"exited with {result.returncode}", returncode=result.returncode,
-                                   stderr=result.stderr)
+                error = SlurmError(
+                    argv, f"exited with {result.returncode}", returncode=result.returncode, stderr=result.stderr
+                )
                 retry = bool((TRANSIENT if repeatable else UNREACHED).search(result.stderr))
             if not retry or attempt == self.attempts:
                 raise error
@@ -170,7 +195,11 @@ class Slurm:
             return []
         out = self.run(["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", ",".join(fields)]).stdout
         # the last field keeps any "|" of its own (a SubmitLine may have one)
-        return [dict(zip(fields, line.split("|", len(fields) - 1))) for line in out.splitlines() if line.strip()]
+        return [
+            dict(zip(fields, line.split("|", len(fields) - 1), strict=False))
+            for line in out.splitlines()
+            if line.strip()
+        ]
 
     def sacct_states(self, job_ids: Sequence[str]) -> dict[str, str]:
         """{job id: raw state word} of the jobs accounting knows (`CANCELLED by 0` → `CANCELLED`)."""

@@ -31,17 +31,23 @@ MAX_DELAY_S = 30.0
 @dataclass
 class _Job:
     armed_at: float
-    sacct: str | None = None                 # the last state sacct gave, None while it has none
+    sacct: str | None = None  # the last state sacct gave, None while it has none
     state: tuple[str, str | None] = ("UNKNOWN", None)
-    answered: bool = False                   # a refresh has covered it (its first question waits for none)
+    answered: bool = False  # a refresh has covered it (its first question waits for none)
     final: bool = False
 
 
 class SlurmWatcher:
     """The Slurm state of every job this process asks about, refreshed at most as often as the schedule says."""
 
-    def __init__(self, gateway: slurm.Slurm | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 min_delay_s: float = MIN_DELAY_S, max_delay_s: float = MAX_DELAY_S):
+    def __init__(
+        self,
+        gateway: slurm.Slurm | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        min_delay_s: float = MIN_DELAY_S,
+        max_delay_s: float = MAX_DELAY_S,
+    ):
         self._gateway = gateway
         self.clock, self.min_delay_s, self.max_delay_s = clock, min_delay_s, max_delay_s
         self._jobs: dict[str, _Job] = {}
@@ -96,8 +102,7 @@ class SlurmWatcher:
             states = {}  # no accounting (or it is away): squeue and scontrol still know live jobs
         for job_id, job in todo.items():
             job.sacct = states.get(job_id, job.sacct)
-        ask = [job_id for job_id, job in todo.items()
-               if job.sacct in (None, "PENDING") or ended(job.sacct or "")]
+        ask = [job_id for job_id, job in todo.items() if job.sacct in (None, "PENDING") or ended(job.sacct or "")]
         queue = self._ask(self.gateway.squeue, ask)
         unknown = [job_id for job_id, job in todo.items() if job.sacct is None and job_id not in (queue or {})]
         control = self._ask(self.gateway.scontrol_jobs, unknown) if unknown else {}
@@ -120,8 +125,9 @@ class SlurmWatcher:
             return None
 
     @staticmethod
-    def _resolve(job: _Job, listed: tuple[str, str | None] | None, squeue_failed: bool,
-                 control: dict[str, str] | None) -> tuple[str, str | None]:
+    def _resolve(
+        job: _Job, listed: tuple[str, str | None] | None, squeue_failed: bool, control: dict[str, str] | None
+    ) -> tuple[str, str | None]:
         """sacct first (it survives the job's end); squeue's state and reason for a job sacct does not know or
         calls PENDING, and for one sacct says has ended while squeue still shows it COMPLETING (sacct records
         the end as soon as a job starts ending); scontrol for a job neither knows. When squeue was needed and

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from hpc.executors import executor_of
 from hpc.jobs import JobRef
@@ -90,8 +91,11 @@ def describe_failure(record: RankExitRecord) -> str:
         how = f"exit code {record.exit_code}"
     else:
         how = "an unknown status"
-    lines = [f"rank {record.rank} on {record.host} exited with {how}"
-             + (f": {record.error}" if record.error else "") + "; last lines:"]
+    lines = [
+        f"rank {record.rank} on {record.host} exited with {how}"
+        + (f": {record.error}" if record.error else "")
+        + "; last lines:"
+    ]
     lines += [f"  | {line}" for line in record.log_tail]
     return "\n".join(lines)
 
@@ -114,8 +118,12 @@ def failure_from_logs(ref: JobRef) -> RankExitRecord | None:
         for line in lines:
             aborted = _PMIX_ABORT.search(line)
             if aborted:
-                record = RankExitRecord(rank=int(aborted.group(2)), host=aborted.group(1), log_tail=tail,
-                                        error="no exit record (the step was killed); from the rank's log")
+                record = RankExitRecord(
+                    rank=int(aborted.group(2)),
+                    host=aborted.group(1),
+                    log_tail=tail,
+                    error="no exit record (the step was killed); from the rank's log",
+                )
                 candidates.append((path.stat().st_mtime, record))
                 break
     return min(candidates, key=lambda c: c[0])[1] if candidates else None
@@ -168,8 +176,14 @@ def job_status(ref: JobRef) -> JobStatus:
     )
 
 
-def wait(ref: JobRef, *, until: tuple[str, ...] = ("READY",), timeout: float | None = None,
-         on_change: Callable[[JobStatus], object] | None = None, poll_s: float | None = None) -> JobStatus:
+def wait(
+    ref: JobRef,
+    *,
+    until: tuple[str, ...] = ("READY",),
+    timeout: float | None = None,
+    on_change: Callable[[JobStatus], object] | None = None,
+    poll_s: float | None = None,
+) -> JobStatus:
     """Poll until the job reaches one of `until` or ends, backing off while nothing changes (a fixed `poll_s`
     if given). Never waits forever on UNKNOWN: a job the scheduler has not heard of for UNKNOWN_GIVE_UP_S is
     reported as it is."""

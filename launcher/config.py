@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class PlanError(ValueError):
@@ -94,8 +95,9 @@ class LaunchPlan:
     @property
     def follower_wait_s(self) -> float:
         """How long a follower waits for its leader's release after a stop signal (see launcher/stop.py)."""
-        return (self.release_wait_s if self.release_wait_s is not None
-                else self.exit_timeout_s + RELEASE_WAIT_AFTER_DRAIN_S)
+        return (
+            self.release_wait_s if self.release_wait_s is not None else self.exit_timeout_s + RELEASE_WAIT_AFTER_DRAIN_S
+        )
 
 
 def load(path: str | os.PathLike[str]) -> LaunchPlan:
@@ -118,9 +120,9 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
     repo_path = Path(repo) if os.path.isabs(repo) else root / repo
     mode = data.get("mode", "leader") or "leader"
     if mode not in ("leader", "orchestrator"):
-        raise PlanError(f"{file}: mode must be \"leader\" or \"orchestrator\", got {mode!r}")
+        raise PlanError(f'{file}: mode must be "leader" or "orchestrator", got {mode!r}')
 
-    def num(key: str, default: float, kind: type = int):
+    def num(key: str, default: float | None, kind: type = int) -> Any:
         value = data.get(key)
         if value is None:
             return default

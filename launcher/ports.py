@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 NAMES = ("http", "grpc", "metrics")
 
@@ -68,16 +68,16 @@ def allocate(spec: Mapping[str, object] | None, avoid: Iterable[int] = ()) -> tu
             auto.append(name)
             continue
         try:
-            port = int(value)  # type: ignore[arg-type]
+            port = int(str(value))
         except (TypeError, ValueError):
-            raise PortError(f"ports.{name} must be an integer or \"auto\", got {value!r}") from None
+            raise PortError(f'ports.{name} must be an integer or "auto", got {value!r}') from None
         if not 0 < port < 65536:
             raise PortError(f"ports.{name} = {port} is not a TCP port")
         fixed[name] = port
     if len(set(fixed.values())) != len(fixed):
         raise PortError(f"ports must be distinct, got {fixed}")
     picked = free_ports(len(auto), exclude=set(avoid) | set(fixed.values())) if auto else []
-    values = {**fixed, **dict(zip(auto, picked))}
+    values = {**fixed, **dict(zip(auto, picked, strict=True))}
     return Ports(**values), frozenset(auto)
 
 
@@ -93,7 +93,7 @@ def check_fixed(ports: Ports, auto: frozenset[str], host: str = "") -> None:
         except OSError as exc:
             raise PortError(
                 f"{name} port {port} (fixed in launch.json ports) is already in use on {socket.gethostname()}: "
-                f"{exc.strerror}; choose another port or \"auto\""
+                f'{exc.strerror}; choose another port or "auto"'
             ) from None
         finally:
             sock.close()

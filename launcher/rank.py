@@ -145,9 +145,7 @@ def role(info: RankInfo, tp_size: int, pp_size: int, replicas: int, world_size_p
         else:
             need = f"tp_size {tp_size} × pp_size {pp_size} × replicas {replicas} = {expected}"
         started = _STARTER.get(info.source, "{n} processes were started").format(n=info.world_size)
-        raise WorldSizeError(
-            f"{started} but the spec needs {need}; ask sbatch/srun for --ntasks={expected}"
-        )
+        raise WorldSizeError(f"{started} but the spec needs {need}; ask sbatch/srun for --ntasks={expected}")
     if not 0 <= info.rank < info.world_size:
         raise WorldSizeError(f"rank {info.rank} is outside the world of size {info.world_size}")
     return Role(replica=info.rank // wpr, rank_in_replica=info.rank % wpr, leader=info.rank % wpr == 0)

@@ -74,7 +74,7 @@ def advertised_address(node: str, single_node: bool, env: Mapping[str, str] | No
         except OSError:
             pass
     try:
-        candidates += [info[4][0] for info in socket.getaddrinfo(node, None, socket.AF_INET)]
+        candidates += [str(info[4][0]) for info in socket.getaddrinfo(node, None, socket.AF_INET)]
     except OSError:
         pass
     try:
@@ -124,9 +124,15 @@ class EndpointRecord(_Record):
     def from_dict(cls, data: Mapping[str, Any]) -> EndpointRecord:
         record = super().from_dict(data)
         return dataclasses.replace(  # JSON written by hand or by another tool may quote numbers
-            record, job_id=str(record.job_id), replica=int(record.replica), rank=int(record.rank),
-            http_port=int(record.http_port), grpc_port=int(record.grpc_port),
-            metrics_port=int(record.metrics_port), pid=int(record.pid))
+            record,
+            job_id=str(record.job_id),
+            replica=int(record.replica),
+            rank=int(record.rank),
+            http_port=int(record.http_port),
+            grpc_port=int(record.grpc_port),
+            metrics_port=int(record.metrics_port),
+            pid=int(record.pid),
+        )
 
     @property
     def http_url(self) -> str:

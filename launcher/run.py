@@ -6,21 +6,20 @@ import argparse
 import os
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from . import config, records
-from .layout import Deployment, JobPaths, with_source_root
 from .command import build_argv
+from .layout import Deployment, JobPaths, with_source_root
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
 from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
 from .server import ServerBinary, ServerNotFound, merge_env, resolve
 from .stop import FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop
-from .supervise import (LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name,
-                        wait_ready)
+from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name, wait_ready
 
-EXIT_CONFIG = 2        # launch.json / world size / binary problems: nothing was started
-EXIT_PORT = 3          # a fixed port is taken, or auto ports kept colliding
+EXIT_CONFIG = 2  # launch.json / world size / binary problems: nothing was started
+EXIT_PORT = 3  # a fixed port is taken, or auto ports kept colliding
 EXIT_READY_TIMEOUT = 124
 PORT_ATTEMPTS = 5
 
@@ -45,8 +44,10 @@ def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
 
 def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> None:
     now = time.time()
-    records.write_json_atomic(stop_path(plan, info), {
-        "signal": signal.Signals(signum).name, "at": now, "drain_until": now + plan.exit_timeout_s})
+    records.write_json_atomic(
+        stop_path(plan, info),
+        {"signal": signal.Signals(signum).name, "at": now, "drain_until": now + plan.exit_timeout_s},
+    )
 
 
 def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
@@ -65,9 +66,16 @@ def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
 
 def _argv(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, ports: Ports | None) -> list[str]:
     return build_argv(
-        server.argv0, model_repository=plan.model_repository, rank=info.rank, job_id=info.job_id,
-        leader=me.leader, ports=ports, follower_models=plan.follower_models, backend_dir=server.backend_dir,
-        server_args=plan.server_args, exit_timeout_s=plan.drain_s,
+        server.argv0,
+        model_repository=plan.model_repository,
+        rank=info.rank,
+        job_id=info.job_id,
+        leader=me.leader,
+        ports=ports,
+        follower_models=plan.follower_models,
+        backend_dir=server.backend_dir,
+        server_args=plan.server_args,
+        exit_timeout_s=plan.drain_s,
     )
 
 
@@ -82,8 +90,13 @@ def _threads_per_rank(env: dict[str, str], info: RankInfo) -> str:
     return str(max(1, (os.cpu_count() or 1) // max(1, int(local) if local.isdigit() else 1)))
 
 
-def child_env(plan: config.LaunchPlan, server: ServerBinary, base: dict[str, str] | None = None,
-              info: RankInfo | None = None, me: Role | None = None) -> dict[str, str]:
+def child_env(
+    plan: config.LaunchPlan,
+    server: ServerBinary,
+    base: dict[str, str] | None = None,
+    info: RankInfo | None = None,
+    me: Role | None = None,
+) -> dict[str, str]:
     """Environment of tritonserver: ours, + launch.json ``env`` (its defaults, e.g. PMIX_MCA_gds=hash (#553),
     for a plan that lacks them: config.default_env), + the server's library path, + the hpc-serve source root
     first on PYTHONPATH (for the python backend stubs), + what the CPU engine needs to know of its place
@@ -109,20 +122,26 @@ def _single_node(env: dict[str, str] | os._Environ) -> bool:
     return nodes is None or nodes.strip() == "1"
 
 
-def _record_failure(plan: config.LaunchPlan, info: RankInfo, code: int, message: str,
-                    tail: Sequence[str] = ()) -> None:
+def _record_failure(plan: config.LaunchPlan, info: RankInfo, code: int, message: str, tail: Sequence[str] = ()) -> None:
     """The launcher gave up before (or instead of) running tritonserver: say why in the rank's exit record."""
-    record = records.RankExitRecord(rank=info.rank, host=info.node, exit_code=code, signal=None,
-                                    log_tail=list(tail)[-LOG_TAIL:] + [message], ended_at=time.time(),
-                                    error=message)
+    record = records.RankExitRecord(
+        rank=info.rank,
+        host=info.node,
+        exit_code=code,
+        signal=None,
+        log_tail=list(tail)[-LOG_TAIL:] + [message],
+        ended_at=time.time(),
+        error=message,
+    )
     try:
         records.write_json_atomic(job_paths(plan, info).rank_record(info.rank), record.to_dict())
     except OSError as exc:
         log(f"could not write the rank record: {exc}")
 
 
-def _finish(plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Child, rc: int,
-            error: str | None = None) -> int:
+def _finish(
+    plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Child, rc: int, error: str | None = None
+) -> int:
     if release_path(plan, info).exists():
         # A follower whose leader stopped: TensorRT-LLM workers exit(0) then; ours end their tritonserver.
         log(f"rank {info.rank}: released by the leader")
@@ -134,8 +153,9 @@ def _finish(plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Chi
         tail = [line for line in child.ring if line.strip() and not line.startswith(("|", "+-"))][-LOG_TAIL:]
         if error:
             tail.append(error)
-        record = records.RankExitRecord(rank=info.rank, host=info.node, exit_code=rc, signal=sig, log_tail=tail,
-                                        ended_at=time.time(), error=error)
+        record = records.RankExitRecord(
+            rank=info.rank, host=info.node, exit_code=rc, signal=sig, log_tail=tail, ended_at=time.time(), error=error
+        )
         records.write_json_atomic(job_paths(plan, info).rank_record(info.rank), record.to_dict())
 
     # Record first: when a rank dies its MPI peers abort and Slurm may SIGKILL this step within a second,
@@ -147,8 +167,9 @@ def _finish(plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Chi
     return exit_code(rc)
 
 
-def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary,
-          sup: Supervisor | None = None) -> int:
+def serve(
+    plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup: Supervisor | None = None
+) -> int:
     """Start tritonserver for this rank and supervise it until it exits; return the launcher's exit code."""
     sup = sup or supervisor(plan, info, me)
     env = child_env(plan, server, info=info, me=me)
@@ -166,8 +187,11 @@ def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinar
                 _record_failure(plan, info, EXIT_PORT, str(exc))
                 return EXIT_PORT
         argv = _argv(plan, info, me, server, ports)
-        print(f"[hpc-serve] rank {info.rank}/{info.world_size} on {info.node}: replica {me.replica}, "
-              f"{'leader' if me.leader else 'follower'}, cmd: {describe(argv)}", flush=True)
+        print(
+            f"[hpc-serve] rank {info.rank}/{info.world_size} on {info.node}: replica {me.replica}, "
+            f"{'leader' if me.leader else 'follower'}, cmd: {describe(argv)}",
+            flush=True,
+        )
         if sup.stopping:
             log("stop requested before tritonserver started")
             return exit_code(-(sup.stop_signal or signal.SIGTERM))
@@ -191,28 +215,41 @@ def serve(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinar
                 by_port = {v: k for k, v in ports.as_dict().items()}
                 name = by_port.get(port) if port is not None else None
                 if name is not None and name not in auto:
-                    msg = (f"tritonserver could not bind the {name} port {port} fixed in launch.json ports "
-                           f"(already in use on {info.node}); choose another port or \"auto\"")
+                    msg = (
+                        f"tritonserver could not bind the {name} port {port} fixed in launch.json ports "
+                        f'(already in use on {info.node}); choose another port or "auto"'
+                    )
                     log(msg)
                     _finish(plan, info, sup, child, rc, error=msg)
                     return EXIT_PORT
                 if auto and attempt < PORT_ATTEMPTS:
-                    log(f"tritonserver failed to bind {ports.as_dict()} (attempt {attempt}/{PORT_ATTEMPTS}); "
-                        "retrying with other ports")
+                    log(
+                        f"tritonserver failed to bind {ports.as_dict()} (attempt {attempt}/{PORT_ATTEMPTS}); "
+                        "retrying with other ports"
+                    )
                     avoid |= set(ports.as_dict().values())
                     continue
             return _finish(plan, info, sup, child, rc)
         if state == "ready":
             ready_at = time.time()
             record = records.EndpointRecord(
-                job_id=info.job_id, replica=me.replica, rank=info.rank, host=info.node,
+                job_id=info.job_id,
+                replica=me.replica,
+                rank=info.rank,
+                host=info.node,
                 address=records.advertised_address(info.node, _single_node(os.environ)),
-                http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics, pid=child.proc.pid,
-                started_at=child.started_at, ready_at=ready_at,
+                http_port=ports.http,
+                grpc_port=ports.grpc,
+                metrics_port=ports.metrics,
+                pid=child.proc.pid,
+                started_at=child.started_at,
+                ready_at=ready_at,
             )
             records.write_json_atomic(endpoint, record.to_dict())
-            log(f"replica {me.replica} ready in {ready_at - child.started_at:.2f} s: {record.http_url} "
-                f"(record {endpoint})")
+            log(
+                f"replica {me.replica} ready in {ready_at - child.started_at:.2f} s: {record.http_url} "
+                f"(record {endpoint})"
+            )
         try:
             rc = sup.wait(child)
         finally:

@@ -17,9 +17,9 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 NGC_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 STUB_NAME = "triton_python_backend_stub"
@@ -133,8 +133,12 @@ def pytriton_server(env: Mapping[str, str] | None = None) -> ServerBinary | None
         backends = prepare_backends(root / "tritonserver" / "backends", stub, dest)
     except OSError:  # read-only $HOME: per-user temp dir instead
         backends = prepare_backends(
-            root / "tritonserver" / "backends", stub,
-            Path(tempfile.gettempdir()) / f"hpc-serve-{os.getuid()}" / "triton-backends" / f"{wheel_version}-py{version}",
+            root / "tritonserver" / "backends",
+            stub,
+            Path(tempfile.gettempdir())
+            / f"hpc-serve-{os.getuid()}"
+            / "triton-backends"
+            / f"{wheel_version}-py{version}",
         )
     lib_dirs = [d for d in (_python_libdir(), str(libs)) if d]
     extra = {
@@ -169,12 +173,17 @@ def resolve(configured: str | None = None, env: Mapping[str, str] | None = None)
         return server
     tried.append("nvidia-pytriton wheel: not installed for " + sys.executable)
     raise ServerNotFound(
-        "no tritonserver found; tried:\n  " + "\n  ".join(tried)
-        + "\nset \"tritonserver\" in launch.json or $TRITONSERVER, or `pip install nvidia-pytriton`"
+        "no tritonserver found; tried:\n  "
+        + "\n  ".join(tried)
+        + '\nset "tritonserver" in launch.json or $TRITONSERVER, or `pip install nvidia-pytriton`'
     )
 
 
-def merge_env(base: Mapping[str, str], extra: Mapping[str, str], prepend: tuple[str, ...] = ("LD_LIBRARY_PATH", "PATH", "PYTHONPATH")) -> dict[str, str]:
+def merge_env(
+    base: Mapping[str, str],
+    extra: Mapping[str, str],
+    prepend: tuple[str, ...] = ("LD_LIBRARY_PATH", "PATH", "PYTHONPATH"),
+) -> dict[str, str]:
     """``base`` updated with ``extra``; path-list variables in ``prepend`` are prepended, not replaced."""
     out = dict(base)
     for key, value in extra.items():

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 #: stop signals that Slurm may send to every process of a step; a follower's tritonserver ignores them all
 FOLLOWER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -34,9 +34,16 @@ class FollowerStop:
     """The follower's side of an ordered stop: ``begin()`` on the first stop signal, then ``action()`` on every
     poll says what to do now: WAIT, TERM (once) or KILL (once), with the reason."""
 
-    def __init__(self, release_wait_s: float, release_file: Path, leader_record: Path | None, *,
-                 leader_gone_s: float = 3.0, kill_after_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        release_wait_s: float,
+        release_file: Path,
+        leader_record: Path | None,
+        *,
+        leader_gone_s: float = 3.0,
+        kill_after_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.release_wait_s = release_wait_s
         self.release_file = release_file
         self.leader_record = leader_record

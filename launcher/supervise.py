@@ -18,9 +18,10 @@ import sys
 import threading
 import time
 import urllib.error
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO, Any
 
 from .stop import KILL, TERM, FollowerStop
 from .urls import READY_PATH, http_url, open_direct
@@ -96,7 +97,7 @@ class Tee:
 
     def _run(self) -> None:
         binary = hasattr(self._out, "buffer")
-        out = self._out.buffer if binary else self._out  # text-only streams (e.g. a caller's capture object)
+        out: Any = getattr(self._out, "buffer", self._out)  # text-only streams (e.g. a caller's capture object)
         for raw in iter(self._pipe.readline, b""):
             try:
                 out.write(raw if binary else raw.decode("utf-8", "replace"))
@@ -114,9 +115,9 @@ class _Both:
     def __init__(self, first: IO, second: IO) -> None:
         self._streams = (first, second)
         if all(hasattr(st, "buffer") for st in self._streams):
-            self.buffer = _Both(first.buffer, second.buffer)
+            self.buffer = _Both(getattr(first, "buffer"), getattr(second, "buffer"))  # noqa: B009 - typed IO lacks it
 
-    def write(self, data):  # type: ignore[no-untyped-def]
+    def write(self, data: Any) -> int:
         for stream in self._streams:
             try:
                 stream.write(data)
@@ -173,8 +174,9 @@ class Supervisor:
     follower's (``follower`` given): nothing is forwarded; ``follower`` decides when to stop waiting for the
     leader's release (launcher/stop.py)."""
 
-    def __init__(self, stop_grace_s: float, follower: FollowerStop | None = None,
-                 on_stop: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, stop_grace_s: float, follower: FollowerStop | None = None, on_stop: Callable[[int], None] | None = None
+    ) -> None:
         self.stop_grace_s = stop_grace_s
         self.follower = follower
         self.on_stop = on_stop  # called once with the first stop signal, before it is forwarded
@@ -197,8 +199,10 @@ class Supervisor:
         if first and self.follower is not None:
             self.stop_signal = signum
             self.follower.begin()
-            log(f"received {signal.Signals(signum).name}; waiting up to {self.follower.release_wait_s:g} s for "
-                "the leader to release this rank")
+            log(
+                f"received {signal.Signals(signum).name}; waiting up to {self.follower.release_wait_s:g} s for "
+                "the leader to release this rank"
+            )
             return
         if first:
             self.stop_signal = signum
@@ -211,8 +215,10 @@ class Supervisor:
         child = self.child
         if child is not None and child.proc.poll() is None and first:
             sig = _TO_CHILD.get(signal.Signals(signum), signal.SIGTERM)
-            log(f"received {signal.Signals(signum).name}; forwarding {sig.name} to tritonserver pid {child.proc.pid} "
-                f"(SIGKILL after {self.stop_grace_s:.0f} s)")
+            log(
+                f"received {signal.Signals(signum).name}; forwarding {sig.name} to tritonserver pid {child.proc.pid} "
+                f"(SIGKILL after {self.stop_grace_s:.0f} s)"
+            )
             try:
                 os.kill(child.proc.pid, sig)
             except ProcessLookupError:
@@ -223,15 +229,22 @@ class Supervisor:
         return self.stop_signal is not None
 
     # -- process -----------------------------------------------------------------------------------------------
-    def spawn(self, argv: Sequence[str], env: dict[str, str], tail_lines: int = 400,
-              ignore: Sequence[int] = ()) -> Child:
+    def spawn(
+        self, argv: Sequence[str], env: dict[str, str], tail_lines: int = 400, ignore: Sequence[int] = ()
+    ) -> Child:
         """Start tritonserver in its own process group with the signals in ``ignore`` ignored."""
         ring: collections.deque[str] = collections.deque(maxlen=tail_lines)
         proc = subprocess.Popen(
-            list(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_pdeathsig_preexec(ignore), close_fds=True,
+            list(argv),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_pdeathsig_preexec(ignore),
+            close_fds=True,
         )
         child = Child(proc, ring, started_at=time.time())
+        assert proc.stdout is not None and proc.stderr is not None  # both are pipes (see Popen above)
         child.tees = [Tee(proc.stdout, sys.stdout, ring), Tee(proc.stderr, sys.stderr, ring)]
         self.child = child
         if self.stopping and self.follower is None:  # a signal arrived while we were starting: stop right away
@@ -254,8 +267,10 @@ class Supervisor:
                 self.kill_group(child, signal.SIGKILL)
             return rc
         if rc is None and self.kill_at is not None and time.monotonic() >= self.kill_at:
-            log(f"tritonserver pid {child.proc.pid} still running {self.stop_grace_s:.0f} s after "
-                f"{signal.Signals(self.stop_signal or signal.SIGTERM).name}; sending SIGKILL to its process group")
+            log(
+                f"tritonserver pid {child.proc.pid} still running {self.stop_grace_s:.0f} s after "
+                f"{signal.Signals(self.stop_signal or signal.SIGTERM).name}; sending SIGKILL to its process group"
+            )
             self.kill_group(child, signal.SIGKILL)
             self.kill_at = None
         return rc
@@ -337,7 +352,7 @@ def is_ready(http_port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> b
 
 
 def wait_ready(sup: Supervisor, child: Child, http_port: int, timeout_s: float) -> str:
-    """"ready" | "exited" | "stopping" | "timeout".  Polls every 20 ms for the first 10 s (a small repository is
+    """ "ready" | "exited" | "stopping" | "timeout".  Polls every 20 ms for the first 10 s (a small repository is
     ready in ~0.3 s, and every poll gap is added to the time to READY), then backs off to 0.25 s so a 15-minute
     TRT-LLM load does not spin."""
     start = time.monotonic()

@@ -7,4 +7,8 @@ bash scripts/install.sh --test
 bash ci/cluster/up.sh
 # shellcheck source=/dev/null
 source ci/cluster/env.sh
+# Lint, format and types first: seconds, and a failure there says exactly what to fix (pyproject.toml).
+python3 -m ruff check .
+python3 -m ruff format --check .
+python3 -m mypy
 exec python3 -m pytest -ra "$@"

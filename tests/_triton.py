@@ -13,6 +13,7 @@ not depend on launcher/. What the wheel needs (found the hard way):
   distribution's libpython and its site-packages (no numpy/tokenizers there);
 * the stub imports our models through PYTHONPATH (the source tree).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,8 +64,12 @@ def build_backends_dir(dest: Path) -> Path:
     if not stub.is_file():
         raise FileNotFoundError(f"no python backend stub for Python {version} in {stub.parent.parent}")
     python_dir = dest / "python"
-    shutil.copytree(pkg / "tritonserver" / "backends" / "python", python_dir, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        pkg / "tritonserver" / "backends" / "python",
+        python_dir,
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     shutil.copy2(stub, python_dir / "triton_python_backend_stub")
     return dest
 
@@ -111,7 +116,7 @@ class Server:
             data = resp.read().decode()
         finally:
             conn.close()
-        events = [json.loads(line[len("data:"):]) for line in data.splitlines() if line.startswith("data:")]
+        events = [json.loads(line[len("data:") :]) for line in data.splitlines() if line.startswith("data:")]
         if resp.status != 200 or not events:
             raise AssertionError(f"{path}: HTTP {resp.status}: {data[:2000]}")
         return events
@@ -132,8 +137,9 @@ def _ready(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def tritonserver(model_repository: Path, workdir: Path, timeout: float = 180,
-                 extra_args: tuple[str, ...] = ()) -> Iterator[Server]:
+def tritonserver(
+    model_repository: Path, workdir: Path, timeout: float = 180, extra_args: tuple[str, ...] = ()
+) -> Iterator[Server]:
     """Start tritonserver on free ports, wait for ready, yield, and always stop it (its whole process
     group: the python stubs are its children, so no orphans survive a failed test)."""
     found = find_tritonserver()
@@ -146,14 +152,21 @@ def tritonserver(model_repository: Path, workdir: Path, timeout: float = 180,
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
     env["PYTHONHOME"] = sys.base_prefix
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    cmd = [str(binary), f"--model-repository={model_repository}", f"--backend-directory={backends}",
-           "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefixT_",
-           f"--http-port={ports[0]}", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}",
-           "--log-verbose=0", *extra_args]
+    cmd = [
+        str(binary),
+        f"--model-repository={model_repository}",
+        f"--backend-directory={backends}",
+        "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=prefixT_",
+        f"--http-port={ports[0]}",
+        f"--grpc-port={ports[1]}",
+        f"--metrics-port={ports[2]}",
+        "--log-verbose=0",
+        *extra_args,
+    ]
     log = workdir / "tritonserver.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True)
     server = Server(proc, *ports, log)
     try:
         deadline = time.monotonic() + timeout

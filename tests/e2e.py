@@ -18,14 +18,28 @@ from launcher.records import RankExitRecord, read_rank_records
 CLI = [sys.executable, "-m", "hpc.cli"]
 
 
-def write_spec(folder: Path, name: str, checkpoint: Path, *, tp: int = 1, nodes: int = 1,
-               ntasks_per_node: int | None = None, slurm: dict | None = None, triton: dict | None = None) -> Path:
+def write_spec(
+    folder: Path,
+    name: str,
+    checkpoint: Path,
+    *,
+    tp: int = 1,
+    nodes: int = 1,
+    ntasks_per_node: int | None = None,
+    slurm: dict | None = None,
+    triton: dict | None = None,
+) -> Path:
     """A CPU-engine spec for the tiny checkpoint; ranks talk TCP across the emulated nodes."""
     spec = {
         "name": name,
         "workdir": str(folder / "runs"),
-        "slurm": {"nodes": nodes, "ntasks_per_node": ntasks_per_node or max(1, tp // nodes), "time": "00:10:00",
-                  "env": {"OMPI_MCA_btl": "self,tcp"}, **(slurm or {})},
+        "slurm": {
+            "nodes": nodes,
+            "ntasks_per_node": ntasks_per_node or max(1, tp // nodes),
+            "time": "00:10:00",
+            "env": {"OMPI_MCA_btl": "self,tcp"},
+            **(slurm or {}),
+        },
         "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint), "tp_size": tp},
         "triton": {"triton_max_batch_size": 8, "ready_timeout_s": 120, **(triton or {})},
     }

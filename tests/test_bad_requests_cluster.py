@@ -2,6 +2,7 @@
 upstream's clients, raw HTTP): each gets a clear error or a correct answer, and after each one a normal request
 still succeeds on the same job, which stays READY.  One job serves the whole module (it takes ~15 s to start).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -9,7 +10,6 @@ import json
 import os
 import socket
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,8 +28,9 @@ def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
     folder = tmp_path_factory.mktemp("bad-requests")
     old_home = os.environ.get("HPC_SERVE_HOME")
     os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
-    spec = write_spec(folder, "bad-requests", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1,
-                      triton={"triton_max_batch_size": 4})
+    spec = write_spec(
+        folder, "bad-requests", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1, triton={"triton_max_batch_size": 4}
+    )
     job = ""
     try:
         job, _ = submit(spec)
@@ -62,8 +63,9 @@ def still_serving(served):
     assert status(job)["state"] == "READY"
 
 
-def _core(endpoint: dict, arrays: dict[str, np.ndarray], dtypes: dict[str, str] | None = None,
-          model: str = "tensorrt_llm") -> list:
+def _core(
+    endpoint: dict, arrays: dict[str, np.ndarray], dtypes: dict[str, str] | None = None, model: str = "tensorrt_llm"
+) -> list:
     """inflight_batcher_llm_client.py --streaming: token ids straight to the (decoupled) tensorrt_llm model over
     gRPC (or any decoupled model); returns the responses, raises the first error."""
     import queue
@@ -72,8 +74,9 @@ def _core(endpoint: dict, arrays: dict[str, np.ndarray], dtypes: dict[str, str] 
 
     inputs = []
     for name, array in arrays.items():
-        dtype = (dtypes or {}).get(name) or {"i": "INT32", "f": "FP32", "b": "BOOL", "u": "UINT64",
-                                             "O": "BYTES"}[array.dtype.kind]
+        dtype = (dtypes or {}).get(name) or {"i": "INT32", "f": "FP32", "b": "BOOL", "u": "UINT64", "O": "BYTES"}[
+            array.dtype.kind
+        ]
         tensor = grpcclient.InferInput(name, list(array.shape), dtype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -96,8 +99,11 @@ def _core(endpoint: dict, arrays: dict[str, np.ndarray], dtypes: dict[str, str] 
 
 
 def _ids(*ids: int, out: int = 4) -> dict[str, np.ndarray]:
-    return {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
-            "request_output_len": np.array([[out]], np.int32)}
+    return {
+        "input_ids": np.array([ids], np.int32),
+        "input_lengths": np.array([[len(ids)]], np.int32),
+        "request_output_len": np.array([[out]], np.int32),
+    }
 
 
 def _core_error(endpoint: dict, arrays: dict[str, np.ndarray], **kw) -> str:
@@ -108,9 +114,14 @@ def _core_error(endpoint: dict, arrays: dict[str, np.ndarray], **kw) -> str:
     return str(err.value)
 
 
-@pytest.mark.parametrize("ids,where", [((5, 2**31 - 1, 7), "token id 2147483647 at position 1"),
-                                       ((5, VOCAB), f"token id {VOCAB} at position 1"),
-                                       ((-3, 5), "token id -3 at position 0")])
+@pytest.mark.parametrize(
+    "ids,where",
+    [
+        ((5, 2**31 - 1, 7), "token id 2147483647 at position 1"),
+        ((5, VOCAB), f"token id {VOCAB} at position 1"),
+        ((-3, 5), "token id -3 at position 0"),
+    ],
+)
 def test_token_ids_outside_the_vocabulary(served, still_serving, ids, where):
     message = _core_error(served[1], _ids(*ids))
     assert where in message and f"[0, {VOCAB})" in message
@@ -121,8 +132,7 @@ def test_input_lengths_that_disagree_with_input_ids(served, still_serving):
     assert "must be in [1, 3]" in _core_error(served[1], arrays)
 
 
-@pytest.mark.parametrize("max_tokens,expected", [(0, "at least 1"), (-5, "at least 1"),
-                                                 (100_000, "ask for at most")])
+@pytest.mark.parametrize("max_tokens,expected", [(0, "at least 1"), (-5, "at least 1"), (100_000, "ask for at most")])
 def test_max_tokens_out_of_range(served, still_serving, max_tokens, expected):
     code, body = _generate(served[1], {"text_input": "Hello", "max_tokens": max_tokens})
     assert code == 400 and expected in body["error"], body
@@ -160,8 +170,10 @@ def test_wrong_dtypes_and_shapes(served, still_serving):
     assert "input_ids" in _core_error(served[1], three_d)
 
 
-@pytest.mark.parametrize("extra,expected", [({"beam_width": 2}, "beam"), ({"lora_task_id": 3}, "LoRA"),
-                                            ({"num_return_sequences": 2}, "num_return_sequences")])
+@pytest.mark.parametrize(
+    "extra,expected",
+    [({"beam_width": 2}, "beam"), ({"lora_task_id": 3}, "LoRA"), ({"num_return_sequences": 2}, "num_return_sequences")],
+)
 def test_unsupported_features_are_named(served, still_serving, extra, expected):
     code, body = _generate(served[1], {"text_input": "Hello", "max_tokens": 4, **extra})
     assert code == 400 and expected in body["error"], body
@@ -171,14 +183,19 @@ def test_client_disconnecting_mid_stream(served, still_serving):
     endpoint = served[1]
     body = json.dumps({"text_input": "Once upon a time", "max_tokens": 200, "stream": True}).encode()
     with socket.create_connection((endpoint["address"], endpoint["http_port"]), timeout=30) as sock:
-        sock.sendall(b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sock.sendall(
+            b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         assert b"data:" in sock.recv(4096)  # the stream started; now the client goes away
 
     def active_requests() -> float:
         metrics = json.loads(cli("metrics", served[0], "--json").stdout)
-        return next(m["value"] for m in metrics if m["name"] == "nv_trt_llm_request_metrics"
-                    and m["labels"].get("request_type") == "active")
+        return next(
+            m["value"]
+            for m in metrics
+            if m["name"] == "nv_trt_llm_request_metrics" and m["labels"].get("request_type") == "active"
+        )
 
     deadline = time.monotonic() + 20  # the engine notices the cancelled stream and frees its slot
     while active_requests() and time.monotonic() < deadline:

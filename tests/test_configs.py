@@ -1,6 +1,7 @@
 """Every configs/*.yaml validates and renders exactly like tests/golden/<config>/ (machine-specific paths
 normalised: the tmp tree → <TMP>, sys.executable → <PYTHON>, the source root → <SRC>, the version → <VERSION>).
 Regenerate after an intended change with:  UPDATE_GOLDEN=1 python -m pytest tests/test_configs.py"""
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,8 @@ def site(tmp_path: Path, monkeypatch) -> Path:
     for engine, (tp, pp) in ENGINES.items():
         (models / engine).mkdir(parents=True)
         (models / engine / "config.json").write_text(
-            json.dumps({"pretrained_config": {"mapping": {"tp_size": tp, "pp_size": pp, "world_size": tp * pp}}}))
+            json.dumps({"pretrained_config": {"mapping": {"tp_size": tp, "pp_size": pp, "world_size": tp * pp}}})
+        )
     for hf in ("gpt2-medium/hf", "llama3-70b-instruct/hf", "llama3-8b-instruct/hf"):
         (models / hf).mkdir(parents=True)
     (models / "images").mkdir()
@@ -51,21 +53,34 @@ def site(tmp_path: Path, monkeypatch) -> Path:
 
 
 def normalise(text: str, tmp: Path) -> str:
-    for real, token in sorted([(str(tmp), "<TMP>"), (sys.executable, "<PYTHON>"), (str(R.SOURCE_ROOT), "<SRC>")],
-                              key=lambda pair: -len(pair[0])):
+    for real, token in sorted(
+        [(str(tmp), "<TMP>"), (sys.executable, "<PYTHON>"), (str(R.SOURCE_ROOT), "<SRC>")],
+        key=lambda pair: -len(pair[0]),
+    ):
         text = text.replace(real, token)
     return text.replace(f"hpc-serve {__version__}", "hpc-serve <VERSION>")
 
 
 def test_there_are_configs():
-    assert {c.stem for c in CONFIGS} >= {"tiny-cpu", "gpt2-medium-tp4", "llama3-70b-tp4pp2", "llama3-8b-apptainer",
-                                         "llama3-8b-awq"}
+    assert {c.stem for c in CONFIGS} >= {
+        "tiny-cpu",
+        "gpt2-medium-tp4",
+        "llama3-70b-tp4pp2",
+        "llama3-8b-apptainer",
+        "llama3-8b-awq",
+    }
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_config_validates_and_matches_golden(site, config):
-    result = subprocess.run([sys.executable, "-m", "hpc.cli", "validate", str(config)], capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=site, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "hpc.cli", "validate", str(config)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=site,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     spec = load_spec(config)
     out = R.render(spec, site / "deploy" / config.stem)
@@ -84,8 +99,9 @@ def test_config_validates_and_matches_golden(site, config):
         check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert check.returncode == 0, check.stderr
         if shutil.which("shellcheck"):
-            check = subprocess.run(["shellcheck", "-S", "warning", "-s", "bash", str(script)], capture_output=True,
-                                   text=True)
+            check = subprocess.run(
+                ["shellcheck", "-S", "warning", "-s", "bash", str(script)], capture_output=True, text=True
+            )
             assert check.returncode == 0, check.stdout
     plan = json.loads(out.launch.read_text())
     assert plan["tp_size"] * plan["pp_size"] * plan["replicas"] == spec.slurm.nodes * spec.tasks_per_node
@@ -105,8 +121,9 @@ def fresh_machine(tmp: Path) -> dict[str, str]:
 
 
 def cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc.cli", *args], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hpc.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+    )
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)

@@ -2,6 +2,7 @@
 
 torch/transformers are test-only dependencies (the reference implementation); the engine itself is numpy.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -71,14 +72,18 @@ def test_greedy_matches_transformers_generate(ckpt: Path) -> None:
         eng.submit(r)
     eng.run_until_idle()
     lengths = set()
-    for prompt, r in zip(_prompts(ckpt), reqs):
+    for prompt, r in zip(_prompts(ckpt), reqs, strict=True):
         lengths.add(len(prompt))
         with torch.no_grad():
             out = ref.generate(
-                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                do_sample=False, max_new_tokens=n_new, pad_token_id=eos, eos_token_id=eos,
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=n_new,
+                pad_token_id=eos,
+                eos_token_id=eos,
             )
-        expected = out[0, len(prompt):].tolist()
+        expected = out[0, len(prompt) :].tolist()
         if eos in expected:  # TensorRT-LLM semantics: end_id ends the sequence and is not returned
             expected = expected[: expected.index(eos)]
         assert r.output_ids == expected, (len(prompt), r.output_ids, expected)
@@ -117,11 +122,16 @@ def test_one_forward_of_mixed_rows_equals_separate_passes(ckpt: Path) -> None:
     got = one.forward(dec_tok, dec_pos, [(4, prompts[3]), (2, prompts[0]), (3, prompts[1])])
     assert got.shape == (5, cfg.vocab_size)
     np.testing.assert_allclose(got[:2], want_dec, atol=1e-4)
-    for row, want in zip(got[2:], want_pre):
+    for row, want in zip(got[2:], want_pre, strict=True):
         np.testing.assert_allclose(row, want, atol=1e-4)
-    for slot, n in ((0, len(prompts[1]) + 1), (1, len(prompts[2]) + 1), (2, len(prompts[0])), (3, len(prompts[1])),
-                    (4, len(prompts[3]))):
-        for a, b in zip(sep.k_cache + sep.v_cache, one.k_cache + one.v_cache):
+    for slot, n in (
+        (0, len(prompts[1]) + 1),
+        (1, len(prompts[2]) + 1),
+        (2, len(prompts[0])),
+        (3, len(prompts[1])),
+        (4, len(prompts[3])),
+    ):
+        for a, b in zip(sep.k_cache + sep.v_cache, one.k_cache + one.v_cache, strict=True):
             np.testing.assert_allclose(a[slot, :, :n], b[slot, :, :n], atol=1e-4)
 
 
@@ -134,9 +144,10 @@ def test_checkpoint_errors_are_named(tmp_path: Path) -> None:
 def test_sharded_safetensors_index_and_bf16(llama: Path, tmp_path: Path) -> None:
     """A checkpoint split into two bf16 shards with an index loads and gives (nearly) the same tokens."""
     torch = pytest.importorskip("torch")
-    from safetensors.torch import save_file
     import json
     import shutil
+
+    from safetensors.torch import save_file
 
     weights = load_weights(llama)
     names = sorted(weights)
@@ -191,7 +202,7 @@ def test_alone_equals_inside_a_busy_batch(ckpt: Path) -> None:
         eng.step()
         max_running = max(max_running, len(eng.scheduler.running))
     assert max_running == 4
-    for a, b in zip(alone, busy):
+    for a, b in zip(alone, busy, strict=True):
         assert b.output_ids == a.output_ids
         assert b.finish_reason == a.finish_reason == "length"
         np.testing.assert_allclose(b.log_probs, a.log_probs, atol=1e-4)
@@ -203,7 +214,9 @@ def test_streaming_chunks_concatenate_to_the_result(gpt2: Path) -> None:
     finals = []
     eng = Engine(str(gpt2))
     req = GenerationRequest(
-        input_ids=_prompts(gpt2)[1], max_new_tokens=9, streaming=True,
+        input_ids=_prompts(gpt2)[1],
+        max_new_tokens=9,
+        streaming=True,
         on_output=lambda o: (chunks.append(o.new_tokens), finals.append(o.finished)),
     )
     eng.generate(req)
@@ -256,8 +269,9 @@ def test_end_id_stops_and_is_not_returned(llama: Path) -> None:
 def test_min_tokens_masks_end_id(llama: Path) -> None:
     prompt = _prompts(llama)[2]
     ref = _greedy(llama, prompt, 16)
-    r = _run_alone(llama, dict(input_ids=prompt, max_new_tokens=16, end_id=ref[0],
-                               sampling=SamplingParams(min_tokens=5)))
+    r = _run_alone(
+        llama, dict(input_ids=prompt, max_new_tokens=16, end_id=ref[0], sampling=SamplingParams(min_tokens=5))
+    )
     assert len(r.output_ids) >= 5 and ref[0] not in r.output_ids[:5]
 
 
@@ -355,8 +369,12 @@ def test_seeded_sampling_is_reproducible(llama: Path) -> None:
     assert run(11, top_p=0.8) == run(11, top_p=0.8)
     assert run(11) != run(12) or run(13) != run(14)
     greedy = _greedy(llama, prompt, 24)
-    assert _run_alone(llama, dict(input_ids=prompt, max_new_tokens=24,
-                                  sampling=SamplingParams(temperature=0.7, top_k=1, seed=5))).output_ids == greedy
+    assert (
+        _run_alone(
+            llama, dict(input_ids=prompt, max_new_tokens=24, sampling=SamplingParams(temperature=0.7, top_k=1, seed=5))
+        ).output_ids
+        == greedy
+    )
 
 
 def test_log_probs_are_consistent(gpt2: Path) -> None:
@@ -368,8 +386,9 @@ def test_log_probs_are_consistent(gpt2: Path) -> None:
 def test_repetition_penalty_changes_repetitive_output(gpt2: Path) -> None:
     prompt = _prompts(gpt2)[0]
     plain = _greedy(gpt2, prompt, 16)
-    penal = _run_alone(gpt2, dict(input_ids=prompt, max_new_tokens=16,
-                                  sampling=SamplingParams(repetition_penalty=5.0))).output_ids
+    penal = _run_alone(
+        gpt2, dict(input_ids=prompt, max_new_tokens=16, sampling=SamplingParams(repetition_penalty=5.0))
+    ).output_ids
     assert len(set(penal)) >= len(set(plain))
     assert penal != plain
 
@@ -403,21 +422,29 @@ def test_unsupported_inputs_are_named(name: str, value: np.ndarray) -> None:
 
 
 def test_harmless_inputs_are_accepted() -> None:
-    reqs, opts = parse_inputs(_tensors(
-        beam_width=np.array([1], np.int32), decoder_input_ids=np.array([[0]], np.int32),
-        return_context_logits=np.array([False]), embedding_bias=np.zeros((1, 0), np.float32),
-        stop_words_list=np.zeros((1, 2, 0), np.int32), runtime_top_k=np.array([1], np.int32),
-        seed=np.array([9], np.uint64), streaming=np.array([True]),
-    ))
+    reqs, opts = parse_inputs(
+        _tensors(
+            beam_width=np.array([1], np.int32),
+            decoder_input_ids=np.array([[0]], np.int32),
+            return_context_logits=np.array([False]),
+            embedding_bias=np.zeros((1, 0), np.float32),
+            stop_words_list=np.zeros((1, 2, 0), np.int32),
+            runtime_top_k=np.array([1], np.int32),
+            seed=np.array([9], np.uint64),
+            streaming=np.array([True]),
+        )
+    )
     assert len(reqs) == 1 and reqs[0].sampling.seed == 9 and reqs[0].sampling.greedy and opts.streaming
     assert reqs[0].input_ids.tolist() == [5, 6, 7] and reqs[0].stop_words == []
 
 
 def test_input_lengths_trim_padded_batch() -> None:
-    reqs, opts = parse_inputs({
-        "input_ids": np.array([[5, 6, 7], [8, 9, 0]], np.int32),
-        "input_lengths": np.array([[3], [2]], np.int32),
-        "request_output_len": np.array([[4], [6]], np.int32),
-    })
+    reqs, opts = parse_inputs(
+        {
+            "input_ids": np.array([[5, 6, 7], [8, 9, 0]], np.int32),
+            "input_lengths": np.array([[3], [2]], np.int32),
+            "request_output_len": np.array([[4], [6]], np.int32),
+        }
+    )
     assert [r.input_ids.tolist() for r in reqs] == [[5, 6, 7], [8, 9]]
     assert [r.max_new_tokens for r in reqs] == [4, 6] and opts.batch_size == 2

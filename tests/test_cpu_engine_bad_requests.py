@@ -1,5 +1,6 @@
 """Bad requests against the CPU engine: each gets its own error naming the input and the allowed range, and the
 requests beside it in the same batch are served exactly as if they had been alone."""
+
 from __future__ import annotations
 
 import time
@@ -11,8 +12,8 @@ import pytest
 from backend.cpu_engine.checkpoint import load_config
 from backend.cpu_engine.engine import Engine
 from backend.cpu_engine.init_model import create_checkpoint
-from backend.cpu_engine.model import StepPlan
 from backend.cpu_engine.lockstep import PlanRejected
+from backend.cpu_engine.model import StepPlan
 from backend.cpu_engine.sampling import SamplingParams
 from backend.cpu_engine.scheduler import GenerationRequest
 from backend.cpu_engine.triton_io import InputError, parse_inputs
@@ -26,7 +27,9 @@ def gpt2(tmp_path_factory) -> Path:
 
 
 def _alone(path: Path, prompt: list[int]) -> list[int]:
-    return Engine(str(path), max_batch_size=8).generate(GenerationRequest(input_ids=prompt, max_new_tokens=6)).output_ids
+    return (
+        Engine(str(path), max_batch_size=8).generate(GenerationRequest(input_ids=prompt, max_new_tokens=6)).output_ids
+    )
 
 
 def _vocab(path: Path) -> int:
@@ -83,37 +86,48 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(gpt2: Path, mo
 
 
 def test_sampling_that_would_poison_a_batch_is_refused() -> None:
-    for params, name in [(dict(temperature=float("nan")), "temperature"), (dict(top_p=float("inf")), "runtime_top_p"),
-                         (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(min_tokens=-1), "min_tokens"),
-                         (dict(presence_penalty=float("-inf")), "presence_penalty")]:
+    for params, name in [
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=float("inf")), "runtime_top_p"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(min_tokens=-1), "min_tokens"),
+        (dict(presence_penalty=float("-inf")), "presence_penalty"),
+    ]:
         with pytest.raises(ValueError, match=f"'{name}'"):
             SamplingParams(**params).validate()
 
 
 def test_a_tiny_temperature_samples_like_greedy(gpt2: Path) -> None:
     engine = Engine(str(gpt2))
-    r = engine.generate(GenerationRequest(input_ids=GOOD[0], max_new_tokens=6,
-                                          sampling=SamplingParams(temperature=1e-30, seed=1)))
+    r = engine.generate(
+        GenerationRequest(input_ids=GOOD[0], max_new_tokens=6, sampling=SamplingParams(temperature=1e-30, seed=1))
+    )
     assert r.finish_reason == "length" and r.output_ids == _alone(gpt2, GOOD[0])
 
 
 def _tensors(**extra) -> dict[str, np.ndarray]:
-    base = {"input_ids": np.array([[5, 6, 7]], np.int32), "input_lengths": np.array([3], np.int32),
-            "request_output_len": np.array([4], np.int32)}
+    base = {
+        "input_ids": np.array([[5, 6, 7]], np.int32),
+        "input_lengths": np.array([3], np.int32),
+        "request_output_len": np.array([4], np.int32),
+    }
     return {**base, **extra}
 
 
-@pytest.mark.parametrize("extra,message", [
-    (dict(input_ids=np.array([[5.0, 6.0]], np.float32)), "integer token ids"),
-    (dict(input_ids=np.zeros((1, 2, 3), np.int32)), "must be \\[batch, tokens\\]"),
-    (dict(input_lengths=np.array([0], np.int32)), "the prompt is empty"),
-    (dict(input_lengths=np.array([9], np.int32)), "must be in \\[1, 3\\]"),
-    (dict(request_output_len=np.array([[4], [5]], np.int32)), "give one value per row"),
-    (dict(stop_words_list=np.zeros((1, 3, 2), np.int32)), "'stop_words_list' must be \\[2, L\\]"),
-    (dict(bad_words_list=np.array([[[5, 6], [2, 1]]], np.int32)), "'bad_words_list': offset 1"),
-    (dict(temperature=np.array([np.nan], np.float32)), "'temperature' must be a finite number"),
-    (dict(runtime_top_k=np.array([-1], np.int32)), "'runtime_top_k' must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (dict(input_ids=np.array([[5.0, 6.0]], np.float32)), "integer token ids"),
+        (dict(input_ids=np.zeros((1, 2, 3), np.int32)), "must be \\[batch, tokens\\]"),
+        (dict(input_lengths=np.array([0], np.int32)), "the prompt is empty"),
+        (dict(input_lengths=np.array([9], np.int32)), "must be in \\[1, 3\\]"),
+        (dict(request_output_len=np.array([[4], [5]], np.int32)), "give one value per row"),
+        (dict(stop_words_list=np.zeros((1, 3, 2), np.int32)), "'stop_words_list' must be \\[2, L\\]"),
+        (dict(bad_words_list=np.array([[[5, 6], [2, 1]]], np.int32)), "'bad_words_list': offset 1"),
+        (dict(temperature=np.array([np.nan], np.float32)), "'temperature' must be a finite number"),
+        (dict(runtime_top_k=np.array([-1], np.int32)), "'runtime_top_k' must be >= 0"),
+    ],
+)
 def test_tensor_level_mistakes_are_named(extra: dict, message: str) -> None:
     with pytest.raises(InputError, match=message):
         parse_inputs(_tensors(**extra))
@@ -155,6 +169,9 @@ def test_a_stopping_engine_with_time_to_spare_still_serves(gpt2: Path) -> None:
     engine.drain_deadline = lambda: time.time() + 60.0  # stopping, but with time to spare
     engine.start()
     try:
-        assert engine.generate(GenerationRequest(input_ids=GOOD[0], max_new_tokens=4), timeout=30).finish_reason == "length"
+        assert (
+            engine.generate(GenerationRequest(input_ids=GOOD[0], max_new_tokens=4), timeout=30).finish_reason
+            == "length"
+        )
     finally:
         engine.shutdown()

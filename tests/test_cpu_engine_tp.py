@@ -2,6 +2,7 @@
 
 The test runs this very file under mpirun; ``__main__`` is the MPI program (rank 0 leader, rank 1 follower).
 """
+
 from __future__ import annotations
 
 import json
@@ -120,11 +121,20 @@ def mpi_faults(model_dir: str, out_file: str) -> None:
     after = engine.generate(GenerationRequest(input_ids=PROMPTS[2], max_new_tokens=8))
     engine.shutdown()
     ref = Engine(model_dir, comm=SingleComm(), max_batch_size=4).generate(
-        GenerationRequest(input_ids=PROMPTS[2], max_new_tokens=8))
-    Path(out_file).write_text(json.dumps({
-        "step_reason": reason, "first": [first.finish_reason, first.error], "rejected": rejected,
-        "negative": [rejected_by_engine.finish_reason, rejected_by_engine.error],
-        "after": after.output_ids, "ref": ref.output_ids}))
+        GenerationRequest(input_ids=PROMPTS[2], max_new_tokens=8)
+    )
+    Path(out_file).write_text(
+        json.dumps(
+            {
+                "step_reason": reason,
+                "first": [first.finish_reason, first.error],
+                "rejected": rejected,
+                "negative": [rejected_by_engine.finish_reason, rejected_by_engine.error],
+                "after": after.output_ids,
+                "ref": ref.output_ids,
+            }
+        )
+    )
 
 
 def _mpirun() -> str:
@@ -153,17 +163,22 @@ def test_tp2_equals_tp1(family: str, tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     # the model really was split: each rank held half the heads and half the MLP
     assert res["tp2_local_heads"] == 2 and res["tp2_local_kv_heads"] == (1 if family == "llama" else 2)
-    for a, b in zip(res["tp2"], res["tp1"]):
+    for a, b in zip(res["tp2"], res["tp1"], strict=True):
         assert a["tokens"] == b["tokens"] and a["reason"] == b["reason"]
-        assert max(abs(x - y) for x, y in zip(a["log_probs"], b["log_probs"])) < 1e-4
+        assert max(abs(x - y) for x, y in zip(a["log_probs"], b["log_probs"], strict=True)) < 1e-4
 
 
 def test_follower_leaves_when_leader_goes_silent(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     ckpt = create_checkpoint(tmp_path / "gpt2", family="gpt2", seed=5)
     out = tmp_path / "result.json"
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "PYTHONPATH": str(ROOT), "CPU_ENGINE_TP_TEST_MODE": "silent-leader"}
+    env = {
+        **os.environ,
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "PYTHONPATH": str(ROOT),
+        "CPU_ENGINE_TP_TEST_MODE": "silent-leader",
+    }
     cmd = [_mpirun(), "-n", "2", "--oversubscribe", sys.executable, str(HERE), ckpt, str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -176,8 +191,14 @@ def test_a_failing_rank_fails_only_its_step_and_ranks_stay_in_step(tmp_path: Pat
     pytest.importorskip("mpi4py")
     ckpt = create_checkpoint(tmp_path / "gpt2", family="gpt2", seed=5)
     out = tmp_path / "result.json"
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "PYTHONPATH": str(ROOT), "CPU_ENGINE_TP_TEST_MODE": "faults", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "PYTHONPATH": str(ROOT),
+        "CPU_ENGINE_TP_TEST_MODE": "faults",
+        "OMP_NUM_THREADS": "1",
+    }
     cmd = [_mpirun(), "-n", "2", "--oversubscribe", sys.executable, str(HERE), ckpt, str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

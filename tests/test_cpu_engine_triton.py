@@ -11,6 +11,7 @@ Servers (each loads models of one repository written by ``backend.repository``, 
 Clients are tritonclient's gRPC (streams, cancellation) and HTTP (one request, one response); the KV cache is
 read from the metrics port. Bad token ids and other bad inputs: tests/test_cpu_engine_bad_requests.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,10 +60,19 @@ def _params(ckpt: str, **overrides) -> dict:
     from backend.repository import UPSTREAM_DEFAULTS
 
     return {
-        **UPSTREAM_DEFAULTS, "triton_max_batch_size": MAX_BATCH, "decoupled_mode": True, "logits_datatype": "TYPE_FP32",
-        "encoder_input_features_data_type": "TYPE_FP16", "preprocessing_instance_count": 1,
-        "postprocessing_instance_count": 1, "bls_instance_count": 1, "tokenizer_dir": ckpt, "engine_dir": ckpt,
-        "tp_size": 1, "max_tokens_in_paged_kv_cache": 512, **overrides,
+        **UPSTREAM_DEFAULTS,
+        "triton_max_batch_size": MAX_BATCH,
+        "decoupled_mode": True,
+        "logits_datatype": "TYPE_FP32",
+        "encoder_input_features_data_type": "TYPE_FP16",
+        "preprocessing_instance_count": 1,
+        "postprocessing_instance_count": 1,
+        "bls_instance_count": 1,
+        "tokenizer_dir": ckpt,
+        "engine_dir": ckpt,
+        "tp_size": 1,
+        "max_tokens_in_paged_kv_cache": 512,
+        **overrides,
     }
 
 
@@ -89,19 +99,35 @@ class Triton:
     log: Path
 
 
-def _start(tmp: Path, repo: Path, tp: int = 1, load: tuple[str, ...] = ("tensorrt_llm",),
-           env: dict[str, str] | None = None) -> Triton:
+def _start(
+    tmp: Path, repo: Path, tp: int = 1, load: tuple[str, ...] = ("tensorrt_llm",), env: dict[str, str] | None = None
+) -> Triton:
     from launcher.ports import free_ports
 
     server, merge_env = _server()
     http, grpc, metrics = free_ports(3)
     base = {k: v for k, v in os.environ.items() if not k.startswith(PLACEMENT_PREFIXES)}  # a world of one
     full_env = merge_env(base, {**server.env, "PYTHONPATH": str(ROOT)})
-    full_env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OPENBLAS_NUM_THREADS": "1",
-                     **(env or {})})
-    argv = [server.argv0, f"--model-repository={repo}", "--model-control-mode=explicit",
-            *(f"--load-model={m}" for m in load), f"--http-port={http}", f"--grpc-port={grpc}",
-            f"--metrics-port={metrics}", "--disable-auto-complete-config", "--exit-timeout-secs=5", "--log-verbose=0"]
+    full_env.update(
+        {
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            **(env or {}),
+        }
+    )
+    argv = [
+        server.argv0,
+        f"--model-repository={repo}",
+        "--model-control-mode=explicit",
+        *(f"--load-model={m}" for m in load),
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+        "--disable-auto-complete-config",
+        "--exit-timeout-secs=5",
+        "--log-verbose=0",
+    ]
     if server.backend_dir:
         argv.append(f"--backend-directory={server.backend_dir}")
     if tp > 1:
@@ -138,8 +164,11 @@ def _stop(proc: subprocess.Popen) -> int:
 # ------------------------------------------------------------------------------------------------ clients
 def _inputs(module, ids: list[int], out_len: int, **extra) -> list:
     """tritonclient InferInputs for one request of batch 1; ``extra`` values get a batch dimension of 1."""
-    arrays = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
-              "request_output_len": np.array([[out_len]], np.int32)}
+    arrays = {
+        "input_ids": np.array([ids], np.int32),
+        "input_lengths": np.array([[len(ids)]], np.int32),
+        "request_output_len": np.array([[out_len]], np.int32),
+    }
     arrays.update({k: np.asarray(v)[None] if np.ndim(v) else np.array([[v]]) for k, v in extra.items()})
     return _to_inputs(module, arrays)
 
@@ -177,8 +206,9 @@ class Stream:
 
     def send(self, request_id: str, ids: list[int], out_len: int, model: str = "tensorrt_llm", **extra) -> None:
         self.queues.setdefault(request_id, queue.Queue())
-        self.client.async_stream_infer(model, _inputs(self.grpc, ids, out_len, **extra), request_id=request_id,
-                                       enable_empty_final_response=True)
+        self.client.async_stream_infer(
+            model, _inputs(self.grpc, ids, out_len, **extra), request_id=request_id, enable_empty_final_response=True
+        )
 
     def next(self, request_id: str, timeout: float = 60):
         """The next response to ``request_id``; an error on the stream is raised."""
@@ -258,8 +288,9 @@ def repo(tmp_path_factory, ckpt) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, repo) -> Iterator[Triton]:
-    triton = _start(tmp_path_factory.mktemp("server"), repo,
-                    load=("tensorrt_llm", "tensorrt_llm_blocking", "tensorrt_llm_exclude"))
+    triton = _start(
+        tmp_path_factory.mktemp("server"), repo, load=("tensorrt_llm", "tensorrt_llm_blocking", "tensorrt_llm_exclude")
+    )
     try:
         yield triton
     finally:
@@ -330,8 +361,9 @@ def test_exclude_input_in_output_model_parameter(stream, reference) -> None:
 def test_perf_metrics_outputs(stream) -> None:
     stream.send("n1", PROMPT, 5, return_perf_metrics=True)
     (r,) = stream.until_final("n1")
-    arrival, scheduled, first, last = (int(r.as_numpy(f"{n}_time_ns")[0, 0])
-                                       for n in ("arrival", "first_scheduled", "first_token", "last_token"))
+    arrival, scheduled, first, last = (
+        int(r.as_numpy(f"{n}_time_ns")[0, 0]) for n in ("arrival", "first_scheduled", "first_token", "last_token")
+    )
     assert 0 < arrival <= scheduled <= first <= last
     assert r.as_numpy("kv_cache_alloc_total_blocks")[0, 0] >= 1
 
@@ -404,16 +436,24 @@ def test_kv_cache_block_metrics(server) -> None:
 
 def test_inflight_batcher_and_general_metrics(server) -> None:
     assert set(_metrics(server.metrics, "nv_trt_llm_inflight_batcher_metrics")) == {
-        "total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"}
+        "total_context_tokens",
+        "generation_requests",
+        "micro_batch_id",
+        "paused_requests",
+    }
     assert set(_metrics(server.metrics, "nv_trt_llm_general_metrics")) == {"iteration_counter", "timestamp"}
 
 
 # ------------------------------------------------------------------------------------------------ not decoupled
 def test_not_decoupled_batch_returns_one_padded_response(http, reference) -> None:
     module, client = http
-    arrays = {"input_ids": np.array([PROMPT, PROMPT[:4] + [0] * 5], np.int32),
-              "input_lengths": np.array([[9], [4]], np.int32), "request_output_len": np.array([[3], [5]], np.int32),
-              "pad_id": np.array([[0], [0]], np.int32), "exclude_input_in_output": np.array([[True], [True]])}
+    arrays = {
+        "input_ids": np.array([PROMPT, PROMPT[:4] + [0] * 5], np.int32),
+        "input_lengths": np.array([[9], [4]], np.int32),
+        "request_output_len": np.array([[3], [5]], np.int32),
+        "pad_id": np.array([[0], [0]], np.int32),
+        "exclude_input_in_output": np.array([[True], [True]]),
+    }
     result = client.infer("tensorrt_llm_blocking", _to_inputs(module, arrays))
     ids = result.as_numpy("output_ids")
     assert ids.shape == (2, 1, 5)

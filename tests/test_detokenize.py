@@ -1,5 +1,6 @@
 """Streaming detokenization: token-by-token text equals the whole decode, never with U+FFFD pieces or lost
 spaces, for a byte-level BPE (GPT-2 style) and a SentencePiece-style byte-fallback tokenizer (Llama style)."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_pre_post import build_tokenizer
 
 from backend.models.detokenize import IncrementalDecoder, StreamTable
 from backend.models.postprocessing import StreamingDecoder
 from backend.models.tokenizer import TextTokenizer, load_tokenizer
-from test_pre_post import build_tokenizer
 
 TEXT = "Hello wörld, ünïcødé ✓ 中文字 🙂 end"
 CORPUS = ["Hello world, hello Triton!", "The quick brown fox.", "plain ascii text only here"] * 20
@@ -25,10 +26,12 @@ def build_byte_fallback_tokenizer(directory: Path) -> Path:
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"],
-                                                          show_progress=False))
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok.train_from_iterator(
+        CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    )
     spec = json.loads(tok.to_str())  # byte tokens are ordinary vocabulary entries in Llama, not special ones
     vocab = spec["model"]["vocab"]
     for i in range(256):

@@ -15,8 +15,18 @@ import numpy as np
 import pytest
 
 from launcher.layout import JobPaths
-from tests.e2e import (CLI, cli, kill_quietly, listening_ports, processes_under, rank_records, status, submit,
-                       wait_for, write_spec)
+from tests.e2e import (
+    CLI,
+    cli,
+    kill_quietly,
+    listening_ports,
+    processes_under,
+    rank_records,
+    status,
+    submit,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -43,8 +53,9 @@ def _stream_core_model(endpoint: dict, tokenizer_dir, prompt: str, n: int) -> li
     return pieces
 
 
-def _core_model_stream(endpoint: dict, prompt_ids: list[int], n: int, on_piece=None,
-                       timeout: float = 60) -> tuple[list[np.ndarray], str | None]:
+def _core_model_stream(
+    endpoint: dict, prompt_ids: list[int], n: int, on_piece=None, timeout: float = 60
+) -> tuple[list[np.ndarray], str | None]:
     """Stream `n` tokens from the `tensorrt_llm` model (no end_id: exactly n unless stopped) → (token pieces,
     the error that ended the stream, if one did). ``on_piece`` is called after each piece."""
     import tritonclient.grpc as grpcclient
@@ -102,7 +113,9 @@ def test_tp2_across_two_nodes_serves_streams_and_cancels(jobs, tmp_path, tiny_gp
     assert bls == text, "BLS and ensemble must give the same greedy text"
 
     metrics = json.loads(cli("metrics", job, "--json").stdout)
-    by_type = {m["labels"].get("request_type"): m["value"] for m in metrics if m["name"] == "nv_trt_llm_request_metrics"}
+    by_type = {
+        m["labels"].get("request_type"): m["value"] for m in metrics if m["name"] == "nv_trt_llm_request_metrics"
+    }
     assert by_type["max"] == 8, by_type  # triton_max_batch_size of the spec, from the leader's metrics port
     assert any(m["name"] == "nv_inference_request_success_total" and m["value"] >= 1 for m in metrics)
 
@@ -110,8 +123,9 @@ def test_tp2_across_two_nodes_serves_streams_and_cancels(jobs, tmp_path, tiny_gp
     assert len(pieces) >= 2, f"expected tokens streamed one by one, got {len(pieces)} responses"
 
     # Rank 1 is a follower: a tritonserver that never listens on any port.
-    follower = [pid for pid, cmd in processes_under(deploy_dir)
-                if "tritonserver " in cmd and "--load-model=tensorrt_llm" in cmd]
+    follower = [
+        pid for pid, cmd in processes_under(deploy_dir) if "tritonserver " in cmd and "--load-model=tensorrt_llm" in cmd
+    ]
     assert len(follower) == 1 and listening_ports(follower[0]) == set()
 
     out = cli("cancel", job, timeout=120).stdout
@@ -121,8 +135,7 @@ def test_tp2_across_two_nodes_serves_streams_and_cancels(jobs, tmp_path, tiny_gp
 
 
 def test_two_jobs_on_one_node_get_distinct_auto_ports(jobs, tmp_path, tiny_gpt2):
-    specs = [write_spec(tmp_path, f"twin{i}", tiny_gpt2, slurm={"sbatch_args": ["--nodelist=node1"]})
-             for i in (1, 2)]
+    specs = [write_spec(tmp_path, f"twin{i}", tiny_gpt2, slurm={"sbatch_args": ["--nodelist=node1"]}) for i in (1, 2)]
     submitted = []
     for spec in specs:
         job, job_dir = submit(spec)
@@ -137,8 +150,9 @@ def test_two_jobs_on_one_node_get_distinct_auto_ports(jobs, tmp_path, tiny_gpt2)
 
 
 def test_four_ranks_on_one_node_have_distinct_shm_prefixes(jobs, tmp_path, tiny_gpt2):
-    spec = write_spec(tmp_path, "tp4", tiny_gpt2, tp=4, nodes=1, ntasks_per_node=4,
-                      slurm={"sbatch_args": ["--nodelist=node2"]})
+    spec = write_spec(
+        tmp_path, "tp4", tiny_gpt2, tp=4, nodes=1, ntasks_per_node=4, slurm={"sbatch_args": ["--nodelist=node2"]}
+    )
     job, job_dir = submit(spec)
     jobs.append(job)
     servers = [cmd for _, cmd in processes_under(job_dir.parent.parent) if "tritonserver " in cmd]
@@ -153,8 +167,9 @@ def test_killed_follower_fails_the_job_and_status_names_the_rank(jobs, tmp_path,
     job, job_dir = submit(spec)
     jobs.append(job)
     deploy_dir = job_dir.parent.parent
-    follower = [pid for pid, cmd in processes_under(deploy_dir)
-                if "tritonserver " in cmd and "--load-model=tensorrt_llm" in cmd]
+    follower = [
+        pid for pid, cmd in processes_under(deploy_dir) if "tritonserver " in cmd and "--load-model=tensorrt_llm" in cmd
+    ]
     assert len(follower) == 1
     started = time.monotonic()
     kill_quietly(follower)
@@ -169,9 +184,10 @@ def test_killed_follower_fails_the_job_and_status_names_the_rank(jobs, tmp_path,
 def test_salloc_and_srun_launch_spec_interactively(jobs, tmp_path, tiny_gpt2):
     spec = write_spec(tmp_path, "interactive", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
     proc = subprocess.Popen(
-        ["salloc", "-N2", "--ntasks-per-node=1", "-t", "10",
-         "srun", "--mpi=pmix", *CLI, "launch", str(spec)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ["salloc", "-N2", "--ntasks-per-node=1", "-t", "10", "srun", "--mpi=pmix", *CLI, "launch", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     job = None
     try:
@@ -201,8 +217,12 @@ def test_hand_sbatch_of_rendered_folder_is_tracked(jobs, tmp_path, tiny_gpt2):
     spec = write_spec(tmp_path, "byhand", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
     deploy_dir = tmp_path / "deploy"
     cli("render", str(spec), "-o", str(deploy_dir))
-    out = subprocess.run(["sbatch", "--parsable", str(deploy_dir / "tensorrt_llm_triton.sub")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sbatch", "--parsable", str(deploy_dir / "tensorrt_llm_triton.sub")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     job = out.strip().split(";")[0]
     jobs.append(job)
     assert cli("wait", job, "--timeout", "180", timeout=240).returncode == 0
@@ -244,8 +264,11 @@ def test_leader_stop_releases_followers_and_job_completes(jobs, tmp_path, tiny_g
     spec = write_spec(tmp_path, "release", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
     job, job_dir = submit(spec)
     jobs.append(job)
-    leader = [pid for pid, cmd in processes_under(job_dir.parent.parent)
-              if "tritonserver " in cmd and "--load-model=" not in cmd]
+    leader = [
+        pid
+        for pid, cmd in processes_under(job_dir.parent.parent)
+        if "tritonserver " in cmd and "--load-model=" not in cmd
+    ]
     assert len(leader) == 1
     os.kill(leader[0], signal.SIGTERM)  # a graceful stop of rank 0's tritonserver only
     wait_for(lambda: status(job).get("state") == "COMPLETED", 60, "the job to complete")
@@ -297,22 +320,29 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_
     t0 = time.monotonic()
     out = cli("cancel", job, timeout=60).stdout
     returned = time.monotonic() - t0
-    wait_for(lambda: not processes_under(deploy_dir), max(0.1, t0 + 15 - time.monotonic()),
-             f"every process of {deploy_dir} to exit within 15 s of the cancel", interval=0.1)
+    wait_for(
+        lambda: not processes_under(deploy_dir),
+        max(0.1, t0 + 15 - time.monotonic()),
+        f"every process of {deploy_dir} to exit within 15 s of the cancel",
+        interval=0.1,
+    )
     gone = time.monotonic() - t0
     watching.set()
     watcher.join(30)
     for request in requests:
         request.join(30)
     stopped_at = json.loads(JobPaths.of_folder(job_dir).stopping(0).read_text())["at"]  # the leader's SIGTERM
-    print(f"\ncancel returned after {returned:.1f} s, no process left after {gone:.1f} s; status seen: {seen}; "
-          f"requests (tokens, error, s after the leader's SIGTERM): "
-          f"{[(o['tokens'], o['error'], round(o['at'] - stopped_at, 2)) for o in outcomes]}")
+    print(
+        f"\ncancel returned after {returned:.1f} s, no process left after {gone:.1f} s; status seen: {seen}; "
+        f"requests (tokens, error, s after the leader's SIGTERM): "
+        f"{[(o['tokens'], o['error'], round(o['at'] - stopped_at, 2)) for o in outcomes]}"
+    )
 
     assert returned < 15 and "CANCELLED" in out, out
     assert status(job)["state"] == "CANCELLED"
-    assert not [state for state, procs in seen if state == "CANCELLED" and procs], \
+    assert not [state for state, procs in seen if state == "CANCELLED" and procs], (
         f"CANCELLED reported while processes of the job were still running: {seen}"
+    )
     # requests in flight at the stop got their whole answer or a clear error, not a hang
     assert len(outcomes) == len(requests), "a request hung"
     assert [o for o in outcomes if o["at"] > stopped_at], f"no request was in flight at the stop: {outcomes}"
@@ -329,8 +359,11 @@ def test_time_limit_is_an_ordered_stop_and_the_job_completes(jobs, tmp_path, tin
     spec = write_spec(tmp_path, "limit", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1, slurm={"time": "00:01:00"})
     job, job_dir = submit(spec)
     jobs.append(job)
-    st = wait_for(lambda: (s := status(job)).get("state") in ("COMPLETED", "TIMEOUT", "FAILED") and s, 100,
-                  "the job to reach its time limit")
+    st = wait_for(
+        lambda: (s := status(job)).get("state") in ("COMPLETED", "TIMEOUT", "FAILED") and s,
+        100,
+        "the job to reach its time limit",
+    )
     assert st["state"] == "COMPLETED", st
     ranks = rank_records(job_dir)
     assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks

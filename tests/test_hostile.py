@@ -9,6 +9,7 @@ For each (field, value): either validation rejects it with a problem naming that
 The stubs record argv NUL-separated (`<call>.argv0`, exact even for arguments containing newlines) and one per line
 (`<call>.argv`, for humans), plus their environment (`<call>.env`, NUL-separated).
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,9 +17,9 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
@@ -91,16 +92,27 @@ class World:
         return out
 
     def run(self, script: Path) -> subprocess.CompletedProcess:
-        env = {"PATH": f"{self.bin}:{os.environ['PATH']}", "HOME": str(self.home), "SLURM_JOB_ID": "1",
-               "STUB_LOG": str(self.log), "LANG": "C.UTF-8"}
-        return subprocess.run(["bash", str(script)], cwd=self.cwd, env=env, capture_output=True, text=True,
-                              timeout=30)
+        env = {
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "HOME": str(self.home),
+            "SLURM_JOB_ID": "1",
+            "STUB_LOG": str(self.log),
+            "LANG": "C.UTF-8",
+        }
+        return subprocess.run(["bash", str(script)], cwd=self.cwd, env=env, capture_output=True, text=True, timeout=30)
 
 
 @pytest.fixture()
 def world(tmp_path: Path, monkeypatch) -> World:
-    w = World(tmp=tmp_path, spec_dir=tmp_path / "spec", home=tmp_path / "home", bin=tmp_path / "bin",
-              log=tmp_path / "calls", cwd=tmp_path / "cwd", deploy=tmp_path / "deploy")
+    w = World(
+        tmp=tmp_path,
+        spec_dir=tmp_path / "spec",
+        home=tmp_path / "home",
+        bin=tmp_path / "bin",
+        log=tmp_path / "calls",
+        cwd=tmp_path / "cwd",
+        deploy=tmp_path / "deploy",
+    )
     for d in (w.spec_dir, w.home, w.bin, w.log, w.cwd):
         d.mkdir()
     for name in STUBS:
@@ -194,18 +206,21 @@ def _set(dotted: str, transform: Callable[[str], object] = lambda v: v):
         for p in parents:
             node = node.setdefault(p, {})
         node[last] = transform(value)
+
     return put
 
 
 def _path_field(dotted: str, sub: str = ""):
     def put(w: World, data: dict, value: str) -> None:
         _set(dotted)(w, data, hostile_dir(w, sub + value))
+
     return put
 
 
 def _arrives_in_srun(prefix: str):
     def check(w: World, value: str) -> None:
         assert f"{prefix}{value}" in srun(w)
+
     return check
 
 
@@ -249,6 +264,7 @@ def _model_path_arrived(param: str, model: str, sub: str = ""):
         path = expanded(w, sub + value)
         assert f"{path}:{path}" in mounts_of(srun(w))
         assert pbtxt(w, model).parameters[param].string_value == path
+
     return check
 
 
@@ -299,43 +315,94 @@ FIELDS: dict[str, Field] = {
     "name": Field("name", _set("name"), accept=rejected),
     # workdir holds deployment folders, baked into `#SBATCH -o`: only plain paths ($HOME, ~user expand to one)
     "workdir": Field("workdir", _set("workdir"), accept=lambda v: v in ("$HOME", "~root")),
-    **{f"slurm.{k}": Field(f"slurm.{k}", _set(f"slurm.{k}"), accept=never)
-       for k in ("partition", "account", "qos", "constraint", "reservation", "gres", "time", "mem")},
-    "slurm.sbatch_args": Field("slurm.sbatch_args", _set("slurm.sbatch_args", lambda v: [f"--comment={v}"]),
-                               accept=option_value),
+    **{
+        f"slurm.{k}": Field(f"slurm.{k}", _set(f"slurm.{k}"), accept=never)
+        for k in ("partition", "account", "qos", "constraint", "reservation", "gres", "time", "mem")
+    },
+    "slurm.sbatch_args": Field(
+        "slurm.sbatch_args", _set("slurm.sbatch_args", lambda v: [f"--comment={v}"]), accept=option_value
+    ),
     "slurm.sbatch_args(raw)": Field("slurm.sbatch_args", _set("slurm.sbatch_args", lambda v: [v]), accept=rejected),
-    "slurm.srun_args": Field("slurm.srun_args", _set("slurm.srun_args", lambda v: [f"--comment={v}"]),
-                             _arrives_in_srun("--comment="), accept=option_value),
+    "slurm.srun_args": Field(
+        "slurm.srun_args",
+        _set("slurm.srun_args", lambda v: [f"--comment={v}"]),
+        _arrives_in_srun("--comment="),
+        accept=option_value,
+    ),
     "slurm.srun_args(raw)": Field("slurm.srun_args", _set("slurm.srun_args", lambda v: [v]), accept=rejected),
     "slurm.modules": Field("slurm.modules", _set("slurm.modules", lambda v: [v]), _module_arrived, accept=one_line),
     "slurm.env(key)": Field("slurm.env", _set("slurm.env", lambda v: {v: "x"}), accept=rejected),
-    "slurm.env(value)": Field("slurm.env", _set("slurm.env", lambda v: {"HOSTILE_VALUE": v}), _env_value_arrived,
-                              accept=one_line),
-    **{f"container.image[{c}]": Field("container.image", _set("container.image"), _image_arrived, accept=one_line,
-                                      container=c) for c in ("pyxis", "apptainer")},
-    **{f"container.mounts[{c}]": Field("container.mounts", lambda w, d, v: d["container"].update(
-        mounts=[hostile_dir(w, "m/" + v)]), _mount_arrived, accept=sub_mountable, container=c) for c in ("pyxis", "apptainer")},
-    **{f"container.workdir[{c}]": Field("container.workdir", _set("container.workdir"), _workdir_arrived,
-                                        accept=one_line, container=c) for c in ("pyxis", "apptainer")},
+    "slurm.env(value)": Field(
+        "slurm.env", _set("slurm.env", lambda v: {"HOSTILE_VALUE": v}), _env_value_arrived, accept=one_line
+    ),
+    **{
+        f"container.image[{c}]": Field(
+            "container.image", _set("container.image"), _image_arrived, accept=one_line, container=c
+        )
+        for c in ("pyxis", "apptainer")
+    },
+    **{
+        f"container.mounts[{c}]": Field(
+            "container.mounts",
+            lambda w, d, v: d["container"].update(mounts=[hostile_dir(w, "m/" + v)]),
+            _mount_arrived,
+            accept=sub_mountable,
+            container=c,
+        )
+        for c in ("pyxis", "apptainer")
+    },
+    **{
+        f"container.workdir[{c}]": Field(
+            "container.workdir", _set("container.workdir"), _workdir_arrived, accept=one_line, container=c
+        )
+        for c in ("pyxis", "apptainer")
+    },
     "container.name": Field("container.name", _set("container.name"), accept=rejected),
-    **{f"container.python[{c}]": Field("container.python", _set("container.python"), _python_arrived,
-                                       accept=one_line, container=c) for c in ("pyxis", "apptainer")},
-    **{f"model.engine_dir[{c}]": Field("model.engine_dir", _path_field("model.engine_dir"),
-                                       _model_path_arrived("gpt_model_path", "tensorrt_llm"), kind="gpu",
-                                       accept=lambda v: "," not in v, container=c) for c in ("pyxis", "apptainer")},
-    "model.tokenizer_dir": Field("model.tokenizer_dir", _path_field("model.tokenizer_dir", "t/"),
-                                 _model_path_arrived("tokenizer_dir", "preprocessing", "t/"), kind="gpu",
-                                 accept=sub_mountable),
-    "model.checkpoint_dir": Field("model.checkpoint_dir", _path_field("model.checkpoint_dir"),
-                                  _model_path_arrived("gpt_model_path", "tensorrt_llm"), kind="cpu",
-                                  accept=lambda v: "," not in v),
+    **{
+        f"container.python[{c}]": Field(
+            "container.python", _set("container.python"), _python_arrived, accept=one_line, container=c
+        )
+        for c in ("pyxis", "apptainer")
+    },
+    **{
+        f"model.engine_dir[{c}]": Field(
+            "model.engine_dir",
+            _path_field("model.engine_dir"),
+            _model_path_arrived("gpt_model_path", "tensorrt_llm"),
+            kind="gpu",
+            accept=lambda v: "," not in v,
+            container=c,
+        )
+        for c in ("pyxis", "apptainer")
+    },
+    "model.tokenizer_dir": Field(
+        "model.tokenizer_dir",
+        _path_field("model.tokenizer_dir", "t/"),
+        _model_path_arrived("tokenizer_dir", "preprocessing", "t/"),
+        kind="gpu",
+        accept=sub_mountable,
+    ),
+    "model.checkpoint_dir": Field(
+        "model.checkpoint_dir",
+        _path_field("model.checkpoint_dir"),
+        _model_path_arrived("gpt_model_path", "tensorrt_llm"),
+        kind="cpu",
+        accept=lambda v: "," not in v,
+    ),
     "triton.server": Field("triton.server", _set("triton.server"), _server_arrived, accept=one_line),
-    "triton.server_args": Field("triton.server_args", _set("triton.server_args", lambda v: [f"--hostile={v}"]),
-                                _server_arg_arrived, accept=one_line),
-    "triton.server_args(raw)": Field("triton.server_args", _set("triton.server_args", lambda v: [v]),
-                                     accept=rejected),
-    "triton.parameters": Field("triton.parameters", _set("triton.parameters", lambda v: {"medusa_choices": v}),
-                               _parameter_arrived, accept=one_line),
+    "triton.server_args": Field(
+        "triton.server_args",
+        _set("triton.server_args", lambda v: [f"--hostile={v}"]),
+        _server_arg_arrived,
+        accept=one_line,
+    ),
+    "triton.server_args(raw)": Field("triton.server_args", _set("triton.server_args", lambda v: [v]), accept=rejected),
+    "triton.parameters": Field(
+        "triton.parameters",
+        _set("triton.parameters", lambda v: {"medusa_choices": v}),
+        _parameter_arrived,
+        accept=one_line,
+    ),
 }
 
 CASES = [pytest.param(name, value, id=f"{name}-{IDS[value]}") for name in FIELDS for value in HOSTILE + SHELLY]
@@ -347,8 +414,9 @@ def check_scripts(w: World) -> None:
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
     if SHELLCHECK:
-        result = subprocess.run([SHELLCHECK, "-S", "warning", "-s", "bash", str(sub), str(sh)],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [SHELLCHECK, "-S", "warning", "-s", "bash", str(sub), str(sh)], capture_output=True, text=True
+        )
         assert result.returncode == 0, result.stdout
     for script in (sub, sh):
         result = w.run(script)

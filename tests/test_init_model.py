@@ -1,4 +1,5 @@
 """init_model: random-weight checkpoints that transformers and the CPU engine both load, written atomically."""
+
 from __future__ import annotations
 
 import json

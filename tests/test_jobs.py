@@ -30,8 +30,11 @@ def make_job_dir(root: Path, job_id: str, *, replicas: int = 1, world_per_replic
 def no_scheduler(monkeypatch):
     """Hide scontrol and sacct from hpc.jobs: only the index and paths are left."""
     real_which = slurm.shutil.which
-    monkeypatch.setattr(slurm.shutil, "which",
-                        lambda name, *a, **k: None if name in ("scontrol", "sacct") else real_which(name, *a, **k))
+    monkeypatch.setattr(
+        slurm.shutil,
+        "which",
+        lambda name, *a, **k: None if name in ("scontrol", "sacct") else real_which(name, *a, **k),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -211,8 +214,11 @@ def test_hand_submitted_with_a_relative_path_is_found(cancel_after, hpc_home, tm
     subprocess.run(["scancel", job], check=True, capture_output=True)
     # slurmdbd fills SubmitLine/WorkDir of a job that never started a few seconds after it ended
     sacct = ["sacct", "-n", "-X", "-P", "-j", job, "-o", "SubmitLine"]
-    wait_for(lambda: SUB_NAME in subprocess.run(sacct, capture_output=True, text=True).stdout,
-             60, "sacct to record the cancelled job's submit line")
+    wait_for(
+        lambda: SUB_NAME in subprocess.run(sacct, capture_output=True, text=True).stdout,
+        60,
+        "sacct to record the cancelled job's submit line",
+    )
     real_which = slurm.shutil.which
     monkeypatch.setattr(slurm.shutil, "which", lambda name, *a, **k: None if name == "scontrol" else real_which(name))
     assert find_job(job).job_dir == JobPaths(deploy, job).folder  # sacct: SubmitLine + WorkDir

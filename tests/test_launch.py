@@ -3,6 +3,7 @@
 The case that used to break: `mpirun hpc-serve launch spec.yaml` inside a Slurm allocation, where every rank
 inherits the batch step's stale SLURM_PROCID=0 and so each one thought it was rank 0 and rendered.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,13 +18,27 @@ ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "4294967290", "SLURM_PROCID
 
 
 def _mpirun_rank(rank: int) -> dict[str, str]:
-    return {**ALLOCATION, "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "2",
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "PMIX_NAMESPACE": "prterun-login-4242@1"}
+    return {
+        **ALLOCATION,
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
+        "PMIX_NAMESPACE": "prterun-login-4242@1",
+    }
 
 
 def _use_env(monkeypatch, env: dict[str, str]) -> None:
-    for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS",
-                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_NAMESPACE", "HPC_SERVE_JOB_ID"):
+    for name in (
+        "SLURM_JOB_ID",
+        "SLURM_STEP_ID",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_STEP_NUM_TASKS",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMIX_NAMESPACE",
+        "HPC_SERVE_JOB_ID",
+    ):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from launcher import config, records
-from launcher.layout import SOURCE_ROOT, JobPaths
 from launcher.command import build_argv, shm_prefix
+from launcher.layout import SOURCE_ROOT, JobPaths
 from launcher.ports import PortError, Ports, allocate, bind_failure, check_fixed, free_ports
 from launcher.rank import RankInfo, WorldSizeError, detect, role
 from launcher.run import child_env
@@ -23,8 +23,15 @@ from launcher.supervise import exit_code, signal_name
 
 # --- rank.py ---------------------------------------------------------------------------------------------------
 def test_rank_from_slurm() -> None:
-    env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4",
-           "SLURMD_NODENAME": "node7", "SLURM_JOB_ID": "123", "PMIX_RANK": "3"}
+    env = {
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "4",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURMD_NODENAME": "node7",
+        "SLURM_JOB_ID": "123",
+        "PMIX_RANK": "3",
+    }
     assert detect(env) == RankInfo(3, 1, 4, "node7", "123", "slurm")
 
 
@@ -35,8 +42,14 @@ def test_slurm_step_tasks_win_over_allocation_tasks() -> None:
 
 def test_rank_from_openmpi_beats_stale_slurm() -> None:
     # mpirun inside an allocation: SLURM_PROCID belongs to the batch step / orted, OMPI_* to us.
-    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-           "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "55"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_ID": "55",
+    }
     info = detect(env)
     assert (info.rank, info.local_rank, info.world_size, info.job_id, info.source) == (1, 1, 2, "55", "openmpi")
 
@@ -58,8 +71,9 @@ def test_world_size_mismatch_message() -> None:
     info = RankInfo(0, 0, 3, "n", "1", "slurm")
     with pytest.raises(WorldSizeError) as err:
         role(info, tp_size=2, pp_size=1, replicas=2)
-    assert str(err.value) == ("srun started 3 tasks but the spec needs tp_size 2 × pp_size 1 × replicas 2 = 4; "
-                              "ask sbatch/srun for --ntasks=4")
+    assert str(err.value) == (
+        "srun started 3 tasks but the spec needs tp_size 2 × pp_size 1 × replicas 2 = 4; ask sbatch/srun for --ntasks=4"
+    )
 
 
 def test_roles_of_two_replicas_of_tp2() -> None:
@@ -71,26 +85,60 @@ def test_roles_of_two_replicas_of_tp2() -> None:
 
 # --- command.py ------------------------------------------------------------------------------------------------
 def test_leader_argv() -> None:
-    argv = build_argv("/bin/ts", model_repository="/d/repo", rank=0, job_id="123", leader=True,
-                      ports=Ports(8000, 8001, 8002), follower_models=["tensorrt_llm"], backend_dir="/be",
-                      server_args=["--log-verbose=0"])
-    assert argv == ["/bin/ts", "--model-repository=/d/repo", "--disable-auto-complete-config",
-                    "--backend-directory=/be", "--backend-config=python,shm-region-prefix-name=prefix0_123_",
-                    "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--log-verbose=0"]
-    bounded = build_argv("/bin/ts", model_repository="/d/repo", rank=0, job_id="1", leader=True,
-                         ports=Ports(8000, 8001, 8002), exit_timeout_s=7.5, server_args=["--exit-timeout-secs=3"])
+    argv = build_argv(
+        "/bin/ts",
+        model_repository="/d/repo",
+        rank=0,
+        job_id="123",
+        leader=True,
+        ports=Ports(8000, 8001, 8002),
+        follower_models=["tensorrt_llm"],
+        backend_dir="/be",
+        server_args=["--log-verbose=0"],
+    )
+    assert argv == [
+        "/bin/ts",
+        "--model-repository=/d/repo",
+        "--disable-auto-complete-config",
+        "--backend-directory=/be",
+        "--backend-config=python,shm-region-prefix-name=prefix0_123_",
+        "--http-port=8000",
+        "--grpc-port=8001",
+        "--metrics-port=8002",
+        "--log-verbose=0",
+    ]
+    bounded = build_argv(
+        "/bin/ts",
+        model_repository="/d/repo",
+        rank=0,
+        job_id="1",
+        leader=True,
+        ports=Ports(8000, 8001, 8002),
+        exit_timeout_s=7.5,
+        server_args=["--exit-timeout-secs=3"],
+    )
     # the drain bound, before the user's own server_args (tritonserver keeps the last value)
-    assert [a for a in bounded if a.startswith("--exit-timeout-secs")] == ["--exit-timeout-secs=8",
-                                                                           "--exit-timeout-secs=3"]
+    assert [a for a in bounded if a.startswith("--exit-timeout-secs")] == [
+        "--exit-timeout-secs=8",
+        "--exit-timeout-secs=3",
+    ]
     assert bounded[-1] == "--exit-timeout-secs=3"
 
 
 def test_follower_argv() -> None:
-    argv = build_argv("/bin/ts", model_repository="/d/repo", rank=1, job_id="123", leader=False,
-                      follower_models=["tensorrt_llm", "multimodal_encoders"])
+    argv = build_argv(
+        "/bin/ts",
+        model_repository="/d/repo",
+        rank=1,
+        job_id="123",
+        leader=False,
+        follower_models=["tensorrt_llm", "multimodal_encoders"],
+    )
     assert "--model-control-mode=explicit" in argv
     assert [a for a in argv if a.startswith("--load-model=")] == [
-        "--load-model=tensorrt_llm", "--load-model=multimodal_encoders"]
+        "--load-model=tensorrt_llm",
+        "--load-model=multimodal_encoders",
+    ]
     assert {"--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"} <= set(argv)
     assert not [a for a in argv if a.split("=")[0] in ("--http-port", "--grpc-port", "--metrics-port")]
     assert "--backend-config=python,shm-region-prefix-name=prefix1_123_" in argv
@@ -222,8 +270,10 @@ def test_fixed_port_taken_is_a_clear_error() -> None:
 
 
 def test_bind_failure_parsing_of_real_tritonserver_lines() -> None:
-    grpc = ["E1122 17:04:26.784798 9849 main.cc:245] \"failed to start GRPC service: Unavailable - Socket "
-            "'0.0.0.0:18001' already in use \""]
+    grpc = [
+        'E1122 17:04:26.784798 9849 main.cc:245] "failed to start GRPC service: Unavailable - Socket '
+        "'0.0.0.0:18001' already in use \""
+    ]
     assert bind_failure(grpc) == (True, 18001)
     assert bind_failure(["I... Started HTTPService at 0.0.0.0:8000"]) == (False, None)
     assert bind_failure(["failed to start Metrics service: something"]) == (True, None)
@@ -239,8 +289,9 @@ def test_atomic_json(tmp_path: Path) -> None:
 
 
 def test_advertised_address_never_loopback_multi_node() -> None:
-    addr = records.advertised_address("no-such-host.invalid", single_node=False,
-                                      env={"HPC_SERVE_ROUTE_PROBE": "10.255.255.255"})
+    addr = records.advertised_address(
+        "no-such-host.invalid", single_node=False, env={"HPC_SERVE_ROUTE_PROBE": "10.255.255.255"}
+    )
     assert not addr.startswith("127.")
     assert records.advertised_address("n", False, {"HPC_SERVE_ADVERTISE_ADDRESS": "10.1.2.3"}) == "10.1.2.3"
 
@@ -258,11 +309,14 @@ def test_plan_loading(tmp_path: Path) -> None:
     assert plan.model_repository == str(tmp_path / "repo") and plan.tp_size == 2 and plan.replicas == 1
 
 
-def test_main_refuses_wrong_world_and_writes_rank_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_refuses_wrong_world_and_writes_rank_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import launcher
-    (tmp_path / "launch.json").write_text(json.dumps(
-        {"version": 1, "model_repository": "repo", "tp_size": 2, "pp_size": 1, "replicas": 2}))
+
+    (tmp_path / "launch.json").write_text(
+        json.dumps({"version": 1, "model_repository": "repo", "tp_size": 2, "pp_size": 1, "replicas": 2})
+    )
     for k in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_", "PMI"))]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("SLURM_PROCID", "0")
@@ -277,19 +331,33 @@ def test_main_refuses_wrong_world_and_writes_rank_record(tmp_path: Path, monkeyp
 def test_stdlib_only() -> None:
     """launcher/ may run where only the source tree is mounted: import it with site-packages disabled."""
     import subprocess
-    code = ("import sys; sys.path=[p for p in sys.path if 'site-packages' not in p]; "
-            "import launcher, launcher.run, launcher.server, launcher.supervise; print('ok')")
+
+    code = (
+        "import sys; sys.path=[p for p in sys.path if 'site-packages' not in p]; "
+        "import launcher, launcher.run, launcher.server, launcher.supervise; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=SOURCE_ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
 
 
-def test_dry_run_prints_the_follower_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_prints_the_follower_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import launcher
+
     exe = _fake_exe(tmp_path / "ts")
-    (tmp_path / "launch.json").write_text(json.dumps(
-        {"version": 1, "model_repository": "repo", "tp_size": 2, "tritonserver": exe,
-         "follower_models": ["tensorrt_llm"], "server_args": ["--log-verbose=1"]}))
+    (tmp_path / "launch.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "model_repository": "repo",
+                "tp_size": 2,
+                "tritonserver": exe,
+                "follower_models": ["tensorrt_llm"],
+                "server_args": ["--log-verbose=1"],
+            }
+        )
+    )
     for k in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_", "PMI"))]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
@@ -297,8 +365,15 @@ def test_dry_run_prints_the_follower_command(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("HPC_SERVE_JOB_ID", "local-3")
     assert launcher.main([str(tmp_path), "--dry-run"]) == 0
     assert capsys.readouterr().out.split() == [
-        exe, f"--model-repository={tmp_path / 'repo'}", "--disable-auto-complete-config",
-        "--backend-config=python,shm-region-prefix-name=prefix1_local-3_", "--exit-timeout-secs=10",
+        exe,
+        f"--model-repository={tmp_path / 'repo'}",
+        "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=prefix1_local-3_",
+        "--exit-timeout-secs=10",
         "--model-control-mode=explicit",
-        "--load-model=tensorrt_llm", "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
-        "--log-verbose=1"]
+        "--load-model=tensorrt_llm",
+        "--allow-http=false",
+        "--allow-grpc=false",
+        "--allow-metrics=false",
+        "--log-verbose=1",
+    ]

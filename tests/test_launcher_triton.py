@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -30,20 +30,23 @@ try:
 except ServerNotFound as exc:  # pragma: no cover - depends on the machine
     SERVER, SKIP = None, str(exc)
 
-pytestmark = [pytest.mark.triton, pytest.mark.timeout(180),
-              pytest.mark.skipif(SERVER is None, reason=f"no tritonserver: {SKIP}")]
+pytestmark = [
+    pytest.mark.triton,
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(SERVER is None, reason=f"no tritonserver: {SKIP}"),
+]
 
-IDENTITY = '''
+IDENTITY = """
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
-'''
+"""
 
 # Emulates a TRT-LLM follower: never returns from initialize() (it would sit in the TP collectives).
-BLOCKER = '''
+BLOCKER = """
 import os, subprocess, time
 
 class TritonPythonModel:
@@ -56,15 +59,15 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return []
-'''
+"""
 
-CONFIG = '''name: "{name}"
+CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-'''
+"""
 
 
 def make_deployment(root: Path, models: dict[str, str], **plan: object) -> Path:
@@ -74,11 +77,22 @@ def make_deployment(root: Path, models: dict[str, str], **plan: object) -> Path:
         (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
         (repo / name / "1" / "model.py").write_text(source)
     launch = {
-        "version": 1, "name": root.name, "deployment_dir": str(root), "model_repository": str(repo),
-        "tp_size": 1, "pp_size": 1, "replicas": 1, "world_size_per_replica": 1, "mode": "leader",
-        "tritonserver": None, "ports": {"http": "auto", "grpc": "auto", "metrics": "auto"},
-        "follower_models": ["identity"], "server_args": ["--log-verbose=0"], "ready_timeout_s": 60,
-        "env": {"PMIX_MCA_gds": "hash"}, "stop_grace_s": 10,
+        "version": 1,
+        "name": root.name,
+        "deployment_dir": str(root),
+        "model_repository": str(repo),
+        "tp_size": 1,
+        "pp_size": 1,
+        "replicas": 1,
+        "world_size_per_replica": 1,
+        "mode": "leader",
+        "tritonserver": None,
+        "ports": {"http": "auto", "grpc": "auto", "metrics": "auto"},
+        "follower_models": ["identity"],
+        "server_args": ["--log-verbose=0"],
+        "ready_timeout_s": 60,
+        "env": {"PMIX_MCA_gds": "hash"},
+        "stop_grace_s": 10,
     }
     launch.update(plan)
     (root / "launch.json").write_text(json.dumps(launch))
@@ -86,8 +100,7 @@ def make_deployment(root: Path, models: dict[str, str], **plan: object) -> Path:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "PMI_", "HPC_SERVE_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "PMI_", "HPC_SERVE_"))}
     env["PYTHONPATH"] = str(SOURCE_ROOT)
     env.update(extra)
     return env
@@ -102,8 +115,11 @@ class Launcher:
         self.err = deployment / f"{job_id}_log.err"
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher", str(deployment)], env=clean_env(HPC_SERVE_JOB_ID=job_id, **env),
-            stdout=self.out.open("wb"), stderr=self.err.open("wb"), cwd=deployment,
+            [sys.executable, "-m", "launcher", str(deployment)],
+            env=clean_env(HPC_SERVE_JOB_ID=job_id, **env),
+            stdout=self.out.open("wb"),
+            stderr=self.err.open("wb"),
+            cwd=deployment,
         )
 
     @property
@@ -292,20 +308,30 @@ def test_auto_port_collision_is_retried(tmp_path: Path, monkeypatch: pytest.Monk
         wait_gone(str(dep / "triton_model_repo"), 20)
 
 
-def _follower(tmp_path: Path, models: dict[str, str], follower_models: list[str],
-              **plan: object) -> tuple[Launcher, Path]:
-    dep = make_deployment(tmp_path / "dep", models, tp_size=2, world_size_per_replica=2,
-                          follower_models=follower_models, **plan)
+def _follower(
+    tmp_path: Path, models: dict[str, str], follower_models: list[str], **plan: object
+) -> tuple[Launcher, Path]:
+    dep = make_deployment(
+        tmp_path / "dep", models, tp_size=2, world_size_per_replica=2, follower_models=follower_models, **plan
+    )
     marker = tmp_path / "blocker.pid"
-    run = Launcher(dep, "t1", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_LOCAL_RANK="1", OMPI_COMM_WORLD_SIZE="2",
-                   BLOCKER_MARKER=str(marker))
+    run = Launcher(
+        dep,
+        "t1",
+        OMPI_COMM_WORLD_RANK="1",
+        OMPI_COMM_WORLD_LOCAL_RANK="1",
+        OMPI_COMM_WORLD_SIZE="2",
+        BLOCKER_MARKER=str(marker),
+    )
     return run, marker
 
 
 def _server_pid(run: Launcher) -> int:
     repo = str(run.dir / "triton_model_repo")
-    pids = run.wait_for(lambda: [p for p in pids_matching(repo)
-                                 if Path(f"/proc/{p}/exe").resolve().name == "tritonserver"], what="tritonserver")
+    pids = run.wait_for(
+        lambda: [p for p in pids_matching(repo) if Path(f"/proc/{p}/exe").resolve().name == "tritonserver"],
+        what="tritonserver",
+    )
     return pids[0]  # type: ignore[index]
 
 
@@ -332,8 +358,10 @@ def test_follower_that_finishes_loading_still_opens_no_port(tmp_path: Path, laun
     """Upstream's #243: a follower that does load binds the leader's ports.  Ours cannot bind anything."""
     run, _ = _follower(tmp_path, {"identity": IDENTITY}, ["identity"], release_wait_s=1)
     launchers.append(run)
-    run.wait_for(lambda: "successfully loaded 'identity'" in run.err.read_text() + run.out.read_text(),
-                 what="identity loaded on the follower")
+    run.wait_for(
+        lambda: "successfully loaded 'identity'" in run.err.read_text() + run.out.read_text(),
+        what="identity loaded on the follower",
+    )
     pid = _server_pid(run)
     time.sleep(1.0)  # endpoints start right after loading
     assert run.proc.poll() is None and listening_ports(pid) == []
@@ -342,8 +370,7 @@ def test_follower_that_finishes_loading_still_opens_no_port(tmp_path: Path, laun
     assert wait_gone(str(run.dir / "triton_model_repo"), 5) == []
 
 
-def test_sigterm_on_blocked_follower_waits_for_a_release_then_kills_its_group(tmp_path: Path,
-                                                                              launchers: list) -> None:
+def test_sigterm_on_blocked_follower_waits_for_a_release_then_kills_its_group(tmp_path: Path, launchers: list) -> None:
     """Slurm signals every process of the step: a follower stuck in initialize() survives its own SIGTERM (it
     waits for its leader), and with no release within release_wait_s the launcher kills the whole group."""
     run, marker = _follower(tmp_path, {"blocker": BLOCKER}, ["blocker"], release_wait_s=2)
@@ -365,7 +392,7 @@ def test_sigterm_on_blocked_follower_waits_for_a_release_then_kills_its_group(tm
 
 # A CPU-engine follower in miniature: sits in initialize() until "the leader says stop" (a file here), then
 # leaves exactly as the real one does (backend/models/tensorrt_llm_cpu.py _end_follower_process).
-RELEASED = '''
+RELEASED = """
 import os, time
 
 class TritonPythonModel:
@@ -378,7 +405,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return []
-'''
+"""
 
 
 def test_follower_released_by_its_leader_during_a_stop_exits_cleanly(tmp_path: Path, launchers: list) -> None:
@@ -402,18 +429,22 @@ def test_follower_released_by_its_leader_during_a_stop_exits_cleanly(tmp_path: P
     assert wait_gone(str(run.dir / "triton_model_repo"), 5) == []
 
 
-HANGS_IN_FINALIZE = IDENTITY + '''
+HANGS_IN_FINALIZE = (
+    IDENTITY
+    + """
     def finalize(self):
         import time
         while True:
             time.sleep(1)
-'''
+"""
+)
 
 
 def test_graceful_stop_that_hangs_is_escalated_to_sigkill(tmp_path: Path, launchers: list) -> None:
     """A server that does not finish its graceful stop within stop_grace_s is SIGKILLed with its whole group."""
-    dep = make_deployment(tmp_path / "dep", {"identity": HANGS_IN_FINALIZE}, stop_grace_s=3,
-                          server_args=["--exit-timeout-secs=120"])
+    dep = make_deployment(
+        tmp_path / "dep", {"identity": HANGS_IN_FINALIZE}, stop_grace_s=3, server_args=["--exit-timeout-secs=120"]
+    )
     run = Launcher(dep, "t1")
     launchers.append(run)
     run.endpoint()

@@ -45,8 +45,9 @@ def test_the_subs_index_line_is_index_dir(home: str | None, tmp_path: Path, monk
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     if home is not None:
         env[layout.HOME_ENV] = home
-    shell = subprocess.run(["bash", "-c", f'echo "{layout.INDEX_DIR_SHELL}"'], env=env, capture_output=True,
-                           text=True, check=True).stdout.strip()
+    shell = subprocess.run(
+        ["bash", "-c", f'echo "{layout.INDEX_DIR_SHELL}"'], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert Path(shell) == layout.index_dir(env)
 
 
@@ -58,23 +59,39 @@ def test_with_source_root_puts_it_first_once() -> None:
 
 def test_endpoint_record_round_trip_and_urls(tmp_path: Path) -> None:
     job = JobPaths(tmp_path, "5")
-    record = EndpointRecord(job_id="5", replica=1, rank=2, host="node2", address="10.0.0.6", http_port=8000,
-                            grpc_port=8001, metrics_port=8002, pid=42, started_at=1.0, ready_at=2.5)
+    record = EndpointRecord(
+        job_id="5",
+        replica=1,
+        rank=2,
+        host="node2",
+        address="10.0.0.6",
+        http_port=8000,
+        grpc_port=8001,
+        metrics_port=8002,
+        pid=42,
+        started_at=1.0,
+        ready_at=2.5,
+    )
     records.write_json_atomic(job.endpoint(1), record.to_dict())
     on_disk = json.loads(job.endpoint(1).read_text())
     assert list(on_disk)[:2] == ["version", "job_id"] and on_disk["version"] == records.VERSION
     assert read_endpoints(job) == [record]
     assert (record.http_url, record.grpc_url, record.metrics_url) == (
-        "http://10.0.0.6:8000", "10.0.0.6:8001", "http://10.0.0.6:8002/metrics")
+        "http://10.0.0.6:8000",
+        "10.0.0.6:8001",
+        "http://10.0.0.6:8002/metrics",
+    )
 
 
 def test_records_of_other_versions_are_read(tmp_path: Path) -> None:
     job = JobPaths(tmp_path, "5").create()
     job.endpoint(0).write_text(json.dumps({"address": "h", "http_port": "8000", "grpc_port": 1, "metrics_port": 2}))
-    job.endpoint(1).write_text(json.dumps({"version": 9, "address": "h", "http_port": 9000, "replica": 1,
-                                           "gateway": {"new": "field"}}))
-    job.rank_record(0).write_text(json.dumps({"rank": 0, "host": "n", "exit_code": -9, "signal": "SIGKILL",
-                                              "log_tail": ["x"], "ended_at": 3.0}))  # before records had versions
+    job.endpoint(1).write_text(
+        json.dumps({"version": 9, "address": "h", "http_port": 9000, "replica": 1, "gateway": {"new": "field"}})
+    )
+    job.rank_record(0).write_text(
+        json.dumps({"rank": 0, "host": "n", "exit_code": -9, "signal": "SIGKILL", "log_tail": ["x"], "ended_at": 3.0})
+    )  # before records had versions
     old, new = read_endpoints(job)
     assert old.http_port == 8000 and old.replica == 0 and new.version == 9 and new.http_port == 9000
     (rank,) = read_rank_records(job)

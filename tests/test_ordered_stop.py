@@ -25,8 +25,9 @@ class Clock:
 
 
 def follower(tmp_path: Path, clock: Clock, wait_s: float = 20.0) -> FollowerStop:
-    return FollowerStop(wait_s, tmp_path / "rank-1.released", tmp_path / "rank-0.json", leader_gone_s=3.0,
-                        kill_after_s=2.0, clock=clock)
+    return FollowerStop(
+        wait_s, tmp_path / "rank-1.released", tmp_path / "rank-0.json", leader_gone_s=3.0, kill_after_s=2.0, clock=clock
+    )
 
 
 def test_follower_waits_for_nothing_before_a_stop_signal(tmp_path: Path) -> None:

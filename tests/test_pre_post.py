@@ -1,4 +1,5 @@
 """Pre/post-processing and BLS logic with a tokenizer trained here (no network, no Triton)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ CORPUS = [
 ] * 20
 
 
-def build_tokenizer(directory: Path, *, add_bos: bool = True, pad: bool = False,
-                    generation_only_eos: bool = False) -> Path:
+def build_tokenizer(
+    directory: Path, *, add_bos: bool = True, pad: bool = False, generation_only_eos: bool = False
+) -> Path:
     """Train a small byte-level BPE and save it like a Hugging Face model folder."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -31,11 +33,19 @@ def build_tokenizer(directory: Path, *, add_bos: bool = True, pad: bool = False,
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<s>", "</s>"] + (["<pad>"] if pad else [])
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
     tok.save(str(directory / "tokenizer.json"))
-    config: dict[str, object] = {"bos_token": "<s>", "add_bos_token": add_bos, "tokenizer_class": "PreTrainedTokenizerFast"}
+    config: dict[str, object] = {
+        "bos_token": "<s>",
+        "add_bos_token": add_bos,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
     if generation_only_eos:
         (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 7]}))
     else:
@@ -86,12 +96,11 @@ def test_tokenizer_without_eos_is_an_error(tmp_path):
 # --------------------------------------------------------------------------------------------- preprocessing
 def test_round_trip_text_ids_text(tok):
     texts = ["Hello world, hello Triton!", "The lazy dog.", "ünïcødé ✓ text"]
-    pre = Preprocessor(tok)(
-        {"QUERY": strings(*texts), "REQUEST_OUTPUT_LEN": np.array([[8], [8], [8]], dtype=np.int32)})
+    pre = Preprocessor(tok)({"QUERY": strings(*texts), "REQUEST_OUTPUT_LEN": np.array([[8], [8], [8]], dtype=np.int32)})
     ids, lens = pre["INPUT_ID"], pre["REQUEST_INPUT_LEN"]
     assert ids.dtype == np.int32 and lens.shape == (3, 1)
     assert ids.shape == (3, int(lens.max()))
-    for row, n in zip(ids, lens[:, 0]):
+    for row, n in zip(ids, lens[:, 0], strict=True):
         assert (row[n:] == tok.pad_id).all()  # right padded
     out = decode_batches(tok, [(ids[:, None, :], lens)])[0]
     assert out.shape == (3,)  # upstream's layout: one flat element per beam of every row
@@ -108,9 +117,15 @@ def test_preprocessing_outputs(tok):
     assert out["REQUEST_OUTPUT_LEN"].tolist() == [[5]]
     assert out["OUT_END_ID"].tolist() == [[1]] and out["OUT_PAD_ID"].tolist() == [[1]]
     assert "OUT_PROMPT_TABLE_EXTRA_IDS" not in out
-    out = Preprocessor(tok, add_special_tokens=False)({
-        **inputs, "END_ID": np.array([[7]], dtype=np.int32), "PAD_ID": np.array([[9]], dtype=np.int32),
-        "DECODER_QUERY": strings("Hello"), "PROMPT_TABLE_EXTRA_ID": np.array([[42]], dtype=np.uint64)})
+    out = Preprocessor(tok, add_special_tokens=False)(
+        {
+            **inputs,
+            "END_ID": np.array([[7]], dtype=np.int32),
+            "PAD_ID": np.array([[9]], dtype=np.int32),
+            "DECODER_QUERY": strings("Hello"),
+            "PROMPT_TABLE_EXTRA_ID": np.array([[42]], dtype=np.uint64),
+        }
+    )
     assert out["OUT_END_ID"].tolist() == [[7]] and out["OUT_PAD_ID"].tolist() == [[9]]
     assert out["INPUT_ID"][0, 0] != tok.bos_id
     assert out["DECODER_INPUT_ID"].tolist() == [tok.encode("Hello", add_special_tokens=False)]
@@ -138,8 +153,14 @@ def test_stop_words_format(tok):
 def test_embedding_bias(tok):
     words = np.array([[b"fox", b"dog"]], dtype=object)
     weights = np.array([[1.5, -2.0]], dtype=np.float32)
-    out = Preprocessor(tok)({"QUERY": strings("x"), "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32),
-                             "EMBEDDING_BIAS_WORDS": words, "EMBEDDING_BIAS_WEIGHTS": weights})
+    out = Preprocessor(tok)(
+        {
+            "QUERY": strings("x"),
+            "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32),
+            "EMBEDDING_BIAS_WORDS": words,
+            "EMBEDDING_BIAS_WEIGHTS": weights,
+        }
+    )
     bias = out["EMBEDDING_BIAS"]
     assert bias.shape == (1, tok.vocab_size)
     expected = np.zeros(tok.vocab_size, dtype=np.float32)
@@ -148,15 +169,25 @@ def test_embedding_bias(tok):
             expected[tid] += weight
     assert np.array_equal(bias[0], expected) and expected.any()
     with pytest.raises(ValueError, match="together"):
-        Preprocessor(tok)({"QUERY": strings("x"), "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32),
-                           "EMBEDDING_BIAS_WORDS": words})
+        Preprocessor(tok)(
+            {
+                "QUERY": strings("x"),
+                "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32),
+                "EMBEDDING_BIAS_WORDS": words,
+            }
+        )
 
 
 @pytest.mark.parametrize("name", ["IMAGE_BYTES", "IMAGE_URL", "VIDEO_BYTES"])
 def test_multimodal_inputs_rejected(tok, name):
     with pytest.raises(ValueError, match=f"multimodal.*{name}"):
-        Preprocessor(tok)({"QUERY": strings("x"), "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32),
-                           name: np.zeros((1, 1), dtype=object)})
+        Preprocessor(tok)(
+            {
+                "QUERY": strings("x"),
+                "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32),
+                name: np.zeros((1, 1), dtype=object),
+            }
+        )
 
 
 # -------------------------------------------------------------------------------------------- postprocessing
@@ -188,8 +219,9 @@ class FakeServer:
         self.fail = fail
         self.calls: list[tuple[str, set[str], bool]] = []
 
-    def __call__(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
-                 decoupled: bool) -> Iterator[dict[str, np.ndarray]]:
+    def __call__(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], decoupled: bool
+    ) -> Iterator[dict[str, np.ndarray]]:
         self.calls.append((model, set(inputs), decoupled))
         if model == self.fail:
             raise InnerModelError(f"{model}: boom")
@@ -201,9 +233,12 @@ class FakeServer:
             ids, n = inputs["input_ids"], int(inputs["input_lengths"][0, 0])
             step = self.chunk or n
             for start in range(0, n, step):
-                part = ids[:, None, start: start + step]
-                yield {"output_ids": part, "sequence_length": np.array([[part.shape[2]]], dtype=np.int32),
-                       "batch_index": np.array([[0]], dtype=np.int32)}
+                part = ids[:, None, start : start + step]
+                yield {
+                    "output_ids": part,
+                    "sequence_length": np.array([[part.shape[2]]], dtype=np.int32),
+                    "batch_index": np.array([[0]], dtype=np.int32),
+                }
             if decoupled:
                 yield {}
 
@@ -222,17 +257,33 @@ def test_bls_non_streaming(tok):
     assert outs[0]["batch_index"].tolist() == [[0]]
     llm_call = server.calls[1]
     assert llm_call[0] == "tensorrt_llm" and llm_call[2] is False
-    assert {"input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "runtime_top_k",
-            "streaming", "stop_words_list", "bad_words_list", "embedding_bias"} <= llm_call[1]
+    assert {
+        "input_ids",
+        "input_lengths",
+        "request_output_len",
+        "end_id",
+        "pad_id",
+        "runtime_top_k",
+        "streaming",
+        "stop_words_list",
+        "bad_words_list",
+        "embedding_bias",
+    } <= llm_call[1]
 
 
 def test_bls_streaming_chunks_and_accumulate(tok):
     text = "Hello world, hello Triton! ünïcødé ✓"
-    pieces = [o["text_output"][0].decode()
-              for o in BlsPipeline(FakeServer(tok, chunk=2), decoupled=True).run(bls_inputs(text, stream=True))]
+    pieces = [
+        o["text_output"][0].decode()
+        for o in BlsPipeline(FakeServer(tok, chunk=2), decoupled=True).run(bls_inputs(text, stream=True))
+    ]
     assert len(pieces) > 1 and "".join(pieces) == text
-    acc = [o["text_output"][0].decode() for o in BlsPipeline(FakeServer(tok, chunk=2), decoupled=True,
-                                                                 accumulate_tokens=True).run(bls_inputs(text, stream=True))]
+    acc = [
+        o["text_output"][0].decode()
+        for o in BlsPipeline(FakeServer(tok, chunk=2), decoupled=True, accumulate_tokens=True).run(
+            bls_inputs(text, stream=True)
+        )
+    ]
     assert acc[-1] == text and all(text.startswith(a) for a in acc if "\ufffd" not in a)
     # one byte-level token per chunk: a multi-byte character split across chunks arrives whole
     chunks = list(BlsPipeline(FakeServer(tok, chunk=1), decoupled=True).run(bls_inputs("a✓é", stream=True)))
@@ -248,16 +299,25 @@ def test_bls_errors(tok):
     with pytest.raises(ValueError, match="draft"):
         list(BlsPipeline(FakeServer(tok), decoupled=False).run(bls_inputs("x", num_draft_tokens=3)))
     with pytest.raises(ValueError, match="multimodal"):
-        list(BlsPipeline(FakeServer(tok), decoupled=False).run(
-            {**bls_inputs("x"), "image_url_input": strings("http://x")}))
+        list(
+            BlsPipeline(FakeServer(tok), decoupled=False).run(
+                {**bls_inputs("x"), "image_url_input": strings("http://x")}
+            )
+        )
 
 
-@pytest.mark.parametrize("inputs,message", [
-    ({"QUERY": np.array([[b"ok \xff\xfe"]], dtype=object)}, "input QUERY is not valid UTF-8 \\(byte 3"),
-    ({"QUERY": np.array([[b""]], dtype=object)}, "QUERY \\(text_input\\) is empty"),
-    ({"REQUEST_OUTPUT_LEN": np.array([[0]], dtype=np.int32)}, "REQUEST_OUTPUT_LEN \\(max_tokens\\) must be at least 1"),
-    ({"STOP_WORDS_DICT": np.array([[b"\xc3"]], dtype=object)}, "input STOP_WORDS_DICT is not valid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "inputs,message",
+    [
+        ({"QUERY": np.array([[b"ok \xff\xfe"]], dtype=object)}, "input QUERY is not valid UTF-8 \\(byte 3"),
+        ({"QUERY": np.array([[b""]], dtype=object)}, "QUERY \\(text_input\\) is empty"),
+        (
+            {"REQUEST_OUTPUT_LEN": np.array([[0]], dtype=np.int32)},
+            "REQUEST_OUTPUT_LEN \\(max_tokens\\) must be at least 1",
+        ),
+        ({"STOP_WORDS_DICT": np.array([[b"\xc3"]], dtype=object)}, "input STOP_WORDS_DICT is not valid UTF-8"),
+    ],
+)
 def test_text_level_mistakes_are_named(tok, inputs, message):
     base = {"QUERY": strings("Hello"), "REQUEST_OUTPUT_LEN": np.array([[4]], dtype=np.int32)}
     with pytest.raises(ValueError, match=message):  # no BOS: an empty text really is no tokens

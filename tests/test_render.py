@@ -1,5 +1,6 @@
 """hpc/render.py: the deployment folder (DEVELOPERS.md), launch.json, the #SBATCH header and srun line of the
 .sub, container flags, re-render and failed-render behaviour, site templates, model repository configs."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 def cpu_spec(tmp: Path, **extra) -> Spec:
     (tmp / "ckpt").mkdir(parents=True, exist_ok=True)
-    data = deep_merge({"name": "cpu-test", "slurm": {"nodes": 1}, "model": {"backend": "cpu", "checkpoint_dir": "ckpt"}},
-                      extra)
+    data = deep_merge(
+        {"name": "cpu-test", "slurm": {"nodes": 1}, "model": {"backend": "cpu", "checkpoint_dir": "ckpt"}}, extra
+    )
     return parse_spec(yaml.safe_dump(data), file="cpu.yaml", base=tmp)
 
 
@@ -44,12 +46,20 @@ def gpu_spec(tmp: Path, tp: int = 2, pp: int = 1, **extra) -> Spec:
     engine.mkdir(parents=True, exist_ok=True)
     (engine / "config.json").write_text(json.dumps({"pretrained_config": {"mapping": {"tp_size": tp, "pp_size": pp}}}))
     (tmp / "models" / "tok").mkdir(exist_ok=True)
-    data = deep_merge({
-        "name": "gpu-test",
-        "slurm": {"nodes": pp, "gpus_per_node": tp, "partition": "gpu", "account": "proj", "time": "02:00:00"},
-        "model": {"backend": "tensorrtllm", "engine_dir": "models/engine", "tokenizer_dir": "models/tok",
-                  "tp_size": tp, "pp_size": pp},
-    }, extra)
+    data = deep_merge(
+        {
+            "name": "gpu-test",
+            "slurm": {"nodes": pp, "gpus_per_node": tp, "partition": "gpu", "account": "proj", "time": "02:00:00"},
+            "model": {
+                "backend": "tensorrtllm",
+                "engine_dir": "models/engine",
+                "tokenizer_dir": "models/tok",
+                "tp_size": tp,
+                "pp_size": pp,
+            },
+        },
+        extra,
+    )
     return parse_spec(yaml.safe_dump(data), file="gpu.yaml", base=tmp)
 
 
@@ -88,9 +98,16 @@ def test_render_writes_the_deployment_folder(tmp_path):
     d = tmp_path / "deploy"
     assert out.deploy_dir == d and out.sub == d / "tensorrt_llm_triton.sub" and out.sh == d / "tensorrt_llm_triton.sh"
     assert out.launch == d / "launch.json" and out.model_repository == d / "triton_model_repo"
-    assert {p.name for p in d.iterdir()} == {"spec.yaml", "launch.json", "tensorrt_llm_triton.sub",
-                                             "tensorrt_llm_triton.sh", "triton_model_repo", "logs", "jobs",
-                                             "python"}
+    assert {p.name for p in d.iterdir()} == {
+        "spec.yaml",
+        "launch.json",
+        "tensorrt_llm_triton.sub",
+        "tensorrt_llm_triton.sh",
+        "triton_model_repo",
+        "logs",
+        "jobs",
+        "python",
+    }
     # the ranks' code ships inside the folder: hpc-serve's own packages, never the environment around them
     assert {p.name for p in (d / "python").iterdir()} == {"launcher", "backend"}
     assert (d / "python" / "backend" / "models" / "postprocessing.py").is_file()
@@ -106,23 +123,42 @@ def test_render_writes_the_deployment_folder(tmp_path):
 
 
 def test_launch_json_contract(tmp_path):
-    spec = cpu_spec(tmp_path, replicas=2, model={"tp_size": 2}, slurm={"ntasks_per_node": 4},
-                    triton={"log_verbose": 2, "server_args": ["--exit-timeout-secs=5"], "ready_timeout_s": 60})
+    spec = cpu_spec(
+        tmp_path,
+        replicas=2,
+        model={"tp_size": 2},
+        slurm={"ntasks_per_node": 4},
+        triton={"log_verbose": 2, "server_args": ["--exit-timeout-secs=5"], "ready_timeout_s": 60},
+    )
     R.render(spec, tmp_path / "d")
     plan = json.loads((tmp_path / "d" / "launch.json").read_text())
     assert plan == {
-        "version": 1, "name": "cpu-test", "deployment_dir": str(tmp_path / "d"),
+        "version": 1,
+        "name": "cpu-test",
+        "deployment_dir": str(tmp_path / "d"),
         "model_repository": str(tmp_path / "d" / "triton_model_repo"),
-        "tp_size": 2, "pp_size": 1, "replicas": 2, "world_size_per_replica": 2, "mode": "leader",
-        "tritonserver": None, "ports": {"http": "auto", "grpc": "auto", "metrics": "auto"},
-        "follower_models": ["tensorrt_llm"], "server_args": ["--log-verbose=2", "--exit-timeout-secs=5"],
-        "ready_timeout_s": 60, "env": {"PMIX_MCA_gds": "hash"},
+        "tp_size": 2,
+        "pp_size": 1,
+        "replicas": 2,
+        "world_size_per_replica": 2,
+        "mode": "leader",
+        "tritonserver": None,
+        "ports": {"http": "auto", "grpc": "auto", "metrics": "auto"},
+        "follower_models": ["tensorrt_llm"],
+        "server_args": ["--log-verbose=2", "--exit-timeout-secs=5"],
+        "ready_timeout_s": 60,
+        "env": {"PMIX_MCA_gds": "hash"},
     }
 
 
 def test_launch_json_fixed_ports_server_and_orchestrator(tmp_path):
-    spec = gpu_spec(tmp_path, tp=2, slurm={"ntasks_per_node": 1}, mode="orchestrator",
-                    triton={"ports": {"http": 9000, "grpc": 9001, "metrics": "auto"}, "server": "/opt/ts"})
+    spec = gpu_spec(
+        tmp_path,
+        tp=2,
+        slurm={"ntasks_per_node": 1},
+        mode="orchestrator",
+        triton={"ports": {"http": 9000, "grpc": 9001, "metrics": "auto"}, "server": "/opt/ts"},
+    )
     plan = R.launch_plan(spec, tmp_path / "d")
     assert plan["ports"] == {"http": 9000, "grpc": 9001, "metrics": "auto"}
     assert plan["tritonserver"] == "/opt/ts"
@@ -142,9 +178,16 @@ def test_ranks_other_than_the_leader_load_only_tensorrt_llm(tmp_path):
     for r in range(4):
         info = rank.RankInfo(r, r, 4, "n1", "7", "slurm")
         me = rank.role(info, plan.tp_size, plan.pp_size, plan.replicas, plan.world_size_per_replica)
-        argv = command.build_argv("tritonserver", model_repository=plan.model_repository, rank=r, job_id="7",
-                                  leader=me.leader, ports=Ports(8000, 8001, 8002),
-                                  follower_models=plan.follower_models, server_args=plan.server_args)
+        argv = command.build_argv(
+            "tritonserver",
+            model_repository=plan.model_repository,
+            rank=r,
+            job_id="7",
+            leader=me.leader,
+            ports=Ports(8000, 8001, 8002),
+            follower_models=plan.follower_models,
+            server_args=plan.server_args,
+        )
         loads = [a for a in argv if a.startswith("--load-model=")]
         if me.leader:
             leaders.append(r)
@@ -157,17 +200,37 @@ def test_ranks_other_than_the_leader_load_only_tensorrt_llm(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- the .sub
 def test_sub_header_and_srun_line(tmp_path):
-    spec = gpu_spec(tmp_path, tp=4, pp=2, slurm={"qos": "normal", "mem": "64G", "constraint": "a100&ib",
-                                                 "sbatch_args": ["--mail-type=END"], "exclusive": True})
+    spec = gpu_spec(
+        tmp_path,
+        tp=4,
+        pp=2,
+        slurm={
+            "qos": "normal",
+            "mem": "64G",
+            "constraint": "a100&ib",
+            "sbatch_args": ["--mail-type=END"],
+            "exclusive": True,
+        },
+    )
     R.render(spec, tmp_path / "d")
     d = tmp_path / "d"
     sub = (d / "tensorrt_llm_triton.sub").read_text()
     assert sbatch_header(sub) == [
-        "#SBATCH -J gpu-test", f"#SBATCH -o {d}/logs/%j.out", f"#SBATCH -e {d}/logs/%j.err", "#SBATCH -A proj",
-        "#SBATCH -p gpu", "#SBATCH --qos=normal", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
-        "#SBATCH --time=02:00:00", "#SBATCH --signal=B:USR1@30", "#SBATCH --gres=gpu:4", "#SBATCH --mem=64G",
+        "#SBATCH -J gpu-test",
+        f"#SBATCH -o {d}/logs/%j.out",
+        f"#SBATCH -e {d}/logs/%j.err",
+        "#SBATCH -A proj",
+        "#SBATCH -p gpu",
+        "#SBATCH --qos=normal",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --time=02:00:00",
+        "#SBATCH --signal=B:USR1@30",
+        "#SBATCH --gres=gpu:4",
+        "#SBATCH --mem=64G",
         "#SBATCH --exclusive",
-        "#SBATCH --constraint=a100&ib", "#SBATCH --mail-type=END",
+        "#SBATCH --constraint=a100&ib",
+        "#SBATCH --mail-type=END",
     ]
     argv = srun_argv(sub)
     assert argv[:3] == ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"]
@@ -182,8 +245,9 @@ def test_sub_header_and_srun_line(tmp_path):
 def test_optional_directives_absent_when_unset(tmp_path):
     sub = R.render_scripts(cpu_spec(tmp_path), tmp_path / "d")[R.SUB_NAME]
     header = sbatch_header(sub)
-    assert not any(re.match(r"#SBATCH (-A|-p|--qos|--gres|--mem|--exclusive|--constraint|--reservation)", h)
-                   for h in header), header
+    assert not any(
+        re.match(r"#SBATCH (-A|-p|--qos|--gres|--mem|--exclusive|--constraint|--reservation)", h) for h in header
+    ), header
     assert "#SBATCH --ntasks-per-node=1" in header and "#SBATCH --time=01:00:00" in header
     assert "module load" not in sub and "nvidia-smi" not in sub
 
@@ -197,8 +261,15 @@ def test_clock_lock_only_when_set(tmp_path):
 
 
 def test_modules_setup_and_gres_override(tmp_path):
-    spec = gpu_spec(tmp_path, slurm={"modules": ["cuda/12.4", "apptainer"], "setup": ["echo hi > /dev/null"],
-                                     "gres": "gpu:a100:2", "reservation": "resv"})
+    spec = gpu_spec(
+        tmp_path,
+        slurm={
+            "modules": ["cuda/12.4", "apptainer"],
+            "setup": ["echo hi > /dev/null"],
+            "gres": "gpu:a100:2",
+            "reservation": "resv",
+        },
+    )
     sub = R.render_scripts(spec, tmp_path / "d")[R.SUB_NAME]
     lines = sub.splitlines()
     assert "module load cuda/12.4" in lines and "module load apptainer" in lines
@@ -209,9 +280,17 @@ def test_modules_setup_and_gres_override(tmp_path):
 
 def test_pyxis_container_flags(tmp_path):
     (tmp_path / "data").mkdir()
-    spec = gpu_spec(tmp_path, container={"type": "pyxis", "image": "nvcr.io#nvidia/tritonserver:24.08",
-                                         "mounts": [f"{tmp_path / 'data'}:/data:ro"], "workdir": "/work",
-                                         "name": "trt", "python": "/usr/bin/python3"})
+    spec = gpu_spec(
+        tmp_path,
+        container={
+            "type": "pyxis",
+            "image": "nvcr.io#nvidia/tritonserver:24.08",
+            "mounts": [f"{tmp_path / 'data'}:/data:ro"],
+            "workdir": "/work",
+            "name": "trt",
+            "python": "/usr/bin/python3",
+        },
+    )
     d = tmp_path / "d"
     scripts = R.render_scripts(spec, d)
     argv = srun_argv(scripts[R.SUB_NAME])
@@ -220,7 +299,8 @@ def test_pyxis_container_flags(tmp_path):
     mounts = [a for a in argv if a.startswith("--container-mounts=")]
     assert len(mounts) == 1
     assert mounts[0].removeprefix("--container-mounts=").split(",") == [
-        f"{tmp_path / 'data'}:/data:ro", f"{d}:{d}",  # the code ships in d/python: no install mounted
+        f"{tmp_path / 'data'}:/data:ro",
+        f"{d}:{d}",  # the code ships in d/python: no install mounted
         f"{tmp_path / 'models' / 'engine'}:{tmp_path / 'models' / 'engine'}",
         f"{tmp_path / 'models' / 'tok'}:{tmp_path / 'models' / 'tok'}",
     ]
@@ -245,8 +325,22 @@ def test_apptainer_wrapper(tmp_path):
     argv = srun_argv(scripts[R.SUB_NAME])
     start = argv.index("apptainer")
     engine, tok = tmp_path / "models" / "engine", tmp_path / "models" / "tok"
-    assert argv[start:] == ["apptainer", "exec", "--nv", "-B", f"{d}:{d}", "-B", f"{engine}:{engine}", "-B", f"{tok}:{tok}", "--pwd", "/w", str(image),
-                            "bash", "$DEPLOY_DIR/tensorrt_llm_triton.sh"]
+    assert argv[start:] == [
+        "apptainer",
+        "exec",
+        "--nv",
+        "-B",
+        f"{d}:{d}",
+        "-B",
+        f"{engine}:{engine}",
+        "-B",
+        f"{tok}:{tok}",
+        "--pwd",
+        "/w",
+        str(image),
+        "bash",
+        "$DEPLOY_DIR/tensorrt_llm_triton.sh",
+    ]
     assert not any(a.startswith("--container-") for a in argv)
     assert scripts[R.SH_NAME].splitlines()[-1] == f"exec python3 -m launcher {d}"
 
@@ -327,8 +421,9 @@ def test_deployment_folder_with_a_trailing_newline_is_refused(tmp_path):
 # ------------------------------------------------------------------------------------------ CLI render
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "hpc.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hpc.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=60
+    )
 
 
 def test_cli_render_with_site_template(tmp_path):
@@ -337,7 +432,8 @@ def test_cli_render_with_site_template(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "tensorrt_llm_triton.sh.j2").write_text(
-        "#!/bin/bash\n# SITE TEMPLATE for {{ spec.name }}\nexec {{ python | q }} -m launcher {{ deploy_dir | q }}\n")
+        "#!/bin/bash\n# SITE TEMPLATE for {{ spec.name }}\nexec {{ python | q }} -m launcher {{ deploy_dir | q }}\n"
+    )
     result = _cli("render", "spec.yaml", "-o", "d", "--templates", str(site), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     sh = (tmp_path / "d" / "tensorrt_llm_triton.sh").read_text()
@@ -365,11 +461,15 @@ def test_cli_render_bad_spec_and_bad_folder_exit_2(tmp_path):
 @pytest.mark.parametrize("kind", ["cpu", "tensorrtllm"])
 def test_every_config_pbtxt_parses_and_has_no_placeholders(tmp_path, kind):
     if kind == "cpu":
-        spec = cpu_spec(tmp_path, model={"tp_size": 1}, triton={"max_tokens_in_paged_kv_cache": 4096,
-                                                                "parameters": {"enable_chunked_context": True}})
+        spec = cpu_spec(
+            tmp_path,
+            model={"tp_size": 1},
+            triton={"max_tokens_in_paged_kv_cache": 4096, "parameters": {"enable_chunked_context": True}},
+        )
     else:
-        spec = gpu_spec(tmp_path, triton={"decoupled": False, "triton_max_batch_size": 32,
-                                          "max_attention_window_size": 2560})
+        spec = gpu_spec(
+            tmp_path, triton={"decoupled": False, "triton_max_batch_size": 32, "max_attention_window_size": 2560}
+        )
     out = R.render(spec, tmp_path / "d")
     configs = sorted(out.model_repository.glob("*/config.pbtxt"))
     assert {c.parent.name for c in configs} == MODELS
@@ -413,8 +513,12 @@ def test_submit_dry_run_prints_the_scripts_and_writes_nothing(tmp_path, monkeypa
     spec = tmp_path / "s.yaml"
     spec.write_text(f"name: dry\nworkdir: {tmp_path}/runs\nmodel:\n  backend: cpu\n  checkpoint_dir: {ckpt}\n")
     home = tmp_path / "home"
-    proc = subprocess.run([sys.executable, "-m", "hpc.cli", "submit", str(spec), "--dry-run"], capture_output=True,
-                          text=True, env={**os.environ, "HPC_SERVE_HOME": str(home)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc.cli", "submit", str(spec), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HPC_SERVE_HOME": str(home)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH -J dry" in proc.stdout and "srun --mpi=pmix" in proc.stdout
     assert "-m launcher" in proc.stdout
@@ -422,8 +526,10 @@ def test_submit_dry_run_prints_the_scripts_and_writes_nothing(tmp_path, monkeypa
 
 
 # ------------------------------------------------------------- render is a preview: no model is created
-INIT_SPEC = "name: init-test\nworkdir: runs\nmodel:\n  backend: cpu\n  checkpoint_dir: models/tiny\n" \
-            "  init: {family: gpt2, size: tiny, seed: 3}\n"
+INIT_SPEC = (
+    "name: init-test\nworkdir: runs\nmodel:\n  backend: cpu\n  checkpoint_dir: models/tiny\n"
+    "  init: {family: gpt2, size: tiny, seed: 3}\n"
+)
 
 
 def fake_sbatch(tmp: Path) -> tuple[dict, Path]:
@@ -431,7 +537,7 @@ def fake_sbatch(tmp: Path) -> tuple[dict, Path]:
     and whose job index is private to the test."""
     bin_dir, calls = tmp / "bin", tmp / "sbatch-calls"
     bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(f"#!/bin/bash\necho \"$@\" >> {calls}\necho 4242\n")
+    (bin_dir / "sbatch").write_text(f'#!/bin/bash\necho "$@" >> {calls}\necho 4242\n')
     (bin_dir / "sbatch").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HPC_SERVE_HOME": str(tmp / "hs")}
     return env, calls
@@ -448,26 +554,49 @@ def test_render_writes_the_scripts_but_creates_no_checkpoint(tmp_path):
 def test_cli_render_and_dry_run_create_nothing_and_say_what_will(tmp_path):
     (tmp_path / "s.yaml").write_text(INIT_SPEC)
     env, calls = fake_sbatch(tmp_path)
-    rendered = subprocess.run([sys.executable, "-m", "hpc.cli", "render", "s.yaml", "-o", "d"], capture_output=True,
-                              text=True, cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
+    rendered = subprocess.run(
+        [sys.executable, "-m", "hpc.cli", "render", "s.yaml", "-o", "d"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
     assert rendered.returncode == 0, rendered.stderr
     ckpt = tmp_path / "models" / "tiny"
     command = f"hpc-serve init-model {ckpt} --family gpt2 --size tiny --seed 3"
     assert "`hpc-serve submit` creates it" in rendered.stderr and command in rendered.stderr
     assert f"submit with: {command} && sbatch {tmp_path / 'd' / R.SUB_NAME}" in rendered.stdout
-    dry = subprocess.run([sys.executable, "-m", "hpc.cli", "submit", "s.yaml", "--dry-run"], capture_output=True,
-                         text=True, cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
+    dry = subprocess.run(
+        [sys.executable, "-m", "hpc.cli", "submit", "s.yaml", "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
     assert dry.returncode == 0, dry.stderr
     assert "#SBATCH -J init-test" in dry.stdout and command in dry.stderr
     assert not (tmp_path / "models").exists(), "a preview created the checkpoint"
     assert not calls.exists() and not (tmp_path / "runs").exists() and not (tmp_path / "hs").exists()
     # The command the note gives is the explicit step, and it works as printed.
-    made = subprocess.run([sys.executable, "-m", "hpc.cli", *command.split()[1:]], capture_output=True, text=True,
-                          env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)
+    made = subprocess.run(
+        [sys.executable, "-m", "hpc.cli", *command.split()[1:]],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr
     assert (ckpt / "config.json").is_file() and (ckpt / "tokenizer.json").is_file()
-    again = subprocess.run([sys.executable, "-m", "hpc.cli", "render", "s.yaml", "-o", "d"], capture_output=True,
-                           text=True, cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
+    again = subprocess.run(
+        [sys.executable, "-m", "hpc.cli", "render", "s.yaml", "-o", "d"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
     assert "note:" not in again.stderr and f"submit with: sbatch {tmp_path / 'd' / R.SUB_NAME}" in again.stdout
 
 

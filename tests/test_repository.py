@@ -1,5 +1,6 @@
 """backend/repository.py: generated configs parse as Triton ModelConfig and match the upstream reference
 (../shared/reference/tensorrtllm_backend.md §3), values are typed and escaped, bad params are rejected."""
+
 from __future__ import annotations
 
 import itertools
@@ -14,15 +15,29 @@ from backend.templates import tables
 
 MODELS = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
 # (inputs, outputs) counted in the reference; ensemble outputs are 18 upstream minus the duplicate.
-COUNTS = {"ensemble": (34, 17), "preprocessing": (13, 20), "tensorrt_llm": (60, 19),
-          "postprocessing": (2, 1), "tensorrt_llm_bls": (40, 17)}
+COUNTS = {
+    "ensemble": (34, 17),
+    "preprocessing": (13, 20),
+    "tensorrt_llm": (60, 19),
+    "postprocessing": (2, 1),
+    "tensorrt_llm_bls": (40, 17),
+}
 # fill_template keys per upstream template, copied from the reference ("template parameters (n)").
 UPSTREAM_KEYS = {
     "ensemble": {"logits_datatype", "triton_max_batch_size"},
-    "preprocessing": {"add_special_tokens", "engine_dir", "max_num_images", "max_queue_delay_microseconds",
-                      "max_queue_size", "multimodal_model_path", "preprocessing_instance_count", "tokenizer_dir",
-                      "triton_max_batch_size"},
-    "tensorrt_llm": set("""batch_scheduler_policy batching_strategy cancellation_check_period_ms
+    "preprocessing": {
+        "add_special_tokens",
+        "engine_dir",
+        "max_num_images",
+        "max_queue_delay_microseconds",
+        "max_queue_size",
+        "multimodal_model_path",
+        "preprocessing_instance_count",
+        "tokenizer_dir",
+        "triton_max_batch_size",
+    },
+    "tensorrt_llm": set(
+        """batch_scheduler_policy batching_strategy cancellation_check_period_ms
         cross_kv_cache_fraction cuda_graph_cache_size cuda_graph_mode decoding_mode decoupled_mode eagle_choices
         enable_chunked_context enable_context_fmha_fp32_acc enable_kv_cache_reuse enable_trt_overlap
         encoder_engine_dir encoder_input_features_data_type engine_dir exclude_input_in_output gpu_device_ids
@@ -33,25 +48,57 @@ UPSTREAM_KEYS = {
         max_attention_window_size max_beam_width max_queue_delay_microseconds max_queue_size
         max_tokens_in_paged_kv_cache medusa_choices multi_block_mode normalize_log_probs num_nodes participant_ids
         request_stats_max_iterations sink_token_length speculative_decoding_fast_logits stats_check_period_ms
-        tokenizer_dir triton_backend triton_max_batch_size xgrammar_tokenizer_info_path""".split()),
-    "postprocessing": {"postprocessing_instance_count", "skip_special_tokens", "tokenizer_dir",
-                       "triton_max_batch_size"},
-    "tensorrt_llm_bls": {"accumulate_tokens", "bls_instance_count", "decoupled_mode", "logits_datatype",
-                         "multimodal_encoders_name", "tensorrt_llm_draft_model_name", "tensorrt_llm_model_name",
-                         "triton_max_batch_size"},
+        tokenizer_dir triton_backend triton_max_batch_size xgrammar_tokenizer_info_path""".split()
+    ),
+    "postprocessing": {
+        "postprocessing_instance_count",
+        "skip_special_tokens",
+        "tokenizer_dir",
+        "triton_max_batch_size",
+    },
+    "tensorrt_llm_bls": {
+        "accumulate_tokens",
+        "bls_instance_count",
+        "decoupled_mode",
+        "logits_datatype",
+        "multimodal_encoders_name",
+        "tensorrt_llm_draft_model_name",
+        "tensorrt_llm_model_name",
+        "triton_max_batch_size",
+    },
 }
 
 BASE = {
-    "triton_max_batch_size": 8, "decoupled_mode": False, "logits_datatype": "TYPE_FP32",
-    "encoder_input_features_data_type": "TYPE_FP16", "preprocessing_instance_count": 1,
-    "postprocessing_instance_count": 2, "bls_instance_count": 3, "tokenizer_dir": "/models/tok",
-    "engine_dir": "/models/engine", "batching_strategy": "inflight_fused_batching", **repo.UPSTREAM_DEFAULTS,
+    "triton_max_batch_size": 8,
+    "decoupled_mode": False,
+    "logits_datatype": "TYPE_FP32",
+    "encoder_input_features_data_type": "TYPE_FP16",
+    "preprocessing_instance_count": 1,
+    "postprocessing_instance_count": 2,
+    "bls_instance_count": 3,
+    "tokenizer_dir": "/models/tok",
+    "engine_dir": "/models/engine",
+    "batching_strategy": "inflight_fused_batching",
+    **repo.UPSTREAM_DEFAULTS,
 }
-FULL = {**BASE, "max_beam_width": 2, "exclude_input_in_output": True, "kv_cache_free_gpu_mem_fraction": 0.5,
-        "max_tokens_in_paged_kv_cache": 2560, "enable_kv_cache_reuse": "False", "gpu_device_ids": [[0, 1], [2, 3]],
-        "tp_size": 2, "pp_size": 1, "accumulate_tokens": True, "skip_special_tokens": False,
-        "add_special_tokens": True, "tensorrt_llm_model_name": "tensorrt_llm", "max_queue_size": 16,
-        "max_queue_delay_microseconds": 100, "logits_datatype": "fp16"}
+FULL = {
+    **BASE,
+    "max_beam_width": 2,
+    "exclude_input_in_output": True,
+    "kv_cache_free_gpu_mem_fraction": 0.5,
+    "max_tokens_in_paged_kv_cache": 2560,
+    "enable_kv_cache_reuse": "False",
+    "gpu_device_ids": [[0, 1], [2, 3]],
+    "tp_size": 2,
+    "pp_size": 1,
+    "accumulate_tokens": True,
+    "skip_special_tokens": False,
+    "add_special_tokens": True,
+    "tensorrt_llm_model_name": "tensorrt_llm",
+    "max_queue_size": 16,
+    "max_queue_delay_microseconds": 100,
+    "logits_datatype": "fp16",
+}
 
 
 def parse(path: Path) -> mc.ModelConfig:
@@ -84,13 +131,14 @@ def test_every_config_parses_and_matches_tables(tmp_path, backend, decoupled, wh
         assert len({t.name for t in cfg.input}) == len(cfg.input)
         assert len({t.name for t in cfg.output}) == len(cfg.output), f"duplicate output in {name}"
         table = next(m for m in tables.MODELS if m.name == name)
-        for parsed, spec in zip(list(cfg.input) + list(cfg.output), table.inputs + table.outputs):
+        for parsed, spec in zip(list(cfg.input) + list(cfg.output), table.inputs + table.outputs, strict=True):
             assert parsed.name == spec.name
             want = {"$logits_datatype": logits, "$encoder_input_features_data_type": "TYPE_FP16"}.get(
-                spec.dtype, spec.dtype)
+                spec.dtype, spec.dtype
+            )
             assert dtype_name(parsed.data_type) == want, (name, spec.name)
             assert tuple(parsed.dims) == spec.dims
-        for parsed, spec in zip(cfg.input, table.inputs):
+        for parsed, spec in zip(cfg.input, table.inputs, strict=True):
             assert parsed.optional == spec.optional and parsed.allow_ragged_batch == spec.ragged
             assert parsed.HasField("reshape") == (spec.reshape is not None)
             if spec.reshape is not None:
@@ -108,8 +156,12 @@ def test_reference_spot_checks(tmp_path):
     llm = parse(out / "tensorrt_llm" / "config.pbtxt")
     inputs = {t.name: t for t in llm.input}
     stop = inputs["stop_words_list"]
-    assert (dtype_name(stop.data_type), list(stop.dims), stop.optional, stop.allow_ragged_batch) == \
-        ("TYPE_INT32", [2, -1], True, True)
+    assert (dtype_name(stop.data_type), list(stop.dims), stop.optional, stop.allow_ragged_batch) == (
+        "TYPE_INT32",
+        [2, -1],
+        True,
+        True,
+    )
     assert not inputs["input_lengths"].optional and inputs["input_lengths"].HasField("reshape")
     assert dtype_name(inputs["seed"].data_type) == "TYPE_UINT64"
     assert list(inputs["lora_config"].dims) == [-1, 3]
@@ -155,8 +207,10 @@ def test_backend_switch_and_shims(tmp_path, backend):
     force = llm.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value
     if backend == "cpu":
         assert llm.backend == "python" and force == "yes"
-        assert "from backend.models.tensorrt_llm_cpu import TritonPythonModel" in \
-            (out / "tensorrt_llm/1/model.py").read_text()
+        assert (
+            "from backend.models.tensorrt_llm_cpu import TritonPythonModel"
+            in (out / "tensorrt_llm/1/model.py").read_text()
+        )
     else:
         assert llm.backend == "tensorrtllm" and force == "no"
         assert (out / "tensorrt_llm/1").is_dir() and not any((out / "tensorrt_llm/1").iterdir())
@@ -173,8 +227,13 @@ def test_optional_parameters_omitted_and_typed(tmp_path):
     out = write(tmp_path, "cpu", BASE)
     llm = parse(out / "tensorrt_llm" / "config.pbtxt")
     assert "max_tokens_in_paged_kv_cache" not in llm.parameters
-    assert set(llm.parameters) == {"FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path",
-                                   "executor_worker_path", "tokenizer_dir"}
+    assert set(llm.parameters) == {
+        "FORCE_CPU_ONLY_INPUT_TENSORS",
+        "gpt_model_type",
+        "gpt_model_path",
+        "executor_worker_path",
+        "tokenizer_dir",
+    }
     assert set(parse(out / "tensorrt_llm_bls" / "config.pbtxt").parameters) == set()
     out = write(tmp_path, "cpu", FULL)
     p = parse(out / "tensorrt_llm" / "config.pbtxt").parameters
@@ -194,14 +253,22 @@ def test_optional_parameters_omitted_and_typed(tmp_path):
     assert "max_beam_width" not in parse(out / "tensorrt_llm" / "config.pbtxt").parameters
 
 
-HOSTILE = ['/a "quoted" dir', "C:\\back\\slash\\", "two\nlines\r\n", "brace } { ]", "tab\tand 'single'",
-           "ünïcødé/模型", 'x" } parameters: { key: "evil" value: { string_value: "1" } } #']
+HOSTILE = [
+    '/a "quoted" dir',
+    "C:\\back\\slash\\",
+    "two\nlines\r\n",
+    "brace } { ]",
+    "tab\tand 'single'",
+    "ünïcødé/模型",
+    'x" } parameters: { key: "evil" value: { string_value: "1" } } #',
+]
 
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_strings_round_trip(tmp_path, value):
-    out = write(tmp_path, "cpu", {**BASE, "tokenizer_dir": value, "engine_dir": value,
-                                  "tensorrt_llm_model_name": value})
+    out = write(
+        tmp_path, "cpu", {**BASE, "tokenizer_dir": value, "engine_dir": value, "tensorrt_llm_model_name": value}
+    )
     for name in ("preprocessing", "postprocessing", "tensorrt_llm"):
         params = parse(out / name / "config.pbtxt").parameters
         assert params["tokenizer_dir"].string_value == value
@@ -209,8 +276,15 @@ def test_hostile_strings_round_trip(tmp_path, value):
     assert parse(out / "tensorrt_llm_bls" / "config.pbtxt").parameters["tensorrt_llm_model_name"].string_value == value
 
 
-@pytest.mark.parametrize("key,value", [("tokenizer_dir", "/a/${tokenizer_dir}"), ("engine_dir", "nul\x00byte"),
-                                       ("engine_dir", ""), ("tokenizer_dir", 42)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("tokenizer_dir", "/a/${tokenizer_dir}"),
+        ("engine_dir", "nul\x00byte"),
+        ("engine_dir", ""),
+        ("tokenizer_dir", 42),
+    ],
+)
 def test_unrepresentable_strings_rejected(key, value):
     with pytest.raises(ValueError, match=key):
         repo.render_repository("cpu", {**BASE, key: value})
@@ -236,14 +310,26 @@ def test_batching_strategy_only_required_for_tensorrtllm():
     assert "batching_strategy" in repo.required_parameters("tensorrtllm") - repo.required_parameters("cpu")
 
 
-@pytest.mark.parametrize("key,value", [
-    ("triton_max_batch_size", 0), ("triton_max_batch_size", True), ("triton_max_batch_size", "eight"),
-    ("triton_max_batch_size", 2.5), ("decoupled_mode", "maybe"), ("decoupled_mode", 2),
-    ("logits_datatype", "TYPE_FP33"), ("bls_instance_count", -1), ("max_queue_size", -1),
-    ("kv_cache_free_gpu_mem_fraction", 1.5), ("kv_cache_free_gpu_mem_fraction", float("nan")),
-    ("batching_strategy", "static"), ("gpu_device_ids", "0;;1"), ("gpu_device_ids", "a,b"),
-    ("triton_backend", "tensorrtllm"),  # contradicts backend="cpu"
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("triton_max_batch_size", 0),
+        ("triton_max_batch_size", True),
+        ("triton_max_batch_size", "eight"),
+        ("triton_max_batch_size", 2.5),
+        ("decoupled_mode", "maybe"),
+        ("decoupled_mode", 2),
+        ("logits_datatype", "TYPE_FP33"),
+        ("bls_instance_count", -1),
+        ("max_queue_size", -1),
+        ("kv_cache_free_gpu_mem_fraction", 1.5),
+        ("kv_cache_free_gpu_mem_fraction", float("nan")),
+        ("batching_strategy", "static"),
+        ("gpu_device_ids", "0;;1"),
+        ("gpu_device_ids", "a,b"),
+        ("triton_backend", "tensorrtllm"),  # contradicts backend="cpu"
+    ],
+)
 def test_bad_values_rejected(key, value):
     with pytest.raises(ValueError, match=key):
         repo.render_repository("cpu", {**BASE, key: value})

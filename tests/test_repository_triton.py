@@ -8,6 +8,7 @@ and the HTTP examples do ``result.as_numpy("text_output")[0].decode("utf-8")`` (
 inflight_batcher_llm_client.py reads ``output_ids[0][0][:sequence_length[0][0]]``.  The streamed text has
 multi-byte characters split across the echo model's 2-token chunks, and every chunk is decoded strictly.
 """
+
 from __future__ import annotations
 
 import queue
@@ -16,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from _triton import find_tritonserver, tritonserver
+from test_pre_post import build_tokenizer
+
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from backend.repository import write_model_repository
-from test_pre_post import build_tokenizer
 from tests._env import unavailable
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -32,6 +33,7 @@ def _needs_tritonserver() -> None:
     if find_tritonserver() is None:
         reason = "tritonserver binary not found (pip install 'hpc-serve[local]' for nvidia-pytriton)"
         unavailable(reason)
+
 
 ECHO_MODEL = '''
 """Echo stand-in for tensorrt_llm: output_ids = input_ids[:input_lengths]; streams in chunks of 2
@@ -77,13 +79,24 @@ SPLIT_TEXT = "Grüße ✓ 中文字 🙂 ünïcødé"  # characters of 2-4 bytes
 def make_repo(tmp_path: Path, decoupled: bool) -> Path:
     tok = build_tokenizer(tmp_path / "tokenizer")
     out = tmp_path / "repo"
-    write_model_repository(out, "cpu", {
-        "triton_max_batch_size": 4, "decoupled_mode": decoupled, "logits_datatype": "TYPE_FP32",
-        "encoder_input_features_data_type": "TYPE_FP16", "preprocessing_instance_count": 1,
-        "postprocessing_instance_count": 1, "bls_instance_count": 1, "tokenizer_dir": str(tok),
-        "engine_dir": str(tmp_path / "no-engine"), "max_queue_size": 0, "max_queue_delay_microseconds": 0,
-        "accumulate_tokens": False,
-    })
+    write_model_repository(
+        out,
+        "cpu",
+        {
+            "triton_max_batch_size": 4,
+            "decoupled_mode": decoupled,
+            "logits_datatype": "TYPE_FP32",
+            "encoder_input_features_data_type": "TYPE_FP16",
+            "preprocessing_instance_count": 1,
+            "postprocessing_instance_count": 1,
+            "bls_instance_count": 1,
+            "tokenizer_dir": str(tok),
+            "engine_dir": str(tmp_path / "no-engine"),
+            "max_queue_size": 0,
+            "max_queue_delay_microseconds": 0,
+            "accumulate_tokens": False,
+        },
+    )
     (out / "tensorrt_llm" / "1" / "model.py").write_text(ECHO_MODEL)
     return out
 
@@ -113,8 +126,9 @@ def test_round_trip(plain, model):
 
 
 def test_stop_words_reach_the_engine_without_breaking_the_pipeline(plain):
-    status, body = plain.post("/v2/models/ensemble/generate",
-                              {"text_input": TEXT, "max_tokens": 8, "stop_words": ["world", "Triton"]})
+    status, body = plain.post(
+        "/v2/models/ensemble/generate", {"text_input": TEXT, "max_tokens": 8, "stop_words": ["world", "Triton"]}
+    )
     assert status == 200 and body["text_output"] == TEXT, body
 
 
@@ -131,16 +145,19 @@ def test_decoupled_models_answer_generate(decoupled, model):
 
 
 def test_bls_generate_stream_chunks_concatenate(decoupled):
-    chunks = decoupled.stream("/v2/models/tensorrt_llm_bls/generate_stream",
-                              {"text_input": TEXT, "max_tokens": 8, "stream": True})
+    chunks = decoupled.stream(
+        "/v2/models/tensorrt_llm_bls/generate_stream", {"text_input": TEXT, "max_tokens": 8, "stream": True}
+    )
     texts = [c["text_output"] for c in chunks]
     assert len(texts) > 2 and "".join(texts) == TEXT, chunks
 
 
 def _inputs(client_module, text: str | list[str], stream: bool | None = None, max_tokens: int = 64) -> list:
     texts = [text] if isinstance(text, str) else text
-    arrays = {"text_input": np.array([[t.encode()] for t in texts], dtype=object),
-              "max_tokens": np.full((len(texts), 1), max_tokens, np.int32)}
+    arrays = {
+        "text_input": np.array([[t.encode()] for t in texts], dtype=object),
+        "max_tokens": np.full((len(texts), 1), max_tokens, np.int32),
+    }
     if stream is not None:
         arrays["stream"] = np.full((len(texts), 1), stream, bool)
     tensors = []
@@ -159,8 +176,9 @@ def _stream(grpc_url: str, model: str, text: str, request_id: str = "") -> list[
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    client.async_stream_infer(model, _inputs(grpcclient, text, stream=True), request_id=request_id,
-                              enable_empty_final_response=True)
+    client.async_stream_infer(
+        model, _inputs(grpcclient, text, stream=True), request_id=request_id, enable_empty_final_response=True
+    )
     pieces = []
     while True:
         result, error = results.get(timeout=60)
@@ -181,7 +199,11 @@ def _stream(grpc_url: str, model: str, text: str, request_id: str = "") -> list[
 def test_text_output_is_flat_and_decodes_like_upstream_reads_it(plain, model, protocol):
     module = _client_module(protocol)
     port = plain.http_port if protocol == "http" else plain.grpc_port
-    out = module.InferenceServerClient(f"127.0.0.1:{port}").infer(model, _inputs(module, SPLIT_TEXT)).as_numpy("text_output")
+    out = (
+        module.InferenceServerClient(f"127.0.0.1:{port}")
+        .infer(model, _inputs(module, SPLIT_TEXT))
+        .as_numpy("text_output")
+    )
     assert out.shape == (1,) and out[0].decode("utf-8") == SPLIT_TEXT, (model, out)
 
 
@@ -250,8 +272,11 @@ def _post_inputs(module, tokens: np.ndarray, lengths: np.ndarray) -> list:
 
 
 def _core_inputs(module, ids: np.ndarray, lengths: np.ndarray) -> list:
-    arrays = {"input_ids": ids.astype(np.int32), "input_lengths": lengths.astype(np.int32),
-              "request_output_len": np.array([[8]], np.int32)}
+    arrays = {
+        "input_ids": ids.astype(np.int32),
+        "input_lengths": lengths.astype(np.int32),
+        "request_output_len": np.array([[8]], np.int32),
+    }
     tensors = []
     for name, array in arrays.items():
         t = module.InferInput(name, list(array.shape), "INT32")

@@ -35,7 +35,8 @@ def fake_command(bin_dir: Path, name: str, body: str) -> None:
     bin_dir.mkdir(exist_ok=True)
     counter = bin_dir / f"{name}.count"
     (bin_dir / name).write_text(
-        f"#!/bin/bash\nCOUNT=$(cat {counter} 2>/dev/null || echo 0)\necho $((COUNT + 1)) > {counter}\n{body}\n")
+        f"#!/bin/bash\nCOUNT=$(cat {counter} 2>/dev/null || echo 0)\necho $((COUNT + 1)) > {counter}\n{body}\n"
+    )
     (bin_dir / name).chmod(0o755)
 
 
@@ -60,8 +61,9 @@ def test_an_error_carries_the_command_its_exit_code_and_stderr(bin_dir):
     with pytest.raises(SlurmError) as err:
         gateway.sbatch(Path("/d/job.sub"))
     assert err.value.argv == ("sbatch", "--parsable", "/d/job.sub") and err.value.returncode == 1
-    assert str(err.value) == ("`sbatch --parsable /d/job.sub` exited with 1: "
-                              "sbatch: error: invalid partition specified: nope")
+    assert str(err.value) == (
+        "`sbatch --parsable /d/job.sub` exited with 1: sbatch: error: invalid partition specified: nope"
+    )
     assert gateway.calls["sbatch"] == 1, "a refusal is not retried"
 
 
@@ -85,11 +87,15 @@ def test_sbatch_that_timed_out_is_not_repeated(bin_dir):
 
 
 def test_transient_controller_trouble_is_retried_with_back_off(bin_dir):
-    fake_command(bin_dir, "squeue", """if [ "$COUNT" -lt 2 ]; then
+    fake_command(
+        bin_dir,
+        "squeue",
+        """if [ "$COUNT" -lt 2 ]; then
   echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2; exit 1
 fi
 echo "7|PENDING|Priority"
-""")
+""",
+    )
     sleeps = Sleeps()
     gateway = Slurm(sleep=sleeps)
     assert gateway.squeue(["7"]) == {"7": ("PENDING", "Priority")}
@@ -97,18 +103,22 @@ echo "7|PENDING|Priority"
 
 
 def test_transient_trouble_that_lasts_fails_after_the_last_attempt(bin_dir):
-    fake_command(bin_dir, "sacct", 'echo "sacct: error: Unable to contact slurm controller (connect failure)" >&2; '
-                                   "exit 1")
+    fake_command(
+        bin_dir, "sacct", 'echo "sacct: error: Unable to contact slurm controller (connect failure)" >&2; exit 1'
+    )
     gateway = Slurm(sleep=Sleeps(), attempts=3)
     with pytest.raises(SlurmError, match="Unable to contact slurm controller"):
         gateway.sacct_states(["7"])
     assert gateway.calls["sacct"] == 3
 
 
-@pytest.mark.parametrize("stderr, calls", [
-    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)", 3),
-    ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", 1),
-])
+@pytest.mark.parametrize(
+    "stderr, calls",
+    [
+        ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)", 3),
+        ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", 1),
+    ],
+)
 def test_sbatch_is_repeated_only_when_the_controller_was_never_reached(bin_dir, stderr, calls):
     fake_command(bin_dir, "sbatch", f'echo "{stderr}" >&2; exit 1')
     gateway = Slurm(sleep=Sleeps())
@@ -119,8 +129,9 @@ def test_sbatch_is_repeated_only_when_the_controller_was_never_reached(bin_dir, 
 
 def test_a_job_slurm_does_not_know_is_an_answer_not_an_error(bin_dir):
     fake_command(bin_dir, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1')
-    fake_command(bin_dir, "scancel", 'echo "scancel: error: Kill job error on job id 7: Invalid job id specified" >&2;'
-                                     " exit 1")
+    fake_command(
+        bin_dir, "scancel", 'echo "scancel: error: Kill job error on job id 7: Invalid job id specified" >&2; exit 1'
+    )
     gateway = Slurm(sleep=Sleeps())
     assert gateway.squeue(["7"]) == {}
     assert gateway.scancel("7", signal="TERM") is False
@@ -252,8 +263,9 @@ def test_an_ended_job_is_cached_and_never_asked_about_again(tmp_path, cluster):
     for _ in range(120):
         clock.sleep(1.0)
         watcher.state("8")
-    assert fake.count("sacct") > 2 and all("7" not in argv[argv.index("-j") + 1].split(",")
-                                            for argv in fake.commands[1:] if argv[0] == "sacct")
+    assert fake.count("sacct") > 2 and all(
+        "7" not in argv[argv.index("-j") + 1].split(",") for argv in fake.commands[1:] if argv[0] == "sacct"
+    )
 
 
 def test_a_state_the_job_can_leave_is_not_cached_as_final(tmp_path, cluster):

@@ -1,5 +1,6 @@
 """`hpc-serve validate` and hpc/spec/: every problem listed as FILE:LINE: field.path: message, with the line
 of the offending key; unknown keys with a did-you-mean; cross-field and file-system checks; path resolution."""
+
 from __future__ import annotations
 
 import json
@@ -64,8 +65,14 @@ def one(path: Path, field: str) -> Problem:
 
 def validate_cli(spec: Path, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "hpc.cli", "validate", str(spec)], capture_output=True,
-                          text=True, cwd=cwd or spec.parent, env=full_env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hpc.cli", "validate", str(spec)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or spec.parent,
+        env=full_env,
+        timeout=60,
+    )
 
 
 GPU_SPEC = spec_text("""
@@ -114,7 +121,9 @@ def test_cli_validate_good_spec_exits_0(gpu_dir):
 
 
 def test_cli_validate_lists_every_problem_with_its_line(gpu_dir):
-    spec = write(gpu_dir, """
+    spec = write(
+        gpu_dir,
+        """
         name: gpu-two
         replica: 2
         slurm:
@@ -129,7 +138,8 @@ def test_cli_validate_lists_every_problem_with_its_line(gpu_dir):
         triton:
           ports:
             htp: 8000
-        """)
+        """,
+    )
     result = validate_cli(spec)
     assert result.returncode == 2
     assert result.stdout == ""
@@ -182,13 +192,16 @@ def test_cli_relative_spec_path_is_reported_as_given(cpu_dir):
 
 
 # ------------------------------------------------------------------------------------ unknown keys, types
-@pytest.mark.parametrize("section,indent_key,wrong,right", [
-    ("", "", "replica", "replicas"),
-    ("slurm", "  ", "gpus_per_nod", "gpus_per_node"),
-    ("triton", "  ", "decoupeld", "decoupled"),
-    ("model", "  ", "tokenizer_dri", "tokenizer_dir"),
-    ("container", "  ", "imgae", "image"),
-])
+@pytest.mark.parametrize(
+    "section,indent_key,wrong,right",
+    [
+        ("", "", "replica", "replicas"),
+        ("slurm", "  ", "gpus_per_nod", "gpus_per_node"),
+        ("triton", "  ", "decoupeld", "decoupled"),
+        ("model", "  ", "tokenizer_dri", "tokenizer_dir"),
+        ("container", "  ", "imgae", "image"),
+    ],
+)
 def test_unknown_key_with_did_you_mean(cpu_dir, section, indent_key, wrong, right):
     text = spec_text(CPU_SPEC)
     if section in ("slurm", "model"):
@@ -219,13 +232,16 @@ def test_unknown_key_without_close_match_has_no_suggestion(cpu_dir):
     assert one(spec, "model.zzzqqq").message == "unknown key 'zzzqqq'"
 
 
-@pytest.mark.parametrize("snippet,field,words", [
-    ("  nodes: two", "slurm.nodes", "valid integer"),
-    ("  exclusive: maybe", "slurm.exclusive", "valid boolean"),
-    ("  nodes: 0", "slurm.nodes", "greater than or equal to 1"),
-    ("  sbatch_args: --mail-type=END", "slurm.sbatch_args", "valid list"),
-    ("  env: [A, B]", "slurm.env", "valid dictionary"),
-])
+@pytest.mark.parametrize(
+    "snippet,field,words",
+    [
+        ("  nodes: two", "slurm.nodes", "valid integer"),
+        ("  exclusive: maybe", "slurm.exclusive", "valid boolean"),
+        ("  nodes: 0", "slurm.nodes", "greater than or equal to 1"),
+        ("  sbatch_args: --mail-type=END", "slurm.sbatch_args", "valid list"),
+        ("  env: [A, B]", "slurm.env", "valid dictionary"),
+    ],
+)
 def test_wrong_types_in_slurm(cpu_dir, snippet, field, words):
     text = spec_text(CPU_SPEC).replace("  nodes: 1", snippet)
     spec = cpu_dir / "spec.yaml"
@@ -235,17 +251,24 @@ def test_wrong_types_in_slurm(cpu_dir, snippet, field, words):
     assert problem.line == line_of(spec, snippet.strip())
 
 
-@pytest.mark.parametrize("tail,field,words,needle", [
-    ("replicas: [1]\n", "replicas", "valid integer", "replicas:"),
-    ("triton: 5\n", "triton", "valid dictionary", "triton:"),
-    ("triton:\n  ports:\n    http: 70000\n", "triton.ports.http", "not a TCP port", "http:"),
-    ("triton:\n  ports: {http: 8000, grpc: 8000}\n", "triton.ports.grpc", "both port 8000", "ports:"),
-    ("triton:\n  kv_cache_free_gpu_mem_fraction: 1.5\n", "triton.kv_cache_free_gpu_mem_fraction",
-     "less than or equal", "kv_cache"),
-    ("mode: leeder\n", "mode", "'leader' or 'orchestrator'", "mode:"),
-    ("container:\n  type: docker\n", "container.type", "'none', 'pyxis' or 'apptainer'", "type: docker"),
-    ("container:\n  type: pyxis\n", "container.image", "needs container.image", "container:"),
-])
+@pytest.mark.parametrize(
+    "tail,field,words,needle",
+    [
+        ("replicas: [1]\n", "replicas", "valid integer", "replicas:"),
+        ("triton: 5\n", "triton", "valid dictionary", "triton:"),
+        ("triton:\n  ports:\n    http: 70000\n", "triton.ports.http", "not a TCP port", "http:"),
+        ("triton:\n  ports: {http: 8000, grpc: 8000}\n", "triton.ports.grpc", "both port 8000", "ports:"),
+        (
+            "triton:\n  kv_cache_free_gpu_mem_fraction: 1.5\n",
+            "triton.kv_cache_free_gpu_mem_fraction",
+            "less than or equal",
+            "kv_cache",
+        ),
+        ("mode: leeder\n", "mode", "'leader' or 'orchestrator'", "mode:"),
+        ("container:\n  type: docker\n", "container.type", "'none', 'pyxis' or 'apptainer'", "type: docker"),
+        ("container:\n  type: pyxis\n", "container.image", "needs container.image", "container:"),
+    ],
+)
 def test_wrong_types_elsewhere(cpu_dir, tail, field, words, needle):
     spec = write(cpu_dir, CPU_SPEC)
     spec.write_text(spec.read_text() + tail)
@@ -270,12 +293,21 @@ def test_bad_name(cpu_dir):
 def test_world_size_must_fit_the_allocation(tmp_path):
     make_engine(tmp_path / "engine", tp=4, pp=2)
     (tmp_path / "tok").mkdir()
-    spec = write(tmp_path, GPU_SPEC.replace("tp_size: 2", "tp_size: 4\n  pp_size: 2")
-                 .replace("gpus_per_node: 2", "gpus_per_node: 4"))
+    spec = write(
+        tmp_path,
+        GPU_SPEC.replace("tp_size: 2", "tp_size: 4\n  pp_size: 2").replace("gpus_per_node: 2", "gpus_per_node: 4"),
+    )
     problem = one(spec, "model.tp_size")
     assert problem.line == line_of(spec, "tp_size: 4")
-    for words in ("tp_size 4", "pp_size 2", "replicas 1", "= 8 ranks", "slurm.nodes 1", "ntasks_per_node 4",
-                  "= 4 tasks"):
+    for words in (
+        "tp_size 4",
+        "pp_size 2",
+        "replicas 1",
+        "= 8 ranks",
+        "slurm.nodes 1",
+        "ntasks_per_node 4",
+        "= 4 tasks",
+    ):
         assert words in problem.message, problem.message
     # the fix the message suggests makes it valid
     spec.write_text(spec.read_text().replace("nodes: 1", "nodes: 2"))
@@ -284,8 +316,9 @@ def test_world_size_must_fit_the_allocation(tmp_path):
 
 def test_replicas_count_in_the_fit(tmp_path):
     (tmp_path / "ckpt").mkdir()
-    spec = write(tmp_path, CPU_SPEC.replace("nodes: 1", "nodes: 1\n  ntasks_per_node: 3")
-                 + "  tp_size: 2\nreplicas: 2\n")
+    spec = write(
+        tmp_path, CPU_SPEC.replace("nodes: 1", "nodes: 1\n  ntasks_per_node: 3") + "  tp_size: 2\nreplicas: 2\n"
+    )
     problem = one(spec, "model.tp_size")
     assert "replicas 2 = 4 ranks" in problem.message and "= 3 tasks" in problem.message
     spec.write_text(spec.read_text().replace("ntasks_per_node: 3", "ntasks_per_node: 4"))
@@ -298,13 +331,19 @@ def test_tensorrtllm_needs_one_gpu_per_rank(gpu_dir):
 
 
 def test_orchestrator_on_several_nodes_is_rejected(gpu_dir):
-    spec = write(gpu_dir, GPU_SPEC.replace("nodes: 1", "nodes: 2").replace("gpus_per_node: 2", "gpus_per_node: 1")
-                 + "mode: orchestrator\n")
+    spec = write(
+        gpu_dir,
+        GPU_SPEC.replace("nodes: 1", "nodes: 2").replace("gpus_per_node: 2", "gpus_per_node: 1")
+        + "mode: orchestrator\n",
+    )
     problem = one(spec, "mode")
     assert problem.line == line_of(spec, "mode: orchestrator")
     assert "single node" in problem.message
-    single = write(gpu_dir, GPU_SPEC.replace("gpus_per_node: 2", "gpus_per_node: 2\n  ntasks_per_node: 1")
-                   + "mode: orchestrator\n", name="single.yaml")
+    single = write(
+        gpu_dir,
+        GPU_SPEC.replace("gpus_per_node: 2", "gpus_per_node: 2\n  ntasks_per_node: 1") + "mode: orchestrator\n",
+        name="single.yaml",
+    )
     spec_ok = load_spec(single)
     assert spec_ok.world_size_per_replica == 1 and spec_ok.mode == "orchestrator"
 
@@ -348,8 +387,11 @@ def test_check_files_false_skips_the_filesystem(tmp_path):
 
 def test_unset_variable_in_a_path_field(cpu_dir, monkeypatch):
     monkeypatch.delenv("HPC_TEST_UNSET_VAR", raising=False)
-    spec = write(cpu_dir, CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: ${HPC_TEST_UNSET_VAR}/ckpt")
-                 + "workdir: $HPC_TEST_UNSET_VAR/runs\n")
+    spec = write(
+        cpu_dir,
+        CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: ${HPC_TEST_UNSET_VAR}/ckpt")
+        + "workdir: $HPC_TEST_UNSET_VAR/runs\n",
+    )
     found = {p.path: p for p in problems(spec)}
     assert set(found) == {"model.checkpoint_dir", "workdir"}
     for field, needle in (("model.checkpoint_dir", "checkpoint_dir:"), ("workdir", "workdir:")):
@@ -368,7 +410,8 @@ def test_unset_variable_message_names_the_variable_and_the_fix(cpu_dir, monkeypa
     assert result.returncode == 2
     assert result.stderr.strip() == (
         f"{spec}:{line_of(spec, 'workdir:')}: workdir: uses $HPC_TEST_UNSET_VAR, which is not set; "
-        "export HPC_TEST_UNSET_VAR=/some/path, or give it a default in the spec: ${HPC_TEST_UNSET_VAR:-/some/path}")
+        "export HPC_TEST_UNSET_VAR=/some/path, or give it a default in the spec: ${HPC_TEST_UNSET_VAR:-/some/path}"
+    )
 
 
 def test_variable_defaults_shell_style(cpu_dir, monkeypatch):
@@ -377,8 +420,11 @@ def test_variable_defaults_shell_style(cpu_dir, monkeypatch):
     monkeypatch.delenv("HPC_TEST_UNSET_VAR", raising=False)
     monkeypatch.setenv("HOME", str(cpu_dir / "home"))
     (cpu_dir / "home" / "m").mkdir(parents=True)
-    spec = write(cpu_dir, CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: ${HPC_TEST_UNSET_VAR:-~/m}")
-                 + "workdir: ${HPC_TEST_UNSET_VAR:-.}/runs\n")
+    spec = write(
+        cpu_dir,
+        CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: ${HPC_TEST_UNSET_VAR:-~/m}")
+        + "workdir: ${HPC_TEST_UNSET_VAR:-.}/runs\n",
+    )
     loaded = load_spec(spec)
     assert loaded.model.checkpoint_dir == cpu_dir / "home" / "m" and loaded.workdir == cpu_dir / "runs"
     monkeypatch.setenv("HPC_TEST_UNSET_VAR", "")
@@ -422,8 +468,13 @@ def test_relative_paths_resolve_against_the_spec_folder(tmp_path, monkeypatch):
     here = tmp_path / "specs"
     make_engine(here / "models" / "engine", tp=2)
     (here / "models" / "tok").mkdir()
-    spec = write(here, GPU_SPEC.replace("engine_dir: engine", "engine_dir: models/engine")
-                 .replace("tokenizer_dir: tok", "tokenizer_dir: ./models/../models/tok") + "workdir: ../runs\n")
+    spec = write(
+        here,
+        GPU_SPEC.replace("engine_dir: engine", "engine_dir: models/engine").replace(
+            "tokenizer_dir: tok", "tokenizer_dir: ./models/../models/tok"
+        )
+        + "workdir: ../runs\n",
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -432,9 +483,18 @@ def test_relative_paths_resolve_against_the_spec_folder(tmp_path, monkeypatch):
     assert loaded.model.tokenizer_dir == here / "models" / "tok"
     assert loaded.workdir == tmp_path / "runs"
     # default workdir: runs next to the spec
-    assert load_spec(write(here, GPU_SPEC.replace("engine_dir: engine", "engine_dir: models/engine")
-                           .replace("tokenizer_dir: tok", "tokenizer_dir: models/tok"), "b.yaml")).workdir \
+    assert (
+        load_spec(
+            write(
+                here,
+                GPU_SPEC.replace("engine_dir: engine", "engine_dir: models/engine").replace(
+                    "tokenizer_dir: tok", "tokenizer_dir: models/tok"
+                ),
+                "b.yaml",
+            )
+        ).workdir
         == here / "runs"
+    )
 
 
 def test_tilde_expands_to_home(tmp_path, monkeypatch):
@@ -459,16 +519,18 @@ def test_unknown_triton_parameter_with_did_you_mean(cpu_dir):
     spec = write(cpu_dir, CPU_SPEC + "triton:\n  parameters:\n    enable_chunkd_context: true\n")
     problem = one(spec, "triton.parameters.enable_chunkd_context")
     assert problem.line == line_of(spec, "enable_chunkd_context")
-    assert problem.message == ("unknown tensorrt_llm parameter 'enable_chunkd_context'; "
-                               "did you mean 'enable_chunked_context'?")
+    assert problem.message == (
+        "unknown tensorrt_llm parameter 'enable_chunkd_context'; did you mean 'enable_chunked_context'?"
+    )
 
 
 def test_known_triton_parameters_pass(cpu_dir):
     from backend.repository import KNOWN_PARAMETERS
 
     assert "enable_chunked_context" in KNOWN_PARAMETERS
-    spec = write(cpu_dir, CPU_SPEC + "triton:\n  parameters:\n    enable_chunked_context: true\n"
-                 "    medusa_choices: '{0, 0}'\n")
+    spec = write(
+        cpu_dir, CPU_SPEC + "triton:\n  parameters:\n    enable_chunked_context: true\n    medusa_choices: '{0, 0}'\n"
+    )
     assert load_spec(spec).triton.parameters == {"enable_chunked_context": True, "medusa_choices": "{0, 0}"}
 
 
@@ -479,14 +541,26 @@ def test_triton_parameter_value_must_be_one_line(cpu_dir):
 
 
 # ------------------------------------------------------------------------------------- Slurm time and mem
-@pytest.mark.parametrize("value,ok", [
-    ('"30"', True), ('"30:00"', True), ('"02:00:00"', True), ('"1-12"', True), ('"1-12:30"', True),
-    ('"2-00:00:00"', True), ("UNLIMITED", True),
-    ('"1h"', False), ('"01:00:00:00"', False), ('"abc"', False), ('"1:2:3 "', False), ('"01:00:00\\n"', False),
-    ("02:00:00", True),  # unquoted but a string for YAML (leading 0)
-    ("2:00:00", False),  # unquoted: YAML 1.1 reads it as the base-60 number 7200
-    ("30", False),
-])
+@pytest.mark.parametrize(
+    "value,ok",
+    [
+        ('"30"', True),
+        ('"30:00"', True),
+        ('"02:00:00"', True),
+        ('"1-12"', True),
+        ('"1-12:30"', True),
+        ('"2-00:00:00"', True),
+        ("UNLIMITED", True),
+        ('"1h"', False),
+        ('"01:00:00:00"', False),
+        ('"abc"', False),
+        ('"1:2:3 "', False),
+        ('"01:00:00\\n"', False),
+        ("02:00:00", True),  # unquoted but a string for YAML (leading 0)
+        ("2:00:00", False),  # unquoted: YAML 1.1 reads it as the base-60 number 7200
+        ("30", False),
+    ],
+)
 def test_slurm_time_format(cpu_dir, value, ok):
     spec = write(cpu_dir, CPU_SPEC.replace("  nodes: 1", f"  nodes: 1\n  time: {value}"))
     if ok:
@@ -499,11 +573,21 @@ def test_slurm_time_format(cpu_dir, value, ok):
         assert "quote the time" in problem.message
 
 
-@pytest.mark.parametrize("value,ok,expected", [
-    ("64G", True, "64G"), ("512000M", True, "512000M"), ("0", True, "0"), ("1024", True, "1024"),
-    ('"64GB"', False, None), ('"64 G"', False, None), ('"-1"', False, None), ('"1.5G"', False, None),
-    ('"64G\\n"', False, None), ("true", False, None),
-])
+@pytest.mark.parametrize(
+    "value,ok,expected",
+    [
+        ("64G", True, "64G"),
+        ("512000M", True, "512000M"),
+        ("0", True, "0"),
+        ("1024", True, "1024"),
+        ('"64GB"', False, None),
+        ('"64 G"', False, None),
+        ('"-1"', False, None),
+        ('"1.5G"', False, None),
+        ('"64G\\n"', False, None),
+        ("true", False, None),
+    ],
+)
 def test_slurm_mem_format(cpu_dir, value, ok, expected):
     spec = write(cpu_dir, CPU_SPEC.replace("  nodes: 1", f"  nodes: 1\n  mem: {value}"))
     if ok:
@@ -535,8 +619,10 @@ def test_relative_mount_source_resolves_against_the_spec_folder(tmp_path, monkey
 def test_paths_that_would_split_a_mount_list_are_rejected_with_a_container(tmp_path, container):
     (tmp_path / "a,b").mkdir()
     (tmp_path / "c:d").mkdir()
-    body = (CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: c:d")
-            + f"container:\n  type: {container}\n  image: img\n  mounts: ['a,b']\n")
+    body = (
+        CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: c:d")
+        + f"container:\n  type: {container}\n  image: img\n  mounts: ['a,b']\n"
+    )
     spec = write(tmp_path, body)
     found = {p.path: p for p in problems(spec)}
     assert set(found) == {"container.mounts.0", "model.checkpoint_dir"}
@@ -549,7 +635,9 @@ def test_paths_that_would_split_a_mount_list_are_rejected_with_a_container(tmp_p
 
 # ------------------------------------------------------------------------ triton.parameters: one typed table
 def test_parameter_types_and_conflicts_are_all_caught_by_validate_with_their_lines(cpu_dir):
-    path = write(cpu_dir, """
+    path = write(
+        cpu_dir,
+        """
         name: p
         model: {backend: cpu, checkpoint_dir: ckpt}
         triton:
@@ -560,10 +648,13 @@ def test_parameter_types_and_conflicts_are_all_caught_by_validate_with_their_lin
             kv_cache_free_gpu_mem_fraction: 1.5
             engine_dir: /elsewhere
             enable_chunked_context: true
-    """)
+    """,
+    )
     found = {p.path: p for p in problems(path)}
-    assert set(found) == {f"triton.parameters.{k}" for k in
-                          ("max_beam_width", "decoupled_mode", "kv_cache_free_gpu_mem_fraction", "engine_dir")}
+    assert set(found) == {
+        f"triton.parameters.{k}"
+        for k in ("max_beam_width", "decoupled_mode", "kv_cache_free_gpu_mem_fraction", "engine_dir")
+    }
     assert "must be an integer, got 'abc'" in found["triton.parameters.max_beam_width"].message
     assert found["triton.parameters.max_beam_width"].line == line_of(path, "max_beam_width")
     assert "set by triton.decoupled" in found["triton.parameters.decoupled_mode"].message
@@ -575,9 +666,14 @@ def test_spec_choices_are_the_repository_choices(cpu_dir):
     from backend.repository import choices
 
     for policy in choices("batch_scheduler_policy"):
-        spec = load_spec(write(cpu_dir, f"""
+        spec = load_spec(
+            write(
+                cpu_dir,
+                f"""
             name: p
             model: {{backend: cpu, checkpoint_dir: ckpt}}
             triton: {{batch_scheduler_policy: {policy}}}
-        """))
+        """,
+            )
+        )
         assert spec.triton.batch_scheduler_policy == policy

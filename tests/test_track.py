@@ -36,26 +36,60 @@ pytestmark = pytest.mark.timeout(120)
 def make_job(tmp_path: Path, job_id: str = "4242", *, replicas: int = 1, world_per_replica: int = 2) -> JobRef:
     deploy = tmp_path / "deploy"
     deploy.mkdir(exist_ok=True)
-    (deploy / "launch.json").write_text(json.dumps({
-        "version": 1, "name": "fake", "deployment_dir": str(deploy), "replicas": replicas,
-        "world_size_per_replica": world_per_replica, "tp_size": world_per_replica, "pp_size": 1,
-    }))
+    (deploy / "launch.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "name": "fake",
+                "deployment_dir": str(deploy),
+                "replicas": replicas,
+                "world_size_per_replica": world_per_replica,
+                "tp_size": world_per_replica,
+                "pp_size": 1,
+            }
+        )
+    )
     return JobRef(job_id, JobPaths(deploy, job_id).create().folder)
 
 
 def publish(ref: JobRef, replica: int, address: str = "10.1.2.3", http_port: int = 8000) -> EndpointRecord:
-    record = {"version": 1, "job_id": ref.job_id, "replica": replica, "rank": replica * 2, "host": f"node{replica + 1}",
-              "address": address, "http_port": http_port, "grpc_port": http_port + 1,
-              "metrics_port": http_port + 2, "pid": 1, "started_at": 1.0, "ready_at": 2.0}
+    record = {
+        "version": 1,
+        "job_id": ref.job_id,
+        "replica": replica,
+        "rank": replica * 2,
+        "host": f"node{replica + 1}",
+        "address": address,
+        "http_port": http_port,
+        "grpc_port": http_port + 1,
+        "metrics_port": http_port + 2,
+        "pid": 1,
+        "started_at": 1.0,
+        "ready_at": 2.0,
+    }
     ref.paths.endpoint(replica).write_text(json.dumps(record))
     return EndpointRecord.from_dict(record)
 
 
-def rank_exit(ref: JobRef, rank: int, exit_code: int | None, *, ended_at: float, signal: str | None = None,
-              host: str | None = None, tail: list[str] | None = None) -> RankExitRecord:
+def rank_exit(
+    ref: JobRef,
+    rank: int,
+    exit_code: int | None,
+    *,
+    ended_at: float,
+    signal: str | None = None,
+    host: str | None = None,
+    tail: list[str] | None = None,
+) -> RankExitRecord:
     """A rank exit record as the launcher wrote it before records had a version (read as they still are)."""
-    record = {"rank": rank, "host": host or f"node{rank + 1}", "exit_code": exit_code, "signal": signal,
-              "log_tail": tail if tail is not None else [f"rank {rank} last line"], "ended_at": ended_at}
+    record = {
+        "rank": rank,
+        "host": host or f"node{rank + 1}",
+        "exit_code": exit_code,
+        "signal": signal,
+        "log_tail": tail if tail is not None else [f"rank {rank} last line"],
+        "ended_at": ended_at,
+    }
     ref.paths.rank_record(rank).write_text(json.dumps(record))
     return RankExitRecord.from_dict(record)
 
@@ -196,11 +230,19 @@ def test_slurm_failed_names_the_rank(tmp_path, scheduler):
     assert st.state == "FAILED" and st.failed_rank == cause
 
 
-@pytest.mark.parametrize("raw,state", [
-    ("CANCELLED", "CANCELLED"), ("PREEMPTED", "CANCELLED"), ("REVOKED", "CANCELLED"),
-    ("TIMEOUT", "TIMEOUT"), ("DEADLINE", "TIMEOUT"),
-    ("NODE_FAIL", "FAILED"), ("OUT_OF_MEMORY", "FAILED"), ("BOOT_FAIL", "FAILED"),
-])
+@pytest.mark.parametrize(
+    "raw,state",
+    [
+        ("CANCELLED", "CANCELLED"),
+        ("PREEMPTED", "CANCELLED"),
+        ("REVOKED", "CANCELLED"),
+        ("TIMEOUT", "TIMEOUT"),
+        ("DEADLINE", "TIMEOUT"),
+        ("NODE_FAIL", "FAILED"),
+        ("OUT_OF_MEMORY", "FAILED"),
+        ("BOOT_FAIL", "FAILED"),
+    ],
+)
 def test_end_states_map(tmp_path, scheduler, raw, state):
     ref = make_job(tmp_path)
     scheduler.set(raw)
@@ -338,9 +380,12 @@ def test_local_supervisor_stays_light():
     does not import pydantic/jinja2/the spec before the ranks start."""
     from launcher.layout import SOURCE_ROOT
 
-    code = "import sys, hpc.local_run; print(sorted({'pydantic', 'jinja2', 'hpc.spec', 'hpc.render'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=SOURCE_ROOT).stdout
+    code = (
+        "import sys, hpc.local_run; print(sorted({'pydantic', 'jinja2', 'hpc.spec', 'hpc.render'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SOURCE_ROOT
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -350,8 +395,17 @@ def test_local_supervisor_stays_light():
 
 def test_wait_follows_the_job_to_ready(tmp_path, scheduler, monkeypatch):
     ref = make_job(tmp_path)
-    script = iter([("PENDING", "Priority"), ("PENDING", "Priority"), ("PENDING", "Resources"), ("RUNNING", None),
-                   ("RUNNING", None), ("RUNNING", "publish"), ("RUNNING", None)])
+    script = iter(
+        [
+            ("PENDING", "Priority"),
+            ("PENDING", "Priority"),
+            ("PENDING", "Resources"),
+            ("RUNNING", None),
+            ("RUNNING", None),
+            ("RUNNING", "publish"),
+            ("RUNNING", None),
+        ]
+    )
 
     def step(job_id, job_dir):
         raw, reason = next(script)
@@ -364,8 +418,12 @@ def test_wait_follows_the_job_to_ready(tmp_path, scheduler, monkeypatch):
     seen: list[JobStatus] = []
     st = wait(ref, on_change=seen.append, poll_s=0.01)
     assert st.state == "READY"
-    assert [(s.state, s.reason) for s in seen] == [("PENDING", "Priority"), ("PENDING", "Resources"),
-                                                   ("STARTING", None), ("READY", None)]
+    assert [(s.state, s.reason) for s in seen] == [
+        ("PENDING", "Priority"),
+        ("PENDING", "Resources"),
+        ("STARTING", None),
+        ("READY", None),
+    ]
 
 
 def test_wait_stops_at_an_end_state_it_was_not_waiting_for(tmp_path, scheduler):
@@ -475,8 +533,12 @@ def slurm_state(job: str) -> tuple[str, str | None]:
 
 
 def _sbatch_held(folder: Path) -> str:
-    proc = subprocess.run(["sbatch", "--parsable", "--hold", "-p", "debug", "-o", f"{folder}/%j.out",
-                           "--wrap", "sleep 30"], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "-p", "debug", "-o", f"{folder}/%j.out", "--wrap", "sleep 30"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return proc.stdout.strip().split(";")[0]
 
 
@@ -507,8 +569,9 @@ def test_slurm_state_held_released_cancelled(held_job):
 
     subprocess.run(["scancel", job], check=True, capture_output=True)
     wait_for(lambda: job_status(ref).state == "CANCELLED", 30, "the watcher to see the job CANCELLED")
-    assert _sacct_state(job).startswith("CANCELLED by") and slurm_state(job) == ("CANCELLED", None), \
+    assert _sacct_state(job).startswith("CANCELLED by") and slurm_state(job) == ("CANCELLED", None), (
         "the watcher must keep only the state word"
+    )
     assert job_status(ref).done
 
 
@@ -566,7 +629,8 @@ def test_failure_from_logs_when_the_step_was_killed_before_any_record(tmp_path):
     (job_dir / "7_1_log.err").write_text(
         "I1122 loading tensorrt_llm\n"
         "slurmstepd-node2: error:  mpi/pmix_v4: _errhandler: node2 [1]: pmixp_client_v2.c:211: "
-        "Error handler invoked: status = -61, source = [slurm.pmix.7.0:1]\n")
+        "Error handler invoked: status = -61, source = [slurm.pmix.7.0:1]\n"
+    )
     os.utime(job_dir / "7_0_log.err", (1, 1))  # rank 0's log is not what went first
     record = failure_from_logs(JobRef("7", job_dir))
     assert record.rank == 1 and record.host == "node2"

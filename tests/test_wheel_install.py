@@ -6,6 +6,7 @@ shadowing the container's own numpy and friends.  Now only hpc-serve's own packa
 The venv sees this machine's other packages through a plain path (not a site dir), so the editable install's
 import hook stays out of it, as in submitit's installable_wheel test target.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,32 +33,61 @@ def wheel_venv(tmp_path_factory) -> Path:
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp / "dist"), str(source)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     site = next((venv / "lib").glob("python*/site-packages"))
     (site / "host-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # a path, not a site dir
     wheel = next((tmp / "dist").glob("hpc_serve-*.whl"))
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return venv
 
 
 def _venv_cli(venv: Path, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / "hpc-serve"), *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd="/")
+    return subprocess.run(
+        [str(venv / "bin" / "hpc-serve"), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd="/"
+    )
 
 
 def test_the_wheel_is_what_runs(wheel_venv: Path) -> None:
-    where = subprocess.run([str(wheel_venv / "bin" / "python"), "-c", "import hpc, launcher, backend; "
-                            "print(hpc.__file__, launcher.__file__, backend.__file__)"],
-                           capture_output=True, text=True, check=True, cwd="/").stdout.split()
+    where = subprocess.run(
+        [
+            str(wheel_venv / "bin" / "python"),
+            "-c",
+            "import hpc, launcher, backend; print(hpc.__file__, launcher.__file__, backend.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    ).stdout.split()
     assert all(str(wheel_venv) in path for path in where), where
 
 
-def test_a_wheel_install_ships_only_its_own_packages_to_the_ranks(wheel_venv, tmp_path, tiny_gpt2, slurm_cluster,
-                                                                   tritonserver, hpc_home) -> None:
+def test_a_wheel_install_ships_only_its_own_packages_to_the_ranks(
+    wheel_venv, tmp_path, tiny_gpt2, slurm_cluster, tritonserver, hpc_home
+) -> None:
     spec = write_spec(tmp_path, "wheel", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
     env = {**os.environ, "HPC_SERVE_HOME": str(hpc_home)}
     proc = _venv_cli(wheel_venv, "submit", str(spec), "--wait", "--timeout", "200", env=env)
@@ -71,8 +101,11 @@ def test_a_wheel_install_ships_only_its_own_packages_to_the_ranks(wheel_venv, tm
         assert {p.name for p in (deploy / "python").iterdir()} == {"launcher", "backend"}
         assert cli("generate", job, "Once upon a time", "--max-tokens", "6").stdout.strip()
         environ = [Path(f"/proc/{pid}/environ") for pid in _pids_mentioning(str(deploy))]
-        pythonpaths = {e.read_bytes().split(b"PYTHONPATH=")[1].split(b"\0")[0].decode()
-                       for e in environ if e.exists() and b"PYTHONPATH=" in e.read_bytes()}
+        pythonpaths = {
+            e.read_bytes().split(b"PYTHONPATH=")[1].split(b"\0")[0].decode()
+            for e in environ
+            if e.exists() and b"PYTHONPATH=" in e.read_bytes()
+        }
         assert pythonpaths and not any("site-packages" in p for p in pythonpaths), pythonpaths
     finally:
         cli("cancel", job, check=False, timeout=120)

@@ -9,6 +9,7 @@ Public API (numpy-only imports; ``mpi4py`` only when tp_size > 1):
 - ``GenerationRequest`` / ``GenerationOutput`` / ``SamplingParams``: engine-level request types.
 - ``create_checkpoint(out_dir, family, size, seed)``: random-weight HF checkpoint + tokenizer (``init_model``).
 """
+
 from .engine import Engine, EngineStats, follower_loop, load_shard
 from .init_model import create_checkpoint
 from .sampling import SamplingParams

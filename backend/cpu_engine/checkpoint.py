@@ -7,13 +7,15 @@ Supported architectures: ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` (the two f
 and the ones most TensorRT-LLM examples start from).  Weights are returned with HF names (minus any leading
 ``transformer.``/``model.`` prefix is *not* stripped: the model builder knows both spellings).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -86,9 +88,13 @@ def parse_config(cfg: dict[str, Any]) -> ModelConfig:
             raise CheckpointError(f"Llama hidden_act {act!r} is not supported by the CPU engine (only 'silu')")
         rope_params = cfg.get("rope_parameters") or {}
         rope_scaling = cfg.get("rope_scaling") or {}
-        rope_type = rope_params.get("rope_type") or rope_scaling.get("rope_type") or rope_scaling.get("type") or "default"
+        rope_type = (
+            rope_params.get("rope_type") or rope_scaling.get("rope_type") or rope_scaling.get("type") or "default"
+        )
         if rope_type != "default":
-            raise CheckpointError(f"rope scaling type {rope_type!r} is not supported by the CPU engine (only 'default')")
+            raise CheckpointError(
+                f"rope scaling type {rope_type!r} is not supported by the CPU engine (only 'default')"
+            )
         theta = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])

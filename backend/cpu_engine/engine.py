@@ -7,26 +7,27 @@ what TensorRT-LLM's executor does on GPU, so latency/throughput behaviour is ali
 Threading: ``submit`` may be called from any thread; all model work and all MPI calls happen on the engine thread
 (``start()``), or on the caller's thread when driving ``step()`` by hand (tests).
 """
+
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import cast
 
 import numpy as np
 
 from .checkpoint import ModelConfig, load_config, load_weights
 from .lockstep import StepFailed
 from .model import StepPlan, TransformerShard
-from .parallel import Communicator, LeaderDied, PeerGone, SingleComm, drain_deadline, world_comm
+from .parallel import Communicator, LeaderDied, PeerGone, drain_deadline, world_comm
 from .sampling import apply_penalties, ban_bad_words, sample_token
 from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
-from .validate import request_problem
 from .selection import greedy_picks, hit_stop_word
+from .validate import request_problem
 
 log = logging.getLogger("hpc_serve.cpu_engine")
 
@@ -248,8 +249,11 @@ class Engine:
         if deadline is None or self._refusing or now_epoch < deadline - DRAIN_MARGIN_S:
             return
         self._refusing = "the server is stopping (its drain time ran out); retry on another replica or job"
-        log.warning("drain time ends at %.1f: failing %d queued/running request(s)", deadline,
-                    len(self.scheduler.running) + len(self.scheduler.waiting) + self._incoming.qsize())
+        log.warning(
+            "drain time ends at %.1f: failing %d queued/running request(s)",
+            deadline,
+            len(self.scheduler.running) + len(self.scheduler.waiting) + self._incoming.qsize(),
+        )
         self._fail_all(self._refusing)
 
     def step_or_fail(self) -> str | None:
@@ -359,10 +363,12 @@ class Engine:
         self._last_context_tokens = sum(r.prompt_len for r in admitted)
         now = time.time_ns()
         reqs = running + admitted
+        # the leader computes logits (model.run_step returns None only on followers)
+        prefill_rows = cast("list[np.ndarray]", prefill_logits)
         if n_run and admitted:
-            logits = np.concatenate([decode_logits, np.stack(prefill_logits)])
+            logits = np.concatenate([cast(np.ndarray, decode_logits), np.stack(prefill_rows)])
         else:
-            logits = decode_logits if n_run else np.stack(prefill_logits)
+            logits = cast(np.ndarray, decode_logits) if n_run else np.stack(prefill_rows)
         picks = greedy_picks(reqs, logits)
         for j, req in enumerate(reqs):
             self._advance(req, logits[j], now, picks[j])
@@ -376,7 +382,9 @@ class Engine:
             except Exception:
                 log.exception("on_step hook failed")
 
-    def _advance(self, req: GenerationRequest, logits: np.ndarray, now: int, pick: tuple[int, float] | None = None) -> None:
+    def _advance(
+        self, req: GenerationRequest, logits: np.ndarray, now: int, pick: tuple[int, float] | None = None
+    ) -> None:
         """Sample one token for ``req`` (or take ``pick``, its batched greedy choice) and apply the stop rules."""
         p = req.sampling
         n_out = len(req.output_ids)
@@ -389,6 +397,7 @@ class Engine:
                 ban_bad_words(logits, req.bad_words, req.input_ids.tolist() + req.output_ids)
             if req.end_id is not None and n_out < p.min_tokens and 0 <= req.end_id < logits.shape[-1]:
                 logits[req.end_id] = -np.inf
+            assert req.rng is not None  # seeded in submit()
             token, logp = sample_token(logits, p, req.rng)
         if not req.first_token_time_ns:
             req.first_token_time_ns = now

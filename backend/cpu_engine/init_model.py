@@ -7,6 +7,7 @@ token-for-token against the reference implementation, and by the CPU engine itse
 Usage: ``create_checkpoint(out_dir, family="gpt2"|"llama", size="tiny"|"small", seed=0)`` or
 ``python -m backend.cpu_engine.init_model DIR --family gpt2 --size tiny``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +31,13 @@ SIZES: dict[str, dict[str, int]] = {
 }
 
 SPECIAL_TOKENS = {
-    "gpt2": {"tokens": ["<|endoftext|>"], "bos": "<|endoftext|>", "eos": "<|endoftext|>", "pad": "<|endoftext|>", "unk": "<|endoftext|>"},
+    "gpt2": {
+        "tokens": ["<|endoftext|>"],
+        "bos": "<|endoftext|>",
+        "eos": "<|endoftext|>",
+        "pad": "<|endoftext|>",
+        "unk": "<|endoftext|>",
+    },
     "llama": {"tokens": ["<unk>", "<s>", "</s>", "<pad>"], "bos": "<s>", "eos": "</s>", "pad": "<pad>", "unk": "<unk>"},
 }
 
@@ -49,14 +57,14 @@ def train_tokenizer(family: str, vocab_size: int) -> Any:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=spec["tokens"],
+        special_tokens=list(spec["tokens"]),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     text = corpus_text()
     tok.train_from_iterator([line for line in text.splitlines() if line.strip()], trainer=trainer)
     if family == "llama":
-        bos = spec["bos"]
+        bos = str(spec["bos"])
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
         )
@@ -119,7 +127,7 @@ def _hf_config(family: str, dims: dict[str, int], vocab: int, ids: dict[str, int
 def _random_weights(family: str, dims: dict[str, int], vocab: int, seed: int) -> dict[str, np.ndarray]:
     """Random fp32 weights large enough that logits are decisive (so greedy comparisons are not decided by ties)."""
     rng = np.random.default_rng(seed)
-    H, L, I = dims["hidden"], dims["layers"], dims["intermediate"]
+    H, L, inter = dims["hidden"], dims["layers"], dims["intermediate"]
     lin_std = 1.0 / np.sqrt(H)
 
     def n(*shape: int, std: float = lin_std) -> np.ndarray:
@@ -154,9 +162,9 @@ def _random_weights(family: str, dims: dict[str, int], vocab: int, seed: int) ->
         w[p + "self_attn.v_proj.weight"] = n(KV, H)
         w[p + "self_attn.o_proj.weight"] = n(H, H)
         w[p + "post_attention_layernorm.weight"] = norm_w()
-        w[p + "mlp.gate_proj.weight"] = n(I, H)
-        w[p + "mlp.up_proj.weight"] = n(I, H)
-        w[p + "mlp.down_proj.weight"] = n(H, I, std=1.0 / np.sqrt(I))
+        w[p + "mlp.gate_proj.weight"] = n(inter, H)
+        w[p + "mlp.up_proj.weight"] = n(inter, H)
+        w[p + "mlp.down_proj.weight"] = n(H, inter, std=1.0 / np.sqrt(inter))
     w["model.norm.weight"] = norm_w()
     w["lm_head.weight"] = n(vocab, H, std=0.15)
     return w
@@ -219,7 +227,11 @@ def create_checkpoint(
             json.dump(config, f, indent=2)
         with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
             json.dump({k + "_token_id": ids[k] for k in ("bos", "eos", "pad")}, f, indent=2)
-        save_file(_random_weights(family, dims, vocab, seed), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            _random_weights(family, dims, vocab, seed),
+            os.path.join(tmp, "model.safetensors"),
+            metadata={"format": "pt"},
+        )
         os.chmod(tmp, 0o755)
         for name in os.listdir(tmp):
             os.chmod(os.path.join(tmp, name), 0o644)
@@ -249,7 +261,9 @@ def create_checkpoint(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``init-model DIR [--family gpt2|llama] [--size tiny|small] [--seed N] [--overwrite]``."""
-    ap = argparse.ArgumentParser(prog="init-model", description="Write a small random-weight HF checkpoint + tokenizer.")
+    ap = argparse.ArgumentParser(
+        prog="init-model", description="Write a small random-weight HF checkpoint + tokenizer."
+    )
     ap.add_argument("dir")
     ap.add_argument("--family", choices=FAMILIES, default="gpt2")
     ap.add_argument("--size", choices=tuple(SIZES), default="tiny")

@@ -2,6 +2,7 @@
 
 Kept as plain functions over arrays so the model file reads like the math and tests can check them one by one.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,7 @@ import numpy as np
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
 
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
     """LayerNorm over the last axis (GPT-2).  (Few temporaries, in-place steps: this runs 2x per layer per step.)"""
     inv_n = np.float32(1.0 / x.shape[-1])
     mean = np.add.reduce(x, axis=-1, keepdims=True)
@@ -21,7 +22,8 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
     np.sqrt(var, out=var)
     xc /= var
     xc *= weight
-    xc += bias
+    if bias is not None:
+        xc += bias
     return xc
 
 

@@ -7,6 +7,7 @@ every rank before any collective (a rejected plan is skipped by all ranks togeth
 forward pass still joins the all-reduces that were left (with zeros), and one last tiny all-reduce tells every
 rank whether anybody failed.  The step's requests then fail with the reason; the ranks go on serving.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -13,9 +13,12 @@ Tensor parallelism (Megatron style): q/k/v, gate/up and c_fc are split by column
 o_proj/down/c_proj by rows, followed by one all-reduce each; embeddings and lm_head are replicated and only the
 leader computes logits.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -72,6 +75,11 @@ def _shard_rows(w: np.ndarray, parts: int, rank: int) -> np.ndarray:
 class TransformerShard:
     """One rank's share of the model plus its share of the KV cache."""
 
+    wpe: np.ndarray | None  # GPT-2's learned positions; None for Llama (RoPE)
+    lnf_b: np.ndarray | None  # the final norm's bias (LayerNorm); None for RMSNorm
+    rope_cos: np.ndarray | None  # RoPE tables (Llama); None for GPT-2
+    rope_sin: np.ndarray | None
+
     def __init__(
         self,
         config: ModelConfig,
@@ -125,7 +133,11 @@ class TransformerShard:
         """Column-parallel shard of q, k, v (each ``[..., heads*D]``) fused into one matrix for one GEMM."""
         return np.ascontiguousarray(
             np.concatenate(
-                [_shard_cols(q, self.tp, self.rank), _shard_cols(k, self.tp, self.rank), _shard_cols(v, self.tp, self.rank)],
+                [
+                    _shard_cols(q, self.tp, self.rank),
+                    _shard_cols(k, self.tp, self.rank),
+                    _shard_cols(v, self.tp, self.rank),
+                ],
                 axis=-1,
             ),
             dtype=np.float32,
@@ -167,7 +179,7 @@ class TransformerShard:
         c = self.cfg
         P = ("model.", "")
         g = lambda n: self._get(w, n, P).astype(np.float32)  # noqa: E731
-        opt = lambda n: next((w[p + n].astype(np.float32) for p in P if p + n in w), None)  # noqa: E731
+        opt: Callable[[str], Any] = lambda n: next((w[p + n].astype(np.float32) for p in P if p + n in w), None)  # noqa: E731
         self.wte = g("embed_tokens.weight")
         self.wpe = None
         self.layers = []
@@ -189,7 +201,9 @@ class TransformerShard:
                     ln2_w=g(p + "post_attention_layernorm.weight"),
                     ln2_b=None,
                     w_up=np.ascontiguousarray(
-                        np.concatenate([_shard_cols(gate, self.tp, self.rank), _shard_cols(up, self.tp, self.rank)], axis=-1)
+                        np.concatenate(
+                            [_shard_cols(gate, self.tp, self.rank), _shard_cols(up, self.tp, self.rank)], axis=-1
+                        )
                     ),
                     b_up=None
                     if bgate is None
@@ -273,7 +287,7 @@ class TransformerShard:
         q = qkv[:, :nq].reshape(T, self.n_heads, D)
         k = qkv[:, nq : nq + nk].reshape(T, self.n_kv, D)
         v = qkv[:, nq + nk :].reshape(T, self.n_kv, D)
-        if self.rope_cos is not None:
+        if self.rope_cos is not None and self.rope_sin is not None:
             cos = self.rope_cos[positions][:, None, :]
             sin = self.rope_sin[positions][:, None, :]
             q = apply_rope(q, cos, sin)
@@ -397,7 +411,7 @@ class TransformerShard:
 
     def move_slot(self, src: int, dst: int) -> None:
         """Copy a sequence's cache from ``src`` to ``dst`` (compaction when a sequence leaves)."""
-        for kc, vc in zip(self.k_cache, self.v_cache):
+        for kc, vc in zip(self.k_cache, self.v_cache, strict=True):
             kc[dst] = kc[src]
             vc[dst] = vc[src]
 

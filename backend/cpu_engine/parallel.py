@@ -4,17 +4,19 @@ Why an interface: the engine must run on a laptop or in CI with no MPI at all, s
 when a world of more than one rank is actually requested.  The leader/follower protocol (rank 0 drives, others
 mirror each step) mirrors TensorRT-LLM's leader mode.
 """
+
 from __future__ import annotations
 
 import os
 import pickle
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
-SPIN_S = 0.005   # poll back to back this long (a step's message arrives within microseconds)...
-NAP_S = 0.001    # ...then sleep this long between polls (an idle follower heartbeats once a second)
+SPIN_S = 0.005  # poll back to back this long (a step's message arrives within microseconds)...
+NAP_S = 0.001  # ...then sleep this long between polls (an idle follower heartbeats once a second)
 #: during a stop, how long the leader's last broadcast and each rank's MPI_Finalize rendezvous may take before
 #: the peer counts as gone (both are immediate when it is there)
 STOP_TIMEOUT_S = 5.0
@@ -52,9 +54,15 @@ class PeerGone(RuntimeError):
     """The leader's broadcast was not taken by its followers within ``send_timeout_s``: a follower is gone."""
 
 
-def wait_request(req: Any, timeout_s: float | None, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, spin_s: float = SPIN_S,
-                 nap_s: float = NAP_S) -> bool:
+def wait_request(
+    req: Any,
+    timeout_s: float | None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    spin_s: float = SPIN_S,
+    nap_s: float = NAP_S,
+) -> bool:
     """Wait for a non-blocking MPI request; True once it completed, False after ``timeout_s`` (None: never).
 
     Why not ``req.Wait()``: Open MPI's Wait polls its progress engine at full speed and never returns when the
@@ -119,8 +127,9 @@ class MpiComm:
             buf = np.frombuffer(payload, dtype=np.uint8).copy()
             for part in (header, buf):
                 if not wait_request(self.comm.Ibcast(part, root=0), self.send_timeout_s):
-                    raise self._give_up(PeerGone, f"a follower did not take the leader's message within "
-                                                  f"{self.send_timeout_s:g}s")
+                    raise self._give_up(
+                        PeerGone, f"a follower did not take the leader's message within {self.send_timeout_s:g}s"
+                    )
             return obj
         # Only a leader that has spoken can fall silent: before its first message it may still be loading a
         # large checkpoint (minutes), and its death then is srun's --kill-on-bad-exit's job.

@@ -7,6 +7,7 @@ Greedy is used when temperature == 0, top_k == 1, or when no sampling knob (temp
 TensorRT-LLM's defaults are greedy too.  Log-probs are ``log_softmax`` of the processed logits (after penalties
 and temperature, before top-k/top-p truncation), reported for the chosen token.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,9 +41,13 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Refuse values that would poison a batch step (NaN/inf spread to every row's sampling)."""
-        floats = {"temperature": self.temperature, "runtime_top_p": self.top_p,
-                  "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
-                  "frequency_penalty": self.frequency_penalty}
+        floats = {
+            "temperature": self.temperature,
+            "runtime_top_p": self.top_p,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+        }
         for name, value in floats.items():
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"input '{name}' must be a finite number, got {value}")

@@ -4,13 +4,14 @@ Why reserve prompt + max output at admission: a running sequence can then never 
 ever evicted or crashed mid-generation; requests that do not fit yet simply wait in FIFO order.  Accounting is in
 blocks of ``block_size`` tokens so the metrics read like TensorRT-LLM's paged cache (used/free/max blocks).
 """
+
 from __future__ import annotations
 
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -23,7 +24,7 @@ _ids = itertools.count()
 class GenerationOutput:
     """One streamed chunk (or the whole result when not streaming) for a request."""
 
-    request: "GenerationRequest"
+    request: GenerationRequest
     new_tokens: list[int]
     new_log_probs: list[float]
     finished: bool

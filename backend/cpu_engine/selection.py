@@ -3,6 +3,7 @@
 Why apart from the engine loop: these are pure functions of the requests and the step's logits (no MPI, no
 threads), the hot path of every decode step, and worth testing on their own.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,7 +38,7 @@ def greedy_picks(reqs: list[GenerationRequest], logits: np.ndarray) -> list[tupl
     lse = np.log(np.sum(np.exp(shifted), axis=-1))
     logps = shifted[np.arange(len(rows)), tokens] - lse
     picks: list[tuple[int, float] | None] = [None] * len(reqs)
-    for j, t, lp in zip(rows.tolist(), tokens.tolist(), logps.tolist()):
+    for j, t, lp in zip(rows.tolist(), tokens.tolist(), logps.tolist(), strict=True):
         picks[j] = (t, lp)
     return picks
 

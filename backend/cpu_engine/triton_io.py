@@ -4,10 +4,11 @@ Why separate from the Triton model file: ``triton_python_backend_utils`` exists 
 stub, while this mapping (names, dtypes, shapes, what is unsupported) is the part worth unit-testing.  Tensor
 names/dtypes/dims follow tensorrtllm_backend ``all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import numpy as np
 
@@ -55,7 +56,10 @@ UNSUPPORTED_INPUTS: dict[str, tuple[Callable[[np.ndarray], bool], str]] = {
     "lora_task_id": (_nonempty, "LoRA is not supported by the CPU engine"),
     "lora_weights": (_nonempty, "LoRA is not supported by the CPU engine"),
     "lora_config": (_nonempty, "LoRA is not supported by the CPU engine"),
-    "context_phase_params": (_nonempty, "disaggregated serving (context_phase_params) is not supported by the CPU engine"),
+    "context_phase_params": (
+        _nonempty,
+        "disaggregated serving (context_phase_params) is not supported by the CPU engine",
+    ),
     "return_context_logits": (_truthy, "context logits are not returned by the CPU engine"),
     "return_generation_logits": (_truthy, "generation logits are not returned by the CPU engine"),
     "runtime_top_p_min": (_not_default_top_p, "top-p decay is not implemented by the CPU engine"),
@@ -95,8 +99,9 @@ def parse_words_list(arr: np.ndarray | None, name: str = "stop_words_list") -> l
         return []
     a = np.asarray(arr)
     if a.size % 2 or (a.ndim >= 2 and a.shape[-2] != 2):
-        raise InputError(f"input '{name}' must be [2, L] (token ids, cumulative end offsets), got shape "
-                         f"{list(a.shape)}")
+        raise InputError(
+            f"input '{name}' must be [2, L] (token ids, cumulative end offsets), got shape {list(a.shape)}"
+        )
     a = a.reshape(2, -1)
     ids, offsets = a[0], a[1]
     words, start = [], 0
@@ -105,8 +110,10 @@ def parse_words_list(arr: np.ndarray | None, name: str = "stop_words_list") -> l
         if off < 0:
             break
         if off < start or off > len(ids):
-            raise InputError(f"input '{name}': offset {off} must be >= the previous one ({start}) and <= "
-                             f"{len(ids)} (the number of ids)")
+            raise InputError(
+                f"input '{name}': offset {off} must be >= the previous one ({start}) and <= "
+                f"{len(ids)} (the number of ids)"
+            )
         if off > start:
             words.append([int(t) for t in ids[start:off]])
         start = off
@@ -155,9 +162,20 @@ def _scalar(inputs: Mapping[str, np.ndarray], name: str, b: int, batch: int, def
     return r.reshape(-1)[0].item()
 
 
-_SCALAR_INPUTS = ("input_lengths", "request_output_len", "end_id", "pad_id", "temperature", "runtime_top_k",
-                  "runtime_top_p", "seed", "min_tokens", "repetition_penalty", "presence_penalty",
-                  "frequency_penalty")
+_SCALAR_INPUTS = (
+    "input_lengths",
+    "request_output_len",
+    "end_id",
+    "pad_id",
+    "temperature",
+    "runtime_top_k",
+    "runtime_top_p",
+    "seed",
+    "min_tokens",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 def _check_batch_dims(inputs: Mapping[str, np.ndarray], batch: int) -> None:
@@ -169,8 +187,9 @@ def _check_batch_dims(inputs: Mapping[str, np.ndarray], batch: int) -> None:
             continue
         a = np.asarray(a)
         if a.ndim and a.shape[0] not in (batch, 1) or (a.ndim and a.size == 0):
-            raise InputError(f"input '{name}' has shape {list(a.shape)} but input_ids has {batch} row(s): "
-                             f"give one value per row")
+            raise InputError(
+                f"input '{name}' has shape {list(a.shape)} but input_ids has {batch} row(s): give one value per row"
+            )
         if a.ndim and a.size != a.shape[0]:
             raise InputError(f"input '{name}' must hold one value per row, got shape {list(a.shape)}")
 
@@ -212,8 +231,10 @@ def parse_inputs(
             if int(length) == 0:
                 raise InputError("input 'input_lengths' is 0: the prompt is empty; send at least one token")
             if not 0 < int(length) <= row.shape[0]:
-                raise InputError(f"input 'input_lengths' = {length} does not fit input_ids of length "
-                                 f"{row.shape[0]}; it must be in [1, {row.shape[0]}]")
+                raise InputError(
+                    f"input 'input_lengths' = {length} does not fit input_ids of length "
+                    f"{row.shape[0]}; it must be in [1, {row.shape[0]}]"
+                )
             row = row[: int(length)]
         top_k = _scalar(inputs, "runtime_top_k", b, batch, None)
         top_p = _scalar(inputs, "runtime_top_p", b, batch, None)

@@ -5,6 +5,7 @@ parallelism, with the follower ranks.  A token id outside the vocabulary used to
 negative one silently wrapped around); checked here, a bad request gets its own error naming the input and the
 allowed range, and nobody else notices.  Messages use the upstream ``tensorrt_llm`` input names.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,10 @@ def _out_of_vocab(name: str, ids: np.ndarray, vocab: int) -> str | None:
     if bad.size == 0:
         return None
     i = int(bad[0])
-    return (f"input '{name}': token id {int(ids[i])} at position {i} is outside this model's vocabulary "
-            f"[0, {vocab}) ({bad.size} such id{'s' if bad.size > 1 else ''})")
+    return (
+        f"input '{name}': token id {int(ids[i])} at position {i} is outside this model's vocabulary "
+        f"[0, {vocab}) ({bad.size} such id{'s' if bad.size > 1 else ''})"
+    )
 
 
 def _special_id(name: str, value: int | None, vocab: int) -> str | None:

@@ -4,6 +4,7 @@ Each module keeps its logic in plain functions/classes over numpy (unit-testable
 imports `triton_python_backend_utils` only inside its `TritonPythonModel`, which the generated
 `<model>/1/model.py` shims re-export.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -13,6 +13,7 @@ plugs in `pb_utils.InferenceRequest`. Errors of inner models are raised as `Inne
 as this request's error. Draft models (speculative decoding) and multimodal encoders are not supported:
 their inputs/parameters give a clear error instead of being ignored.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,12 @@ import numpy as np
 
 from backend.models import model_parameter, parse_bool
 from backend.templates.tables import (
-    BLS_INPUTS, LLM_FROM_CLIENT, LLM_FROM_PREPROCESSING, PASSTHROUGH_OUTPUTS, PREPROCESSING, PREPROCESSING_INPUT_MAP,
+    BLS_INPUTS,
+    LLM_FROM_CLIENT,
+    LLM_FROM_PREPROCESSING,
+    PASSTHROUGH_OUTPUTS,
+    PREPROCESSING,
+    PREPROCESSING_INPUT_MAP,
 )
 
 #: (model name, inputs, requested output names, decoupled) → responses as {output name: array}
@@ -32,7 +38,8 @@ ModelCaller = Callable[[str, Mapping[str, np.ndarray], Sequence[str], bool], Ite
 INPUT_NAMES: tuple[str, ...] = tuple(t.name for t in BLS_INPUTS)
 UNSUPPORTED_INPUTS: tuple[str, ...] = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")
 PREPROCESSING_OUTPUTS: tuple[str, ...] = tuple(
-    t.name for t in PREPROCESSING.outputs if t.name in {src for _, src in LLM_FROM_PREPROCESSING})
+    t.name for t in PREPROCESSING.outputs if t.name in {src for _, src in LLM_FROM_PREPROCESSING}
+)
 LLM_REQUESTED_OUTPUTS: tuple[str, ...] = ("output_ids", "sequence_length", *(t.name for t in PASSTHROUGH_OUTPUTS))
 
 
@@ -78,8 +85,14 @@ class _Accumulator:
 class BlsPipeline:
     """One client request → an iterator of output dicts (text_output + the pass-through outputs)."""
 
-    def __init__(self, call: ModelCaller, *, decoupled: bool, accumulate_tokens: bool = False,
-                 llm_model_name: str = "tensorrt_llm") -> None:
+    def __init__(
+        self,
+        call: ModelCaller,
+        *,
+        decoupled: bool,
+        accumulate_tokens: bool = False,
+        llm_model_name: str = "tensorrt_llm",
+    ) -> None:
         self.call = call
         self.decoupled = decoupled
         self.accumulate_tokens = accumulate_tokens
@@ -96,10 +109,13 @@ class BlsPipeline:
         if given:
             raise ValueError(f"multimodal inputs {given} are not supported by hpc-serve's tensorrt_llm_bls")
         draft = inputs.get("num_draft_tokens")
-        if (draft is not None and np.asarray(draft).size and int(np.asarray(draft).reshape(-1)[0]) > 0) \
-                or _flag(inputs, "use_draft_logits"):
-            raise ValueError("speculative decoding with a draft model (num_draft_tokens, use_draft_logits) "
-                             "is not supported by hpc-serve's tensorrt_llm_bls")
+        if (draft is not None and np.asarray(draft).size and int(np.asarray(draft).reshape(-1)[0]) > 0) or _flag(
+            inputs, "use_draft_logits"
+        ):
+            raise ValueError(
+                "speculative decoding with a draft model (num_draft_tokens, use_draft_logits) "
+                "is not supported by hpc-serve's tensorrt_llm_bls"
+            )
         if stream and not self.decoupled:
             raise ValueError("stream=true needs decoupled_mode=true (this tensorrt_llm_bls is not decoupled)")
         if inputs.get("text_input") is None or inputs.get("max_tokens") is None:
@@ -140,8 +156,14 @@ class BlsPipeline:
                 yield {"text_output": rest}
 
     def _postprocess(self, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        post = self._single("postprocessing", {"TOKENS_BATCH": np.asarray(tokens, dtype=np.int32),
-                                               "SEQUENCE_LENGTH": np.asarray(lengths, dtype=np.int32)}, ("OUTPUT",))
+        post = self._single(
+            "postprocessing",
+            {
+                "TOKENS_BATCH": np.asarray(tokens, dtype=np.int32),
+                "SEQUENCE_LENGTH": np.asarray(lengths, dtype=np.int32),
+            },
+            ("OUTPUT",),
+        )
         return np.asarray(post["OUTPUT"], dtype=object)
 
 
@@ -160,7 +182,7 @@ def _delta(full: np.ndarray, sent: np.ndarray, hold_back: bool = True) -> tuple[
             while text.endswith(_REPLACEMENT):
                 text = text[: -len(_REPLACEMENT)]
         if text.startswith(done):
-            delta[idx], new_sent[idx] = text[len(done):], text
+            delta[idx], new_sent[idx] = text[len(done) :], text
         else:  # decoding changed earlier text (rare, e.g. cleanup rules); send nothing until consistent
             delta[idx] = b""
     return delta, new_sent
@@ -176,8 +198,10 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         for key in ("tensorrt_llm_draft_model_name", "multimodal_encoders_name"):
             if model_parameter(config, key):
-                raise ValueError(f"tensorrt_llm_bls: parameter {key} is set, but hpc-serve's BLS supports "
-                                 "neither draft models nor multimodal encoders")
+                raise ValueError(
+                    f"tensorrt_llm_bls: parameter {key} is set, but hpc-serve's BLS supports "
+                    "neither draft models nor multimodal encoders"
+                )
         self.decoupled = bool(pb_utils.using_decoupled_model_transaction_policy(config))
         self.pipeline = BlsPipeline(
             self._call,
@@ -186,8 +210,9 @@ class TritonPythonModel:
             llm_model_name=model_parameter(config, "tensorrt_llm_model_name") or "tensorrt_llm",
         )
 
-    def _call(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
-              decoupled: bool) -> Iterator[dict[str, np.ndarray]]:
+    def _call(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], decoupled: bool
+    ) -> Iterator[dict[str, np.ndarray]]:
         pb = self._pb
         request = pb.InferenceRequest(
             model_name=model,

@@ -9,6 +9,7 @@ completes it (the method of vLLM's and TGI's incremental detokenizers).
 :class:`StreamTable` keeps one decoder per stream for a model that sees one chunk per call (postprocessing in a
 streaming ensemble), bounded in size and age so abandoned streams cannot grow it.
 """
+
 from __future__ import annotations
 
 import time

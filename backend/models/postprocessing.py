@@ -12,6 +12,7 @@ that stream go through an incremental decoder (detokenize.py) that holds back an
 the next chunk completes it.  That state lives in this process, so it is kept only with one postprocessing
 instance (the default); tensorrt_llm_bls holds characters back for every client.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,10 +36,15 @@ def split_sequences(tokens: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
     try:
         lengths = np.asarray(lengths).reshape(tokens.shape[0], tokens.shape[1])
     except ValueError:
-        raise ValueError(f"SEQUENCE_LENGTH {list(np.shape(lengths))} does not match TOKENS_BATCH "
-                         f"{list(tokens.shape)}: give one length per beam") from None
-    return [tokens[b, k, : max(0, int(lengths[b, k]))].tolist()
-            for b in range(tokens.shape[0]) for k in range(tokens.shape[1])]
+        raise ValueError(
+            f"SEQUENCE_LENGTH {list(np.shape(lengths))} does not match TOKENS_BATCH "
+            f"{list(tokens.shape)}: give one length per beam"
+        ) from None
+    return [
+        tokens[b, k, : max(0, int(lengths[b, k]))].tolist()
+        for b in range(tokens.shape[0])
+        for k in range(tokens.shape[1])
+    ]
 
 
 def to_bytes_tensor(texts: Sequence[str]) -> np.ndarray:
@@ -46,8 +52,9 @@ def to_bytes_tensor(texts: Sequence[str]) -> np.ndarray:
     return np.array([t.encode("utf-8") for t in texts], dtype=object)
 
 
-def decode_batches(tokenizer: TextTokenizer, batches: Sequence[tuple[np.ndarray, np.ndarray]],
-                   skip_special_tokens: bool = True) -> list[np.ndarray]:
+def decode_batches(
+    tokenizer: TextTokenizer, batches: Sequence[tuple[np.ndarray, np.ndarray]], skip_special_tokens: bool = True
+) -> list[np.ndarray]:
     """Decode several requests' (TOKENS_BATCH, SEQUENCE_LENGTH) at once → one flat BYTES [batch*beam] each."""
     counts, sequences = [], []
     for tokens, lengths in batches:
@@ -57,7 +64,7 @@ def decode_batches(tokenizer: TextTokenizer, batches: Sequence[tuple[np.ndarray,
     texts = tokenizer.decode_batch(sequences, skip_special_tokens) if sequences else []
     out, pos = [], 0
     for n in counts:
-        out.append(to_bytes_tensor(texts[pos: pos + n]))
+        out.append(to_bytes_tensor(texts[pos : pos + n]))
         pos += n
     return out
 
@@ -82,8 +89,9 @@ class TritonPythonModel:
 
         self._pb = pb_utils
         config = json.loads(args["model_config"])
-        self.skip_special_tokens = parse_bool(model_parameter(config, "skip_special_tokens"), True,
-                                              "skip_special_tokens")
+        self.skip_special_tokens = parse_bool(
+            model_parameter(config, "skip_special_tokens"), True, "skip_special_tokens"
+        )
         self.tokenizer = tokenizer_from_config(config, "postprocessing")
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
         self.streaming = StreamingDecoder(self.tokenizer, self.skip_special_tokens) if instances == 1 else None
@@ -116,8 +124,9 @@ class TritonPythonModel:
             except Exception as exc:  # noqa: BLE001 - becomes this request's error
                 results.append(exc)
         try:
-            for (i, _), text in zip(whole, decode_batches(self.tokenizer, [w for _, w in whole],
-                                                          self.skip_special_tokens)):
+            for (i, _), text in zip(
+                whole, decode_batches(self.tokenizer, [w for _, w in whole], self.skip_special_tokens), strict=True
+            ):
                 results[i] = text
         except Exception as exc:  # noqa: BLE001 - decode each alone, so one bad request names itself
             for i, item in whole:
@@ -125,6 +134,9 @@ class TritonPythonModel:
                     results[i] = decode_batches(self.tokenizer, [item], self.skip_special_tokens)[0]
                 except Exception as one:  # noqa: BLE001
                     results[i] = one if str(one) else exc
-        return [pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"postprocessing: {r}"))
-                if isinstance(r, Exception) else pb.InferenceResponse(output_tensors=[pb.Tensor("OUTPUT", r)])
-                for r in results]
+        return [
+            pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"postprocessing: {r}"))
+            if isinstance(r, Exception)
+            else pb.InferenceResponse(output_tensors=[pb.Tensor("OUTPUT", r)])
+            for r in results
+        ]

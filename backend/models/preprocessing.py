@@ -5,6 +5,7 @@ Same tensors as upstream (backend/templates/tables.py PREPROCESSING). Difference
 *without* special tokens (upstream adds a BOS to every stop word on Llama-style tokenizers, which then
 never matches), and multimodal inputs are rejected with a clear error instead of needing torch/PIL.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,19 @@ from backend.models import model_parameter, parse_bool
 from backend.models.tokenizer import TextTokenizer, tokenizer_from_config
 
 INPUT_NAMES: tuple[str, ...] = (
-    "QUERY", "DECODER_QUERY", "IMAGE_BYTES", "IMAGE_URL", "VIDEO_BYTES", "REQUEST_OUTPUT_LEN",
-    "BAD_WORDS_DICT", "STOP_WORDS_DICT", "EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS", "END_ID",
-    "PAD_ID", "PROMPT_TABLE_EXTRA_ID",
+    "QUERY",
+    "DECODER_QUERY",
+    "IMAGE_BYTES",
+    "IMAGE_URL",
+    "VIDEO_BYTES",
+    "REQUEST_OUTPUT_LEN",
+    "BAD_WORDS_DICT",
+    "STOP_WORDS_DICT",
+    "EMBEDDING_BIAS_WORDS",
+    "EMBEDDING_BIAS_WEIGHTS",
+    "END_ID",
+    "PAD_ID",
+    "PROMPT_TABLE_EXTRA_ID",
 )
 MULTIMODAL_INPUTS: tuple[str, ...] = ("IMAGE_BYTES", "IMAGE_URL", "VIDEO_BYTES")
 
@@ -31,8 +42,10 @@ def as_text(value: object, name: str = "QUERY") -> str:
     try:
         return value.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"input {name} is not valid UTF-8 (byte {e.start}: "
-                         f"{bytes(value[e.start:e.start + 1])!r}); send UTF-8 text") from None
+        raise ValueError(
+            f"input {name} is not valid UTF-8 (byte {e.start}: "
+            f"{bytes(value[e.start : e.start + 1])!r}); send UTF-8 text"
+        ) from None
 
 
 def pad_right(rows: Sequence[Sequence[int]], pad_id: int, dtype: Any = np.int32) -> np.ndarray:
@@ -44,8 +57,9 @@ def pad_right(rows: Sequence[Sequence[int]], pad_id: int, dtype: Any = np.int32)
     return out
 
 
-def words_to_list_format(tokenizer: TextTokenizer, words: np.ndarray | None, batch_size: int,
-                         name: str = "STOP_WORDS_DICT") -> np.ndarray:
+def words_to_list_format(
+    tokenizer: TextTokenizer, words: np.ndarray | None, batch_size: int, name: str = "STOP_WORDS_DICT"
+) -> np.ndarray:
     """TRT-LLM bad/stop words format: int32 [batch, 2, L]; row 0 = concatenated token ids of every word,
     row 1 = cumulative end offsets, padded with 0 / -1. No words → [batch, 2, 0].
 
@@ -70,14 +84,15 @@ def words_to_list_format(tokenizer: TextTokenizer, words: np.ndarray | None, bat
     width = max([len(x) for x in flat_ids] + [1])
     out = np.zeros((batch_size, 2, width), dtype=np.int32)
     out[:, 1, :] = -1
-    for i, (ids, ends) in enumerate(zip(flat_ids, offsets)):
+    for i, (ids, ends) in enumerate(zip(flat_ids, offsets, strict=True)):
         out[i, 0, : len(ids)] = ids
         out[i, 1, : len(ends)] = ends
     return out
 
 
-def embedding_bias(tokenizer: TextTokenizer, words: np.ndarray | None, weights: np.ndarray | None,
-                   batch_size: int) -> np.ndarray:
+def embedding_bias(
+    tokenizer: TextTokenizer, words: np.ndarray | None, weights: np.ndarray | None, batch_size: int
+) -> np.ndarray:
     """fp32 [batch, vocab]: each word's tokens get its weight added; unset → [batch, 0]."""
     if words is None and weights is None:
         return np.empty((batch_size, 0), dtype=np.float32)
@@ -89,7 +104,7 @@ def embedding_bias(tokenizer: TextTokenizer, words: np.ndarray | None, weights: 
         raise ValueError(f"embedding bias words {words.shape} and weights {weights.shape} differ in shape")
     out = np.zeros((batch_size, tokenizer.vocab_size), dtype=np.float32)
     for i in range(batch_size):
-        for word, weight in zip(words[i], weights[i]):
+        for word, weight in zip(words[i], weights[i], strict=True):
             for tid in tokenizer.encode(as_text(word, "EMBEDDING_BIAS_WORDS"), add_special_tokens=False):
                 out[i, tid] += weight
     return out
@@ -143,11 +158,13 @@ class Preprocessor:
         else:  # upstream: a single pad token, length 1
             out["DECODER_INPUT_ID"] = pad_ids.copy()
             out["REQUEST_DECODER_INPUT_LEN"] = np.ones((batch, 1), dtype=np.int32)
-        out["BAD_WORDS_IDS"] = words_to_list_format(self.tokenizer, inputs.get("BAD_WORDS_DICT"), batch,
-                                                    "BAD_WORDS_DICT")
+        out["BAD_WORDS_IDS"] = words_to_list_format(
+            self.tokenizer, inputs.get("BAD_WORDS_DICT"), batch, "BAD_WORDS_DICT"
+        )
         out["STOP_WORDS_IDS"] = words_to_list_format(self.tokenizer, inputs.get("STOP_WORDS_DICT"), batch)
-        out["EMBEDDING_BIAS"] = embedding_bias(self.tokenizer, inputs.get("EMBEDDING_BIAS_WORDS"),
-                                               inputs.get("EMBEDDING_BIAS_WEIGHTS"), batch)
+        out["EMBEDDING_BIAS"] = embedding_bias(
+            self.tokenizer, inputs.get("EMBEDDING_BIAS_WORDS"), inputs.get("EMBEDDING_BIAS_WEIGHTS"), batch
+        )
         out["REQUEST_OUTPUT_LEN"] = np.asarray(inputs["REQUEST_OUTPUT_LEN"], dtype=np.int32).reshape(batch, -1)
         out["OUT_END_ID"] = end_ids
         out["OUT_PAD_ID"] = pad_ids
@@ -180,11 +197,9 @@ class TritonPythonModel:
                     if tensor is not None:
                         inputs[name] = tensor.as_numpy()
                 outputs = self.preprocessor(inputs)
-                responses.append(pb.InferenceResponse(
-                    output_tensors=[pb.Tensor(k, v) for k, v in outputs.items()]))
+                responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in outputs.items()]))
             except Exception as exc:  # noqa: BLE001 - every failure becomes this request's error
-                responses.append(pb.InferenceResponse(
-                    output_tensors=[], error=pb.TritonError(f"preprocessing: {exc}")))
+                responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"preprocessing: {exc}")))
         return responses
 
     def finalize(self) -> None:

@@ -11,6 +11,7 @@ tells them to stop (or when the leader disappears), so their tritonserver never 
 
 ``triton_python_backend_utils`` exists only inside the python-backend stub, hence imported in ``initialize``.
 """
+
 from __future__ import annotations
 
 import json
@@ -195,10 +196,7 @@ class TritonPythonModel:
                 ("ifb", t): ifb.Metric(labels={**base, "inflight_batcher_specific_metric": t})
                 for t in ("total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests")
             },
-            **{
-                ("gen", t): gen.Metric(labels={**base, "general_type": t})
-                for t in ("iteration_counter", "timestamp")
-            },
+            **{("gen", t): gen.Metric(labels={**base, "general_type": t}) for t in ("iteration_counter", "timestamp")},
         }
 
     def _update_metrics(self, s: EngineStats) -> None:
@@ -371,7 +369,8 @@ class TritonPythonModel:
         run after the stub tore down its shared memory and segfault (seen at every tp 2 leader exit)."""
         import gc
 
-        self.engine = None
+        if hasattr(self, "engine"):
+            del self.engine
         self._metrics = {}
         self._metric_families = []
         gc.collect()

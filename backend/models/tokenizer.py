@@ -7,6 +7,7 @@ and the special tokens in `tokenizer_config.json` / `special_tokens_map.json` / 
 
 end_id / pad_id follow upstream: end = the eos token, pad = the pad token, or end when there is none.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,7 +64,9 @@ class _TransformersBackend:
 
     def token_to_id(self, token: str) -> int | None:
         tid = self.tok.convert_tokens_to_ids(token)
-        return None if tid is None or tid == self.tok.unk_token_id and token != self.tok.unk_token else int(tid)
+        if not isinstance(tid, int) or (tid == self.tok.unk_token_id and token != self.tok.unk_token):
+            return None
+        return tid
 
     def vocab_size(self) -> int:
         return len(self.tok)
@@ -161,8 +164,10 @@ def load_tokenizer(tokenizer_dir: str | Path) -> TextTokenizer:
 
     end_id = token_id("eos_token", "eos_token_id")
     if end_id is None:
-        raise ValueError(f"{directory}: no eos token in tokenizer_config.json, special_tokens_map.json "
-                         "or generation_config.json; cannot determine end_id")
+        raise ValueError(
+            f"{directory}: no eos token in tokenizer_config.json, special_tokens_map.json "
+            "or generation_config.json; cannot determine end_id"
+        )
     pad_id = token_id("pad_token", "pad_token_id")
     bos_id = token_id("bos_token", "bos_token_id")
     return TextTokenizer(

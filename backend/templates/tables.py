@@ -9,6 +9,7 @@ upstream's, with one fix: upstream's ensemble declares output `kv_cache_alloc_to
 Conventions: dims exclude the batch dimension (every model has `max_batch_size: ${triton_max_batch_size}`);
 a dtype starting with `$` names the fill key that supplies it (e.g. `$logits_datatype`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,8 +35,7 @@ def _t(name: str, dtype: str, dims: list[int], flags: str = "") -> Tensor:
     if unknown:
         raise ValueError(f"unknown tensor flags {sorted(unknown)} for {name}")
     dt = dtype if dtype.startswith("$") else f"TYPE_{dtype}"
-    return Tensor(name, dt, tuple(dims), "optional" in words, "ragged" in words,
-                  () if "reshape" in words else None)
+    return Tensor(name, dt, tuple(dims), "optional" in words, "ragged" in words, () if "reshape" in words else None)
 
 
 @dataclass(frozen=True)

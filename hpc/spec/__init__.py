@@ -14,7 +14,20 @@ from hpc.spec.schema import (
 )
 
 __all__ = [
-    "NAMED_PARAMETERS", "PARAMETER_OWNERS", "ContainerSpec", "ModelInit", "ModelSpec", "PortsSpec", "Problem",
-    "SlurmSpec", "Spec", "SpecError", "TritonSpec", "dump_spec", "load_spec", "parameter_findings", "parse_spec",
+    "NAMED_PARAMETERS",
+    "PARAMETER_OWNERS",
+    "ContainerSpec",
+    "ModelInit",
+    "ModelSpec",
+    "PortsSpec",
+    "Problem",
+    "SlurmSpec",
+    "Spec",
+    "SpecError",
+    "TritonSpec",
+    "dump_spec",
+    "load_spec",
+    "parameter_findings",
+    "parse_spec",
     "preview_spec",
 ]

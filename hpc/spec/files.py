@@ -37,9 +37,13 @@ def missing_inputs(spec: Spec) -> list[Finding]:
     if m.backend == "tensorrtllm" and m.engine_dir is not None and not m.engine_dir.is_dir():
         found.append((("model", "engine_dir"), f"{m.engine_dir} does not exist; point it at the trtllm-build output"))
     if m.backend == "cpu" and m.checkpoint_dir is not None and not m.checkpoint_dir.is_dir() and m.init is None:
-        found.append((("model", "checkpoint_dir"),
-                      f"{m.checkpoint_dir} does not exist; create one with `hpc-serve init-model {m.checkpoint_dir}` "
-                      "or add `init: {family: gpt2}` to have `hpc-serve submit` create it"))
+        found.append(
+            (
+                ("model", "checkpoint_dir"),
+                f"{m.checkpoint_dir} does not exist; create one with `hpc-serve init-model {m.checkpoint_dir}` "
+                "or add `init: {family: gpt2}` to have `hpc-serve submit` create it",
+            )
+        )
     if m.tokenizer_dir is not None and not m.tokenizer_dir.is_dir():
         found.append((("model", "tokenizer_dir"), f"{m.tokenizer_dir} does not exist"))
     image = spec.container.image
@@ -57,19 +61,30 @@ def conflicts(spec: Spec) -> list[Finding]:
     found = _parallelism_conflicts(spec.model)
     workdir = str(spec.workdir)
     if not is_script_safe_path(workdir):
-        found.append((("workdir",), f"{workdir!r} has characters (spaces, quotes, $...) that Slurm's #SBATCH -o "
-                      "cannot take"))
+        found.append(
+            (("workdir",), f"{workdir!r} has characters (spaces, quotes, $...) that Slurm's #SBATCH -o cannot take")
+        )
     for i, mount in enumerate(spec.container.mounts):
         if "," in mount:
-            found.append((("container", "mounts", str(i)), f"{mount!r}: a ',' would split it into several mounts "
-                          "(pyxis --container-mounts and apptainer -B take comma-separated lists)"))
+            found.append(
+                (
+                    ("container", "mounts", str(i)),
+                    f"{mount!r}: a ',' would split it into several mounts "
+                    "(pyxis --container-mounts and apptainer -B take comma-separated lists)",
+                )
+            )
     if spec.container.type != "none":
         # Model folders are mounted at their own path as SRC:SRC in a comma-separated list (hpc/render.py).
         for field in ("engine_dir", "checkpoint_dir", "tokenizer_dir"):
             value = getattr(spec.model, field)
             if value is not None and ("," in str(value) or ":" in str(value)):
-                found.append((("model", field), f"{value}: a path with ',' or ':' cannot be mounted into the "
-                              "container (they separate mounts and SRC:DST); rename or symlink the folder"))
+                found.append(
+                    (
+                        ("model", field),
+                        f"{value}: a path with ',' or ':' cannot be mounted into the "
+                        "container (they separate mounts and SRC:DST); rename or symlink the folder",
+                    )
+                )
     return found
 
 
@@ -78,9 +93,13 @@ def _parallelism_conflicts(m: ModelSpec) -> list[Finding]:
     if m.backend == "tensorrtllm" and m.engine_dir is not None and m.engine_dir.is_dir():
         built = _engine_parallelism(m.engine_dir)
         if built and built != (m.tp_size, m.pp_size):
-            return [(("model", "tp_size"),
-                     f"engine in {m.engine_dir} was built for tp_size {built[0]} × pp_size {built[1]}, "
-                     f"the spec says tp_size {m.tp_size} × pp_size {m.pp_size}; rebuild or change the spec")]
+            return [
+                (
+                    ("model", "tp_size"),
+                    f"engine in {m.engine_dir} was built for tp_size {built[0]} × pp_size {built[1]}, "
+                    f"the spec says tp_size {m.tp_size} × pp_size {m.pp_size}; rebuild or change the spec",
+                )
+            ]
     if m.backend == "cpu" and m.checkpoint_dir is not None and m.checkpoint_dir.is_dir():
         heads = _attention_heads(m.checkpoint_dir)
         if heads and any(h % m.tp_size for h in heads):

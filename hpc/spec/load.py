@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -26,6 +27,7 @@ from hpc.spec.schema import (
     TritonSpec,
     _did_you_mean,
 )
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -89,7 +91,7 @@ _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
 }
 
 
-def _problem_from_error(file: str, index: dict, err: dict) -> Problem:
+def _problem_from_error(file: str, index: dict, err: Any) -> Problem:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     # pydantic reports union members (e.g. `int` / `literal['auto']`) as extra loc parts; drop them.
     loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "float", "bool"})))
@@ -135,17 +137,20 @@ def _resolve_paths(spec: Spec, base: Path, file: str, index: dict) -> tuple[Spec
         return f"{src}{sep}{rest}"
 
     m, c = spec.model, spec.container
-    model = m.model_copy(update={
-        "engine_dir": path(m.engine_dir, ("model", "engine_dir")),
-        "checkpoint_dir": path(m.checkpoint_dir, ("model", "checkpoint_dir")),
-        "tokenizer_dir": path(m.tokenizer_dir, ("model", "tokenizer_dir")),
-    })
-    container = c.model_copy(update={
-        "image": text(c.image, ("container", "image")) if c.image else None,
-        "mounts": [mount_path(mount, ("container", "mounts", str(i))) for i, mount in enumerate(c.mounts)],
-    })
-    spec = spec.model_copy(update={"workdir": path(spec.workdir, ("workdir",)), "model": model,
-                                   "container": container})
+    model = m.model_copy(
+        update={
+            "engine_dir": path(m.engine_dir, ("model", "engine_dir")),
+            "checkpoint_dir": path(m.checkpoint_dir, ("model", "checkpoint_dir")),
+            "tokenizer_dir": path(m.tokenizer_dir, ("model", "tokenizer_dir")),
+        }
+    )
+    container = c.model_copy(
+        update={
+            "image": text(c.image, ("container", "image")) if c.image else None,
+            "mounts": [mount_path(mount, ("container", "mounts", str(i))) for i, mount in enumerate(c.mounts)],
+        }
+    )
+    spec = spec.model_copy(update={"workdir": path(spec.workdir, ("workdir",)), "model": model, "container": container})
     return spec, problems
 
 
@@ -196,6 +201,7 @@ def _parse(text: str, file: str, base: Path, check_files: bool, require_inputs: 
         # A value that fits no member of a union (`int | "auto"`) is reported once per member: keep the first.
         unique = {(p.line, p.path): p for p in reversed(problems)}
         raise SpecError(sorted(unique.values(), key=lambda p: (p.line, p.path))) from None
+
     def located(findings: list[tuple[tuple[str, ...], str]]) -> list[Problem]:
         return [Problem(file, _line_for(index, loc), ".".join(loc), message) for loc, message in findings]
 

@@ -96,7 +96,7 @@ class SlurmSpec(_Section):
     def _time_quoted(cls, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise ValueError(
-                f"got the number {value}: quote the time, e.g. time: \"02:00:00\" "
+                f'got the number {value}: quote the time, e.g. time: "02:00:00" '
                 "(YAML reads an unquoted 2:00:00 as the base-60 number 7200)"
             )
         return value
@@ -106,9 +106,7 @@ class SlurmSpec(_Section):
     def _time(cls, value: str) -> str:
         _no_newline(value)
         if not _TIME.fullmatch(value):
-            raise ValueError(
-                f"{value!r} is not a Slurm time; use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-            )
+            raise ValueError(f"{value!r} is not a Slurm time; use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
         return value
 
     @field_validator("mem", mode="before")
@@ -205,18 +203,28 @@ class ModelSpec(_Section):
     def _dirs(self) -> ModelSpec:
         if self.backend == "tensorrtllm":
             if self.engine_dir is None:
-                raise ValueError("@engine_dir: model.backend tensorrtllm needs model.engine_dir (the trtllm-build output)")
+                raise ValueError(
+                    "@engine_dir: model.backend tensorrtllm needs model.engine_dir (the trtllm-build output)"
+                )
             if self.checkpoint_dir is not None or self.init is not None:
-                raise ValueError("@checkpoint_dir: model.checkpoint_dir and model.init are for backend: cpu; use engine_dir")
+                raise ValueError(
+                    "@checkpoint_dir: model.checkpoint_dir and model.init are for backend: cpu; use engine_dir"
+                )
             if self.tokenizer_dir is None:
                 raise ValueError("@tokenizer_dir: model.backend tensorrtllm needs model.tokenizer_dir")
         else:
             if self.checkpoint_dir is None:
-                raise ValueError("@checkpoint_dir: model.backend cpu needs model.checkpoint_dir (a Hugging Face folder)")
+                raise ValueError(
+                    "@checkpoint_dir: model.backend cpu needs model.checkpoint_dir (a Hugging Face folder)"
+                )
             if self.engine_dir is not None:
-                raise ValueError("@engine_dir: model.engine_dir is for backend: tensorrtllm; use checkpoint_dir with backend: cpu")
+                raise ValueError(
+                    "@engine_dir: model.engine_dir is for backend: tensorrtllm; use checkpoint_dir with backend: cpu"
+                )
             if self.pp_size != 1:
-                raise ValueError("@pp_size: model.pp_size must be 1 with backend: cpu (the CPU engine splits by tensor only)")
+                raise ValueError(
+                    "@pp_size: model.pp_size must be 1 with backend: cpu (the CPU engine splits by tensor only)"
+                )
         return self
 
     @property
@@ -243,9 +251,11 @@ class PortsSpec(_Section):
 
     @model_validator(mode="after")
     def _distinct(self) -> PortsSpec:
-        named = [(n, p) for n, p in (("http", self.http), ("grpc", self.grpc), ("metrics", self.metrics)) if p != "auto"]
+        named = [
+            (n, p) for n, p in (("http", self.http), ("grpc", self.grpc), ("metrics", self.metrics)) if p != "auto"
+        ]
         for i, (name, port) in enumerate(named):
-            same = [other for other, p in named[i + 1:] if p == port]
+            same = [other for other, p in named[i + 1 :] if p == port]
             if same:
                 raise ValueError(f"@{same[0]}: {name} and {same[0]} are both port {port}; give each its own or 'auto'")
         return self
@@ -337,9 +347,13 @@ class Spec(_Section):
         tasks = s.nodes * self.tasks_per_node
         if self.mode == "orchestrator":
             if s.nodes != 1:
-                raise ValueError("@mode: mode orchestrator works on a single node only (MPI_Comm_spawn); use mode: leader")
+                raise ValueError(
+                    "@mode: mode orchestrator works on a single node only (MPI_Comm_spawn); use mode: leader"
+                )
             if m.backend != "tensorrtllm":
-                raise ValueError("@mode: mode orchestrator needs model.backend tensorrtllm; the CPU engine uses leader mode")
+                raise ValueError(
+                    "@mode: mode orchestrator needs model.backend tensorrtllm; the CPU engine uses leader mode"
+                )
         if tasks != self.world_size:
             raise ValueError(
                 f"@model.tp_size: tp_size {m.tp_size} × pp_size {m.pp_size} × replicas {self.replicas} = {self.world_size} ranks, "
@@ -358,7 +372,9 @@ class Spec(_Section):
                     "TensorRT-LLM runs one rank per GPU"
                 )
             if not s.gpus_per_node:
-                raise ValueError("@slurm.gpus_per_node: model.backend tensorrtllm needs slurm.gpus_per_node (one rank per GPU)")
+                raise ValueError(
+                    "@slurm.gpus_per_node: model.backend tensorrtllm needs slurm.gpus_per_node (one rank per GPU)"
+                )
         return self
 
 

@@ -19,7 +19,7 @@ def cluster_env() -> dict[str, str]:
     for line in ENV_SH.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line.startswith("export ") and "=" in line:
-            key, _, value = line[len("export "):].partition("=")
+            key, _, value = line[len("export ") :].partition("=")
             env[key.strip()] = shlex.split(value)[0] if value.strip() else ""
     return env
 
@@ -27,17 +27,31 @@ def cluster_env() -> dict[str, str]:
 def run(cmd: list[str], timeout: float = 120, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     if proc.returncode != 0:
-        raise AssertionError(f"{shlex.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        raise AssertionError(
+            f"{shlex.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
     return proc.stdout
 
 
 def sacct_state(job_id: str) -> str:
-    out = subprocess.run(["sacct", "-j", job_id, "-n", "-X", "-P", "-o", "State"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["sacct", "-j", job_id, "-n", "-X", "-P", "-o", "State"], capture_output=True, text=True, timeout=30
+    )
     lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
     return lines[0].split()[0] if lines else ""
 
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def wait_sacct(job_id: str, timeout: float = 120) -> str:

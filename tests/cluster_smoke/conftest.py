@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from cluster_smoke_helpers import PARTITION
+
 from tests._env import unavailable
 
 _durations: list[tuple[str, str, float]] = []
@@ -24,7 +25,9 @@ def _cluster_skip_reason() -> str | None:
     if "is UP" not in ping.stdout:
         said = ((ping.stdout + ping.stderr).strip().splitlines() or ["no output"])[0]
         return f"slurmctld is not up (`scontrol ping`: {said!r}); run ci/cluster/up.sh"
-    info = subprocess.run(["sinfo", "-h", "-p", PARTITION, "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=20)
+    info = subprocess.run(
+        ["sinfo", "-h", "-p", PARTITION, "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=20
+    )
     nodes = dict(line.split() for line in info.stdout.splitlines() if line.strip())
     usable = [n for n, s in nodes.items() if s.rstrip("*") == s and s in ("idle", "mixed", "allocated", "completing")]
     if len(usable) < 2:

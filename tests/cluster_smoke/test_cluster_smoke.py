@@ -10,15 +10,26 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cluster_smoke_helpers import cluster_env, run, wait_sacct
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("cluster")]
 
 
 def test_sbatch_hostname_completes_and_sacct_sees_it(cluster: str, job_dir: Path) -> None:
-    out = run(["sbatch", "--parsable", "-p", cluster, "-o", str(job_dir / "%j.out"),
-               "--chdir", str(job_dir), "--wrap", "hostname"])
+    out = run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            cluster,
+            "-o",
+            str(job_dir / "%j.out"),
+            "--chdir",
+            str(job_dir),
+            "--wrap",
+            "hostname",
+        ]
+    )
     job_id = out.strip().split(";")[0]
     assert wait_sacct(job_id, timeout=60) == "COMPLETED"
     assert (job_dir / f"{job_id}.out").read_text().strip() == socket.gethostname()
@@ -36,8 +47,24 @@ print(json.dumps({"rank": comm.rank, "size": comm.size, "node": os.environ["SLUR
 
 def test_srun_pmix_allreduce_across_two_nodes(cluster: str, job_dir: Path) -> None:
     n = 4
-    out = run(["srun", "-p", cluster, "-N2", f"-n{n}", "--ntasks-per-node=2", "--mpi=pmix", "--kill-on-bad-exit=1",
-               sys.executable, "-c", MPI_PROG], timeout=180, env=cluster_env(), cwd=job_dir)
+    out = run(
+        [
+            "srun",
+            "-p",
+            cluster,
+            "-N2",
+            f"-n{n}",
+            "--ntasks-per-node=2",
+            "--mpi=pmix",
+            "--kill-on-bad-exit=1",
+            sys.executable,
+            "-c",
+            MPI_PROG,
+        ],
+        timeout=180,
+        env=cluster_env(),
+        cwd=job_dir,
+    )
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in records) == list(range(n)), out
     assert {r["size"] for r in records} == {n}
@@ -47,8 +74,19 @@ def test_srun_pmix_allreduce_across_two_nodes(cluster: str, job_dir: Path) -> No
 
 
 def test_srun_gres_gpu4_is_allocated(cluster: str, job_dir: Path) -> None:
-    out = run(["srun", "-p", cluster, "-N1", "--gres=gpu:4", "bash", "-c",
-               'echo "CVD=${CUDA_VISIBLE_DEVICES:-} STEP_GPUS=${SLURM_STEP_GPUS:-}"'], cwd=job_dir)
+    out = run(
+        [
+            "srun",
+            "-p",
+            cluster,
+            "-N1",
+            "--gres=gpu:4",
+            "bash",
+            "-c",
+            'echo "CVD=${CUDA_VISIBLE_DEVICES:-} STEP_GPUS=${SLURM_STEP_GPUS:-}"',
+        ],
+        cwd=job_dir,
+    )
     fields = dict(kv.split("=", 1) for kv in out.split())
     assert fields["CVD"] == "0,1,2,3" or fields["STEP_GPUS"], out
     assert len((fields["CVD"] or fields["STEP_GPUS"]).split(",")) == 4, out
@@ -68,8 +106,26 @@ PY
 def test_two_4gpu_jobs_run_concurrently_on_different_nodes(cluster: str, job_dir: Path) -> None:
     script = job_dir / "gpu_job.sh"
     script.write_text(GPU_JOB.format(out=job_dir))
-    ids = [run(["sbatch", "--parsable", "-p", cluster, "-N1", "--gres=gpu:4", "-o", str(job_dir / "%j.log"),
-                "--chdir", str(job_dir), str(script)]).strip().split(";")[0] for _ in range(2)]
+    ids = [
+        run(
+            [
+                "sbatch",
+                "--parsable",
+                "-p",
+                cluster,
+                "-N1",
+                "--gres=gpu:4",
+                "-o",
+                str(job_dir / "%j.log"),
+                "--chdir",
+                str(job_dir),
+                str(script),
+            ]
+        )
+        .strip()
+        .split(";")[0]
+        for _ in range(2)
+    ]
     states = [wait_sacct(j, timeout=90) for j in ids]
     assert states == ["COMPLETED", "COMPLETED"], states
     a, b = (json.loads((job_dir / f"{j}.json").read_text()) for j in ids)
@@ -82,6 +138,7 @@ def _make_where():  # type: ignore[no-untyped-def]
     # A closure, so cloudpickle ships it by value: the job's python cannot import this test module.
     def where() -> dict[str, object]:
         import os
+
         return {"node": os.environ.get("SLURMD_NODENAME"), "job": os.environ.get("SLURM_JOB_ID"), "answer": 6 * 7}
 
     return where
