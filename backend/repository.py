@@ -11,27 +11,33 @@ This is upstream `tools/fill_template.py` done right (see ../shared/reference/te
   never contains `${`;
 * the repository is built in a temporary sibling directory and renamed into place.
 
-The tensor tables live in `backend/templates/tables.py`; this module only renders them.
+The tensor tables live in `backend/templates/tables.py` and the parameter table in `backend/parameters.py`;
+this module only renders them.
 Only the standard library is imported (the `hpc` side calls this at render time).
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
-import math
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
 
+from backend.parameters import (  # re-exported: the repository's callers import the table from here too
+    BACKENDS,
+    KNOWN_PARAMETERS,
+    REQUIRED_PARAMETERS,
+    UPSTREAM_DEFAULTS,
+    Backend,
+    choices,
+    normalize_parameter,
+    required_parameters,
+    validate_parameters,
+)
 from backend.templates.tables import MODELS, ModelTable, Tensor
-
-Backend = Literal["tensorrtllm", "cpu"]
-BACKENDS: tuple[str, ...] = ("tensorrtllm", "cpu")
 
 # Which python module each python model's `1/model.py` shim re-exports `TritonPythonModel` from.
 PYTHON_MODEL_MODULES: dict[str, str] = {
@@ -41,286 +47,6 @@ PYTHON_MODEL_MODULES: dict[str, str] = {
 }
 CPU_ENGINE_MODULE = "backend.models.tensorrt_llm_cpu"
 MARKER_FILE = ".hpc-serve-repository.json"
-
-_DTYPES = frozenset(
-    {
-        "TYPE_BOOL",
-        "TYPE_UINT8",
-        "TYPE_UINT16",
-        "TYPE_UINT32",
-        "TYPE_UINT64",
-        "TYPE_INT8",
-        "TYPE_INT16",
-        "TYPE_INT32",
-        "TYPE_INT64",
-        "TYPE_FP16",
-        "TYPE_FP32",
-        "TYPE_FP64",
-        "TYPE_STRING",
-        "TYPE_BF16",
-    }
-)
-_TRUE = frozenset({"true", "1", "t", "y", "yes", "on"})
-_FALSE = frozenset({"false", "0", "f", "n", "no", "off"})
-
-# ------------------------------------------------------------------------------------------------ key types
-# kind: bool | int | uint (>= 0) | pos (>= 1) | frac (float in [0, 1]) | float | str | path | ids | intlist |
-# dtype | one of a tuple of choices. Every upstream fill key of the five templates is here (plus tp_size,
-# pp_size for the CPU engine; `triton_backend` is derived from the `backend` argument).
-_KINDS: dict[str, object] = {
-    # structural
-    "triton_max_batch_size": "pos",
-    "decoupled_mode": "bool",
-    "max_queue_delay_microseconds": "uint",
-    "max_queue_size": "uint",
-    "logits_datatype": "dtype",
-    "encoder_input_features_data_type": "dtype",
-    "preprocessing_instance_count": "pos",
-    "postprocessing_instance_count": "pos",
-    "bls_instance_count": "pos",
-    "triton_backend": ("tensorrtllm", "python"),
-    # tensorrt_llm parameters
-    "max_beam_width": "pos",
-    "batching_strategy": ("V1", "inflight_batching", "inflight_fused_batching"),
-    "engine_dir": "path",
-    "encoder_engine_dir": "path",
-    "max_tokens_in_paged_kv_cache": "pos",
-    "max_attention_window_size": "intlist",
-    "sink_token_length": "uint",
-    "batch_scheduler_policy": ("max_utilization", "guaranteed_no_evict", "static_batch"),
-    "kv_cache_free_gpu_mem_fraction": "frac",
-    "cross_kv_cache_fraction": "frac",
-    "kv_cache_host_memory_bytes": "uint",
-    "kv_cache_onboard_blocks": "bool",
-    "exclude_input_in_output": "bool",
-    "cancellation_check_period_ms": "uint",
-    "stats_check_period_ms": "uint",
-    "iter_stats_max_iterations": "uint",
-    "request_stats_max_iterations": "uint",
-    "enable_kv_cache_reuse": "bool",
-    "normalize_log_probs": "bool",
-    "enable_chunked_context": "bool",
-    "gpu_device_ids": "ids",
-    "participant_ids": "ids",
-    "num_nodes": "pos",
-    "lora_cache_optimal_adapter_size": "pos",
-    "lora_cache_max_adapter_size": "pos",
-    "lora_cache_gpu_memory_fraction": "frac",
-    "lora_cache_host_memory_bytes": "uint",
-    "lora_prefetch_dir": "path",
-    "decoding_mode": (
-        "top_k",
-        "top_p",
-        "top_k_top_p",
-        "beam_search",
-        "medusa",
-        "redrafter",
-        "lookahead",
-        "eagle",
-        "explicit_draft_tokens",
-    ),
-    "lookahead_window_size": "pos",
-    "lookahead_ngram_size": "pos",
-    "lookahead_verification_set_size": "pos",
-    "medusa_choices": "str",
-    "eagle_choices": "str",
-    "gpu_weights_percent": "frac",
-    "enable_context_fmha_fp32_acc": "bool",
-    "multi_block_mode": "bool",
-    "cuda_graph_mode": "bool",
-    "cuda_graph_cache_size": "uint",
-    "speculative_decoding_fast_logits": "bool",
-    "tokenizer_dir": "path",
-    "guided_decoding_backend": "str",
-    "xgrammar_tokenizer_info_path": "path",
-    "enable_trt_overlap": "bool",
-    # CPU engine (hpc-serve additions): tensor / pipeline parallel size of the CPU engine's MPI world.
-    "tp_size": "pos",
-    "pp_size": "pos",
-    # preprocessing / postprocessing
-    "add_special_tokens": "bool",
-    "multimodal_model_path": "path",
-    "max_num_images": "pos",
-    "skip_special_tokens": "bool",
-    # BLS
-    "accumulate_tokens": "bool",
-    "tensorrt_llm_model_name": "str",
-    "tensorrt_llm_draft_model_name": "str",
-    "multimodal_encoders_name": "str",
-}
-
-#: Every accepted key: the upstream `fill_template.py` keys of the five templates, plus `tp_size` and
-#: `pp_size` (hpc-serve: parallel sizes for the CPU engine; also written for TensorRT-LLM where the C++
-#: backend ignores them).
-KNOWN_PARAMETERS: frozenset[str] = frozenset(_KINDS)
-
-#: Keys that must be given for every backend: the structural fields (without them the config does not
-#: parse or means nothing) plus the tokenizer and model paths every deployment needs.
-REQUIRED_PARAMETERS: frozenset[str] = frozenset(
-    {
-        "triton_max_batch_size",
-        "decoupled_mode",
-        "max_queue_delay_microseconds",
-        "max_queue_size",
-        "logits_datatype",
-        "encoder_input_features_data_type",
-        "preprocessing_instance_count",
-        "postprocessing_instance_count",
-        "bls_instance_count",
-        "tokenizer_dir",
-        "engine_dir",
-    }
-)
-
-#: What upstream `fill_template.py` silently injects; pass `{**UPSTREAM_DEFAULTS, **params}` to opt in.
-UPSTREAM_DEFAULTS: Mapping[str, object] = {"max_queue_size": 0, "max_queue_delay_microseconds": 0}
-
-_TRITON_BACKEND = {"tensorrtllm": "tensorrtllm", "cpu": "python"}
-
-
-def required_parameters(backend: Backend) -> frozenset[str]:
-    """Required keys for `backend`; TensorRT-LLM also needs `batching_strategy` (the C++ backend rejects
-    an unset `gpt_model_type`), the CPU engine has a single scheduler."""
-    _check_backend(backend)
-    return REQUIRED_PARAMETERS | ({"batching_strategy"} if backend == "tensorrtllm" else frozenset())
-
-
-# ----------------------------------------------------------------------------------------------- validation
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-
-
-def _did_you_mean(key: str) -> str:
-    close = difflib.get_close_matches(key, sorted(KNOWN_PARAMETERS), n=3, cutoff=0.6)
-    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-
-
-def _as_bool(key: str, value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return "true" if value.strip().lower() in _TRUE else "false"
-    raise ValueError(f"parameter {key!r} must be a bool, got {value!r}")
-
-
-def _as_int(key: str, value: object, minimum: int | None) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"parameter {key!r} must be an integer, got {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"parameter {key!r} must be an integer, got {value!r}") from None
-    if minimum is not None and number < minimum:
-        raise ValueError(f"parameter {key!r} must be >= {minimum}, got {number}")
-    return str(number)
-
-
-def _as_float(key: str, value: object, unit: bool) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"parameter {key!r} must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"parameter {key!r} must be a number, got {value!r}") from None
-    if not math.isfinite(number) or (unit and not 0.0 <= number <= 1.0):
-        raise ValueError(f"parameter {key!r} must be {'in [0, 1]' if unit else 'finite'}, got {value!r}")
-    return repr(number)
-
-
-def _as_ids(key: str, value: object) -> str:
-    """`0,1` / `0,1;2,3` (upstream: `,` within an instance, `;` between instances). Lists are joined."""
-    if isinstance(value, str):
-        text = value.replace(" ", "")
-        groups = text.split(";")
-        if not all(g and all(p.isdigit() for p in g.split(",")) for g in groups):
-            raise ValueError(f"parameter {key!r} must look like '0,1' or '0,1;2,3', got {value!r}")
-        return text
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _as_ids(key, str(value))
-    if isinstance(value, (list, tuple)):
-        if all(isinstance(v, (list, tuple)) for v in value):
-            return _as_ids(key, ";".join(",".join(str(i) for i in g) for g in value))
-        return _as_ids(key, ",".join(str(i) for i in value))
-    raise ValueError(f"parameter {key!r} must be a string or list of ints, got {value!r}")
-
-
-def _as_str(key: str, value: object, kind: object) -> str:
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str):
-        raise ValueError(f"parameter {key!r} must be a string, got {type(value).__name__} {value!r}")
-    if "\x00" in value:
-        raise ValueError(f"parameter {key!r} contains a NUL byte")
-    if kind == "path" and not value:
-        raise ValueError(f"parameter {key!r} must be a non-empty path")
-    return value
-
-
-def choices(key: str) -> tuple[str, ...]:
-    """The allowed values of an enumerated parameter (the spec's `Literal`s are built from these)."""
-    kind = _KINDS[key]
-    if not isinstance(kind, tuple):
-        raise KeyError(f"parameter {key!r} is not an enumeration")
-    return kind
-
-
-def normalize_parameter(key: str, value: object) -> str:
-    """Validate `value` for `key` and return its canonical text (what ends up in the pbtxt); the one type
-    check of a parameter, used by `validate` (hpc/spec/parameters.py) as well as by the repository writer."""
-    kind = _KINDS[key]
-    if isinstance(kind, tuple):
-        if value not in kind:
-            raise ValueError(f"parameter {key!r} must be one of {list(kind)}, got {value!r}")
-        return str(value)
-    if kind == "bool":
-        return _as_bool(key, value)
-    if kind in ("int", "uint", "pos"):
-        return _as_int(key, value, {"int": None, "uint": 0, "pos": 1}[kind])
-    if kind in ("frac", "float"):
-        return _as_float(key, value, kind == "frac")
-    if kind == "ids":
-        return _as_ids(key, value)
-    if kind == "intlist":
-        items = value if isinstance(value, (list, tuple)) else [value]
-        return ",".join(_as_int(key, v, 1) for v in items)
-    if kind == "dtype":
-        text = str(value).upper()
-        text = text if text.startswith("TYPE_") else f"TYPE_{text}"
-        if text not in _DTYPES:
-            raise ValueError(f"parameter {key!r} must be a Triton dtype like TYPE_FP32, got {value!r}")
-        return text
-    return _as_str(key, value, kind)
-
-
-def validate_parameters(backend: Backend, params: Mapping[str, object]) -> dict[str, str]:
-    """Check keys and values; return key → canonical text for every given (non-None) key.
-
-    `None` values count as not given (handy for optional spec fields). `triton_backend` may be given but
-    must agree with `backend`.
-    """
-    _check_backend(backend)
-    unknown = [k for k in params if k not in KNOWN_PARAMETERS]
-    if unknown:
-        key = sorted(unknown)[0]
-        raise ValueError(
-            f"unknown model repository parameter {key!r}{_did_you_mean(key)}"
-            + (f"; also unknown: {sorted(unknown)[1:]}" if len(unknown) > 1 else "")
-        )
-    values = {k: normalize_parameter(k, v) for k, v in params.items() if v is not None}
-    for key, text in values.items():
-        if "${" in text:  # consumers treat `${...}` as "unset"; never write one
-            raise ValueError(f"parameter {key!r} contains '${{', which reads as an unfilled template placeholder")
-    expected = _TRITON_BACKEND[backend]
-    if values.setdefault("triton_backend", expected) != expected:
-        raise ValueError(
-            f"parameter 'triton_backend'={values['triton_backend']!r} contradicts "
-            f"backend={backend!r} (which means triton_backend {expected!r})"
-        )
-    missing = sorted(required_parameters(backend) - values.keys())
-    if missing:
-        raise ValueError(f"missing required model repository parameter(s): {', '.join(missing)}")
-    return values
 
 
 # ------------------------------------------------------------------------------------------------ rendering
@@ -541,6 +267,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.out_dir is None or args.params is None:
         parser.error("out_dir and --params are required unless --write-templates")
     write_model_repository(args.out_dir, args.backend, json.loads(args.params.read_text()))
+
+
+__all__ = [
+    "BACKENDS",
+    "KNOWN_PARAMETERS",
+    "REQUIRED_PARAMETERS",
+    "UPSTREAM_DEFAULTS",
+    "Backend",
+    "check_replaceable",
+    "choices",
+    "normalize_parameter",
+    "render_repository",
+    "required_parameters",
+    "validate_parameters",
+    "write_model_repository",
+]
 
 
 if __name__ == "__main__":
