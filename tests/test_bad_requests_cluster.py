@@ -9,6 +9,7 @@ import concurrent.futures
 import json
 import os
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -37,8 +38,8 @@ def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
         (endpoint,) = status(job)["endpoints"]
         yield job, endpoint
     finally:
-        if job:
-            cli("cancel", job, timeout=120, check=False)
+        if job:  # cancel is tested elsewhere; here the job just has to go, without waiting for its end
+            subprocess.run(["scancel", job], capture_output=True, check=False)
         if old_home is None:
             os.environ.pop("HPC_SERVE_HOME", None)
         else:
