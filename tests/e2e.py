@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import yaml
 
 from launcher.layout import JobPaths
@@ -107,3 +112,65 @@ def kill_quietly(pids) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextlib.contextmanager
+def module_job(folder: Path, name: str, checkpoint: Path, **spec: Any) -> Iterator[tuple[str, dict]]:
+    """(job id, endpoint record) of one READY job shared by a whole test module, under a private job index;
+    scancel'ed at the end without waiting (its cancel is tested elsewhere)."""
+    old_home = os.environ.get("HPC_SERVE_HOME")
+    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
+    job = ""
+    try:
+        job, _ = submit(write_spec(folder, name, checkpoint, **spec))
+        (endpoint,) = status(job)["endpoints"]
+        yield job, endpoint
+    finally:
+        if job:
+            subprocess.run(["scancel", job], capture_output=True, check=False)
+        if old_home is None:
+            os.environ.pop("HPC_SERVE_HOME", None)
+        else:
+            os.environ["HPC_SERVE_HOME"] = old_home
+
+
+def core_model_stream(
+    endpoint: dict, prompt_ids: list[int], n: int, on_piece=None, timeout: float = 60
+) -> tuple[list[np.ndarray], str | None]:
+    """Stream `n` tokens from the `tensorrt_llm` model (no end_id: exactly n unless stopped) → (token pieces,
+    the error that ended the stream, if one did). ``on_piece`` is called after each piece."""
+    import tritonclient.grpc as grpcclient
+
+    ids = np.array([prompt_ids], dtype=np.int32)
+    arrays = {
+        "input_ids": ids,
+        "input_lengths": np.array([[ids.shape[1]]], dtype=np.int32),
+        "request_output_len": np.array([[n]], dtype=np.int32),
+        "streaming": np.array([[True]], dtype=bool),
+    }
+    inputs = []
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"{endpoint['address']}:{endpoint['grpc_port']}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    pieces: list[np.ndarray] = []
+    try:
+        client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=timeout)
+            if error is not None:
+                return pieces, str(error)
+            output = result.as_numpy("output_ids")
+            if output is not None and output.size:
+                pieces.append(output)
+                if on_piece is not None:
+                    on_piece()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return pieces, None

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import socket
-import subprocess
 import time
 
 import numpy as np
 import pytest
 
 from tests._triton import post_json
-from tests.e2e import cli, status, submit, write_spec
+from tests.e2e import cli, module_job, status
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -26,24 +24,9 @@ VOCAB, CONTEXT = 512, 256  # the tiny checkpoint (backend/cpu_engine/init_model.
 @pytest.fixture(scope="module")
 def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
     """(job id, endpoint record) of a READY tp 2 job across two nodes with a max batch of 4."""
-    folder = tmp_path_factory.mktemp("bad-requests")
-    old_home = os.environ.get("HPC_SERVE_HOME")
-    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
-    spec = write_spec(
-        folder, "bad-requests", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1, triton={"triton_max_batch_size": 4}
-    )
-    job = ""
-    try:
-        job, _ = submit(spec)
-        (endpoint,) = status(job)["endpoints"]
-        yield job, endpoint
-    finally:
-        if job:  # cancel is tested elsewhere; here the job just has to go, without waiting for its end
-            subprocess.run(["scancel", job], capture_output=True, check=False)
-        if old_home is None:
-            os.environ.pop("HPC_SERVE_HOME", None)
-        else:
-            os.environ["HPC_SERVE_HOME"] = old_home
+    spec = dict(tp=2, nodes=2, ntasks_per_node=1, triton={"triton_max_batch_size": 4})
+    with module_job(tmp_path_factory.mktemp("bad-requests"), "bad-requests", tiny_gpt2, **spec) as served:
+        yield served
 
 
 def _post(endpoint: dict, path: str, body: bytes | dict, timeout: float = 60) -> tuple[int, dict]:

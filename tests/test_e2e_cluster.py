@@ -6,20 +6,18 @@ Every test drives the real CLI, the real sbatch/srun, the real tritonserver and 
 from __future__ import annotations
 
 import json
-import queue
 import re
 import subprocess
 import time
 
-import numpy as np
 import pytest
 
 from launcher.layout import JobPaths
 from tests.e2e import (
     CLI,
     cli,
+    core_model_stream,
     kill_quietly,
-    listening_ports,
     processes_under,
     rank_records,
     status,
@@ -42,96 +40,6 @@ def jobs(slurm_cluster, hpc_home, tritonserver):
 
 def _assert_no_server_left(deploy_dir, timeout=60):
     wait_for(lambda: not processes_under(deploy_dir), timeout, f"every process of {deploy_dir} to exit")
-
-
-def _stream_core_model(endpoint: dict, tokenizer_dir, prompt: str, n: int) -> list[np.ndarray]:
-    """Tokens streamed over gRPC from the `tensorrt_llm` model itself (token ids in, token ids out)."""
-    from backend.models.tokenizer import load_tokenizer
-
-    pieces, error = _core_model_stream(endpoint, load_tokenizer(tokenizer_dir).encode(prompt), n)
-    assert error is None, error
-    return pieces
-
-
-def _core_model_stream(
-    endpoint: dict, prompt_ids: list[int], n: int, on_piece=None, timeout: float = 60
-) -> tuple[list[np.ndarray], str | None]:
-    """Stream `n` tokens from the `tensorrt_llm` model (no end_id: exactly n unless stopped) → (token pieces,
-    the error that ended the stream, if one did). ``on_piece`` is called after each piece."""
-    import tritonclient.grpc as grpcclient
-
-    ids = np.array([prompt_ids], dtype=np.int32)
-    arrays = {
-        "input_ids": ids,
-        "input_lengths": np.array([[ids.shape[1]]], dtype=np.int32),
-        "request_output_len": np.array([[n]], dtype=np.int32),
-        "streaming": np.array([[True]], dtype=bool),
-    }
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "INT32")
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(f"{endpoint['address']}:{endpoint['grpc_port']}")
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    pieces: list[np.ndarray] = []
-    try:
-        client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
-        while True:
-            result, error = results.get(timeout=timeout)
-            if error is not None:
-                return pieces, str(error)
-            output = result.as_numpy("output_ids")
-            if output is not None and output.size:
-                pieces.append(output)
-                if on_piece is not None:
-                    on_piece()
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-    finally:
-        client.stop_stream()
-        client.close()
-    return pieces, None
-
-
-def test_tp2_across_two_nodes_serves_streams_and_cancels(jobs, tmp_path, tiny_gpt2):
-    spec = write_spec(tmp_path, "tp2", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
-    job, job_dir = submit(spec)
-    jobs.append(job)
-    deploy_dir = job_dir.parent.parent
-
-    st = status(job)
-    assert st["state"] == "READY"
-    (endpoint,) = st["endpoints"]
-    assert endpoint["host"] == "node1" and endpoint["rank"] == 0
-    assert not endpoint["address"].startswith("127."), "clients must get an address other nodes can reach"
-
-    text = cli("generate", job, "Once upon a time", "--max-tokens", "12").stdout
-    assert text.strip(), "the ensemble returned no text"
-    bls = cli("generate", job, "Once upon a time", "--max-tokens", "12", "--model", "tensorrt_llm_bls").stdout
-    assert bls == text, "BLS and ensemble must give the same greedy text"
-
-    metrics = json.loads(cli("metrics", job, "--json").stdout)
-    by_type = {
-        m["labels"].get("request_type"): m["value"] for m in metrics if m["name"] == "nv_trt_llm_request_metrics"
-    }
-    assert by_type["max"] == 8, by_type  # triton_max_batch_size of the spec, from the leader's metrics port
-    assert any(m["name"] == "nv_inference_request_success_total" and m["value"] >= 1 for m in metrics)
-
-    pieces = _stream_core_model(endpoint, tiny_gpt2, "Once upon a time", 8)
-    assert len(pieces) >= 2, f"expected tokens streamed one by one, got {len(pieces)} responses"
-
-    # Rank 1 is a follower: a tritonserver that never listens on any port.
-    follower = [
-        pid for pid, cmd in processes_under(deploy_dir) if "tritonserver " in cmd and "--load-model=tensorrt_llm" in cmd
-    ]
-    assert len(follower) == 1 and listening_ports(follower[0]) == set()
-
-    out = cli("cancel", job, timeout=120).stdout
-    assert "CANCELLED" in out
-    assert status(job)["state"] == "CANCELLED"
-    _assert_no_server_left(deploy_dir)
 
 
 def test_two_jobs_on_one_node_get_distinct_auto_ports(jobs, tmp_path, tiny_gpt2):
@@ -297,7 +205,7 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_
 
     def in_flight(i: int) -> None:  # one batch of 250-token streams: still running when the cancel lands
         try:
-            pieces, error = _core_model_stream(endpoint, [5, 6, 7 + i], 250, on_piece=streaming.set, timeout=30)
+            pieces, error = core_model_stream(endpoint, [5, 6, 7 + i], 250, on_piece=streaming.set, timeout=30)
         except Exception as exc:  # noqa: BLE001 - the stream broke: what the client saw is the result
             pieces, error = [], f"{type(exc).__name__}: {exc}"
         outcomes.append({"tokens": sum(piece.size for piece in pieces), "error": error, "at": time.time()})
