@@ -30,6 +30,8 @@ JOBS_NAME = "jobs"
 ENDPOINTS_NAME = "endpoints"
 RANKS_NAME = "ranks"
 CANCEL_MARKER_NAME = "cancel_requested"
+#: the deployment's access token (0600; `hpc-serve token`, the gateway): never in scripts, logs or records
+TOKEN_NAME = "access_token"
 #: the local executor's supervisor state: what sacct is to a Slurm job
 LOCAL_STATE_NAME = "local.json"
 
@@ -116,6 +118,11 @@ class Deployment:
     @property
     def jobs_dir(self) -> Path:
         return self.root / JOBS_NAME
+
+    @property
+    def token(self) -> Path:
+        """The access token the gateway requires as `Authorization: Bearer …` (a 0600 file)."""
+        return self.root / TOKEN_NAME
 
     def sbatch_log(self, stream: str = "out", job_id: str = "%j") -> Path:
         """`D/logs/<job>.out|err`: the batch script's output (`%j` in the `#SBATCH -o` line)."""

@@ -1,0 +1,60 @@
+"""OpenAI-shaped errors (`{"error": {"message", "type", "param", "code"}}`) for every route of the gateway.
+
+Why one shape for all routes, the Triton passthrough too: clients of the gateway see a gateway error (no
+replica, bad token) the same way whichever API they speak; what a replica answers is passed on as it is.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+
+class APIError(Exception):
+    """An error answer: HTTP status, OpenAI error type, and the request field it is about (if one)."""
+
+    def __init__(self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param)
+
+
+def unauthorized() -> APIError:
+    return APIError(
+        401,
+        "missing or wrong access token: send `Authorization: Bearer <token>` (`hpc-serve token TARGET` prints it)",
+        "invalid_request_error",
+        code="invalid_api_key",
+    )
+
+
+def no_replica() -> APIError:
+    return APIError(
+        503, "no replica of the deployment is ready; see `hpc-serve status`", "server_error", code="no_replica_ready"
+    )
+
+
+async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 → OpenAI's 400, naming the first field that is wrong."""
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    message = f"{param}: {first.get('msg', 'invalid')}" if param else str(first.get("msg", "invalid request"))
+    return bad_request(message, param).response()

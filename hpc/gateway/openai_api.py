@@ -1,0 +1,245 @@
+"""The OpenAI API: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`, with SSE streaming.
+
+Why the request models refuse what the deployment cannot do (n > 1, logprobs, out-of-range sampling values)
+instead of ignoring it: a client that asked for two choices and silently got one is worse off than one told
+which field is wrong (OpenAI's 400 with `param`). Unknown extra fields are ignored, as OpenAI's server does
+for fields it has retired. `top_k` is an extension (vLLM's name).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from hpc.gateway.auth import authorized
+from hpc.gateway.errors import APIError, bad_request, unauthorized
+from hpc.gateway.state import Gateway
+from hpc.gateway.text import StopStream, cut_at_stop
+from hpc.gateway.triton import Chunk, GenerateParams, ModelError, ReplicaUnavailable
+
+
+def gateway_of(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def require_token(request: Request) -> None:
+    """401 unless the request carries one of the deployment's tokens (none needed when it has none)."""
+    if not authorized(request.headers.get("authorization"), gateway_of(request).discovery.tokens):
+        raise unauthorized()
+
+
+router = APIRouter(dependencies=[Depends(require_token)])
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class Sampling(BaseModel):
+    """Fields shared by completions and chat."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0)
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str]
+    echo: Literal[False] = False
+    logprobs: None = None
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        """Content parts of type `text`, joined (images are not served)."""
+        if isinstance(self.content, list):
+            return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatRequest(Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: Literal[False] | None = None
+
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+DEFAULT_CHAT_MAX_TOKENS = 256  # chat has "up to the context"; a bound keeps a forgotten max_tokens cheap
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    gw = gateway_of(request)
+    model = {"id": gw.model_name, "object": "model", "created": 0, "owned_by": "hpc-serve"}
+    return {"object": "list", "data": [model]}
+
+
+def _check_model(gw: Gateway, model: str) -> None:
+    if model != gw.model_name:
+        raise APIError(
+            404,
+            f"model {model!r} does not exist; this gateway serves {gw.model_name!r}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+
+
+def _params(gw: Gateway, req: Sampling, prompt: str, max_tokens: int) -> GenerateParams:
+    return GenerateParams(
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stop=req.stops(),
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+    )
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    gw = gateway_of(request)
+    _check_model(gw, body.model)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if len(prompts) != 1:
+        raise bad_request("prompt: exactly one prompt per request (a batch is not served yet)", "prompt")
+    params = _params(gw, body, prompts[0], body.max_tokens or DEFAULT_MAX_TOKENS)
+    return await _answer(gw, body, params, chat=False)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatRequest, request: Request) -> Any:
+    gw = gateway_of(request)
+    _check_model(gw, body.model)
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    try:
+        prompt = gw.chat_template.render(messages)
+    except Exception as exc:  # noqa: BLE001 - a template's raise_exception names what it refuses
+        raise bad_request(f"messages: the chat template refused them: {exc}", "messages") from None
+    max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
+    return await _answer(gw, body, _params(gw, body, prompt, max_tokens), chat=True)
+
+
+def _usage(gw: Gateway, params: GenerateParams, completion: int) -> dict[str, int]:
+    """Prompt tokens by the deployment's tokenizer; completion tokens as the engine reported them."""
+    prompt = gw.prompt_tokens(params.prompt)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams) -> str:
+    return "stop" if stopped or usage["completion_tokens"] < params.max_tokens else "length"
+
+
+async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: bool) -> Any:
+    pieces = gw.generate(params)
+    try:
+        first = await anext(pieces, None)  # errors before the first piece are HTTP errors, not stream events
+    except ModelError as exc:
+        raise APIError(500, f"the model failed the request: {exc}", "server_error") from None
+    except ReplicaUnavailable as exc:
+        raise APIError(502, f"the replica failed: {exc}", "server_error") from None
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    if body.stream:
+        events = _sse(gw, body, params, chat, rid, first, pieces)
+        return StreamingResponse(events, media_type="text/event-stream")
+    raw, tokens = (first.text, first.tokens) if first else ("", 0)
+    try:
+        async for chunk in pieces:
+            raw, tokens = raw + chunk.text, tokens + chunk.tokens
+    except (ModelError, ReplicaUnavailable) as exc:
+        raise APIError(500, f"the request failed while generating: {exc}", "server_error") from None
+    text, stopped = cut_at_stop(raw, params.stop)
+    usage = _usage(gw, params, tokens)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stopped, usage, params), "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    kind = "chat.completion" if chat else "text_completion"
+    out = {
+        "id": rid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": gw.model_name,
+        "choices": [choice],
+        "usage": usage,
+    }
+    return JSONResponse(out)
+
+
+async def _sse(
+    gw: Gateway,
+    body: Sampling,
+    params: GenerateParams,
+    chat: bool,
+    rid: str,
+    first: Chunk | None,
+    pieces: AsyncIterator[Chunk],
+) -> AsyncIterator[str]:
+    created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> str:
+        chunk = {"id": rid, "object": kind, "created": created, "model": gw.model_name, "choices": choices, **extra}
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    def delta(text: str | None, finish: str | None = None) -> dict[str, Any]:
+        if chat:
+            return {
+                "index": 0,
+                "delta": {} if text is None else {"content": text},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+
+    if chat:
+        yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    stops, tokens = StopStream(params.stop), 0
+
+    async def chunks() -> AsyncIterator[Chunk]:
+        if first is not None:
+            yield first
+        async for chunk in pieces:
+            yield chunk
+
+    try:
+        async for chunk in chunks():
+            tokens += chunk.tokens
+            if text := stops.feed(chunk.text):
+                yield event([delta(text)])
+            if stops.stopped:
+                break
+    except (ModelError, ReplicaUnavailable) as exc:
+        yield f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n"
+        return
+    finally:
+        await pieces.aclose()  # type: ignore[attr-defined]
+    if rest := stops.flush():
+        yield event([delta(rest)])
+    usage = _usage(gw, params, tokens)
+    yield event([delta(None, _finish(stops.stopped, usage, params))])
+    if body.stream_options and body.stream_options.include_usage:
+        yield event([], usage=usage)
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,150 @@
+"""The thin engine interface: one generation request streamed to a replica's ensemble over Triton's gRPC
+bidirectional streaming API (tritonclient's asyncio client), yielding text pieces.
+
+Why always the streaming API, even for a non-streaming OpenAI request: the deployments serve a decoupled
+ensemble (one request, many responses), which only the streaming RPC can call, and one code path means one
+set of failure modes. Why not a thread per request (tritonclient's sync stream): the gateway holds hundreds
+of requests open; one event loop does. The request id has hpc-serve's stream prefix
+(backend/models/detokenize.py) so the ensemble's postprocessing never splits a character across responses.
+
+tritonclient's asyncio `stream_infer` refuses the reserved `triton_enable_empty_final_response` parameter,
+without which the end of a decoupled response stream cannot be told; so the request is built with
+tritonclient's own builder and sent on the client's stub (`_client_stub`), the one private name used here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aiogrpc
+from tritonclient.grpc._utils import _get_inference_request
+
+from backend.models.detokenize import STREAM_REQUEST_PREFIX
+
+MODEL = "ensemble"
+
+
+class ReplicaUnavailable(RuntimeError):
+    """The replica could not be reached or broke the stream: retry elsewhere if nothing was sent yet."""
+
+
+class ModelError(RuntimeError):
+    """The model refused or failed the request (its own words): the client's answer, no retry."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one response of the stream brought: its text (maybe empty: a character held back until its last
+    byte comes) and how many tokens it carried (one per response of a streaming engine step)."""
+
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """What the ensemble is asked for; `None` leaves the model's default."""
+
+    prompt: str
+    max_tokens: int
+    stop: Sequence[str] = field(default_factory=tuple)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+    def tensors(self) -> list[grpcclient.InferInput]:
+        arrays: dict[str, tuple[np.ndarray, str]] = {
+            "text_input": (np.array([[self.prompt.encode()]], dtype=object), "BYTES"),
+            "max_tokens": (np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
+            "stream": (np.array([[True]], dtype=bool), "BOOL"),
+            "exclude_input_in_output": (np.array([[True]], dtype=bool), "BOOL"),
+        }
+        if self.stop:
+            arrays["stop_words"] = (np.array([[s.encode() for s in self.stop]], dtype=object), "BYTES")
+        if self.temperature is not None:
+            arrays["temperature"] = (np.array([[self.temperature]], dtype=np.float32), "FP32")
+        if self.top_p is not None:
+            arrays["top_p"] = (np.array([[self.top_p]], dtype=np.float32), "FP32")
+        if self.top_k is not None:
+            arrays["top_k"] = (np.array([[self.top_k]], dtype=np.int32), "INT32")
+        if self.seed is not None:
+            arrays["seed"] = (np.array([[self.seed]], dtype=np.uint64), "UINT64")
+        tensors = []
+        for name, (array, dtype) in arrays.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        return tensors
+
+
+class TritonEngine:
+    """One asyncio gRPC client per replica, reused across requests (a channel is costly to open)."""
+
+    def __init__(self, model: str = MODEL) -> None:
+        self.model = model
+        self._clients: dict[str, aiogrpc.InferenceServerClient] = {}
+
+    def _client(self, grpc_url: str) -> aiogrpc.InferenceServerClient:
+        if grpc_url not in self._clients:
+            self._clients[grpc_url] = aiogrpc.InferenceServerClient(grpc_url)
+        return self._clients[grpc_url]
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+
+    async def stream(self, grpc_url: str, params: GenerateParams) -> AsyncIterator[Chunk]:
+        """Text pieces as the replica produces them, with their token counts. ReplicaUnavailable for transport trouble, ModelError for
+        the model's own refusal."""
+        request = _get_inference_request(
+            model_name=self.model,
+            inputs=params.tensors(),
+            model_version="",
+            request_id=f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}",
+            outputs=None,
+            sequence_id=0,
+            sequence_start=False,
+            sequence_end=False,
+            priority=0,
+            timeout=None,
+            parameters=None,
+        )
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        finished = asyncio.Event()
+
+        async def requests():
+            yield request
+            await finished.wait()  # half-close only once the last response arrived
+
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        call = self._client(grpc_url)._client_stub.ModelStreamInfer(requests())
+        try:
+            async for response in call:
+                if response.error_message:
+                    raise ModelError(response.error_message)
+                result = grpcclient.InferResult(response.infer_response)
+                text = result.as_numpy("text_output")
+                if text is not None:
+                    raw = b"".join(t if isinstance(t, bytes) else str(t).encode() for t in text.ravel())
+                    yield Chunk(utf8.decode(raw), 1)
+                final = response.infer_response.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    tail = utf8.decode(b"", final=True)
+                    if tail:
+                        yield Chunk(tail, 0)
+                    return
+            raise ReplicaUnavailable(f"{grpc_url}: the stream ended before the final response")
+        except grpc.aio.AioRpcError as exc:
+            raise ReplicaUnavailable(f"{grpc_url}: {exc.code().name}: {exc.details()}") from None
+        finally:
+            finished.set()
+            call.cancel()

@@ -1,0 +1,107 @@
+"""The gateway's pure parts: the balancer's policy, the chat template, stop sequences, the access token."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from hpc.gateway.auth import authorized, ensure_token, read_tokens
+from hpc.gateway.balancer import Balancer, NoReplica, Replica
+from hpc.gateway.text import FALLBACK_TEMPLATE, ChatTemplate, StopStream, cut_at_stop
+
+
+def _replicas(*keys: str) -> list[Replica]:
+    return [Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in keys]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_balancer_picks_the_least_outstanding_and_spreads_ties():
+    b = Balancer()
+    b.update(_replicas("j1/0", "j1/1", "j2/0"))
+    held = []
+    for _ in range(3):
+        r = b.pick()
+        held.append(b.track(r))
+        held[-1].__enter__()
+    assert sorted(r.key for r in b.replicas if r.outstanding == 1) == ["j1/0", "j1/1", "j2/0"]
+    held[1].__exit__(None, None, None)  # j1/1 finished: it is the least busy now
+    assert b.pick().key == "j1/1"
+    assert b.pick(exclude=["j1/1"]).key in ("j1/0", "j2/0")
+
+
+def test_balancer_benches_a_failed_replica_until_its_cooldown_passed():
+    clock = Clock()
+    b = Balancer(cooldown_s=10, clock=clock)
+    b.update(_replicas("a", "b"))
+    b.mark_failed(b.pick(exclude=["b"]))
+    assert [r.key for r in b.healthy()] == ["b"] and b.pick().key == "b"
+    with pytest.raises(NoReplica):
+        b.pick(exclude=["b"])
+    clock.now = 10.5
+    assert {r.key for r in b.healthy()} == {"a", "b"}
+
+
+def test_balancer_update_keeps_counters_and_drops_lost_replicas():
+    b = Balancer()
+    b.update(_replicas("a", "b"))
+    a = b.pick(exclude=["b"])
+    with b.track(a):
+        b.update(_replicas("a", "c"))  # b's job ended, c's started
+        assert {r.key for r in b.replicas} == {"a", "c"}
+        assert next(r for r in b.replicas if r.key == "a").outstanding == 1
+    with pytest.raises(NoReplica):
+        Balancer().pick()
+
+
+def test_chat_template_from_tokenizer_config(tmp_path):
+    template = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "bos_token": "<s>"}))
+    chat = ChatTemplate.from_tokenizer_dir(tmp_path)
+    assert not chat.is_fallback
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert chat.render(messages) == "<s><|system|>Be brief.<|user|>Hi<|assistant|>"
+
+
+def test_chat_template_fallback_and_refusals(tmp_path):
+    chat = ChatTemplate.from_tokenizer_dir(tmp_path)  # no tokenizer_config.json at all
+    assert chat.is_fallback and chat.source == FALLBACK_TEMPLATE
+    assert chat.render([{"role": "user", "content": "Hi"}]) == "user: Hi\nassistant:"
+    strict = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}")
+    with pytest.raises(Exception, match="user first"):
+        strict.render([{"role": "assistant", "content": "x"}])
+
+
+def test_stop_sequences_cut_whole_and_streamed():
+    assert cut_at_stop("one two. three", [".", "two"]) == ("one ", True)
+    assert cut_at_stop("one", ["x"]) == ("one", False)
+    stream = StopStream(["END"])
+    sent = [stream.feed(p) for p in ["ab", "cE", "N", "Dxyz"]]
+    assert "".join(sent) == "abc" and stream.stopped and stream.flush() == ""
+    stream = StopStream(["END"])
+    assert stream.feed("abE") == "ab" and stream.feed("x") == "Ex" and stream.flush() == ""
+    stream = StopStream(["END"])
+    assert stream.feed("xyzEN") == "xyz" and stream.flush() == "EN"
+
+
+def test_token_is_private_stable_and_checked(tmp_path):
+    token = ensure_token(tmp_path)
+    path = tmp_path / "access_token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(token) > 30
+    assert ensure_token(tmp_path) == token
+    tokens = read_tokens([tmp_path, tmp_path / "missing"])
+    assert tokens == {token}
+    assert authorized(f"Bearer {token}", tokens) and authorized(f"bearer {token}", tokens)
+    assert not authorized(None, tokens) and not authorized("Bearer nope", tokens) and not authorized(token, tokens)
+    assert authorized(None, set()), "a deployment without a token file needs none"
