@@ -35,7 +35,15 @@ def test_balancer_picks_the_least_outstanding_and_spreads_ties():
     assert sorted(r.key for r in b.replicas if r.outstanding == 1) == ["j1/0", "j1/1", "j2/0"]
     held[1].__exit__(None, None, None)  # j1/1 finished: it is the least busy now
     assert b.pick().key == "j1/1"
-    assert b.pick(exclude=["j1/1"]).key in ("j1/0", "j2/0")
+    assert b.pick(exclude=["j1/1"]).key == "j1/0", "a tie: the one chosen longest ago"
+
+
+def test_balancer_takes_turns_among_idle_replicas_and_a_new_one_joins_the_turns():
+    b = Balancer()
+    b.update(_replicas("a", "b"))
+    assert [b.pick().key for _ in range(4)] == ["a", "b", "a", "b"]
+    b.update(_replicas("a", "b", "c"))
+    assert [b.pick().key for _ in range(3)] == ["c", "a", "b"]
 
 
 def test_balancer_benches_a_failed_replica_until_its_cooldown_passed():
@@ -105,3 +113,64 @@ def test_token_is_private_stable_and_checked(tmp_path):
     assert authorized(f"Bearer {token}", tokens) and authorized(f"bearer {token}", tokens)
     assert not authorized(None, tokens) and not authorized("Bearer nope", tokens) and not authorized(token, tokens)
     assert authorized(None, set()), "a deployment without a token file needs none"
+
+
+class FakeEngine:
+    """Replica `dead` cannot be reached; `flaky` breaks after its first chunk; others answer "a", "b"."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def stream(self, grpc_url, params):
+        from hpc.gateway.triton import Chunk, ReplicaUnavailable
+
+        self.calls.append(grpc_url)
+        if grpc_url == "dead":
+            raise ReplicaUnavailable("dead: UNAVAILABLE")
+        yield Chunk("a", 1)
+        if grpc_url == "flaky":
+            raise ReplicaUnavailable("flaky: the stream broke")
+        yield Chunk("b", 1)
+
+
+def _gateway(*keys: str):
+    from hpc.gateway.state import Gateway
+
+    balancer = Balancer()
+    balancer.update(_replicas(*keys))
+    engine = FakeEngine()
+    gw = Gateway(None, balancer, None, engine, None, None, ChatTemplate(None))  # type: ignore[arg-type]
+    return gw, engine
+
+
+async def _collect(gw) -> str:
+    from hpc.gateway.triton import GenerateParams
+
+    return "".join([c.text async for c in gw.generate(GenerateParams(prompt="x", max_tokens=2))])
+
+
+def test_a_replica_failing_before_its_first_chunk_is_benched_and_the_request_retried():
+    import asyncio
+
+    gw, engine = _gateway("dead", "live")
+    assert asyncio.run(_collect(gw)) == "ab"
+    assert engine.calls == ["dead", "live"], "dead sorts first: tried, benched, then live"
+    dead = next(r for r in gw.balancer.replicas if r.key == "dead")
+    assert dead.failures == 1 and [r.key for r in gw.balancer.healthy()] == ["live"]
+    assert all(r.outstanding == 0 for r in gw.balancer.replicas)
+
+
+def test_a_failure_after_the_first_chunk_reaches_the_client_and_none_left_is_503():
+    import asyncio
+
+    from hpc.gateway.errors import APIError
+    from hpc.gateway.triton import ReplicaUnavailable
+
+    gw, engine = _gateway("flaky", "z-live")
+    with pytest.raises(ReplicaUnavailable):
+        asyncio.run(_collect(gw))
+    assert engine.calls == ["flaky"], "text was sent: no retry (the client would see it twice)"
+    gw, _ = _gateway("dead")
+    with pytest.raises(APIError) as exc:
+        asyncio.run(_collect(gw))
+    assert exc.value.status == 503

@@ -5,6 +5,7 @@ for the module, so the whole file costs one job start."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from launcher.layout import JobPaths
+from launcher.records import read_endpoints
 from tests.e2e import CLI, cli, kill_quietly, processes_under, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -33,30 +36,32 @@ def gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
     folder = tmp_path_factory.mktemp("gateway")
     old_home = os.environ.get("HPC_SERVE_HOME")
     os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
-    job, proc, deploy_dir = "", None, None
+    proc, jobs = None, []
     try:
-        job, job_dir = submit(write_spec(folder, "gw", tiny_gpt2, tp=1), "--executor", "local")
-        deploy_dir = job_dir.parent.parent
+        spec = write_spec(folder, "gw", tiny_gpt2, tp=1)
+        job, job_dir = submit(spec, "--executor", "local")
+        jobs.append((job, job_dir))
         token = cli("token", job).stdout.strip()
         assert cli("token", job).stdout.strip() == token, "the same token every time"
         port = _free_port()
+        log = folder / "gateway.log"
         proc = subprocess.Popen(
             [*CLI, "gateway", job, "--port", str(port), "--refresh", "1"],
-            stdout=subprocess.PIPE,
+            stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             text=True,
         )
         url = f"http://127.0.0.1:{port}"
 
         def up() -> bool:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert proc.poll() is None, log.read_text()
             try:
                 return httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200
             except httpx.HTTPError:
                 return False
 
         wait_for(up, 60, "the gateway to find the replica")
-        yield {"url": url, "token": token, "job": job, "model": "gw"}
+        yield {"url": url, "token": token, "job": job, "model": "gw", "spec": spec, "jobs": jobs, "log": log}
     finally:
         if proc is not None:
             proc.terminate()
@@ -64,10 +69,9 @@ def gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        if job:
+        for job, job_dir in jobs:
             kill_quietly(job_processes(job))
-        if deploy_dir is not None:
-            kill_quietly(pid for pid, _ in processes_under(deploy_dir))
+            kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
         if old_home is None:
             os.environ.pop("HPC_SERVE_HOME", None)
         else:
@@ -182,3 +186,38 @@ def test_triton_passthrough(gateway):
     assert stream.status_code == 200 and events
     missing = httpx.post(gateway["url"] + "/v2/models/nope/generate", json=body, headers=headers, timeout=60)
     assert missing.status_code >= 400, "the replica's own answer, passed on"
+
+
+def test_a_new_job_is_used_without_restart_and_a_killed_replica_is_not_seen(client, gateway):
+    """Last in the module: it kills the first job. A second job of the same spec joins the gateway's replicas;
+    its first job's tritonserver SIGKILLed, every request still succeeds (retried before its first byte) and
+    discovery drops the dead replica."""
+    headers = {"Authorization": f"Bearer {gateway['token']}"}
+
+    def replicas() -> dict[str, dict]:
+        response = httpx.get(gateway["url"] + "/gateway/replicas", headers=headers, timeout=5)
+        return {r["key"]: r for r in response.json()}
+
+    job2, job_dir2 = submit(gateway["spec"], "--executor", "local")
+    gateway["jobs"].append((job2, job_dir2))
+    wait_for(lambda: len(replicas()) == 2, 30, "the gateway to use the second job")
+    before = {key: r["served"] for key, r in replicas().items()}
+    for _ in range(4):
+        assert client.completions.create(model=gateway["model"], prompt="Hello", max_tokens=2).choices[0].text
+    served = {key: r["served"] - before[key] for key, r in replicas().items()}
+    assert set(served.values()) == {2}, f"sequential requests alternate between idle replicas: {served}"
+
+    # kill the replica whose turn is next, so the next request goes to it (unless discovery was quicker)
+    victim = min(replicas().values(), key=lambda r: r["last_pick"])["key"]
+    victim_dir = next(d for j, d in gateway["jobs"] if victim.startswith(f"{j}/"))
+    (record,) = read_endpoints(JobPaths.of_folder(victim_dir))
+    mark = len(gateway["log"].read_text())
+    os.kill(record.pid, signal.SIGKILL)
+    for _ in range(4):
+        out = client.completions.create(model=gateway["model"], prompt="Hello", max_tokens=2)
+        assert out.choices[0].text
+    since = gateway["log"].read_text()[mark:]
+    retried = f"replica {victim} failed before its first byte" in since
+    assert retried or "replicas ready:" in since, f"no retry, and discovery had not dropped it either:\n{since}"
+    survivor = next(k for k in served if k != victim)
+    wait_for(lambda: set(replicas()) == {survivor}, 30, "the killed replica to be dropped")

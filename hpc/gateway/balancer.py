@@ -25,6 +25,7 @@ class Replica:
     served: int = 0
     failures: int = 0
     benched_until: float = 0.0
+    last_pick: int = 0  # the balancer's pick count when it last chose this replica
 
 
 class NoReplica(RuntimeError):
@@ -38,6 +39,7 @@ class Balancer:
         self.cooldown_s = cooldown_s
         self._clock = clock
         self._replicas: dict[str, Replica] = {}
+        self._picks = 0
 
     @property
     def replicas(self) -> list[Replica]:
@@ -57,12 +59,16 @@ class Balancer:
         return [r for r in self._replicas.values() if r.benched_until <= now]
 
     def pick(self, exclude: Iterable[str] = ()) -> Replica:
-        """The healthy replica with the fewest requests in flight (ties: the one that served fewer, then key)."""
+        """The healthy replica with the fewest requests in flight; ties go to the one chosen longest ago (round
+        robin among equals: a replica that just joined gets its share, not every request until it caught up)."""
         skip = set(exclude)
         candidates = [r for r in self.healthy() if r.key not in skip]
         if not candidates:
             raise NoReplica("no replica is ready")
-        return min(candidates, key=lambda r: (r.outstanding, r.served, r.key))
+        chosen = min(candidates, key=lambda r: (r.outstanding, r.last_pick, r.key))
+        self._picks += 1
+        chosen.last_pick = self._picks
+        return chosen
 
     def mark_failed(self, replica: Replica) -> None:
         """The replica failed before the first byte: no new requests until the cooldown has passed."""

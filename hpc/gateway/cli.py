@@ -40,6 +40,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     target = _target(args.target)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
     print(f"hpc-serve gateway for {target.name} in {target.workdir}: http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(create_app(target, refresh_s=args.refresh), host=args.host, port=args.port, log_level="warning")
     return EXIT_OK

@@ -7,6 +7,7 @@ sent again without the client seeing text twice; after that a failure is the cli
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ from hpc.gateway.discovery import Discovery, Target
 from hpc.gateway.errors import no_replica
 from hpc.gateway.text import ChatTemplate
 from hpc.gateway.triton import Chunk, GenerateParams, ReplicaUnavailable, TritonEngine
+
+log = logging.getLogger("hpc_serve.gateway")
 
 
 @dataclass
@@ -60,7 +63,8 @@ class Gateway:
                         started = True
                         yield chunk
                     return
-                except ReplicaUnavailable:
+                except ReplicaUnavailable as exc:
                     if started:
                         raise
                     self.balancer.mark_failed(replica)
+                    log.warning("replica %s failed before its first byte (%s); retried on another", replica.key, exc)
