@@ -174,3 +174,24 @@ def test_a_failure_after_the_first_chunk_reaches_the_client_and_none_left_is_503
     with pytest.raises(APIError) as exc:
         asyncio.run(_collect(gw))
     assert exc.value.status == 503
+
+
+def test_no_replica_is_503_and_missing_fields_are_400(tmp_path, tiny_gpt2):
+    """The app on a deployment with no job yet (and no token): served, but nothing to send requests to."""
+    from fastapi.testclient import TestClient
+
+    from hpc.gateway.app import create_app
+    from hpc.gateway.discovery import Target
+
+    app = create_app(Target(tmp_path / "runs", "nothing", tiny_gpt2))
+    with TestClient(app) as http:
+        assert http.get("/v1/models").json()["data"][0]["id"] == "nothing"
+        assert http.get("/v2/health/live").status_code == 200
+        assert http.get("/v2/health/ready").status_code == 503
+        response = http.post("/v1/completions", json={"model": "nothing", "prompt": "x"})
+        assert response.status_code == 503 and response.json()["error"]["code"] == "no_replica_ready"
+        response = http.post("/v1/chat/completions", json={"model": "nothing", "messages": []})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
+        response = http.post("/v1/completions", json={"model": "nothing"})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+        assert http.post("/v2/models/ensemble/generate", json={}).status_code == 503
