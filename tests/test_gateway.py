@@ -195,3 +195,24 @@ def test_no_replica_is_503_and_missing_fields_are_400(tmp_path, tiny_gpt2):
         response = http.post("/v1/completions", json={"model": "nothing"})
         assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
         assert http.post("/v2/models/ensemble/generate", json={}).status_code == 503
+
+
+def test_a_spec_file_names_every_folder_of_its_deployment_and_nothing_else(tmp_path, tiny_gpt2):
+    import yaml
+
+    from hpc.gateway.discovery import deployment_folders, published, resolve_target
+    from launcher.layout import JobPaths
+    from launcher.records import EndpointRecord, write_json_atomic
+    from tests.e2e import write_spec
+
+    target = resolve_target(str(write_spec(tmp_path, "gw", tiny_gpt2)))
+    assert (target.workdir, target.name, target.tokenizer_dir) == ((tmp_path / "runs").resolve(), "gw", tiny_gpt2)
+    for folder, name in (("gw-1", "gw"), ("gw-2", "gw"), ("gw-big-1", "gw-big"), ("other-1", "other")):
+        (target.workdir / folder).mkdir(parents=True)
+        (target.workdir / folder / "spec.yaml").write_text(yaml.safe_dump({"name": name}))
+    assert [d.name for d in deployment_folders(target)] == ["gw-1", "gw-2"]
+    live, cancelled = JobPaths(target.workdir / "gw-2", "7"), JobPaths(target.workdir / "gw-1", "6")
+    for job in (live, cancelled):
+        write_json_atomic(job.endpoint(0), EndpointRecord(job_id=job.job_id, address="10.0.0.1", http_port=1).to_dict())
+    cancelled.cancel_marker.touch()
+    assert [r.job_id for r in published(target)] == ["7"], "a cancelled job's replicas get no new requests"
