@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from hpc.gateway import openai_api, passthrough
-from hpc.gateway.balancer import Balancer
+from hpc.gateway.balancer import Balancer, Replica
 from hpc.gateway.discovery import REFRESH_S, Discovery, Target
 from hpc.gateway.errors import APIError, api_error_handler, validation_error_handler
 from hpc.gateway.state import Gateway
@@ -34,8 +34,12 @@ def create_app(target: Target, refresh_s: float = REFRESH_S) -> FastAPI:
         balancer = Balancer()
         # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/urls.py)
         async with httpx.AsyncClient(trust_env=False) as http:
-            discovery = Discovery(target, balancer, http, refresh_s=refresh_s)
             engine = TritonEngine()
+
+            async def retain(ready: list[Replica]) -> None:
+                await engine.retain({r.grpc_url for r in ready})
+
+            discovery = Discovery(target, balancer, http, refresh_s=refresh_s, on_update=retain)
             app.state.gateway = Gateway(
                 target,
                 balancer,

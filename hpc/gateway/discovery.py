@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +98,8 @@ class Discovery:
     http: httpx.AsyncClient
     refresh_s: float = REFRESH_S
     tokens: set[str] = field(default_factory=set)
+    #: called with the replicas in use after each refresh (the engine closes channels of those gone)
+    on_update: Callable[[list[Replica]], Awaitable[None]] | None = None
 
     async def _ready(self, replica: Replica) -> bool:
         try:
@@ -119,6 +121,8 @@ class Discovery:
         if {r.key for r in ready} != before:
             log.info("replicas ready: %s", ", ".join(f"{r.key} {r.http_url}" for r in ready) or "none")
         self.tokens = await asyncio.to_thread(read_tokens, folders)
+        if self.on_update is not None:
+            await self.on_update(ready)
 
     async def run(self) -> None:
         """Refresh forever (cancelled at shutdown); a failed refresh keeps the previous view."""

@@ -91,11 +91,18 @@ class TritonEngine:
     def __init__(self, model: str = MODEL) -> None:
         self.model = model
         self._clients: dict[str, aiogrpc.InferenceServerClient] = {}
+        self._in_flight: dict[str, int] = {}
 
     def _client(self, grpc_url: str) -> aiogrpc.InferenceServerClient:
         if grpc_url not in self._clients:
             self._clients[grpc_url] = aiogrpc.InferenceServerClient(grpc_url)
         return self._clients[grpc_url]
+
+    async def retain(self, grpc_urls: set[str]) -> None:
+        """Close the channels of replicas discovery no longer lists (a long-lived gateway sees many jobs come
+        and go); one with a stream still open is closed at a later call."""
+        for url in [u for u in self._clients if u not in grpc_urls and not self._in_flight.get(u)]:
+            await self._clients.pop(url).close()
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
@@ -127,6 +134,7 @@ class TritonEngine:
 
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         call = self._client(grpc_url)._client_stub.ModelStreamInfer(requests())
+        self._in_flight[grpc_url] = self._in_flight.get(grpc_url, 0) + 1
         try:
             async for response in call:
                 if response.error_message:
@@ -146,5 +154,6 @@ class TritonEngine:
         except grpc.aio.AioRpcError as exc:
             raise ReplicaUnavailable(f"{grpc_url}: {exc.code().name}: {exc.details()}") from None
         finally:
+            self._in_flight[grpc_url] -= 1
             finished.set()
             call.cancel()
