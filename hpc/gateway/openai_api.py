@@ -106,7 +106,7 @@ def _check_model(gw: Gateway, model: str) -> None:
         )
 
 
-def _params(gw: Gateway, req: Sampling, prompt: str, max_tokens: int) -> GenerateParams:
+def _params(req: Sampling, prompt: str, max_tokens: int) -> GenerateParams:
     return GenerateParams(
         prompt=prompt,
         max_tokens=max_tokens,
@@ -125,7 +125,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if len(prompts) != 1:
         raise bad_request("prompt: exactly one prompt per request (a batch is not served yet)", "prompt")
-    params = _params(gw, body, prompts[0], body.max_tokens or DEFAULT_MAX_TOKENS)
+    params = _params(body, prompts[0], body.max_tokens or DEFAULT_MAX_TOKENS)
     return await _answer(gw, body, params, chat=False)
 
 
@@ -139,7 +139,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     except Exception as exc:  # noqa: BLE001 - a template's raise_exception names what it refuses
         raise bad_request(f"messages: the chat template refused them: {exc}", "messages") from None
     max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
-    return await _answer(gw, body, _params(gw, body, prompt, max_tokens), chat=True)
+    return await _answer(gw, body, _params(body, prompt, max_tokens), chat=True)
 
 
 def _usage(gw: Gateway, params: GenerateParams, completion: int) -> dict[str, int]:
