@@ -144,11 +144,8 @@ def _mpirun() -> str:
     return exe
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_tp2_equals_tp1(family: str, tmp_path: Path) -> None:
-    pytest.importorskip("mpi4py")
-    ckpt = create_checkpoint(tmp_path / family, family=family, seed=5)
-    out = tmp_path / "result.json"
+def _run_two_ranks(ckpt: str, out: Path, mode: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
+    """This file's ``__main__`` under ``mpirun -n 2`` (rank 0 leader, rank 1 follower) in test ``mode``."""
     env = {
         **os.environ,
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -156,10 +153,20 @@ def test_tp2_equals_tp1(family: str, tmp_path: Path) -> None:
         "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
+        "CPU_ENGINE_TP_TEST_MODE": mode,
     }
     cmd = [_mpirun(), "-n", "2", "--oversubscribe", sys.executable, str(HERE), ckpt, str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_tp2_equals_tp1(family: str, tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    ckpt = create_checkpoint(tmp_path / family, family=family, seed=5)
+    out = tmp_path / "result.json"
+    _run_two_ranks(ckpt, out, "", timeout=300)
     res = json.loads(out.read_text())
     # the model really was split: each rank held half the heads and half the MLP
     assert res["tp2_local_heads"] == 2 and res["tp2_local_kv_heads"] == (1 if family == "llama" else 2)
@@ -172,16 +179,7 @@ def test_follower_leaves_when_leader_goes_silent(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     ckpt = create_checkpoint(tmp_path / "gpt2", family="gpt2", seed=5)
     out = tmp_path / "result.json"
-    env = {
-        **os.environ,
-        "OMPI_ALLOW_RUN_AS_ROOT": "1",
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "PYTHONPATH": str(ROOT),
-        "CPU_ENGINE_TP_TEST_MODE": "silent-leader",
-    }
-    cmd = [_mpirun(), "-n", "2", "--oversubscribe", sys.executable, str(HERE), ckpt, str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_two_ranks(ckpt, out, "silent-leader", timeout=120)
     # 3 s of silent loading do not count; 2 s of silence after the heartbeat do (≈ 5 s in all).
     assert 4.5 < json.loads(out.read_text())["follower_returned_after_s"] < 9
     assert "no message from the leader" in proc.stderr
@@ -191,17 +189,7 @@ def test_a_failing_rank_fails_only_its_step_and_ranks_stay_in_step(tmp_path: Pat
     pytest.importorskip("mpi4py")
     ckpt = create_checkpoint(tmp_path / "gpt2", family="gpt2", seed=5)
     out = tmp_path / "result.json"
-    env = {
-        **os.environ,
-        "OMPI_ALLOW_RUN_AS_ROOT": "1",
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "PYTHONPATH": str(ROOT),
-        "CPU_ENGINE_TP_TEST_MODE": "faults",
-        "OMP_NUM_THREADS": "1",
-    }
-    cmd = [_mpirun(), "-n", "2", "--oversubscribe", sys.executable, str(HERE), ckpt, str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run_two_ranks(ckpt, out, "faults", timeout=120)
     res = json.loads(out.read_text())
     assert "peer rank failed" in res["step_reason"]
     assert res["first"][0] == "error" and "peer rank failed" in res["first"][1]

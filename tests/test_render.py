@@ -551,52 +551,36 @@ def test_render_writes_the_scripts_but_creates_no_checkpoint(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # render wrote into the deployment folder only
 
 
+def _hpc_serve(*args: str, env: dict, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpc.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        timeout=timeout,
+    )
+
+
 def test_cli_render_and_dry_run_create_nothing_and_say_what_will(tmp_path):
     (tmp_path / "s.yaml").write_text(INIT_SPEC)
     env, calls = fake_sbatch(tmp_path)
-    rendered = subprocess.run(
-        [sys.executable, "-m", "hpc.cli", "render", "s.yaml", "-o", "d"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    rendered = _hpc_serve("render", "s.yaml", "-o", "d", env=env, cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
     ckpt = tmp_path / "models" / "tiny"
     command = f"hpc-serve init-model {ckpt} --family gpt2 --size tiny --seed 3"
     assert "`hpc-serve submit` creates it" in rendered.stderr and command in rendered.stderr
     assert f"submit with: {command} && sbatch {tmp_path / 'd' / R.SUB_NAME}" in rendered.stdout
-    dry = subprocess.run(
-        [sys.executable, "-m", "hpc.cli", "submit", "s.yaml", "--dry-run"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    dry = _hpc_serve("submit", "s.yaml", "--dry-run", env=env, cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert "#SBATCH -J init-test" in dry.stdout and command in dry.stderr
     assert not (tmp_path / "models").exists(), "a preview created the checkpoint"
     assert not calls.exists() and not (tmp_path / "runs").exists() and not (tmp_path / "hs").exists()
     # The command the note gives is the explicit step, and it works as printed.
-    made = subprocess.run(
-        [sys.executable, "-m", "hpc.cli", *command.split()[1:]],
-        capture_output=True,
-        text=True,
-        env={**env, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+    made = _hpc_serve(*command.split()[1:], env=env, timeout=120)
     assert made.returncode == 0, made.stderr
     assert (ckpt / "config.json").is_file() and (ckpt / "tokenizer.json").is_file()
-    again = subprocess.run(
-        [sys.executable, "-m", "hpc.cli", "render", "s.yaml", "-o", "d"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    again = _hpc_serve("render", "s.yaml", "-o", "d", env=env, cwd=tmp_path)
     assert "note:" not in again.stderr and f"submit with: sbatch {tmp_path / 'd' / R.SUB_NAME}" in again.stdout
 
 
