@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from hpc.gateway.auth import authorized, ensure_token, read_tokens
-from hpc.gateway.balancer import Balancer, NoReplica, Replica
 from hpc.gateway.text import FALLBACK_TEMPLATE, ChatTemplate, StopStream, cut_at_stop
+from hpc.routing.balancer import Balancer, NoReplica, Replica
 
 
 def _replicas(*keys: str) -> list[Replica]:
@@ -181,7 +181,7 @@ def test_no_replica_is_503_and_missing_fields_are_400(tmp_path, tiny_gpt2):
     from fastapi.testclient import TestClient
 
     from hpc.gateway.app import create_app
-    from hpc.gateway.discovery import Target
+    from hpc.routing.deployment import Target
 
     app = create_app(Target(tmp_path / "runs", "nothing", tiny_gpt2))
     with TestClient(app) as http:
@@ -200,7 +200,7 @@ def test_no_replica_is_503_and_missing_fields_are_400(tmp_path, tiny_gpt2):
 def test_a_spec_file_names_every_folder_of_its_deployment_and_nothing_else(tmp_path, tiny_gpt2):
     import yaml
 
-    from hpc.gateway.discovery import deployment_folders, published, resolve_target
+    from hpc.routing.deployment import deployment_folders, published, resolve_target
     from launcher.layout import JobPaths
     from launcher.records import EndpointRecord, write_json_atomic
     from tests.e2e import write_spec

@@ -15,12 +15,13 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from hpc.gateway import openai_api, passthrough
-from hpc.gateway.balancer import Balancer, Replica
-from hpc.gateway.discovery import REFRESH_S, Discovery, Target
+from hpc.gateway.discovery import REFRESH_S, Discovery
 from hpc.gateway.errors import APIError, api_error_handler, validation_error_handler
 from hpc.gateway.state import Gateway
 from hpc.gateway.text import ChatTemplate
 from hpc.gateway.triton import TritonEngine
+from hpc.routing.balancer import Balancer, Replica
+from hpc.routing.deployment import Target
 
 
 def create_app(target: Target, refresh_s: float = REFRESH_S) -> FastAPI:

@@ -16,8 +16,8 @@ DEFAULT_PORT = 9000
 
 def _target(text: str):
     """The deployment TARGET names, or exit 2 (bad spec) / 3 (unknown job)."""
-    from hpc.gateway.discovery import resolve_target
     from hpc.jobs import JobNotFound
+    from hpc.routing.deployment import resolve_target
     from hpc.spec import SpecError
 
     try:
@@ -48,7 +48,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def cmd_token(args: argparse.Namespace) -> int:
     from hpc.gateway.auth import ensure_token
-    from hpc.gateway.discovery import deployment_folders
+    from hpc.routing.deployment import deployment_folders
 
     target = _target(args.target)
     folders = deployment_folders(target)

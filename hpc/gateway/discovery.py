@@ -12,81 +12,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
-import yaml
 
 from hpc.gateway.auth import read_tokens
-from hpc.gateway.balancer import Balancer, Replica
-from launcher.layout import SPEC_NAME, Deployment, JobPaths
-from launcher.records import EndpointRecord, read_endpoints
+from hpc.routing.balancer import Balancer, Replica
+from hpc.routing.deployment import Target, as_replica, deployment_folders, published
 from launcher.urls import READY_PATH
 
 log = logging.getLogger("hpc_serve.gateway")
 
 REFRESH_S = 5.0
 HEALTH_TIMEOUT_S = 2.0
-
-
-@dataclass(frozen=True)
-class Target:
-    """A deployment: every folder under `workdir` rendered from a spec called `name`."""
-
-    workdir: Path
-    name: str
-    tokenizer_dir: Path
-
-
-def _spec_name(folder: Path) -> str | None:
-    try:
-        data = yaml.safe_load((folder / SPEC_NAME).read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return data.get("name") if isinstance(data, dict) else None
-
-
-def resolve_target(target: str) -> Target:
-    """A spec file or a job id (or job folder) → the deployment it names. Raises SpecError / JobNotFound."""
-    from hpc.spec import load_spec
-
-    path = Path(target).expanduser()
-    if path.is_file():
-        spec = load_spec(path)
-        return Target(spec.workdir.resolve(), spec.name, Path(spec.model.tokenizer))
-    from hpc.jobs import find_job
-
-    deploy_dir = find_job(target).deploy_dir
-    spec = load_spec(Deployment(deploy_dir).spec)  # the resolved spec render wrote: absolute paths
-    return Target(deploy_dir.parent.resolve(), spec.name, Path(spec.model.tokenizer))
-
-
-def deployment_folders(target: Target) -> list[Path]:
-    """Every deployment folder of the target, oldest first (render names them `<name>-<time>[-n]`)."""
-    if not target.workdir.is_dir():
-        return []
-    found = [
-        d
-        for d in target.workdir.iterdir()
-        if d.name.startswith(f"{target.name}-") and d.is_dir() and _spec_name(d) == target.name
-    ]
-    return sorted(found, key=lambda d: d.name)
-
-
-def published(target: Target) -> Iterator[EndpointRecord]:
-    """The endpoint records of every job of the deployment that was not cancelled."""
-    for folder in deployment_folders(target):
-        jobs_dir = Deployment(folder).jobs_dir
-        for job_dir in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
-            paths = JobPaths(folder, job_dir.name)
-            if not paths.cancel_marker.exists():
-                yield from read_endpoints(paths)
-
-
-def as_replica(record: EndpointRecord) -> Replica:
-    return Replica(key=f"{record.job_id}/{record.replica}", http_url=record.http_url, grpc_url=record.grpc_url)
 
 
 @dataclass

@@ -14,11 +14,12 @@ from typing import Any
 
 import httpx
 
-from hpc.gateway.balancer import Balancer, NoReplica, Replica
-from hpc.gateway.discovery import Discovery, Target
+from hpc.gateway.discovery import Discovery
 from hpc.gateway.errors import no_replica
 from hpc.gateway.text import ChatTemplate
 from hpc.gateway.triton import Chunk, GenerateParams, ReplicaUnavailable, TritonEngine
+from hpc.routing.balancer import Balancer, NoReplica, Replica
+from hpc.routing.deployment import Target
 
 log = logging.getLogger("hpc_serve.gateway")
 
