@@ -32,6 +32,8 @@ RANKS_NAME = "ranks"
 CANCEL_MARKER_NAME = "cancel_requested"
 #: the deployment's access token (0600; `hpc-serve token`, the gateway): never in scripts, logs or records
 TOKEN_NAME = "access_token"
+#: `<workdir>/<name>.gateway.json`: where a running gateway of deployment `<name>` says it listens
+GATEWAY_RECORD_SUFFIX = ".gateway.json"
 #: the local executor's supervisor state: what sacct is to a Slurm job
 LOCAL_STATE_NAME = "local.json"
 
@@ -63,6 +65,12 @@ def with_source_root(pythonpath: str | None, root: Path = SOURCE_ROOT) -> str:
     own numpy and friends."""
     rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != str(root)]
     return os.pathsep.join([str(root), *rest])
+
+
+def gateway_record(workdir: Path, name: str) -> Path:
+    """The address record of the gateway of deployment `name` (every folder `<workdir>/<name>-*`). It lives
+    beside the deployment folders, not in one, because a gateway outlives the jobs and folders it serves."""
+    return Path(workdir) / f"{name}{GATEWAY_RECORD_SUFFIX}"
 
 
 def rank_log_name(job_id: str, rank: int | str, stream: str = "out") -> str:

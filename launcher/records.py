@@ -190,3 +190,27 @@ def read_endpoints(job: JobPaths) -> list[EndpointRecord]:
 def read_rank_records(job: JobPaths) -> list[RankExitRecord]:
     """Every rank exit record of a job, by rank."""
     return sorted(_read(job.ranks_dir, RANK_RECORD_GLOB, RankExitRecord), key=lambda r: r.rank)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayRecord(_Record):
+    """Where the gateway of a deployment listens (layout.gateway_record), written when it starts serving and
+    removed when it stops; clients (`hpc.client`, `hpc-serve endpoints`) go through it when it answers.
+    `job_id` is set when the gateway runs as a Slurm job of its own, else empty (login node, workstation)."""
+
+    version: int = VERSION
+    name: str
+    url: str  # http://<address>:<port>, the base of /v1 and /v2
+    host: str = ""
+    pid: int = 0
+    job_id: str = ""
+    started_at: float = 0.0
+    auth: bool = True
+
+
+def read_gateway(path: Path) -> GatewayRecord | None:
+    """The gateway record at `path`, or None when there is none (or it is being replaced right now)."""
+    try:
+        return GatewayRecord.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
