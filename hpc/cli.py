@@ -45,10 +45,14 @@ def cmd_render(args: argparse.Namespace) -> int:
     print(f"rendered {out.deploy_dir}")
     for path in (out.sub, out.sh, out.model_repository, out.launch):
         print(f"  {path}")
+    if out.gateway_sub is not None:
+        print(f"  {out.gateway_sub}  (the gateway's own job: one per deployment, it serves every job of it)")
     from hpc.model_init import init_command
 
     first = init_command(spec)
     print(f"submit with: {first + ' && ' if first else ''}sbatch {out.sub}")
+    if out.gateway_sub is not None:
+        print(f"gateway: sbatch {out.gateway_sub}  (unless the deployment's gateway already runs: hpc-serve status)")
     return EXIT_OK
 
 

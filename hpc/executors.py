@@ -38,6 +38,10 @@ class Executor(ABC):
         """Start the deployment's job; return once it has an id and a registered job folder."""
 
     @abstractmethod
+    def submit_gateway(self, deploy_dir: Path) -> JobRef:
+        """Start the deployment's gateway as a job of its own (`D/gateway.sub`), marked as the gateway's."""
+
+    @abstractmethod
     def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
         """(raw state, reason): Slurm's words (PENDING, RUNNING, COMPLETING, CANCELLED …) or local.json's."""
 
@@ -56,6 +60,15 @@ class SlurmExecutor(Executor):
         register(job_id, job_dir)
         watcher().arm(job_id)
         return JobRef(job_id, job_dir)
+
+    def submit_gateway(self, deploy_dir: Path) -> JobRef:
+        job_id = slurm.default.sbatch(Deployment(deploy_dir).gateway_sub)
+        paths = JobPaths(deploy_dir, job_id)
+        paths.folder.mkdir(parents=True, exist_ok=True)
+        paths.gateway_marker.touch()  # `status` knows it for the gateway's while it is still pending
+        register(job_id, paths.folder)
+        watcher().arm(job_id)
+        return JobRef(job_id, paths.folder)
 
     def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
         return watcher().state(ref.job_id)
@@ -85,6 +98,9 @@ class LocalExecutor(Executor):
 
     def submit(self, deploy_dir: Path) -> JobRef:
         return submit_local(deploy_dir)
+
+    def submit_gateway(self, deploy_dir: Path) -> JobRef:
+        return submit_local(deploy_dir, gateway=True)
 
     def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
         return local_state(ref.job_dir)

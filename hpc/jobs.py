@@ -50,6 +50,11 @@ class JobRef:
     def cancel_marker(self) -> Path:
         return self.paths.cancel_marker
 
+    @property
+    def is_gateway(self) -> bool:
+        """The deployment's gateway job (`gateway:` in the spec), not a serving job: no ranks, no replicas."""
+        return self.paths.gateway_marker.exists()
+
     def launch_plan(self) -> dict:
         return json.loads(self.paths.deployment.launch.read_text())
 

@@ -66,7 +66,7 @@ def _wait_and_report(ref, timeout: float | None) -> int:
 
         status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
     if status.state == "READY":
-        _print_endpoints(ref, "text")
+        _print_endpoints([ref], "text")
         console.print(
             f'[dim]next: hpc-serve generate {ref.job_id} "Hello"  ·  hpc-serve status {ref.job_id}  ·  '
             f"hpc-serve cancel {ref.job_id}[/dim]",
@@ -106,21 +106,41 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"hpc-serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"{ref.job_id} {ref.job_dir}")
+    if spec.gateway is not None and spec.gateway.enabled:
+        from hpc.gateway.job import deployment_gateway
+        from hpc.routing.deployment import target_of_folder
+
+        line = deployment_gateway(target_of_folder(ref.deploy_dir))
+        print(line.summary() if line else "gateway: none", flush=True)
     if args.wait:
         return _wait_and_report(ref, args.timeout)
     return EXIT_OK
 
 
+def _job_or_deployment(targets: list[str]):
+    """(the deployment or None, the jobs named): one job id or folder is looked up as a job first (its folder
+    need not hold a readable spec); anything else as a TARGET (hpc/routing/deployment.py `resolve`)."""
+    from hpc.gateway.cli import resolve_or_exit
+    from hpc.routing.deployment import names_indexed_job
+
+    if len(targets) == 1 and names_indexed_job(targets[0]):
+        return None, [_find(targets[0])]
+    return resolve_or_exit(targets)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from hpc.track import job_status
 
-    ref = _find(args.job) if args.job else _latest_job()
-    status = job_status(ref)
-    if args.json:
-        print(json.dumps(status.to_json(), indent=2))
-    else:
-        print(status.summary())
-    return EXIT_JOB_FAILED if status.state in ("FAILED", "TIMEOUT") else EXIT_OK
+    target, refs = _job_or_deployment(args.target) if args.target else (None, [_latest_job()])
+    if target is None or len(refs) == 1:
+        status = job_status(refs[0], with_gateway=True)
+        print(json.dumps(status.to_json(), indent=2) if args.json else status.summary())
+        return EXIT_JOB_FAILED if status.state in ("FAILED", "TIMEOUT") else EXIT_OK
+    from hpc.views import deployment_status
+
+    view = deployment_status(target, refs)
+    print(json.dumps(view.to_json(), indent=2) if args.json else view.summary())
+    return EXIT_JOB_FAILED if any(s.state in ("FAILED", "TIMEOUT") for s in view.jobs) else EXIT_OK
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -137,8 +157,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     watch(refs)  # one sacct (and squeue) for all of them, not one per job
     for ref in refs:
         status = job_status(ref)
-        detail = status.reason or ", ".join(f"{e.address}:{e.http_port}" for e in status.endpoints)
-        table.add_row(ref.job_id, status.state, detail or "", str(ref.deploy_dir))
+        detail = status.reason or status.url or ", ".join(f"{e.address}:{e.http_port}" for e in status.endpoints)
+        job = f"{ref.job_id} (gateway)" if status.kind == "gateway" else ref.job_id
+        table.add_row(job, status.state, detail or "", str(ref.deploy_dir))
         rows.append(status.to_json())
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -151,39 +172,20 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return _wait_and_report(_find(args.job), args.timeout)
 
 
-def _print_endpoints(ref: JobRef, fmt: str) -> int:
-    from hpc.client import job_endpoints
+def _print_endpoints(refs: list[JobRef], fmt: str, target=None, what: str = "") -> int:
+    """The deployment's gateway first when one answers, then the replicas (hpc/views.py)."""
+    from hpc.views import print_endpoints
 
-    endpoints = job_endpoints(ref)
-    if not endpoints:
-        job = ref.job_id
-        print(f"hpc-serve: job {job} has no ready endpoint yet; see `hpc-serve status {job}`", file=sys.stderr)
-        return EXIT_NOT_FOUND
-    if fmt == "json":
-        print(
-            json.dumps(
-                [
-                    e.to_dict() | {"http_url": e.http_url, "grpc_url": e.grpc_url, "metrics_url": e.metrics_url}
-                    for e in endpoints
-                ],
-                indent=2,
-            )
-        )
-    elif fmt == "env":
-        first = endpoints[0]
-        print(f"TRITON_HOST={first.address}")
-        print(f"TRITON_HTTP_URL={first.http_url}")
-        print(f"TRITON_GRPC_URL={first.grpc_url}")
-        print(f"TRITON_METRICS_URL={first.metrics_url}")
-        print(f"TRITON_HTTP_URLS={','.join(e.http_url for e in endpoints)}")
-    else:
-        for e in endpoints:
-            print(f"replica {e.replica} on {e.host}: http {e.http_url}  grpc {e.grpc_url}  metrics {e.metrics_url}")
-    return EXIT_OK
+    if print_endpoints(target, refs, fmt):
+        return EXIT_OK
+    what = what or refs[0].job_id
+    print(f"hpc-serve: {what} has no ready endpoint yet; see `hpc-serve status {what}`", file=sys.stderr)
+    return EXIT_NOT_FOUND
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
-    return _print_endpoints(_find(args.job), "json" if args.json else args.format)
+    target, refs = _job_or_deployment(args.target)
+    return _print_endpoints(refs, "json" if args.json else args.format, target, " ".join(args.target))
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -288,8 +290,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("status", help="a job's state: PENDING (reason), STARTING, READY, FAILED (rank) …")
-    p.add_argument("job", nargs="?", help="job id or job folder; default the newest job")
+    p = sub.add_parser(
+        "status",
+        help="a job's or a deployment's state: PENDING (reason), STARTING, READY, FAILED (rank) …, its gateway",
+    )
+    p.add_argument(
+        "target",
+        nargs="*",
+        metavar="TARGET",
+        help="job ids, a job folder, a spec, a deployment; default the newest job",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
@@ -303,8 +313,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=None)
     p.set_defaults(func=cmd_wait)
 
-    p = sub.add_parser("endpoints", help="where a job serves: host and ports of each replica's leader")
-    p.add_argument("job")
+    p = sub.add_parser(
+        "endpoints", help="where a job or deployment serves: its gateway first, then each replica's leader"
+    )
+    p.add_argument("target", nargs="+", metavar="TARGET", help="job ids, a job folder, a spec, a deployment")
     p.add_argument("--json", action="store_true")
     p.add_argument("--format", choices=["text", "env", "json"], default="text")
     p.set_defaults(func=cmd_endpoints)

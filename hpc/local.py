@@ -30,15 +30,17 @@ def new_job_id() -> str:
             return job_id
 
 
-def submit_local(deploy_dir: Path) -> JobRef:
-    """Start the deployment's ranks in the background; return at once."""
+def submit_local(deploy_dir: Path, gateway: bool = False) -> JobRef:
+    """Start the deployment's ranks (or, `gateway`, its gateway script) in the background; return at once."""
     job_id = new_job_id()
     paths = JobPaths(deploy_dir, job_id).create()
     job_dir = paths.folder
+    if gateway:
+        paths.gateway_marker.touch()
     register(job_id, job_dir)
     log = open(paths.deployment.sbatch_log("out", job_id), "ab")
     subprocess.Popen(
-        [sys.executable, "-m", "hpc.local_run", str(deploy_dir), job_id],
+        [sys.executable, "-m", "hpc.local_run", str(deploy_dir), job_id, *(["gateway"] if gateway else [])],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,

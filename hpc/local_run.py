@@ -3,7 +3,7 @@
 The local executor gives laptops and CI the same job folder as Slurm: per-rank logs named
 `<job>_<rank>_log.out|err`, endpoint and rank records from the launcher, and a `local.json` that plays
 the part of `sacct` (state, exit code). It runs detached (its own session) so the submitting shell can go.
-Usage (by hpc/local.py): python -m hpc.local_run DEPLOY_DIR JOB_ID
+Usage (by hpc/local.py): python -m hpc.local_run DEPLOY_DIR JOB_ID [gateway]
 """
 
 from __future__ import annotations
@@ -79,10 +79,15 @@ def stop_targets(child_pid: int, world: int) -> list[int]:
 def main(argv: list[str]) -> int:
     deploy_dir, job_id = Path(argv[0]), argv[1]
     job_dir = JobPaths(deploy_dir, job_id).folder
-    plan = json.loads(Deployment(deploy_dir).launch.read_text())
-    world = int(plan["world_size_per_replica"]) * int(plan["replicas"])
+    gateway = argv[2:] == ["gateway"]  # the deployment's gateway script: one process, the script execs it
+    if gateway:
+        world, command = 1, ["bash", str(Deployment(deploy_dir).gateway_sub)]
+    else:
+        plan = json.loads(Deployment(deploy_dir).launch.read_text())
+        world = int(plan["world_size_per_replica"]) * int(plan["replicas"])
+        command = rank_command(deploy_dir, job_dir, job_id, world)
     env = dict(os.environ, HPC_SERVE_JOB_ID=job_id, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    child = subprocess.Popen(rank_command(deploy_dir, job_dir, job_id, world), env=env)
+    child = subprocess.Popen(command, env=env)
     write_state(
         job_dir, state="RUNNING", pid=os.getpid(), child_pid=child.pid, world_size=world, started_at=time.time()
     )

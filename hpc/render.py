@@ -27,12 +27,14 @@ from launcher.config import DEFAULT_DRAIN_S, STOP_OVERHEAD_S, default_env
 
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.layout import (
+    GATEWAY_SUB_NAME,
     LAUNCH_NAME,
     SH_NAME,
     SHIPPED_PACKAGES,
     SOURCE_ROOT,
     SUB_NAME,
     Deployment,
+    gateway_record,
     template_values,
 )
 
@@ -48,6 +50,7 @@ class Rendered:
     sh: Path
     model_repository: Path
     launch: Path
+    gateway_sub: Path | None = None  # only for a spec with an enabled `gateway:` section
 
 
 def repository_parameters(spec: Spec) -> dict[str, Any]:
@@ -168,9 +171,33 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         "stop_lead_s": int(DEFAULT_DRAIN_S + STOP_OVERHEAD_S),
         **template_values(deploy_dir),  # every name and path in the folder (launcher/layout.py)
     }
-    return {
+    scripts = {
         SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),
         SH_NAME: env.get_template(SH_NAME + ".j2").render(context),
+    }
+    if spec.gateway is not None and spec.gateway.enabled:
+        scripts[GATEWAY_SUB_NAME] = env.get_template(GATEWAY_SUB_NAME + ".j2").render(
+            context | gateway_context(spec, deploy_dir)
+        )
+    return scripts
+
+
+def gateway_context(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
+    """What the gateway's own script adds: its job's Slurm settings (the serving job's account, partition, qos
+    and time unless `gateway:` says otherwise), and the interpreter and source of this hpc-serve install (the
+    gateway is `hpc/` code, never run in the serving job's container)."""
+    g, s = spec.gateway, spec.slurm
+    assert g is not None
+    return {
+        "gateway": g,
+        "workdir": str(deploy_dir.parent),
+        "record_path": str(gateway_record(deploy_dir.parent, spec.name)),
+        "account": g.account or s.account,
+        "partition": g.partition or s.partition,
+        "qos": g.qos or s.qos,
+        "time": g.time or s.time,
+        "python": sys.executable,
+        "source_root": str(SOURCE_ROOT),
     }
 
 
@@ -223,8 +250,15 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
             os.replace(entry, target)
+        if GATEWAY_SUB_NAME not in scripts:
+            dep.gateway_sub.unlink(missing_ok=True)  # a re-render without the gateway leaves no stale script
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return Rendered(
-        deploy_dir=deploy_dir, sub=dep.sub, sh=dep.sh, model_repository=dep.model_repository, launch=dep.launch
+        deploy_dir=deploy_dir,
+        sub=dep.sub,
+        sh=dep.sh,
+        model_repository=dep.model_repository,
+        launch=dep.launch,
+        gateway_sub=dep.gateway_sub if GATEWAY_SUB_NAME in scripts else None,
     )

@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from hpc.executors import executor_named, executor_of
+from hpc.gateway.job import after_cancel, ensure_gateway
 from hpc.jobs import JobRef
 from hpc.model_init import ensure_model
 from hpc.render import render
@@ -41,9 +42,14 @@ def submit(spec: Spec, executor: str | None = None, deploy_dir: Path | None = No
     runner = executor_named(executor)  # ValueError for an unknown name, before anything is written
     ensure_model(spec)
     rendered = render(spec, deploy_dir or new_deployment_dir(spec))
+    gateway = None
     try:
+        if rendered.gateway_sub is not None:  # first: a gateway job sbatch refuses leaves no serving job behind
+            gateway = ensure_gateway(rendered.deploy_dir, runner)
         return runner.submit(rendered.deploy_dir)
     except SlurmError as exc:
+        if gateway is not None and gateway.job is not None:  # made for this submission only
+            runner.cancel(gateway.job, 0, stoppable=False)
         if deploy_dir is None:  # a folder made for this submission only: nothing half-done is left behind
             shutil.rmtree(rendered.deploy_dir, ignore_errors=True)
         raise SubmitError(str(exc)) from exc
@@ -58,7 +64,10 @@ def cancel(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
     that release (bounded) instead of leaving first. The marker records that the user asked for this: the job
     reads CANCELLING until no rank process is left, then CANCELLED (not COMPLETED or FAILED, however its ranks
     ended)."""
-    stoppable = job_status(ref).state in ("STARTING", "READY", "CANCELLING")  # before the marker changes it
+    # before the marker changes it; a gateway job has no ranks to stop in order (it stops on scancel's SIGTERM)
+    stoppable = not ref.is_gateway and job_status(ref).state in ("STARTING", "READY", "CANCELLING")
     ref.cancel_marker.write_text(json.dumps({"at": time.time()}))
     executor_of(ref).cancel(ref, grace_s, stoppable)
-    return wait(ref, until=(), timeout=grace_s + 60)
+    status = wait(ref, until=(), timeout=grace_s + 60)
+    status.gateway = after_cancel(ref, grace_s)  # the gateway goes with the deployment's last job (hpc/gateway/job.py)
+    return status

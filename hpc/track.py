@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hpc.executors import executor_of
+from hpc.gateway.record import GatewayLine
 from hpc.jobs import JobRef
 from hpc.slurm import STATE_CLASS
 from launcher.records import EndpointRecord, RankExitRecord, read_endpoints, read_rank_records
@@ -52,12 +53,25 @@ class JobStatus:
     endpoints: list[EndpointRecord] = field(default_factory=list)
     replicas: int = 1
     failed_rank: RankExitRecord | None = None
+    #: "serving", or "gateway" for the deployment's gateway job (its state: READY once its record answers)
+    kind: str = "serving"
+    #: a gateway job's URL while READY
+    url: str | None = None
+    #: the deployment's gateway, when asked for (`job_status(ref, with_gateway=True)`, `hpc.submit.cancel`)
+    gateway: GatewayLine | None = None
 
     @property
     def done(self) -> bool:
         return self.state in TERMINAL
 
     def summary(self) -> str:
+        text = self._summary()
+        return text + (f"\n{self.gateway.summary()}" if self.gateway is not None and self.kind != "gateway" else "")
+
+    def _summary(self) -> str:
+        if self.kind == "gateway":
+            text = f"{self.job_id} {self.state} (gateway)" + (f" {self.url}" if self.url else "")
+            return text + (f" ({self.reason})" if self.reason and self.state in ("PENDING", "FAILED") else "")
         text = f"{self.job_id} {self.state}"
         if self.state == "PENDING" and self.reason:
             text += f" ({self.reason})"
@@ -80,6 +94,7 @@ class JobStatus:
         data = asdict(self)
         data["endpoints"] = [e.to_dict() for e in self.endpoints]
         data["failed_rank"] = self.failed_rank.to_dict() if self.failed_rank else None
+        data["gateway"] = self.gateway.to_json() if self.gateway else None
         return data
 
 
@@ -135,8 +150,27 @@ def first_failure(ranks: list[RankExitRecord]) -> RankExitRecord | None:
     return min(failed, key=lambda r: r.ended_at) if failed else None
 
 
-def job_status(ref: JobRef) -> JobStatus:
-    """The job's state now."""
+def job_status(ref: JobRef, with_gateway: bool = False) -> JobStatus:
+    """The job's state now; `with_gateway`: and the deployment's gateway (one more record read and probe)."""
+    if ref.is_gateway:
+        from hpc.gateway.job import gateway_job_state
+
+        state, reason, url, raw = gateway_job_state(ref)
+        return JobStatus(ref.job_id, state, reason, raw, str(ref.job_dir), kind="gateway", url=url)
+    status = _serving_status(ref)
+    if with_gateway:
+        from hpc.gateway.job import deployment_gateway
+        from hpc.routing.deployment import target_of_folder
+        from hpc.spec import SpecError
+
+        try:
+            status.gateway = deployment_gateway(target_of_folder(ref.deploy_dir))
+        except (SpecError, OSError):
+            pass  # a folder without a readable spec.yaml (rendered by hand): the job's own status stands
+    return status
+
+
+def _serving_status(ref: JobRef) -> JobStatus:
     raw, reason = executor_of(ref).scheduler_state(ref)
     state = STATE_CLASS.get(raw, raw)
     try:

@@ -34,6 +34,10 @@ CANCEL_MARKER_NAME = "cancel_requested"
 TOKEN_NAME = "access_token"
 #: `<workdir>/<name>.gateway.json`: where a running gateway of deployment `<name>` says it listens
 GATEWAY_RECORD_SUFFIX = ".gateway.json"
+#: the gateway's own sbatch script (a spec's `gateway:` section): one small job in front of the deployment's jobs
+GATEWAY_SUB_NAME = "gateway.sub"
+#: in `D/jobs/<job_id>/`: this job is the deployment's gateway, not a serving job (written by submit and the script)
+GATEWAY_JOB_MARKER_NAME = "gateway_job"
 #: the local executor's supervisor state: what sacct is to a Slurm job
 LOCAL_STATE_NAME = "local.json"
 
@@ -102,6 +106,11 @@ class Deployment:
     @property
     def sh(self) -> Path:
         return self.root / SH_NAME
+
+    @property
+    def gateway_sub(self) -> Path:
+        """The gateway's sbatch script (rendered only when the spec has an enabled `gateway:` section)."""
+        return self.root / GATEWAY_SUB_NAME
 
     @property
     def model_repository(self) -> Path:
@@ -201,6 +210,11 @@ class JobPaths:
         return self.folder / CANCEL_MARKER_NAME
 
     @property
+    def gateway_marker(self) -> Path:
+        """Present in a gateway job's folder: its state comes from the gateway record, not from replicas."""
+        return self.folder / GATEWAY_JOB_MARKER_NAME
+
+    @property
     def local_state(self) -> Path:
         return self.folder / LOCAL_STATE_NAME
 
@@ -232,4 +246,6 @@ def template_values(deploy_dir: Path) -> dict[str, str]:
         "rank_out_pattern": rank_log_name("%j", "%t", "out"),  # srun --output: %j job id, %t task (rank)
         "rank_err_pattern": rank_log_name("%j", "%t", "err"),
         "index_dir_shell": INDEX_DIR_SHELL,
+        "gateway_sub_path": str(dep.gateway_sub),
+        "gateway_marker_name": GATEWAY_JOB_MARKER_NAME,
     }

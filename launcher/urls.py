@@ -12,6 +12,8 @@ import http.client
 import urllib.request
 
 READY_PATH = "/v2/health/ready"
+#: a gateway's own liveness route: which deployment it serves (so a reused port is not taken for it), no token
+GATEWAY_HEALTH_PATH = "/gateway/health"
 METRICS_PATH = "/metrics"
 
 

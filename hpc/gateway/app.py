@@ -14,7 +14,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
-from hpc.gateway import openai_api, passthrough
+from hpc.gateway import liveness, openai_api, passthrough
 from hpc.gateway.discovery import REFRESH_S, Discovery
 from hpc.gateway.errors import APIError, api_error_handler, validation_error_handler
 from hpc.gateway.state import Gateway
@@ -61,5 +61,6 @@ def create_app(target: Target, refresh_s: float = REFRESH_S) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.include_router(openai_api.router)
     app.include_router(passthrough.health)
+    app.include_router(liveness.router)
     app.include_router(passthrough.router)
     return app

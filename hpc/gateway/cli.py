@@ -12,20 +12,37 @@ import sys
 from hpc.cli_support import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, err
 
 DEFAULT_PORT = 9000
+TARGET_HELP = "a spec file, a deployment folder or name, or job ids of the deployment"
 
 
-def _target(text: str):
-    """The deployment TARGET names, or exit 2 (bad spec) / 3 (unknown job)."""
+def port_arg(text: str) -> int:
+    """`--port N`, or `auto`/0 for a free one (the address record says which)."""
+    if text == "auto":
+        return 0
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number or 'auto'") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1-65535, or 0/auto for a free one)")
+    return port
+
+
+def resolve_or_exit(targets: list[str]):
+    """(the deployment, the jobs named) TARGET names, or exit 2 (bad spec, ambiguous) / 3 (not found)."""
     from hpc.jobs import JobNotFound
-    from hpc.routing.deployment import resolve_target
+    from hpc.routing.deployment import TargetError, resolve
     from hpc.spec import SpecError
 
     try:
-        return resolve_target(text)
+        return resolve(targets)
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+    except TargetError as exc:
+        err(str(exc))
+        raise SystemExit(EXIT_USAGE if exc.ambiguous else EXIT_NOT_FOUND) from None
     except JobNotFound as exc:
         err(str(exc))
         raise SystemExit(EXIT_NOT_FOUND) from None
@@ -34,15 +51,19 @@ def _target(text: str):
 def cmd_gateway(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
+    from hpc.gateway.serve import GatewayRunning, run
 
-    from hpc.gateway.app import create_app
-
-    target = _target(args.target)
+    target, _ = resolve_or_exit(args.target)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
-    print(f"hpc-serve gateway for {target.name} in {target.workdir}: http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(create_app(target, refresh_s=args.refresh), host=args.host, port=args.port, log_level="warning")
+    try:
+        run(target, args.host, args.port, refresh_s=args.refresh, job_id=args.job_id)
+    except GatewayRunning as exc:
+        err(str(exc))
+        return EXIT_USAGE
+    except OSError as exc:
+        err(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; pick another --port (or auto)")
+        return EXIT_USAGE
     return EXIT_OK
 
 
@@ -50,7 +71,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     from hpc.gateway.auth import ensure_token
     from hpc.routing.deployment import deployment_folders
 
-    target = _target(args.target)
+    target, _ = resolve_or_exit(args.target)
     folders = deployment_folders(target)
     if not folders:
         err(f"{target.name}: no deployment folder in {target.workdir} yet; submit it first")
@@ -63,12 +84,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "gateway", help="OpenAI API and Triton passthrough in front of every ready replica of a deployment"
     )
-    p.add_argument("target", help="a spec file, or a job id of the deployment")
+    p.add_argument("target", nargs="+", metavar="TARGET", help=TARGET_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; auto: a free one")
     p.add_argument("--refresh", type=float, default=5.0, help="seconds between looks for new or lost replicas")
+    p.add_argument("--job-id", default="", help=argparse.SUPPRESS)  # set by the gateway's own job script
     p.set_defaults(func=cmd_gateway)
 
     p = sub.add_parser("token", help="print the deployment's access token (made on first use, 0600)")
-    p.add_argument("target", help="a spec file, or a job id of the deployment")
+    p.add_argument("target", nargs="+", metavar="TARGET", help=TARGET_HELP)
     p.set_defaults(func=cmd_token)

@@ -5,6 +5,7 @@ from hpc.spec.load import Problem, SpecError, dump_spec, load_spec, parse_spec, 
 from hpc.spec.parameters import NAMED_PARAMETERS, PARAMETER_OWNERS, parameter_findings
 from hpc.spec.schema import (
     ContainerSpec,
+    GatewaySpec,
     ModelInit,
     ModelSpec,
     PortsSpec,
@@ -17,6 +18,7 @@ __all__ = [
     "NAMED_PARAMETERS",
     "PARAMETER_OWNERS",
     "ContainerSpec",
+    "GatewaySpec",
     "ModelInit",
     "ModelSpec",
     "PortsSpec",

@@ -19,6 +19,7 @@ from hpc.spec.files import conflicts, missing_inputs
 from hpc.spec.parameters import parameter_findings
 from hpc.spec.schema import (
     ContainerSpec,
+    GatewaySpec,
     ModelInit,
     ModelSpec,
     PortsSpec,
@@ -88,6 +89,7 @@ _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
     ("model", "init"): ModelInit,
     ("triton",): TritonSpec,
     ("triton", "ports"): PortsSpec,
+    ("gateway",): GatewaySpec,
 }
 
 

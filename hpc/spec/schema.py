@@ -2,7 +2,8 @@
 
 One spec describes one deployment: where it runs (`slurm`, `container`), what it serves (`model`), how
 Triton serves it (`triton`) and how many copies (`mode`, `replicas`). Loading with line numbers lives in
-`hpc.spec.load`, file-system checks in `hpc.spec.files`, the parameter table's spec side in `hpc.spec.parameters`.
+`hpc.spec.load`, file-system checks in `hpc.spec.files`, the parameter table's spec side in `hpc.spec.parameters`,
+the checks of single values that reach scripts in `hpc.spec.checks`, the `gateway:` section in `hpc.spec.gateway`.
 """
 
 from __future__ import annotations
@@ -13,52 +14,30 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     field_validator,
     model_validator,
 )
 
 from backend.repository import KNOWN_PARAMETERS, choices
+from hpc.spec.checks import (
+    _CONSTRAINT,
+    _ENV_NAME,
+    _NAME,
+    _SLURM_WORD,
+    Port,
+    _check,
+    _mem_as_text,
+    _no_newline,
+    _Section,
+    _single_options,
+    _slurm_mem,
+    _slurm_time,
+    _tcp_port,
+    _time_not_a_number,
+)
+from hpc.spec.gateway import GatewaySpec
 from launcher.config import DEFAULT_READY_TIMEOUT_S
-
-# Characters allowed in values that land in `#SBATCH` lines or paths baked into scripts. Slurm parses
-# `#SBATCH` lines itself (not a shell), but a newline there would start a new directive, and a path with
-# spaces or quotes would need quoting that `#SBATCH -o` does not do consistently across Slurm versions.
-_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+@%=/\-\[\]]+$")
-_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:|&*()\[\]\-]+$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$")
-_MEM = re.compile(r"^\d+[KMGT]?$")
-
-
-def _no_newline(value: str) -> str:
-    if "\n" in value or "\r" in value or "\x00" in value:
-        raise ValueError("must be a single line (no newline or NUL characters)")
-    return value
-
-
-def _check(pattern: re.Pattern[str], what: str):
-    def validate(value: str | None) -> str | None:
-        if value is None:
-            return None
-        _no_newline(value)
-        if not pattern.fullmatch(value):
-            raise ValueError(f"{value!r} is not a valid {what}")
-        return value
-
-    return validate
-
-
-class _Section(BaseModel):
-    """Base for every section: unknown keys are errors (with a did-you-mean), never silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-Port = int | Literal["auto"]
 
 
 class SlurmSpec(_Section):
@@ -91,47 +70,11 @@ class SlurmSpec(_Section):
     _names = field_validator("partition", "account", "qos", "reservation", "gres")(_check(_SLURM_WORD, "Slurm name"))
     _constraint = field_validator("constraint")(_check(_CONSTRAINT, "Slurm constraint expression"))
 
-    @field_validator("time", mode="before")
-    @classmethod
-    def _time_quoted(cls, value: Any) -> Any:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            raise ValueError(
-                f'got the number {value}: quote the time, e.g. time: "02:00:00" '
-                "(YAML reads an unquoted 2:00:00 as the base-60 number 7200)"
-            )
-        return value
-
-    @field_validator("time")
-    @classmethod
-    def _time(cls, value: str) -> str:
-        _no_newline(value)
-        if not _TIME.fullmatch(value):
-            raise ValueError(f"{value!r} is not a Slurm time; use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
-        return value
-
-    @field_validator("mem", mode="before")
-    @classmethod
-    def _mem_number(cls, value: Any) -> Any:
-        # `mem: 0` (all of the node's memory) or `mem: 64000` (MB) are YAML ints; they mean the same as the string.
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-    @field_validator("mem")
-    @classmethod
-    def _mem(cls, value: str | None) -> str | None:
-        if value is not None and not _MEM.fullmatch(str(value)):
-            raise ValueError(f"{value!r} is not a Slurm memory size; use e.g. 64G, 512000M or 0 (all)")
-        return value
-
-    @field_validator("sbatch_args", "srun_args")
-    @classmethod
-    def _options(cls, values: list[str]) -> list[str]:
-        for value in values:
-            _no_newline(value)
-            if not re.fullmatch(r"^--?[A-Za-z][A-Za-z0-9\-]*(=[^\s'\"`$\\;&|<>]*)?$", value):
-                raise ValueError(
-                    f"{value!r} is not a single option like --mail-type=END (no spaces, quotes or shell characters)"
-                )
-        return values
+    _time_quoted = field_validator("time", mode="before")(_time_not_a_number)
+    _time = field_validator("time")(_slurm_time)
+    _mem_number = field_validator("mem", mode="before")(_mem_as_text)
+    _mem = field_validator("mem")(_slurm_mem)
+    _options = field_validator("sbatch_args", "srun_args")(_single_options)
 
     @field_validator("modules", "setup")
     @classmethod
@@ -242,12 +185,7 @@ class PortsSpec(_Section):
     grpc: Port = "auto"
     metrics: Port = "auto"
 
-    @field_validator("http", "grpc", "metrics")
-    @classmethod
-    def _range(cls, value: Port) -> Port:
-        if value != "auto" and not 1 <= int(value) <= 65535:
-            raise ValueError(f"{value} is not a TCP port (1-65535) or 'auto'")
-        return value
+    _range = field_validator("http", "grpc", "metrics")(_tcp_port)
 
     @model_validator(mode="after")
     def _distinct(self) -> PortsSpec:
@@ -321,6 +259,7 @@ class Spec(_Section):
     triton: TritonSpec = Field(default_factory=TritonSpec)
     mode: Literal["leader", "orchestrator"] = "leader"
     replicas: int = Field(1, ge=1)
+    gateway: GatewaySpec | None = Field(None, description="run `hpc-serve gateway` as a Slurm job of its own")
 
     _name = field_validator("name")(_check(_NAME, "name (letters, digits, '.', '_', '-'; 64 at most)"))
 

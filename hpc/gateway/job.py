@@ -1,0 +1,153 @@
+"""The gateway as a job of its own (a spec's `gateway:` section): submitted once per deployment, tracked like
+the serving jobs, and ended with the deployment's last job.
+
+Why a job apart from the serving jobs and not a step inside them: the gateway's address must outlive any one
+job (a renewed successor, a second job for more capacity), so its life cannot be tied to one of them. Hence:
+- `submit` reuses the deployment's gateway when one answers (started by hand or as a job) or a gateway job is
+  still pending or starting, and submits a new one only otherwise;
+- `cancel` of a serving job leaves the gateway alone while another job of the deployment is pending or
+  running (it still serves those), and cancels the gateway job with the deployment's last job (nothing left
+  to serve: it would only hold a node until its time limit). A gateway started by hand (`hpc-serve gateway` on
+  a login node) is never stopped by hpc-serve: it is the user's own process.
+Web-stack free: `status` and `submit` import this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.executors import Executor
+from hpc.gateway.record import GatewayLine, answers, live_gateway, record_path, withdraw_job
+from hpc.jobs import JobRef
+from hpc.routing.deployment import Target, job_folders, target_of_folder
+from hpc.slurm import STATE_CLASS
+from launcher.records import read_gateway
+
+#: job states in which a gateway job serves or will serve (hpc/track.py's words)
+UNDER_WAY = ("PENDING", "STARTING", "READY")
+
+
+def gateway_jobs(target: Target) -> list[JobRef]:
+    """The deployment's gateway jobs, oldest first."""
+    return [JobRef(p.job_id, p.folder) for p in job_folders(target) if p.gateway_marker.exists()]
+
+
+def serving_jobs(target: Target) -> list[JobRef]:
+    """The deployment's serving jobs, oldest first."""
+    return [JobRef(p.job_id, p.folder) for p in job_folders(target) if not p.gateway_marker.exists()]
+
+
+def _log_reason(ref: JobRef) -> str | None:
+    """Why a gateway job failed, in its own words: the last line of its batch log (`hpc-serve: …` usually)."""
+    deployment = ref.paths.deployment
+    for stream in ("err", "out"):  # Slurm: -e has it; the local executor writes both streams to .out
+        try:
+            lines = [line for line in deployment.sbatch_log(stream, ref.job_id).read_text().splitlines() if line]
+        except OSError:
+            continue
+        if lines:
+            return lines[-1][-200:]
+    return None
+
+
+def gateway_job_state(ref: JobRef, target: Target | None = None) -> tuple[str, str | None, str | None, str]:
+    """(state, reason, URL, raw scheduler state) of a gateway job: READY once its record answers, STARTING
+    while it runs without one; CANCELLING / CANCELLED as for serving jobs (hpc/track.py)."""
+    from hpc.executors import executor_of
+
+    raw, reason = executor_of(ref).scheduler_state(ref)
+    state = STATE_CLASS.get(raw, raw)
+    target = target or target_of_folder(ref.deploy_dir)
+    url = None
+    if state == "RUNNING":
+        record = read_gateway(record_path(target))
+        if record is not None and record.job_id == ref.job_id and answers(record, target):
+            state, url = "READY", record.url
+        else:
+            state = "STARTING"
+    cancelled = ref.cancel_marker.exists()
+    if cancelled and state in ("STARTING", "READY"):
+        state, url = "CANCELLING", None
+    elif raw == "COMPLETING" and state in ("STARTING", "READY"):
+        state, url = "STOPPING", None
+    elif cancelled and state in ("COMPLETED", "FAILED"):
+        state = "CANCELLED"
+    if state == "FAILED":
+        reason = _log_reason(ref) or reason
+    return state, reason, url, raw
+
+
+def deployment_gateway(target: Target) -> GatewayLine | None:
+    """The deployment's gateway as `status` shows it: the one that answers at the recorded address (a job or
+    a process started by hand), else its newest gateway job still under way, else a record nothing answers
+    at (UNREACHABLE: a gateway killed outright), else how its newest gateway job ended. None: it never had one."""
+    record = read_gateway(record_path(target))
+    if record is not None and answers(record, target):
+        return GatewayLine("READY", job_id=record.job_id, url=record.url, host=record.host, pid=record.pid)
+    newest: GatewayLine | None = None
+    for ref in reversed(gateway_jobs(target)):
+        state, reason, url, _ = gateway_job_state(ref, target)
+        line = GatewayLine(state, job_id=ref.job_id, url=url or "", reason=reason)
+        if state in UNDER_WAY or state == "CANCELLING":
+            return line
+        newest = newest or line
+    if record is not None:
+        return GatewayLine(
+            "UNREACHABLE",
+            job_id=record.job_id,
+            url=record.url,
+            host=record.host,
+            pid=record.pid,
+            reason=f"nothing answers there; a stale record {record_path(target)}",
+        )
+    return newest
+
+
+@dataclass(frozen=True)
+class GatewayStart:
+    """What `submit` did about the gateway: reused the one that runs (or is on its way), or submitted `job`."""
+
+    line: GatewayLine
+    job: JobRef | None = None
+
+    @property
+    def submitted(self) -> bool:
+        return self.job is not None
+
+
+def ensure_gateway(deploy_dir: Path, runner: Executor) -> GatewayStart:
+    """Reuse the deployment's gateway if one runs or is under way, else submit `D/gateway.sub` (render wrote it)."""
+    target = target_of_folder(deploy_dir)
+    live = live_gateway(target)
+    if live is not None:
+        return GatewayStart(GatewayLine("READY", job_id=live.job_id, url=live.url, host=live.host, pid=live.pid))
+    for ref in reversed(gateway_jobs(target)):
+        state, reason, url, _ = gateway_job_state(ref, target)
+        if state in UNDER_WAY:
+            return GatewayStart(GatewayLine(state, job_id=ref.job_id, url=url or "", reason=reason))
+    job = runner.submit_gateway(deploy_dir)
+    return GatewayStart(GatewayLine("PENDING", job_id=job.job_id), job)
+
+
+def after_cancel(ref: JobRef, grace_s: float) -> GatewayLine | None:
+    """What cancelling `ref` means for the deployment's gateway; the gateway's line afterwards (None: none).
+
+    A gateway job: the record it may have left (killed before it could remove it) goes. A serving job: the
+    gateway jobs are cancelled too when no other serving job of the deployment is still under way."""
+    from hpc.executors import watch
+    from hpc.submit import cancel
+    from hpc.track import job_status
+
+    target = target_of_folder(ref.deploy_dir)
+    if ref.is_gateway:
+        withdraw_job(target, ref.job_id)
+        return deployment_gateway(target)
+    others = [job for job in serving_jobs(target) if job.job_id != ref.job_id]
+    watch(others)  # one sacct for all of them
+    if any(job_status(job).state in UNDER_WAY for job in others):
+        return deployment_gateway(target)
+    for job in gateway_jobs(target):
+        if gateway_job_state(job, target)[0] in (*UNDER_WAY, "CANCELLING"):
+            cancel(job, grace_s)  # which comes back here for the record
+    return deployment_gateway(target)

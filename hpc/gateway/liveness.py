@@ -1,0 +1,22 @@
+"""`GET /gateway/health`: the gateway's own liveness route, answered without a token.
+
+Why not `/v2/health/live`: that says only that *a* server listens. A gateway about to start, `status` and the
+clients read the address record and must know that the answer comes from this deployment's gateway (a stale
+record's port may belong to another process by now), so this route names the deployment it serves.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from hpc.gateway.openai_api import gateway_of
+from hpc.gateway.record import health_body
+from launcher.urls import GATEWAY_HEALTH_PATH
+
+router = APIRouter()
+
+
+@router.get(GATEWAY_HEALTH_PATH)
+async def gateway_health(request: Request) -> dict[str, object]:
+    gateway = gateway_of(request)
+    return health_body(gateway.target) | {"replicas_ready": len(gateway.balancer.replicas)}

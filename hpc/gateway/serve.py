@@ -1,0 +1,108 @@
+"""Run one gateway: refuse to start beside a live one, listen, publish the address record, serve, withdraw it.
+
+Why the socket is bound here and not by uvicorn: `--port auto` (0) needs the port the kernel gave before the
+record can say it, and a port already taken must be a clear error before the app loads anything. Why the
+record is written after uvicorn's startup (the app's lifespan: tokenizer, first discovery) and not at bind:
+a record is a promise that the gateway answers; a client or a second gateway that read it earlier would find
+a socket that accepts but does not answer yet, and take a live gateway for a stale record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import os
+import socket
+import time
+
+from hpc.gateway.record import live_gateway, node_name, publish, record_path, withdraw
+from hpc.routing.deployment import Target
+from launcher.records import GatewayRecord, advertised_address
+from launcher.urls import http_url
+
+log = logging.getLogger("hpc_serve.gateway")
+
+#: how long a stopping gateway lets requests in flight finish (Slurm's KillWait after SIGTERM is 30 s by default)
+GRACEFUL_STOP_S = 10
+
+
+class GatewayRunning(RuntimeError):
+    """A live gateway of the same deployment already answers at its recorded address."""
+
+
+def advertised(host: str) -> str:
+    """The address others use to reach a gateway listening on `host`: a cluster-side address of this node when
+    it listens on every interface (launcher.records.advertised_address, as replicas do), loopback for loopback."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host  # a host name the user chose: it is what they want published
+    if ip.is_unspecified:
+        return advertised_address(node_name(), single_node=False)
+    if ip.is_loopback:
+        return "127.0.0.1" if ip.version == 4 else "[::1]"
+    return f"[{host}]" if ip.version == 6 else host
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound socket (`port` 0: any free one); OSError (e.g. EADDRINUSE) as the caller's error to report."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def refuse_if_running(target: Target) -> None:
+    """GatewayRunning naming the live gateway; a stale record (nothing answers as this deployment) is left for
+    this gateway's own record to replace."""
+    live = live_gateway(target)
+    if live is None:
+        return
+    where = f"job {live.job_id}" if live.job_id else f"pid {live.pid} on {live.host}"
+    raise GatewayRunning(
+        f"the gateway of {target.name} already runs at {live.url} ({where}; record {record_path(target)}); "
+        "use it, or stop it first" + (f" (hpc-serve cancel {live.job_id})" if live.job_id else "")
+    )
+
+
+def run(target: Target, host: str, port: int, refresh_s: float, job_id: str = "") -> None:
+    """Serve until SIGINT/SIGTERM. Raises GatewayRunning, OSError (the port)."""
+    import uvicorn
+
+    from hpc.gateway.app import create_app
+
+    refuse_if_running(target)
+    sock = listen(host, port)
+    url = http_url(advertised(host), sock.getsockname()[1])
+    record = GatewayRecord(
+        name=target.name, url=url, host=node_name(), pid=os.getpid(), job_id=job_id, started_at=time.time()
+    )
+    app = create_app(target, refresh_s=refresh_s)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if not self.should_exit:
+                tokens = app.state.gateway.discovery.tokens
+                publish(target, dataclasses.replace(record, auth=bool(tokens)))
+                log.info("listening at %s (record %s)", url, record_path(target))
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # Here and not after run(): uvicorn re-raises the SIGTERM it caught once it has stopped, which ends
+            # the process before anything after run() would execute. First thing: it takes no new connections.
+            withdraw(target, record)
+            await super().shutdown(sockets=sockets)
+
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_STOP_S)
+    print(f"hpc-serve gateway for {target.name} in {target.workdir}: {url}/v1", flush=True)
+    try:
+        Server(config).run(sockets=[sock])
+    finally:  # a startup that failed (uvicorn exits without shutdown): nothing was published, nothing is left
+        withdraw(target, record)
+        sock.close()

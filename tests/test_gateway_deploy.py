@@ -1,0 +1,313 @@
+"""Where the gateway runs and how it is found: TARGET resolution (spec, folder, name, job ids), the `gateway:`
+spec section and its rendered sbatch script, the address record (published, refused beside a live gateway,
+stale ones replaced, withdrawn on a clean stop), and the gateway as a local job. No tritonserver needed: a
+gateway without replicas serves its own routes. The Slurm side: tests/test_gateway_job_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from hpc import render as R
+from hpc.gateway.record import answers, publish, record_path, withdraw
+from hpc.gateway.serve import advertised
+from hpc.jobs import register
+from hpc.routing.deployment import Target, TargetError, resolve, resolve_target
+from hpc.spec import SpecError, dump_spec, parse_spec
+from launcher.layout import GATEWAY_SUB_NAME, Deployment, JobPaths, gateway_record
+from launcher.records import GatewayRecord, read_gateway
+from tests.e2e import CLI, cli, wait_for
+
+
+def spec_text(name: str, checkpoint: Path, workdir: Path, **extra) -> str:
+    data = {
+        "name": name,
+        "workdir": str(workdir),
+        "slurm": {"nodes": 1, "partition": "debug", "time": "00:20:00"},
+        "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint)},
+        **extra,
+    }
+    return yaml.safe_dump(data)
+
+
+def deployment(workdir: Path, name: str, stamp: str, checkpoint: Path, jobs: tuple[str, ...] = ()) -> Path:
+    """A deployment folder as render leaves it for these purposes (its resolved spec.yaml), with indexed jobs."""
+    spec = parse_spec(spec_text(name, checkpoint, workdir), check_files=False)
+    folder = workdir / f"{name}-{stamp}"
+    folder.mkdir(parents=True)
+    Deployment(folder).spec.write_text(dump_spec(spec))
+    for job in jobs:
+        register(job, JobPaths(folder, job).create().folder)
+    return folder
+
+
+# ------------------------------------------------------------------------------------------------ TARGET
+def test_every_form_of_target_names_the_same_deployment(hpc_home, tmp_path):
+    workdir = tmp_path / "runs"
+    old = deployment(workdir, "svc", "20260101-000000", tmp_path / "old-ckpt", jobs=("11",))
+    new = deployment(workdir, "svc", "20260102-000000", tmp_path / "ckpt", jobs=("12", "local-ab12"))
+    spec = tmp_path / "svc.yaml"
+    spec.write_text(spec_text("svc", tmp_path / "ckpt", workdir))
+    expected = Target(workdir.resolve(), "svc", tmp_path / "ckpt")
+    for form in (str(spec), str(new), "svc", "12", "local-ab12", str(JobPaths(new, "12").folder)):
+        assert resolve_target(form) == expected, form
+    assert resolve_target("11").tokenizer_dir == tmp_path / "old-ckpt", "a job: its own folder's spec"
+    target, jobs = resolve(["11", "12"])
+    assert (target.workdir, target.name) == (workdir.resolve(), "svc")
+    assert [j.job_id for j in jobs] == ["11", "12"] and jobs[0].deploy_dir == old
+    assert resolve([str(spec)])[1] == [], "a spec names no job"
+
+
+def test_a_name_is_the_spec_name_not_a_folder_prefix(hpc_home, tmp_path):
+    workdir = tmp_path / "runs"
+    deployment(workdir, "svc-2", "20260101-000000", tmp_path / "ckpt", jobs=("21",))
+    with pytest.raises(TargetError) as exc:
+        resolve_target("svc")
+    assert not exc.value.ambiguous and str(hpc_home / "jobs") in str(exc.value)
+    assert resolve_target("svc-2").name == "svc-2"
+
+
+def test_a_name_in_two_workdirs_is_refused_listing_both(hpc_home, tmp_path):
+    deployment(tmp_path / "a", "svc", "20260101-000000", tmp_path / "ckpt", jobs=("31",))
+    deployment(tmp_path / "b", "svc", "20260101-000000", tmp_path / "ckpt", jobs=("32",))
+    with pytest.raises(TargetError) as exc:
+        resolve_target("svc")
+    assert exc.value.ambiguous
+    assert str((tmp_path / "a").resolve()) in str(exc.value) and str((tmp_path / "b").resolve()) in str(exc.value)
+    with pytest.raises(TargetError, match="more than one deployment"):
+        resolve(["31", "32"])
+    assert resolve_target("31").workdir == (tmp_path / "a").resolve(), "a job id is never ambiguous"
+
+
+def test_cli_exit_codes_for_targets(hpc_home, tmp_path):
+    deployment(tmp_path / "a", "svc", "20260101-000000", tmp_path / "ckpt", jobs=("41",))
+    deployment(tmp_path / "b", "svc", "20260101-000000", tmp_path / "ckpt", jobs=("42",))
+    ambiguous = cli("gateway", "svc", check=False)
+    assert ambiguous.returncode == 2 and "2 workdirs" in ambiguous.stderr, ambiguous.stderr
+    unknown = cli("endpoints", "nosuch", check=False)
+    assert unknown.returncode == 3 and "nosuch: not a spec file" in unknown.stderr
+    mixed = cli("status", "41", "42", check=False)
+    assert mixed.returncode == 2 and "more than one deployment" in mixed.stderr
+    folder = cli("gateway", str(tmp_path), check=False)
+    assert folder.returncode == 3 and "neither a deployment folder" in folder.stderr
+
+
+# ------------------------------------------------------------------------------------- the gateway: script
+def test_gateway_section_errors_name_the_field(tmp_path):
+    bad = {
+        "host": ("0.0.0.0; rm -rf ~", "gateway.host"),
+        "port": (70000, "gateway.port"),
+        "time": (90, "gateway.time"),
+        "partition": ("debug -w x", "gateway.partition"),
+        "mem": ("lots", "gateway.mem"),
+        "sbatch_args": (["--comment=a b"], "gateway.sbatch_args"),
+        "prot": (9000, "gateway"),
+    }
+    for key, (value, field) in bad.items():
+        with pytest.raises(SpecError) as exc:
+            parse_spec(spec_text("s", tmp_path, tmp_path, gateway={key: value}), check_files=False)
+        (problem,) = exc.value.problems
+        assert problem.path.startswith(field) and problem.line > 1, (key, problem)
+    assert "did you mean 'port'" in str(exc.value)
+
+
+def test_gateway_script_only_with_an_enabled_section(tmp_path):
+    def scripts(**extra):
+        return R.render_scripts(parse_spec(spec_text("s", tmp_path, tmp_path, **extra), check_files=False), tmp_path)
+
+    assert GATEWAY_SUB_NAME not in scripts()
+    assert GATEWAY_SUB_NAME not in scripts(gateway={"enabled": False})
+    assert GATEWAY_SUB_NAME in scripts(gateway={})
+
+
+def test_rendered_gateway_script(tmp_path):
+    hostile = "py/3.11 $(touch PWNED) 'x'"
+    text = spec_text(
+        "svc",
+        tmp_path / "ckpt",
+        tmp_path / "runs",
+        gateway={"port": 9100, "time": "2-00:00:00", "cpus": 3, "nodelist": "node2", "sbatch_args": ["--comment=gw"]},
+    )
+    spec = parse_spec(text, check_files=False)
+    spec = spec.model_copy(update={"slurm": spec.slurm.model_copy(update={"modules": [hostile]})})
+    deploy = tmp_path / "runs" / "svc-1"
+    script = R.render_scripts(spec, deploy)[GATEWAY_SUB_NAME]
+    directives = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert directives == [
+        "-J svc-gateway",
+        f"-o {deploy}/logs/%j.out",
+        f"-e {deploy}/logs/%j.err",
+        "-p debug",  # the serving job's partition: not overridden
+        "--nodes=1",
+        "--ntasks=1",
+        "--cpus-per-task=3",
+        "--time=2-00:00:00",
+        "--mem=2G",
+        "--nodelist=node2",
+        "--comment=gw",
+    ]
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    lines = script.splitlines()
+    assert shlex.split(next(line for line in lines if line.startswith("module load"))) == ["module", "load", hostile]
+    exec_line = script[script.index("\nexec ") + 1 :].replace("\\\n", " ")
+    argv = shlex.split(exec_line)
+    assert argv[:2] == ["exec", sys.executable], "the gateway runs with the interpreter that rendered it"
+    assert argv[2:] == [
+        "-m", "hpc.gateway", "$DEPLOY_DIR", "--host", "0.0.0.0", "--port", "9100", "--refresh", "5.0",
+        "--job-id", "$JOB_ID",
+    ]  # fmt: skip
+    assert f"DEPLOY_DIR={deploy}" in lines and str(gateway_record(tmp_path / "runs", "svc")) in script
+
+
+def test_render_writes_the_gateway_script_and_removes_it_when_disabled(tmp_path, tiny_gpt2):
+    deploy = tmp_path / "runs" / "svc-1"
+    spec = parse_spec(spec_text("svc", tiny_gpt2, tmp_path / "runs", gateway={}))
+    out = R.render(spec, deploy)
+    assert out.gateway_sub == Deployment(deploy).gateway_sub and out.gateway_sub.is_file()
+    again = R.render(spec.model_copy(update={"gateway": None}), deploy)
+    assert again.gateway_sub is None and not Deployment(deploy).gateway_sub.exists()
+
+
+# ------------------------------------------------------------------------------------- the address record
+def test_advertised_address():
+    assert advertised("127.0.0.1") == "127.0.0.1"
+    assert advertised("node7.cluster") == "node7.cluster"
+    assert advertised("10.1.2.3") == "10.1.2.3"
+    every = advertised("0.0.0.0")
+    assert every not in ("0.0.0.0", "127.0.0.1") and not every.startswith("127."), every
+
+
+def test_withdraw_removes_only_its_own_record(tmp_path):
+    target = Target(tmp_path, "svc", tmp_path)
+    mine = GatewayRecord(name="svc", url="http://127.0.0.1:1", host="h", pid=1, started_at=1.0)
+    publish(target, mine)
+    assert read_gateway(record_path(target)) == mine
+    assert not withdraw(target, GatewayRecord(name="svc", url=mine.url, host="h", pid=2, started_at=2.0))
+    assert record_path(target).exists() and withdraw(target, mine) and not record_path(target).exists()
+
+
+def _start_gateway(target: str, log: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*CLI, "gateway", target, "--port", "auto", "--refresh", "1", *extra],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _published(path: Path, proc: subprocess.Popen, log: Path) -> GatewayRecord:
+    def record():
+        assert proc.poll() is None, log.read_text()
+        found = read_gateway(path)
+        return found if found is not None and found.pid == proc.pid else None
+
+    return wait_for(record, 60, "the gateway's address record")
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+@pytest.mark.slow
+def test_record_published_refused_beside_a_live_gateway_and_withdrawn(hpc_home, tmp_path, tiny_gpt2):
+    spec = tmp_path / "svc.yaml"
+    spec.write_text(spec_text("svc", tiny_gpt2, tmp_path / "runs"))
+    (tmp_path / "runs").mkdir()
+    path = gateway_record(tmp_path / "runs", "svc")
+    # a stale record: a gateway that was SIGKILLed, its port closed now
+    publish(
+        Target((tmp_path / "runs").resolve(), "svc", tiny_gpt2),
+        GatewayRecord(name="svc", url="http://127.0.0.1:9", pid=1),
+    )
+    proc = _start_gateway(str(spec), tmp_path / "gw.log", "--host", "127.0.0.1")
+    try:
+        record = _published(path, proc, tmp_path / "gw.log")
+        assert record.url.startswith("http://127.0.0.1:") and record.job_id == "" and record.started_at > 0
+        health = httpx.get(record.url + "/gateway/health", timeout=5).json()
+        assert health == {
+            "name": "svc",
+            "workdir": str((tmp_path / "runs").resolve()),
+            "pid": proc.pid,
+            "replicas_ready": 0,
+        }
+
+        second = cli("gateway", str(spec), "--port", "auto", check=False, timeout=60)
+        assert second.returncode == 2 and f"already runs at {record.url}" in second.stderr, second.stderr
+        assert read_gateway(path) == record, "the refused gateway leaves the record alone"
+
+        shown = cli("endpoints", str(spec)).stdout.splitlines()
+        assert shown[0].startswith(f"gateway ({record.host} (pid {proc.pid})): {record.url}"), shown
+        env = cli("endpoints", str(spec), "--format", "env").stdout.splitlines()
+        assert env == [f"GATEWAY_URL={record.url}", f"OPENAI_BASE_URL={record.url}/v1"]
+        assert _stop(proc) in (0, -signal.SIGTERM)
+        assert not path.exists(), "a clean stop removes the record"
+        assert cli("endpoints", str(spec), check=False).returncode == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_a_record_answered_by_another_deployment_is_stale(hpc_home, tmp_path, tiny_gpt2):
+    """Another deployment's gateway now listens where this one's record points (a reused port): not live."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name in ("one", "two"):
+        (tmp_path / f"{name}.yaml").write_text(spec_text(name, tiny_gpt2, runs))
+    one = _start_gateway(str(tmp_path / "one.yaml"), tmp_path / "one.log", "--host", "127.0.0.1")
+    two = None
+    try:
+        record = _published(gateway_record(runs, "one"), one, tmp_path / "one.log")
+        target_two = Target(runs.resolve(), "two", tiny_gpt2)
+        assert not answers(GatewayRecord(name="two", url=record.url), target_two)
+        publish(target_two, GatewayRecord(name="two", url=record.url, pid=one.pid))
+        two = _start_gateway(str(tmp_path / "two.yaml"), tmp_path / "two.log", "--host", "127.0.0.1")
+        assert _published(gateway_record(runs, "two"), two, tmp_path / "two.log").url != record.url
+    finally:
+        for proc in (one, two):
+            if proc is not None and proc.poll() is None:
+                _stop(proc)
+
+
+@pytest.mark.slow
+def test_the_gateway_as_a_local_job(hpc_home, tmp_path, tiny_gpt2):
+    """`submit_gateway` with the local executor: status READY with the URL once the record answers; cancel by
+    its id stops it and the record goes (the Slurm side: tests/test_gateway_job_cluster.py)."""
+    from hpc.executors import LocalExecutor
+    from hpc.submit import cancel
+    from hpc.track import job_status
+
+    runs = tmp_path / "runs"
+    spec = parse_spec(spec_text("svc", tiny_gpt2, runs, gateway={"host": "127.0.0.1"}))
+    deploy = R.render(spec, runs / "svc-1").deploy_dir
+    ref = LocalExecutor().submit_gateway(deploy)
+    try:
+        assert ref.is_gateway and job_status(ref).kind == "gateway"
+        ready = wait_for(lambda: (s := job_status(ref)).state == "READY" and s, 60, "the gateway job to be READY")
+        record = read_gateway(gateway_record(runs, "svc"))
+        assert record is not None and record.job_id == ref.job_id and ready.url == record.url
+        assert f"{ref.job_id} READY (gateway) {record.url}" == ready.summary()
+        shown = json.loads(cli("status", "svc", "--json").stdout)
+        assert shown["gateway"]["job_id"] == ref.job_id and shown["gateway"]["state"] == "READY"
+        started = time.monotonic()
+        status = cancel(ref, grace_s=10)
+        assert status.state == "CANCELLED" and status.gateway is not None and status.gateway.state == "CANCELLED"
+        assert not gateway_record(runs, "svc").exists() and time.monotonic() - started < 30
+    finally:
+        state = json.loads(ref.paths.local_state.read_text())
+        if state.get("state") == "RUNNING":
+            os.kill(int(state["child_pid"]), signal.SIGKILL)
