@@ -9,65 +9,7 @@ import pytest
 
 from hpc.gateway.auth import authorized, ensure_token, read_tokens
 from hpc.gateway.text import FALLBACK_TEMPLATE, ChatTemplate, StopStream, cut_at_stop
-from hpc.routing.balancer import Balancer, NoReplica, Replica
-
-
-def _replicas(*keys: str) -> list[Replica]:
-    return [Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in keys]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_balancer_picks_the_least_outstanding_and_spreads_ties():
-    b = Balancer()
-    b.update(_replicas("j1/0", "j1/1", "j2/0"))
-    held = []
-    for _ in range(3):
-        r = b.pick()
-        held.append(b.track(r))
-        held[-1].__enter__()
-    assert sorted(r.key for r in b.replicas if r.outstanding == 1) == ["j1/0", "j1/1", "j2/0"]
-    held[1].__exit__(None, None, None)  # j1/1 finished: it is the least busy now
-    assert b.pick().key == "j1/1"
-    assert b.pick(exclude=["j1/1"]).key == "j1/0", "a tie: the one chosen longest ago"
-
-
-def test_balancer_takes_turns_among_idle_replicas_and_a_new_one_joins_the_turns():
-    b = Balancer()
-    b.update(_replicas("a", "b"))
-    assert [b.pick().key for _ in range(4)] == ["a", "b", "a", "b"]
-    b.update(_replicas("a", "b", "c"))
-    assert [b.pick().key for _ in range(3)] == ["c", "a", "b"]
-
-
-def test_balancer_benches_a_failed_replica_until_its_cooldown_passed():
-    clock = Clock()
-    b = Balancer(cooldown_s=10, clock=clock)
-    b.update(_replicas("a", "b"))
-    b.mark_failed(b.pick(exclude=["b"]))
-    assert [r.key for r in b.healthy()] == ["b"] and b.pick().key == "b"
-    with pytest.raises(NoReplica):
-        b.pick(exclude=["b"])
-    clock.now = 10.5
-    assert {r.key for r in b.healthy()} == {"a", "b"}
-
-
-def test_balancer_update_keeps_counters_and_drops_lost_replicas():
-    b = Balancer()
-    b.update(_replicas("a", "b"))
-    a = b.pick(exclude=["b"])
-    with b.track(a):
-        b.update(_replicas("a", "c"))  # b's job ended, c's started
-        assert {r.key for r in b.replicas} == {"a", "c"}
-        assert next(r for r in b.replicas if r.key == "a").outstanding == 1
-    with pytest.raises(NoReplica):
-        Balancer().pick()
+from hpc.routing.balancer import Balancer, Replica
 
 
 def test_chat_template_from_tokenizer_config(tmp_path):
@@ -131,6 +73,10 @@ class FakeEngine:
         if grpc_url == "flaky":
             raise ReplicaUnavailable("flaky: the stream broke")
         yield Chunk("b", 1)
+
+
+def _replicas(*keys: str) -> list[Replica]:
+    return [Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in keys]
 
 
 def _gateway(*keys: str):

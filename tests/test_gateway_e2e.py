@@ -1,17 +1,24 @@
 """`hpc-serve gateway` in front of a real job (local executor, tritonserver, CPU engine), with the `openai`
-package as the client: the OpenAI API, Triton passthrough, the access token, errors. One job and one gateway
-for the module, so the whole file costs one job start."""
+package as the client: the OpenAI API, Triton passthrough, the access token, errors, log probabilities,
+metrics, the access log, admission (429). One job and one CLI gateway for the module (gateways with other
+options run in this process, on the same job); prefix affinity and full replica queues use one more small job
+of two replicas."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+import yaml
 
 from launcher.layout import JobPaths
 from launcher.records import read_endpoints
@@ -186,6 +193,202 @@ def test_triton_passthrough(gateway):
     assert stream.status_code == 200 and events
     missing = httpx.post(gateway["url"] + "/v2/models/nope/generate", json=body, headers=headers, timeout=60)
     assert missing.status_code >= 400, "the replica's own answer, passed on"
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def serve_app(gateway) -> Iterator[Callable[..., str]]:
+    """`start(target_text, **create_app options)` → the URL of a gateway running in this process (uvicorn in a
+    thread: its access log is this process's, and it takes options the CLI gateway of the module was not given)."""
+    import uvicorn
+
+    from hpc.gateway.app import create_app
+    from hpc.routing.deployment import resolve_target
+
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(target: str, **options) -> str:
+        port = _free_port()
+        app = create_app(resolve_target(target), refresh_s=1, **options)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _ready(url), 30, "the in-process gateway to find a replica")
+        return url
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(15)
+
+
+def _metrics(url: str) -> dict[tuple[str, tuple], float]:
+    """`GET /metrics` (no token) → {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(url + "/metrics", timeout=5)
+    assert response.status_code == 200, response.text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def test_logprobs_of_completions_and_chat(client, gateway):
+    """The chosen tokens' log probabilities: one per generated token, their texts make the text, the same
+    streamed and whole (greedy), and their sum is the ensemble's own `cum_log_probs`."""
+    model, prompt = gateway["model"], "Once upon a time"
+    out = client.completions.create(model=model, prompt=prompt, max_tokens=8, logprobs=0)
+    lp = out.choices[0].logprobs
+    assert len(lp.token_logprobs) == out.usage.completion_tokens == 8
+    assert "".join(lp.tokens) == out.choices[0].text and all(v <= 0 for v in lp.token_logprobs)
+    assert lp.text_offset == sorted(lp.text_offset) and lp.top_logprobs[0] == {lp.tokens[0]: lp.token_logprobs[0]}
+    direct = httpx.post(
+        gateway["url"] + "/v2/models/ensemble/generate",
+        json={"text_input": prompt, "max_tokens": 8, "return_log_probs": True},
+        headers={"Authorization": f"Bearer {gateway['token']}"},
+        timeout=60,
+    ).json()
+    assert sum(lp.token_logprobs) == pytest.approx(direct["cum_log_probs"], abs=1e-4)
+
+    chunks = list(client.completions.create(model=model, prompt=prompt, max_tokens=8, logprobs=0, stream=True))
+    streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(lp.token_logprobs)
+
+    messages = [{"role": "user", "content": "Hi there"}]
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=5, logprobs=True)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 5 and "".join(t.token for t in content) == chat.choices[0].message.content
+    assert all(t.top_logprobs == [] and t.bytes == list(t.token.encode()) for t in content)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=5, logprobs=True, top_logprobs=3)
+    assert exc.value.body["param"] == "top_logprobs" and "alternatives" in exc.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=model, prompt=prompt, max_tokens=2, logprobs=2)
+    assert exc.value.body["param"] == "logprobs"
+
+
+def test_metrics_count_requests_tokens_and_replicas(client, gateway):
+    before = _metrics(gateway["url"])
+    for _ in range(2):
+        client.completions.create(model=gateway["model"], prompt="Hello", max_tokens=3)
+    list(client.completions.create(model=gateway["model"], prompt="Hello", max_tokens=3, stream=True))
+    after = _metrics(gateway["url"])
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    route = {"route": "/v1/completions"}
+    assert grew("hpc_serve_gateway_requests_total", status="200", **route) == 3
+    assert grew("hpc_serve_gateway_request_duration_seconds_count", **route) == 3
+    assert grew("hpc_serve_gateway_time_to_first_token_seconds_count", **route) == 3
+    assert grew("hpc_serve_gateway_output_tokens_total", **route) == 9
+    assert grew("hpc_serve_gateway_prompt_tokens_total", **route) > 0
+    (replica,) = [dict(k[1])["replica"] for k in after if k[0] == "hpc_serve_gateway_replica_outstanding"]
+    assert replica.startswith(gateway["job"] + "/")
+    assert after[("hpc_serve_gateway_replica_outstanding", (("replica", replica),))] == 0
+    assert grew("hpc_serve_gateway_replica_served_total", replica=replica) == 3
+    assert grew("hpc_serve_gateway_picks_total", outcome="least") == 3, "short prompts: no prefix key"
+
+
+def test_a_full_replica_is_429_with_retry_after_and_the_access_log_says_so(serve_app, gateway, caplog):
+    """A gateway that lets one request in flight per replica: a second request while a stream runs is refused
+    (OpenAI and Triton routes alike) and the stream is not disturbed; one JSON access line per request."""
+    caplog.set_level(logging.INFO, logger="hpc_serve.gateway.access")
+    url = serve_app(gateway["job"], max_outstanding=1)
+    client = openai.OpenAI(base_url=url + "/v1", api_key=gateway["token"], max_retries=0)
+    model = gateway["model"]
+    headers = {"Authorization": f"Bearer {gateway['token']}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as http:  # made before: no setup in the window
+        stream = client.completions.create(model=model, prompt="Once upon a time", max_tokens=200, stream=True)
+        chunks = iter(stream)
+        first = next(chunks)  # the request is in flight now, for ~0.5 s
+        passthrough = http.post("/v2/models/ensemble/generate", json={"text_input": "x", "max_tokens": 1})
+        with pytest.raises(openai.RateLimitError) as exc:
+            client.completions.create(model=model, prompt="x", max_tokens=1)
+    assert passthrough.status_code == 429 and passthrough.headers["retry-after"] == "1"
+    assert exc.value.response.headers["retry-after"] == "1" and exc.value.body["code"] == "replicas_busy"
+    rest = list(chunks)
+    assert [c.choices[0].finish_reason for c in [first, *rest] if c.choices][-1] == "length"
+    assert client.completions.create(model=model, prompt="x", max_tokens=1).choices[0].text is not None
+
+    assert _metrics(url)[("hpc_serve_gateway_errors_total", (("kind", "saturated"),))] == 2
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "hpc_serve.gateway.access"]
+    assert [(line["route"], line["status"]) for line in lines] == [
+        ("/v2/models/{model}/generate", 429),  # logged when it ended: before the stream it overtook
+        ("/v1/completions", 429),
+        ("/v1/completions", 200),
+        ("/v1/completions", 200),
+    ]
+    long = lines[2]
+    assert long["stream"] and long["completion_tokens"] == 200 and long["replica"].startswith(gateway["job"])
+    assert 0 < long["ttft_ms"] < long["latency_ms"] and long["model"] == model and long["retried"] == 0
+    assert long["prompt_tokens"] > 0 and lines[1]["replica"] is None
+
+
+@pytest.fixture(scope="module")
+def two_replicas(gateway, tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
+    """A second deployment: one job of 2 replicas whose queues hold a single request (max_queue_size 1, batch
+    size 1), so a burst fills them. {"job", "spec", "token", "model"}."""
+    from hpc.local import job_processes
+
+    folder = tmp_path_factory.mktemp("gateway-queue")
+    spec = write_spec(
+        folder, "gwq", tiny_gpt2, ntasks_per_node=2, triton={"max_queue_size": 1, "triton_max_batch_size": 1}
+    )
+    data = yaml.safe_load(spec.read_text())
+    spec.write_text(yaml.safe_dump({**data, "replicas": 2}))
+    job, job_dir = submit(spec, "--executor", "local")
+    try:
+        yield {"job": job, "token": cli("token", job).stdout.strip(), "model": "gwq"}
+    finally:
+        kill_quietly(job_processes(job))
+        kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
+
+
+def test_a_shared_prefix_stays_on_one_replica(serve_app, two_replicas):
+    url = serve_app(two_replicas["job"])
+    client = openai.OpenAI(base_url=url + "/v1", api_key=two_replicas["token"], max_retries=0)
+    shared = "You are a terse assistant who answers questions about the weather in one short sentence. " * 3
+
+    def served_by(prompt: str) -> str:
+        raw = client.completions.with_raw_response.create(model="gwq", prompt=prompt, max_tokens=2)
+        return raw.headers["x-hpc-serve-replica"]
+
+    assert len({served_by(shared + q) for q in ("Rain?", "Sun?", "Snow?", "Wind?")}) == 1
+    assert len({served_by(q) for q in ("Rain?", "Sun?", "Snow?", "Wind?")}) == 2, "no prefix: they take turns"
+
+
+def test_a_full_triton_queue_is_tried_on_another_replica_then_429(serve_app, two_replicas):
+    """Triton's own refusal ("Exceeds maximum queue size") is no failure: the request goes to the other replica,
+    and when that one is full too, the client gets 429 with Retry-After; no 5xx, no replica benched."""
+    url = serve_app(two_replicas["job"], max_outstanding=None)
+    headers = {"Authorization": f"Bearer {two_replicas['token']}"}
+
+    async def burst() -> list[httpx.Response]:
+        body = {"model": "gwq", "prompt": "Once upon a time", "max_tokens": 30}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as http:
+            return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(24)))
+
+    responses = asyncio.run(burst())
+    statuses = sorted(r.status_code for r in responses)
+    assert set(statuses) == {200, 429}, statuses
+    assert all(r.headers["retry-after"] == "1" for r in responses if r.status_code == 429)
+    samples = _metrics(url)
+    assert samples[("hpc_serve_gateway_retries_total", (("reason", "busy"),))] >= 1
+    refused = [v for (name, _), v in samples.items() if name == "hpc_serve_gateway_replica_refused_total"]
+    assert len(refused) == 2 and sum(refused) >= statuses.count(429)
+    assert all(v == 1 for (name, _), v in samples.items() if name == "hpc_serve_gateway_replica_healthy")
 
 
 def test_a_new_job_is_used_without_restart_and_a_killed_replica_is_not_seen(client, gateway):

@@ -14,25 +14,33 @@ import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
-from hpc.gateway import liveness, openai_api, passthrough
+from hpc.gateway import liveness, metrics, openai_api, passthrough
+from hpc.gateway.accesslog import AccessLog
 from hpc.gateway.discovery import REFRESH_S, Discovery
 from hpc.gateway.errors import APIError, api_error_handler, validation_error_handler
+from hpc.gateway.metrics import Metrics
 from hpc.gateway.state import Gateway
 from hpc.gateway.text import ChatTemplate
 from hpc.gateway.triton import TritonEngine
-from hpc.routing.balancer import Balancer, Replica
+from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS, Balancer, Replica
 from hpc.routing.deployment import Target
 
 
-def create_app(target: Target, refresh_s: float = REFRESH_S) -> FastAPI:
-    """The gateway for `target` (hpc.gateway.discovery.resolve_target)."""
+def create_app(
+    target: Target,
+    refresh_s: float = REFRESH_S,
+    max_outstanding: int | None = MAX_OUTSTANDING,
+    prefix_chars: int = PREFIX_CHARS,
+) -> FastAPI:
+    """The gateway for `target` (hpc.routing.deployment.resolve_target). `max_outstanding`: requests in flight
+    per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from backend.models.tokenizer import load_tokenizer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, target.tokenizer_dir)
-        balancer = Balancer()
+        balancer = Balancer(max_outstanding=max_outstanding)
         # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/urls.py)
         async with httpx.AsyncClient(trust_env=False) as http:
             engine = TritonEngine()
@@ -49,6 +57,8 @@ def create_app(target: Target, refresh_s: float = REFRESH_S) -> FastAPI:
                 http,
                 tokenizer,
                 ChatTemplate.from_tokenizer_dir(target.tokenizer_dir),
+                prefix_chars=prefix_chars,
+                metrics=app.state.metrics,
             )
             try:
                 async with discovery.running():
@@ -59,8 +69,17 @@ def create_app(target: Target, refresh_s: float = REFRESH_S) -> FastAPI:
     app = FastAPI(title=f"hpc-serve gateway: {target.name}", lifespan=lifespan)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.state.metrics = Metrics(lambda: _balancer(app))
+    app.add_middleware(AccessLog, metrics=app.state.metrics)
+    app.include_router(metrics.router)
     app.include_router(openai_api.router)
     app.include_router(passthrough.health)
     app.include_router(liveness.router)
     app.include_router(passthrough.router)
     return app
+
+
+def _balancer(app: FastAPI) -> Balancer | None:
+    """The app's balancer, once its lifespan made it (a scrape before that sees no replica)."""
+    gateway = getattr(app.state, "gateway", None)
+    return gateway.balancer if gateway is not None else None

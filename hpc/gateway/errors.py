@@ -14,16 +14,25 @@ from fastapi.responses import JSONResponse
 class APIError(Exception):
     """An error answer: HTTP status, OpenAI error type, and the request field it is about (if one)."""
 
-    def __init__(self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = dict(headers or {})
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        return JSONResponse(self.body(), status_code=self.status, headers=headers | self.headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -43,6 +52,39 @@ def no_replica() -> APIError:
     return APIError(
         503, "no replica of the deployment is ready; see `hpc-serve status`", "server_error", code="no_replica_ready"
     )
+
+
+#: seconds a client told 429 waits before it tries again (`Retry-After`; the openai package honours it)
+RETRY_AFTER_S = 1
+
+
+def saturated(limit: int | None) -> APIError:
+    """429: replicas are ready but none takes another request now (each at its limit, or its queue full)."""
+    full = f"has {limit} requests in flight (the gateway's --max-outstanding) or " if limit else ""
+    return APIError(
+        429,
+        f"no replica takes another request now: each {full}refused it, its queue full; retry after {RETRY_AFTER_S} s",
+        "rate_limit_error",
+        code="replicas_busy",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+#: what the metrics and the access log call an error answer, by HTTP status
+ERROR_KINDS = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    429: "saturated",
+    500: "model_error",
+    502: "replica_failed",
+    503: "no_replica",
+}
+
+
+def error_kind(status: int) -> str | None:
+    """The error kind of an answer with `status` (None for a success)."""
+    return ERROR_KINDS.get(status, f"http_{status}") if status >= 400 else None
 
 
 async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:

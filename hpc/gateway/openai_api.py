@@ -1,9 +1,11 @@
 """The OpenAI API: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`, with SSE streaming.
 
-Why the request models refuse what the deployment cannot do (n > 1, logprobs, out-of-range sampling values)
-instead of ignoring it: a client that asked for two choices and silently got one is worse off than one told
-which field is wrong (OpenAI's 400 with `param`). Unknown extra fields are ignored, as OpenAI's server does
-for fields it has retired. `top_k` is an extension (vLLM's name).
+Why the request models refuse what the deployment cannot do (n > 1, top log probabilities, out-of-range
+sampling values) instead of ignoring it: a client that asked for two choices and silently got one is worse off
+than one told which field is wrong (OpenAI's 400 with `param`). Unknown extra fields are ignored, as OpenAI's
+server does for fields it has retired. `top_k` is an extension (vLLM's name). Log probabilities of the chosen
+tokens are served (hpc/gateway/logprobs.py); the model returns no alternatives. Each answer names the replica
+that served it in `x-hpc-serve-replica` (`job_id/replica`), for debugging and the prefix-affinity benchmark.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from hpc.gateway.accesslog import RequestRecord, record_of
 from hpc.gateway.auth import authorized
 from hpc.gateway.errors import APIError, bad_request, unauthorized
+from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
 from hpc.gateway.text import StopStream, cut_at_stop
 from hpc.gateway.triton import Chunk, GenerateParams, ModelError, ReplicaUnavailable
+
+#: the response header that names the replica which served the request
+REPLICA_HEADER = "x-hpc-serve-replica"
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -64,7 +71,7 @@ class Sampling(BaseModel):
 class CompletionRequest(Sampling):
     prompt: str | list[str]
     echo: Literal[False] = False
-    logprobs: None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5)
 
 
 class ChatMessage(BaseModel):
@@ -81,7 +88,8 @@ class ChatMessage(BaseModel):
 class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -106,7 +114,7 @@ def _check_model(gw: Gateway, model: str) -> None:
         )
 
 
-def _params(req: Sampling, prompt: str, max_tokens: int) -> GenerateParams:
+def _params(req: Sampling, prompt: str, max_tokens: int, logprobs: bool) -> GenerateParams:
     return GenerateParams(
         prompt=prompt,
         max_tokens=max_tokens,
@@ -115,7 +123,11 @@ def _params(req: Sampling, prompt: str, max_tokens: int) -> GenerateParams:
         top_p=req.top_p,
         top_k=req.top_k,
         seed=req.seed,
+        logprobs=logprobs,
     )
+
+
+NO_TOP = "the model returns the chosen tokens' log probabilities, not the most likely alternatives"
 
 
 @router.post("/v1/completions")
@@ -125,26 +137,32 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if len(prompts) != 1:
         raise bad_request("prompt: exactly one prompt per request (a batch is not served yet)", "prompt")
-    params = _params(body, prompts[0], body.max_tokens or DEFAULT_MAX_TOKENS)
-    return await _answer(gw, body, params, chat=False)
+    if body.logprobs:
+        raise bad_request(f"logprobs: only 0 is served: {NO_TOP}", "logprobs")
+    params = _params(body, prompts[0], body.max_tokens or DEFAULT_MAX_TOKENS, body.logprobs is not None)
+    return await _answer(gw, body, params, chat=False, record=record_of(request))
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatRequest, request: Request) -> Any:
     gw = gateway_of(request)
     _check_model(gw, body.model)
+    if body.top_logprobs:
+        raise bad_request(f"top_logprobs: only 0 is served: {NO_TOP}", "top_logprobs")
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     try:
         prompt = gw.chat_template.render(messages)
     except Exception as exc:  # noqa: BLE001 - a template's raise_exception names what it refuses
         raise bad_request(f"messages: the chat template refused them: {exc}", "messages") from None
     max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
-    return await _answer(gw, body, _params(body, prompt, max_tokens), chat=True)
+    params = _params(body, prompt, max_tokens, bool(body.logprobs))
+    return await _answer(gw, body, params, chat=True, record=record_of(request))
 
 
-def _usage(gw: Gateway, params: GenerateParams, completion: int) -> dict[str, int]:
+def _usage(gw: Gateway, params: GenerateParams, completion: int, record: RequestRecord) -> dict[str, int]:
     """Prompt tokens by the deployment's tokenizer; completion tokens as the engine reported them."""
     prompt = gw.prompt_tokens(params.prompt)
+    record.prompt_tokens, record.completion_tokens = prompt, completion
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -152,27 +170,37 @@ def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams) -> str
     return "stop" if stopped or usage["completion_tokens"] < params.max_tokens else "length"
 
 
-async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: bool) -> Any:
-    pieces = gw.generate(params)
+async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: bool, record: RequestRecord) -> Any:
+    record.model, record.stream = gw.model_name, body.stream
+    pieces = gw.generate(params, record)
     try:
         first = await anext(pieces, None)  # errors before the first piece are HTTP errors, not stream events
+        if params.logprobs and first is not None and not first.logprobs:
+            raise bad_request("logprobs: this deployment's model returns no log probabilities", "logprobs")
     except ModelError as exc:
         raise APIError(500, f"the model failed the request: {exc}", "server_error") from None
     except ReplicaUnavailable as exc:
         raise APIError(502, f"the replica failed: {exc}", "server_error") from None
+    except APIError:
+        await pieces.aclose()  # type: ignore[attr-defined]
+        raise
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    headers = {REPLICA_HEADER: record.replica or ""}
     if body.stream:
-        events = _sse(gw, body, params, chat, rid, first, pieces)
-        return StreamingResponse(events, media_type="text/event-stream")
-    raw, tokens = (first.text, first.tokens) if first else ("", 0)
+        events = _sse(gw, body, params, chat, rid, first, pieces, record)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    trail = TokenTrail()
+    raw, tokens = "", 0
     try:
-        async for chunk in pieces:
+        async for chunk in _chain(first, pieces):
             raw, tokens = raw + chunk.text, tokens + chunk.tokens
+            trail.add(chunk)
     except (ModelError, ReplicaUnavailable) as exc:
         raise APIError(500, f"the request failed while generating: {exc}", "server_error") from None
     text, stopped = cut_at_stop(raw, params.stop)
-    usage = _usage(gw, params, tokens)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stopped, usage, params), "logprobs": None}
+    usage = _usage(gw, params, tokens, record)
+    logprobs = _logprobs(chat, trail.finish(len(text))) if params.logprobs else None
+    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stopped, usage, params), "logprobs": logprobs}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -186,7 +214,19 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         "choices": [choice],
         "usage": usage,
     }
-    return JSONResponse(out)
+    return JSONResponse(out, headers=headers)
+
+
+def _logprobs(chat: bool, tokens: list) -> dict[str, Any]:
+    return chat_logprobs(tokens) if chat else completion_logprobs(tokens)
+
+
+async def _chain(first: Chunk | None, pieces: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    """The first piece (already taken to tell errors from answers), then the rest."""
+    if first is not None:
+        yield first
+    async for chunk in pieces:
+        yield chunk
 
 
 async def _sse(
@@ -197,49 +237,52 @@ async def _sse(
     rid: str,
     first: Chunk | None,
     pieces: AsyncIterator[Chunk],
+    record: RequestRecord,
 ) -> AsyncIterator[str]:
     created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+    trail, sent = TokenTrail(), 0
 
     def event(choices: list[dict[str, Any]], **extra: Any) -> str:
         chunk = {"id": rid, "object": kind, "created": created, "model": gw.model_name, "choices": choices, **extra}
         return f"data: {json.dumps(chunk)}\n\n"
 
-    def delta(text: str | None, finish: str | None = None) -> dict[str, Any]:
+    def delta(text: str | None, finish: str | None = None, final: bool = False) -> dict[str, Any]:
+        """One choice of an event; with logprobs, those of the tokens the text sent so far completed."""
+        nonlocal sent
+        sent += len(text or "")
+        logprobs = None
+        if params.logprobs:
+            logprobs = _logprobs(chat, trail.finish(sent) if final else trail.sent(sent))
         if chat:
             return {
                 "index": 0,
                 "delta": {} if text is None else {"content": text},
                 "finish_reason": finish,
-                "logprobs": None,
+                "logprobs": logprobs,
             }
-        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
 
     if chat:
         yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
     stops, tokens = StopStream(params.stop), 0
-
-    async def chunks() -> AsyncIterator[Chunk]:
-        if first is not None:
-            yield first
-        async for chunk in pieces:
-            yield chunk
-
     try:
-        async for chunk in chunks():
+        async for chunk in _chain(first, pieces):
             tokens += chunk.tokens
+            trail.add(chunk)
             if text := stops.feed(chunk.text):
                 yield event([delta(text)])
             if stops.stopped:
                 break
     except (ModelError, ReplicaUnavailable) as exc:
+        record.error = "stream_failed"
         yield f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n"
         return
     finally:
         await pieces.aclose()  # type: ignore[attr-defined]
     if rest := stops.flush():
         yield event([delta(rest)])
-    usage = _usage(gw, params, tokens)
-    yield event([delta(None, _finish(stops.stopped, usage, params))])
+    usage = _usage(gw, params, tokens, record)
+    yield event([delta(None, _finish(stops.stopped, usage, params), final=True)])
     if body.stream_options and body.stream_options.include_usage:
         yield event([], usage=usage)
     yield "data: [DONE]\n\n"

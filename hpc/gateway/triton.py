@@ -39,13 +39,30 @@ class ModelError(RuntimeError):
     """The model refused or failed the request (its own words): the client's answer, no retry."""
 
 
+class ReplicaBusy(ModelError):
+    """The replica refused the request because its queue is full (Triton's "Exceeds maximum queue size",
+    TensorRT-LLM's "Maximum queue size ... reached"): another replica may take it; it is not a failure."""
+
+
+#: how a full queue reads in a refusal (Triton's dynamic batcher, TensorRT-LLM's executor), lower case
+BUSY_MARKERS = ("exceeds maximum queue size", "maximum queue size")
+
+
+def model_error(message: str) -> ModelError:
+    """The error for a refusal in the stream: ReplicaBusy for a full queue, ModelError otherwise."""
+    lowered = message.lower()
+    return (ReplicaBusy if any(m in lowered for m in BUSY_MARKERS) else ModelError)(message)
+
+
 @dataclass(frozen=True)
 class Chunk:
     """What one response of the stream brought: its text (maybe empty: a character held back until its last
-    byte comes) and how many tokens it carried (one per response of a streaming engine step)."""
+    byte comes), how many tokens it carried (one per response of a streaming engine step), and their log
+    probabilities when asked for (`output_log_probs`: a streaming response carries the new tokens' only)."""
 
     text: str
     tokens: int
+    logprobs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,7 @@ class GenerateParams:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    logprobs: bool = False  # ask for `output_log_probs` (the ensemble's `return_log_probs`)
 
     def tensors(self) -> list[grpcclient.InferInput]:
         arrays: dict[str, tuple[np.ndarray, str]] = {
@@ -77,6 +95,8 @@ class GenerateParams:
             arrays["top_k"] = (np.array([[self.top_k]], dtype=np.int32), "INT32")
         if self.seed is not None:
             arrays["seed"] = (np.array([[self.seed]], dtype=np.uint64), "UINT64")
+        if self.logprobs:
+            arrays["return_log_probs"] = (np.array([[True]], dtype=bool), "BOOL")
         tensors = []
         for name, (array, dtype) in arrays.items():
             tensor = grpcclient.InferInput(name, list(array.shape), dtype)
@@ -138,12 +158,14 @@ class TritonEngine:
         try:
             async for response in call:
                 if response.error_message:
-                    raise ModelError(response.error_message)
+                    raise model_error(response.error_message)
                 result = grpcclient.InferResult(response.infer_response)
                 text = result.as_numpy("text_output")
                 if text is not None:
                     raw = b"".join(t if isinstance(t, bytes) else str(t).encode() for t in text.ravel())
-                    yield Chunk(utf8.decode(raw), 1)
+                    logprobs = result.as_numpy("output_log_probs") if params.logprobs else None
+                    found = tuple(float(v) for v in logprobs.ravel()) if logprobs is not None else ()
+                    yield Chunk(utf8.decode(raw), 1, found)
                 final = response.infer_response.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
                     tail = utf8.decode(b"", final=True)

@@ -1,0 +1,114 @@
+"""The gateway's own Prometheus metrics, served at `GET /metrics` (no token: see the module's last paragraph).
+
+Why a registry per app and not prometheus_client's global one: a process may hold several gateways (the tests
+make one app per deployment), and each must count only its own requests. Why the per-replica numbers are read
+from the balancer at scrape time (a custom collector) and not kept in labelled counters: the balancer already
+counts them, replicas come and go with jobs, and a replica that is gone drops out of the next scrape instead of
+leaving a stale series behind.
+
+No token on `/metrics`, like tritonserver's own metrics port: scrapers (Prometheus, a node exporter's textfile
+collector) rarely carry bearer tokens. It tells counts and timings, the replicas' keys (`job_id/replica`) and
+the model's name, never prompts, texts or addresses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hpc.routing.balancer import Balancer
+
+PREFIX = "hpc_serve_gateway"
+#: whole requests: a short completion on a small model to minutes of generation
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: the first token: a warm small model answers in milliseconds, a long prompt's prefill in seconds
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ReplicaCollector(Collector):
+    """Per-replica numbers and the balancer's pick outcomes, as the balancer holds them at scrape time."""
+
+    def __init__(self, balancer: Callable[[], Balancer | None]) -> None:
+        self._balancer = balancer
+
+    def collect(self) -> Iterator[Metric]:
+        balancer = self._balancer()
+        replicas = balancer.replicas if balancer is not None else []
+        healthy = {r.key for r in balancer.healthy()} if balancer is not None else set()
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "outstanding": GaugeMetricFamily(
+                f"{PREFIX}_replica_outstanding", "Requests in flight on the replica", labels=["replica"]
+            ),
+            "served": CounterMetricFamily(
+                f"{PREFIX}_replica_served", "Requests the replica finished (any outcome)", labels=["replica"]
+            ),
+            "failures": CounterMetricFamily(
+                f"{PREFIX}_replica_failed",
+                "Requests the replica failed before its first byte (it was benched, the request retried)",
+                labels=["replica"],
+            ),
+            "refusals": CounterMetricFamily(
+                f"{PREFIX}_replica_refused", "Requests the replica refused, its queue full", labels=["replica"]
+            ),
+            "draining": GaugeMetricFamily(
+                f"{PREFIX}_replica_draining", "1 while the replica's job is stopping", labels=["replica"]
+            ),
+            "healthy": GaugeMetricFamily(
+                f"{PREFIX}_replica_healthy", "1 unless the replica is benched after a failure", labels=["replica"]
+            ),
+        }
+        for r in replicas:
+            values = {k: getattr(r, k) for k in ("outstanding", "served", "failures", "refusals", "draining")}
+            values["healthy"] = r.key in healthy
+            for name, family in families.items():
+                family.add_metric([r.key], float(values[name]))
+        yield from families.values()
+        picks = CounterMetricFamily(
+            f"{PREFIX}_picks",
+            "Replica choices: least (no prefix key), home (the prefix's own replica), spilled (it was too busy)",
+            labels=["outcome"],
+        )
+        for outcome in ("least", "home", "spilled"):
+            picks.add_metric([outcome], float(balancer.outcomes[outcome] if balancer is not None else 0))
+        yield picks
+
+
+class Metrics:
+    """Every metric of one gateway, in its own registry."""
+
+    def __init__(self, balancer: Callable[[], Balancer | None]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_requests", "Requests answered", ["route", "status"], registry=r)
+        self.errors = Counter(f"{PREFIX}_errors", "Error answers and failed streams, by kind", ["kind"], registry=r)
+        self.latency = self._by_route(
+            "request_duration_seconds", "From the request's arrival to the last byte of its answer", LATENCY_BUCKETS
+        )
+        self.ttft = self._by_route(
+            "time_to_first_token_seconds", "From the request's arrival to the replica's first response", TTFT_BUCKETS
+        )
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens", ["route"], registry=r)
+        self.output_tokens = Counter(f"{PREFIX}_output_tokens", "Generated tokens", ["route"], registry=r)
+        self.retries = Counter(
+            f"{PREFIX}_retries",
+            "Requests sent again to another replica: unavailable (failed before its first byte), busy (queue full)",
+            ["reason"],
+            registry=r,
+        )
+        r.register(ReplicaCollector(balancer))
+
+    def _by_route(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(f"{PREFIX}_{name}", doc, ["route"], buckets=buckets, registry=self.registry)
+
+
+router = APIRouter()
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    """Prometheus text format; no token (see the module docstring)."""
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

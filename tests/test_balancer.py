@@ -1,0 +1,189 @@
+"""The routing policy (hpc/routing/balancer.py), pure: least outstanding, prefix affinity with bounded load,
+draining replicas, the admission bound. Shared by the gateway and the Python client."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
+
+
+def _replicas(*keys: str) -> list[Replica]:
+    return [Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in keys]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_balancer_picks_the_least_outstanding_and_spreads_ties():
+    b = Balancer()
+    b.update(_replicas("j1/0", "j1/1", "j2/0"))
+    held = []
+    for _ in range(3):
+        r = b.pick()
+        held.append(b.track(r))
+        held[-1].__enter__()
+    assert sorted(r.key for r in b.replicas if r.outstanding == 1) == ["j1/0", "j1/1", "j2/0"]
+    held[1].__exit__(None, None, None)  # j1/1 finished: it is the least busy now
+    assert b.pick().key == "j1/1"
+    assert b.pick(exclude=["j1/1"]).key == "j1/0", "a tie: the one chosen longest ago"
+
+
+def test_balancer_takes_turns_among_idle_replicas_and_a_new_one_joins_the_turns():
+    b = Balancer()
+    b.update(_replicas("a", "b"))
+    assert [b.pick().key for _ in range(4)] == ["a", "b", "a", "b"]
+    b.update(_replicas("a", "b", "c"))
+    assert [b.pick().key for _ in range(3)] == ["c", "a", "b"]
+
+
+def test_balancer_benches_a_failed_replica_until_its_cooldown_passed():
+    clock = Clock()
+    b = Balancer(cooldown_s=10, clock=clock)
+    b.update(_replicas("a", "b"))
+    b.mark_failed(b.pick(exclude=["b"]))
+    assert [r.key for r in b.healthy()] == ["b"] and b.pick().key == "b"
+    with pytest.raises(NoReplica):
+        b.pick(exclude=["b"])
+    clock.now = 10.5
+    assert {r.key for r in b.healthy()} == {"a", "b"}
+
+
+def test_balancer_update_keeps_counters_and_drops_lost_replicas():
+    b = Balancer()
+    b.update(_replicas("a", "b"))
+    a = b.pick(exclude=["b"])
+    with b.track(a):
+        b.update(_replicas("a", "c"))  # b's job ended, c's started
+        assert {r.key for r in b.replicas} == {"a", "c"}
+        assert next(r for r in b.replicas if r.key == "a").outstanding == 1
+    with pytest.raises(NoReplica):
+        Balancer().pick()
+
+
+_HELD: list = []  # the open `track` blocks (one that is garbage collected ends its request)
+
+
+def _hold(b: Balancer, replica: Replica) -> None:
+    """Count a request in flight on `replica` until the test ends (what `track` does around a request)."""
+    _HELD.append(b.track(replica))
+    _HELD[-1].__enter__()
+
+
+def _by_key(b: Balancer) -> dict[str, Replica]:
+    return {r.key: r for r in b.replicas}
+
+
+def test_prefix_key_is_the_prompts_beginning_and_none_when_too_short_or_off():
+    long = "x" * 300
+    assert prefix_key(long, 256) == "x" * 256 and prefix_key("short", 256) is None
+    assert prefix_key(long, 0) is None, "0 turns affinity off"
+    assert prefix_key("a" * 256 + "question 1") == prefix_key("a" * 256 + "question 2")
+
+
+def test_a_prefix_goes_to_its_own_replica_and_prefixes_spread():
+    b = Balancer()
+    b.update(_replicas("a", "b", "c"))
+    homes = {f"prefix {i}": b.pick(prefix_key=f"prefix {i}").key for i in range(60)}
+    assert all(b.pick(prefix_key=k).key == home for k, home in homes.items()), "the same prefix, the same replica"
+    counts = {key: list(homes.values()).count(key) for key in "abc"}
+    assert min(counts.values()) >= 10, f"rendezvous hashing spreads prefixes over the replicas: {counts}"
+    assert b.outcomes["home"] == 120 and b.outcomes["spilled"] == 0
+
+
+def test_a_replica_joining_or_leaving_moves_only_its_own_prefixes():
+    b = Balancer()
+    b.update(_replicas("a", "b", "c"))
+    before = {f"p{i}": b.pick(prefix_key=f"p{i}").key for i in range(60)}
+    b.update(_replicas("a", "b"))  # c's job ended
+    after = {k: b.pick(prefix_key=k).key for k in before}
+    assert all(after[k] == home for k, home in before.items() if home != "c")
+    b.update(_replicas("a", "b", "c", "d"))
+    moved = {k for k in before if b.pick(prefix_key=k).key != after[k]}
+    assert moved and all(b.pick(prefix_key=k).key in ("c", "d") for k in moved), "only to the new replicas"
+
+
+def test_a_hot_prefix_spills_once_its_replica_is_over_the_bound_and_comes_back():
+    b = Balancer(load_factor=1.25)
+    b.update(_replicas("a", "b", "c"))
+    home = b.pick(prefix_key="hot")
+    b.outcomes.clear()
+    for total in range(1, 31):
+        _hold(b, b.pick(prefix_key="hot"))
+        loads = [r.outstanding for r in b.replicas]
+        assert max(loads) <= math.ceil(1.25 * total / 3), f"no replica above 1.25 x the mean: {loads}"
+    assert home.outstanding == max(r.outstanding for r in b.replicas), "the prefix's replica is the busiest"
+    assert b.outcomes["home"] == home.outstanding == math.ceil(1.25 * 30 / 3) and b.outcomes["spilled"] == 30 - 13
+    others = [r for r in b.replicas if r is not home]
+    for r in others:
+        r.outstanding = 0  # their requests ended
+    home.outstanding = 1
+    assert b.pick(prefix_key="hot") is not home, "far over the bound now: it spills"
+    home.outstanding = 0
+    assert b.pick(prefix_key="hot") is home, "back home once its load is within the bound"
+
+
+def test_no_prefix_key_is_least_outstanding_even_when_others_have_one():
+    b = Balancer()
+    b.update(_replicas("a", "b"))
+    home = b.pick(prefix_key="p")
+    _hold(b, home)
+    assert b.pick().key != home.key
+    assert b.outcomes["least"] == 1
+
+
+def test_a_draining_replica_gets_no_new_requests_but_finishes_its_own():
+    b = Balancer()
+    b.update(_replicas("a", "b"))
+    a = _by_key(b)["a"]
+    with b.track(a):
+        b.set_draining("a")
+        assert [r.key for r in b.available()] == ["b"] and {r.key for r in b.healthy()} == {"a", "b"}
+        assert {b.pick(prefix_key=f"p{i}").key for i in range(20)} == {"b"}
+        assert {b.pick().key for _ in range(4)} == {"b"}
+    assert a.outstanding == 0 and a.served == 1, "its request in flight finished and was counted"
+    b.set_draining("gone")  # a replica discovery already dropped: nothing to do
+    b.update([*_replicas("a"), Replica("b", "http://b", "b", draining=True)])  # discovery's view: b stops now
+    assert not _by_key(b)["a"].draining and _by_key(b)["b"].draining
+    assert b.pick().key == "a"
+    b.set_draining("a")
+    with pytest.raises(NoReplica) as exc:
+        b.pick()
+    assert not isinstance(exc.value, Saturated), "all draining: none ready (503), not busy (429)"
+
+
+def test_the_admission_bound_refuses_once_every_replica_is_full():
+    b = Balancer(max_outstanding=2)
+    b.update(_replicas("a", "b"))
+    for _ in range(4):
+        _hold(b, b.pick(prefix_key="same"))
+    assert sorted(r.outstanding for r in b.replicas) == [2, 2], "the bound beats affinity"
+    with pytest.raises(Saturated):
+        b.pick()
+    with pytest.raises(Saturated):
+        b.pick(prefix_key="same")
+    _by_key(b)["b"].outstanding = 1
+    assert b.pick().key == "b"
+    with pytest.raises(NoReplica) as exc:
+        b.pick(exclude=["b"])
+    assert isinstance(exc.value, Saturated), "a is full: busy, not missing"
+    with pytest.raises(NoReplica) as exc:
+        b.pick(exclude=["a", "b"])
+    assert not isinstance(exc.value, Saturated), "every one tried: none left"
+    with pytest.raises(ValueError, match="load_factor"):
+        Balancer(load_factor=0.9)
+
+
+def test_a_refusal_is_counted_and_does_not_bench():
+    b = Balancer()
+    b.update(_replicas("a"))
+    a = b.pick()
+    b.mark_refused(a)
+    assert a.refusals == 1 and a.failures == 0 and b.healthy() == [a]
