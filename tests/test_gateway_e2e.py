@@ -299,6 +299,9 @@ def test_metrics_count_requests_tokens_and_replicas(client, gateway):
     assert after[("hpc_serve_gateway_replica_outstanding", (("replica", replica),))] == 0
     assert grew("hpc_serve_gateway_replica_served_total", replica=replica) == 3
     assert grew("hpc_serve_gateway_picks_total", outcome="least") == 3, "short prompts: no prefix key"
+    access = [json.loads(line) for line in gateway["log"].read_text().splitlines() if line.startswith("{")]
+    assert [a["stream"] for a in access if a["route"] == "/v1/completions"][-3:] == [False, False, True]
+    assert all(a["replica"] == replica and a["completion_tokens"] == 3 for a in access[-3:]), "bare JSON lines"
 
 
 def test_a_full_replica_is_429_with_retry_after_and_the_access_log_says_so(serve_app, gateway, caplog):

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from hpc.cli_support import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, err
+from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 
 DEFAULT_PORT = 9000
 TARGET_HELP = "a spec file, a deployment folder or name, or job ids of the deployment"
@@ -48,16 +49,38 @@ def resolve_or_exit(targets: list[str]):
         raise SystemExit(EXIT_NOT_FOUND) from None
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number, 0 or more")
+    return value
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     import logging
 
+    from hpc.gateway.accesslog import log_to_stderr
     from hpc.gateway.serve import GatewayRunning, run
 
     target, _ = resolve_or_exit(args.target)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
+    log_to_stderr()  # the access log: one bare JSON line per request
+    limit = args.max_outstanding or None
     try:
-        run(target, args.host, args.port, refresh_s=args.refresh, job_id=args.job_id)
+        run(
+            target,
+            args.host,
+            args.port,
+            refresh_s=args.refresh,
+            job_id=args.job_id,
+            max_outstanding=limit,
+            prefix_chars=args.prefix_chars,
+        )
     except GatewayRunning as exc:
         err(str(exc))
         return EXIT_USAGE
@@ -88,6 +111,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; auto: a free one")
     p.add_argument("--refresh", type=float, default=5.0, help="seconds between looks for new or lost replicas")
+    p.add_argument(
+        "--max-outstanding",
+        type=_count,
+        default=MAX_OUTSTANDING,
+        help=f"requests in flight per replica before the gateway answers 429 (default {MAX_OUTSTANDING}; 0: no bound)",
+    )
+    p.add_argument(
+        "--prefix-chars",
+        type=_count,
+        default=PREFIX_CHARS,
+        help=f"prompt characters that key prefix affinity (default {PREFIX_CHARS}; 0: affinity off)",
+    )
     p.add_argument("--job-id", default="", help=argparse.SUPPRESS)  # set by the gateway's own job script
     p.set_defaults(func=cmd_gateway)
 

@@ -17,6 +17,7 @@ import socket
 import time
 
 from hpc.gateway.record import live_gateway, node_name, publish, record_path, withdraw
+from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 from hpc.routing.deployment import Target
 from launcher.records import GatewayRecord, advertised_address
 from launcher.urls import http_url
@@ -71,8 +72,17 @@ def refuse_if_running(target: Target) -> None:
     )
 
 
-def run(target: Target, host: str, port: int, refresh_s: float, job_id: str = "") -> None:
-    """Serve until SIGINT/SIGTERM. Raises GatewayRunning, OSError (the port)."""
+def run(
+    target: Target,
+    host: str,
+    port: int,
+    refresh_s: float,
+    job_id: str = "",
+    max_outstanding: int | None = MAX_OUTSTANDING,
+    prefix_chars: int = PREFIX_CHARS,
+) -> None:
+    """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`: hpc.gateway.app.create_app's). Raises
+    GatewayRunning, OSError (the port)."""
     import uvicorn
 
     from hpc.gateway.app import create_app
@@ -83,7 +93,7 @@ def run(target: Target, host: str, port: int, refresh_s: float, job_id: str = ""
     record = GatewayRecord(
         name=target.name, url=url, host=node_name(), pid=os.getpid(), job_id=job_id, started_at=time.time()
     )
-    app = create_app(target, refresh_s=refresh_s)
+    app = create_app(target, refresh_s=refresh_s, max_outstanding=max_outstanding, prefix_chars=prefix_chars)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
