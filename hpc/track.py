@@ -17,6 +17,9 @@ Where each transition is observed:
   their followers). CANCELLED only once the scheduler says the job has ended *and* no longer lists it as
   COMPLETING, i.e. no rank process of it is left (Slurm reports a job's end state while its processes are
   still being killed; squeue shows those jobs as COMPLETING).
+
+A deployment's gateway job (a spec's `gateway:` section) has no ranks: it reads STARTING while it runs and
+READY once its address record names it and answers (hpc/gateway/job.py `gateway_job_state`).
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc.executors import executor_of
-from hpc.gateway.record import GatewayLine
 from hpc.jobs import JobRef
 from hpc.slurm import STATE_CLASS
 from launcher.records import EndpointRecord, RankExitRecord, read_endpoints, read_rank_records
+
+if TYPE_CHECKING:
+    from hpc.gateway.record import GatewayLine  # imported when a gateway is asked for: `status` stays light
 
 ACTIVE = ("PENDING", "STARTING", "READY", "CANCELLING", "STOPPING")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
