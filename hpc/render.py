@@ -21,8 +21,10 @@ from typing import Any
 import jinja2
 
 from hpc import __version__
+from hpc.auth import ensure_deployment_token
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
 from hpc.spec.files import is_script_safe_path
+from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.config import DEFAULT_DRAIN_S, STOP_OVERHEAD_S, default_env
 
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
@@ -95,6 +97,7 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "server_args": [f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args],
         "ready_timeout_s": spec.triton.ready_timeout_s,
         "env": default_env(spec.mode),
+        "auth": spec.auth,
     }
 
 
@@ -244,6 +247,8 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
         deploy_dir.mkdir(exist_ok=True)
         dep.logs_dir.mkdir(exist_ok=True)
         dep.jobs_dir.mkdir(exist_ok=True)
+        if spec.auth == AUTH_TOKEN:  # before launch.json: a rank that sees it reads the token
+            ensure_deployment_token(deploy_dir, spec.workdir, spec.name)
         # launch.json goes last: ranks of `hpc-serve launch SPEC` wait for it as the sign that all is in place.
         for entry in sorted(staging.iterdir(), key=lambda e: e.name == LAUNCH_NAME):
             target = deploy_dir / entry.name

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .auth import MODES as AUTH_MODES
+
 
 class PlanError(ValueError):
     """launch.json is missing or malformed."""
@@ -71,6 +73,9 @@ class LaunchPlan:
     name: str = ""
     drain_s: float = DEFAULT_DRAIN_S
     release_wait_s: float | None = None
+    #: "token": the leader's tritonserver requires the deployment's token (launcher/auth.py); a plan written
+    #: without the key (by hand, or before there was one) serves without
+    auth: str = "none"
 
     @property
     def exit_timeout_s(self) -> float:
@@ -121,6 +126,9 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
     mode = data.get("mode", "leader") or "leader"
     if mode not in ("leader", "orchestrator"):
         raise PlanError(f'{file}: mode must be "leader" or "orchestrator", got {mode!r}')
+    auth = data.get("auth", "none") or "none"
+    if auth not in AUTH_MODES:
+        raise PlanError(f"{file}: auth must be one of {', '.join(AUTH_MODES)}, got {auth!r}")
 
     def num(key: str, default: float | None, kind: type = int) -> Any:
         value = data.get(key)
@@ -150,4 +158,5 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
         drain_s=num("drain_s", DEFAULT_DRAIN_S, float),
         release_wait_s=num("release_wait_s", None, float),
         name=str(data.get("name") or ""),
+        auth=auth,
     )

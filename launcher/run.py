@@ -9,16 +9,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import config, records
+from . import auth, config, records
 from .command import build_argv
 from .layout import Deployment, JobPaths, with_source_root
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
 from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
-from .server import ServerBinary, ServerNotFound, merge_env, resolve
+from .server import ServerBinary, ServerNotFound, cache_dir, merge_env, resolve
 from .stop import FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop
 from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name, wait_ready
 
-EXIT_CONFIG = 2  # launch.json / world size / binary problems: nothing was started
+EXIT_CONFIG = 2  # launch.json / world size / binary / access-token problems: nothing was started (or served)
 EXIT_PORT = 3  # a fixed port is taken, or auto ports kept colliding
 EXIT_READY_TIMEOUT = 124
 PORT_ATTEMPTS = 5
@@ -173,6 +173,15 @@ def serve(
     """Start tritonserver for this rank and supervise it until it exits; return the launcher's exit code."""
     sup = sup or supervisor(plan, info, me)
     env = child_env(plan, server, info=info, me=me)
+    guard: auth.Guard | None = None
+    if me.leader and plan.auth == auth.TOKEN:  # followers listen on no port
+        try:
+            guard = auth.Guard.prepare(Deployment(Path(plan.deployment_dir)).token, cache_dir(env))
+        except (auth.AuthSetupError, OSError) as exc:
+            log(str(exc))
+            _record_failure(plan, info, EXIT_CONFIG, str(exc))
+            return EXIT_CONFIG
+        env = guard.env(env)
     avoid: set[int] = set()
     endpoint = job_paths(plan, info).endpoint(me.replica)
     for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -230,6 +239,15 @@ def serve(
                     avoid |= set(ports.as_dict().values())
                     continue
             return _finish(plan, info, sup, child, rc)
+        if state == "ready" and guard is not None:
+            try:  # before the endpoint is published: an unprotected server must never be offered
+                guard.verify(ports.http)
+            except auth.AuthSetupError as exc:
+                log(str(exc))
+                sup.stop(child)
+                _finish(plan, info, sup, child, child.proc.returncode, error=str(exc))
+                return EXIT_CONFIG
+            log("auth: token: checked that tritonserver refuses requests without the deployment's token")
         if state == "ready":
             ready_at = time.time()
             record = records.EndpointRecord(

@@ -80,12 +80,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def post_json(host: str, port: int, path: str, body: dict | bytes, timeout: float = 60) -> tuple[int, dict]:
-    """POST a JSON body (or raw bytes, to send malformed ones) → (HTTP status, parsed reply or {"raw": text})."""
+def post_json(
+    host: str, port: int, path: str, body: dict | bytes, timeout: float = 60, headers: dict[str, str] | None = None
+) -> tuple[int, dict]:
+    """POST a JSON body (or raw bytes, to send malformed ones) → (HTTP status, parsed reply or {"raw": text});
+    `headers` adds to Content-Type (e.g. a job's access token, hpc.auth.http_headers)."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        conn.request("POST", path, data, {"Content-Type": "application/json"})
+        conn.request("POST", path, data, {"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
         raw = resp.read()
     finally:

@@ -33,8 +33,10 @@ def write_spec(
     ntasks_per_node: int | None = None,
     slurm: dict | None = None,
     triton: dict | None = None,
+    auth: str | None = None,
 ) -> Path:
-    """A CPU-engine spec for the tiny checkpoint; ranks talk TCP across the emulated nodes."""
+    """A CPU-engine spec for the tiny checkpoint; ranks talk TCP across the emulated nodes. `auth`: the spec's
+    (left out: its default, token)."""
     spec = {
         "name": name,
         "workdir": str(folder / "runs"),
@@ -48,6 +50,8 @@ def write_spec(
         "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint), "tp_size": tp},
         "triton": {"triton_max_batch_size": 8, "ready_timeout_s": 120, **(triton or {})},
     }
+    if auth is not None:
+        spec["auth"] = auth
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -115,18 +119,22 @@ def kill_quietly(pids) -> None:
 
 
 @contextlib.contextmanager
-def module_job(folder: Path, name: str, checkpoint: Path, **spec: Any) -> Iterator[tuple[str, dict]]:
+def module_job(
+    folder: Path, name: str, checkpoint: Path, executor: str | None = None, **spec: Any
+) -> Iterator[tuple[str, dict]]:
     """(job id, endpoint record) of one READY job shared by a whole test module, under a private job index;
-    scancel'ed at the end without waiting (its cancel is tested elsewhere)."""
+    scancel'ed at the end without waiting (its cancel is tested elsewhere), or cancelled (`executor` local)."""
     old_home = os.environ.get("HPC_SERVE_HOME")
     os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
     job = ""
     try:
-        job, _ = submit(write_spec(folder, name, checkpoint, **spec))
+        job, _ = submit(write_spec(folder, name, checkpoint, **spec), *(["--executor", executor] if executor else []))
         (endpoint,) = status(job)["endpoints"]
         yield job, endpoint
     finally:
-        if job:
+        if job and executor == "local":
+            cli("cancel", job, check=False)
+        elif job:
             subprocess.run(["scancel", job], capture_output=True, check=False)
         if old_home is None:
             os.environ.pop("HPC_SERVE_HOME", None)
@@ -134,12 +142,29 @@ def module_job(folder: Path, name: str, checkpoint: Path, **spec: Any) -> Iterat
             os.environ["HPC_SERVE_HOME"] = old_home
 
 
+def job_token(job_id: str) -> str | None:
+    """The access token a job's tritonserver requires (its deployment folder's; None with auth: none)."""
+    from hpc.auth import read_token
+    from hpc.jobs import find_job
+
+    return read_token(find_job(job_id).deploy_dir)
+
+
 def core_model_stream(
-    endpoint: dict, prompt_ids: list[int], n: int, on_piece=None, timeout: float = 60
+    endpoint: dict,
+    prompt_ids: list[int],
+    n: int,
+    on_piece=None,
+    timeout: float = 60,
+    headers: dict[str, str] | None = None,
 ) -> tuple[list[np.ndarray], str | None]:
     """Stream `n` tokens from the `tensorrt_llm` model (no end_id: exactly n unless stopped) → (token pieces,
-    the error that ended the stream, if one did). ``on_piece`` is called after each piece."""
+    the error that ended the stream, if one did). ``on_piece`` is called after each piece. ``headers``: the
+    gRPC metadata sent (default: the job's access token, as every client sends it)."""
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from hpc.auth import grpc_headers
 
     ids = np.array([prompt_ids], dtype=np.int32)
     arrays = {
@@ -155,10 +180,14 @@ def core_model_stream(
         inputs.append(tensor)
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(f"{endpoint['address']}:{endpoint['grpc_port']}")
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    headers = grpc_headers(job_token(endpoint["job_id"])) if headers is None else headers
+    client.start_stream(callback=lambda result, error: results.put((result, error)), headers=headers)
     pieces: list[np.ndarray] = []
     try:
-        client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+        try:
+            client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+        except InferenceServerException:  # refused at once (no access token): the callback got why
+            return pieces, str(results.get(timeout=timeout)[1])
         while True:
             result, error = results.get(timeout=timeout)
             if error is not None:

@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
+from hpc.auth import grpc_headers, http_headers
 from tests._triton import post_json
-from tests.e2e import cli, module_job, status
+from tests.e2e import cli, job_token, module_job, status
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -30,7 +31,8 @@ def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
 
 
 def _post(endpoint: dict, path: str, body: bytes | dict, timeout: float = 60) -> tuple[int, dict]:
-    return post_json(endpoint["address"], endpoint["http_port"], path, body, timeout)
+    headers = http_headers(job_token(endpoint["job_id"]))  # auth: token, as every client sends it
+    return post_json(endpoint["address"], endpoint["http_port"], path, body, timeout, headers)
 
 
 def _generate(endpoint: dict, body: bytes | dict, model: str = "ensemble") -> tuple[int, dict]:
@@ -66,7 +68,8 @@ def _core(
         inputs.append(tensor)
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(f"{endpoint['address']}:{endpoint['grpc_port']}")
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    headers = grpc_headers(job_token(endpoint["job_id"]))
+    client.start_stream(callback=lambda result, error: results.put((result, error)), headers=headers)
     responses = []
     try:
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
@@ -166,10 +169,11 @@ def test_unsupported_features_are_named(served, still_serving, extra, expected):
 def test_client_disconnecting_mid_stream(served, still_serving):
     endpoint = served[1]
     body = json.dumps({"text_input": "Once upon a time", "max_tokens": 200, "stream": True}).encode()
+    auth = "".join(f"{k}: {v}\r\n" for k, v in http_headers(job_token(endpoint["job_id"])).items()).encode()
     with socket.create_connection((endpoint["address"], endpoint["http_port"]), timeout=30) as sock:
         sock.sendall(
-            b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: "
+            b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
         assert b"data:" in sock.recv(4096)  # the stream started; now the client goes away
 

@@ -7,7 +7,8 @@ import stat
 
 import pytest
 
-from hpc.gateway.auth import authorized, ensure_token, read_tokens
+from hpc.auth import Tokens, ensure_token, read_tokens
+from hpc.gateway.auth import authorized
 from hpc.gateway.text import FALLBACK_TEMPLATE, ChatTemplate, StopStream, cut_at_stop
 from hpc.routing.balancer import Balancer, Replica
 
@@ -62,11 +63,13 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.tokens: list[str | None] = []
 
-    async def stream(self, grpc_url, params):
+    async def stream(self, grpc_url, params, token=None):
         from hpc.gateway.triton import Chunk, ReplicaUnavailable
 
         self.calls.append(grpc_url)
+        self.tokens.append(token)
         if grpc_url == "dead":
             raise ReplicaUnavailable("dead: UNAVAILABLE")
         yield Chunk("a", 1)
@@ -80,12 +83,14 @@ def _replicas(*keys: str) -> list[Replica]:
 
 
 def _gateway(*keys: str):
+    from hpc.gateway.discovery import Discovery
     from hpc.gateway.state import Gateway
 
     balancer = Balancer()
     balancer.update(_replicas(*keys))
     engine = FakeEngine()
-    gw = Gateway(None, balancer, None, engine, None, None, ChatTemplate(None))  # type: ignore[arg-type]
+    discovery = Discovery(None, balancer, None)  # type: ignore[arg-type]
+    gw = Gateway(None, balancer, discovery, engine, None, None, ChatTemplate(None))  # type: ignore[arg-type]
     return gw, engine
 
 
@@ -99,8 +104,10 @@ def test_a_replica_failing_before_its_first_chunk_is_benched_and_the_request_ret
     import asyncio
 
     gw, engine = _gateway("dead", "live")
+    gw.discovery.replica_tokens = Tokens(by_job={"live": "live-token"}, newest="newest-token")
     assert asyncio.run(_collect(gw)) == "ab"
     assert engine.calls == ["dead", "live"], "dead sorts first: tried, benched, then live"
+    assert engine.tokens == ["newest-token", "live-token"], "each replica is sent its job's token"
     dead = next(r for r in gw.balancer.replicas if r.key == "dead")
     assert dead.failures == 1 and [r.key for r in gw.balancer.healthy()] == ["live"]
     assert all(r.outstanding == 0 for r in gw.balancer.replicas)

@@ -107,6 +107,7 @@ def test_render_writes_the_deployment_folder(tmp_path):
         "logs",
         "jobs",
         "python",
+        "access_token",  # auth: token, the default (tests/test_auth.py)
     }
     # the ranks' code ships inside the folder: hpc-serve's own packages, never the environment around them
     assert {p.name for p in (d / "python").iterdir()} == {"launcher", "backend"}
@@ -148,6 +149,7 @@ def test_launch_json_contract(tmp_path):
         "server_args": ["--log-verbose=2", "--exit-timeout-secs=5"],
         "ready_timeout_s": 60,
         "env": {"PMIX_MCA_gds": "hash"},
+        "auth": "token",
     }
 
 

@@ -91,7 +91,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from hpc.gateway.auth import ensure_token
+    from hpc.auth import deployment_token
     from hpc.routing.deployment import deployment_folders
 
     target, _ = resolve_or_exit(args.target)
@@ -99,7 +99,11 @@ def cmd_token(args: argparse.Namespace) -> int:
     if not folders:
         err(f"{target.name}: no deployment folder in {target.workdir} yet; submit it first")
         return EXIT_NOT_FOUND
-    print(ensure_token(folders[-1]))
+    token = deployment_token(folders)
+    if token is None:
+        err(f"{target.name}: {folders[-1].name} serves with `auth: none`: no token is needed (nor checked)")
+        return EXIT_NOT_FOUND
+    print(token)
     return EXIT_OK
 
 
@@ -126,6 +130,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job-id", default="", help=argparse.SUPPRESS)  # set by the gateway's own job script
     p.set_defaults(func=cmd_gateway)
 
-    p = sub.add_parser("token", help="print the deployment's access token (made on first use, 0600)")
+    p = sub.add_parser("token", help="print the deployment's access token (auth: token; a 0600 file in its folders)")
     p.add_argument("target", nargs="+", metavar="TARGET", help=TARGET_HELP)
     p.set_defaults(func=cmd_token)

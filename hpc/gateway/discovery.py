@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from hpc.gateway.auth import read_tokens
+from hpc.auth import Tokens, read_tokens
 from hpc.routing.balancer import Balancer, Replica
 from hpc.routing.deployment import Target, as_replica, deployment_folders, published
 from launcher.urls import READY_PATH
@@ -37,6 +37,8 @@ class Discovery:
     http: httpx.AsyncClient
     refresh_s: float = REFRESH_S
     tokens: set[str] = field(default_factory=set)
+    #: what each job's tritonserver requires (auth: token), sent with every request to its replicas
+    replica_tokens: Tokens = field(default_factory=Tokens)
     #: called with the replicas in use after each refresh (the engine closes channels of those gone)
     on_update: Callable[[list[Replica]], Awaitable[None]] | None = None
 
@@ -59,9 +61,15 @@ class Discovery:
         self.balancer.update(ready)
         if {r.key for r in ready} != before:
             log.info("replicas ready: %s", ", ".join(f"{r.key} {r.http_url}" for r in ready) or "none")
-        self.tokens = await asyncio.to_thread(read_tokens, folders)
+        self.tokens, self.replica_tokens = await asyncio.to_thread(
+            lambda: (read_tokens(folders), Tokens.of_folders(folders))
+        )
         if self.on_update is not None:
             await self.on_update(ready)
+
+    def token_for(self, replica: Replica) -> str | None:
+        """The token `replica`'s tritonserver requires: its job folder's (keys are `<job id>/<replica>`)."""
+        return self.replica_tokens.for_job(replica.key.split("/", 1)[0])
 
     async def run(self) -> None:
         """Refresh forever (cancelled at shutdown); a failed refresh keeps the previous view."""

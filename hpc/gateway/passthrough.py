@@ -20,6 +20,7 @@ import httpx
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
+from hpc.auth import http_headers
 from hpc.gateway.accesslog import record_of
 from hpc.gateway.openai_api import gateway_of, require_token
 from hpc.gateway.triton import BUSY_MARKERS
@@ -88,7 +89,8 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
         record.replica, record.retried = replica.key, len(tried) - 1
         tracking = gw.balancer.track(replica)
         tracking.__enter__()  # left when the relay ends (below), or at once when this replica is given up
-        send = gw.http.build_request("POST", replica.http_url + path, content=body, headers=headers, timeout=None)
+        sent = headers | http_headers(gw.discovery.token_for(replica))  # the replica's access token (auth: token)
+        send = gw.http.build_request("POST", replica.http_url + path, content=body, headers=sent, timeout=None)
         try:
             upstream = await gw.http.send(send, stream=True)
         except httpx.TransportError as exc:

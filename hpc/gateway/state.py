@@ -86,7 +86,7 @@ class Gateway:
             started = False
             with self.balancer.track(replica):
                 try:
-                    async for chunk in self.engine.stream(replica.grpc_url, params):
+                    async for chunk in self.engine.stream(replica.grpc_url, params, self.discovery.token_for(replica)):
                         if not started:
                             record.first_token()
                         started = True

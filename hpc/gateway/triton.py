@@ -27,6 +27,7 @@ import tritonclient.grpc.aio as aiogrpc
 from tritonclient.grpc._utils import _get_inference_request
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
+from hpc.auth import grpc_headers
 
 MODEL = "ensemble"
 
@@ -129,7 +130,7 @@ class TritonEngine:
         for client in clients:
             await client.close()
 
-    async def stream(self, grpc_url: str, params: GenerateParams) -> AsyncIterator[Chunk]:
+    async def stream(self, grpc_url: str, params: GenerateParams, token: str | None = None) -> AsyncIterator[Chunk]:
         """Text pieces as the replica produces them, with their token counts. ReplicaUnavailable for transport trouble, ModelError for
         the model's own refusal."""
         request = _get_inference_request(
@@ -153,7 +154,8 @@ class TritonEngine:
             await finished.wait()  # half-close only once the last response arrived
 
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        call = self._client(grpc_url)._client_stub.ModelStreamInfer(requests())
+        metadata = tuple(grpc_headers(token).items())  # the replica's access token (auth: token)
+        call = self._client(grpc_url)._client_stub.ModelStreamInfer(requests(), metadata=metadata)
         self._in_flight[grpc_url] = self._in_flight.get(grpc_url, 0) + 1
         try:
             async for response in call:

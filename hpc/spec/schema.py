@@ -37,6 +37,8 @@ from hpc.spec.checks import (
     _time_not_a_number,
 )
 from hpc.spec.gateway import GatewaySpec
+from launcher.auth import MODES as AUTH_MODES
+from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.config import DEFAULT_READY_TIMEOUT_S
 
 
@@ -260,6 +262,11 @@ class Spec(_Section):
     mode: Literal["leader", "orchestrator"] = "leader"
     replicas: int = Field(1, ge=1)
     gateway: GatewaySpec | None = Field(None, description="run `hpc-serve gateway` as a Slurm job of its own")
+    auth: Literal[AUTH_MODES] = Field(  # type: ignore[valid-type]
+        AUTH_TOKEN,
+        description="token: every replica (and the gateway) requires the deployment's token (`hpc-serve token`); "
+        "none: anyone who reaches a port is served",
+    )
 
     _name = field_validator("name")(_check(_NAME, "name (letters, digits, '.', '_', '-'; 64 at most)"))
 
