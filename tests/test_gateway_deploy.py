@@ -303,6 +303,11 @@ def test_the_gateway_as_a_local_job(hpc_home, tmp_path, tiny_gpt2):
         assert f"{ref.job_id} READY (gateway) {record.url}" == ready.summary()
         shown = json.loads(cli("status", "svc", "--json").stdout)
         assert shown["gateway"]["job_id"] == ref.job_id and shown["gateway"]["state"] == "READY"
+        # a second gateway job (two submits at once): it finds the first one live, and says so as it fails
+        second = LocalExecutor().submit_gateway(deploy)
+        failed = wait_for(lambda: (s := job_status(second)).done and s, 60, "the second gateway job to end")
+        assert failed.state == "FAILED" and f"already runs at {record.url}" in (failed.reason or ""), failed
+        assert read_gateway(gateway_record(runs, "svc")) == record
         started = time.monotonic()
         status = cancel(ref, grace_s=10)
         assert status.state == "CANCELLED" and status.gateway is not None and status.gateway.state == "CANCELLED"

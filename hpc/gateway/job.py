@@ -22,15 +22,25 @@ from hpc.gateway.record import GatewayLine, answers, live_gateway, record_path, 
 from hpc.jobs import JobRef
 from hpc.routing.deployment import Target, job_folders, target_of_folder
 from hpc.slurm import STATE_CLASS
+from launcher.layout import JobPaths
 from launcher.records import read_gateway
 
 #: job states in which a gateway job serves or will serve (hpc/track.py's words)
 UNDER_WAY = ("PENDING", "STARTING", "READY")
 
 
+def _marked_at(paths: JobPaths) -> float:
+    try:
+        return paths.gateway_marker.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def gateway_jobs(target: Target) -> list[JobRef]:
-    """The deployment's gateway jobs, oldest first."""
-    return [JobRef(p.job_id, p.folder) for p in job_folders(target) if p.gateway_marker.exists()]
+    """The deployment's gateway jobs, oldest first: by their marker (made at submit, again when the job starts),
+    since job ids do not sort by time (local ids are random, Slurm's compare as text)."""
+    marked = [p for p in job_folders(target) if p.gateway_marker.exists()]
+    return [JobRef(p.job_id, p.folder) for p in sorted(marked, key=_marked_at)]
 
 
 def serving_jobs(target: Target) -> list[JobRef]:
@@ -39,15 +49,18 @@ def serving_jobs(target: Target) -> list[JobRef]:
 
 
 def _log_reason(ref: JobRef) -> str | None:
-    """Why a gateway job failed, in its own words: the last line of its batch log (`hpc-serve: …` usually)."""
+    """Why a gateway job failed, in its own words: the last `hpc-serve: …` line of its batch log, else its last
+    line that is not an access-log entry (those are JSON lines on the same stderr)."""
     deployment = ref.paths.deployment
     for stream in ("err", "out"):  # Slurm: -e has it; the local executor writes both streams to .out
         try:
-            lines = [line for line in deployment.sbatch_log(stream, ref.job_id).read_text().splitlines() if line]
+            text = deployment.sbatch_log(stream, ref.job_id).read_text(errors="replace")
         except OSError:
             continue
-        if lines:
-            return lines[-1][-200:]
+        lines = [line for line in text.splitlines() if line.strip() and not line.startswith("{")]
+        ours = [line for line in lines if line.startswith("hpc-serve:")]
+        if ours or lines:
+            return (ours or lines)[-1][:400]
     return None
 
 
@@ -78,6 +91,12 @@ def gateway_job_state(ref: JobRef, target: Target | None = None) -> tuple[str, s
     return state, reason, url, raw
 
 
+def job_line(ref: JobRef, target: Target) -> GatewayLine:
+    """A gateway job as `status` shows it."""
+    state, reason, url, _ = gateway_job_state(ref, target)
+    return GatewayLine(state, job_id=ref.job_id, url=url or "", reason=reason)
+
+
 def deployment_gateway(target: Target) -> GatewayLine | None:
     """The deployment's gateway as `status` shows it: the one that answers at the recorded address (a job or
     a process started by hand), else its newest gateway job still under way, else a record nothing answers
@@ -87,9 +106,8 @@ def deployment_gateway(target: Target) -> GatewayLine | None:
         return GatewayLine("READY", job_id=record.job_id, url=record.url, host=record.host, pid=record.pid)
     newest: GatewayLine | None = None
     for ref in reversed(gateway_jobs(target)):
-        state, reason, url, _ = gateway_job_state(ref, target)
-        line = GatewayLine(state, job_id=ref.job_id, url=url or "", reason=reason)
-        if state in UNDER_WAY or state == "CANCELLING":
+        line = job_line(ref, target)
+        if line.state in UNDER_WAY or line.state == "CANCELLING":
             return line
         newest = newest or line
     if record is not None:
@@ -123,9 +141,9 @@ def ensure_gateway(deploy_dir: Path, runner: Executor) -> GatewayStart:
     if live is not None:
         return GatewayStart(GatewayLine("READY", job_id=live.job_id, url=live.url, host=live.host, pid=live.pid))
     for ref in reversed(gateway_jobs(target)):
-        state, reason, url, _ = gateway_job_state(ref, target)
-        if state in UNDER_WAY:
-            return GatewayStart(GatewayLine(state, job_id=ref.job_id, url=url or "", reason=reason))
+        line = job_line(ref, target)
+        if line.state in UNDER_WAY:
+            return GatewayStart(line)
     job = runner.submit_gateway(deploy_dir)
     return GatewayStart(GatewayLine("PENDING", job_id=job.job_id), job)
 
@@ -142,12 +160,16 @@ def after_cancel(ref: JobRef, grace_s: float) -> GatewayLine | None:
     target = target_of_folder(ref.deploy_dir)
     if ref.is_gateway:
         withdraw_job(target, ref.job_id)
-        return deployment_gateway(target)
+        return job_line(ref, target)
     others = [job for job in serving_jobs(target) if job.job_id != ref.job_id]
     watch(others)  # one sacct for all of them
     if any(job_status(job).state in UNDER_WAY for job in others):
         return deployment_gateway(target)
-    for job in gateway_jobs(target):
-        if gateway_job_state(job, target)[0] in (*UNDER_WAY, "CANCELLING"):
-            cancel(job, grace_s)  # which comes back here for the record
+    ended = [
+        cancel(job, grace_s)  # which comes back here for the record
+        for job in gateway_jobs(target)
+        if gateway_job_state(job, target)[0] in (*UNDER_WAY, "CANCELLING")
+    ]
+    if ended:  # what became of the gateway this cancel stopped (not an older one that ended before)
+        return GatewayLine(ended[-1].state, job_id=ended[-1].job_id, reason=ended[-1].reason)
     return deployment_gateway(target)
