@@ -52,7 +52,8 @@ class Job:
     def endpoints(self) -> list[Endpoint]:
         return job_endpoints(self.ref)
 
-    def client(self, replica: int = 0, model: str = "ensemble") -> Client:
+    def client(self, replica: int | None = None, model: str = "ensemble") -> Client:
+        """A client of the job's deployment (its gateway, or every ready replica); `replica`: only that one."""
         return Client.from_job(self.ref, replica=replica, model=model)
 
     def cancel(self, grace_s: float = CANCEL_GRACE_S) -> JobStatus:

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc.cli_support import (
@@ -232,21 +233,63 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK if status.done else EXIT_JOB_FAILED
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from hpc.client import Client, NotReady
+def _prompts(args: argparse.Namespace) -> list[str]:
+    """The prompt argument, or one prompt per non-empty line of --file (`-`: stdin)."""
+    if args.file is None:
+        return [args.prompt]
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line.strip()]
 
-    ref = _find(args.job)
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from hpc.client import Client, ClientError, NotReady, RequestError, TargetError
+    from hpc.spec import SpecError
+
+    if (args.prompt is None) == (args.file is None):
+        print("hpc-serve generate: give a PROMPT or --file FILE (one prompt per line), not both", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        client = Client.from_job(ref, replica=args.replica, model=args.model)
-    except NotReady as exc:
+        prompts = _prompts(args)
+    except OSError as exc:
+        print(f"hpc-serve generate: --file: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    sampling = {
+        k: v
+        for k, v in {
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+            "seed": args.seed,
+            "stop": args.stop,
+        }.items()
+        if v is not None
+    }
+    options = {"model": args.model, "gateway": False if args.direct else None}
+    try:
+        if args.replica is not None:
+            client = Client.from_job(_find(args.target), replica=args.replica, **options)
+        else:
+            client = Client(args.target, **options)
+        with client:
+            if args.file is not None:  # JSON lines: a completion may span lines
+                texts = client.generate_batch(prompts, args.max_tokens, args.concurrency, **sampling)
+                for prompt, text in zip(prompts, texts, strict=True):
+                    print(json.dumps({"prompt": prompt, "text": text}, ensure_ascii=False))
+            elif args.stream:
+                for piece in client.stream(prompts[0], args.max_tokens, **sampling):
+                    print(piece, end="", flush=True)
+                print()
+            else:
+                print(client.generate(prompts[0], args.max_tokens, **sampling))
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_USAGE
+    except ClientError as exc:  # nothing to send to: 3; the request refused: 2; it failed on the server: 1
         print(f"hpc-serve: {exc}", file=sys.stderr)
-        return EXIT_NOT_FOUND
-    if args.stream:
-        for piece in client.stream(args.prompt, max_tokens=args.max_tokens):
-            print(piece, end="", flush=True)
-        print()
-    else:
-        print(client.generate(args.prompt, max_tokens=args.max_tokens))
+        if isinstance(exc, TargetError | NotReady):
+            return EXIT_NOT_FOUND
+        return EXIT_USAGE if isinstance(exc, RequestError) else EXIT_JOB_FAILED
     return EXIT_OK
 
 
@@ -340,11 +383,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_metrics)
 
-    p = sub.add_parser("generate", help="send a prompt to a job's ensemble on its published host")
-    p.add_argument("job")
-    p.add_argument("prompt")
+    p = sub.add_parser(
+        "generate",
+        help="send prompts to a deployment: through its gateway when one runs, else balanced over its replicas",
+    )
+    p.add_argument("target", help="a spec file, a deployment folder or name, or a job id")
+    p.add_argument("prompt", nargs="?", help="the prompt (or --file)")
+    p.add_argument("--file", help="one prompt per line (- for stdin); prints one JSON line per prompt, in order")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--stream", action="store_true", help="stream tokens over gRPC")
-    p.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls")
-    p.add_argument("--replica", type=int, default=0)
+    p.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="stop before this text (repeatable)")
+    p.add_argument("--concurrency", type=int, default=8, help="with --file: requests in flight at once")
+    p.add_argument("--direct", action="store_true", help="go to the replicas even when a gateway runs")
+    p.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls (bls: replicas only)")
+    p.add_argument("--replica", type=int, help="only this replica of the job TARGET (no balancing)")
     p.set_defaults(func=cmd_generate)

@@ -203,3 +203,54 @@ def core_model_stream(
         client.stop_stream()
         client.close()
     return pieces, None
+
+
+@contextlib.contextmanager
+def gateway_process(target: str, log: Path, *extra: str) -> Iterator[tuple[subprocess.Popen, Any]]:
+    """`hpc-serve gateway TARGET --port auto` as a process of its own → (the process, its GatewayRecord) once
+    it answers at the address it published; stopped (SIGTERM, then SIGKILL) at the end, unless a test did."""
+    from hpc.gateway.record import live_gateway
+    from hpc.routing.deployment import resolve_target
+
+    deployment = resolve_target(target)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*CLI, "gateway", target, "--port", "auto", "--refresh", "1", *extra], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+
+        def up():
+            assert proc.poll() is None, log.read_text()
+            return live_gateway(deployment)
+
+        yield proc, wait_for(up, 60, "the gateway's address record")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def local_jobs(folder: Path, spec: Path, count: int) -> Iterator[list[tuple[str, Path]]]:
+    """`count` READY local jobs of `spec` ([(job id, job folder)]) under a private job index in `folder`; every
+    process of theirs killed at the end (what a test killed already is skipped)."""
+    from hpc.local import job_processes
+
+    old_home = os.environ.get("HPC_SERVE_HOME")
+    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
+    jobs: list[tuple[str, Path]] = []
+    try:
+        for _ in range(count):
+            jobs.append(submit(spec, "--executor", "local"))
+        yield jobs
+    finally:
+        for job, job_dir in jobs:
+            kill_quietly(job_processes(job))
+            kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
+        if old_home is None:
+            os.environ.pop("HPC_SERVE_HOME", None)
+        else:
+            os.environ["HPC_SERVE_HOME"] = old_home

@@ -1,83 +1,137 @@
-"""hpc/client.py against a stand-in HTTP server: requests go to the published node directly, never through
-`$http_proxy` (clusters export one for the outside world; it cannot reach a compute node's address)."""
+"""hpc.client without a server: the shared retry rule (hpc/routing/retry.py), the sampling parameters, how the
+gateway's answers become exceptions, and TARGETs that name nothing ready. tests/test_client_e2e.py runs it
+against real jobs and a real gateway."""
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import asyncio
+from collections.abc import AsyncGenerator
 
+import httpx
 import pytest
 
-from hpc.client import Client, Endpoint
+from hpc.client import AsyncClient, AuthError, Busy, Client, NotReady, RequestError, ServerError, TargetError
+from hpc.client.transport import _refusal, generate_params
+from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated
+from hpc.routing.retry import stream_with_retry
+from tests.e2e import write_spec
 
 pytestmark = pytest.mark.timeout(60)
 
 
-class _Triton(BaseHTTPRequestHandler):
-    """Answers what Client asks of a tritonserver: health and the generate extension."""
-
-    def do_GET(self) -> None:
-        self._reply(200 if self.path == "/v2/health/ready" else 404, {})
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.path != "/v2/models/ensemble/generate":
-            return self._reply(404, {"error": "no such model"})
-        self._reply(200, {"text_output": f"echo: {body['text_input']} ({body['max_tokens']})"})
-
-    def _reply(self, code: int, data: dict) -> None:
-        payload = json.dumps(data).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
+class Down(Exception):
+    pass
 
 
-@pytest.fixture
-def server() -> Iterator[int]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Triton)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+class Full(Exception):
+    pass
 
 
-@pytest.fixture
-def dead_proxy(monkeypatch: pytest.MonkeyPatch) -> str:
-    """$http_proxy pointing at a port nothing listens on, and no $no_proxy exception for the node."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again when the block ends: connections are refused
-    proxy = f"http://127.0.0.1:{port}"
-    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
-        monkeypatch.setenv(name, proxy)
-    for name in ("no_proxy", "NO_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    return proxy
+class Replicas:
+    """Replica `dead*` cannot be reached, `full*` refuses (queue full), `flaky*` breaks after its first piece;
+    the others answer "a", "b". Records which were asked and which streams were closed."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.closed: list[str] = []
+
+    async def attempt(self, replica: Replica) -> AsyncGenerator[str, None]:
+        self.asked.append(replica.key)
+        try:
+            if replica.key.startswith("dead"):
+                raise Down(replica.key)
+            if replica.key.startswith("full"):
+                raise Full(replica.key)
+            yield "a"
+            if replica.key.startswith("flaky"):
+                raise Down(replica.key)
+            yield "b"
+        finally:
+            self.closed.append(replica.key)
 
 
-def _client(port: int) -> Client:
-    return Client(Endpoint(address="127.0.0.1", http_port=port, grpc_port=port + 1, metrics_port=port + 2))
+def _run(*keys: str, take: int | None = None) -> tuple[list[str], Replicas, Balancer]:
+    balancer = Balancer()
+    balancer.update([Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in keys])
+    replicas = Replicas()
+
+    async def collect() -> list[str]:
+        got = []
+        stream = stream_with_retry(balancer, replicas.attempt, Down, Full)
+        async for item in stream:
+            got.append(item)
+            if take is not None and len(got) == take:
+                await stream.aclose()
+                break
+        return got
+
+    return asyncio.run(collect()), replicas, balancer
 
 
-def test_generate_ignores_http_proxy(server: int, dead_proxy: str) -> None:
-    assert _client(server).generate("hello", max_tokens=3) == "echo: hello (3)"
+def test_retry_benches_an_unreachable_replica_and_skips_a_full_one_without_benching_it():
+    got, replicas, balancer = _run("dead", "full", "live")
+    assert got == ["a", "b"] and replicas.asked == ["dead", "full", "live"]
+    by_key = {r.key: r for r in balancer.replicas}
+    assert by_key["dead"].failures == 1 and by_key["full"].refusals == 1 and by_key["full"].failures == 0
+    assert [r.key for r in balancer.available()] == ["full", "live"], "busy is not broken: full stays in"
+    assert all(r.outstanding == 0 for r in balancer.replicas)
 
 
-def test_ready_ignores_http_proxy(server: int, dead_proxy: str) -> None:
-    assert _client(server).ready()
+def test_no_retry_once_a_piece_was_yielded_and_the_errors_when_none_is_left():
+    with pytest.raises(Down):
+        _run("flaky", "live")
+    with pytest.raises(Saturated):
+        _run("full", "full2")
+    with pytest.raises(NoReplica) as exc:
+        _run("dead", "dead2")
+    assert not isinstance(exc.value, Saturated)
 
 
-def test_generate_reports_the_servers_error(server: int) -> None:
-    client = _client(server)
-    client.model = "nope"
-    with pytest.raises(RuntimeError, match="nope: HTTP 404"):
-        client.generate("hello")
+def test_a_caller_that_stops_early_closes_the_replicas_stream():
+    got, replicas, balancer = _run("live", take=1)
+    assert got == ["a"] and replicas.closed == ["live"]
+    assert balancer.replicas[0].outstanding == 0
+
+
+def test_sampling_parameters_are_openais_and_unknown_ones_are_named():
+    params = generate_params("x", 5, {"stop": "END", "temperature": 0.5, "seed": 3})
+    assert (params.stop, params.temperature, params.seed, params.top_p) == (("END",), 0.5, 3, None)
+    with pytest.raises(TypeError, match="temprature.*temperature, top_p, top_k, seed"):
+        generate_params("x", 5, {"temprature": 1.0})  # type: ignore[typeddict-unknown-key]
+
+
+def _answer(status: int, message: str, param: str | None = None, code: str | None = None) -> httpx.Response:
+    body = {"error": {"message": message, "type": "x", "param": param, "code": code}}
+    return httpx.Response(status, json=body)
+
+
+def test_the_gateways_error_answers_become_the_clients_exceptions():
+    refusal = _refusal(_answer(400, "top_p: must be at most 1", "top_p"))
+    assert isinstance(refusal, RequestError) and refusal.param == "top_p" and "top_p: must be" in str(refusal)
+    assert isinstance(_refusal(_answer(401, "missing or wrong access token")), AuthError)
+    assert isinstance(_refusal(_answer(404, "no such model", "model")), RequestError)
+    assert isinstance(_refusal(_answer(429, "every replica's queue is full")), Busy)
+    assert isinstance(_refusal(_answer(503, "no replica", code="no_replica_ready")), NotReady)
+    assert isinstance(_refusal(httpx.Response(502, text="bad gateway")), ServerError)
+
+
+def test_a_deployment_with_no_job_is_not_ready(tmp_path, tiny_gpt2, hpc_home):
+    spec = write_spec(tmp_path, "idle", tiny_gpt2)
+    with Client(str(spec)) as client:
+        assert not client.ready()
+        with pytest.raises(NotReady, match="no replica of idle"):
+            client.generate("x", 2)
+    with Client(str(spec), gateway=True) as client, pytest.raises(NotReady, match="no gateway of idle"):
+        client.generate("x", 2)
+
+    async def stream() -> list[str]:
+        async with AsyncClient(str(spec)) as client:
+            return [piece async for piece in client.stream("x", 2)]
+
+    with pytest.raises(NotReady):
+        asyncio.run(stream())
+
+
+def test_a_target_that_names_nothing_says_what_a_target_is(hpc_home):
+    with pytest.raises(TargetError, match="spec file"):
+        Client("no-such-deployment")

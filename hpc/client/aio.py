@@ -1,0 +1,295 @@
+"""`AsyncClient`: text from a deployment, through its gateway when one answers, else straight from its replicas
+with the gateway's own balancing (hpc.routing): least outstanding requests, and a replica that fails before its
+first piece is benched and the request retried on another.
+
+Why the gateway first: it sees every client's requests, so its balancing (and prefix affinity) is better
+informed than one client's, and it is the one address that outlives jobs. Why a fallback at all: a deployment
+without a gateway (or with one that died) still serves, and its replicas' addresses are in the records. Why
+look again every `refresh_s`: jobs, replicas and gateways come and go while a client lives (a notebook, a
+service); one look per `refresh_s`, made by the request that finds it stale, costs nothing in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+from pathlib import Path
+from typing import Self, Unpack
+
+import httpx
+
+from hpc.gateway.discovery import Discovery
+from hpc.gateway.record import live_gateway
+from hpc.gateway.text import StopStream
+from hpc.gateway.triton import MODEL, Chunk, GenerateParams, ModelError, ReplicaBusy, ReplicaUnavailable, TritonEngine
+from hpc.jobs import JobRef
+from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
+from hpc.routing.deployment import Target, as_replica
+from hpc.routing.retry import stream_with_retry
+from launcher.records import EndpointRecord, GatewayRecord
+
+from .discovery import job_replica, newest_token, resolve
+from .errors import AuthError, Busy, NotReady, RequestError, ServerError
+from .replica import ReplicaEngine, is_auth_refusal
+from .transport import GatewayUnavailable, Sampling, gateway_stream, generate_params
+
+log = logging.getLogger("hpc_serve.client")
+
+REFRESH_S = 5.0
+DEFAULT_MAX_TOKENS = 64
+DEFAULT_CONCURRENCY = 8
+
+#: what a client can be made from: a deployment (spec file, job id or folder, deployment folder or name, a
+#: JobRef or Target), or one replica (its endpoint record, or a Replica) for a client pinned to it
+TargetLike = str | Path | JobRef | Target | EndpointRecord | Replica
+
+
+class AsyncClient:
+    """Generate text from a deployment, on the caller's event loop. Use as `async with AsyncClient(TARGET) as
+    c:`, or call `aclose()`; everything loop-bound (HTTP and gRPC connections) is made on first use.
+
+    `gateway`: None (default) uses the gateway when its record exists and it answers, False never, True only
+    (NotReady without one). `token`: sent as `Authorization: Bearer` (HTTP) / `authorization` (gRPC metadata);
+    default the deployment's own (`hpc-serve token`). `model`: `ensemble`, or `tensorrt_llm_bls` (replicas
+    only: the gateway serves the ensemble)."""
+
+    def __init__(
+        self,
+        target: TargetLike,
+        *,
+        model: str = MODEL,
+        token: str | None = None,
+        gateway: bool | None = None,
+        timeout_s: float = 300.0,
+        refresh_s: float = REFRESH_S,
+    ) -> None:
+        self.model, self.timeout_s, self.refresh_s = model, timeout_s, refresh_s
+        self._token = token
+        self._balancer = Balancer()
+        self.target: Target | None = None
+        if isinstance(target, EndpointRecord | Replica):
+            replica = as_replica(target) if isinstance(target, EndpointRecord) else target
+            self._balancer.update([replica])  # pinned: no discovery, no gateway
+            self._use_gateway: bool | None = False
+        else:
+            self.target = resolve(target)
+            self._use_gateway = False if model != MODEL else gateway
+        if gateway and not self._use_gateway:
+            raise ValueError("gateway=True needs a deployment TARGET and model='ensemble'")
+        self._gateway_token: str | None = None
+        self._gateway: GatewayRecord | None = None
+        self._checked_at = self._skip_gateway_until = -float("inf")
+        self._lock: asyncio.Lock | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._engine: TritonEngine | None = None
+        self._discovery: Discovery | None = None
+
+    @classmethod
+    def from_job(cls, job: str | JobRef, replica: int | None = None, **options) -> Self:
+        """The job's deployment (its gateway, or every replica of its jobs); with `replica`, only that replica
+        of this job."""
+        if replica is None:
+            return cls(job if isinstance(job, JobRef) else str(job), **options)
+        pinned, token = job_replica(job, replica)
+        options.setdefault("token", token)
+        return cls(pinned, **options)
+
+    # -- connections -------------------------------------------------------------------------------------------
+
+    def _connections(self) -> tuple[httpx.AsyncClient, TritonEngine]:
+        if self._http is None or self._engine is None:
+            # trust_env=False: nodes are never behind the user's $http_proxy (launcher/urls.py)
+            self._http = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(self.timeout_s, connect=10.0))
+            self._engine = ReplicaEngine(self.model)
+            self._lock = asyncio.Lock()
+        return self._http, self._engine
+
+    def _replica_token(self, replica: Replica) -> str | None:
+        """What a replica's tritonserver is sent: the token given, else its job folder's (auth: token)."""
+        if self._token or self._discovery is None:
+            return self._token
+        return self._discovery.token_for(replica)
+
+    async def aclose(self) -> None:
+        http, engine, self._http, self._engine, self._discovery = self._http, self._engine, None, None, None
+        if engine is not None:
+            await engine.close()
+        if http is not None:
+            await http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- where requests go -------------------------------------------------------------------------------------
+
+    async def _route(self, force: bool = False) -> GatewayRecord | None:
+        """The gateway to send to, or None: go to the replicas (the balancer holds the ready ones)."""
+        http, engine = self._connections()
+        assert self._lock is not None
+        async with self._lock:
+            if not force and time.monotonic() - self._checked_at < self.refresh_s:
+                return self._gateway
+            if self.target is not None:
+                look = self._use_gateway is not False and time.monotonic() >= self._skip_gateway_until
+                self._gateway = await asyncio.to_thread(live_gateway, self.target) if look else None
+                if self._gateway is None and self._use_gateway is not True:
+                    if self._discovery is None:
+
+                        async def retain(ready: list[Replica]) -> None:
+                            await engine.retain({r.grpc_url for r in ready})
+
+                        self._discovery = Discovery(self.target, self._balancer, http, on_update=retain)
+                    await self._discovery.refresh()
+                else:
+                    self._gateway_token = await asyncio.to_thread(newest_token, self.target)
+            self._checked_at = time.monotonic()
+            return self._gateway
+
+    async def ready(self) -> bool:
+        """True when a gateway answers or a replica is ready (looked at now)."""
+        return await self._route(force=True) is not None or bool(self._balancer.available())
+
+    # -- generation --------------------------------------------------------------------------------------------
+
+    async def _from_replicas(self, params: GenerateParams) -> AsyncGenerator[str, None]:
+        if not self._balancer.available():
+            await self._route(force=True)  # a job may have become ready since the last look
+        if not self._balancer.available():
+            raise NotReady(self._not_ready())
+        _, engine = self._connections()
+
+        async def attempt(replica: Replica) -> AsyncGenerator[Chunk, None]:
+            try:
+                stream = engine.stream(replica.grpc_url, params, self._replica_token(replica))
+                async with aclosing(stream) as chunks:  # type: ignore[type-var]
+                    async for chunk in chunks:
+                        yield chunk
+            except ReplicaUnavailable as exc:
+                if is_auth_refusal(exc):  # the replica is fine, the token is not: no retry, no bench
+                    raise AuthError(f"replica {replica.key} refused the access token: {exc}", 401) from None
+                raise
+
+        def retried(replica: Replica, exc: BaseException) -> None:
+            what = "refused (queue full)" if isinstance(exc, ReplicaBusy) else "failed before its first piece"
+            log.warning("replica %s %s: %s; retried on another", replica.key, what, exc)
+
+        started = False
+        stops = StopStream(params.stop)  # cut as the gateway cuts: the same text either way
+        try:
+            chunks_of = stream_with_retry(
+                self._balancer, attempt, ReplicaUnavailable, ReplicaBusy, prefix_key(params.prompt), retried
+            )
+            async with aclosing(chunks_of) as chunks:
+                async for chunk in chunks:
+                    if text := stops.feed(chunk.text):
+                        started = True
+                        yield text
+                    if stops.stopped:
+                        return
+            if rest := stops.flush():
+                yield rest
+        except Saturated as exc:
+            raise Busy(f"every ready replica is busy: {exc}; try again later") from None
+        except NoReplica:
+            raise NotReady(f"every ready replica failed this request before its first piece; {self._hint()}") from None
+        except ModelError as exc:
+            if started:
+                raise ServerError(f"{self.model}: {exc}") from None
+            raise RequestError(f"{self.model}: {exc}") from None
+        except ReplicaUnavailable as exc:
+            raise ServerError(f"the replica broke off the stream: {exc}") from None
+
+    def _hint(self) -> str:
+        return f"see `hpc-serve status`{f' for {self.target.name}' if self.target else ''}"
+
+    def _not_ready(self) -> str:
+        if self.target is None:
+            return f"the replica is not ready; {self._hint()}"
+        where = f"no gateway answers and no replica of {self.target.name} in {self.target.workdir} is ready"
+        return f"{where}; {self._hint()}"
+
+    async def _pieces(self, params: GenerateParams, stream: bool) -> AsyncGenerator[str, None]:
+        gateway = await self._route()
+        if gateway is not None:
+            http, _ = self._connections()
+            assert self.target is not None
+            try:
+                async with aclosing(
+                    gateway_stream(
+                        http, gateway.url, self.target.name, params, self._token or self._gateway_token, stream
+                    )
+                ) as pieces:
+                    async for piece in pieces:
+                        yield piece
+                return
+            except GatewayUnavailable as exc:
+                if self._use_gateway:
+                    raise NotReady(f"the gateway does not answer: {exc}") from None
+                log.warning("gateway %s failed before its first piece (%s); going to the replicas", gateway.url, exc)
+                self._skip_gateway_until = time.monotonic() + self.refresh_s
+                await self._route(force=True)
+        elif self._use_gateway:
+            raise NotReady(f"no gateway of {self.target.name if self.target else '?'} answers; `hpc-serve status`")
+        async with aclosing(self._from_replicas(params)) as pieces:
+            async for piece in pieces:
+                yield piece
+
+    async def _timed(self, params: GenerateParams, stream: bool) -> AsyncGenerator[str, None]:
+        """`_pieces`, each within `timeout_s` of the one before (a replica that hangs must not hang the caller:
+        the gRPC stream has no deadline of its own)."""
+        async with aclosing(self._pieces(params, stream)) as pieces:
+            while True:
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        piece = await anext(pieces)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise ServerError(f"no text came for {self.timeout_s:g} s (timeout_s)") from None
+                yield piece
+
+    async def stream(
+        self, prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS, **sampling: Unpack[Sampling]
+    ) -> AsyncGenerator[str, None]:
+        """Text pieces as they are generated."""
+        async with aclosing(self._timed(generate_params(prompt, max_tokens, sampling), stream=True)) as pieces:
+            async for piece in pieces:
+                yield piece
+
+    async def generate(self, prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS, **sampling: Unpack[Sampling]) -> str:
+        """The whole completion (without the prompt, and cut before a `stop` sequence)."""
+        params = generate_params(prompt, max_tokens, sampling)
+        async with aclosing(self._timed(params, stream=False)) as pieces:
+            return "".join([piece async for piece in pieces])
+
+    async def generate_batch(
+        self,
+        prompts: Sequence[str],
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        **sampling: Unpack[Sampling],
+    ) -> list[str]:
+        """Completions of `prompts`, in their order, at most `concurrency` in flight (the first error ends the
+        batch and is raised)."""
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(prompt: str) -> str:
+            async with gate:
+                return await self.generate(prompt, max_tokens, **sampling)
+
+        tasks = [asyncio.ensure_future(one(p)) for p in prompts]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:  # the first error (or a cancel) ends the others too
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise

@@ -1,0 +1,67 @@
+"""The one retry rule for a streamed request over a deployment's replicas: pick with the Balancer, count the
+request while it runs, and when the chosen replica fails (or refuses: its queue is full) before its first piece,
+send the request to another one.
+
+Why only before the first piece: until then nothing reached the caller, so sending the request again cannot
+show text twice; after that a failure is the caller's to see. Why a function of its own: the Python client
+(hpc/client/) follows it as the gateway does (hpc/gateway/state.py `Gateway.generate`, which can become a call
+of this one), so both balance and retry the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TypeVar
+
+from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated
+
+T = TypeVar("T")
+
+
+async def stream_with_retry(
+    balancer: Balancer,
+    attempt: Callable[[Replica], AsyncIterator[T]],
+    unavailable: type[BaseException] | tuple[type[BaseException], ...],
+    refused: type[BaseException] | tuple[type[BaseException], ...] = (),
+    prefix_key: str | None = None,
+    on_retry: Callable[[Replica, BaseException], None] | None = None,
+) -> AsyncGenerator[T, None]:
+    """What `attempt(replica)` yields, from the replica the balancer picks (`prefix_key`: its affinity key).
+    Before the first item, a replica that raises `unavailable` is benched (`mark_failed`) and one that raises
+    `refused` (its queue is full: healthy, not benched, `mark_refused`) is skipped, and the next one is tried.
+    Raises the balancer's NoReplica when none is left (Saturated if one refused), and the attempt's error as it
+    is once an item was yielded."""
+    tried: list[str] = []
+    refusals = 0
+    while True:
+        try:
+            replica = balancer.pick(exclude=tried, prefix_key=prefix_key)
+        except NoReplica:
+            if refusals:
+                raise Saturated(f"{refusals} replica(s) refused the request: their queues are full") from None
+            raise
+        tried.append(replica.key)
+        started = False
+        with balancer.track(replica):
+            items = attempt(replica)
+            try:
+                async for item in items:
+                    started = True
+                    yield item
+                return
+            except refused as exc:
+                if started:
+                    raise
+                balancer.mark_refused(replica)
+                refusals += 1
+                if on_retry is not None:
+                    on_retry(replica, exc)
+            except unavailable as exc:
+                if started:
+                    raise
+                balancer.mark_failed(replica)
+                if on_retry is not None:
+                    on_retry(replica, exc)
+            finally:
+                if isinstance(items, AsyncGenerator):  # a caller that stopped early ends the request now
+                    await items.aclose()
