@@ -20,7 +20,7 @@ import yaml
 
 from hpc import render as R
 from hpc.gateway.record import answers, publish, record_path, withdraw
-from hpc.gateway.serve import advertised
+from hpc.gateway.serve import advertised, listen
 from hpc.jobs import register
 from hpc.routing.deployment import Target, TargetError, resolve, resolve_target
 from hpc.spec import SpecError, dump_spec, parse_spec
@@ -179,6 +179,35 @@ def test_render_writes_the_gateway_script_and_removes_it_when_disabled(tmp_path,
 
 
 # ------------------------------------------------------------------------------------- the address record
+def test_accepted_connections_send_without_delay():
+    """asyncio sets TCP_NODELAY on an accepted connection only when the listening socket's proto is TCP
+    (asyncio.base_events._set_nodelay); a socket made without it delayed every response with a body ~40 ms.
+    Checked on a connection the listening socket really accepted, as asyncio's own transport sets it."""
+    import asyncio
+    import socket
+
+    sock = listen("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    seen: list[int] = []
+
+    async def main() -> None:
+        async def handle(reader, writer):
+            seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+
+    asyncio.run(main())
+    assert seen and seen[0] != 0
+
+
 def test_advertised_address():
     assert advertised("127.0.0.1") == "127.0.0.1"
     assert advertised("node7.cluster") == "node7.cluster"
