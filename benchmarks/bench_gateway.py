@@ -1,0 +1,370 @@
+"""What `hpc-serve gateway` adds, against direct gRPC streaming to the same replica, side by side in one run;
+and what prefix affinity keeps of the KV-reuse opportunities of a shared-prefix workload over 2 replicas.
+
+Part 1, one local CPU-engine job (tiny random GPT-2, one replica) and one gateway (`hpc-serve gateway`, its own
+process) in front of it. The same generation (prompt, `max_tokens`, greedy) two ways:
+
+  gateway  POST /v1/completions with `stream: true` over HTTP (httpx, one connection pool), read to `[DONE]`
+  direct   the ensemble over Triton's gRPC streaming API to the replica the gateway uses (tritonclient's
+           asyncio client, through hpc.gateway.triton.TritonEngine: the very request the gateway sends)
+
+  latency      one stream at a time, alternating gateway / direct request by request: p50 / p99 of the whole
+               request and of the time to the first token; the ratio and the milliseconds the gateway adds
+  throughput   `--concurrency` streams at once, each sending requests back to back for `--seconds`; rounds
+               alternate direct / gateway; generated tokens per second (median of the rounds) and the ratio
+
+Part 2, one local job with 2 replicas: `--prefixes` documents of ~300 characters, `--questions` questions
+about each, shuffled (fixed seed) and sent `--workers` at a time through a gateway with prefix affinity (the
+default), then through one with `--prefix-chars 0` (least outstanding, turns among equals), each request's
+replica read from `x-hpc-serve-replica`. A request *keeps* a KV-reuse opportunity when an earlier request
+(in sending order) of its document went to the same replica; at best `requests - prefixes` are kept. Counted
+twice: with caches that keep everything, and with caches that hold only the `--cache-docs` documents a
+replica saw last (a KV cache smaller than the working set, where splitting the documents between replicas is
+what counts). Pure round robin over the same order is computed, not run. The CPU engine does not reuse KV blocks across requests:
+this counts opportunities (what TensorRT-LLM's `enable_kv_cache_reuse` could use), not time saved.
+
+    python benchmarks/bench_gateway.py [--requests 200] [--concurrency 64] [--seconds 10] [--rounds 3]
+                                       [--prefixes 16] [--questions 8] [--cache-docs 8] [--part overhead|prefix]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+import yaml  # noqa: E402
+
+CLI = [sys.executable, "-m", "hpc.cli"]
+PROMPT = "Once upon a time"
+
+
+def cli(*args: str) -> str:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, check=True, timeout=300).stdout
+
+
+def write_spec(work: Path, name: str, checkpoint: Path, replicas: int) -> Path:
+    spec = {
+        "name": name,
+        "workdir": str(work / "runs"),
+        "slurm": {"nodes": 1, "ntasks_per_node": replicas, "time": "00:30:00"},
+        "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint), "tp_size": 1},
+        "triton": {"triton_max_batch_size": 64, "ready_timeout_s": 300},
+        "replicas": replicas,
+    }
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@contextmanager
+def job(spec: Path) -> Iterator[tuple[str, Path]]:
+    """A READY local job: (job id, job folder); cancelled at the end."""
+    first = cli("submit", str(spec), "--executor", "local", "--wait", "--timeout", "280").splitlines()[0].split()
+    try:
+        yield first[0], Path(first[1])
+    finally:
+        subprocess.run([*CLI, "cancel", first[0]], capture_output=True, timeout=120)
+
+
+@contextmanager
+def gateway(job_id: str, work: Path, *options: str) -> Iterator[tuple[str, int]]:
+    """`hpc-serve gateway JOB` in its own process, once it found the job's replicas: (its URL, its pid)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = (work / f"gateway-{port}.log").open("w")
+    proc = subprocess.Popen([*CLI, "gateway", job_id, "--port", str(port), *options], stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/v2/health/ready", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, f"the gateway exited; see {log.name}"
+            time.sleep(0.2)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        log.close()
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of process `pid` (Linux /proc), or of this process."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+class Sides:
+    """One request, either way: (seconds to the first text, seconds in all, tokens generated)."""
+
+    def __init__(self, url: str, token: str | None, grpc_url: str, model: str, max_tokens: int) -> None:
+        from hpc.gateway.triton import TritonEngine
+
+        self.url, self.token, self.grpc_url, self.model, self.max_tokens = url, token, grpc_url, model, max_tokens
+        self.engine = TritonEngine()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+        self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=300, limits=limits, trust_env=False)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.engine.close()
+
+    async def gateway(self) -> tuple[float, float, int]:
+        body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        t0 = time.perf_counter()
+        first, tokens = None, 0
+        async with self.http.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if first is None and line.startswith("data:"):
+                    first = time.perf_counter() - t0
+                if line.startswith('data: {"id"') and '"usage": {' in line:
+                    tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+                if line == "data: [DONE]":
+                    break
+        return first or 0.0, time.perf_counter() - t0, tokens
+
+    async def direct(self) -> tuple[float, float, int]:
+        from hpc.gateway.triton import GenerateParams
+
+        t0 = time.perf_counter()
+        first, tokens = None, 0
+        async for chunk in self.engine.stream(self.grpc_url, GenerateParams(PROMPT, self.max_tokens), self.token):
+            if first is None and chunk.text:  # as the gateway's first event: the first text, not the first token
+                first = time.perf_counter() - t0
+            tokens += chunk.tokens
+        return first or 0.0, time.perf_counter() - t0, tokens
+
+
+async def latency(sides: Sides, n: int) -> dict[str, dict[str, list[float]]]:
+    out: dict[str, dict[str, list[float]]] = {s: {"ttft": [], "total": []} for s in ("gateway", "direct")}
+    for i in range(n + 20):  # 20 unmeasured warm-up pairs
+        order = ("gateway", "direct") if i % 2 else ("direct", "gateway")
+        for side in order:
+            ttft, total, _ = await getattr(sides, side)()
+            if i >= 20:
+                out[side]["ttft"].append(ttft)
+                out[side]["total"].append(total)
+    return out
+
+
+async def throughput(
+    call: Callable[[], Awaitable[tuple[float, float, int]]], streams: int, seconds: float, gateway_pid: int | None
+) -> dict[str, float]:
+    """`streams` requests always in flight for `seconds`: generated tokens per second, and CPU milliseconds per
+    request of this process (the client) and of the gateway's (`gateway_pid`, when the gateway is used)."""
+    deadline = time.perf_counter() + seconds
+    requests = 0
+
+    async def worker() -> int:
+        nonlocal requests
+        done = 0
+        while time.perf_counter() < deadline:
+            done += (await call())[2]
+            requests += 1
+        return done
+
+    t0, client0, gw0 = time.perf_counter(), cpu_s(), cpu_s(gateway_pid) if gateway_pid else 0.0
+    tokens = sum(await asyncio.gather(*(worker() for _ in range(streams))))
+    wall = time.perf_counter() - t0
+    gw = (cpu_s(gateway_pid) - gw0) if gateway_pid else 0.0
+    return {"rate": tokens / wall, "client_ms": (cpu_s() - client0) / requests * 1e3, "gateway_ms": gw / requests * 1e3}
+
+
+def workload(prefixes: int, questions: int, seed: int = 0) -> list[tuple[int, str]]:
+    words = "the of river mountain report annual budget policy engine weather station harbor data".split()
+    rng = random.Random(seed)
+    docs = [f"Document {d}: " + " ".join(rng.choice(words) for _ in range(50)) for d in range(prefixes)]
+    items = [
+        (d, f"{docs[d][:300]}\nQuestion {q}: what is it about?") for d in range(prefixes) for q in range(questions)
+    ]
+    rng.shuffle(items)
+    return items
+
+
+def kept(docs: list[int], replicas: list[str], cache: int | None = None) -> int:
+    """Requests whose document an earlier request (in sending order) had brought to the same replica, which
+    holds the `cache` documents it saw last (None: every one it saw)."""
+    held: dict[str, list[int]] = {}
+    count = 0
+    for doc, replica in zip(docs, replicas, strict=True):
+        recent = held.setdefault(replica, [])
+        if doc in recent:
+            count += 1
+            recent.remove(doc)
+        recent.append(doc)
+        if cache is not None and len(recent) > cache:
+            recent.pop(0)
+    return count
+
+
+async def shared_prefix(url: str, token: str | None, model: str, items: list[tuple[int, str]], workers: int):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    replicas: list[str] = [""] * len(items)
+    queue = iter(enumerate(items))
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300, trust_env=False) as http:
+
+        async def worker() -> None:
+            for i, (_, prompt) in queue:
+                body = {"model": model, "prompt": prompt, "max_tokens": 8}
+                response = await http.post("/v1/completions", json=body)
+                response.raise_for_status()
+                replicas[i] = response.headers["x-hpc-serve-replica"]
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        return replicas, time.perf_counter() - t0
+
+
+async def part1(args: argparse.Namespace, url: str, pid: int, token: str | None, grpc_url: str) -> None:
+    sides = Sides(url, token, grpc_url, "bench-gw", args.max_tokens)
+    try:
+        lat = await latency(sides, args.requests)
+        print(f"latency, 1 stream, {args.requests} requests each, max_tokens {args.max_tokens} (ms):")
+        print(f"  {'':10} {'p50':>8} {'p99':>8} {'ttft p50':>9} {'ttft p99':>9}")
+        for side in ("direct", "gateway"):
+            v = lat[side]
+            print(
+                f"  {side:10} {pct(v['total'], 50) * 1e3:8.2f} {pct(v['total'], 99) * 1e3:8.2f}"
+                f" {pct(v['ttft'], 50) * 1e3:9.2f} {pct(v['ttft'], 99) * 1e3:9.2f}"
+            )
+        g, d = lat["gateway"], lat["direct"]
+        for what in ("total", "ttft"):
+            for q in (50, 99):
+                added = (pct(g[what], q) - pct(d[what], q)) * 1e3
+                ratio = pct(g[what], q) / pct(d[what], q)
+                print(f"  gateway {what} p{q}: {ratio:.3f}x direct, {added:+.2f} ms added")
+        runs: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
+        await throughput(sides.direct, args.concurrency, 2, None)  # warm-up at full batch
+        await throughput(sides.gateway, args.concurrency, 2, pid)
+        for r in range(args.rounds):
+            for side in ("direct", "gateway") if r % 2 == 0 else ("gateway", "direct"):
+                gw_pid = pid if side == "gateway" else None
+                runs[side].append(await throughput(getattr(sides, side), args.concurrency, args.seconds, gw_pid))
+        med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
+        print(f"\nthroughput, {args.concurrency} concurrent streams, {args.rounds} rounds of {args.seconds:g} s:")
+        for side in ("direct", "gateway"):
+            rounds = " ".join(f"{r['rate']:.0f}" for r in runs[side])
+            print(f"  {side:10} {med[side]['rate']:9.0f} tokens/s   rounds: {rounds}")
+        print(f"  gateway / direct: {med['gateway']['rate'] / med['direct']['rate']:.3f}")
+        print(
+            f"  CPU per request (ms): direct client {med['direct']['client_ms']:.2f}; gateway client (httpx, SSE) "
+            f"{med['gateway']['client_ms']:.2f} + the gateway process {med['gateway']['gateway_ms']:.2f}"
+        )
+    finally:
+        await sides.close()
+
+
+def picks_of(url: str) -> dict[str, int]:
+    """The gateway's `hpc_serve_gateway_picks_total` by outcome (least / home / spilled), from `/metrics`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
+    return {
+        s.labels["outcome"]: int(s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "hpc_serve_gateway_picks_total" and s.value
+    }
+
+
+def part2(args: argparse.Namespace, work: Path, checkpoint: Path) -> None:
+    items = workload(args.prefixes, args.questions)
+    docs = [d for d, _ in items]
+    best = len(items) - args.prefixes
+    print(
+        f"\nshared prefixes, 2 replicas: {args.prefixes} documents x {args.questions} questions, {args.workers} at a time"
+    )
+    cache = args.cache_docs
+    print(f"  KV-reuse opportunities kept (at best {best} of {len(items)}), each replica's cache unbounded / holding")
+    print(f"  the last {cache} documents it saw (a KV cache smaller than the whole working set):")
+    with job(write_spec(work, "bench-gw2", checkpoint, replicas=2)) as (job_id, _):
+        token = cli("token", job_id).strip() or None
+        for label, options in (("prefix affinity", ()), ("least outstanding", ("--prefix-chars", "0"))):
+            with gateway(job_id, work, *options) as (url, _):
+                replicas, wall = asyncio.run(shared_prefix(url, token, "bench-gw2", items, args.workers))
+                picks = picks_of(url)
+            share = {r: replicas.count(r) for r in sorted(set(replicas))}
+            counts = f"{kept(docs, replicas):4d} / {kept(docs, replicas, cache):4d}"
+            print(f"    {label:18} {counts}   requests per replica {share}   {wall:.2f} s   picks {picks}")
+        names = sorted(set(replicas))
+        rr = [names[i % 2] for i in range(len(items))]
+        print(
+            f"    {'round robin':18} {kept(docs, rr):4d} / {kept(docs, rr, cache):4d}   (computed over the same order)"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=200, help="latency: measured requests per side")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=10.0, help="throughput: one round's length")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prefixes", type=int, default=16, help="shared prefixes: documents")
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=8, help="shared prefixes: requests in flight")
+    parser.add_argument("--cache-docs", type=int, default=8, help="shared prefixes: documents a replica's cache holds")
+    parser.add_argument("--part", choices=["all", "overhead", "prefix"], default="all", help="run one part only")
+    parser.add_argument("--checkpoint", type=Path, help="a checkpoint folder; default: a tiny random GPT-2")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (deployments, gateway logs)")
+    args = parser.parse_args()
+
+    from launcher.layout import JobPaths
+    from launcher.records import read_endpoints
+
+    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    os.environ["HPC_SERVE_HOME"] = str(work / "hpc-home")
+    checkpoint = args.checkpoint
+    if checkpoint is None:
+        from backend.cpu_engine.init_model import create_checkpoint
+
+        checkpoint = Path(create_checkpoint(work / "tiny-gpt2", family="gpt2", size="tiny", seed=0))
+    print(f"checkpoint: {checkpoint}\nwork folder: {work}\n")
+    try:
+        if args.part in ("all", "overhead"):
+            with job(write_spec(work, "bench-gw", checkpoint, replicas=1)) as (job_id, job_dir):
+                (record,) = read_endpoints(JobPaths.of_folder(job_dir))
+                token = cli("token", job_id).strip() or None
+                with gateway(job_id, work) as (url, pid):
+                    asyncio.run(part1(args, url, pid, token, record.grpc_url))
+        if args.part in ("all", "prefix"):
+            part2(args, work, checkpoint)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
