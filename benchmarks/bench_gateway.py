@@ -5,10 +5,11 @@ Part 1, one local CPU-engine job (tiny random GPT-2, one replica) and one gatewa
 process) in front of it. The same generation (prompt, `max_tokens`, greedy) two ways:
 
   gateway  POST /v1/completions with `stream: true` over HTTP (httpx, one connection pool), read to `[DONE]`
+           (latency also: `passthrough`, Triton's generate_stream through the gateway: its HTTP relay alone)
   direct   the ensemble over Triton's gRPC streaming API to the replica the gateway uses (tritonclient's
            asyncio client, through hpc.gateway.triton.TritonEngine: the very request the gateway sends)
 
-  latency      one stream at a time, alternating gateway / direct request by request: p50 / p99 of the whole
+  latency      one stream at a time, the sides taking turns request by request: p50 / p99 of the whole
                request and of the time to the first token; the ratio and the milliseconds the gateway adds
   throughput   `--concurrency` streams at once, each sending requests back to back for `--seconds`; rounds
                alternate direct / gateway; generated tokens per second (median of the rounds) and the ratio
@@ -56,11 +57,15 @@ PROMPT = "Once upon a time"
 
 
 def cli(*args: str) -> str:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, check=True, timeout=300).stdout
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise SystemExit(f"hpc-serve {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
 
 
-def write_spec(work: Path, name: str, checkpoint: Path, replicas: int) -> Path:
+def write_spec(work: Path, name: str, checkpoint: Path, replicas: int, auth: str) -> Path:
     spec = {
+        "auth": auth,
         "name": name,
         "workdir": str(work / "runs"),
         "slurm": {"nodes": 1, "ntasks_per_node": replicas, "time": "00:30:00"},
@@ -84,8 +89,9 @@ def job(spec: Path) -> Iterator[tuple[str, Path]]:
 
 
 @contextmanager
-def gateway(job_id: str, work: Path, *options: str) -> Iterator[tuple[str, int]]:
-    """`hpc-serve gateway JOB` in its own process, once it found the job's replicas: (its URL, its pid)."""
+def gateway(job_id: str, work: Path, *options: str) -> Iterator[tuple[str, int, Path]]:
+    """`hpc-serve gateway JOB` in its own process, once it found the job's replicas: (its URL, its pid, the file
+    its stderr and so its access log go to)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -102,7 +108,7 @@ def gateway(job_id: str, work: Path, *options: str) -> Iterator[tuple[str, int]]
                 pass
             assert proc.poll() is None, f"the gateway exited; see {log.name}"
             time.sleep(0.2)
-        yield url, proc.pid
+        yield url, proc.pid, Path(log.name)
     finally:
         proc.terminate()
         proc.wait(15)
@@ -154,6 +160,19 @@ class Sides:
                     break
         return first or 0.0, time.perf_counter() - t0, tokens
 
+    async def passthrough(self) -> tuple[float, float, int]:
+        """Triton's generate_stream through the gateway: its relay alone (no OpenAI shapes, no gRPC)."""
+        body = {"text_input": PROMPT, "max_tokens": self.max_tokens, "stream": True}
+        t0 = time.perf_counter()
+        first, tokens = None, 0
+        async with self.http.stream("POST", "/v2/models/ensemble/generate_stream", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    if first is None and '"text_output":""' not in line.replace(" ", ""):
+                        first = time.perf_counter() - t0
+                    tokens += 1
+        return first or 0.0, time.perf_counter() - t0, tokens
+
     async def direct(self) -> tuple[float, float, int]:
         from hpc.gateway.triton import GenerateParams
 
@@ -166,11 +185,13 @@ class Sides:
         return first or 0.0, time.perf_counter() - t0, tokens
 
 
+SIDES = ("direct", "gateway", "passthrough")
+
+
 async def latency(sides: Sides, n: int) -> dict[str, dict[str, list[float]]]:
-    out: dict[str, dict[str, list[float]]] = {s: {"ttft": [], "total": []} for s in ("gateway", "direct")}
-    for i in range(n + 20):  # 20 unmeasured warm-up pairs
-        order = ("gateway", "direct") if i % 2 else ("direct", "gateway")
-        for side in order:
+    out: dict[str, dict[str, list[float]]] = {s: {"ttft": [], "total": []} for s in SIDES}
+    for i in range(n + 20):  # 20 unmeasured warm-up rounds
+        for side in SIDES[i % 3 :] + SIDES[: i % 3]:  # each side first in turn
             ttft, total, _ = await getattr(sides, side)()
             if i >= 20:
                 out[side]["ttft"].append(ttft)
@@ -246,13 +267,13 @@ async def shared_prefix(url: str, token: str | None, model: str, items: list[tup
         return replicas, time.perf_counter() - t0
 
 
-async def part1(args: argparse.Namespace, url: str, pid: int, token: str | None, grpc_url: str) -> None:
+async def part1(args: argparse.Namespace, url: str, pid: int, log: Path, token: str | None, grpc_url: str) -> None:
     sides = Sides(url, token, grpc_url, "bench-gw", args.max_tokens)
     try:
         lat = await latency(sides, args.requests)
         print(f"latency, 1 stream, {args.requests} requests each, max_tokens {args.max_tokens} (ms):")
         print(f"  {'':10} {'p50':>8} {'p99':>8} {'ttft p50':>9} {'ttft p99':>9}")
-        for side in ("direct", "gateway"):
+        for side in SIDES:
             v = lat[side]
             print(
                 f"  {side:10} {pct(v['total'], 50) * 1e3:8.2f} {pct(v['total'], 99) * 1e3:8.2f}"
@@ -264,6 +285,13 @@ async def part1(args: argparse.Namespace, url: str, pid: int, token: str | None,
                 added = (pct(g[what], q) - pct(d[what], q)) * 1e3
                 ratio = pct(g[what], q) / pct(d[what], q)
                 print(f"  gateway {what} p{q}: {ratio:.3f}x direct, {added:+.2f} ms added")
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+        inside = [line for line in lines if line["route"] == "/v1/completions"][-args.requests :]
+        first, last = pct([i["ttft_ms"] for i in inside], 50), pct([i["latency_ms"] for i in inside], 50)
+        print(
+            "  inside the gateway (its access log, p50 after the request arrived): the replica's first response "
+            f"{first:.2f} ms, the last byte sent {last:.2f} ms"
+        )
         runs: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
         await throughput(sides.direct, args.concurrency, 2, None)  # warm-up at full batch
         await throughput(sides.gateway, args.concurrency, 2, pid)
@@ -308,10 +336,10 @@ def part2(args: argparse.Namespace, work: Path, checkpoint: Path) -> None:
     cache = args.cache_docs
     print(f"  KV-reuse opportunities kept (at best {best} of {len(items)}), each replica's cache unbounded / holding")
     print(f"  the last {cache} documents it saw (a KV cache smaller than the whole working set):")
-    with job(write_spec(work, "bench-gw2", checkpoint, replicas=2)) as (job_id, _):
-        token = cli("token", job_id).strip() or None
+    with job(write_spec(work, "bench-gw2", checkpoint, replicas=2, auth=args.auth)) as (job_id, _):
+        token = cli("token", job_id).strip() if args.auth == "token" else None
         for label, options in (("prefix affinity", ()), ("least outstanding", ("--prefix-chars", "0"))):
-            with gateway(job_id, work, *options) as (url, _):
+            with gateway(job_id, work, *options) as (url, _, _):
                 replicas, wall = asyncio.run(shared_prefix(url, token, "bench-gw2", items, args.workers))
                 picks = picks_of(url)
             share = {r: replicas.count(r) for r in sorted(set(replicas))}
@@ -335,6 +363,7 @@ def main() -> int:
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--workers", type=int, default=8, help="shared prefixes: requests in flight")
     parser.add_argument("--cache-docs", type=int, default=8, help="shared prefixes: documents a replica's cache holds")
+    parser.add_argument("--auth", choices=["token", "none"], default="token", help="the jobs' `auth:`")
     parser.add_argument("--part", choices=["all", "overhead", "prefix"], default="all", help="run one part only")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint folder; default: a tiny random GPT-2")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (deployments, gateway logs)")
@@ -353,11 +382,11 @@ def main() -> int:
     print(f"checkpoint: {checkpoint}\nwork folder: {work}\n")
     try:
         if args.part in ("all", "overhead"):
-            with job(write_spec(work, "bench-gw", checkpoint, replicas=1)) as (job_id, job_dir):
+            with job(write_spec(work, "bench-gw", checkpoint, replicas=1, auth=args.auth)) as (job_id, job_dir):
                 (record,) = read_endpoints(JobPaths.of_folder(job_dir))
-                token = cli("token", job_id).strip() or None
-                with gateway(job_id, work) as (url, pid):
-                    asyncio.run(part1(args, url, pid, token, record.grpc_url))
+                token = cli("token", job_id).strip() if args.auth == "token" else None
+                with gateway(job_id, work) as (url, pid, log):
+                    asyncio.run(part1(args, url, pid, log, token, record.grpc_url))
         if args.part in ("all", "prefix"):
             part2(args, work, checkpoint)
     finally:
