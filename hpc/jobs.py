@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc import slurm
-from launcher.layout import LAUNCH_NAME, SUB_NAME, JobPaths, index_dir
+from launcher.layout import LAUNCH_NAME, SUB_NAME, JobPaths, index_dir, link_index
 
 
 class JobNotFound(LookupError):
@@ -70,13 +70,7 @@ class JobRef:
 
 def register(job_id: str, job_dir: Path) -> None:
     """Point the index at a job folder (atomic: a temporary link renamed over the old one)."""
-    index = index_dir()
-    index.mkdir(parents=True, exist_ok=True)
-    tmp = index / f".{job_id}.{os.getpid()}"
-    if tmp.is_symlink():
-        tmp.unlink()
-    tmp.symlink_to(job_dir)
-    os.replace(tmp, index / job_id)
+    link_index(job_id, job_dir)
 
 
 def _from_scontrol(job_id: str) -> Path | None:

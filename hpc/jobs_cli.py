@@ -134,8 +134,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     target, refs = _job_or_deployment(args.target) if args.target else (None, [_latest_job()])
     if target is None or len(refs) == 1:
+        from hpc.chain import job_chain_line
+
         status = job_status(refs[0], with_gateway=True)
+        chain = None if args.json else job_chain_line(refs[0])
         print(json.dumps(status.to_json(), indent=2) if args.json else status.summary())
+        if chain:
+            print(chain)
         return EXIT_JOB_FAILED if status.state in ("FAILED", "TIMEOUT") else EXIT_OK
     from hpc.views import deployment_status
 
@@ -189,8 +194,23 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
     return _print_endpoints(refs, "json" if args.json else args.format, target, " ".join(args.target))
 
 
+def _current_job(target: str) -> JobRef:
+    """The job TARGET names, or of a deployment its current job (hpc/chain.py `current_job`)."""
+    from hpc.chain import current_job
+
+    found, refs = _job_or_deployment([target])
+    if refs:
+        return refs[0]
+    ref = current_job(found)
+    if ref is None:
+        print(f"hpc-serve: {target}: the deployment has no job yet", file=sys.stderr)
+        raise SystemExit(EXIT_NOT_FOUND)
+    print(f"hpc-serve: job {ref.job_id} of {found.name}", file=sys.stderr)
+    return ref
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
-    ref = _find(args.job)
+    ref = _current_job(args.target)
     path = ref.rank_log(args.rank, "err" if args.err else "out")
     while not path.exists():
         if not args.follow:
@@ -220,17 +240,31 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    """A job: its ordered stop (a successor its renewer already submitted goes on). A deployment: every job of it,
+    and no renewal submits another (hpc/chain.py)."""
+    from hpc.chain import cancel_deployment, successor_under_way
     from hpc.slurm import SlurmError
     from hpc.submit import cancel
 
-    ref = _find(args.job)
+    target, refs = _job_or_deployment([args.target])
     try:
-        status = cancel(ref, grace_s=args.grace)
+        statuses = [cancel(ref, grace_s=args.grace) for ref in refs] or cancel_deployment(target, args.grace)
     except SlurmError as exc:  # scancel refused (not the owner …): its words, not a traceback
         print(f"hpc-serve: {exc}", file=sys.stderr)
         return EXIT_JOB_FAILED
-    print(status.summary())
-    return EXIT_OK if status.done else EXIT_JOB_FAILED
+    if not statuses:
+        print(f"{target.name}: no job under way; no renewal will submit another")
+    for status in statuses:
+        print(status.summary())
+    for ref in refs:
+        successor = successor_under_way(ref)
+        if successor:
+            print(
+                f"note: its successor {successor} goes on; `hpc-serve cancel` of the spec file or the deployment's "
+                "name stops the whole deployment",
+                file=sys.stderr,
+            )
+    return EXIT_OK if all(status.done for status in statuses) else EXIT_JOB_FAILED
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -365,14 +399,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_endpoints)
 
     p = sub.add_parser("logs", help="a rank's log (stdout, or --err)")
-    p.add_argument("job")
+    p.add_argument("target", metavar="TARGET", help="a job id or folder, or a deployment (spec, name): its current job")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--err", action="store_true", help="stderr instead of stdout")
     p.add_argument("-f", "--follow", action="store_true")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("cancel", help="stop a job: graceful stop of every rank first, then scancel")
-    p.add_argument("job")
+    p = sub.add_parser(
+        "cancel",
+        help="stop a job (graceful stop of every rank first, then scancel), or a deployment: all its jobs, no renewal",
+    )
+    p.add_argument("target", metavar="TARGET", help="a job id or folder, or a deployment (spec file, folder, name)")
     p.add_argument("--grace", type=float, default=CANCEL_GRACE_S, help="seconds to wait for a graceful stop")
     p.set_defaults(func=cmd_cancel)
 

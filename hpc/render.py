@@ -23,9 +23,10 @@ import jinja2
 from hpc import __version__
 from hpc.auth import ensure_deployment_token
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
+from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.files import is_script_safe_path
 from launcher.auth import TOKEN as AUTH_TOKEN
-from launcher.config import DEFAULT_DRAIN_S, STOP_OVERHEAD_S, default_env
+from launcher.config import RENEW_NOTICE_S, STOP_LEAD_S, default_env
 
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.layout import (
@@ -98,6 +99,24 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "ready_timeout_s": spec.triton.ready_timeout_s,
         "env": default_env(spec.mode),
         "auth": spec.auth,
+        **({"renew": renew_plan(spec)} if spec.renew is not None else {}),
+    }
+
+
+def renew_plan(spec: Spec) -> dict[str, Any]:
+    """launch.json's `renew` block: what the job's renewer (launcher/renew.py, launcher/renew_plan.py) acts on.
+    `notice_s`: how long until every client has seen a draining mark (their discovery's refresh, plus 2 s)."""
+    r = spec.renew
+    assert r is not None
+    refresh = spec.gateway.refresh_s if spec.gateway is not None and spec.gateway.enabled else 0.0
+    return {
+        "before_s": r.before_s,
+        "stop_lead_s": STOP_LEAD_S,
+        "time_limit_s": slurm_time_seconds(spec.slurm.time),
+        "max_jobs": r.max_jobs,
+        "until": r.until_epoch,
+        "drain_s": r.drain_s,
+        "notice_s": max(RENEW_NOTICE_S, refresh + 2.0),
     }
 
 
@@ -171,7 +190,10 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         "python": python,
         "source_root": str(Deployment(deploy_dir).runtime),
         # Slurm's time-limit warning: early enough for an ordered stop (DEVELOPERS.md "Stopping")
-        "stop_lead_s": int(DEFAULT_DRAIN_S + STOP_OVERHEAD_S),
+        "stop_lead_s": STOP_LEAD_S,
+        # renewal (launcher/renew.py): run on the batch node with this install's interpreter, as gateway.sub is
+        "renew": spec.renew is not None,
+        "renew_python": sys.executable,
         **template_values(deploy_dir),  # every name and path in the folder (launcher/layout.py)
     }
     scripts = {

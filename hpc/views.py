@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc.chain import ChainLink, chain_lines, chain_links
 from hpc.executors import watch
 from hpc.gateway.job import deployment_gateway, serving_jobs
 from hpc.gateway.record import GatewayLine, live_gateway
@@ -28,10 +29,13 @@ class DeploymentView:
     target: Target
     jobs: list[JobStatus] = field(default_factory=list)
     gateway: GatewayLine | None = None
+    #: its renewal chains (spec `renew:`), oldest job first (hpc/chain.py)
+    chain: list[ChainLink] = field(default_factory=list)
 
     def summary(self) -> str:
         lines = [f"{self.target.name} in {self.target.workdir}"]
         lines += [status.summary() for status in self.jobs] or ["no job yet"]
+        lines += chain_lines(self.chain)
         if self.gateway is not None:
             lines.append(self.gateway.summary())
         return "\n".join(lines)
@@ -41,6 +45,7 @@ class DeploymentView:
             "name": self.target.name,
             "workdir": str(self.target.workdir),
             "jobs": [status.to_json() for status in self.jobs],
+            "chain": [link.to_json() for link in self.chain],
             "gateway": self.gateway.to_json() if self.gateway else None,
         }
 
@@ -48,13 +53,14 @@ class DeploymentView:
 def deployment_status(target: Target, refs: Sequence[JobRef] = ()) -> DeploymentView:
     """The jobs named (`refs`), or every serving job of the deployment still under way (else its newest)."""
     if refs:
-        shown = [job_status(ref) for ref in refs]
+        statuses = shown = [job_status(ref) for ref in refs]
     else:
         jobs = serving_jobs(target)
         watch(jobs)  # one sacct for all of them
         statuses = [job_status(ref) for ref in jobs]
         shown = [s for s in statuses if not s.done] or statuses[-1:]
-    return DeploymentView(target, shown, deployment_gateway(target))
+    chain = chain_links(target, {s.job_id: s for s in statuses})
+    return DeploymentView(target, shown, deployment_gateway(target), chain)
 
 
 def ready_endpoints(target: Target, refs: Sequence[JobRef] = ()) -> list[EndpointRecord]:

@@ -20,6 +20,9 @@ class PlanError(ValueError):
 DEFAULT_DRAIN_S = 10.0
 #: What an ordered stop needs beyond the drain: the followers' release, the unload, MPI_Finalize.
 STOP_OVERHEAD_S = 20.0
+#: Slurm's time-limit warning comes this long before the end (the .sub's --signal=B:USR1@<this>), early enough
+#: for an ordered stop; a renewing job's renewer starts that stop itself at this lead, on its own clock.
+STOP_LEAD_S = int(DEFAULT_DRAIN_S + STOP_OVERHEAD_S)
 #: A leader's backstop, SIGTERM → SIGKILL of its tritonserver group: this long after the drain (``stop_grace_s``).
 STOP_GRACE_AFTER_DRAIN_S = 3.0
 #: How long after the drain a follower still waits for its leader's release (``release_wait_s``).
@@ -28,6 +31,16 @@ RELEASE_WAIT_AFTER_DRAIN_S = 10.0
 CANCEL_GRACE_S = 30.0
 #: Seconds a leader's tritonserver may take to answer ``/v2/health/ready`` (spec ``triton.ready_timeout_s``).
 DEFAULT_READY_TIMEOUT_S = 900
+
+#: Renewal (spec ``renew:``, launcher/renew.py). The least time a job is given to start before it renews, and a
+#: successor to start before its predecessor's ordered stop: ``renew.before`` must lie between the stop's lead
+#: plus this and ``slurm.time`` minus this.
+RENEW_STARTUP_S = 30.0
+#: How long in-flight requests may still run on a predecessor once its successor serves (``renew.drain``).
+RENEW_DRAIN_S = 60.0
+#: How long after a draining mark every client has seen it: the gateway and ``hpc.client`` look for new and
+#: draining replicas every 5 s (their ``refresh_s``); a spec's ``gateway.refresh_s`` + 2 when that is longer.
+RENEW_NOTICE_S = 7.0
 
 #: Environment of every rank's tritonserver: Open MPI inside the python backend stubs needs the hash GDS under
 #: PMIx (tensorrtllm_backend#553).
@@ -76,6 +89,9 @@ class LaunchPlan:
     #: "token": the leader's tritonserver requires the deployment's token (launcher/auth.py); a plan written
     #: without the key (by hand, or before there was one) serves without
     auth: str = "none"
+    #: "per-rank": each rank's tritonserver sees only its own GPU (launcher/gpu.py); render resolves the spec's
+    #: slurm.gpu_binding into it; a plan without the key leaves CUDA_VISIBLE_DEVICES alone
+    gpu_binding: str = "none"
 
     @property
     def exit_timeout_s(self) -> float:
@@ -129,6 +145,9 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
     auth = data.get("auth", "none") or "none"
     if auth not in AUTH_MODES:
         raise PlanError(f"{file}: auth must be one of {', '.join(AUTH_MODES)}, got {auth!r}")
+    gpu_binding = data.get("gpu_binding", "none") or "none"
+    if gpu_binding not in ("per-rank", "none"):
+        raise PlanError(f'{file}: gpu_binding must be "per-rank" or "none", got {gpu_binding!r}')
 
     def num(key: str, default: float | None, kind: type = int) -> Any:
         value = data.get(key)
@@ -159,4 +178,5 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
         release_wait_s=num("release_wait_s", None, float),
         name=str(data.get("name") or ""),
         auth=auth,
+        gpu_binding=gpu_binding,
     )

@@ -40,9 +40,16 @@ GATEWAY_SUB_NAME = "gateway.sub"
 GATEWAY_JOB_MARKER_NAME = "gateway_job"
 #: the local executor's supervisor state: what sacct is to a Slurm job
 LOCAL_STATE_NAME = "local.json"
+#: renewal (launcher/renew.py): in `D/jobs/<job_id>/`, the job's place in its chain (written by its own renewer)
+CHAIN_NAME = "chain.json"
+#: ... and its mark once a successor serves: clients send it no new requests (hpc/gateway/discovery.py)
+DRAINING_NAME = "draining"
+#: in `D/`: `hpc-serve cancel` of the deployment stopped its chain; no renewer of a job older than it submits
+RENEW_STOP_NAME = "renew_stopped"
 
 ENDPOINT_GLOB = "replica-*.json"
 RANK_RECORD_GLOB = "rank-*.json"
+STOPPING_GLOB = "rank-*.stopping"
 
 #: The job index (`<index>/<job_id>` → `D/jobs/<job_id>`): `$HPC_SERVE_HOME/jobs`, default `~/.hpc-serve/jobs`.
 HOME_ENV = "HPC_SERVE_HOME"
@@ -69,6 +76,19 @@ def with_source_root(pythonpath: str | None, root: Path = SOURCE_ROOT) -> str:
     own numpy and friends."""
     rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != str(root)]
     return os.pathsep.join([str(root), *rest])
+
+
+def link_index(job_id: str, job_dir: Path) -> Path:
+    """Point the job index at a job folder (atomic: a temporary link renamed over the old one). `submit` and a
+    renewer (for the successor it submitted) call it; the `.sub` does the same with `ln -sfn` at job start."""
+    index = index_dir()
+    index.mkdir(parents=True, exist_ok=True)
+    tmp = index / f".{job_id}.{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(job_dir)
+    os.replace(tmp, index / job_id)
+    return index / job_id
 
 
 def gateway_record(workdir: Path, name: str) -> Path:
@@ -140,6 +160,11 @@ class Deployment:
     def token(self) -> Path:
         """The access token the gateway requires as `Authorization: Bearer …` (a 0600 file)."""
         return self.root / TOKEN_NAME
+
+    @property
+    def renew_stop(self) -> Path:
+        """Written by `hpc-serve cancel` of the deployment: renewers of jobs started before it submit nothing."""
+        return self.root / RENEW_STOP_NAME
 
     def sbatch_log(self, stream: str = "out", job_id: str = "%j") -> Path:
         """`D/logs/<job>.out|err`: the batch script's output (`%j` in the `#SBATCH -o` line)."""
@@ -217,6 +242,20 @@ class JobPaths:
     @property
     def local_state(self) -> Path:
         return self.folder / LOCAL_STATE_NAME
+
+    @property
+    def chain(self) -> Path:
+        """The job's place in its renewal chain (predecessor, successor, times), written by its own renewer."""
+        return self.folder / CHAIN_NAME
+
+    @property
+    def draining(self) -> Path:
+        """Written by the job's renewer once its successor serves: clients send it no new requests."""
+        return self.folder / DRAINING_NAME
+
+    def stopping_marks(self) -> list[Path]:
+        """Every leader's `rank-<r>.stopping` of the job: its ordered stop has begun."""
+        return sorted(self.ranks_dir.glob(STOPPING_GLOB)) if self.ranks_dir.is_dir() else []
 
     @property
     def index_entry(self) -> Path:

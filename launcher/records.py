@@ -1,4 +1,5 @@
-"""The records other processes read: ``endpoints/replica-<k>.json`` and ``ranks/rank-<r>.json`` (paths: layout.py).
+"""The records other processes read: ``endpoints/replica-<k>.json``, ``ranks/rank-<r>.json``, ``chain.json`` and the
+gateway's address record (paths: layout.py).
 
 Defined once, as typed records with a version, for both sides: the launcher writes them, ``hpc`` (track, client)
 reads them, on other nodes over a shared filesystem. Readers must never see a half-written file, so every
@@ -190,6 +191,45 @@ def read_endpoints(job: JobPaths) -> list[EndpointRecord]:
 def read_rank_records(job: JobPaths) -> list[RankExitRecord]:
     """Every rank exit record of a job, by rank."""
     return sorted(_read(job.ranks_dir, RANK_RECORD_GLOB, RankExitRecord), key=lambda r: r.rank)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainRecord(_Record):
+    """A job's place in its renewal chain (``jobs/<id>/chain.json``, launcher/renew.py): the jobs of one deployment
+    folder, each submitted by its predecessor's renewer before the time limit. Written only by the job's own
+    renewer; the link is both ways (``predecessor`` from the environment its predecessor submitted it with,
+    ``successor`` once it submitted one). Times are epoch seconds, 0 for "not yet"."""
+
+    version: int = VERSION
+    job_id: str
+    index: int = 1  # 1 for the job that started the chain (by `hpc-serve submit` or a hand-run sbatch)
+    predecessor: str = ""
+    successor: str = ""
+    started_at: float = 0.0
+    ends_at: float = 0.0  # the time limit as Slurm last said it
+    renew_at: float = 0.0  # when it submits its successor (ends_at - renew.before)
+    submitted_at: float = 0.0  # the successor's sbatch
+    handover_at: float = 0.0  # the successor was READY: this job was marked draining
+    stopped_at: float = 0.0  # its renewer started the ordered stop
+    note: str = ""  # why it has no successor, or how it ended its service
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChainRecord:
+        record = super().from_dict(data)
+        return dataclasses.replace(  # job ids are text, whatever wrote them
+            record,
+            job_id=str(record.job_id),
+            predecessor=str(record.predecessor or ""),
+            successor=str(record.successor or ""),
+        )
+
+
+def read_chain(job: JobPaths) -> ChainRecord | None:
+    """The job's chain record, or None (no renewal, not started yet, or being replaced right now)."""
+    try:
+        return ChainRecord.from_dict(json.loads(job.chain.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)

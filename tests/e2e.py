@@ -34,9 +34,10 @@ def write_spec(
     slurm: dict | None = None,
     triton: dict | None = None,
     auth: str | None = None,
+    renew: dict | None = None,
 ) -> Path:
     """A CPU-engine spec for the tiny checkpoint; ranks talk TCP across the emulated nodes. `auth`: the spec's
-    (left out: its default, token)."""
+    (left out: its default, token); `renew`: its `renew:` section."""
     spec = {
         "name": name,
         "workdir": str(folder / "runs"),
@@ -52,6 +53,8 @@ def write_spec(
     }
     if auth is not None:
         spec["auth"] = auth
+    if renew is not None:
+        spec["renew"] = renew
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path

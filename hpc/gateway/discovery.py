@@ -5,6 +5,11 @@ Why re-read periodically instead of once: jobs end and new ones start (a renewed
 more capacity) while the gateway keeps its address; a refresh every few seconds picks them up without a
 restart. Why the health check on top of the records: a job killed outright (SIGKILL, a node lost) leaves its
 record behind, and only asking the server tells a live replica from a stale record.
+
+Draining: a job whose renewer handed over to its successor (`jobs/<id>/draining`, launcher/renew.py) or whose
+ordered stop has begun (a leader's `rank-<r>.stopping`) gets no new requests; those in flight finish. Only while
+another replica takes new ones, though: a draining replica is better than none (a successor whose health check
+failed once must not leave the deployment with nothing to send to).
 """
 
 from __future__ import annotations
@@ -19,13 +24,26 @@ import httpx
 
 from hpc.auth import Tokens, read_tokens
 from hpc.routing.balancer import Balancer, Replica
-from hpc.routing.deployment import Target, as_replica, deployment_folders, published
+from hpc.routing.deployment import Target, as_replica, deployment_folders, job_folders, published
 from launcher.urls import READY_PATH
 
 log = logging.getLogger("hpc_serve.gateway")
 
 REFRESH_S = 5.0
 HEALTH_TIMEOUT_S = 2.0
+
+
+def draining_jobs(target: Target) -> set[str]:
+    """Jobs of the deployment that take no new requests: handed over to a successor, or stopping."""
+    return {paths.job_id for paths in job_folders(target) if paths.draining.exists() or paths.stopping_marks()}
+
+
+def mark_draining(replicas: list[Replica], draining: set[str]) -> None:
+    """Set each replica's `draining` from its job's; none is while no other replica takes new requests."""
+    job = {r.key: r.key.split("/", 1)[0] for r in replicas}
+    open_ = any(job[r.key] not in draining for r in replicas)
+    for replica in replicas:
+        replica.draining = open_ and job[replica.key] in draining
 
 
 @dataclass
@@ -43,24 +61,33 @@ class Discovery:
     on_update: Callable[[list[Replica]], Awaitable[None]] | None = None
 
     async def _ready(self, replica: Replica) -> bool:
+        """`/v2/health/ready` on a connection closed after it: an idle keep-alive connection to a replica makes its
+        tritonserver's ordered stop wait for it to close ("Found 1 HTTP service connections") until its exit
+        timeout expires, and then exit 1, a failed job instead of a completed one."""
         try:
-            response = await self.http.get(replica.http_url + READY_PATH, timeout=HEALTH_TIMEOUT_S)
+            response = await self.http.get(
+                replica.http_url + READY_PATH, timeout=HEALTH_TIMEOUT_S, headers={"Connection": "close"}
+            )
         except httpx.HTTPError:
             return False
         return response.status_code == 200
 
     async def refresh(self) -> None:
         """One look at the records and one health check per replica; replicas that fail it are dropped."""
-        folders, records = await asyncio.to_thread(
-            lambda: (deployment_folders(self.target), list(published(self.target)))
+        folders, records, draining = await asyncio.to_thread(
+            lambda: (deployment_folders(self.target), list(published(self.target)), draining_jobs(self.target))
         )
         candidates = [as_replica(r) for r in records]
         checks = await asyncio.gather(*(self._ready(r) for r in candidates))
         ready = [r for r, ok in zip(candidates, checks, strict=True) if ok]
+        mark_draining(ready, draining)
         before = {r.key for r in self.balancer.replicas}
+        was_draining = {r.key for r in self.balancer.replicas if r.draining}
         self.balancer.update(ready)
         if {r.key for r in ready} != before:
             log.info("replicas ready: %s", ", ".join(f"{r.key} {r.http_url}" for r in ready) or "none")
+        if {r.key for r in ready if r.draining} - was_draining:
+            log.info("replicas draining: %s", ", ".join(r.key for r in ready if r.draining))
         self.tokens, self.replica_tokens = await asyncio.to_thread(
             lambda: (read_tokens(folders), Tokens.of_folders(folders))
         )

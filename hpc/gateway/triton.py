@@ -19,6 +19,7 @@ import codecs
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
@@ -30,6 +31,8 @@ from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from hpc.auth import grpc_headers
 
 MODEL = "ensemble"
+#: how long a finished stream is given to end by itself before it is cancelled (see `_end`)
+STREAM_END_S = 2.0
 
 
 class ReplicaUnavailable(RuntimeError):
@@ -157,6 +160,7 @@ class TritonEngine:
         metadata = tuple(grpc_headers(token).items())  # the replica's access token (auth: token)
         call = self._client(grpc_url)._client_stub.ModelStreamInfer(requests(), metadata=metadata)
         self._in_flight[grpc_url] = self._in_flight.get(grpc_url, 0) + 1
+        ended = False
         try:
             async for response in call:
                 if response.error_message:
@@ -173,11 +177,26 @@ class TritonEngine:
                     tail = utf8.decode(b"", final=True)
                     if tail:
                         yield Chunk(tail, 0)
+                    ended = True
                     return
             raise ReplicaUnavailable(f"{grpc_url}: the stream ended before the final response")
         except grpc.aio.AioRpcError as exc:
             raise ReplicaUnavailable(f"{grpc_url}: {exc.code().name}: {exc.details()}") from None
         finally:
             self._in_flight[grpc_url] -= 1
-            finished.set()
-            call.cancel()
+            finished.set()  # half-close: the server ends the stream once its last response is out
+            await _end(call, ended)
+
+
+async def _end(call: Any, ended: bool) -> None:
+    """A stream whose final response came is let end by the server (half-closed, then awaited briefly); only one
+    left mid-way (the client went away) is cancelled. Why: tritonserver (2.51) keeps a reference to the ensemble
+    of a stream cancelled right after its final response, so its ordered stop later waits for that model to
+    unload until the exit timeout and exits 1 (a renewed job's predecessor would end FAILED, not COMPLETED)."""
+    if ended:
+        try:
+            await asyncio.wait_for(call.code(), STREAM_END_S)
+            return
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+            pass
+    call.cancel()

@@ -56,6 +56,21 @@ def _slurm_time(value: str | None) -> str | None:
     return value
 
 
+def slurm_time_seconds(value: str) -> int | None:
+    """Seconds of a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None for UNLIMITED/INFINITE."""
+    if value in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    else:  # MM, MM:SS
+        hours, (minutes, seconds) = 0, (parts + [0])[:2]
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 def _mem_as_text(value: Any) -> Any:
     # `mem: 0` (all of the node's memory) or `mem: 64000` (MB) are YAML ints; they mean the same as the string.
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value

@@ -3,7 +3,8 @@
 One spec describes one deployment: where it runs (`slurm`, `container`), what it serves (`model`), how
 Triton serves it (`triton`) and how many copies (`mode`, `replicas`). Loading with line numbers lives in
 `hpc.spec.load`, file-system checks in `hpc.spec.files`, the parameter table's spec side in `hpc.spec.parameters`,
-the checks of single values that reach scripts in `hpc.spec.checks`, the `gateway:` section in `hpc.spec.gateway`.
+the checks of single values that reach scripts in `hpc.spec.checks`, the `gateway:` section in `hpc.spec.gateway`,
+the `renew:` section in `hpc.spec.renew`.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from hpc.spec.checks import (
     _slurm_time,
     _tcp_port,
     _time_not_a_number,
+    slurm_time_seconds,
 )
 from hpc.spec.gateway import GatewaySpec
+from hpc.spec.renew import RenewSpec, format_duration
 from launcher.auth import MODES as AUTH_MODES
 from launcher.auth import TOKEN as AUTH_TOKEN
-from launcher.config import DEFAULT_READY_TIMEOUT_S
+from launcher.config import DEFAULT_READY_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
 
 
 class SlurmSpec(_Section):
@@ -262,6 +265,7 @@ class Spec(_Section):
     mode: Literal["leader", "orchestrator"] = "leader"
     replicas: int = Field(1, ge=1)
     gateway: GatewaySpec | None = Field(None, description="run `hpc-serve gateway` as a Slurm job of its own")
+    renew: RenewSpec | None = Field(None, description="a successor job takes over before the time limit")
     auth: Literal[AUTH_MODES] = Field(  # type: ignore[valid-type]
         AUTH_TOKEN,
         description="token: every replica (and the gateway) requires the deployment's token (`hpc-serve token`); "
@@ -311,6 +315,8 @@ class Spec(_Section):
                 "@replicas: replicas > 1 with backend tensorrtllm is not supported yet: TensorRT-LLM's leader mode "
                 "needs MPI world size = tp_size × pp_size per step; submit one job per replica instead"
             )
+        if self.renew is not None:
+            self._renew_fits()
         if m.backend == "tensorrtllm" and self.mode == "leader":
             if s.gpus_per_node and self.tasks_per_node > s.gpus_per_node:
                 raise ValueError(
@@ -322,6 +328,38 @@ class Spec(_Section):
                     "@slurm.gpus_per_node: model.backend tensorrtllm needs slurm.gpus_per_node (one rank per GPU)"
                 )
         return self
+
+    def _renew_fits(self) -> None:
+        """`renew.before` between the ordered stop's lead plus a successor's start-up, and slurm.time minus this
+        job's start-up: earlier, the job would renew as soon as it starts (a chain of jobs that only start); later,
+        its ordered stop would begin before a successor could serve."""
+        assert self.renew is not None
+        limit = slurm_time_seconds(self.slurm.time)
+        before = self.renew.before_s
+        if limit is None:
+            raise ValueError(
+                f"@renew: renew needs a time limit, but slurm.time is {self.slurm.time}; give slurm.time, or drop renew"
+            )
+        least, most = STOP_LEAD_S + RENEW_STARTUP_S, limit - RENEW_STARTUP_S
+        if before < least:
+            raise ValueError(
+                f"@renew.before: {self.renew.before} is too short: the ordered stop begins {STOP_LEAD_S} s "
+                f"before the time limit and a successor needs {RENEW_STARTUP_S:g} s at least to start; "
+                f"use {format_duration(least)} or more (15m is a good start for large engines)"
+            )
+        if before > most:
+            raise ValueError(
+                f"@renew.before: {self.renew.before} must be shorter than slurm.time {self.slurm.time} "
+                f"minus {RENEW_STARTUP_S:g} s of start-up, or the job would submit its successor as soon as it starts; "
+                + (f"use {format_duration(most)} at most, or " if most >= least else "")
+                + "a longer slurm.time"
+            )
+        if self.gateway is not None and self.gateway.enabled and self.gateway.time is None:
+            raise ValueError(
+                "@gateway: with renew, the gateway job must outlive every job of the chain, but gateway.time defaults "
+                f"to slurm.time ({self.slurm.time}); set gateway.time (e.g. 7-00:00:00), or run `hpc-serve gateway` "
+                "by hand"
+            )
 
 
 def _did_you_mean(word: str, choices: Any) -> str:

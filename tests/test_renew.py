@@ -1,0 +1,286 @@
+"""Renewal without a cluster: the `renew:` section and its checks, what render writes for it, the renewer's timing
+rules and parsers (launcher/renew_plan.py), the chain marker rules, the chain view, and discovery's draining."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpc.chain import chain_lines, chain_links
+from hpc.gateway.discovery import draining_jobs, mark_draining
+from hpc.render import render
+from hpc.routing.balancer import Replica
+from hpc.routing.deployment import Target
+from hpc.spec import SpecError, load_spec
+from hpc.spec.checks import slurm_time_seconds
+from hpc.spec.renew import duration_seconds, format_duration
+from hpc.track import JobStatus
+from launcher.config import RENEW_NOTICE_S, RENEW_STARTUP_S, STOP_LEAD_S
+from launcher.layout import Deployment, JobPaths
+from launcher.records import ChainRecord, read_chain, write_json_atomic
+from launcher.renew import Renewer
+from launcher.renew_plan import (
+    ENV_CHAIN_INDEX,
+    ENV_PREDECESSOR,
+    RenewPlan,
+    active_requests,
+    chain_place,
+    parse_slurm_time,
+    successor_env,
+)
+
+
+def _spec(tmp_path: Path, time_limit: str = "00:02:00", **extra) -> Path:
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir(exist_ok=True)
+    data = {
+        "name": "rn",
+        "workdir": str(tmp_path / "runs"),
+        "slurm": {"time": time_limit},
+        "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint)},
+        **extra,
+    }
+    path = tmp_path / "rn.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _problems(path: Path) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(path, check_files=False)
+    return "\n".join(str(p) for p in info.value.problems)
+
+
+# ------------------------------------------------------------------------------------------------ the section
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("15m", 900), ("90s", 90), ("1h30m", 5400), ("2d", 172800), ("1d2h3m4s", 93784)]
+)
+def test_durations(text, seconds):
+    assert duration_seconds(text) == seconds
+    assert duration_seconds(format_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 1800), ("5:30", 330), ("01:02:03", 3723), ("2-3", 183600), ("1-00:30", 88200), ("1-1:1:1", 90061)],
+)
+def test_slurm_times(text, seconds):
+    assert slurm_time_seconds(text) == seconds
+    assert slurm_time_seconds("UNLIMITED") is None
+
+
+def test_before_within_the_time_limit_is_accepted(tmp_path):
+    spec = load_spec(
+        _spec(tmp_path, renew={"before": "1m", "max_jobs": 3, "until": "2031-05-01 12:00"}), check_files=False
+    )
+    assert spec.renew is not None and spec.renew.before_s == 60 and spec.renew.drain_s == 60
+    assert spec.renew.until_epoch == datetime(2031, 5, 1, 12, 0).timestamp()
+
+
+@pytest.mark.parametrize(
+    ("renew", "time_limit", "expected"),
+    [
+        ({"before": "30s"}, "00:02:00", "renew.before: 30s is too short: the ordered stop begins 30 s before"),
+        ({"before": "2m"}, "00:02:00", "must be shorter than slurm.time 00:02:00 minus 30 s of start-up"),
+        ({"before": "1m"}, "UNLIMITED", "renew: renew needs a time limit, but slurm.time is UNLIMITED"),
+        ({"before": 90}, "00:02:00", "renew.before: got the number 90: give a unit"),
+        ({"before": "10x"}, "00:02:00", "'10x' is not a duration; use e.g. 15m, 90s, 1h30m or 1d"),
+        ({"before": "1m", "max_jobs": 0}, "00:02:00", "renew.max_jobs"),
+        ({"before": "1m", "drain": "soon"}, "00:02:00", "renew.drain: 'soon' is not a duration"),
+        ({"befor": "1m"}, "00:02:00", "renew.befor"),
+    ],
+)
+def test_bad_renew_sections_name_the_field_and_the_fix(tmp_path, renew, time_limit, expected):
+    assert expected in _problems(_spec(tmp_path, time_limit, renew=renew))
+
+
+def test_the_bounds_of_before_are_the_stop_lead_and_the_start_up(tmp_path):
+    least = STOP_LEAD_S + RENEW_STARTUP_S
+    assert f"use {format_duration(least)} or more" in _problems(_spec(tmp_path, renew={"before": "59s"}))
+    assert "use 1m30s at most" in _problems(_spec(tmp_path, renew={"before": "91s"}))
+    load_spec(_spec(tmp_path, renew={"before": "90s"}), check_files=False)
+
+
+def test_a_gateway_job_must_be_given_a_time_that_outlives_the_chain(tmp_path):
+    problems = _problems(_spec(tmp_path, renew={"before": "1m"}, gateway={}))
+    assert "gateway: with renew, the gateway job must outlive every job of the chain" in problems
+    load_spec(_spec(tmp_path, renew={"before": "1m"}, gateway={"time": "7-00:00:00"}), check_files=False)
+
+
+def test_until_as_a_date_is_its_midnight(tmp_path):
+    path = _spec(tmp_path)
+    path.write_text(path.read_text() + "renew:\n  before: 1m\n  until: 2031-05-01\n")
+    spec = load_spec(path, check_files=False)
+    assert spec.renew is not None and spec.renew.until == datetime(2031, 5, 1)
+
+
+# ------------------------------------------------------------------------------------------------ render
+def test_render_writes_the_renew_plan_and_the_renewer_line(tmp_path):
+    gateway = {"time": "7-00:00:00", "refresh_s": 9}
+    spec = load_spec(_spec(tmp_path, renew={"before": "1m", "max_jobs": 4}, gateway=gateway), check_files=False)
+    rendered = render(spec, tmp_path / "D")
+    plan = RenewPlan.of_launch(json.loads(rendered.launch.read_text()))
+    assert plan == RenewPlan(
+        before_s=60, stop_lead_s=STOP_LEAD_S, time_limit_s=120, max_jobs=4, until=None, drain_s=60, notice_s=11.0
+    )
+    sub = rendered.sub.read_text()
+    assert f"#SBATCH --signal=B:USR1@{STOP_LEAD_S}" in sub
+    renewer = f"PYTHONPATH={Deployment(rendered.deploy_dir).runtime} "
+    assert renewer in sub and '-m launcher.renew "$DEPLOY_DIR" & RENEWER=$!' in sub
+    # the renewer's USR1 trap comes after the ordered stop's, so it is the one in force
+    assert sub.index('trap \'kill -USR1 "$RENEWER"') > sub.index("trap 'scancel --signal=TERM")
+    assert subprocess.run(["bash", "-n", str(rendered.sub)]).returncode == 0
+    assert (rendered.deploy_dir / "python" / "launcher" / "renew.py").is_file()
+
+
+def test_without_renew_nothing_of_it_is_rendered(tmp_path):
+    rendered = render(load_spec(_spec(tmp_path), check_files=False), tmp_path / "D")
+    assert "renew" not in json.loads(rendered.launch.read_text())
+    assert "RENEWER" not in rendered.sub.read_text() and "\n\n\n" not in rendered.sub.read_text()
+
+
+# ------------------------------------------------------------------------------------------------ timing rules
+PLAN = RenewPlan(before_s=900, stop_lead_s=30, drain_s=60, notice_s=7, max_jobs=3, until=2_000_000_000.0)
+
+
+def test_when_a_renewer_acts():
+    end = 1_900_000_000.0
+    assert PLAN.renew_at(end) == end - 900
+    assert PLAN.stop_at(end) == end - 30
+    marked = end - 800
+    assert PLAN.idle_from(marked) == marked + 7
+    assert PLAN.drain_until(marked, end) == marked + 67  # notice, then the drain timeout
+    assert PLAN.drain_until(end - 50, end) == end - 30  # but never past the ordered stop's lead
+
+
+def test_why_no_successor():
+    now = 1_900_000_000.0
+    assert PLAN.why_not(1, now) is None and PLAN.why_not(2, now) is None
+    assert PLAN.why_not(3, now) == "renew.max_jobs 3 reached: this is job 3 of the chain"
+    assert PLAN.why_not(1, 2_000_000_000.0).startswith("renew.until ")
+    assert PLAN.why_not(1, now, "the deployment was cancelled") == "the deployment was cancelled"
+    assert RenewPlan(before_s=60, stop_lead_s=30).why_not(10_000, now) is None
+
+
+def test_plan_of_launch_json():
+    assert RenewPlan.of_launch({}) is None
+    plan = RenewPlan.of_launch({"renew": {"before_s": 60, "stop_lead_s": 30}})
+    assert plan == RenewPlan(before_s=60, stop_lead_s=30, notice_s=RENEW_NOTICE_S)
+    with pytest.raises(ValueError):
+        RenewPlan.of_launch({"renew": [60]})
+
+
+def test_slurm_times_and_active_requests_are_parsed():
+    assert parse_slurm_time("2031-05-01T12:00:00") == datetime(2031, 5, 1, 12).timestamp()
+    assert parse_slurm_time("N/A") is None and parse_slurm_time("Unknown") is None
+    page = (
+        '# TYPE nv_trt_llm_request_metrics gauge\nnv_trt_llm_request_metrics{model="tensorrt_llm",'
+        'request_type="active",version="1"} 2\nnv_trt_llm_request_metrics{model="tensorrt_llm",'
+        'request_type="max",version="1"} 64\nnv_trt_llm_request_metrics{model="tensorrt_llm",'
+        'request_type="waiting",version="1"} 1\n'
+    )
+    assert active_requests(page) == 3
+    assert active_requests(page.replace(" 2\n", " 0\n").replace(" 1\n", " 0\n")) == 0
+    assert active_requests("nv_inference_count 4\n") is None
+
+
+def test_the_successor_gets_the_submitters_environment_not_this_jobs():
+    environ = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_MEM_PER_NODE": "4000",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "SBATCH_ACCOUNT": "proj",
+        "HOME": "/home/u",
+        "PYTHONPATH": "/D/python:/site",
+        ENV_CHAIN_INDEX: "2",
+    }
+    env = successor_env(environ, "7", 2, runtime_root="/D/python")
+    assert "SLURM_JOB_ID" not in env and "SLURM_MEM_PER_NODE" not in env
+    assert env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and env["SBATCH_ACCOUNT"] == "proj"
+    assert env["PYTHONPATH"] == "/site" and env[ENV_PREDECESSOR] == "7"
+    assert chain_place(env) == ("7", 3)
+    assert chain_place({}) == ("", 1) and chain_place({ENV_CHAIN_INDEX: "x"}) == ("", 1)
+    assert "PYTHONPATH" not in successor_env({"PYTHONPATH": "/D/python"}, "7", 1, "/D/python")
+
+
+# ------------------------------------------------------------------------------------------------ markers, records
+def test_a_cancel_stops_renewals_of_jobs_started_before_it_only(tmp_path):
+    deploy = tmp_path / "D"
+    renewer = Renewer(deploy, "7", PLAN, 1, {ENV_PREDECESSOR: "6", ENV_CHAIN_INDEX: "2"})
+    assert (renewer.record.predecessor, renewer.record.index) == ("6", 2)
+    assert renewer.chain_stopped() is None
+    Deployment(deploy).renew_stop.parent.mkdir(parents=True)
+    Deployment(deploy).renew_stop.write_text("{}")
+    renewer.start = time.time() - 60
+    assert renewer.chain_stopped() == "the deployment was cancelled (hpc-serve cancel)"
+    renewer.start = time.time() + 60  # submitted by hand again after that cancel: it renews
+    assert renewer.chain_stopped() is None
+    renewer.paths.create()
+    renewer.paths.cancel_marker.write_text("{}")
+    assert renewer.chain_stopped() == "this job was cancelled (hpc-serve cancel)"
+
+
+def test_a_requeued_job_keeps_its_place_and_its_successor(tmp_path):
+    paths = JobPaths(tmp_path / "D", "7")
+    write_json_atomic(paths.chain, ChainRecord(job_id="7", index=4, successor="9").to_dict())
+    renewer = Renewer(tmp_path / "D", "7", PLAN, 1, {})
+    assert (renewer.record.index, renewer.record.successor) == (4, "9")
+    renewer.save(note="x")
+    assert read_chain(paths) == ChainRecord(job_id="7", index=4, successor="9", note="x")
+    assert ChainRecord.from_dict({"job_id": 7, "successor": 9, "extra": 1}).successor == "9"
+
+
+# ------------------------------------------------------------------------------------------------ readers
+def _deployment(tmp_path: Path) -> tuple[Target, Path]:
+    deploy = tmp_path / "runs" / "rn-20310101-000000"
+    deploy.mkdir(parents=True)
+    Deployment(deploy).spec.write_text("name: rn\n")
+    return Target(tmp_path / "runs", "rn", tmp_path), deploy
+
+
+def test_chain_view_names_a_pending_successor_and_why(tmp_path):
+    target, deploy = _deployment(tmp_path)
+    write_json_atomic(
+        JobPaths(deploy, "11").chain, ChainRecord(job_id="11", successor="12", started_at=1.0, ends_at=2.0).to_dict()
+    )
+    JobPaths(deploy, "12").create()
+    JobPaths(deploy, "5").create()  # a job that does not renew (no record, named by none): not in the chain
+    statuses = {"11": JobStatus("11", "READY"), "12": JobStatus("12", "PENDING", reason="Resources")}
+    first, second = chain_links(target, statuses)
+    assert first.next == "successor 12 pending: Resources; 11 serves until its end"
+    assert (second.job_id, second.predecessor, second.next) == ("12", "11", "-")
+    lines = chain_lines([first, second])
+    assert lines[0] == "chain (2 jobs):" and lines[2].split()[:2] == ["11", "READY"]
+
+
+def test_discovery_drains_a_handed_over_or_stopping_job_only_while_another_serves(tmp_path):
+    target, deploy = _deployment(tmp_path)
+    for job in ("1", "2", "3"):
+        JobPaths(deploy, job).create()
+    JobPaths(deploy, "1").draining.write_text("{}")
+    JobPaths(deploy, "2").stopping(0).write_text("{}")
+    assert draining_jobs(target) == {"1", "2"}
+
+    def replicas(*jobs: str) -> list[Replica]:
+        return [Replica(key=f"{job}/0", http_url="", grpc_url="") for job in jobs]
+
+    both = replicas("1", "3")
+    mark_draining(both, {"1", "2"})
+    assert [r.draining for r in both] == [True, False]
+    alone = replicas("1", "2")  # every ready replica drains: better a draining one than none
+    mark_draining(alone, {"1", "2"})
+    assert [r.draining for r in alone] == [False, False]
+
+
+def test_layout_names_are_inside_the_job_and_deployment_folders(tmp_path):
+    paths = JobPaths(tmp_path / "D", "7")
+    assert paths.chain.parent == paths.draining.parent == paths.folder
+    assert Deployment(tmp_path / "D").renew_stop.parent == tmp_path / "D"
+    assert os.path.basename(paths.chain) == "chain.json"
