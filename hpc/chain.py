@@ -116,7 +116,8 @@ def chain_lines(links: list[ChainLink]) -> list[str]:
     """The chain as `status` prints it (the newest `SHOWN` jobs)."""
     if not links:
         return []
-    lines = [f"chain ({len(links)} jobs)" + (f", the last {SHOWN}:" if len(links) > SHOWN else ":")]
+    count = f"{len(links)} job" + ("s" if len(links) != 1 else "")
+    lines = [f"chain ({count})" + (f", the last {SHOWN}:" if len(links) > SHOWN else ":")]
     lines.append(f"  {'job':<10} {'state':<11} {'started':<19} {'ends':<19} successor")
     lines += [link.row() for link in links[-SHOWN:]]
     return lines

@@ -22,14 +22,18 @@ import jinja2
 
 from hpc import __version__
 from hpc.auth import ensure_deployment_token
+from hpc.placement import replica_steps, step_options
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
 from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.files import is_script_safe_path
 from launcher.auth import TOKEN as AUTH_TOKEN
+from launcher.command import shm_glob_shell
 from launcher.config import RENEW_NOTICE_S, STOP_LEAD_S, default_env
 
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.layout import (
+    ENDPOINT_NAME,
+    ENDPOINTS_NAME,
     GATEWAY_SUB_NAME,
     LAUNCH_NAME,
     SH_NAME,
@@ -40,6 +44,7 @@ from launcher.layout import (
     gateway_record,
     template_values,
 )
+from launcher.rank import STEP_REPLICA_ENV
 
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
 
@@ -99,6 +104,7 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "ready_timeout_s": spec.triton.ready_timeout_s,
         "env": default_env(spec.mode),
         "auth": spec.auth,
+        "replica_policy": spec.replica_policy,
         **({"renew": renew_plan(spec)} if spec.renew is not None else {}),
     }
 
@@ -194,6 +200,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         # renewal (launcher/renew.py): run on the batch node with this install's interpreter, as gateway.sub is
         "renew": spec.renew is not None,
         "renew_python": sys.executable,
+        **replica_context(spec, gres is not None),
         **template_values(deploy_dir),  # every name and path in the folder (launcher/layout.py)
     }
     scripts = {
@@ -205,6 +212,28 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
             context | gateway_context(spec, deploy_dir)
         )
     return scripts
+
+
+def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
+    """What the `.sub` needs to run one srun step per replica (hpc/placement.py) and to clean up after one: each
+    step's placement options, and the nodes and shared-memory regions of its ranks."""
+    steps = replica_steps(spec.replicas, spec.world_size_per_replica, spec.slurm.nodes, spec.tasks_per_node)
+    return {
+        "steps": [
+            {
+                "replica": step.replica,
+                "options": step_options(step, spec.slurm.cpus_per_task, gpus),
+                # one task on each of the step's nodes, beside whatever still runs there
+                "cleanup": [f"--nodes={step.nodes}", f"--ntasks={step.nodes}", f"--relative={step.relative}"],
+                "shm": [shm_glob_shell(rank) for rank in step.ranks()],
+                "endpoint": f"{ENDPOINTS_NAME}/{ENDPOINT_NAME.format(replica=step.replica)}",
+            }
+            for step in steps
+        ],
+        "step_cpus": any(step.shares_node for step in steps) and not spec.slurm.cpus_per_task,
+        "step_replica_env": STEP_REPLICA_ENV,
+        "fail_job": spec.replica_policy == "fail-job",
+    }
 
 
 def gateway_context(spec: Spec, deploy_dir: Path) -> dict[str, Any]:

@@ -11,8 +11,13 @@ Where each transition is observed:
 - STARTING → READY: every replica's leader has published `endpoints/replica-<k>.json` after its
   `/v2/health/ready` answered 200.
 - FAILED, and why: the rank exit records (`ranks/rank-<r>.json`); the earliest non-zero exit is the cause,
-  the later ones are ranks that srun's --kill-on-bad-exit took down with it. A rank that failed makes the job
-  FAILED at once, even while Slurm still says RUNNING (the step is being torn down).
+  the later ones are ranks that stopped with it (their record names the cause: `cause_rank`, launcher/watch.py)
+  or that srun's --kill-on-bad-exit took down. A rank that failed makes the job FAILED at once, even while
+  Slurm still says RUNNING (the step is being torn down). With `replica_policy: keep-serving` a failed rank
+  ends only its replica: the job stays READY (or STARTING) on the others, listing the dead replicas, and is
+  FAILED once every replica is dead.
+- Restarts: a job Slurm requeued runs again under its id; the `.sub` writes `$SLURM_RESTART_COUNT`
+  (`restart_count`) and puts the last run's records aside, so only this run's are read.
 - CANCELLING: the user asked for the stop (the cancel marker) and ranks are still stopping (draining, releasing
   their followers). CANCELLED only once the scheduler says the job has ended *and* no longer lists it as
   COMPLETING, i.e. no rank process of it is left (Slurm reports a job's end state while its processes are
@@ -58,6 +63,10 @@ class JobStatus:
     endpoints: list[EndpointRecord] = field(default_factory=list)
     replicas: int = 1
     failed_rank: RankExitRecord | None = None
+    #: keep-serving: the replicas that died while the others serve (replica → the rank record that ended it)
+    dead_replicas: dict[int, RankExitRecord] = field(default_factory=dict)
+    #: how many times Slurm requeued and restarted the job ($SLURM_RESTART_COUNT of the run going on)
+    restarts: int = 0
     #: "serving", or "gateway" for the deployment's gateway job (its state: READY once its record answers)
     kind: str = "serving"
     #: a gateway job's URL while READY
@@ -88,6 +97,13 @@ class JobStatus:
             text += " (the job is ending; Slurm is stopping its processes)"
         elif self.state == "READY":
             text += " " + ", ".join(e.http_url for e in self.endpoints)
+        if self.restarts:
+            text += f" (restarts: {self.restarts})"
+        if self.dead_replicas and not self.failed_rank:
+            alive = self.replicas - len(self.dead_replicas)
+            text += f" ({alive}/{self.replicas} replicas serving)"
+            for replica, record in sorted(self.dead_replicas.items()):
+                text += f"\nreplica {replica} dead: " + describe_failure(record)
         if self.failed_rank:
             text += "\n" + describe_failure(self.failed_rank)
         elif self.reason and self.state in TERMINAL:
@@ -99,6 +115,7 @@ class JobStatus:
         data = asdict(self)
         data["endpoints"] = [e.to_dict() for e in self.endpoints]
         data["failed_rank"] = self.failed_rank.to_dict() if self.failed_rank else None
+        data["dead_replicas"] = {str(k): r.to_dict() for k, r in sorted(self.dead_replicas.items())}
         data["gateway"] = self.gateway.to_json() if self.gateway else None
         return data
 
@@ -150,9 +167,27 @@ def failure_from_logs(ref: JobRef) -> RankExitRecord | None:
 
 
 def first_failure(ranks: list[RankExitRecord]) -> RankExitRecord | None:
-    """The earliest non-zero exit: the cause; later ones are ranks srun's --kill-on-bad-exit took down."""
+    """The earliest non-zero exit of a rank that failed by itself: the cause; the others are ranks that stopped
+    with it (`cause_rank`) or that srun's --kill-on-bad-exit took down."""
     failed = [r for r in ranks if r.failed]
-    return min(failed, key=lambda r: r.ended_at) if failed else None
+    causes = [r for r in failed if r.cause_rank is None] or failed
+    return min(causes, key=lambda r: r.ended_at) if causes else None
+
+
+def dead_replicas(ranks: list[RankExitRecord], ranks_per_replica: int) -> dict[int, RankExitRecord]:
+    """Replica → the failure that ended it, for every replica with a failed rank."""
+    by_replica: dict[int, list[RankExitRecord]] = {}
+    for record in ranks:
+        by_replica.setdefault(record.rank // max(1, ranks_per_replica), []).append(record)
+    found = {replica: first_failure(records) for replica, records in by_replica.items()}
+    return {replica: record for replica, record in found.items() if record is not None}
+
+
+def _restarts(ref: JobRef) -> int:
+    try:
+        return int(ref.paths.restart_count.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def job_status(ref: JobRef, with_gateway: bool = False) -> JobStatus:
@@ -179,17 +214,24 @@ def _serving_status(ref: JobRef) -> JobStatus:
     raw, reason = executor_of(ref).scheduler_state(ref)
     state = STATE_CLASS.get(raw, raw)
     try:
-        replicas = int(ref.launch_plan()["replicas"])
+        plan = ref.launch_plan()
+        replicas, per_replica = int(plan["replicas"]), int(plan["world_size_per_replica"])
+        keep_serving = plan.get("replica_policy") == "keep-serving"
     except (OSError, ValueError, KeyError):
-        replicas = 1
+        replicas, per_replica, keep_serving = 1, 1, False
     running = state == "RUNNING"
     endpoints = read_endpoints(ref.paths) if running else []
-    failure = first_failure(read_rank_records(ref.paths))
+    ranks = read_rank_records(ref.paths)
+    failure = first_failure(ranks)
+    dead = dead_replicas(ranks, per_replica) if keep_serving else {}
+    if keep_serving and running and len(dead) < replicas:
+        failure = None  # the others serve on (`dead_replicas` says which died, and why)
+        endpoints = [e for e in endpoints if e.replica not in dead]
     if running:
         if failure is not None:
             state = "FAILED"
         else:
-            state = "READY" if len(endpoints) >= replicas else "STARTING"
+            state = "READY" if len(endpoints) >= replicas - len(dead) else "STARTING"
     elif state in ("COMPLETED", "CANCELLED", "TIMEOUT"):
         failure = failure if state == "COMPLETED" else None
         if failure is not None:
@@ -212,6 +254,8 @@ def _serving_status(ref: JobRef) -> JobStatus:
         endpoints=endpoints,
         replicas=replicas,
         failed_rank=failure if state == "FAILED" else None,
+        dead_replicas=dead if state in ACTIVE else {},
+        restarts=_restarts(ref),
     )
 
 

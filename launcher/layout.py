@@ -40,6 +40,10 @@ GATEWAY_SUB_NAME = "gateway.sub"
 GATEWAY_JOB_MARKER_NAME = "gateway_job"
 #: the local executor's supervisor state: what sacct is to a Slurm job
 LOCAL_STATE_NAME = "local.json"
+#: a requeued job (same id, restarted by Slurm): the `.sub` writes `$SLURM_RESTART_COUNT` here at every start,
+#: and moves the records of the run before into `previous/<run>/` (run 0 is the first)
+RESTART_COUNT_NAME = "restart_count"
+PREVIOUS_RUNS_NAME = "previous"
 #: renewal (launcher/renew.py): in `D/jobs/<job_id>/`, the job's place in its chain (written by its own renewer)
 CHAIN_NAME = "chain.json"
 #: ... and its mark once a successor serves: clients send it no new requests (hpc/gateway/discovery.py)
@@ -48,6 +52,7 @@ DRAINING_NAME = "draining"
 RENEW_STOP_NAME = "renew_stopped"
 
 ENDPOINT_GLOB = "replica-*.json"
+ENDPOINT_NAME = "replica-{replica}.json"
 RANK_RECORD_GLOB = "rank-*.json"
 STOPPING_GLOB = "rank-*.stopping"
 
@@ -208,7 +213,7 @@ class JobPaths:
 
     def endpoint(self, replica: int) -> Path:
         """Written atomically by replica `replica`'s leader once tritonserver is ready."""
-        return self.endpoints_dir / f"replica-{replica}.json"
+        return self.endpoints_dir / ENDPOINT_NAME.format(replica=replica)
 
     def rank_record(self, rank: int) -> Path:
         """Written by each rank's launcher when its tritonserver exits (or it gave up)."""
@@ -242,6 +247,15 @@ class JobPaths:
     @property
     def local_state(self) -> Path:
         return self.folder / LOCAL_STATE_NAME
+
+    @property
+    def restart_count(self) -> Path:
+        """`$SLURM_RESTART_COUNT` of the run going on (0 until Slurm requeues the job), written by the `.sub`."""
+        return self.folder / RESTART_COUNT_NAME
+
+    def previous_run(self, run: int) -> Path:
+        """Where the `.sub` of a requeued job moved the endpoints and rank records of run `run` (0: the first)."""
+        return self.folder / PREVIOUS_RUNS_NAME / str(run)
 
     @property
     def chain(self) -> Path:
@@ -282,8 +296,8 @@ def template_values(deploy_dir: Path) -> dict[str, str]:
         "endpoints_name": ENDPOINTS_NAME,
         "ranks_name": RANKS_NAME,
         "rank_log_example": str(dep.job("<job id>").rank_log("<rank>")),
-        "rank_out_pattern": rank_log_name("%j", "%t", "out"),  # srun --output: %j job id, %t task (rank)
-        "rank_err_pattern": rank_log_name("%j", "%t", "err"),
+        "restart_count_name": RESTART_COUNT_NAME,
+        "previous_runs_name": PREVIOUS_RUNS_NAME,
         "index_dir_shell": INDEX_DIR_SHELL,
         "gateway_sub_path": str(dep.gateway_sub),
         "gateway_marker_name": GATEWAY_JOB_MARKER_NAME,

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 #: The launcher hands the job id to every process of a local job (the local executor's mpirun sets it).
 JOB_ID_ENV = "HPC_SERVE_JOB_ID"
+#: Set by the `.sub` on each replica's own `srun` step (one MPI world per replica, hpc/placement.py): the replica
+#: the step serves. Without it, the starter's world holds every replica (`mpirun -n`, an interactive `srun`).
+STEP_REPLICA_ENV = "HPC_SERVE_STEP_REPLICA"
 #: What the launcher decided about a rank's place, handed to tritonserver (and so to the models) through the
 #: environment: the models never parse the process starter's variables themselves (DEVELOPERS.md).
 WORLD_SIZE_ENV = "HPC_SERVE_WORLD_SIZE"
@@ -39,6 +42,14 @@ class RankInfo:
     node: str
     job_id: str
     source: str  # "slurm" | "openmpi" | "pmi" | "single": which starter's variables were used
+    #: the replica of a one-replica step (``STEP_REPLICA_ENV``); None: the world holds every replica
+    step_replica: int | None = None
+
+    @property
+    def job_rank(self) -> int:
+        """The rank in the whole job, which names the rank's files, records and shared memory: in a one-replica
+        step, replica × the step's size + the step's rank; else the world's rank."""
+        return self.rank if self.step_replica is None else self.step_replica * self.world_size + self.rank
 
 
 @dataclass(frozen=True)
@@ -98,26 +109,27 @@ def detect(env: Mapping[str, str] | None = None) -> RankInfo:
     env = os.environ if env is None else env
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
     job_id = job_id_from_env(env)
+    step = _int(env, STEP_REPLICA_ENV)
 
     rank = _int(env, "OMPI_COMM_WORLD_RANK")
     size = _int(env, "OMPI_COMM_WORLD_SIZE")
     if rank is not None and size is not None:
         local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
-        return RankInfo(rank, local if local is not None else 0, size, node, job_id, "openmpi")
+        return RankInfo(rank, local if local is not None else 0, size, node, job_id, "openmpi", step)
 
     rank = _int(env, "SLURM_PROCID")
     size = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
     if rank is not None and size is not None:
         local = _int(env, "SLURM_LOCALID")
-        return RankInfo(rank, local if local is not None else 0, size, node, job_id, "slurm")
+        return RankInfo(rank, local if local is not None else 0, size, node, job_id, "slurm", step)
 
     rank = _int(env, "PMI_RANK")
     size = _int(env, "PMI_SIZE")
     if rank is not None and size is not None:
         local = _int(env, "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
-        return RankInfo(rank, local if local is not None else 0, size, node, job_id, "pmi")
+        return RankInfo(rank, local if local is not None else 0, size, node, job_id, "pmi", step)
 
-    return RankInfo(0, 0, 1, node, job_id, "single")
+    return RankInfo(0, 0, 1, node, job_id, "single", step)
 
 
 _STARTER = {
@@ -138,6 +150,8 @@ def role(info: RankInfo, tp_size: int, pp_size: int, replicas: int, world_size_p
     wpr = world_size_per_replica if world_size_per_replica is not None else tp_size * pp_size
     if wpr < 1 or replicas < 1:
         raise WorldSizeError(f"invalid plan: world_size_per_replica {wpr}, replicas {replicas}")
+    if info.step_replica is not None:  # one replica per step (the .sub): the world is that replica
+        return _step_role(info, wpr, replicas)
     expected = wpr * replicas
     if info.world_size != expected:
         if world_size_per_replica is not None and world_size_per_replica != tp_size * pp_size:
@@ -149,6 +163,24 @@ def role(info: RankInfo, tp_size: int, pp_size: int, replicas: int, world_size_p
     if not 0 <= info.rank < info.world_size:
         raise WorldSizeError(f"rank {info.rank} is outside the world of size {info.world_size}")
     return Role(replica=info.rank // wpr, rank_in_replica=info.rank % wpr, leader=info.rank % wpr == 0)
+
+
+def _step_role(info: RankInfo, wpr: int, replicas: int) -> Role:
+    """The role in a one-replica step: the step is the replica's MPI world, its rank 0 the leader."""
+    replica = info.step_replica
+    assert replica is not None
+    if not 0 <= replica < replicas:
+        raise WorldSizeError(
+            f"{STEP_REPLICA_ENV}={replica}, but the plan has {replicas} replicas (0 to {replicas - 1})"
+        )
+    if info.world_size != wpr:
+        started = _STARTER.get(info.source, "{n} processes were started").format(n=info.world_size)
+        raise WorldSizeError(
+            f"{started} for replica {replica} but a replica has {wpr} ranks; ask srun for --ntasks={wpr} per replica"
+        )
+    if not 0 <= info.rank < wpr:
+        raise WorldSizeError(f"rank {info.rank} is outside the world of size {info.world_size}")
+    return Role(replica=replica, rank_in_replica=info.rank, leader=info.rank == 0)
 
 
 @dataclass(frozen=True)

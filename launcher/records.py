@@ -151,7 +151,8 @@ class EndpointRecord(_Record):
 @dataclass(frozen=True, kw_only=True)
 class RankExitRecord(_Record):
     """How a rank ended: written by its launcher when tritonserver exits, or when the launcher itself gave up
-    (``error`` says why: world size, port, ready timeout)."""
+    (``error`` says why: world size, port, ready timeout, a python stub that died). ``cause_rank``: the launcher
+    ended this rank because that rank of its replica failed (launcher/watch.py); the cause is that rank's record."""
 
     version: int = VERSION
     rank: int
@@ -161,6 +162,7 @@ class RankExitRecord(_Record):
     log_tail: list[str] = field(default_factory=list)
     ended_at: float = 0.0
     error: str | None = None
+    cause_rank: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -168,8 +170,9 @@ class RankExitRecord(_Record):
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
-        if data["error"] is None:
-            del data["error"]  # present only when the launcher gave up
+        for key in ("error", "cause_rank"):
+            if data[key] is None:
+                del data[key]  # present only when the launcher gave up, or ended the rank for a peer
         return data
 
 

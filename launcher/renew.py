@@ -15,7 +15,9 @@ renew the same way as one `hpc-serve submit` started. On the job's own clock (Sl
    waiting, from their metrics ports) or ``renew.drain`` has passed, then starts the ordered stop
    (``scancel --signal=TERM``, as the time limit's warning does): the job ends COMPLETED;
 4. stops the job at ``end - stop lead`` anyway: a successor still pending then takes over when it starts, and
-   ``chain.json``'s note says why this job served to its end.
+   ``chain.json``'s note says why this job served to its end. ``notice_s`` before that stop it marks itself
+   draining for good (``final``: clients send it nothing new even though no other replica serves), so that its
+   requests in flight finish before the stop rather than wait on a stopping server.
 
 Slurm's time-limit warning (the `.sub`'s ``--signal=B:USR1@lead``) may come up to a minute early (slurmctld
 looks at time limits every 30 s or so), which in a short job would stop it before its successor serves. So
@@ -227,6 +229,7 @@ class Renewer:
         phase = "successor" if self.record.successor else "wait"
         read_at = checked_at = time.monotonic()
         marked_at = retry_at = 0.0
+        final = False
         state = ("", "")
         while True:
             now = time.time()
@@ -278,6 +281,10 @@ class Renewer:
                 if now >= self.plan.drain_until(marked_at, self.end):
                     left = "an unknown number of" if busy is None else str(busy)
                     return self.stop(f"handed over to {successor}: drain timeout with {left} requests in flight")
+            if phase in ("serve", "successor") and not final and now >= self.plan.final_drain_at(self.end):
+                final = True
+                write_json_atomic(self.paths.draining, {"at": now, "successor": "", "final": True})
+                log(f"no successor serves yet: no new requests from now on; ordered stop in {self.plan.notice_s:g} s")
             if now >= self.plan.stop_at(self.end):
                 if phase == "successor":
                     why = f"{state[0]} ({state[1]})" if state[0] else "not READY"

@@ -75,6 +75,11 @@ class RenewPlan:
         """When this job's ordered stop starts at the latest, successor or not (what USR1 asks for, on time)."""
         return end - self.stop_lead_s
 
+    def final_drain_at(self, end: float) -> float:
+        """When a job that no successor relieves yet takes no new requests any more (``notice_s`` before its
+        stop): what it has in flight can finish before the stop, instead of waiting on a stopping server."""
+        return self.stop_at(end) - self.notice_s
+
     def idle_from(self, marked_at: float) -> float:
         """From when an idle replica may stop: no client sends it anything new once it saw the draining mark."""
         return marked_at + self.notice_s

@@ -10,13 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import auth, config, records
-from .command import build_argv
+from .command import build_argv, remove_shm_regions
 from .layout import Deployment, JobPaths, with_source_root
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
 from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
 from .server import ServerBinary, ServerNotFound, cache_dir, merge_env, resolve
 from .stop import FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop
 from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name, wait_ready
+from .watch import PeerWatch, RankWatch
 
 EXIT_CONFIG = 2  # launch.json / world size / binary / access-token problems: nothing was started (or served)
 EXIT_PORT = 3  # a fixed port is taken, or auto ports kept colliding
@@ -31,7 +32,7 @@ def job_paths(plan: config.LaunchPlan, info: RankInfo) -> JobPaths:
 
 def release_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
     """File a follower's model touches when its leader told it to stop: its exit is then a clean one."""
-    return job_paths(plan, info).released(info.rank)
+    return job_paths(plan, info).released(info.job_rank)
 
 
 def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
@@ -39,7 +40,7 @@ def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
     the stop began and until when in-flight requests may drain (``drain_until``, epoch seconds; tritonserver
     gives up then), so the engine can finish or fail its work in time for its finalize to release the
     followers."""
-    return job_paths(plan, info).stopping(info.rank)
+    return job_paths(plan, info).stopping(info.job_rank)
 
 
 def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> None:
@@ -64,11 +65,20 @@ def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
     return Supervisor(plan.grace_s, FollowerStop(plan.follower_wait_s, release_path(plan, info), leader))
 
 
+def rank_watch(plan: config.LaunchPlan, info: RankInfo, me: Role) -> RankWatch:
+    """Fail-fast (launcher/watch.py): the exit records of the other ranks of this rank's replica."""
+    per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
+    first = me.replica * per_replica
+    paths = job_paths(plan, info)
+    peers = {r: paths.rank_record(r) for r in range(first, first + per_replica) if r != info.job_rank}
+    return RankWatch(PeerWatch(me.replica, peers))
+
+
 def _argv(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, ports: Ports | None) -> list[str]:
     return build_argv(
         server.argv0,
         model_repository=plan.model_repository,
-        rank=info.rank,
+        rank=info.job_rank,
         job_id=info.job_id,
         leader=me.leader,
         ports=ports,
@@ -125,7 +135,7 @@ def _single_node(env: dict[str, str] | os._Environ) -> bool:
 def _record_failure(plan: config.LaunchPlan, info: RankInfo, code: int, message: str, tail: Sequence[str] = ()) -> None:
     """The launcher gave up before (or instead of) running tritonserver: say why in the rank's exit record."""
     record = records.RankExitRecord(
-        rank=info.rank,
+        rank=info.job_rank,
         host=info.node,
         exit_code=code,
         signal=None,
@@ -134,7 +144,7 @@ def _record_failure(plan: config.LaunchPlan, info: RankInfo, code: int, message:
         error=message,
     )
     try:
-        records.write_json_atomic(job_paths(plan, info).rank_record(info.rank), record.to_dict())
+        records.write_json_atomic(job_paths(plan, info).rank_record(info.job_rank), record.to_dict())
     except OSError as exc:
         log(f"could not write the rank record: {exc}")
 
@@ -142,11 +152,19 @@ def _record_failure(plan: config.LaunchPlan, info: RankInfo, code: int, message:
 def _finish(
     plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Child, rc: int, error: str | None = None
 ) -> int:
-    if release_path(plan, info).exists():
+    if release_path(plan, info).exists() and sup.failure is None:
         # A follower whose leader stopped: TensorRT-LLM workers exit(0) then; ours end their tritonserver.
-        log(f"rank {info.rank}: released by the leader")
+        log(f"rank {info.job_rank}: released by the leader")
         rc = 0
-    sig = signal_name(rc)
+    sig, cause = signal_name(rc), None
+    code: int | None = rc
+    failure = sup.failure  # the launcher ended it (launcher/watch.py): a dead stub, a failed peer
+    if failure is not None:
+        error = error or failure.why
+        cause = failure.cause_rank
+        if failure.signal is not None or failure.exit_code is not None:  # the stub's end is the rank's
+            sig, code = failure.signal, failure.exit_code
+    ended_at = time.time()  # the second write keeps it: which rank failed first is told by it (hpc/track.py)
 
     def write_record() -> None:
         # tritonserver's option table ("| key | value |", "+---+") says nothing about why a rank died.
@@ -154,16 +172,28 @@ def _finish(
         if error:
             tail.append(error)
         record = records.RankExitRecord(
-            rank=info.rank, host=info.node, exit_code=rc, signal=sig, log_tail=tail, ended_at=time.time(), error=error
+            rank=info.job_rank,
+            host=info.node,
+            exit_code=code,
+            signal=sig,
+            log_tail=tail,
+            ended_at=ended_at,
+            error=error,
+            cause_rank=cause,
         )
-        records.write_json_atomic(job_paths(plan, info).rank_record(info.rank), record.to_dict())
+        records.write_json_atomic(job_paths(plan, info).rank_record(info.job_rank), record.to_dict())
 
     # Record first: when a rank dies its MPI peers abort and Slurm may SIGKILL this step within a second,
     # so the record must not wait for the stubs to be reaped. Rewritten after, with the complete log tail.
     write_record()
     sup.reap_group(child)
     write_record()
-    log(f"rank {info.rank}: tritonserver exited with {sig or rc}" + (f" ({error})" if error else ""))
+    removed = remove_shm_regions(info.job_rank, info.job_id)  # a killed stub or tritonserver leaves them
+    log(
+        f"rank {info.job_rank}: tritonserver exited with {signal_name(rc) or rc}"
+        + (f" ({error})" if error else "")
+        + (f"; removed {len(removed)} shared-memory regions it left in /dev/shm" if removed else "")
+    )
     return exit_code(rc)
 
 
@@ -172,6 +202,18 @@ def serve(
 ) -> int:
     """Start tritonserver for this rank and supervise it until it exits; return the launcher's exit code."""
     sup = sup or supervisor(plan, info, me)
+    watch = rank_watch(plan, info, me)
+    sup.watch = watch.check
+    remove_shm_regions(info.job_rank, info.job_id)  # a requeued job's earlier run on this node may have left some
+    try:
+        return _serve(plan, info, me, server, sup, watch)
+    finally:
+        watch.close()
+
+
+def _serve(
+    plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup: Supervisor, watch: RankWatch
+) -> int:
     env = child_env(plan, server, info=info, me=me)
     guard: auth.Guard | None = None
     if me.leader and plan.auth == auth.TOKEN:  # followers listen on no port
@@ -196,8 +238,9 @@ def serve(
                 _record_failure(plan, info, EXIT_PORT, str(exc))
                 return EXIT_PORT
         argv = _argv(plan, info, me, server, ports)
+        ranks = (plan.world_size_per_replica or plan.tp_size * plan.pp_size) * plan.replicas
         print(
-            f"[hpc-serve] rank {info.rank}/{info.world_size} on {info.node}: replica {me.replica}, "
+            f"[hpc-serve] rank {info.job_rank}/{ranks} on {info.node}: replica {me.replica}, "
             f"{'leader' if me.leader else 'follower'}, cmd: {describe(argv)}",
             flush=True,
         )
@@ -249,11 +292,12 @@ def serve(
                 return EXIT_CONFIG
             log("auth: token: checked that tritonserver refuses requests without the deployment's token")
         if state == "ready":
+            watch.arm_stubs(child.proc.pid)  # from now on a dead stub ends the rank (launcher/watch.py)
             ready_at = time.time()
             record = records.EndpointRecord(
                 job_id=info.job_id,
                 replica=me.replica,
-                rank=info.rank,
+                rank=info.job_rank,
                 host=info.node,
                 address=records.advertised_address(info.node, _single_node(os.environ)),
                 http_port=ports.http,
@@ -294,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = detect()
     if not args.dry_run:
         paths = job_paths(plan, info)
-        log_to_rank_files(paths.rank_log(info.rank, "out"), paths.rank_log(info.rank, "err"))
+        own = info.step_replica is not None  # the .sub's replica steps: the launcher names the rank's files
+        log_to_rank_files(paths.rank_log(info.job_rank, "out"), paths.rank_log(info.job_rank, "err"), own)
     try:
         me = role(info, plan.tp_size, plan.pp_size, plan.replicas, plan.world_size_per_replica)
         server = resolve(plan.tritonserver)

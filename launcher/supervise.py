@@ -21,10 +21,13 @@ import urllib.error
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .stop import KILL, TERM, FollowerStop
 from .urls import READY_PATH, http_url, open_direct
+
+if TYPE_CHECKING:
+    from .watch import Failure
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 # tritonserver handles SIGINT/SIGTERM gracefully; SIGHUP/SIGUSR1 would kill it outright (default action), so
@@ -141,14 +144,23 @@ def _same_file(fd: int, path: Path) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def log_to_rank_files(out_path: Path, err_path: Path) -> None:
+def log_to_rank_files(out_path: Path, err_path: Path, own: bool = False) -> None:
     """Make sure this rank's output lands in its per-rank log files (what `hpc-serve logs` and submitit read).
-    Under the rendered `.sub`, srun's --output already points stdout there; under a hand-typed `srun` (e.g.
-    `srun --mpi=pmix hpc-serve launch spec.yaml` in salloc) it goes to the terminal, so copy it to the files too."""
+    `own`: the rendered `.sub`'s replica steps, whose srun cannot name the files (their names count ranks in the
+    whole job, srun's `%t` in the step): stdout and stderr are moved to the files (appended: a requeued job's
+    runs follow each other), so tritonserver's and every later line go there and nowhere else. Otherwise (the
+    local executor's redirected files, a hand-typed `srun --mpi=pmix hpc-serve launch spec.yaml` in salloc that
+    writes to the terminal) output already in the file stays as is, and a terminal's is copied to the files."""
     for fd, path, name in ((1, out_path, "stdout"), (2, err_path, "stderr")):
         if _same_file(fd, path):
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
+        if own:
+            getattr(sys, name).flush()
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+            continue
         copy = open(path, "a", buffering=1, encoding="utf-8", errors="replace")
         setattr(sys, name, _Both(getattr(sys, name), copy))
 
@@ -184,6 +196,10 @@ class Supervisor:
         self.kill_at: float | None = None
         self.child: Child | None = None
         self._old: dict[int, object] = {}
+        #: asked on every poll whether the rank must end now (launcher/watch.py RankWatch.check: a failed peer,
+        #: a dead stub); its answer is kept in ``failure`` and the child's group is SIGKILLed
+        self.watch: Callable[[bool], Failure | None] | None = None
+        self.failure: Failure | None = None
 
     # -- signals -----------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -252,8 +268,15 @@ class Supervisor:
         return child
 
     def poll(self, child: Child) -> int | None:
-        """Non-blocking status; enforces the SIGKILL deadline of a requested stop (a follower's: its own)."""
+        """Non-blocking status; ends the child at once when the watch says so (fail-fast); enforces the SIGKILL
+        deadline of a requested stop (a follower's: its own)."""
         rc = child.proc.poll()
+        if rc is None and self.watch is not None and self.failure is None:
+            self.failure = self.watch(self.stopping)
+            if self.failure is not None:
+                log(f"{self.failure.why}; sending SIGKILL to tritonserver's process group {child.proc.pid}")
+                self.kill_group(child, signal.SIGKILL)
+                return None
         if rc is None and self.follower is not None:
             what, why = self.follower.action()
             if what == TERM:

@@ -110,4 +110,4 @@ def test_readers_skip_partial_and_temporary_files(tmp_path: Path) -> None:
 def test_template_values_name_the_folder(tmp_path: Path) -> None:
     values = layout.template_values(tmp_path)
     assert values["sub_path"] == str(tmp_path / "tensorrt_llm_triton.sub")
-    assert values["rank_out_pattern"] == "%j_%t_log.out" and values["index_dir_shell"] == layout.INDEX_DIR_SHELL
+    assert values["restart_count_name"] == "restart_count" and values["index_dir_shell"] == layout.INDEX_DIR_SHELL

@@ -78,13 +78,20 @@ def sbatch_header(sub: str) -> list[str]:
 
 
 def srun_argv(sub: str) -> list[str]:
-    """The server step's argv as bash would split it (continuations joined, quotes removed)."""
+    """A replica's server step's argv as bash would split it (continuations joined, quotes removed; without the
+    replica variable in front and the placement, "$@", that each `start_replica` call adds)."""
     joined = sub.replace("\\\n", " ")
-    lines = [line for line in joined.splitlines() if line.startswith("srun --mpi=pmix")]
+    lines = [line.strip() for line in joined.splitlines() if "srun --mpi=pmix" in line]
     assert len(lines) == 1, lines
     argv = shlex.split(lines[0])
+    assert argv[0] == "HPC_SERVE_STEP_REPLICA=$replica", "each step's ranks learn their replica (launcher/rank.py)"
     assert argv[-1] == "&", "srun runs in the background so the .sub's traps can act (ordered stop)"
-    return argv[:-1]
+    return [arg for arg in argv[1:-1] if arg != "$@"]
+
+
+def replica_starts(sub: str) -> list[list[str]]:
+    """Each `start_replica K OPTIONS` line of the .sub, split: one srun step per replica (hpc/placement.py)."""
+    return [shlex.split(line)[1:] for line in sub.splitlines() if line.startswith("start_replica ")]
 
 
 def parse_pbtxt(path: Path) -> mc.ModelConfig:
@@ -150,6 +157,7 @@ def test_launch_json_contract(tmp_path):
         "ready_timeout_s": 60,
         "env": {"PMIX_MCA_gds": "hash"},
         "auth": "token",
+        "replica_policy": "fail-job",
     }
 
 
@@ -236,12 +244,54 @@ def test_sub_header_and_srun_line(tmp_path):
     ]
     argv = srun_argv(sub)
     assert argv[:3] == ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"]
-    assert "--output=$JOB_DIR/%j_%t_log.out" in argv and "--error=$JOB_DIR/%j_%t_log.err" in argv
+    assert not [a for a in argv if a.startswith(("--output", "--error"))]  # the launcher names the rank logs
+    assert replica_starts(sub) == [["0", "--nodes=2", "--ntasks=8", "--relative=0", "--ntasks-per-node=4"]]
     assert argv[-2:] == ["bash", "$DEPLOY_DIR/tensorrt_llm_triton.sh"]
     assert "trap 'scancel --signal=TERM \"$SLURM_JOB_ID\" || true' USR1 TERM" in sub  # ordered stop, not srun's
     assert f"DEPLOY_DIR={d}" in sub.splitlines()
     assert 'JOB_DIR="$DEPLOY_DIR/jobs/$SLURM_JOB_ID"' in sub
     assert "nvidia-smi" not in sub  # no clock lock unless asked for
+
+
+def test_one_step_per_replica_on_nodes_of_its_own(tmp_path):
+    """Each replica its own srun step (its own MPI world), on its own node; when one ends, its endpoint and the
+    shared memory of its ranks go; fail-job stops the others in order, keep-serving does not."""
+    spec = cpu_spec(tmp_path, slurm={"nodes": 2, "ntasks_per_node": 2}, model={"tp_size": 2}, replicas=2, requeue=True)
+    sub = R.render_scripts(spec, tmp_path / "d")[R.SUB_NAME]
+    assert replica_starts(sub) == [
+        ["0", "--nodes=1", "--ntasks=2", "--relative=0"],
+        ["1", "--nodes=1", "--ntasks=2", "--relative=1"],
+    ]
+    assert {"#SBATCH --requeue", "#SBATCH --open-mode=append"} <= set(sbatch_header(sub))
+    assert 'rm -f "$JOB_DIR/endpoints/replica-1.json"' in sub
+    assert 'bash -c "rm -f /dev/shm/prefix2_${SLURM_JOB_ID}_* /dev/shm/prefix3_${SLURM_JOB_ID}_*"' in sub
+    stop_others = '    scancel --signal=TERM "$SLURM_JOB_ID" || true'
+    assert stop_others in sub.splitlines()
+    keep = cpu_spec(
+        tmp_path,
+        slurm={"nodes": 2, "ntasks_per_node": 2},
+        model={"tp_size": 2},
+        replicas=2,
+        replica_policy="keep-serving",
+    )
+    kept = R.render_scripts(keep, tmp_path / "d")[R.SUB_NAME]
+    assert stop_others not in kept.splitlines() and "#SBATCH --requeue" not in kept
+    for text in (sub, kept):
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_replicas_sharing_a_node_split_it(tmp_path):
+    """Steps that share a node ask for only their part of it, or they would wait for each other (Slurm 22.05)."""
+    spec = gpu_spec(tmp_path, tp=1, slurm={"nodes": 2, "gpus_per_node": 2}, replicas=4)
+    sub = R.render_scripts(spec, tmp_path / "d")[R.SUB_NAME]
+    share = ["--exact", "--cpus-per-task=$STEP_CPUS", "--mem=0", "--gres=gpu:1"]
+    assert replica_starts(sub) == [
+        [str(k), "--nodes=1", "--ntasks=1", f"--relative={k // 2}", *share] for k in range(4)
+    ]
+    assert "STEP_CPUS=$(( ${SLURM_CPUS_ON_NODE:-2} / 2 ))" in sub
+    fixed = gpu_spec(tmp_path, tp=1, slurm={"nodes": 2, "gpus_per_node": 2, "cpus_per_task": 6}, replicas=4)
+    sub = R.render_scripts(fixed, tmp_path / "d")[R.SUB_NAME]
+    assert "--cpus-per-task=6" in replica_starts(sub)[0] and "STEP_CPUS" not in sub
 
 
 def test_optional_directives_absent_when_unset(tmp_path):

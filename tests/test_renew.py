@@ -154,6 +154,7 @@ def test_when_a_renewer_acts():
     end = 1_900_000_000.0
     assert PLAN.renew_at(end) == end - 900
     assert PLAN.stop_at(end) == end - 30
+    assert PLAN.final_drain_at(end) == end - 37  # no successor serves: no new requests 7 s before the stop
     marked = end - 800
     assert PLAN.idle_from(marked) == marked + 7
     assert PLAN.drain_until(marked, end) == marked + 67  # notice, then the drain timeout
@@ -262,21 +263,26 @@ def test_chain_view_names_a_pending_successor_and_why(tmp_path):
 
 def test_discovery_drains_a_handed_over_or_stopping_job_only_while_another_serves(tmp_path):
     target, deploy = _deployment(tmp_path)
-    for job in ("1", "2", "3"):
+    for job in ("1", "2", "3", "4"):
         JobPaths(deploy, job).create()
-    JobPaths(deploy, "1").draining.write_text("{}")
+    JobPaths(deploy, "1").draining.write_text('{"successor": "3"}')
     JobPaths(deploy, "2").stopping(0).write_text("{}")
-    assert draining_jobs(target) == {"1", "2"}
+    JobPaths(deploy, "4").draining.write_text('{"successor": "", "final": true}')
+    draining = draining_jobs(target)
+    assert draining == {"1": False, "2": True, "4": True}
 
     def replicas(*jobs: str) -> list[Replica]:
         return [Replica(key=f"{job}/0", http_url="", grpc_url="") for job in jobs]
 
     both = replicas("1", "3")
-    mark_draining(both, {"1", "2"})
+    mark_draining(both, draining)
     assert [r.draining for r in both] == [True, False]
-    alone = replicas("1", "2")  # every ready replica drains: better a draining one than none
-    mark_draining(alone, {"1", "2"})
-    assert [r.draining for r in alone] == [False, False]
+    alone = replicas("1")  # handed over, but its successor is not ready here: better a draining one than none
+    mark_draining(alone, draining)
+    assert [r.draining for r in alone] == [False]
+    ending = replicas("2", "4")  # stopping, or ending without a successor: drain even alone
+    mark_draining(ending, draining)
+    assert [r.draining for r in ending] == [True, True]
 
 
 def test_layout_names_are_inside_the_job_and_deployment_folders(tmp_path):

@@ -325,6 +325,28 @@ def test_replicas_count_in_the_fit(tmp_path):
     assert load_spec(spec).world_size == 4
 
 
+def test_tensorrtllm_replicas_each_get_a_step(gpu_dir):
+    """One srun step per replica (hpc/placement.py) gives each TensorRT-LLM replica its own MPI world."""
+    spec = write(gpu_dir, GPU_SPEC.replace("nodes: 1", "nodes: 2") + "replicas: 2\nreplica_policy: keep-serving\n")
+    loaded = load_spec(spec)
+    assert (loaded.world_size, loaded.replica_policy, loaded.requeue) == (4, "keep-serving", False)
+
+
+def test_a_replica_must_fill_whole_nodes_or_share_one_evenly(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    body = CPU_SPEC.replace("nodes: 1", "nodes: 2\n  ntasks_per_node: 3") + "  tp_size: 2\nreplicas: 3\n"
+    problem = one(write(tmp_path, body), "replicas")
+    assert "a node runs 3 ranks but a replica has 2" in problem.message and "divide ntasks_per_node" in problem.message
+    body = CPU_SPEC.replace("nodes: 1", "nodes: 3\n  ntasks_per_node: 2") + "  tp_size: 3\nreplicas: 2\n"
+    problem = one(write(tmp_path, body), "replicas")
+    assert "a replica has 3 ranks but a node runs 2" in problem.message
+
+
+def test_replica_policy_choices(cpu_dir):
+    problem = one(write(cpu_dir, CPU_SPEC + "replica_policy: keep-going\n"), "replica_policy")
+    assert "'fail-job'" in problem.message and "'keep-serving'" in problem.message
+
+
 def test_tensorrtllm_needs_one_gpu_per_rank(gpu_dir):
     spec = write(gpu_dir, GPU_SPEC.replace("gpus_per_node: 2\n", "gpus_per_node: 0\n  ntasks_per_node: 2\n"))
     assert "gpus_per_node" in one(spec, "slurm.gpus_per_node").message

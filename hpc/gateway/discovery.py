@@ -6,19 +6,23 @@ more capacity) while the gateway keeps its address; a refresh every few seconds 
 restart. Why the health check on top of the records: a job killed outright (SIGKILL, a node lost) leaves its
 record behind, and only asking the server tells a live replica from a stale record.
 
-Draining: a job whose renewer handed over to its successor (`jobs/<id>/draining`, launcher/renew.py) or whose
-ordered stop has begun (a leader's `rank-<r>.stopping`) gets no new requests; those in flight finish. Only while
-another replica takes new ones, though: a draining replica is better than none (a successor whose health check
-failed once must not leave the deployment with nothing to send to).
+Draining: a job whose renewer handed over to its successor (`jobs/<id>/draining`, launcher/renew.py) gets no new
+requests, those in flight finish; only while another replica takes new ones, though: a draining replica is better
+than none (a successor whose health check failed once must not leave the deployment with nothing to send to).
+A job that ends for good drains even alone: its ordered stop has begun (a leader's `rank-<r>.stopping`: a request
+sent now would only wait for the stop), or its renewer marked it `final` shortly before its stop (no successor
+serves yet), so that what it has in flight can finish before the stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -33,17 +37,31 @@ REFRESH_S = 5.0
 HEALTH_TIMEOUT_S = 2.0
 
 
-def draining_jobs(target: Target) -> set[str]:
-    """Jobs of the deployment that take no new requests: handed over to a successor, or stopping."""
-    return {paths.job_id for paths in job_folders(target) if paths.draining.exists() or paths.stopping_marks()}
+def _final(mark: Path) -> bool:
+    try:
+        return bool(json.loads(mark.read_text()).get("final"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
-def mark_draining(replicas: list[Replica], draining: set[str]) -> None:
-    """Set each replica's `draining` from its job's; none is while no other replica takes new requests."""
+def draining_jobs(target: Target) -> dict[str, bool]:
+    """Jobs of the deployment that take no new requests → whether even when no other replica serves (ending for
+    good: stopping, or a renewer's `final` mark) or only while another does (handed over to a successor)."""
+    found: dict[str, bool] = {}
+    for paths in job_folders(target):
+        if paths.stopping_marks() or (paths.draining.exists() and _final(paths.draining)):
+            found[paths.job_id] = True
+        elif paths.draining.exists():
+            found[paths.job_id] = False
+    return found
+
+
+def mark_draining(replicas: list[Replica], draining: Mapping[str, bool]) -> None:
+    """Set each replica's `draining` from its job's (see `draining_jobs`)."""
     job = {r.key: r.key.split("/", 1)[0] for r in replicas}
     open_ = any(job[r.key] not in draining for r in replicas)
     for replica in replicas:
-        replica.draining = open_ and job[replica.key] in draining
+        replica.draining = job[replica.key] in draining and (open_ or draining[job[replica.key]])
 
 
 @dataclass

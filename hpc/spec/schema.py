@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from backend.repository import KNOWN_PARAMETERS, choices
+from hpc.placement import PlacementError, replica_steps
 from hpc.spec.checks import (
     _CONSTRAINT,
     _ENV_NAME,
@@ -264,6 +265,16 @@ class Spec(_Section):
     triton: TritonSpec = Field(default_factory=TritonSpec)
     mode: Literal["leader", "orchestrator"] = "leader"
     replicas: int = Field(1, ge=1)
+    replica_policy: Literal["fail-job", "keep-serving"] = Field(
+        "fail-job",
+        description="when a replica dies: fail-job ends the job (every replica stops in order); keep-serving lets "
+        "the others serve on (`status` shows the dead one)",
+    )
+    requeue: bool = Field(
+        False,
+        description="#SBATCH --requeue: Slurm restarts the job after a preemption or a node failure (same job id; "
+        "the old run's endpoints are withdrawn at once, `status` counts the restarts)",
+    )
     gateway: GatewaySpec | None = Field(None, description="run `hpc-serve gateway` as a Slurm job of its own")
     renew: RenewSpec | None = Field(None, description="a successor job takes over before the time limit")
     auth: Literal[AUTH_MODES] = Field(  # type: ignore[valid-type]
@@ -310,11 +321,10 @@ class Spec(_Section):
                 f"but slurm.nodes {s.nodes} × ntasks_per_node {self.tasks_per_node} = {tasks} tasks; "
                 "make them equal"
             )
-        if m.backend == "tensorrtllm" and self.replicas > 1:
-            raise ValueError(
-                "@replicas: replicas > 1 with backend tensorrtllm is not supported yet: TensorRT-LLM's leader mode "
-                "needs MPI world size = tp_size × pp_size per step; submit one job per replica instead"
-            )
+        try:  # one srun step per replica (hpc/placement.py): its ranks fill whole nodes, or replicas fill a node
+            replica_steps(self.replicas, self.world_size_per_replica, s.nodes, self.tasks_per_node)
+        except PlacementError as exc:
+            raise ValueError(f"@replicas: {exc}") from None
         if self.renew is not None:
             self._renew_fits()
         if m.backend == "tensorrtllm" and self.mode == "leader":
