@@ -27,6 +27,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{args.spec}: ok — {spec.name}: backend {spec.model.backend}, tp {spec.model.tp_size} × pp "
         f"{spec.model.pp_size} × replicas {spec.replicas} = {spec.world_size} ranks on {spec.slurm.nodes} node(s)"
     )
+    from hpc.gpu_binding import describe
+
+    print(describe(spec))
     return EXIT_OK
 
 
@@ -43,6 +46,9 @@ def cmd_render(args: argparse.Namespace) -> int:
         _err(str(exc))
         return EXIT_USAGE
     print(f"rendered {out.deploy_dir}")
+    from hpc.gpu_binding import describe
+
+    print(describe(spec))
     for path in (out.sub, out.sh, out.model_repository, out.launch):
         print(f"  {path}")
     if out.gateway_sub is not None:

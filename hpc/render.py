@@ -22,6 +22,7 @@ import jinja2
 
 from hpc import __version__
 from hpc.auth import ensure_deployment_token
+from hpc.gpu_binding import gpu_decision
 from hpc.placement import replica_steps, step_options
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
 from hpc.spec.checks import slurm_time_seconds
@@ -29,6 +30,7 @@ from hpc.spec.files import is_script_safe_path
 from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.command import shm_glob_shell
 from launcher.config import RENEW_NOTICE_S, STOP_LEAD_S, default_env
+from launcher.gpu import bound_parameters
 
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.layout import (
@@ -81,6 +83,7 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
     )
     if m.backend == "cpu":
         params["tp_size"] = m.tp_size
+    params.update(bound_parameters(gpu_decision(spec).binding, m.tp_size, m.pp_size))
     params.update(t.parameters)
     return params
 
@@ -104,6 +107,7 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "ready_timeout_s": spec.triton.ready_timeout_s,
         "env": default_env(spec.mode),
         "auth": spec.auth,
+        "gpu_binding": gpu_decision(spec).binding,
         "replica_policy": spec.replica_policy,
         **({"renew": renew_plan(spec)} if spec.renew is not None else {}),
     }

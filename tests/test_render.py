@@ -157,6 +157,7 @@ def test_launch_json_contract(tmp_path):
         "ready_timeout_s": 60,
         "env": {"PMIX_MCA_gds": "hash"},
         "auth": "token",
+        "gpu_binding": "none",
         "replica_policy": "fail-job",
     }
 

@@ -44,6 +44,7 @@ from hpc.spec.renew import RenewSpec, format_duration
 from launcher.auth import MODES as AUTH_MODES
 from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.config import DEFAULT_READY_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
+from launcher.gpu import POLICIES as GPU_POLICIES
 
 
 class SlurmSpec(_Section):
@@ -72,6 +73,11 @@ class SlurmSpec(_Section):
     )
     env: dict[str, str] = Field(default_factory=dict, description="exported for every rank, values quoted")
     gpu_clocks_mhz: int | None = Field(None, ge=100, le=5000, description="lock SM clocks: nvidia-smi -lgc N,N")
+    gpu_binding: Literal[GPU_POLICIES] = Field(  # type: ignore[valid-type]
+        "auto",
+        description="per-rank: each rank sees only its own GPU (CUDA_VISIBLE_DEVICES); none: every GPU of its node; "
+        "auto: per-rank unless ranks of one replica share a node (launcher/gpu.py says why)",
+    )
 
     _names = field_validator("partition", "account", "qos", "reservation", "gres")(_check(_SLURM_WORD, "Slurm name"))
     _constraint = field_validator("constraint")(_check(_CONSTRAINT, "Slurm constraint expression"))
