@@ -113,10 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_launch)
 
     from hpc import jobs_cli
+    from hpc.bench import cli as bench_cli
     from hpc.gateway import cli as gateway_cli
 
     jobs_cli.add_commands(sub)
     gateway_cli.add_commands(sub)
+    bench_cli.add_commands(sub)
     return parser
 
 

@@ -327,31 +327,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_metrics(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from hpc.client import job_endpoints
-    from hpc.metrics import DEFAULT_PREFIXES, parse, scrape
-
-    endpoints = [e for e in job_endpoints(_find(args.job)) if e.replica == args.replica]
-    if not endpoints:
-        print(f"hpc-serve: job {args.job} has no ready endpoint for replica {args.replica}", file=sys.stderr)
-        return EXIT_NOT_FOUND
-    samples = parse(
-        scrape(endpoints[0].metrics_url), prefixes=() if args.all else DEFAULT_PREFIXES, hide_zero_failures=not args.all
-    )
-    if args.json:
-        print(json.dumps([s.__dict__ for s in samples], indent=2))
-        return EXIT_OK
-    table = Table("metric", "labels", "value", title=endpoints[0].metrics_url)
-    for s in samples:
-        labels = ", ".join(f"{k}={v}" for k, v in s.labels.items() if k not in ("version",))
-        table.add_row(s.name, labels, f"{s.value:g}")
-    Console().print(table)
-    return EXIT_OK
-
-
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="render a spec into a new job folder and submit it")
     p.add_argument("spec")
@@ -412,13 +387,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("target", metavar="TARGET", help="a job id or folder, or a deployment (spec file, folder, name)")
     p.add_argument("--grace", type=float, default=CANCEL_GRACE_S, help="seconds to wait for a graceful stop")
     p.set_defaults(func=cmd_cancel)
-
-    p = sub.add_parser("metrics", help="a job's nv_trt_llm_* and nv_inference_* metrics from its leader")
-    p.add_argument("job")
-    p.add_argument("--replica", type=int, default=0)
-    p.add_argument("--all", action="store_true", help="every metric family, not only the LLM-serving ones")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser(
         "generate",

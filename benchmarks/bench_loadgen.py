@@ -1,0 +1,165 @@
+"""Is `hpc-serve bench`'s load generator ever the bottleneck? Against a trivially fast model (one local job: a
+tiny random GPT-2 on the CPU engine, `max_tokens` 1, a short prompt), the request rate it sustains against the
+rate of a plain loop of tritonclient calls, side by side, as a ratio.
+
+  loop     what NVIDIA's benchmark_core_model.py-style scripts do: one thread, tritonclient.grpc, one stream
+           opened once; send a request to the ensemble, wait for its final response, send the next
+  loadgen  hpc.bench's load generator (`hpc-serve bench JOB --concurrency C`, all at once), the same requests
+           through hpc.client.AsyncClient straight to the replica (no gateway runs)
+
+Rounds alternate the two (loop first in odd rounds); the median of each side is reported, and the loadgen's
+own CPU time per request (this process: getrusage), which is what would cap it: 1000 / that is the rate one
+core of load generator can drive. When the measured ratio is lower than that capacity, the server (which shares
+the machine) is the limit, not the generator.
+
+    python benchmarks/bench_loadgen.py [--requests 300] [--concurrency 32] [--rounds 3] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import queue
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml  # noqa: E402
+
+CLI = [sys.executable, "-m", "hpc.cli"]
+
+
+def cli(*args: str) -> str:
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise SystemExit(f"hpc-serve {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def start_job(work: Path) -> tuple[str, str]:
+    """A READY local job of a tiny random GPT-2 → (job id, the replica's gRPC address)."""
+    cli("init-model", str(work / "ckpt"))
+    spec = {
+        "auth": "none",
+        "name": "loadgen",
+        "workdir": str(work / "runs"),
+        "slurm": {"nodes": 1, "ntasks_per_node": 1, "time": "00:30:00"},
+        "model": {"backend": "cpu", "checkpoint_dir": str(work / "ckpt"), "tp_size": 1},
+        "triton": {"triton_max_batch_size": 64, "ready_timeout_s": 300},
+    }
+    (work / "loadgen.yaml").write_text(yaml.safe_dump(spec))
+    job = cli("submit", str(work / "loadgen.yaml"), "--executor", "local", "--wait").split()[0]
+    from hpc.client import job_endpoints
+
+    (endpoint,) = job_endpoints(job)
+    return job, endpoint.grpc_url
+
+
+def plain_loop(grpc_url: str, prompt: str, count: int) -> float:
+    """Requests per second of one thread sending the ensemble request after request over one gRPC stream."""
+    import tritonclient.grpc as grpcclient
+
+    from hpc.gateway.triton import GenerateParams
+
+    tensors = GenerateParams(prompt=prompt, max_tokens=1).tensors()
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        start = time.perf_counter()
+        for _ in range(count):
+            client.async_stream_infer("ensemble", tensors, enable_empty_final_response=True)
+            while True:
+                result, error = answers.get(timeout=60)
+                if error is not None:
+                    raise SystemExit(f"loop: {error}")
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    break
+        return count / (time.perf_counter() - start)
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def loadgen(job: str, prompt: str, count: int, concurrency: int) -> tuple[float, float]:
+    """(requests per second, this process's CPU ms per request) of hpc.bench's load generator."""
+    from hpc.bench.loadgen import LoadSpec, client_sender, run_load
+    from hpc.bench.workloads import BenchRequest, WordTokenizer
+    from hpc.client import AsyncClient
+
+    async def run() -> tuple[float, float]:
+        async with AsyncClient(job, gateway=False) as client:
+            send = client_sender(client, {})
+            await run_load(
+                [BenchRequest(prompt, 4, 1)], LoadSpec([0.0] * concurrency, concurrency), send, WordTokenizer()
+            )
+            cpu = resource.getrusage(resource.RUSAGE_SELF)
+            start = time.perf_counter()
+            records = await run_load(
+                [BenchRequest(prompt, 4, 1)], LoadSpec([0.0] * count, concurrency), send, WordTokenizer()
+            )
+            wall = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_SELF)
+        failed = [r.error for r in records if not r.ok]
+        if failed:
+            raise SystemExit(f"loadgen: {len(failed)} requests failed: {sorted(set(failed))}")
+        used = (after.ru_utime + after.ru_stime) - (cpu.ru_utime + cpu.ru_stime)
+        return count / wall, used / count * 1000
+
+    return asyncio.run(run())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
+    os.environ["HPC_SERVE_HOME"] = str(work / "hpc-home")
+    prompt = "Once upon a time"
+    job = ""
+    try:
+        job, grpc_url = start_job(work)
+        plain_loop(grpc_url, prompt, 20)  # warm-up
+        loops, gens, cpus = [], [], []
+        for i in range(1, args.rounds + 1):
+            order = ("loop", "loadgen") if i % 2 else ("loadgen", "loop")
+            for side in order:
+                if side == "loop":
+                    loops.append(plain_loop(grpc_url, prompt, args.requests))
+                else:
+                    rate, cpu = loadgen(job, prompt, args.requests, args.concurrency)
+                    gens.append(rate)
+                    cpus.append(cpu)
+            print(
+                f"round {i}: loop {loops[-1]:.1f} req/s   loadgen {gens[-1]:.1f} req/s   loadgen CPU {cpus[-1]:.2f} ms/req"
+            )
+        loop, gen = statistics.median(loops), statistics.median(gens)
+        print(f"plain tritonclient loop, median:           {loop:.1f} requests/s")
+        print(f"hpc-serve bench load generator (conc {args.concurrency}): {gen:.1f} requests/s")
+        print(f"ratio loadgen / loop: {gen / loop:.2f}   (target >= 3)")
+        cpu = statistics.median(cpus)
+        print(f"load generator CPU per request, median: {cpu:.2f} ms")
+        print(
+            f"load generator capacity on one core (1000 / CPU ms): {1000 / cpu:.0f} requests/s = "
+            f"{1000 / cpu / loop:.1f}x the loop (where the measured ratio is lower, the server is the limit)"
+        )
+    finally:
+        if job:
+            subprocess.run([*CLI, "cancel", job], capture_output=True, timeout=120)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

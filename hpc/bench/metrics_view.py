@@ -1,0 +1,106 @@
+"""What `hpc-serve metrics TARGET` prints: every metric per replica and summed, or with `--watch S` a table of
+rates (requests/s, tokens/s, mean queue time, KV-cache use, active and waiting requests) that rich.live
+redraws in place every S seconds, one row per replica and one for the deployment.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from launcher.records import EndpointRecord
+
+from .replica_metrics import Rates, Snapshot, rates, summable, summed, take
+
+
+def endpoints_or_exit(targets: Sequence[str]) -> list[EndpointRecord]:
+    """Every published replica of the jobs TARGET names, or of every job of the deployment it names."""
+    from hpc.client import job_endpoints
+    from hpc.gateway.cli import resolve_or_exit
+    from hpc.routing.deployment import published
+
+    target, refs = resolve_or_exit(list(targets))
+    if refs:
+        return [e for ref in refs for e in job_endpoints(ref)]
+    return list(published(target))
+
+
+def _num(value: float | None, fmt: str | None = None) -> str:
+    if value is None:
+        return "-"
+    if fmt is None:
+        fmt = "{:,.0f}" if float(value).is_integer() else "{:,.4g}"
+    return fmt.format(value)
+
+
+def snapshot_table(snapshot: Snapshot) -> Table:
+    """metric × (each replica, total)."""
+    replicas = sorted(snapshot.values)
+    table = Table("metric", "labels", *replicas, "total", title="hpc-serve metrics: per replica and summed")
+    for key in snapshot.keys():
+        name, _, labels = key.partition("{")
+        cells = [_num(snapshot.values[r].get(key)) for r in replicas]
+        table.add_row(name, labels.rstrip("}"), *cells, _num(snapshot.total(key)) if summable(key) else "-")
+    for replica, why in sorted(snapshot.errors.items()):
+        table.add_row(f"[red]{replica} did not answer[/red]", why, *[""] * len(replicas))
+    return table
+
+
+def _kv(r: Rates) -> str:
+    if r.kv_used is None or not r.kv_max:
+        return "-"
+    return f"{r.kv_used:,.0f} / {r.kv_max:,.0f} ({r.kv_used / r.kv_max:.0%})"
+
+
+def rates_table(before: Snapshot, now: Snapshot) -> Table:
+    seconds = now.at - before.at
+    rows: list[tuple[str, Rates]] = []
+    for replica in sorted(now.values):
+        if replica in before.values:
+            rows.append((replica, rates(now.values[replica], before.values[replica], seconds)))
+    total = rates(summed(now), summed(before), seconds)
+    table = Table(
+        "replica",
+        "requests/s",
+        "failed/s",
+        "tokens/s",
+        "mean queue ms",
+        "active",
+        "waiting",
+        "KV-cache blocks used",
+        title=f"hpc-serve metrics --watch: rates over the last {seconds:.1f} s ({time.strftime('%H:%M:%S')})",
+        caption=f"tokens: {total.token_source}",
+    )
+    for name, r in [*rows, ("total", total)]:
+        table.add_row(
+            name,
+            _num(r.requests_per_s, "{:,.2f}"),
+            _num(r.failures_per_s, "{:,.2f}"),
+            _num(r.tokens_per_s, "{:,.1f}"),
+            _num(r.queue_ms, "{:,.2f}"),
+            _num(r.active, "{:,.0f}"),
+            _num(r.waiting, "{:,.0f}"),
+            _kv(r),
+            style="bold" if name == "total" else None,
+        )
+    for replica, why in sorted(now.errors.items()):
+        table.add_row(f"[red]{replica}[/red]", f"[red]no answer: {why}[/red]")
+    return table
+
+
+def watch(endpoints: Sequence[EndpointRecord], every_s: float, console: Console, count: int | None = None) -> None:
+    """Redraw the rates table every `every_s` seconds until Ctrl-C (or `count` refreshes)."""
+    before = take(endpoints)
+    done = 0
+    with Live(
+        Table(title=f"hpc-serve metrics: first rates in {every_s:g} s"), console=console, auto_refresh=False
+    ) as live:
+        while count is None or done < count:
+            time.sleep(max(0.0, before.at + every_s - time.monotonic()))
+            now = take(endpoints)
+            live.update(rates_table(before, now), refresh=True)
+            before, done = now, done + 1

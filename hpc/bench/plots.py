@@ -1,0 +1,104 @@
+"""The PNGs of `hpc-serve bench --output-dir`: latency and TTFT distributions, a per-request timeline, and for a
+sweep the throughput-vs-latency curve (the one plot that answers "how much load at what latency").
+
+Why matplotlib's Agg backend, chosen here: a login node has no display, and the plots must be written, not
+shown. Why histograms with percentile lines rather than box plots: the tail (p90, p99) is what an SLO is
+about, and a person reads the lines' labels without knowing box-plot conventions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .stats import RequestRecord
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("the plots of --output-dir need matplotlib: pip install 'hpc-serve[bench]'") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _histogram(ax, values_ms: list[float], what: str) -> None:
+    import numpy as np
+
+    if not values_ms:
+        ax.text(0.5, 0.5, f"no {what} (no request completed)", ha="center", va="center", transform=ax.transAxes)
+        return
+    ax.hist(values_ms, bins=min(50, max(10, len(values_ms) // 5)), color="#4878a8", alpha=0.85)
+    for p, style in ((50, "-"), (90, "--"), (99, ":")):
+        value = float(np.percentile(values_ms, p))
+        ax.axvline(value, color="#c03030", linestyle=style, label=f"p{p} {value:,.1f} ms")
+    ax.set_xlabel(f"{what} (ms)")
+    ax.set_ylabel("requests")
+    ax.legend()
+
+
+def distributions(records: list[RequestRecord], path: Path, title: str) -> Path:
+    """Latency and TTFT histograms side by side, with p50/p90/p99 marked."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _histogram(left, [r.latency * 1000 for r in records if r.ok and r.latency is not None], "latency")
+    left.set_title("request latency (send → last token)")
+    _histogram(right, [r.ttft * 1000 for r in records if r.ok and r.ttft is not None], "time to first token")
+    right.set_title("time to first token")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def timeline(records: list[RequestRecord], path: Path, title: str) -> Path:
+    """One horizontal line per request: waiting for its first token (light), streaming (dark), failed (red x)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(12, max(3.0, min(10.0, len(records) * 0.03 + 2))))
+    for r in records:
+        if r.ok and r.first is not None and r.end is not None:
+            ax.hlines(r.index, r.sent, r.first, color="#f0b040", linewidth=1.5)
+            ax.hlines(r.index, r.first, r.end, color="#30609a", linewidth=1.5)
+        else:
+            ax.plot([r.sent], [r.index], "x", color="#c03030", markersize=4)
+    ax.plot([], [], color="#f0b040", label="waiting for first token")
+    ax.plot([], [], color="#30609a", label="streaming")
+    if any(not r.ok for r in records):
+        ax.plot([], [], "x", color="#c03030", label="failed")
+    ax.set_xlabel("seconds since the start")
+    ax.set_ylabel("request")
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def sweep_curve(points: list[tuple[str, dict[str, Any]]], path: Path, title: str) -> Path:
+    """Output tokens/s against p50 and p99 latency, one marker per sweep point, labelled with its value."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    xs = [s["output_tokens_per_s"] for _, s in points]
+    for ax, key, what in ((left, "latency_ms", "request latency"), (right, "ttft_ms", "time to first token")):
+        for stat, style in (("p50", "o-"), ("p99", "s--")):
+            ys = [s[key][stat] if s[key][stat] is not None else float("nan") for _, s in points]
+            ax.plot(xs, ys, style, label=stat)
+            if stat == "p50":
+                for (label, _), x, y in zip(points, xs, ys, strict=True):
+                    ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel(f"{what} (ms)")
+        ax.set_title(f"throughput vs {what}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
