@@ -34,6 +34,7 @@ Sources (read for issue 12, /work/notes/issue12_device_research.md):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -131,13 +132,26 @@ class RankGpus:
         return out
 
 
-def rank_gpus(env: Mapping[str, str], binding: str, local_rank: int) -> RankGpus:
+def node_gpu_count(root: str = "/proc/driver/nvidia/gpus") -> int:
+    """GPUs the NVIDIA driver shows on this node (one folder each), 0 without the driver: what a process with no
+    ``CUDA_VISIBLE_DEVICES`` sees (a local ``mpirun``, a step without GPU binding)."""
+    try:
+        return len(os.listdir(root))
+    except OSError:
+        return 0
+
+
+def rank_gpus(env: Mapping[str, str], binding: str, local_rank: int, node_gpus: int = 0) -> RankGpus:
     """This rank's GPU from the starter's environment (the module docstring lists the styles).
 
-    ``local_rank`` is the rank on its node within its step (``SLURM_LOCALID``, launcher/rank.py ``detect``)."""
+    ``local_rank`` is the rank on its node within its step (``SLURM_LOCALID``, launcher/rank.py ``detect``);
+    ``node_gpus`` (``node_gpu_count``) stands for the list when nothing in the environment names one: the rank
+    would see every GPU and TensorRT-LLM, told ``gpu_device_ids "0"``, would put every rank on the first."""
     visible = _devices(env.get(VISIBLE))
     if visible is None:  # Slurm sets it for every GPU step; a bare step on a GPU node may not
         visible = _devices(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
+    if visible is None and node_gpus:
+        visible = [str(i) for i in range(node_gpus)]
     if binding != PER_RANK:
         return RankGpus(None, "off", f"gpu_binding {binding}: {VISIBLE} left as it is")
     if not visible:

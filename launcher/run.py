@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import auth, config, records
 from .command import build_argv, remove_shm_regions
-from .gpu import GpuBindingError, rank_gpus
+from .gpu import GpuBindingError, node_gpu_count, rank_gpus
 from .layout import Deployment, JobPaths, with_source_root
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
 from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
@@ -125,7 +125,7 @@ def child_env(
         threads = _threads_per_rank(env, info)
         for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(name, threads)
-        env = rank_gpus(env, plan.gpu_binding, info.local_rank).apply(env)  # checked in main()
+        env = rank_gpus(env, plan.gpu_binding, info.local_rank, node_gpu_count()).apply(env)  # checked in main()
     return env
 
 
@@ -345,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         me = role(info, plan.tp_size, plan.pp_size, plan.replicas, plan.world_size_per_replica)
         server = resolve(plan.tritonserver)
-        gpus = rank_gpus(os.environ, plan.gpu_binding, info.local_rank)
+        gpus = rank_gpus(os.environ, plan.gpu_binding, info.local_rank, node_gpu_count())
     except (WorldSizeError, ServerNotFound, GpuBindingError) as exc:
         log(str(exc))
         _record_failure(plan, info, EXIT_CONFIG, str(exc))

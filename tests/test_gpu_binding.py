@@ -12,7 +12,7 @@ from hpc import render as R
 from hpc.gpu_binding import describe, gpu_decision
 from hpc.spec import SpecError
 from launcher import config
-from launcher.gpu import NONE, PER_RANK, GpuBindingError, bound_parameters, decide, rank_gpus
+from launcher.gpu import NONE, PER_RANK, GpuBindingError, bound_parameters, decide, node_gpu_count, rank_gpus
 from launcher.rank import RankInfo, Role
 from launcher.run import child_env
 from launcher.server import ServerBinary
@@ -49,6 +49,19 @@ def test_gres_per_node_picks_the_local_rank_through_the_visible_list(visible, lo
 
 def test_step_gpus_when_cuda_visible_devices_is_unset():
     assert rank_gpus({"SLURM_STEP_GPUS": "1,3"}, PER_RANK, 1).visible == "3"
+
+
+def test_the_nodes_gpus_when_nothing_names_them():
+    # a local mpirun on a GPU box: without this every rank would see all GPUs and use the first
+    assert rank_gpus({}, PER_RANK, 1, node_gpus=2).visible == "1"
+    assert rank_gpus({"CUDA_VISIBLE_DEVICES": "3,4"}, PER_RANK, 1, node_gpus=8).visible == "4"  # Slurm's list wins
+
+
+def test_node_gpu_count_reads_the_drivers_folder(tmp_path):
+    for bus in ("0000:06:00.0", "0000:07:00.0"):
+        (tmp_path / bus).mkdir()
+    assert node_gpu_count(str(tmp_path)) == 2
+    assert node_gpu_count(str(tmp_path / "absent")) == 0
 
 
 def test_a_site_device_order_is_kept():
