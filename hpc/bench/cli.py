@@ -44,6 +44,7 @@ def _sweep(text: str) -> tuple[str, tuple[float, ...]]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    import httpx
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -107,6 +108,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except (ClientError, LookupError) as exc:
         err(str(exc))
+        return EXIT_NOT_FOUND
+    except httpx.HTTPError as exc:  # a gateway URL that does not answer (or refuses /v1/models)
+        err(f"{args.target}: {type(exc).__name__}: {exc}")
         return EXIT_NOT_FOUND
     except (ValueError, OSError, ImportError) as exc:
         err(str(exc))
