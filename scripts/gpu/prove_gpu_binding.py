@@ -23,11 +23,15 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+PROBE_MARK = "gpu-probe-report:"
 MODEL = """
 import json, os
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
+
+
+PROBE_MARK = "@PROBE_MARK@"  # filled in when written: the reader below parses what this model sends
 
 
 class TritonPythonModel:
@@ -42,10 +46,10 @@ class TritonPythonModel:
                 info = self.where()
             except Exception as exc:  # say what broke instead of an HTTP 500
                 info = {"error": repr(exc)}
-            # JSON as UINT8: a BYTES output fails under numpy 2 in tritonserver 2.51's stub ("output tensor shape
-            # does not match size of output", seen on the device)
-            t = pb_utils.Tensor("INFO", np.frombuffer(json.dumps(info).encode(), dtype=np.uint8).copy())
-            out.append(pb_utils.InferenceResponse([t]))
+            # The report travels as the response's error text: any output tensor (BYTES, then UINT8 too) failed
+            # in tritonserver 2.51's stub under the device's numpy 2.5 ("output tensor shape does not match
+            # size of output"), and the report is what this model is for.
+            out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(PROBE_MARK + json.dumps(info))))
         return out
 
     def where(self):
@@ -67,7 +71,7 @@ CONFIG = """name: "gpu_probe"
 backend: "python"
 max_batch_size: 0
 input [{ name: "X", data_type: TYPE_INT32, dims: [ 1 ] }]
-output [{ name: "INFO", data_type: TYPE_UINT8, dims: [ -1 ] }]
+output [{ name: "INFO", data_type: TYPE_UINT8, dims: [ -1 ] }]  # declared, never sent (see MODEL)
 instance_group [{ kind: KIND_CPU, count: 1 }]
 """
 
@@ -77,7 +81,7 @@ def deployment(root: Path, binding: str) -> Path:
     model = dep / "models" / "gpu_probe"
     (model / "1").mkdir(parents=True, exist_ok=True)
     (model / "config.pbtxt").write_text(CONFIG)
-    (model / "1" / "model.py").write_text(MODEL)
+    (model / "1" / "model.py").write_text(MODEL.replace("@PROBE_MARK@", PROBE_MARK))
     plan = {
         "version": 1,
         "name": f"gpu-{binding}",
@@ -136,7 +140,14 @@ def infer(port: int) -> dict:
         with urllib.request.urlopen(req, timeout=60) as r:
             return json.loads(bytes(json.loads(r.read())["outputs"][0]["data"]))
     except urllib.error.HTTPError as exc:
-        return {"error": f"HTTP {exc.code}: {exc.read().decode(errors='replace')}"}
+        text = exc.read().decode(errors="replace")
+        try:
+            message = json.loads(text)["error"]
+        except (ValueError, KeyError):
+            message = ""
+        if message.startswith(PROBE_MARK):  # the model's report (see MODEL: it answers with it as its error)
+            return json.loads(message[len(PROBE_MARK) :])
+        return {"error": f"HTTP {exc.code}: {text}"}
 
 
 def run_mode(root: Path, binding: str, logs: Path) -> dict:

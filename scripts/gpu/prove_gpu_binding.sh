@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 export OUT="${OUT:-/tmp/gpu-proof}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 if ! python3 -c 'import importlib.util,sys; sys.exit(importlib.util.find_spec("pytriton") is None)'; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/nvidia_pytriton-*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${PYTRITON_WHEEL_DIR:-.whl}/nvidia_pytriton-*.whl
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.used --format=csv
