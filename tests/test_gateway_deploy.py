@@ -111,6 +111,8 @@ def test_gateway_section_errors_name_the_field(tmp_path):
         "partition": ("debug -w x", "gateway.partition"),
         "mem": ("lots", "gateway.mem"),
         "sbatch_args": (["--comment=a b"], "gateway.sbatch_args"),
+        "max_outstanding": (-1, "gateway.max_outstanding"),
+        "prefix_chars": ("long", "gateway.prefix_chars"),
         "prot": (9000, "gateway"),
     }
     for key, (value, field) in bad.items():
@@ -136,7 +138,15 @@ def test_rendered_gateway_script(tmp_path):
         "svc",
         tmp_path / "ckpt",
         tmp_path / "runs",
-        gateway={"port": 9100, "time": "2-00:00:00", "cpus": 3, "nodelist": "node2", "sbatch_args": ["--comment=gw"]},
+        gateway={
+            "port": 9100,
+            "time": "2-00:00:00",
+            "cpus": 3,
+            "nodelist": "node2",
+            "sbatch_args": ["--comment=gw"],
+            "max_outstanding": 16,
+            "prefix_chars": 0,
+        },
     )
     spec = parse_spec(text, check_files=False)
     spec = spec.model_copy(update={"slurm": spec.slurm.model_copy(update={"modules": [hostile]})})
@@ -164,7 +174,7 @@ def test_rendered_gateway_script(tmp_path):
     assert argv[:2] == ["exec", sys.executable], "the gateway runs with the interpreter that rendered it"
     assert argv[2:] == [
         "-m", "hpc.gateway", "$DEPLOY_DIR", "--host", "0.0.0.0", "--port", "9100", "--refresh", "5.0",
-        "--job-id", "$JOB_ID",
+        "--max-outstanding", "16", "--prefix-chars", "0", "--job-id", "$JOB_ID",
     ]  # fmt: skip
     assert f"DEPLOY_DIR={deploy}" in lines and str(gateway_record(tmp_path / "runs", "svc")) in script
 

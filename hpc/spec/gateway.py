@@ -6,6 +6,7 @@ import re
 
 from pydantic import Field, field_validator
 
+from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 from hpc.spec.checks import (
     _SLURM_WORD,
     Port,
@@ -39,6 +40,12 @@ class GatewaySpec(_Section):
     nodelist: str | None = Field(None, description="pin the gateway to a node (-w), e.g. a service node")
     sbatch_args: list[str] = Field(default_factory=list, description="extra #SBATCH directives for the gateway job")
     refresh_s: float = Field(5.0, gt=0, le=300, description="seconds between looks for new or lost replicas")
+    max_outstanding: int = Field(
+        MAX_OUTSTANDING, ge=0, description="requests in flight per replica before the gateway answers 429 (0: no bound)"
+    )
+    prefix_chars: int = Field(
+        PREFIX_CHARS, ge=0, description="prompt characters that key prefix affinity (0: off, least outstanding only)"
+    )
 
     _names = field_validator("partition", "account", "qos", "nodelist")(_check(_SLURM_WORD, "Slurm name"))
     _host = field_validator("host")(_check(_HOST, "host to listen on (an IP address or a host name)"))
