@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,9 @@ class Target:
     workdir: Path
     name: str
     tokenizer_dir: Path
+    #: a folder of the deployment named outright (`render -o DIR`, then `sbatch` by hand) whose name need not
+    #: follow render's `<name>-<time>`; counted with the others
+    named_folder: Path | None = field(default=None, compare=False)
 
 
 def _spec_name(folder: Path) -> str | None:
@@ -62,7 +65,7 @@ def target_of_folder(deploy_dir: Path) -> Target:
     from hpc.spec import load_spec
 
     spec = load_spec(Deployment(deploy_dir).spec, check_files=False)
-    return Target(deploy_dir.parent.resolve(), spec.name, Path(spec.model.tokenizer))
+    return Target(deploy_dir.parent.resolve(), spec.name, Path(spec.model.tokenizer), deploy_dir.resolve())
 
 
 def deployments_named(name: str) -> dict[Path, Path]:
@@ -159,11 +162,13 @@ def deployment_folders(target: Target) -> list[Path]:
     """Every deployment folder of the target, oldest first (render names them `<name>-<time>[-n]`)."""
     if not target.workdir.is_dir():
         return []
-    found = [
+    found = {
         d
         for d in target.workdir.iterdir()
         if d.name.startswith(f"{target.name}-") and d.is_dir() and _spec_name(d) == target.name
-    ]
+    }
+    if target.named_folder is not None and target.named_folder.is_dir():
+        found.add(target.named_folder)
     return sorted(found, key=lambda d: d.name)
 
 
