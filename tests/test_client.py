@@ -42,6 +42,8 @@ class Replicas:
                 raise Down(replica.key)
             if replica.key.startswith("full"):
                 raise Full(replica.key)
+            if replica.key.startswith("locked"):
+                raise PermissionError(replica.key)  # e.g. a refused token: neither benched nor retried
             yield "a"
             if replica.key.startswith("flaky"):
                 raise Down(replica.key)
@@ -85,6 +87,33 @@ def test_no_retry_once_a_piece_was_yielded_and_the_errors_when_none_is_left():
     with pytest.raises(NoReplica) as exc:
         _run("dead", "dead2")
     assert not isinstance(exc.value, Saturated)
+
+
+def test_the_hooks_see_each_pick_and_retry_and_other_errors_pass_as_they_are():
+    balancer = Balancer()
+    balancer.update([Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in ("dead", "full", "live")])
+    picks: list[tuple[str, int]] = []
+    retries: list[tuple[str, str]] = []
+
+    async def collect(b: Balancer) -> list[str]:
+        stream = stream_with_retry(
+            b,
+            Replicas().attempt,
+            Down,
+            Full,
+            on_retry=lambda r, e: retries.append((r.key, type(e).__name__)),
+            on_pick=lambda r, tried: picks.append((r.key, tried)),
+        )
+        return [item async for item in stream]
+
+    assert asyncio.run(collect(balancer)) == ["a", "b"]
+    assert picks == [("dead", 0), ("full", 1), ("live", 2)], "each pick with the replicas tried before it"
+    assert retries == [("dead", "Down"), ("full", "Full")]
+    locked = Balancer()
+    locked.update([Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in ("locked", "z-live")])
+    with pytest.raises(PermissionError):
+        asyncio.run(collect(locked))
+    assert [r.key for r in locked.available()] == ["locked", "z-live"] and locked.replicas[0].failures == 0
 
 
 def test_a_caller_that_stops_early_closes_the_replicas_stream():

@@ -72,6 +72,10 @@ class FakeEngine:
         self.tokens.append(token)
         if grpc_url == "dead":
             raise ReplicaUnavailable("dead: UNAVAILABLE")
+        if grpc_url == "locked":
+            from hpc.gateway.triton import TokenRefused
+
+            raise TokenRefused("locked: UNAVAILABLE: This protocol is restricted, expecting header 'authorization'")
         yield Chunk("a", 1)
         if grpc_url == "flaky":
             raise ReplicaUnavailable("flaky: the stream broke")
@@ -111,6 +115,28 @@ def test_a_replica_failing_before_its_first_chunk_is_benched_and_the_request_ret
     dead = next(r for r in gw.balancer.replicas if r.key == "dead")
     assert dead.failures == 1 and [r.key for r in gw.balancer.healthy()] == ["live"]
     assert all(r.outstanding == 0 for r in gw.balancer.replicas)
+
+
+def test_a_refused_token_is_not_retried_nor_benched_and_the_access_record_names_the_replica():
+    import asyncio
+
+    from hpc.gateway.accesslog import RequestRecord
+    from hpc.gateway.triton import GenerateParams, TokenRefused, is_auth_refusal
+
+    assert is_auth_refusal(RuntimeError("UNAVAILABLE: This protocol is restricted, expecting header 'x'"))
+    assert not is_auth_refusal(RuntimeError("UNAVAILABLE: failed to connect to all addresses"))
+    gw, engine = _gateway("locked", "z-live")
+    with pytest.raises(TokenRefused):
+        asyncio.run(_collect(gw))
+    assert engine.calls == ["locked"] and all(r.failures == 0 for r in gw.balancer.replicas)
+    gw, engine = _gateway("dead", "live")
+    record = RequestRecord("POST", "/v1/completions")
+
+    async def collect() -> str:
+        return "".join([c.text async for c in gw.generate(GenerateParams(prompt="x", max_tokens=2), record)])
+
+    assert asyncio.run(collect()) == "ab"
+    assert (record.replica, record.retried) == ("live", 1) and record.ttft_s is not None
 
 
 def test_a_failure_after_the_first_chunk_reaches_the_client_and_none_left_is_503():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Self, Unpack
@@ -24,7 +24,16 @@ import httpx
 from hpc.gateway.discovery import Discovery
 from hpc.gateway.record import live_gateway
 from hpc.gateway.text import StopStream
-from hpc.gateway.triton import MODEL, Chunk, GenerateParams, ModelError, ReplicaBusy, ReplicaUnavailable, TritonEngine
+from hpc.gateway.triton import (
+    MODEL,
+    Chunk,
+    GenerateParams,
+    ModelError,
+    ReplicaBusy,
+    ReplicaUnavailable,
+    TokenRefused,
+    TritonEngine,
+)
 from hpc.jobs import JobRef
 from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.routing.deployment import Target, as_replica
@@ -33,7 +42,6 @@ from launcher.records import EndpointRecord, GatewayRecord
 
 from .discovery import job_replica, newest_token, resolve
 from .errors import AuthError, Busy, NotReady, RequestError, ServerError
-from .replica import ReplicaEngine, is_auth_refusal
 from .transport import GatewayUnavailable, Sampling, gateway_stream, generate_params
 
 log = logging.getLogger("hpc_serve.client")
@@ -103,7 +111,7 @@ class AsyncClient:
         if self._http is None or self._engine is None:
             # trust_env=False: nodes are never behind the user's $http_proxy (launcher/urls.py)
             self._http = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(self.timeout_s, connect=10.0))
-            self._engine = ReplicaEngine(self.model)
+            self._engine = TritonEngine(self.model)  # its channels never go through $http_proxy
             self._lock = asyncio.Lock()
         return self._http, self._engine
 
@@ -164,16 +172,8 @@ class AsyncClient:
             raise NotReady(self._not_ready())
         _, engine = self._connections()
 
-        async def attempt(replica: Replica) -> AsyncGenerator[Chunk, None]:
-            try:
-                stream = engine.stream(replica.grpc_url, params, self._replica_token(replica))
-                async with aclosing(stream) as chunks:  # type: ignore[type-var]
-                    async for chunk in chunks:
-                        yield chunk
-            except ReplicaUnavailable as exc:
-                if is_auth_refusal(exc):  # the replica is fine, the token is not: no retry, no bench
-                    raise AuthError(f"replica {replica.key} refused the access token: {exc}", 401) from None
-                raise
+        def attempt(replica: Replica) -> AsyncIterator[Chunk]:
+            return engine.stream(replica.grpc_url, params, self._replica_token(replica))
 
         def retried(replica: Replica, exc: BaseException) -> None:
             what = "refused (queue full)" if isinstance(exc, ReplicaBusy) else "failed before its first piece"
@@ -198,6 +198,10 @@ class AsyncClient:
             raise Busy(f"every ready replica is busy: {exc}; try again later") from None
         except NoReplica:
             raise NotReady(f"every ready replica failed this request before its first piece; {self._hint()}") from None
+        except TokenRefused as exc:  # the replica is fine, the token is not: not retried, not benched
+            raise AuthError(
+                f"a replica refused the access token: {exc}; `hpc-serve token TARGET` prints it", 401
+            ) from None
         except ModelError as exc:
             if started:
                 raise ServerError(f"{self.model}: {exc}") from None

@@ -26,7 +26,7 @@ from hpc.gateway.errors import APIError, bad_request, unauthorized
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
 from hpc.gateway.text import StopStream, cut_at_stop
-from hpc.gateway.triton import Chunk, GenerateParams, ModelError, ReplicaUnavailable
+from hpc.gateway.triton import Chunk, GenerateParams, ModelError, ReplicaUnavailable, TokenRefused
 
 #: the response header that names the replica which served the request
 REPLICA_HEADER = "x-hpc-serve-replica"
@@ -36,8 +36,9 @@ def gateway_of(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
-def require_token(request: Request) -> None:
-    """401 unless the request carries one of the deployment's tokens (none needed when it has none)."""
+async def require_token(request: Request) -> None:
+    """401 unless the request carries one of the deployment's tokens (none needed when it has none). `async`:
+    FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request for a dictionary look-up."""
     if not authorized(request.headers.get("authorization"), gateway_of(request).discovery.tokens):
         raise unauthorized()
 
@@ -127,6 +128,13 @@ def _params(req: Sampling, prompt: str, max_tokens: int, logprobs: bool) -> Gene
     )
 
 
+#: a replica refused the token the gateway sent it: its deployment folder's `access_token` file (hpc/auth.py), which
+#: is not what its tritonserver read at start (the file was replaced since, or the job is not auth: token's)
+_TOKEN_REFUSED = (
+    "replica {replica} refused the access token the gateway sent it, its deployment folder's `access_token` "
+    "({error}); was that file replaced after the job started? `hpc-serve token JOB` prints it"
+)
+
 NO_TOP = "the model returns the chosen tokens' log probabilities, not the most likely alternatives"
 
 
@@ -181,6 +189,8 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         raise APIError(500, f"the model failed the request: {exc}", "server_error") from None
     except ReplicaUnavailable as exc:
         raise APIError(502, f"the replica failed: {exc}", "server_error") from None
+    except TokenRefused as exc:  # the gateway's token for this replica, not the client's: no retry, no bench
+        raise APIError(502, _TOKEN_REFUSED.format(replica=record.replica, error=exc), "server_error") from None
     except APIError:
         await pieces.aclose()  # type: ignore[attr-defined]
         raise
@@ -229,6 +239,30 @@ async def _chain(first: Chunk | None, pieces: AsyncIterator[Chunk]) -> AsyncIter
         yield chunk
 
 
+class _Events:
+    """One stream's SSE events, as bytes. Why pre-encoded: a streamed answer is one event per token, and only its
+    text changes; the envelope (id, object, created, model) and the choice around the text are encoded once, so
+    an event costs one `json.dumps` of its text (not of the whole dictionary), and Starlette sends bytes as they
+    are. The JSON is the same as `json.dumps` of the whole event."""
+
+    def __init__(self, rid: str, kind: str, created: int, model: str, chat: bool) -> None:
+        envelope = json.dumps({"id": rid, "object": kind, "created": created, "model": model})
+        self._head = f'data: {envelope[:-1]}, "choices": '.encode()
+        self._piece = self._head + (b'[{"index": 0, "delta": {"content": ' if chat else b'[{"index": 0, "text": ')
+        self._tail = (b"}, " if chat else b", ") + b'"finish_reason": null, "logprobs": null}]}\n\n'
+
+    def piece(self, text: str) -> bytes:
+        """The event of a text piece without log probabilities (the common one)."""
+        return self._piece + json.dumps(text).encode() + self._tail
+
+    def event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        fields = "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in extra.items())
+        return self._head + f"{json.dumps(choices)}{fields}}}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"
+
+
 async def _sse(
     gw: Gateway,
     body: Sampling,
@@ -238,13 +272,10 @@ async def _sse(
     first: Chunk | None,
     pieces: AsyncIterator[Chunk],
     record: RequestRecord,
-) -> AsyncIterator[str]:
-    created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+) -> AsyncIterator[bytes]:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    events = _Events(rid, kind, int(time.time()), gw.model_name, chat)
     trail, sent = TokenTrail(), 0
-
-    def event(choices: list[dict[str, Any]], **extra: Any) -> str:
-        chunk = {"id": rid, "object": kind, "created": created, "model": gw.model_name, "choices": choices, **extra}
-        return f"data: {json.dumps(chunk)}\n\n"
 
     def delta(text: str | None, finish: str | None = None, final: bool = False) -> dict[str, Any]:
         """One choice of an event; with logprobs, those of the tokens the text sent so far completed."""
@@ -262,27 +293,30 @@ async def _sse(
             }
         return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
 
+    def piece(text: str) -> bytes:
+        return events.event([delta(text)]) if params.logprobs else events.piece(text)
+
     if chat:
-        yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        yield events.event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
     stops, tokens = StopStream(params.stop), 0
     try:
         async for chunk in _chain(first, pieces):
             tokens += chunk.tokens
             trail.add(chunk)
             if text := stops.feed(chunk.text):
-                yield event([delta(text)])
+                yield piece(text)
             if stops.stopped:
                 break
     except (ModelError, ReplicaUnavailable) as exc:
         record.error = "stream_failed"
-        yield f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n"
+        yield f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n".encode()
         return
     finally:
         await pieces.aclose()  # type: ignore[attr-defined]
     if rest := stops.flush():
-        yield event([delta(rest)])
+        yield piece(rest)
     usage = _usage(gw, params, tokens, record)
-    yield event([delta(None, _finish(stops.stopped, usage, params), final=True)])
+    yield events.event([delta(None, _finish(stops.stopped, usage, params), final=True)])
     if body.stream_options and body.stream_options.include_usage:
-        yield event([], usage=usage)
-    yield "data: [DONE]\n\n"
+        yield events.event([], usage=usage)
+    yield DONE

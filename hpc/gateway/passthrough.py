@@ -4,7 +4,7 @@ so curl and clients written for Triton use the gateway's address unchanged.
 Why forwarded as bytes and not parsed: the replica's answer (its JSON, its SSE events, its error codes) is the
 Triton API; the gateway only picks the replica (prefix affinity on `text_input`), and tries another when the
 chosen one cannot be reached or refuses the request because its queue is full (nothing has been sent back yet
-then; all full: the gateway's 429). Health: `ready` is 200 when at least one replica is, `live` when the
+then; all full: the gateway's 429), by the same retry rule as the OpenAI routes (`Gateway.routed`). Health: `ready` is 200 when at least one replica is, `live` when the
 gateway itself runs; both answer without a token, so a load balancer's probe needs none. `/gateway/replicas`
 lists the replicas in use with their counters.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import asdict
 
 import httpx
@@ -23,7 +24,8 @@ from fastapi.responses import StreamingResponse
 from hpc.auth import http_headers
 from hpc.gateway.accesslog import record_of
 from hpc.gateway.openai_api import gateway_of, require_token
-from hpc.gateway.triton import BUSY_MARKERS
+from hpc.gateway.triton import BUSY_MARKERS, ReplicaBusy, ReplicaUnavailable
+from hpc.routing.balancer import Replica
 
 health = APIRouter()
 router = APIRouter(dependencies=[Depends(require_token)])
@@ -75,48 +77,49 @@ def _refused(content: bytes) -> bool:
 
 
 async def _forward(request: Request, model: str, endpoint: str) -> Response:
+    """The request sent to the replica the gateway's retry rule picks (`Gateway.routed`): one unreachable is
+    benched and one whose queue is full skipped, both before anything went back; its answer relayed as it came."""
     gw = gateway_of(request)
     record = record_of(request)
     record.model, record.stream = model, endpoint == "generate_stream"
     body = await request.body()
     headers = {"content-type": request.headers.get("content-type", "application/json")}
     path = f"/v2/models/{model}/{endpoint}"
-    prompt = _prompt(body)
-    tried: list[str] = []
-    busy = False
-    while True:
-        replica = gw.pick(tried, prompt, busy)
-        record.replica, record.retried = replica.key, len(tried) - 1
-        tracking = gw.balancer.track(replica)
-        tracking.__enter__()  # left when the relay ends (below), or at once when this replica is given up
+
+    async def attempt(replica: Replica) -> AsyncIterator[httpx.Response | bytes]:
+        """The replica's answer (its head first, then its body as it comes)."""
         sent = headers | http_headers(gw.discovery.token_for(replica))  # the replica's access token (auth: token)
         send = gw.http.build_request("POST", replica.http_url + path, content=body, headers=sent, timeout=None)
         try:
             upstream = await gw.http.send(send, stream=True)
         except httpx.TransportError as exc:
-            tracking.__exit__(None, None, None)
-            gw.retried(replica, "unavailable", exc)
-            continue
-        if upstream.status_code >= 400:  # an error answer is small: read it to tell a full queue
-            content = await upstream.aread()
-            await upstream.aclose()
-            tracking.__exit__(None, None, None)
-            if _refused(content):
-                busy = True
-                gw.retried(replica, "busy", RuntimeError(content.decode(errors="replace")))
-                continue
-            return Response(content, status_code=upstream.status_code, headers=_kept(upstream))
-        break
-
-    async def relay() -> AsyncIterator[bytes]:
+            raise ReplicaUnavailable(f"{replica.http_url}: {exc!r}") from None
         try:
+            if upstream.status_code >= 400:  # an error answer is small: read it to tell a full queue
+                content = await upstream.aread()
+                if _refused(content):
+                    raise ReplicaBusy(content.decode(errors="replace"))
+                yield upstream  # read: passed on whole
+                return
+            yield upstream
             async for chunk in upstream.aiter_raw():
-                if record.stream:
-                    record.first_token()
                 yield chunk
         finally:
-            tracking.__exit__(None, None, None)
             await upstream.aclose()
+
+    answer = gw.routed(attempt, _prompt(body), record)
+    upstream = await anext(answer)
+    assert isinstance(upstream, httpx.Response)
+    if upstream.is_stream_consumed:
+        await answer.aclose()
+        return Response(upstream.content, status_code=upstream.status_code, headers=_kept(upstream))
+
+    async def relay() -> AsyncIterator[bytes]:
+        async with aclosing(answer) as chunks:
+            async for chunk in chunks:
+                if record.stream:
+                    record.first_token()
+                yield chunk  # type: ignore[misc]  # after the head, only bytes
 
     return StreamingResponse(relay(), status_code=upstream.status_code, headers=_kept(upstream))
 

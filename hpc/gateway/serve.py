@@ -111,7 +111,11 @@ def run(
             withdraw(target, record)
             await super().shutdown(sockets=sockets)
 
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_STOP_S)
+    # httptools and uvloop (package dependencies) named, not left to uvicorn's "auto": with h11 and asyncio's own
+    # loop every request and every streamed event costs more CPU on the gateway's one event loop
+    config = uvicorn.Config(
+        app, http="httptools", loop="uvloop", log_level="warning", timeout_graceful_shutdown=GRACEFUL_STOP_S
+    )
     print(f"hpc-serve gateway for {target.name} in {target.workdir}: {url}/v1", flush=True)
     try:
         Server(config).run(sockets=[sock])

@@ -1,18 +1,20 @@
-"""What every route shares: the deployment, its replicas, the engine, the tokenizer; and the one routine that
-sends a generation to a replica, retrying on another when the chosen one fails before its first piece.
+"""What every route shares: the deployment, its replicas, the engine, the tokenizer; and how a request goes to
+a replica: `routed` runs the one retry rule (hpc/routing/retry.py, which the Python client runs too), `generate`
+sends a generation over it.
 
-Why the retry lives here and nowhere else: only before the first piece reached the client can a request be
-sent again without the client seeing text twice; after that a failure is the client's to see. A replica that
-refuses a request because its queue is full is asked no more for this request but not benched (it is healthy,
-only busy); when every replica left is full or refused, the client gets 429 with Retry-After, not 503.
+Why the retry rule is not written here: the gateway and the client must balance and retry alike, and one
+function cannot drift from itself. What is the gateway's own hangs on its hooks: the access log's replica and
+retries (`on_pick`), the log line and the retries metric (`on_retry`), and the answers when no replica is left
+(429 with Retry-After when those ready are full or refused the request, their queue full; 503 when none is).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -24,6 +26,9 @@ from hpc.gateway.text import ChatTemplate
 from hpc.gateway.triton import Chunk, GenerateParams, ReplicaBusy, ReplicaUnavailable, TritonEngine
 from hpc.routing.balancer import PREFIX_CHARS, Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.routing.deployment import Target
+from hpc.routing.retry import stream_with_retry
+
+T = TypeVar("T")
 
 log = logging.getLogger("hpc_serve.gateway")
 
@@ -49,55 +54,51 @@ class Gateway:
         """As preprocessing counts them: the deployment's tokenizer, special tokens included."""
         return len(self.tokenizer.encode(prompt, add_special_tokens=True))
 
-    def pick(self, tried: list[str], prompt: str | None = None, busy: bool = False) -> Replica:
-        """The replica for a request (prefix affinity on `prompt`), added to `tried`. APIError 429 when the
-        replicas left are full or `busy` (one refused it, its queue full) and none is left; 503 when none is."""
-        key = prefix_key(prompt, self.prefix_chars) if prompt is not None else None
-        try:
-            replica = self.balancer.pick(exclude=tried, prefix_key=key)
-        except Saturated:
-            raise saturated(self.balancer.max_outstanding) from None
-        except NoReplica:
-            raise (saturated(None) if busy else no_replica()) from None
-        tried.append(replica.key)
-        return replica
-
-    def retried(self, replica: Replica, reason: str, exc: BaseException) -> None:
-        """Bookkeeping of a request sent again: `unavailable` benches the replica, `busy` does not."""
+    def retried(self, replica: Replica, exc: BaseException) -> None:
+        """The retry rule's `on_retry`: a log line and the retries metric (the rule benched the replica when it
+        was unreachable, not when it refused the request, its queue full: `ReplicaBusy`)."""
+        reason = "busy" if isinstance(exc, ReplicaBusy) else "unavailable"
         if reason == "busy":
-            self.balancer.mark_refused(replica)
             log.info("replica %s refused a request, its queue full (%s); tried on another", replica.key, exc)
         else:
-            self.balancer.mark_failed(replica)
             log.warning("replica %s failed before its first byte (%s); retried on another", replica.key, exc)
         if self.metrics is not None:
             self.metrics.retries.labels(reason).inc()
 
+    async def routed(
+        self, attempt: Callable[[Replica], AsyncIterator[T]], prompt: str | None, record: RequestRecord
+    ) -> AsyncGenerator[T, None]:
+        """What `attempt(replica)` yields from the replica the balancer picks (prefix affinity on `prompt`), by
+        the retry rule: an attempt that raises ReplicaUnavailable or ReplicaBusy before its first item is sent to
+        the next replica. `record` learns the replica and the replicas tried before it. APIError 429 when the
+        replicas left are full or refused it, 503 when none is ready."""
+
+        def picked(replica: Replica, tried: int) -> None:
+            record.replica, record.retried = replica.key, tried
+
+        key = prefix_key(prompt, self.prefix_chars) if prompt is not None else None
+        items = stream_with_retry(
+            self.balancer, attempt, ReplicaUnavailable, ReplicaBusy, key, on_retry=self.retried, on_pick=picked
+        )
+        try:
+            async with aclosing(items) as each:
+                async for item in each:
+                    yield item
+        except Saturated:
+            raise saturated(self.balancer.max_outstanding) from None
+        except NoReplica:
+            raise no_replica() from None
+
     async def generate(self, params: GenerateParams, record: RequestRecord | None = None) -> AsyncIterator[Chunk]:
-        """Text pieces from the replica the balancer picks; one unreachable before its first piece is benched,
-        one that refused the request (queue full) is not, and the request goes to the next one (APIError 503
-        when none is left, 429 when those left are full)."""
+        """Text pieces from the replica the balancer picks, by `routed`'s rule; TokenRefused (the replica refused
+        its job's token) and the model's errors are the caller's."""
         record = record if record is not None else RequestRecord("POST", "")
-        tried: list[str] = []
-        busy = False
-        while True:
-            replica = self.pick(tried, params.prompt, busy)
-            record.replica, record.retried = replica.key, len(tried) - 1
-            started = False
-            with self.balancer.track(replica):
-                try:
-                    async for chunk in self.engine.stream(replica.grpc_url, params, self.discovery.token_for(replica)):
-                        if not started:
-                            record.first_token()
-                        started = True
-                        yield chunk
-                    return
-                except ReplicaBusy as exc:
-                    if started:
-                        raise
-                    busy = True
-                    self.retried(replica, "busy", exc)
-                except ReplicaUnavailable as exc:
-                    if started:
-                        raise
-                    self.retried(replica, "unavailable", exc)
+        token_for = self.discovery.token_for
+
+        def attempt(replica: Replica) -> AsyncIterator[Chunk]:
+            return self.engine.stream(replica.grpc_url, params, token_for(replica))
+
+        async with aclosing(self.routed(attempt, params.prompt, record)) as chunks:
+            async for chunk in chunks:
+                record.first_token()  # only the first call counts
+                yield chunk

@@ -39,6 +39,21 @@ class ReplicaUnavailable(RuntimeError):
     """The replica could not be reached or broke the stream: retry elsewhere if nothing was sent yet."""
 
 
+class TokenRefused(RuntimeError):
+    """The replica refused the access token sent with the request (missing or not its job's): the replica is
+    fine, so it is neither benched nor is the request tried elsewhere; the caller's answer names the token."""
+
+
+#: how tritonserver refuses a gRPC call without the restricted protocol's header (status UNAVAILABLE), lower case
+RESTRICTED_MARKER = "protocol is restricted"
+
+
+def is_auth_refusal(exc: BaseException) -> bool:
+    """tritonserver's "This protocol is restricted" answer: the token is missing or wrong, the replica is fine
+    (it answers UNAVAILABLE, as an unreachable replica would)."""
+    return RESTRICTED_MARKER in str(exc).lower()
+
+
 class ModelError(RuntimeError):
     """The model refused or failed the request (its own words): the client's answer, no retry."""
 
@@ -109,17 +124,34 @@ class GenerateParams:
         return tensors
 
 
-class TritonEngine:
-    """One asyncio gRPC client per replica, reused across requests (a channel is costly to open)."""
+_KEEPALIVE = grpcclient.KeepAliveOptions()
+#: tritonclient's own channel defaults, and no proxy: gRPC, like urllib, sends a channel through `$http_proxy`
+#: (or `$grpc_proxy`) unless told not to, and replicas are cluster nodes a user's proxy cannot reach
+#: (launcher/urls.py)
+CHANNEL_ARGS: tuple[tuple[str, int], ...] = (
+    ("grpc.enable_http_proxy", 0),
+    ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.keepalive_time_ms", _KEEPALIVE.keepalive_time_ms),
+    ("grpc.keepalive_timeout_ms", _KEEPALIVE.keepalive_timeout_ms),
+    ("grpc.keepalive_permit_without_calls", _KEEPALIVE.keepalive_permit_without_calls),
+    ("grpc.http2.max_pings_without_data", _KEEPALIVE.http2_max_pings_without_data),
+)
 
-    def __init__(self, model: str = MODEL) -> None:
+
+class TritonEngine:
+    """One asyncio gRPC client per replica, reused across requests (a channel is costly to open), on channels
+    made with `channel_args` (default: never through a proxy)."""
+
+    def __init__(self, model: str = MODEL, channel_args: Sequence[tuple[str, Any]] = CHANNEL_ARGS) -> None:
         self.model = model
+        self.channel_args = list(channel_args)
         self._clients: dict[str, aiogrpc.InferenceServerClient] = {}
         self._in_flight: dict[str, int] = {}
 
     def _client(self, grpc_url: str) -> aiogrpc.InferenceServerClient:
         if grpc_url not in self._clients:
-            self._clients[grpc_url] = aiogrpc.InferenceServerClient(grpc_url)
+            self._clients[grpc_url] = aiogrpc.InferenceServerClient(grpc_url, channel_args=self.channel_args)
         return self._clients[grpc_url]
 
     async def retain(self, grpc_urls: set[str]) -> None:
@@ -134,8 +166,8 @@ class TritonEngine:
             await client.close()
 
     async def stream(self, grpc_url: str, params: GenerateParams, token: str | None = None) -> AsyncIterator[Chunk]:
-        """Text pieces as the replica produces them, with their token counts. ReplicaUnavailable for transport trouble, ModelError for
-        the model's own refusal."""
+        """Text pieces as the replica produces them, with their token counts. ReplicaUnavailable for transport
+        trouble, TokenRefused for a missing or wrong token, ModelError for the model's own refusal."""
         request = _get_inference_request(
             model_name=self.model,
             inputs=params.tensors(),
@@ -181,7 +213,8 @@ class TritonEngine:
                     return
             raise ReplicaUnavailable(f"{grpc_url}: the stream ended before the final response")
         except grpc.aio.AioRpcError as exc:
-            raise ReplicaUnavailable(f"{grpc_url}: {exc.code().name}: {exc.details()}") from None
+            error = TokenRefused if is_auth_refusal(exc) else ReplicaUnavailable
+            raise error(f"{grpc_url}: {exc.code().name}: {exc.details()}") from None
         finally:
             self._in_flight[grpc_url] -= 1
             finished.set()  # half-close: the server ends the stream once its last response is out

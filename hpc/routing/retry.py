@@ -3,9 +3,10 @@ request while it runs, and when the chosen replica fails (or refuses: its queue 
 send the request to another one.
 
 Why only before the first piece: until then nothing reached the caller, so sending the request again cannot
-show text twice; after that a failure is the caller's to see. Why a function of its own: the Python client
-(hpc/client/) follows it as the gateway does (hpc/gateway/state.py `Gateway.generate`, which can become a call
-of this one), so both balance and retry the same way.
+show text twice; after that a failure is the caller's to see. Why a function of its own: the gateway
+(hpc/gateway/state.py `Gateway.generate`, and its Triton passthrough) and the Python client (hpc/client/) all
+call it, so they balance and retry the same way; what each keeps for itself (the access log, metrics, log
+lines) hangs on its hooks.
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ async def stream_with_retry(
     refused: type[BaseException] | tuple[type[BaseException], ...] = (),
     prefix_key: str | None = None,
     on_retry: Callable[[Replica, BaseException], None] | None = None,
+    on_pick: Callable[[Replica, int], None] | None = None,
 ) -> AsyncGenerator[T, None]:
     """What `attempt(replica)` yields, from the replica the balancer picks (`prefix_key`: its affinity key).
     Before the first item, a replica that raises `unavailable` is benched (`mark_failed`) and one that raises
-    `refused` (its queue is full: healthy, not benched, `mark_refused`) is skipped, and the next one is tried.
-    Raises the balancer's NoReplica when none is left (Saturated if one refused), and the attempt's error as it
-    is once an item was yielded."""
+    `refused` (its queue is full: healthy, not benched, `mark_refused`) is skipped, and the next one is tried;
+    `on_retry(replica, error)` follows either. `on_pick(replica, tried)` is called as a replica is chosen
+    (`tried`: how many this request was sent to before). Raises the balancer's NoReplica when none is left
+    (Saturated when every ready one is full, or one refused), and any other error of the attempt, or its error
+    once an item was yielded, as it is."""
     tried: list[str] = []
     refusals = 0
     while True:
@@ -40,6 +44,8 @@ async def stream_with_retry(
             if refusals:
                 raise Saturated(f"{refusals} replica(s) refused the request: their queues are full") from None
             raise
+        if on_pick is not None:
+            on_pick(replica, len(tried))
         tried.append(replica.key)
         started = False
         with balancer.track(replica):
