@@ -25,6 +25,12 @@ STOP_OVERHEAD_S = 20.0
 STOP_LEAD_S = int(DEFAULT_DRAIN_S + STOP_OVERHEAD_S)
 #: A leader's backstop, SIGTERM → SIGKILL of its tritonserver group: this long after the drain (``stop_grace_s``).
 STOP_GRACE_AFTER_DRAIN_S = 3.0
+#: A stopping leader's launcher holds SIGTERM back while its model drains (launcher/stop.py LeaderDrain): a model
+#: that did not say "draining" within this many seconds does not drain itself, and gets SIGTERM at once.
+DRAIN_ACK_S = 1.5
+#: Once the model drained and tritonserver got SIGTERM: how long its unload (the followers' release and
+#: MPI_Finalize, each bounded by 5 s) may take before the SIGKILL backstop, if that is later than stop_grace_s.
+UNLOAD_AFTER_DRAIN_S = 8.0
 #: How long after the drain a follower still waits for its leader's release (``release_wait_s``).
 RELEASE_WAIT_AFTER_DRAIN_S = 10.0
 #: ``hpc-serve cancel``: how long the ordered stop may take before plain scancel / SIGKILL (``--grace``).

@@ -223,6 +223,11 @@ class JobPaths:
         """A leader's launcher, on its first stop signal (`HPC_SERVE_STOP_FILE` for the model)."""
         return self.ranks_dir / f"rank-{rank}.stopping"
 
+    def drain(self, rank: int) -> Path:
+        """A leader's model, once it saw the stop (``{"state": "draining"}``) and once nothing is in flight any
+        more (``"drained"``): its launcher sends tritonserver SIGTERM only then (launcher/stop.py LeaderDrain)."""
+        return self.ranks_dir / f"rank-{rank}.drain"
+
     def released(self, rank: int) -> Path:
         """A follower's model, once its leader released it (`HPC_SERVE_RELEASE_FILE`)."""
         return self.ranks_dir / f"rank-{rank}.released"

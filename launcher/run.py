@@ -16,7 +16,7 @@ from .layout import Deployment, JobPaths, with_source_root
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
 from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
 from .server import ServerBinary, ServerNotFound, cache_dir, merge_env, resolve
-from .stop import FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop
+from .stop import FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop, LeaderDrain
 from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name, wait_ready
 from .watch import PeerWatch, RankWatch
 
@@ -44,19 +44,29 @@ def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
     return job_paths(plan, info).stopping(info.job_rank)
 
 
-def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> None:
+def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> LeaderDrain:
+    """Write the stop file; the model answers in ``drain_file`` (``draining``, then ``drained``), and tritonserver
+    gets its SIGTERM only once it drained (launcher/stop.py LeaderDrain says why)."""
     now = time.time()
+    drain_file = job_paths(plan, info).drain(info.job_rank)
+    drain_file.unlink(missing_ok=True)
+    until = now + plan.exit_timeout_s
     records.write_json_atomic(
         stop_path(plan, info),
-        {"signal": signal.Signals(signum).name, "at": now, "drain_until": now + plan.exit_timeout_s},
+        {"signal": signal.Signals(signum).name, "at": now, "drain_until": until, "drain_file": str(drain_file)},
     )
+    return LeaderDrain(drain_file, until, ack_s=config.DRAIN_ACK_S)
 
 
 def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
     """A leader's supervisor forwards stop signals; a follower's waits (bounded) for its leader's release,
     and gives up early once the leader's rank record shows the leader ended (launcher/stop.py)."""
     if me.leader:
-        return Supervisor(plan.grace_s, on_stop=lambda signum: _announce_stop(plan, info, signum))
+        return Supervisor(
+            plan.grace_s,
+            on_stop=lambda signum: _announce_stop(plan, info, signum),
+            unload_s=config.UNLOAD_AFTER_DRAIN_S,
+        )
     per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
     leader = job_paths(plan, info).rank_record(me.replica * per_replica)
     try:  # the model writes the release file there; a hand-run launcher has no ranks/ folder yet

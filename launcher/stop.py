@@ -16,6 +16,7 @@ Pure logic with an injectable clock, so the bounds are unit-tested without sleep
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -86,3 +87,48 @@ class FollowerStop:
             self.termed_at = now
             return TERM, self.reason
         return WAIT, ""
+
+
+class LeaderDrain:
+    """The leader's side of an ordered stop: hold tritonserver's SIGTERM back until its model drained.
+
+    Why: tritonserver 2.51, once SIGTERMed, stops every model's scheduler, including the steps of an ensemble
+    that is still streaming (each streamed token is a new request to ``postprocessing``): those are refused,
+    the ensemble never completes, counts as "in flight" until ``--exit-timeout-secs`` runs out, and tritonserver
+    exits 1 ("Exit timeout expired"): the job reads FAILED. Its own in-flight count does not see the decoupled
+    ``tensorrt_llm`` requests either. So the model drains *before* the SIGTERM: once it sees the stop file it
+    refuses new requests with an error, finishes (or fails, before ``drain_until``) what is in flight, and
+    writes ``{"state": "drained"}`` to ``drain_file``; only then is tritonserver told to exit, with nothing in
+    flight. A model that does not drain itself (no ``"draining"`` within ``ack_s``: e.g. TensorRT-LLM) gets the
+    SIGTERM at once, as before. ``release()`` on every poll: True once the SIGTERM is due (then never again)."""
+
+    def __init__(
+        self, drain_file: Path, drain_until: float, *, ack_s: float, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.drain_file = drain_file
+        self.drain_until = drain_until  # epoch seconds, the stop file's drain_until
+        self.clock = clock
+        self.ack_by = clock() + ack_s
+        self.released = False
+        self.reason = ""
+
+    def state(self) -> str | None:
+        try:
+            return str(json.loads(self.drain_file.read_text(encoding="utf-8"))["state"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def release(self) -> bool:
+        if self.released:
+            return False
+        state, now = self.state(), self.clock()
+        if state == "drained":
+            self.reason = "the model drained"
+        elif state is None and now >= self.ack_by:
+            self.reason = "the model does not drain itself"
+        elif now >= self.drain_until:
+            self.reason = "the drain time ran out"
+        else:
+            return False
+        self.released = True
+        return True

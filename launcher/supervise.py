@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from .stop import KILL, TERM, FollowerStop
+from .stop import KILL, TERM, FollowerStop, LeaderDrain
 from .urls import READY_PATH, http_url, open_direct
 
 if TYPE_CHECKING:
@@ -187,11 +187,18 @@ class Supervisor:
     leader's release (launcher/stop.py)."""
 
     def __init__(
-        self, stop_grace_s: float, follower: FollowerStop | None = None, on_stop: Callable[[int], None] | None = None
+        self,
+        stop_grace_s: float,
+        follower: FollowerStop | None = None,
+        on_stop: Callable[[int], LeaderDrain | None] | None = None,
+        unload_s: float = 0.0,
     ) -> None:
         self.stop_grace_s = stop_grace_s
         self.follower = follower
         self.on_stop = on_stop  # called once with the first stop signal, before it is forwarded
+        #: the model's drain, which holds the forwarded SIGTERM back (launcher/stop.py LeaderDrain)
+        self.drain: LeaderDrain | None = None
+        self.unload_s = unload_s  # the SIGKILL backstop comes at least this long after a held SIGTERM
         self.stop_signal: int | None = None
         self.kill_at: float | None = None
         self.child: Child | None = None
@@ -225,10 +232,16 @@ class Supervisor:
             self.kill_at = time.monotonic() + self.stop_grace_s
             if self.on_stop is not None:
                 try:
-                    self.on_stop(signum)
+                    self.drain = self.on_stop(signum)
                 except Exception as exc:  # noqa: BLE001 - telling the model is a courtesy; the stop goes on
                     log(f"could not announce the stop: {exc}")
         child = self.child
+        if first and self.drain is not None and child is not None:
+            log(
+                f"received {signal.Signals(signum).name}; tritonserver pid {child.proc.pid} gets SIGTERM once its "
+                "model drained (refusing new requests, finishing those in flight)"
+            )
+            return
         if child is not None and child.proc.poll() is None and first:
             sig = _TO_CHILD.get(signal.Signals(signum), signal.SIGTERM)
             log(
@@ -289,6 +302,13 @@ class Supervisor:
                 log(f"tritonserver pid {child.proc.pid} {why}; sending SIGKILL to its process group")
                 self.kill_group(child, signal.SIGKILL)
             return rc
+        if rc is None and self.drain is not None and self.drain.release():
+            log(f"{self.drain.reason}; sending SIGTERM to tritonserver pid {child.proc.pid}")
+            self.kill_at = max(self.kill_at or 0.0, time.monotonic() + self.unload_s)
+            try:
+                os.kill(child.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         if rc is None and self.kill_at is not None and time.monotonic() >= self.kill_at:
             log(
                 f"tritonserver pid {child.proc.pid} still running {self.stop_grace_s:.0f} s after "

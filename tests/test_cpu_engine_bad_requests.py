@@ -164,14 +164,39 @@ def test_stopping_engine_fails_what_cannot_finish_before_its_drain_time(gpt2: Pa
         engine.shutdown()
 
 
-def test_a_stopping_engine_with_time_to_spare_still_serves(gpt2: Path) -> None:
+def test_a_stopping_engine_with_time_to_spare_still_serves_what_it_has(gpt2: Path) -> None:
     engine = Engine(str(gpt2))
     engine.drain_deadline = lambda: time.time() + 60.0  # stopping, but with time to spare
+    req = engine.submit(GenerationRequest(input_ids=GOOD[0], max_new_tokens=4))  # queued before the loop looks
     engine.start()
     try:
-        assert (
-            engine.generate(GenerationRequest(input_ids=GOOD[0], max_new_tokens=4), timeout=30).finish_reason
-            == "length"
-        )
+        deadline = time.monotonic() + 30
+        while not req.finished and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert req.finish_reason == "length"
+    finally:
+        engine.shutdown()
+
+
+def test_a_stopping_engine_refuses_new_requests_and_finishes_those_in_flight(gpt2: Path) -> None:
+    """Told to stop with time to spare: a request in flight streams to its end, a new one is refused at once
+    naming the stop, and the engine reports "draining" then "drained" (its launcher SIGTERMs tritonserver only
+    then: launcher/stop.py LeaderDrain)."""
+    engine = Engine(str(gpt2), max_batch_size=2)
+    reports: list[str] = []
+    engine.report_drain = reports.append
+    running = engine.submit(GenerationRequest(input_ids=GOOD[0], max_new_tokens=60))
+    engine.start()
+    try:
+        engine.drain_deadline = lambda: time.time() + 60.0
+        deadline = time.monotonic() + 10
+        while not reports and time.monotonic() < deadline:
+            time.sleep(0.02)
+        late = engine.submit(GenerationRequest(input_ids=GOOD[1], max_new_tokens=2))
+        assert late.finished and late.finish_reason == "error" and "stopping" in late.error
+        while reports[-1:] != ["drained"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.finish_reason == "length" and len(running.output_ids) == 60
+        assert reports == ["draining", "drained"]
     finally:
         engine.shutdown()

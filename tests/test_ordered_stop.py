@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher import config
-from launcher.stop import KILL, TERM, WAIT, FollowerStop
+from launcher.stop import KILL, TERM, WAIT, FollowerStop, LeaderDrain
 
 
 class Clock:
@@ -174,3 +174,30 @@ def test_a_group_of_zombies_is_not_alive() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_leader_holds_sigterm_until_its_model_drained(tmp_path: Path) -> None:
+    """A model that says "draining" keeps tritonserver's SIGTERM back until it says "drained" (or the drain time
+    ran out); one that says nothing within ack_s (it does not drain itself) gets the SIGTERM at once."""
+    clock = Clock()
+    drain_file = tmp_path / "rank-0.drain"
+    drain = LeaderDrain(drain_file, clock() + 10.0, ack_s=1.5, clock=clock)
+    assert not drain.release()
+    drain_file.write_text(json.dumps({"state": "draining"}))
+    clock.sleep(5.0)  # past ack_s, but draining
+    assert not drain.release()
+    drain_file.write_text(json.dumps({"state": "drained"}))
+    assert drain.release() and drain.reason == "the model drained"
+    assert not drain.release()  # once only
+
+    silent = LeaderDrain(tmp_path / "rank-9.drain", clock() + 10.0, ack_s=1.5, clock=clock)
+    assert not silent.release()
+    clock.sleep(1.5)
+    assert silent.release() and silent.reason == "the model does not drain itself"
+
+    stuck = LeaderDrain(drain_file, clock() + 10.0, ack_s=1.5, clock=clock)
+    drain_file.write_text(json.dumps({"state": "draining"}))
+    clock.sleep(9.9)
+    assert not stuck.release()
+    clock.sleep(0.1)
+    assert stuck.release() and stuck.reason == "the drain time ran out"

@@ -23,7 +23,7 @@ import numpy as np
 from .checkpoint import ModelConfig, load_config, load_weights
 from .lockstep import StepFailed
 from .model import StepPlan, TransformerShard
-from .parallel import Communicator, LeaderDied, PeerGone, drain_deadline, world_comm
+from .parallel import Communicator, LeaderDied, PeerGone, drain_deadline, report_drain, world_comm
 from .sampling import apply_penalties, ban_bad_words, sample_token
 from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
 from .selection import greedy_picks, hit_stop_word
@@ -131,6 +131,9 @@ class Engine:
         self.on_step: Callable[[EngineStats], None] | None = None  # e.g. Prometheus gauges, after every step
         #: epoch seconds by which in-flight work must be done once stopping (None: not stopping); see _enforce_drain
         self.drain_deadline: Callable[[], float | None] | None = drain_deadline
+        #: tells the stopping launcher "draining" / "drained" (parallel.report_drain; injectable for tests)
+        self.report_drain: Callable[[str], None] = report_drain
+        self._drain = ""  # "" serving; "draining" (refusing new requests); "drained" (nothing in flight); "failed"
         self._refusing: str | None = None  # why new requests are answered with an error at once
 
     # ------------------------------------------------------------------ public API
@@ -242,19 +245,34 @@ class Engine:
                 last_msg = time.monotonic()
 
     def _enforce_drain(self, now_epoch: float) -> None:
-        """Once the rank was told to stop (its launcher's stop file): before the drain time runs out, refuse new
-        requests and fail what is still queued or running, so tritonserver can unload the model (which releases
-        the followers) while the ranks are still allowed to stop in order."""
-        deadline = self.drain_deadline() if self.drain_deadline is not None else None
-        if deadline is None or self._refusing or now_epoch < deadline - DRAIN_MARGIN_S:
+        """Once the rank was told to stop (its launcher's stop file): refuse new requests at once (a clear error:
+        the client retries elsewhere), let those in flight finish, fail what is left before the drain time runs
+        out, and say "drained" once nothing is in flight: only then does the launcher SIGTERM tritonserver
+        (launcher/stop.py LeaderDrain: a SIGTERM during a streaming ensemble leaves it hanging), whose unload
+        then releases the followers while the ranks are still allowed to stop in order."""
+        if self._drain == "drained":
             return
-        self._refusing = "the server is stopping (its drain time ran out); retry on another replica or job"
-        log.warning(
-            "drain time ends at %.1f: failing %d queued/running request(s)",
-            deadline,
-            len(self.scheduler.running) + len(self.scheduler.waiting) + self._incoming.qsize(),
-        )
-        self._fail_all(self._refusing)
+        deadline = self.drain_deadline() if self.drain_deadline is not None else None
+        if deadline is None:
+            return
+        if not self._drain:
+            self._drain = "draining"
+            self._refusing = self._refusing or "the server is stopping; retry on another replica or job"
+            log.info("stopping: refusing new requests, draining %d in flight until %.1f", self._in_flight(), deadline)
+            self.report_drain("draining")
+        if self._drain == "draining" and now_epoch >= deadline - DRAIN_MARGIN_S:
+            self._drain = "failed"
+            self._refusing = "the server is stopping (its drain time ran out); retry on another replica or job"
+            log.warning("drain time ends at %.1f: failing %d queued/running request(s)", deadline, self._in_flight())
+            self._fail_all(self._refusing)
+        if not self._in_flight():
+            self._drain = "drained"
+            self.report_drain("drained")
+
+    def _in_flight(self) -> int:
+        """Requests not finished yet (a finished one may hold its slot until the next step: not counted)."""
+        running = sum(1 for r in self.scheduler.running if not r.finished)
+        return running + len(self.scheduler.waiting) + self._incoming.qsize()
 
     def step_or_fail(self) -> str | None:
         """One :meth:`step`; if it fails, only the requests of that step fail (with the reason, returned here)

@@ -191,6 +191,29 @@ def drain_deadline(environ: dict[str, str] | None = None) -> float | None:
         return None
 
 
+def report_drain(state: str, environ: dict[str, str] | None = None) -> None:
+    """Tell the stopping leader's launcher how the drain goes (``"draining"``: seen the stop, refusing new
+    requests; ``"drained"``: nothing in flight any more), in the ``drain_file`` its stop file names: the launcher
+    sends tritonserver SIGTERM only once drained (launcher/stop.py LeaderDrain says why). A no-op when not
+    stopping or without a launcher."""
+    import json
+
+    from launcher.rank import STOP_FILE_ENV
+
+    path = (os.environ if environ is None else environ).get(STOP_FILE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            target = str(json.load(f)["drain_file"])
+        tmp = f"{target}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"state": state, "at": time.time()}, f)
+        os.replace(tmp, target)
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+
+
 def replica_comm(world: int, per_replica: int) -> Communicator:
     """This rank's replica's communicator: COMM_WORLD when the world is one replica, else COMM_WORLD split by
     replica (rank // per_replica), so several data-parallel copies share one srun step without sharing
