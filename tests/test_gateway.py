@@ -117,6 +117,22 @@ def test_a_replica_failing_before_its_first_chunk_is_benched_and_the_request_ret
     assert all(r.outstanding == 0 for r in gw.balancer.replicas)
 
 
+def test_an_answer_taken_whole_is_retried_even_after_the_replica_sent_pieces():
+    """A request not streamed (`whole`): nothing reached the client, so a replica lost half-way is retried."""
+    import asyncio
+
+    from hpc.gateway.triton import GenerateParams
+
+    gw, engine = _gateway("flaky", "z-live")
+
+    async def collect() -> str:
+        return "".join([c.text async for c in gw.generate(GenerateParams(prompt="x", max_tokens=2), whole=True)])
+
+    assert asyncio.run(collect()) == "ab"
+    assert engine.calls == ["flaky", "z-live"]
+    assert [r.key for r in gw.balancer.healthy()] == ["z-live"], "the replica that broke off is benched"
+
+
 def test_a_refused_token_is_not_retried_nor_benched_and_the_access_record_names_the_replica():
     import asyncio
 

@@ -180,7 +180,7 @@ def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams) -> str
 
 async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: bool, record: RequestRecord) -> Any:
     record.model, record.stream = gw.model_name, body.stream
-    pieces = gw.generate(params, record)
+    pieces = gw.generate(params, record, whole=not body.stream)  # not streamed: a replica lost half-way is retried
     try:
         first = await anext(pieces, None)  # errors before the first piece are HTTP errors, not stream events
         if params.logprobs and first is not None and not first.logprobs:

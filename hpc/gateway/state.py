@@ -89,16 +89,33 @@ class Gateway:
         except NoReplica:
             raise no_replica() from None
 
-    async def generate(self, params: GenerateParams, record: RequestRecord | None = None) -> AsyncIterator[Chunk]:
+    async def generate(
+        self, params: GenerateParams, record: RequestRecord | None = None, whole: bool = False
+    ) -> AsyncIterator[Chunk]:
         """Text pieces from the replica the balancer picks, by `routed`'s rule; TokenRefused (the replica refused
-        its job's token) and the model's errors are the caller's."""
+        its job's token) and the model's errors are the caller's. `whole`: each replica's answer is taken whole
+        before its first piece is yielded, for a request answered in one piece (not streamed): nothing of it
+        reaches the client before the end, so a replica lost half-way is one more to retry on another, not a
+        failed request."""
         record = record if record is not None else RequestRecord("POST", "")
         token_for = self.discovery.token_for
 
         def attempt(replica: Replica) -> AsyncIterator[Chunk]:
-            return self.engine.stream(replica.grpc_url, params, token_for(replica))
+            chunks = self.engine.stream(replica.grpc_url, params, token_for(replica))
+            return _whole(chunks, record) if whole else chunks
 
         async with aclosing(self.routed(attempt, params.prompt, record)) as chunks:
             async for chunk in chunks:
                 record.first_token()  # only the first call counts
                 yield chunk
+
+
+async def _whole(chunks: AsyncIterator[Chunk], record: RequestRecord) -> AsyncGenerator[Chunk, None]:
+    """Every piece of `chunks` before the first is yielded (`record` learns when the replica's first came)."""
+    got = []
+    async with aclosing(chunks):  # type: ignore[type-var]  # an async generator (TritonEngine.stream)
+        async for chunk in chunks:
+            record.first_token()
+            got.append(chunk)
+    for chunk in got:
+        yield chunk
