@@ -26,6 +26,8 @@ from launcher.records import read_rank_records
 
 #: how often a cancel looks for the ranks' exit records (files; the scheduler is asked at the watcher's pace)
 CANCEL_POLL_S = 0.25
+#: how long `cancel` waits for the leaders' launchers to start their ordered stop from the cancel marker
+STOP_ACK_S = 3.0
 
 
 class Executor(ABC):
@@ -74,13 +76,20 @@ class SlurmExecutor(Executor):
         return watcher().state(ref.job_id)
 
     def cancel(self, ref: JobRef, grace_s: float, stoppable: bool) -> None:
-        """`scancel --signal=TERM` reaches every process of the job's steps at once (as Slurm's time limit
-        does); once every rank has written its exit record (or `grace_s` passed, or the job ended), plain
-        `scancel` ends what is left. Each signal re-arms the watcher, so the end is seen within seconds."""
+        """The ranks' launchers see the cancel marker and stop in order by themselves (no signal: Slurm's
+        reaches every process of the steps, tritonserver too, before its model drained; launcher/stop.py
+        LeaderDrain); a launcher that did not start its stop within `STOP_ACK_S` (written before the launchers
+        watched the marker) gets `scancel --signal=TERM`, as Slurm's time limit does. Once every rank has written
+        its exit record (or `grace_s` passed, or the job ended), plain `scancel` ends what is left. Each signal
+        re-arms the watcher, so the end is seen within seconds."""
         if stoppable:
-            slurm.default.scancel(ref.job_id, signal="TERM")
-            watcher().arm(ref.job_id)
             deadline = time.monotonic() + grace_s
+            acked = time.monotonic() + STOP_ACK_S
+            while time.monotonic() < acked and not ref.paths.stopping_marks():
+                time.sleep(CANCEL_POLL_S)
+            if not ref.paths.stopping_marks():
+                slurm.default.scancel(ref.job_id, signal="TERM")
+            watcher().arm(ref.job_id)
             while time.monotonic() < deadline:
                 if len(read_rank_records(ref.paths)) >= ref.world_size:
                     break

@@ -367,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     sup = supervisor(plan, info, me)
+    sup.stop_request = job_paths(plan, info).cancel_marker
     sup.install()
     try:
         return serve(plan, info, me, server, sup)
