@@ -6,6 +6,8 @@ process) in front of it. The same generation (prompt, `max_tokens`, greedy) two 
 
   gateway  POST /v1/completions with `stream: true` over HTTP (httpx, one connection pool), read to `[DONE]`
            (latency also: `passthrough`, Triton's generate_stream through the gateway: its HTTP relay alone)
+  gw_aiohttp  the same request with aiohttp as the client (when installed): what of the gateway side is the
+           HTTP client's own cost (httpx, which the openai package uses, spends ~4x aiohttp's CPU per request)
   direct   the ensemble over Triton's gRPC streaming API to the replica the gateway uses (tritonclient's
            asyncio client, through hpc.gateway.triton.TritonEngine: the very request the gateway sends)
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -46,6 +49,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -129,6 +133,26 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+class Reading:
+    """A client reading the gateway's SSE answer: when its first event came, and the tokens its `usage` counts."""
+
+    def __init__(self) -> None:
+        self.t0, self.tokens = time.perf_counter(), 0
+        self.first: float | None = None
+
+    def line(self, line: str) -> bool:
+        """Take one line of the answer; True at `[DONE]`."""
+        if self.first is None and line.startswith("data:"):
+            self.first = time.perf_counter() - self.t0
+        if line.startswith('data: {"id"') and '"usage": {' in line:
+            self.tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+        return line == "data: [DONE]"
+
+    def result(self) -> tuple[float, float, int]:
+        """(seconds to the first event, seconds in all, tokens)."""
+        return self.first or 0.0, time.perf_counter() - self.t0, self.tokens
+
+
 class Sides:
     """One request, either way: (seconds to the first text, seconds in all, tokens generated)."""
 
@@ -141,24 +165,39 @@ class Sides:
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
         self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=300, limits=limits, trust_env=False)
 
+        self.aio: Any = None  # an aiohttp session, made on the loop that uses it
+
     async def close(self) -> None:
         await self.http.aclose()
         await self.engine.close()
+        if self.aio is not None:
+            await self.aio.close()
+
+    def _body(self) -> dict:
+        body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens, "stream": True}
+        return body | {"stream_options": {"include_usage": True}}
 
     async def gateway(self) -> tuple[float, float, int]:
-        body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens, "stream": True}
-        body["stream_options"] = {"include_usage": True}
-        t0 = time.perf_counter()
-        first, tokens = None, 0
-        async with self.http.stream("POST", "/v1/completions", json=body) as response:
+        reading = Reading()
+        async with self.http.stream("POST", "/v1/completions", json=self._body()) as response:
             async for line in response.aiter_lines():
-                if first is None and line.startswith("data:"):
-                    first = time.perf_counter() - t0
-                if line.startswith('data: {"id"') and '"usage": {' in line:
-                    tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-                if line == "data: [DONE]":
+                if reading.line(line):
                     break
-        return first or 0.0, time.perf_counter() - t0, tokens
+        return reading.result()
+
+    async def gw_aiohttp(self) -> tuple[float, float, int]:
+        """`gateway` with aiohttp as the client."""
+        import aiohttp
+
+        if self.aio is None:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            self.aio = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=1024))
+        reading = Reading()
+        async with self.aio.post(self.url + "/v1/completions", json=self._body()) as response:
+            async for raw in response.content:
+                if reading.line(raw.decode().rstrip("\r\n")):
+                    break
+        return reading.result()
 
     async def passthrough(self) -> tuple[float, float, int]:
         """Triton's generate_stream through the gateway: its relay alone (no OpenAI shapes, no gRPC)."""
@@ -185,13 +224,16 @@ class Sides:
         return first or 0.0, time.perf_counter() - t0, tokens
 
 
-SIDES = ("direct", "gateway", "passthrough")
+#: the gateway with aiohttp as the client, where it is installed (an extra, not a dependency)
+GW_SIDES = ("gateway", "gw_aiohttp") if importlib.util.find_spec("aiohttp") else ("gateway",)
+SIDES = ("direct", *GW_SIDES, "passthrough")
 
 
 async def latency(sides: Sides, n: int) -> dict[str, dict[str, list[float]]]:
     out: dict[str, dict[str, list[float]]] = {s: {"ttft": [], "total": []} for s in SIDES}
     for i in range(n + 20):  # 20 unmeasured warm-up rounds
-        for side in SIDES[i % 3 :] + SIDES[: i % 3]:  # each side first in turn
+        k = i % len(SIDES)
+        for side in SIDES[k:] + SIDES[:k]:  # each side first in turn
             ttft, total, _ = await getattr(sides, side)()
             if i >= 20:
                 out[side]["ttft"].append(ttft)
@@ -279,36 +321,43 @@ async def part1(args: argparse.Namespace, url: str, pid: int, log: Path, token: 
                 f"  {side:10} {pct(v['total'], 50) * 1e3:8.2f} {pct(v['total'], 99) * 1e3:8.2f}"
                 f" {pct(v['ttft'], 50) * 1e3:9.2f} {pct(v['ttft'], 99) * 1e3:9.2f}"
             )
-        g, d = lat["gateway"], lat["direct"]
-        for what in ("total", "ttft"):
-            for q in (50, 99):
-                added = (pct(g[what], q) - pct(d[what], q)) * 1e3
-                ratio = pct(g[what], q) / pct(d[what], q)
-                print(f"  gateway {what} p{q}: {ratio:.3f}x direct, {added:+.2f} ms added")
+        d = lat["direct"]
+        for gw_side in GW_SIDES:
+            g = lat[gw_side]
+            for what in ("total", "ttft"):
+                for q in (50, 99):
+                    added = (pct(g[what], q) - pct(d[what], q)) * 1e3
+                    ratio = pct(g[what], q) / pct(d[what], q)
+                    print(f"  {gw_side} {what} p{q}: {ratio:.3f}x direct, {added:+.2f} ms added")
         lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-        inside = [line for line in lines if line["route"] == "/v1/completions"][-args.requests :]
+        inside = [line for line in lines if line["route"] == "/v1/completions"][-len(GW_SIDES) * args.requests :]
         first, last = pct([i["ttft_ms"] for i in inside], 50), pct([i["latency_ms"] for i in inside], 50)
         print(
             "  inside the gateway (its access log, p50 after the request arrived): the replica's first response "
             f"{first:.2f} ms, the last byte sent {last:.2f} ms"
         )
-        runs: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
-        await throughput(sides.direct, args.concurrency, 2, None)  # warm-up at full batch
-        await throughput(sides.gateway, args.concurrency, 2, pid)
+        order = ("direct", *GW_SIDES)
+        runs: dict[str, list[dict[str, float]]] = {side: [] for side in order}
+        for side in order:  # warm-up at full batch
+            await throughput(getattr(sides, side), args.concurrency, 2, None)
         for r in range(args.rounds):
-            for side in ("direct", "gateway") if r % 2 == 0 else ("gateway", "direct"):
-                gw_pid = pid if side == "gateway" else None
+            for side in order if r % 2 == 0 else order[::-1]:
+                gw_pid = None if side == "direct" else pid
                 runs[side].append(await throughput(getattr(sides, side), args.concurrency, args.seconds, gw_pid))
         med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
         print(f"\nthroughput, {args.concurrency} concurrent streams, {args.rounds} rounds of {args.seconds:g} s:")
-        for side in ("direct", "gateway"):
+        for side in order:
             rounds = " ".join(f"{r['rate']:.0f}" for r in runs[side])
             print(f"  {side:10} {med[side]['rate']:9.0f} tokens/s   rounds: {rounds}")
-        print(f"  gateway / direct: {med['gateway']['rate'] / med['direct']['rate']:.3f}")
-        print(
-            f"  CPU per request (ms): direct client {med['direct']['client_ms']:.2f}; gateway client (httpx, SSE) "
-            f"{med['gateway']['client_ms']:.2f} + the gateway process {med['gateway']['gateway_ms']:.2f}"
-        )
+        for side in GW_SIDES:
+            print(f"  {side} / direct: {med[side]['rate'] / med['direct']['rate']:.3f}")
+        print(f"  CPU per request (ms): direct client {med['direct']['client_ms']:.2f}", end="")
+        for side in GW_SIDES:
+            print(
+                f"; {side}: its client {med[side]['client_ms']:.2f} + the gateway process {med[side]['gateway_ms']:.2f}",
+                end="",
+            )
+        print()
     finally:
         await sides.close()
 
