@@ -211,3 +211,22 @@ def test_a_spec_file_names_every_folder_of_its_deployment_and_nothing_else(tmp_p
         write_json_atomic(job.endpoint(0), EndpointRecord(job_id=job.job_id, address="10.0.0.1", http_port=1).to_dict())
     cancelled.cancel_marker.touch()
     assert [r.job_id for r in published(target)] == ["7"], "a cancelled job's replicas get no new requests"
+
+
+def test_a_replica_in_use_survives_two_health_checks_that_time_out_not_a_refusal(tmp_path):
+    """A busy server answers health late: its replica stays for SLOW_CHECKS_KEPT timed-out checks (its load
+    would otherwise become 503s), while a refused connection or a non-200 drops it at once."""
+    from hpc.gateway.discovery import SLOW_CHECKS_KEPT, Discovery
+    from hpc.routing.balancer import Balancer, Replica
+    from hpc.routing.deployment import Target
+
+    balancer = Balancer()
+    replica = Replica(key="1/0", http_url="http://a:1", grpc_url="a:2")
+    balancer.update([replica])
+    discovery = Discovery(Target(tmp_path, "svc", tmp_path), balancer, http=None)  # type: ignore[arg-type]
+    assert [discovery._keep(replica, None) for _ in range(SLOW_CHECKS_KEPT + 1)] == [True] * SLOW_CHECKS_KEPT + [False]
+    assert discovery._keep(replica, True) and discovery.slow_checks == {}
+    assert discovery._keep(replica, None)  # counting starts again after an answer
+    assert not discovery._keep(replica, False)
+    stranger = Replica(key="2/0", http_url="http://b:1", grpc_url="b:2")
+    assert not discovery._keep(stranger, None)  # a replica not in use yet is not taken on a timeout

@@ -35,6 +35,8 @@ log = logging.getLogger("hpc_serve.gateway")
 
 REFRESH_S = 5.0
 HEALTH_TIMEOUT_S = 2.0
+#: how many health checks in a row may time out before a replica in use is dropped
+SLOW_CHECKS_KEPT = 2
 
 
 def _final(mark: Path) -> bool:
@@ -77,8 +79,10 @@ class Discovery:
     replica_tokens: Tokens = field(default_factory=Tokens)
     #: called with the replicas in use after each refresh (the engine closes channels of those gone)
     on_update: Callable[[list[Replica]], Awaitable[None]] | None = None
+    #: consecutive health checks that timed out, per replica in use (see `refresh`)
+    slow_checks: dict[str, int] = field(default_factory=dict)
 
-    async def _ready(self, replica: Replica) -> bool:
+    async def _ready(self, replica: Replica) -> bool | None:
         """`/v2/health/ready` on a connection closed after it: an idle keep-alive connection to a replica makes its
         tritonserver's ordered stop wait for it to close ("Found 1 HTTP service connections") until its exit
         timeout expires, and then exit 1, a failed job instead of a completed one."""
@@ -86,6 +90,8 @@ class Discovery:
             response = await self.http.get(
                 replica.http_url + READY_PATH, timeout=HEALTH_TIMEOUT_S, headers={"Connection": "close"}
             )
+        except httpx.TimeoutException:
+            return None  # no answer in time: busy or gone, told apart by the next checks
         except httpx.HTTPError:
             return False
         return response.status_code == 200
@@ -97,7 +103,7 @@ class Discovery:
         )
         candidates = [as_replica(r) for r in records]
         checks = await asyncio.gather(*(self._ready(r) for r in candidates))
-        ready = [r for r, ok in zip(candidates, checks, strict=True) if ok]
+        ready = [r for r, ok in zip(candidates, checks, strict=True) if self._keep(r, ok)]
         mark_draining(ready, draining)
         before = {r.key for r in self.balancer.replicas}
         was_draining = {r.key for r in self.balancer.replicas if r.draining}
@@ -111,6 +117,16 @@ class Discovery:
         )
         if self.on_update is not None:
             await self.on_update(ready)
+
+    def _keep(self, replica: Replica, ok: bool | None) -> bool:
+        """A replica in use whose check timed out stays for up to SLOW_CHECKS_KEPT refreshes: a server busy with
+        generation (or a loaded node) answers health late, and dropping it would turn its load into 503s. A
+        refused connection or a non-200 drops it at once, and a request that fails benches it anyway."""
+        if ok is not None or replica.key not in {r.key for r in self.balancer.replicas}:
+            self.slow_checks.pop(replica.key, None)
+            return bool(ok)
+        self.slow_checks[replica.key] = self.slow_checks.get(replica.key, 0) + 1
+        return self.slow_checks[replica.key] <= SLOW_CHECKS_KEPT
 
     def token_for(self, replica: Replica) -> str | None:
         """The token `replica`'s tritonserver requires: its job folder's (keys are `<job id>/<replica>`)."""
