@@ -186,10 +186,25 @@ def render_repository(backend: Backend, params: Mapping[str, object]) -> dict[st
 
 
 def _shim(model_name: str, module: str) -> str:
+    """The model.py of a python model: it imports the real code from the hpc-serve tree the launcher put on
+    PYTHONPATH (the deployment's shipped copy, `D/python`). The python backend's stub embeds Python without
+    honouring PYTHONPATH (measured with tritonserver 2.51: the variable is in its environment, not in
+    sys.path), so the shim puts the entries there itself; without this the stubs import hpc-serve only where
+    it is pip-installed, and a cluster running from source, or a container given only the deployment folder,
+    fails with `No module named 'backend'`."""
     return (
         f'"""{model_name}: written by hpc-serve (backend/repository.py). The code lives in {module};\n'
         'tritonserver must run with the hpc-serve source tree on PYTHONPATH (the launcher sets it)."""\n'
-        f"from {module} import TritonPythonModel  # noqa: F401\n"
+        "import os\n"
+        "import sys\n"
+        "\n"
+        "# The stub's embedded Python ignores PYTHONPATH: honour it here, first, as python itself would.\n"
+        'for _entry in reversed([e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]):\n'
+        "    if _entry in sys.path:\n"
+        "        sys.path.remove(_entry)\n"
+        "    sys.path.insert(0, _entry)\n"
+        "\n"
+        f"from {module} import TritonPythonModel  # noqa: E402,F401\n"
     )
 
 

@@ -141,10 +141,15 @@ def _ready(port: int) -> bool:
 
 @contextlib.contextmanager
 def tritonserver(
-    model_repository: Path, workdir: Path, timeout: float = 180, extra_args: tuple[str, ...] = ()
+    model_repository: Path,
+    workdir: Path,
+    timeout: float = 180,
+    extra_args: tuple[str, ...] = (),
+    source_root: Path = REPO_ROOT,
 ) -> Iterator[Server]:
     """Start tritonserver on free ports, wait for ready, yield, and always stop it (its whole process
-    group: the python stubs are its children, so no orphans survive a failed test)."""
+    group: the python stubs are its children, so no orphans survive a failed test). `source_root` goes first
+    on PYTHONPATH, as the launcher puts the deployment's shipped copy there."""
     found = find_tritonserver()
     assert found is not None, "tritonserver not installed (nvidia-pytriton)"
     binary, libs = found
@@ -154,7 +159,7 @@ def tritonserver(
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
     env["PYTHONHOME"] = sys.base_prefix
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(source_root), env.get("PYTHONPATH", "")) if p)
     cmd = [
         str(binary),
         f"--model-repository={model_repository}",

@@ -12,12 +12,13 @@ multi-byte characters split across the echo model's 2-token chunks, and every ch
 from __future__ import annotations
 
 import queue
+import shutil
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _triton import find_tritonserver, tritonserver
+from _triton import REPO_ROOT, find_tritonserver, tritonserver
 from test_pre_post import build_tokenizer
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
@@ -115,6 +116,22 @@ def decoupled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("decoupled")
     with tritonserver(make_repo(tmp, decoupled=True), tmp) as server:
         yield server
+
+
+def test_stubs_import_the_tree_on_pythonpath_not_the_installed_one(tmp_path):
+    """The stub's embedded Python ignores PYTHONPATH; the shims honour it, so the stubs run the deployment's
+    shipped copy (`D/python`) and a tree that is not pip-installed at all (this checkout is, so without the
+    shims' help the stubs would import it instead, and the marker would never be written)."""
+    shipped = tmp_path / "shipped"
+    shutil.copytree(REPO_ROOT / "backend", shipped / "backend", ignore=shutil.ignore_patterns("__pycache__"))
+    marker = tmp_path / "imported-from-shipped"
+    with open(shipped / "backend" / "__init__.py", "a") as fh:
+        fh.write(f"\nopen({str(marker)!r}, 'a').write(__file__ + '\\n')\n")
+    with tritonserver(make_repo(tmp_path, decoupled=False), tmp_path, source_root=shipped) as server:
+        status, body = server.post("/v2/models/ensemble/generate", {"text_input": TEXT, "max_tokens": 8})
+        assert status == 200, (body, server.log_tail())
+    assert marker.is_file(), "the python stubs imported an installed hpc-serve, not the tree on PYTHONPATH"
+    assert set(marker.read_text().split()) == {str(shipped / "backend" / "__init__.py")}
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
