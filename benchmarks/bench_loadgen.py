@@ -5,14 +5,16 @@ rate of a plain loop of tritonclient calls, side by side, as a ratio.
   loop     what NVIDIA's benchmark_core_model.py-style scripts do: one thread, tritonclient.grpc, one stream
            opened once; send a request to the ensemble, wait for its final response, send the next
   loadgen  hpc.bench's load generator (`hpc-serve bench JOB --concurrency C`, all at once), the same requests
-           through hpc.client.AsyncClient straight to the replica (no gateway runs)
+           through hpc.client.AsyncClient straight to the replicas (no gateway runs; `--replicas`, default 1:
+           with more, the server has capacity to spare on a machine with free cores, and the loop still
+           talks to one replica, as such a script does)
 
 Rounds alternate the two (loop first in odd rounds); the median of each side is reported, and the loadgen's
 own CPU time per request (this process: getrusage), which is what would cap it: 1000 / that is the rate one
 core of load generator can drive. When the measured ratio is lower than that capacity, the server (which shares
 the machine) is the limit, not the generator.
 
-    python benchmarks/bench_loadgen.py [--requests 300] [--concurrency 32] [--rounds 3] [--keep]
+    python benchmarks/bench_loadgen.py [--requests 300] [--concurrency 32] [--rounds 3] [--replicas 1] [--keep]
 """
 
 from __future__ import annotations
@@ -44,14 +46,17 @@ def cli(*args: str) -> str:
     return proc.stdout
 
 
-def start_job(work: Path) -> tuple[str, str]:
-    """A READY local job of a tiny random GPT-2 → (job id, the replica's gRPC address)."""
+def start_job(work: Path, replicas: int) -> tuple[str, str]:
+    """A READY local job of a tiny random GPT-2 with `replicas` replicas → (job id, the first replica's gRPC
+    address: the loop's). More replicas give the server capacity to spare, so that on a machine with free cores
+    the rate measured is the load generator's and not one replica's ceiling."""
     cli("init-model", str(work / "ckpt"))
     spec = {
         "auth": "none",
         "name": "loadgen",
         "workdir": str(work / "runs"),
-        "slurm": {"nodes": 1, "ntasks_per_node": 1, "time": "00:30:00"},
+        "replicas": replicas,
+        "slurm": {"nodes": 1, "ntasks_per_node": replicas, "time": "00:30:00"},
         "model": {"backend": "cpu", "checkpoint_dir": str(work / "ckpt"), "tp_size": 1},
         "triton": {"triton_max_batch_size": 64, "ready_timeout_s": 300},
     }
@@ -59,8 +64,10 @@ def start_job(work: Path) -> tuple[str, str]:
     job = cli("submit", str(work / "loadgen.yaml"), "--executor", "local", "--wait").split()[0]
     from hpc.client import job_endpoints
 
-    (endpoint,) = job_endpoints(job)
-    return job, endpoint.grpc_url
+    endpoints = job_endpoints(job)
+    if len(endpoints) != replicas:
+        raise SystemExit(f"{job}: {len(endpoints)} of {replicas} replicas ready")
+    return job, endpoints[0].grpc_url
 
 
 def plain_loop(grpc_url: str, prompt: str, count: int) -> float:
@@ -122,6 +129,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=1, help="replicas of the served job (server capacity)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
@@ -129,7 +137,7 @@ def main() -> None:
     prompt = "Once upon a time"
     job = ""
     try:
-        job, grpc_url = start_job(work)
+        job, grpc_url = start_job(work, args.replicas)
         plain_loop(grpc_url, prompt, 20)  # warm-up
         loops, gens, cpus = [], [], []
         for i in range(1, args.rounds + 1):
@@ -146,7 +154,9 @@ def main() -> None:
             )
         loop, gen = statistics.median(loops), statistics.median(gens)
         print(f"plain tritonclient loop, median:           {loop:.1f} requests/s")
-        print(f"hpc-serve bench load generator (conc {args.concurrency}): {gen:.1f} requests/s")
+        print(
+            f"hpc-serve bench load generator (conc {args.concurrency}, {args.replicas} replicas): {gen:.1f} requests/s"
+        )
         print(f"ratio loadgen / loop: {gen / loop:.2f}   (target >= 3)")
         cpu = statistics.median(cpus)
         print(f"load generator CPU per request, median: {cpu:.2f} ms")

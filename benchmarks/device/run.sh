@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The benchmarks that need free cores, on the lent 16-core machine (`run` tool; carry [".whl"]):
+#   bench_loadgen.py   the load generator against a plain tritonclient loop (issue 13: >= 3x)
+#   bench_gateway.py   what the gateway adds, latency and throughput (issue 10: <= 1 ms p50, >= 0.95)
+# .whl/site.tar.xz: a site-packages folder for that machine's Python 3.12 with what its image lacks
+# (nvidia-pytriton's tritonserver, tritonclient, numpy 1.26 for the python backend stub, fastapi, uvicorn,
+# httptools, pydantic, submitit); everything else (grpcio, httpx, aiohttp, uvloop, jinja2, pyyaml,
+# tokenizers) is in the image. Results: $OUT (default /tmp/device-bench).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export OUT="${OUT:-/tmp/device-bench}" PYTHONUNBUFFERED=1
+mkdir -p "$OUT" /tmp/site
+tar xJf .whl/site.tar.xz -C /tmp/site
+export PYTHONPATH="/tmp/site:$PWD"
+echo "cores: $(nproc)  $(python3 -V)"
+PARTS="${PARTS:-loadgen gateway}"
+for part in $PARTS; do
+    case "$part" in
+        loadgen) python3 benchmarks/bench_loadgen.py --requests "${REQUESTS:-600}" --rounds 3 --replicas "${REPLICAS:-4}" --concurrency 64 2>&1 | tee "$OUT/loadgen.txt" ;;
+        gateway) python3 benchmarks/bench_gateway.py --part overhead --auth none --requests "${REQUESTS:-300}" \
+                     --rounds 3 --seconds 8 2>&1 | tee "$OUT/gateway.txt" ;;
+    esac
+done
