@@ -16,6 +16,7 @@ _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+@%=/\-\[\]]+$")
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:|&*()\[\]\-]+$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MPI = re.compile(r"^[a-z][a-z0-9_]*$")  # srun --mpi types: none, pmi2, pmix, pmix_v4, cray_shasta
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$")
 _MEM = re.compile(r"^\d+[KMGT]?$")
 

@@ -2,11 +2,15 @@
 
 Errors are collected, not raised one at a time, so `hpc-serve validate` lists every problem at once. A spec
 that loads is a spec that renders.
+
+Every key knows where it was written (`Sources`: key path → FILE:LINE): the spec file, or the site profile
+merged under it (hpc/spec/site.py). Errors, relative paths and `render --explain` all go by that one map.
 """
 
 from __future__ import annotations
 
 import os
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,20 +56,25 @@ class SpecError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-def _line_index(text: str) -> dict[tuple[str | int, ...], int]:
-    """Map every key path in the YAML document to its 1-based line (keys point at the key's line)."""
-    index: dict[tuple[str | int, ...], int] = {}
+KeyPath = tuple[str | int, ...]
+Sources = dict[KeyPath, tuple[str, int]]
+"""Where each key path of a (merged) document was written: (file, 1-based line of the key)."""
 
-    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
-        index.setdefault(path, node.start_mark.line + 1)
+
+def _line_index(text: str, file: str) -> Sources:
+    """Map every key path in the YAML document to its file and 1-based line (keys point at the key's line)."""
+    index: Sources = {}
+
+    def walk(node: yaml.Node, path: KeyPath) -> None:
+        index.setdefault(path, (file, node.start_mark.line + 1))
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 child = path + (key.value,)
-                index[child] = key.start_mark.line + 1
+                index[child] = (file, key.start_mark.line + 1)
                 walk(value, child)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                index[path + (i,)] = item.start_mark.line + 1
+                index[path + (i,)] = (file, item.start_mark.line + 1)
                 walk(item, path + (i,))
 
     root = yaml.compose(text)
@@ -74,11 +83,51 @@ def _line_index(text: str) -> dict[tuple[str | int, ...], int]:
     return index
 
 
-def _line_for(index: dict[tuple[str | int, ...], int], loc: tuple[str | int, ...]) -> int:
+def _origin(index: Sources, loc: tuple, fallback: str) -> tuple[str, int]:
+    """The file and line of the nearest written key on `loc`'s path (line 1 of `fallback` when none is)."""
     for cut in range(len(loc), -1, -1):
         if loc[:cut] in index:
             return index[loc[:cut]]
-    return 1
+        alt = tuple(int(p) if isinstance(p, str) and p.isdigit() else p for p in loc[:cut])
+        if alt in index:  # findings name list items by str(i), the index by i
+            return index[alt]
+    return fallback, 1
+
+
+def read_document(text: str, file: str, what: str) -> tuple[dict, Sources]:
+    """A YAML mapping and where each of its keys is; SpecError for text that is not one (`what` names the
+    mapping in the message: what it must hold)."""
+    try:
+        data = yaml.safe_load(text)
+        index = _line_index(text, file)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise SpecError([Problem(file, line, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
+    if not isinstance(data, dict):
+        raise SpecError([Problem(file, 1, "", f"must be a YAML mapping {what}")])
+    return data, index
+
+
+def merge(low: dict, low_sources: Sources, high: dict, high_sources: Sources) -> tuple[dict, Sources]:
+    """`high` over `low`, key by key: mappings merge (each key of either), any other value of `high` (a scalar,
+    a list, null) replaces `low`'s whole. The sources follow the values: a replaced value's keys point at `high`."""
+    replaced: list[KeyPath] = []
+
+    def walk(lo: dict, hi: dict, path: KeyPath) -> dict:
+        out = dict(lo)
+        for key, value in hi.items():
+            if isinstance(value, dict) and isinstance(lo.get(key), dict):
+                out[key] = walk(lo[key], value, path + (key,))
+            else:
+                out[key] = value
+                replaced.append(path + (key,))
+        return out
+
+    data = walk(low, high, ())
+    sources = {p: where for p, where in low_sources.items() if p and not any(p[: len(r)] == r for r in replaced)}
+    sources.update(high_sources)
+    return data, sources
 
 
 _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
@@ -93,7 +142,7 @@ _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
 }
 
 
-def _problem_from_error(file: str, index: dict, err: Any) -> Problem:
+def _problem_from_error(file: str, index: Sources, err: Any) -> Problem:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     # pydantic reports union members (e.g. `int` / `literal['auto']`) as extra loc parts; drop them.
     loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "float", "bool"})))
@@ -109,33 +158,37 @@ def _problem_from_error(file: str, index: dict, err: Any) -> Problem:
         message = f"unknown key {loc[-1]!r}{_did_you_mean(str(loc[-1]), fields)}"
     elif err["type"] == "missing":
         message = "required field is missing"
-    return Problem(file, _line_for(index, loc), path, message)
+    return Problem(*_origin(index, loc, file), path, message)
 
 
-def _resolve_paths(spec: Spec, base: Path, file: str, index: dict) -> tuple[Spec, list[Problem]]:
-    """Make every local path absolute, relative to the spec file (like docker compose), so rendered scripts
-    never depend on the directory `sbatch` was called from. Path fields may use `~` and `$VARS`
-    (e.g. `$SCRATCH`, `${MODELS:-~/models}`); an unset variable without a default is a problem, not a literal
-    `$` in a path."""
+def _resolve_paths(spec: Spec, base: Path, file: str, index: Sources) -> tuple[Spec, list[Problem]]:
+    """Make every local path absolute, relative to the file that wrote it (the spec's folder, or the site
+    profile's for a value the profile gave; like docker compose), so rendered scripts never depend on the
+    directory `sbatch` was called from. Path fields may use `~` and `$VARS` (e.g. `$SCRATCH`,
+    `${MODELS:-~/models}`); an unset variable without a default is a problem, not a literal `$` in a path."""
     problems: list[Problem] = []
+
+    def folder(loc: tuple[str, ...]) -> Path:
+        where, _ = _origin(index, loc, file)
+        return base if where == file else Path(where).resolve().parent
 
     def text(value: str, loc: tuple[str, ...]) -> str:
         expanded, missing = expand(value)
         for name in missing:
-            problems.append(Problem(file, _line_for(index, loc), ".".join(loc), unset_message(name)))
+            problems.append(Problem(*_origin(index, loc, file), ".".join(loc), unset_message(name)))
         return expanded
 
     def path(value: Path | None, loc: tuple[str, ...]) -> Path | None:
         if value is None:
             return None
         expanded = Path(text(str(value), loc))
-        return (expanded if expanded.is_absolute() else base / expanded).resolve()
+        return (expanded if expanded.is_absolute() else folder(loc) / expanded).resolve()
 
     def mount_path(value: str, loc: tuple[str, ...]) -> str:
         """SRC[:DST[:FLAGS]] with SRC made absolute like the other paths (DST is inside the container)."""
         src, sep, rest = text(value, loc).partition(":")
         if not os.path.isabs(src):
-            src = str((base / src).resolve())
+            src = str((folder(loc) / src).resolve())
         return f"{src}{sep}{rest}"
 
     m, c = spec.model, spec.container
@@ -152,81 +205,155 @@ def _resolve_paths(spec: Spec, base: Path, file: str, index: dict) -> tuple[Spec
             "mounts": [mount_path(mount, ("container", "mounts", str(i))) for i, mount in enumerate(c.mounts)],
         }
     )
-    spec = spec.model_copy(update={"workdir": path(spec.workdir, ("workdir",)), "model": model, "container": container})
+    update: dict[str, Any] = {"workdir": path(spec.workdir, ("workdir",)), "model": model, "container": container}
+    spec = spec.model_copy(update=update)
     return spec, problems
 
 
-def load_spec(path: str | Path, *, check_files: bool = True) -> Spec:
-    """Read, validate and resolve a spec file; raise SpecError listing every problem with its line."""
-    spec, _ = _load(path, check_files=check_files, require_inputs=True)
+AUTO = "auto"
+"""`site=AUTO`: the site profile is looked up ($HPC_SERVE_SITE, ~/.config, /etc: hpc/spec/site.py)."""
+
+RESOLVED_MARK = "# hpc-serve resolved spec"
+"""First line of a rendered `spec.yaml`: it holds every value already, so loading it merges no site profile."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a loaded spec's values came from: `sources` for every key written in the spec or the site profile
+    (a key in neither is the schema's default); `profile_sources`: every key of the profile, those the spec
+    overrode too."""
+
+    spec_file: str
+    profile: str | None
+    sources: Sources
+    profile_sources: Sources
+
+    def given_by_profile(self) -> list[str]:
+        """The keys whose value is the profile's (a list as one key, a section only through its keys)."""
+        paths = {_until_item(p) for p, (f, _) in self.sources.items() if f == self.profile and p}
+        return sorted(_dotted(p) for p in paths if not any(len(q) > len(p) and q[: len(p)] == p for q in paths))
+
+
+def provenance(spec: Spec) -> Provenance | None:
+    """How `spec` was loaded (None for a Spec made in code)."""
+    return spec._provenance
+
+
+def load_spec(path: str | Path, *, check_files: bool = True, site: str | Path | None = AUTO) -> Spec:
+    """Read, validate and resolve a spec file over the site profile (`site`: AUTO looks it up, a path names
+    one, None: none); raise SpecError listing every problem with its file and line."""
+    spec, _ = _load(path, check_files=check_files, require_inputs=True, site=site)
     return spec
 
 
-def preview_spec(path: str | Path) -> tuple[Spec, list[Problem]]:
+def preview_spec(path: str | Path, *, site: str | Path | None = AUTO) -> tuple[Spec, list[Problem]]:
     """Load a spec for `render` / `submit --dry-run`: like load_spec, except that model folders, images and
     mount sources that do not exist yet are returned as notes instead of raised, so the scripts of a job can
     be looked at before its engine is built. `validate` and `submit` stay strict."""
-    return _load(path, check_files=True, require_inputs=False)
+    return _load(path, check_files=True, require_inputs=False, site=site)
 
 
-def _load(path: str | Path, *, check_files: bool, require_inputs: bool) -> tuple[Spec, list[Problem]]:
+def _load(
+    path: str | Path, *, check_files: bool, require_inputs: bool, site: str | Path | None
+) -> tuple[Spec, list[Problem]]:
     path = Path(path)
     file = str(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise SpecError([Problem(file, 1, "", f"cannot read the spec: {exc.strerror}")]) from None
-    return _parse(text, file, path.resolve().parent, check_files, require_inputs)
+    return _parse(text, file, path.resolve().parent, check_files, require_inputs, site)
 
 
-def parse_spec(text: str, *, file: str = "<spec>", base: Path | None = None, check_files: bool = True) -> Spec:
-    """Validate spec text; `base` is the folder relative paths are resolved against."""
-    spec, _ = _parse(text, file, base or Path.cwd(), check_files, require_inputs=True)
+def parse_spec(
+    text: str,
+    *,
+    file: str = "<spec>",
+    base: Path | None = None,
+    check_files: bool = True,
+    site: str | Path | None = None,
+) -> Spec:
+    """Validate spec text; `base` is the folder relative paths are resolved against. No site profile unless
+    `site` names one (or is AUTO)."""
+    spec, _ = _parse(text, file, base or Path.cwd(), check_files, require_inputs=True, site=site)
     return spec
 
 
-def _parse(text: str, file: str, base: Path, check_files: bool, require_inputs: bool) -> tuple[Spec, list[Problem]]:
+def _parse(
+    text: str, file: str, base: Path, check_files: bool, require_inputs: bool, site: str | Path | None = None
+) -> tuple[Spec, list[Problem]]:
     """The spec and the missing inputs it was let off with (only when not `require_inputs`)."""
-    try:
-        data = yaml.safe_load(text)
-        index = _line_index(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise SpecError([Problem(file, line, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
-    if not isinstance(data, dict):
-        raise SpecError([Problem(file, 1, "", "the spec must be a YAML mapping with at least `name` and `model`")])
+    data, index = read_document(text, file, "the spec must be a YAML mapping with at least `name` and `model`")
+    profile_file, profile_sources = None, {}
+    if site is not None and not text.startswith(RESOLVED_MARK):
+        from hpc.spec.site import current_profile  # site.py validates profiles with this module
+
+        profile = current_profile(None if site == AUTO else Path(site))
+        if profile is not None:
+            profile_file, profile_sources = profile.file, profile.sources
+            data, index = merge(profile.data, profile.sources, data, index)
+    spec, problems = validated(data, index, file, base)
+    if spec is None or problems:
+        raise SpecError(_by_line(problems, file))
+    spec._provenance = Provenance(file, profile_file, index, profile_sources)
+
+    def located(findings: list[tuple[tuple[str, ...], str]]) -> list[Problem]:
+        return [Problem(*_origin(index, loc, file), ".".join(loc), message) for loc, message in findings]
+
+    if not check_files:
+        return spec, []
+    missing, problems = located(missing_inputs(spec)), located(conflicts(spec))
+    if require_inputs:
+        problems, missing = missing + problems, []
+    if problems:
+        raise SpecError(_by_line(problems, file))
+    return spec, _by_line(missing, file)
+
+
+def validated(data: dict, index: Sources, file: str, base: Path) -> tuple[Spec | None, list[Problem]]:
+    """The schema's checks of a (merged) document, the paths resolved, and its tensorrt_llm parameters: the spec
+    (None when the schema refuses it) and every problem, located by `index` (`file`: where an unlocated one is)."""
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
         problems = [_problem_from_error(file, index, e) for e in exc.errors()]
         # A value that fits no member of a union (`int | "auto"`) is reported once per member: keep the first.
-        unique = {(p.line, p.path): p for p in reversed(problems)}
-        raise SpecError(sorted(unique.values(), key=lambda p: (p.line, p.path))) from None
-
-    def located(findings: list[tuple[tuple[str, ...], str]]) -> list[Problem]:
-        return [Problem(file, _line_for(index, loc), ".".join(loc), message) for loc, message in findings]
-
+        unique = {(p.file, p.line, p.path): p for p in reversed(problems)}
+        return None, sorted(unique.values(), key=lambda p: (p.line, p.path))
     spec, problems = _resolve_paths(spec, base, file, index)
-    problems += located(parameter_findings(spec))
-    if problems:
-        raise SpecError(_by_line(problems))
-    if not check_files:
-        return spec, []
-
-    missing, problems = located(missing_inputs(spec)), located(conflicts(spec))
-    if require_inputs:
-        problems, missing = missing + problems, []
-    if problems:
-        raise SpecError(_by_line(problems))
-    return spec, _by_line(missing)
+    problems += [
+        Problem(*_origin(index, loc, file), ".".join(loc), message) for loc, message in parameter_findings(spec)
+    ]
+    return spec, problems
 
 
-def _by_line(problems: list[Problem]) -> list[Problem]:
-    """In file order, as a reader goes through the spec (stable: same-line problems keep their order)."""
-    return sorted(problems, key=lambda p: p.line)
+def _by_line(problems: list[Problem], file: str) -> list[Problem]:
+    """In file order, as a reader goes through the spec, then the site profile's (stable: same-line problems keep
+    their order)."""
+    return sorted(problems, key=lambda p: (p.file != file, p.line))
 
 
 def dump_spec(spec: Spec) -> str:
-    """The resolved spec as YAML (what `render` writes beside the scripts, and what `status` reads back)."""
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    """The resolved spec as YAML (what `render` writes beside the scripts, and what `status` reads back). Its
+    header names the site profile it was merged with and the keys that came from it: the folder is
+    self-contained (loading it again merges no profile, RESOLVED_MARK) and says where its values came from."""
+    header = [f"{RESOLVED_MARK}: every value filled in; loading it again merges no site profile."]
+    origin = provenance(spec)
+    if origin is not None and origin.profile:
+        header.append(f"# site profile: {origin.profile}")
+        given = ", ".join(origin.given_by_profile()) or "nothing (the spec set every key it has)"
+        header += textwrap.wrap(given, 110, initial_indent="#   gave: ", subsequent_indent="#   ")
+    body = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    return "\n".join(header) + "\n" + body
+
+
+def _until_item(path: KeyPath) -> KeyPath:
+    """A list item's path cut to its list's."""
+    for i, part in enumerate(path):
+        if isinstance(part, int):
+            return path[:i]
+    return path
+
+
+def _dotted(path: KeyPath) -> str:
+    return ".".join(str(p) for p in path)

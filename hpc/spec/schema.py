@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import (
     Field,
+    PrivateAttr,
     field_validator,
     model_validator,
 )
@@ -25,6 +26,7 @@ from hpc.placement import PlacementError, replica_steps
 from hpc.spec.checks import (
     _CONSTRAINT,
     _ENV_NAME,
+    _MPI,
     _NAME,
     _SLURM_WORD,
     Port,
@@ -72,6 +74,7 @@ class SlurmSpec(_Section):
         default_factory=list, description="shell lines run verbatim before srun (your own commands)"
     )
     env: dict[str, str] = Field(default_factory=dict, description="exported for every rank, values quoted")
+    mpi: str = Field("pmix", description="srun --mpi=MPI for the ranks' steps (`srun --mpi=list`: pmix, pmi2, …)")
     gpu_clocks_mhz: int | None = Field(None, ge=100, le=5000, description="lock SM clocks: nvidia-smi -lgc N,N")
     gpu_binding: Literal[GPU_POLICIES] = Field(  # type: ignore[valid-type]
         "auto",
@@ -80,6 +83,7 @@ class SlurmSpec(_Section):
     )
 
     _names = field_validator("partition", "account", "qos", "reservation", "gres")(_check(_SLURM_WORD, "Slurm name"))
+    _mpi = field_validator("mpi")(_check(_MPI, "srun --mpi type (e.g. pmix, pmix_v4, pmi2; `srun --mpi=list`)"))
     _constraint = field_validator("constraint")(_check(_CONSTRAINT, "Slurm constraint expression"))
 
     _time_quoted = field_validator("time", mode="before")(_time_not_a_number)
@@ -290,6 +294,8 @@ class Spec(_Section):
     )
 
     _name = field_validator("name")(_check(_NAME, "name (letters, digits, '.', '_', '-'; 64 at most)"))
+    # where each value came from: the spec file, the site profile, or the default (hpc.spec.load.Provenance)
+    _provenance: Any = PrivateAttr(None)
 
     @property
     def world_size_per_replica(self) -> int:

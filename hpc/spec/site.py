@@ -1,0 +1,199 @@
+"""Site profiles: one cluster's defaults under the spec's own schema, so the same spec runs unchanged on
+clusters that differ.
+
+A profile is a spec without the deployment: any key of hpc/spec/schema.py except what is served and how it
+is shaped (`DEPLOYMENT_KEYS`), checked by the same schema (there is one definition of every field). It is
+found at `$HPC_SERVE_SITE` (set but empty: no profile), else `~/.config/hpc-serve/site.yaml`, else
+`/etc/hpc-serve/site.yaml`, and merged under the spec by `hpc.spec.load.merge`: mappings key by key, any
+other value of the spec (a scalar, a list, null) replaces the profile's whole, so a spec can always drop a
+site's mounts or modules (`mounts: []`) or its account (`account: null`). The spec overrides the profile,
+the profile overrides the schema's defaults, and every value keeps where it came from (`Provenance`:
+`validate` and `render --explain` print it). Paths in a profile are relative to the profile's folder.
+
+Rendering bakes the values into the scripts and names the profile in `D/spec.yaml`; a rendered folder never
+reads a profile again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpc.spec.load import (
+    KeyPath,
+    Problem,
+    Sources,
+    SpecError,
+    merge,
+    provenance,
+    read_document,
+    validated,
+)
+from hpc.spec.schema import Spec
+
+SITE_ENV = "HPC_SERVE_SITE"
+USER_PROFILE = Path("~/.config/hpc-serve/site.yaml")
+SYSTEM_PROFILE = Path("/etc/hpc-serve/site.yaml")
+DEPLOYMENT_KEYS = ("name", "model", "mode", "replicas", "replica_policy", "requeue", "renew")
+"""Top-level spec keys a profile may not hold: they say what is served and its shape, not where."""
+
+# The profile alone is checked merged under this placeholder deployment; only problems at keys the profile
+# wrote are its own (the rest are about the placeholder, and come back located in the real spec).
+_PLACEHOLDER_FILE = "<placeholder deployment>"
+_PLACEHOLDER = {"name": "site-profile", "model": {"backend": "cpu", "checkpoint_dir": "."}}
+
+HEADER = """\
+# hpc-serve site profile: this cluster's defaults for every spec, under the spec's own keys.
+# Looked up at $HPC_SERVE_SITE, else ~/.config/hpc-serve/site.yaml, else /etc/hpc-serve/site.yaml.
+# A spec's own value wins; mappings (slurm:, container:, slurm.env) merge key by key; a spec's list replaces
+# this file's. `hpc-serve validate SPEC` shows what came from here; `hpc-serve render SPEC -o D --explain` all.
+"""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A site profile as read: its file, its mapping, and each key's line (hpc.spec.load.Sources)."""
+
+    file: str
+    data: dict[str, Any]
+    sources: Sources
+
+
+def find_profile(
+    environ: Mapping[str, str] | None = None, home: Path | None = None, system: Path | None = None
+) -> tuple[Path | None, str]:
+    """The profile to use and what named it: `$HPC_SERVE_SITE` when set (empty: none), else the first of
+    `home`/.config/hpc-serve/site.yaml and `system` (default /etc/hpc-serve/site.yaml; tests pass their own)
+    that exists. A file named by the variable is returned whether it exists or not (a typo is an error)."""
+    environ = os.environ if environ is None else environ
+    if SITE_ENV in environ:
+        named = environ[SITE_ENV]
+        return (Path(named).expanduser() if named else None), f"${SITE_ENV}"
+    user = Path(home) / ".config/hpc-serve/site.yaml" if home is not None else USER_PROFILE.expanduser()
+    for candidate in (user, system if system is not None else SYSTEM_PROFILE):
+        if candidate.is_file():
+            return candidate, str(candidate)
+    return None, ""
+
+
+def current_profile(path: Path | None = None) -> Profile | None:
+    """The checked profile at `path`, or the one `find_profile` finds; None when there is none. SpecError for a
+    profile with problems (each at its FILE:LINE) or a named file that cannot be read."""
+    named = "the caller"
+    if path is None:
+        path, named = find_profile()
+        if path is None:
+            return None
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        fix = f"fix the path, or set {SITE_ENV}= (empty) to use no profile" if named.startswith("$") else ""
+        raise SpecError(
+            [Problem(str(path), 1, "", f"cannot read the site profile named by {named}: {exc.strerror}; {fix}")]
+        ) from None
+    profile = parse_profile(text, str(path))
+    problems = check_profile(profile)
+    if problems:
+        raise SpecError(problems)
+    return profile
+
+
+def parse_profile(text: str, file: str) -> Profile:
+    """Read a profile's text (SpecError for YAML that is not a mapping); `check_profile` checks its values."""
+    try:
+        empty = yaml.safe_load(text) is None  # empty, or only comments: a profile that sets nothing
+    except yaml.YAMLError:
+        empty = False  # read_document reports it, with its line
+    if empty:
+        return Profile(file, {}, {})
+    data, sources = read_document(text, file, "a site profile must be a YAML mapping of spec keys (slurm:, container:)")
+    return Profile(file, data, sources)
+
+
+def check_profile(profile: Profile) -> list[Problem]:
+    """Every problem of the profile alone, at its line: keys that belong to a deployment, and whatever the
+    schema refuses at a key the profile wrote."""
+    problems = [
+        Problem(
+            *profile.sources[(key,)],
+            key,
+            f"`{key}` is the deployment's (what is served and its shape), not the site's; move it to the spec",
+        )
+        for key in profile.data
+        if key in DEPLOYMENT_KEYS
+    ]
+    own = {k: v for k, v in profile.data.items() if k not in DEPLOYMENT_KEYS}
+    data, sources = merge(_PLACEHOLDER, {}, own, profile.sources)
+    _, found = validated(data, sources, _PLACEHOLDER_FILE, Path(profile.file).resolve().parent)
+    written = {".".join(str(p) for p in path) for path in profile.sources}
+    problems += [p for p in found if p.file == profile.file and p.path in written]
+    return sorted(problems, key=lambda p: p.line)
+
+
+def write_profile(path: str | Path, values: Mapping[str, Any], *, header: str = "", overwrite: bool = False) -> Path:
+    """Write `values` (plain YAML values under spec keys, e.g. {"slurm": {"partition": "gpu"}}) as a site profile
+    at `path`, after checking it with the profile loader: SpecError (naming `path`, the line and the fix) for a
+    value the schema refuses, and nothing is written; FileExistsError unless `overwrite`. `header`: comment lines
+    of your own (e.g. "written by hpc-serve doctor on login1"), put above the standard explanation."""
+    path = Path(path).expanduser()
+    own = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
+    text = own + HEADER + "\n" + yaml.safe_dump(json.loads(json.dumps(dict(values))), sort_keys=False)
+    problems = check_profile(parse_profile(text, str(path)))
+    if problems:
+        raise SpecError(problems)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; remove it or overwrite it explicitly")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging.write_text(text)
+    os.replace(staging, path)
+    return path
+
+
+def explain(spec: Spec, everything: bool = True) -> list[str]:
+    """One line per value of the spec: key, value, and where it came from (spec FILE:LINE, profile FILE:LINE
+    — with the profile's line it overrides — or default). `everything=False`: only what the profile gave or
+    the spec took over from it (what `validate` prints)."""
+    origin = provenance(spec)
+    if origin is None:
+        return []
+    rows = []
+    for path, value in _leaves(spec.model_dump(mode="json")):
+        where = origin.sources.get(path)
+        under = origin.profile_sources.get(path)
+        if where is None:
+            text = "default"
+        elif where[0] == origin.profile:
+            text = f"profile {where[0]}:{where[1]}"
+        else:
+            text = f"spec {where[0]}:{where[1]}" + (f" (over profile {under[0]}:{under[1]})" if under else "")
+        if everything or under is not None:
+            rows.append((".".join(str(p) for p in path), _short(value), text))
+    width = [max((len(r[i]) for r in rows), default=0) for i in (0, 1)]
+    return [f"{key:<{width[0]}}  {value:<{width[1]}}  {text}" for key, value, text in rows]
+
+
+def profile_summary(spec: Spec) -> str:
+    """One line: the profile the spec was merged with (or that none was), and how to see what it gave."""
+    origin = provenance(spec)
+    if origin is None or origin.profile is None:
+        return f"site profile: none (${SITE_ENV}, ~/.config/hpc-serve/site.yaml, /etc/hpc-serve/site.yaml)"
+    return f"site profile: {origin.profile} (gave {len(origin.given_by_profile())} values; --explain for all)"
+
+
+def _leaves(value: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Any]]:
+    """Every value that is not a non-empty mapping, with its key path (a list is one value)."""
+    if isinstance(value, dict) and value:
+        return [leaf for key, item in value.items() for leaf in _leaves(item, path + (key,))]
+    return [(path, value)]
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
