@@ -28,6 +28,8 @@ _JOB_ONLY = re.compile(r"^SLURM_")
 _KEEP = ("SLURM_CONF",)
 #: the engine's requests in flight, as the CPU engine and TensorRT-LLM's backend export them on the metrics port
 _ACTIVE = re.compile(r'^nv_trt_llm_request_metrics\{[^}]*request_type="(active|waiting)"[^}]*\}\s+(\S+)', re.M)
+#: requests tritonserver itself holds in a model's queue, not handed to the model yet (any model, any backend)
+_PENDING = re.compile(r"^nv_inference_pending_request_count\{[^}]*\}\s+(\S+)", re.M)
 
 
 @dataclass(frozen=True)
@@ -115,13 +117,15 @@ def parse_slurm_time(text: str) -> float | None:
 
 
 def active_requests(metrics_text: str) -> int | None:
-    """Requests the engine has in flight (active + waiting), from tritonserver's metrics page; None when the
-    page has no such line (a backend that does not export them: the drain then runs its whole timeout)."""
+    """Requests in flight (the engine's active + waiting, and those still in tritonserver's queues), from
+    tritonserver's metrics page; None when the page has no engine line (a backend that does not export them:
+    the drain then runs its whole timeout). One reading for the renewer and a stopping leader (launcher/stop.py
+    `metrics_in_flight`)."""
     found = _ACTIVE.findall(metrics_text)
     if not found:
         return None
     try:
-        return int(sum(float(value) for _, value in found))
+        return int(sum(float(value) for _, value in found) + sum(float(v) for v in _PENDING.findall(metrics_text)))
     except ValueError:
         return None
 

@@ -16,7 +16,7 @@ from .layout import Deployment, JobPaths, with_source_root
 from .ports import PortError, Ports, allocate, bind_failure, check_fixed
 from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
 from .server import ServerBinary, ServerNotFound, cache_dir, merge_env, resolve
-from .stop import FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop, LeaderDrain
+from .stop import DRAIN_BY_METRICS_ENV, FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop, LeaderDrain, metrics_in_flight
 from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name, wait_ready
 from .watch import PeerWatch, RankWatch
 
@@ -48,14 +48,18 @@ def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> Lead
     """Write the stop file; the model answers in ``drain_file`` (``draining``, then ``drained``), and tritonserver
     gets its SIGTERM only once it drained (launcher/stop.py LeaderDrain says why)."""
     now = time.time()
-    drain_file = job_paths(plan, info).drain(info.job_rank)
+    paths = job_paths(plan, info)
+    drain_file = paths.drain(info.job_rank)
     drain_file.unlink(missing_ok=True)
     until = now + plan.exit_timeout_s
-    records.write_json_atomic(
-        stop_path(plan, info),
-        {"signal": signal.Signals(signum).name, "at": now, "drain_until": until, "drain_file": str(drain_file)},
-    )
-    return LeaderDrain(drain_file, until, ack_s=config.DRAIN_ACK_S)
+    stop = {"signal": signal.Signals(signum).name, "at": now, "drain_until": until, "drain_file": str(drain_file)}
+    if os.environ.get(DRAIN_BY_METRICS_ENV) == "1":  # the model is not asked to report: as TensorRT-LLM's backend
+        del stop["drain_file"]
+    records.write_json_atomic(stop_path(plan, info), stop)
+    # a model that reports no drain (TensorRT-LLM) is drained by its server's metrics: this rank's endpoint says where
+    mine = [e for e in records.read_endpoints(paths) if e.rank == info.job_rank and e.metrics_port]
+    probe = metrics_in_flight(mine[0].metrics_url) if mine else None
+    return LeaderDrain(drain_file, until, ack_s=config.DRAIN_ACK_S, in_flight=probe)
 
 
 def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:

@@ -89,28 +89,76 @@ class FollowerStop:
         return WAIT, ""
 
 
+#: a leader's launcher with this set to 1 does not ask its model to report its drain (no ``drain_file`` in the stop
+#: file): the stop then goes by tritonserver's metrics, as for TensorRT-LLM, whose backend writes no drain file;
+#: how that path is tested with the CPU engine
+DRAIN_BY_METRICS_ENV = "HPC_SERVE_DRAIN_BY_METRICS"
+#: a model that does not report its drain: nothing may be in flight for this long before the SIGTERM (an
+#: ensemble's last `postprocessing` step runs just after the engine's request ended)
+SETTLE_S = 1.0
+#: how often, and how patiently, the metrics port is read while draining (the supervisor polls every 0.2 s)
+METRICS_POLL_S = 0.25
+METRICS_TIMEOUT_S = 0.5
+
+
+def metrics_in_flight(url: str, timeout_s: float = METRICS_TIMEOUT_S) -> Callable[[], int | None]:
+    """A probe of requests in flight on one tritonserver, from its own metrics page (`url`): the engine's active
+    and waiting requests (``nv_trt_llm_request_metrics``, exported by TensorRT-LLM's backend and the CPU engine
+    alike) and tritonserver's queues (``nv_inference_pending_request_count``); None when it cannot say."""
+    from .renew_plan import active_requests
+    from .urls import open_direct
+
+    def probe() -> int | None:
+        try:
+            with open_direct(url, timeout=timeout_s) as response:
+                return active_requests(response.read().decode("utf-8", "replace"))
+        except (OSError, ValueError):
+            return None
+
+    return probe
+
+
 class LeaderDrain:
-    """The leader's side of an ordered stop: hold tritonserver's SIGTERM back until its model drained.
+    """The leader's side of an ordered stop: hold tritonserver's SIGTERM back until nothing is in flight.
 
     Why: tritonserver 2.51, once SIGTERMed, stops every model's scheduler, including the steps of an ensemble
     that is still streaming (each streamed token is a new request to ``postprocessing``): those are refused,
     the ensemble never completes, counts as "in flight" until ``--exit-timeout-secs`` runs out, and tritonserver
     exits 1 ("Exit timeout expired"): the job reads FAILED. Its own in-flight count does not see the decoupled
-    ``tensorrt_llm`` requests either. So the model drains *before* the SIGTERM: once it sees the stop file it
-    refuses new requests with an error, finishes (or fails, before ``drain_until``) what is in flight, and
-    writes ``{"state": "drained"}`` to ``drain_file``; only then is tritonserver told to exit, with nothing in
-    flight. A model that does not drain itself (no ``"draining"`` within ``ack_s``: e.g. TensorRT-LLM) gets the
-    SIGTERM at once, as before. ``release()`` on every poll: True once the SIGTERM is due (then never again)."""
+    ``tensorrt_llm`` requests either. So the model drains *before* the SIGTERM, and the SIGTERM comes once
+    nothing is in flight, which is known one of two ways:
+
+    - the model says so: once it sees the stop file it refuses new requests, finishes (or fails, before
+      ``drain_until``) what is in flight, and writes ``{"state": "drained"}`` to ``drain_file`` (the CPU engine);
+    - a model that says nothing within ``ack_s`` (TensorRT-LLM's backend knows nothing of our files): the
+      server's own metrics (``in_flight``, :func:`metrics_in_flight`) must read 0 for ``settle_s``. Clients of
+      hpc-serve send it nothing new from the stop file on (the gateway and ``hpc.client`` see it), so what is in
+      flight runs out. Without a probe, or when it cannot say, the SIGTERM comes at once, as before.
+
+    ``release()`` on every poll: True once the SIGTERM is due (then never again)."""
 
     def __init__(
-        self, drain_file: Path, drain_until: float, *, ack_s: float, clock: Callable[[], float] = time.time
+        self,
+        drain_file: Path,
+        drain_until: float,
+        *,
+        ack_s: float,
+        in_flight: Callable[[], int | None] | None = None,
+        settle_s: float = SETTLE_S,
+        poll_s: float = METRICS_POLL_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.drain_file = drain_file
         self.drain_until = drain_until  # epoch seconds, the stop file's drain_until
+        self.in_flight = in_flight
+        self.settle_s = settle_s
+        self.poll_s = poll_s
         self.clock = clock
         self.ack_by = clock() + ack_s
         self.released = False
         self.reason = ""
+        self._next_probe = 0.0
+        self._idle_since: float | None = None  # when the metrics last began to read 0
 
     def state(self) -> str | None:
         try:
@@ -118,14 +166,35 @@ class LeaderDrain:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def _idle(self, now: float) -> str | None:
+        """Why the SIGTERM is due for a model that does not report its drain, or None to wait on."""
+        if self.in_flight is None:
+            return "the model does not drain itself"
+        if now < self._next_probe:
+            return None
+        self._next_probe = now + self.poll_s
+        count = self.in_flight()
+        if count is None:
+            return "the model does not drain itself and its metrics do not say what is in flight"
+        if count > 0:
+            self._idle_since = None
+            return None
+        if self._idle_since is None:
+            self._idle_since = now
+        return (
+            f"nothing in flight for {self.settle_s:g} s (tritonserver's metrics)"
+            if now - self._idle_since >= self.settle_s
+            else None
+        )
+
     def release(self) -> bool:
         if self.released:
             return False
         state, now = self.state(), self.clock()
         if state == "drained":
             self.reason = "the model drained"
-        elif state is None and now >= self.ack_by:
-            self.reason = "the model does not drain itself"
+        elif state is None and now >= self.ack_by and (idle := self._idle(now)):
+            self.reason = idle
         elif now >= self.drain_until:
             self.reason = "the drain time ran out"
         else:

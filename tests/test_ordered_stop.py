@@ -201,3 +201,52 @@ def test_leader_holds_sigterm_until_its_model_drained(tmp_path: Path) -> None:
     assert not stuck.release()
     clock.sleep(0.1)
     assert stuck.release() and stuck.reason == "the drain time ran out"
+
+
+def test_leader_without_a_drain_report_waits_for_the_servers_metrics(tmp_path: Path) -> None:
+    """A model that writes no drain file (TensorRT-LLM's backend) is drained by tritonserver's own metrics: the
+    SIGTERM waits until they read 0 for settle_s (a count back above 0 starts the wait again), or the drain time
+    ran out; a probe that cannot say gives the SIGTERM at ack_s, as without one."""
+    clock = Clock()
+    start = clock()
+    counts = [2, 1, 0, 3, 0, 0, 0, 0, 0, 0]
+    drain = LeaderDrain(
+        tmp_path / "rank-0.drain", clock() + 10.0, ack_s=1.5, in_flight=lambda: counts.pop(0), clock=clock
+    )
+    assert not drain.release()  # before ack_s the metrics are not read: the model may still report
+    assert counts[0] == 2
+    clock.sleep(1.5)
+    released_at = None
+    for _ in range(40):
+        if drain.release():
+            released_at = clock()
+            break
+        clock.sleep(0.25)
+    # reads: 2, 1, 0 (idle from 2.0), 3 (not idle), 0 at 2.5 … settled 1 s later
+    assert released_at == pytest.approx(start + 3.5) and drain.reason.startswith("nothing in flight")
+
+    busy = LeaderDrain(tmp_path / "rank-1.drain", clock() + 10.0, ack_s=1.5, in_flight=lambda: 1, clock=clock)
+    clock.sleep(9.9)
+    assert not busy.release()
+    clock.sleep(0.1)
+    assert busy.release() and busy.reason == "the drain time ran out"
+
+    blind = LeaderDrain(tmp_path / "rank-2.drain", clock() + 10.0, ack_s=1.5, in_flight=lambda: None, clock=clock)
+    clock.sleep(1.5)
+    assert blind.release() and "metrics do not say" in blind.reason
+
+
+def test_in_flight_reads_the_engine_and_tritonservers_queues() -> None:
+    """One reading for the renewer and a stopping leader: the engine's active + waiting, plus what tritonserver
+    still holds in its queues; None for a page without the engine's lines."""
+    from launcher.renew_plan import active_requests
+
+    page = (
+        'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} 2\n'
+        'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting",version="1"} 1\n'
+        'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="completed",version="1"} 40\n'
+        'nv_inference_pending_request_count{model="ensemble",version="1"} 0\n'
+        'nv_inference_pending_request_count{model="preprocessing",version="1"} 4\n'
+    )
+    assert active_requests(page) == 7
+    assert active_requests('nv_inference_pending_request_count{model="x",version="1"} 4\n') is None

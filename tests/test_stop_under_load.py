@@ -67,11 +67,19 @@ def _stream_once(url: str, headers: dict[str, str], timeout: float) -> str:
         client.close()
 
 
-def test_cancel_under_streaming_load_is_clean(tmp_path: Path, tiny_gpt2, hpc_home, tritonserver) -> None:
+@pytest.mark.parametrize("drain_by", ["model", "metrics"])
+def test_cancel_under_streaming_load_is_clean(
+    tmp_path: Path, tiny_gpt2, hpc_home, tritonserver, monkeypatch, drain_by: str
+) -> None:
+    """`drain_by` metrics: the launcher does not ask the model to report its drain (no drain file), so the
+    SIGTERM waits for tritonserver's metrics to read nothing in flight: the path TensorRT-LLM's backend takes."""
     from hpc.auth import grpc_headers
     from hpc.local import job_processes
+    from launcher.stop import DRAIN_BY_METRICS_ENV
 
-    spec = write_spec(tmp_path, "stop-load", tiny_gpt2, triton={"decoupled": True})
+    if drain_by == "metrics":
+        monkeypatch.setenv(DRAIN_BY_METRICS_ENV, "1")  # the local job's ranks inherit it
+    spec = write_spec(tmp_path, f"stop-{drain_by}", tiny_gpt2, triton={"decoupled": True})
     job, job_dir = submit(spec, "--executor", "local", timeout=240)
     deploy_dir = job_dir.parent.parent
     try:
@@ -114,6 +122,9 @@ def test_cancel_under_streaming_load_is_clean(tmp_path: Path, tiny_gpt2, hpc_hom
         assert in_flight, "no stream was in flight when the cancel came: the test proves nothing"
         # what was streaming when the stop began ends with its final response, or with the stop named
         assert all(how == "final" or "stopping" in how for how in in_flight), in_flight
+        leader_log = "".join(f.read_text(errors="replace") for f in job_dir.glob(f"{job}_0_log.*"))
+        expected = "nothing in flight for" if drain_by == "metrics" else "the model drained"
+        assert f"{expected}" in leader_log and "sending SIGTERM to tritonserver" in leader_log, leader_log[-3000:]
         wait_for(lambda: not processes_under(deploy_dir), 15, "every process of the job to exit", interval=0.2)
     finally:
         kill_quietly(job_processes(job))
