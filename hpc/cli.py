@@ -114,11 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from hpc import jobs_cli
     from hpc.bench import cli as bench_cli
+    from hpc.doctor import cli as doctor_cli
     from hpc.gateway import cli as gateway_cli
 
     jobs_cli.add_commands(sub)
     gateway_cli.add_commands(sub)
     bench_cli.add_commands(sub)
+    doctor_cli.add_commands(sub)
     return parser
 
 

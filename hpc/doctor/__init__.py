@@ -1,0 +1,7 @@
+"""`hpc-serve doctor`: checks a cluster against what a spec (or hpc-serve in general) needs, and says how to fix
+what is missing.
+
+One module per concern: `parse` (what Slurm's commands print), `login` (the checks from the login node),
+`probe` and `node` (the `--probe` job and what it runs on a compute node), `report` (the checks' results and
+the rich table), `profile` (`--write-profile`), `cli` (the command).
+"""

@@ -1,0 +1,235 @@
+"""`hpc-serve doctor` without a cluster: reading Slurm's outputs (copied from real clusters), the probe job's
+script and its verdicts from what came back, the report, the starting site profile."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpc.doctor import parse
+from hpc.doctor.login import Facts
+from hpc.doctor.probe import ProbeJob, verdicts, write_probe
+from hpc.doctor.profile import profile_values
+from hpc.doctor.report import Check, exit_code, fail, ok
+from hpc.spec import Spec
+
+PARTITIONS = (
+    "PartitionName=debug AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A "
+    "DefaultTime=NONE MaxNodes=UNLIMITED MaxTime=UNLIMITED MinNodes=0 Nodes=node[1-2] State=UP TotalCPUs=16 "
+    "TotalNodes=2 JobDefaults=(null) TRES=cpu=16,mem=8000M,node=2,billing=16,gres/gpu=8\n"
+    "PartitionName=gpu AllowGroups=ALL AllowAccounts=proj1,proj2 AllowQos=ALL Default=NO MaxTime=2-00:00:00 "
+    "Nodes=gpu[001-004] State=DRAIN TotalNodes=4\n"
+)
+NODE = (
+    "NodeName=node1 Arch=x86_64 CoresPerSocket=8  CPUAlloc=0 CPUTot=8 Gres=gpu:4 NodeAddr=127.0.0.1 "
+    "Version=22.05.8 OS=Linux 6.18.44-fc-v595 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=4000 State=IDLE "
+    "Partitions=debug  Reason=maintenance by admin [root@2026-11-01T10:00:00] CfgTRES=cpu=8,mem=4000M,gres/gpu=4"
+)
+
+
+def test_scontrol_records_keep_values_with_spaces_and_equals():
+    debug, gpu = parse.scontrol_records(PARTITIONS)
+    assert (debug["PartitionName"], debug["Default"], debug["MaxTime"], debug["State"]) == (
+        "debug",
+        "YES",
+        "UNLIMITED",
+        "UP",
+    )
+    assert debug["TRES"] == "cpu=16,mem=8000M,node=2,billing=16,gres/gpu=8"
+    assert (gpu["AllowAccounts"], gpu["MaxTime"], gpu["State"]) == ("proj1,proj2", "2-00:00:00", "DRAIN")
+    (node,) = parse.scontrol_records(NODE)
+    assert node["OS"] == "Linux 6.18.44-fc-v595 #1 SMP PREEMPT_DYNAMIC @0"
+    assert node["Reason"] == "maintenance by admin [root@2026-11-01T10:00:00]"
+    assert (node["CPUTot"], node["Gres"], node["State"]) == ("8", "gpu:4", "IDLE")
+
+
+def test_sinfo_nodes_states_partitions_and_gres():
+    text = "\n".join(
+        [
+            "node1|debug*|idle|8|gpu:4|4000",
+            "node1|short|idle|8|gpu:4|4000",
+            "gpu001|gpu|mixed|64|gpu:a100:8(S:0-1)|512000",
+            "gpu002|gpu|drained|64|gpu:a100:8(S:0-1)|512000",
+            "gpu003|gpu|idle~|64|gpu:h100:4,gpu:a100:2|512000+",
+            "gpu004|gpu|idle*|64|gpu:8|512000",
+            "cpu1|cpu|allocated|128|(null)|256000",
+            "garbage line",
+        ]
+    )
+    nodes = parse.sinfo_nodes(text)
+    assert [(n.name, n.partition) for n in nodes][:2] == [("node1", "debug"), ("node1", "short")]
+    by_name = {n.name: n for n in nodes if n.partition != "short"}
+    assert {name: n.gpus for name, n in by_name.items()} == {
+        "node1": 4,
+        "gpu001": 8,
+        "gpu002": 8,
+        "gpu003": 6,
+        "gpu004": 8,
+        "cpu1": 0,
+    }
+    usable = {name for name, n in by_name.items() if n.usable}
+    assert usable == {"node1", "gpu001", "gpu003", "cpu1"}  # drained, and not responding (idle*), are not
+    assert by_name["gpu003"].memory_mb == 512000 and by_name["cpu1"].cpus == 128
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [
+        ("gpu:4", 4),
+        ("gpu:a100:8(S:0-1)", 8),
+        ("gpu:a100:4,gpu:v100:2", 6),
+        ("gpu", 1),
+        ("(null)", 0),
+        ("", 0),
+        ("shard:8,gpu:2", 2),
+        ("gpu:a100:2(S:0,1)", 2),
+    ],  # fmt: skip
+)
+def test_gres_gpus(gres, gpus):
+    assert parse.gres_gpus(gres) == gpus
+
+
+def test_mpi_types_new_and_old_formats():
+    new = "MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\nspecific pmix plugin versions available: pmix_v4\n"
+    assert parse.mpi_types(new) == (["pmix", "none", "cray_shasta", "pmi2"], ["pmix_v4"])
+    old = "srun: MPI types are...\nsrun: none\nsrun: mpi/pmi2\nsrun: mpi/pmix_v3\n"
+    types, versions = parse.mpi_types(old)
+    assert "pmi2" in types and "pmix" in types and versions == ["pmix_v3"]
+    assert parse.mpi_types("MPI plugin types are...\n\tnone\n\tpmi2\n") == (["none", "pmi2"], [])
+
+
+def test_config_version_memory():
+    config = parse.config_values(
+        "Configuration data as of 2026-11-23T04:44:01\nAccountingStorageEnforce = associations,limits,qos\n"
+        "AccountingStorageType   = accounting_storage/slurmdbd\nMinJobAge               = 300 sec\n"
+    )
+    assert config == {
+        "AccountingStorageEnforce": "associations,limits,qos",
+        "AccountingStorageType": "accounting_storage/slurmdbd",
+        "MinJobAge": "300 sec",
+    }
+    assert parse.slurm_version("slurm-wlm 22.05.8\n") == "22.05.8"
+    assert parse.slurm_version("slurm 23.11.4") == "23.11.4"
+    assert [parse.mem_mb(v) for v in ("64G", "512000M", "512000", "1T", "0", "0G")] == [
+        65536,
+        512000,
+        512000,
+        1048576,
+        None,
+        None,
+    ]
+
+
+def spec(tmp_path: Path, **extra) -> Spec:
+    data = {"name": "t", "workdir": str(tmp_path / "work"), "model": {"backend": "cpu", "checkpoint_dir": "."}}
+    data.update(extra)
+    return Spec.model_validate(data)
+
+
+def test_probe_script_quotes_everything_from_the_spec(tmp_path):
+    """A workdir with a space, an env value and a module name that are shell code: the script carries them as
+    literal words (bash parses it, and what it would export is the value itself)."""
+    hostile = "$(touch /tmp/pwned); `id` 'x\" y"
+    s = spec(
+        tmp_path / "a dir",
+        slurm={"env": {"X": hostile}, "modules": ["cuda/12.4; rm -rf ~"], "time": "00:10:00"},
+        triton={"server": "/opt/triton server/bin/tritonserver"},
+    )
+    script = write_probe(s, Facts(partition="debug", partitions=[]), tmp_path / "a dir" / "probe", "abc123")
+    text = script.read_text()
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    export = next(line for line in text.splitlines() if line.startswith("export X="))
+    assert shlex.split(export) == ["export", f"X={hostile}"]
+    module = next(line for line in text.splitlines() if line.startswith("module load"))
+    assert shlex.split(module) == ["module", "load", "cuda/12.4; rm -rf ~"]
+    step = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "/opt/triton server/bin/tritonserver" in shlex.split(step)
+    assert "#SBATCH --time=02:00" in text and "#SBATCH --output=/dev/null" in text
+    # the probe runs its checks with the bundle the script carries, not files of the (maybe unshared) workdir
+    out = subprocess.run(
+        ["bash", "-c", f"awk '/<<.BUNDLE./{{f=1;next}}/^BUNDLE$/{{f=0}}f' {shlex.quote(str(script))} | base64 -d | tar -tzf -"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert sorted(out) == ["node.py", "python/launcher/__init__.py", "python/launcher/server.py"]
+
+
+def test_probe_script_runs_the_container_wrapper(tmp_path):
+    s = spec(tmp_path, container={"type": "apptainer", "image": "/img/triton.sif", "python": "python3.12"})
+    script = write_probe(s, Facts(partition="gpu"), tmp_path / "probe", "n0nce")
+    step = shlex.split(next(line for line in script.read_text().splitlines() if line.startswith("srun ")))
+    assert step[3:7] == ["apptainer", "exec", "--nv", "-B"]
+    assert "/tmp/hpc-serve-doctor-n0nce:/tmp/hpc-serve-doctor-n0nce" in step  # node.py's folder, mounted
+    assert step[step.index("/img/triton.sif") + 1] == "python3.12"
+
+
+def test_verdicts_from_exit_bits_when_results_cannot_be_read(tmp_path):
+    """A workdir the login node does not share: no results file, the job's exit code says it all."""
+    s = spec(tmp_path, slurm={"gpus_per_node": 2})
+    job = ProbeJob("7", state="FAILED", exit_code=1 | 4, node="node2")
+    checks = {c.name: c for c in verdicts(s, job, tmp_path)}
+    assert checks["probe job"].status == "ok"
+    assert checks["shared workdir"].status == "fail"
+    assert (
+        "the job did not see the file written here; the job's file is not seen here" in checks["shared workdir"].detail
+    )
+    assert checks["tritonserver"].status == "ok" and "exit code" in checks["tritonserver"].detail
+    assert checks["gpus"].status == "fail" and "not readable here" in checks["gpus"].detail
+    assert checks["tensorrt_llm"].status == "skip"
+
+
+def test_verdicts_from_results(tmp_path):
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "config.json").write_text('{"version": "0.12.0", "pretrained_config": {}}')
+    s = spec(
+        tmp_path,
+        slurm={"gpus_per_node": 1},
+        model={"backend": "tensorrtllm", "engine_dir": str(engine), "tokenizer_dir": str(tmp_path)},
+    )
+    results = {
+        "node": "gpu001",
+        "tritonserver": {"ok": True, "detail": "/opt/tritonserver/bin/tritonserver (NGC default) starts"},
+        "gpus": {"ok": True, "detail": "1 GPU(s) visible, 1 asked for"},
+        "tensorrt_llm": {"ok": False, "detail": "tensorrt_llm 0.13.0, the engine was built with 0.12.0"},
+    }
+    job = ProbeJob("8", state="FAILED", exit_code=8, node="gpu001", results=results, saw_node_file=True)
+    checks = {c.name: c for c in verdicts(s, job, tmp_path)}
+    assert [checks[n].status for n in ("shared workdir", "tritonserver", "gpus", "tensorrt_llm")] == [
+        "ok",
+        "ok",
+        "ok",
+        "fail",
+    ]
+    assert "use an image with tensorrt_llm 0.12.0" in checks["tensorrt_llm"].fix
+    step_failed = ProbeJob("9", state="FAILED", exit_code=16, node="gpu001", saw_node_file=True)
+    assert [c.name for c in verdicts(s, step_failed, tmp_path)][-1] == "node step"
+    cancelled = ProbeJob("10", state="CANCELLED", exit_code=0)
+    assert [(c.name, c.status) for c in verdicts(s, cancelled, tmp_path)] == [("probe job", "fail")]
+
+
+def test_report_rules():
+    with pytest.raises(ValueError, match="without a fix"):
+        Check("x", "fail", "broken")
+    assert exit_code([ok("a", "fine"), Check("b", "warn", "meh", "do this")]) == 0
+    assert exit_code([ok("a", "fine"), fail("b", "broken", "do that")]) == 1
+
+
+def test_profile_values_only_what_passed(tmp_path):
+    facts = Facts(
+        partition="gpu",
+        mpi=["pmix", "pmi2", "pmix_v4"],
+        nodes=parse.sinfo_nodes("g1|gpu|idle|64|gpu:8|1000\ng2|gpu|mixed|64|gpu:4|1000\ng3|gpu|down|64|gpu:2|1000"),
+        pyxis=True,
+    )
+    passed = [ok("partition", ""), ok("account/qos", ""), ok("container", "")]
+    values, notes = profile_values(spec(tmp_path, slurm={"account": "proj1"}), facts, passed)
+    assert values == {"slurm": {"partition": "gpu", "gpus_per_node": 4, "account": "proj1", "mpi": "pmix"}}
+    assert notes == ["container runtimes here: pyxis (set container.type and container.image)"]
+    s = spec(tmp_path, container={"type": "pyxis", "image": "nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3"})
+    failed = [fail("partition", "no such", "fix"), ok("container", "")]
+    values, _ = profile_values(s, facts, failed)
+    assert "partition" not in values["slurm"]
+    assert values["container"] == {"type": "pyxis", "image": "nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3"}

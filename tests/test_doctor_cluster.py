@@ -1,0 +1,170 @@
+"""`hpc-serve doctor` on the real Slurm test cluster (ci/cluster): the shipped CPU spec passes every check and
+the probe job; a missing partition, missing container runtimes, a time past the partition's limit, nodes too
+small and a workdir the nodes do not share each fail with their fix and exit 1."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests._env import unavailable
+from tests.e2e import CLI, cli
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "configs" / "tiny-cpu.yaml"
+
+
+@pytest.fixture(autouse=True)
+def wide_table(monkeypatch):
+    """Rich draws the table for COLUMNS: wide enough that each check stays on one line."""
+    monkeypatch.setenv("COLUMNS", "400")
+
+
+@pytest.fixture(scope="module")
+def short_partition(slurm_cluster) -> str:
+    """ci/cluster's `short` partition (MaxTime 00:05:00). A cluster started before slurm.conf.in had it gets it
+    at run time, with the very line of slurm.conf.in, rather than a restart of every daemon under other tests."""
+    if subprocess.run(["scontrol", "show", "partition", "short"], capture_output=True).returncode != 0:
+        line = next(
+            line
+            for line in (ROOT / "ci/cluster/slurm.conf.in").read_text().splitlines()
+            if "PartitionName=short" in line
+        )
+        subprocess.run(["scontrol", "create", *line.split()], check=True, capture_output=True, text=True)
+    return "short"
+
+
+def spec_file(folder: Path, name: str, **sections) -> Path:
+    """A CPU-engine spec (its checkpoint need not exist: doctor loads specs as `render` does)."""
+    spec = {
+        "name": name,
+        "workdir": str(folder / "work"),
+        "slurm": {"time": "00:10:00"},
+        "model": {"backend": "cpu", "checkpoint_dir": str(folder / "ckpt")},
+    }
+    for key, value in sections.items():
+        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def failed(output: str) -> dict[str, str]:
+    """{check: 'detail\\n  fix: ...'} of the report's FAIL lines."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"^FAIL ([\w /.-]+?): (.*\n  fix: .*)$", output, re.M)}
+
+
+def test_tiny_cpu_passes_with_probe(slurm_cluster):
+    proc = cli("doctor", str(TINY), "--probe", "--probe-timeout", "120", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for check in ("slurm commands", "accounting", "mpi", "partition", "nodes", "time limit", "container",
+                  "sbatch --test-only", "probe job", "shared workdir", "tritonserver"):  # fmt: skip
+        assert re.search(rf"│ {re.escape(check)}\s+│ ok ", out), f"{check} not ok:\n{out}"
+    assert re.search(r"│ gpus\s+│ skip ", out) and re.search(r"│ tensorrt_llm\s+│ skip ", out), out
+    assert "FAIL" not in out
+    assert not (ROOT / "runs" / ".doctor").exists()  # the probe folder is removed when all passed
+
+
+def test_missing_partition(slurm_cluster, tmp_path):
+    proc = cli("doctor", str(spec_file(tmp_path, "nopart", slurm={"partition": "nosuch"})), check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = failed(proc.stdout)
+    assert "slurm.partition 'nosuch' does not exist" in fails["partition"]
+    assert "fix: set slurm.partition to one of: debug (default)" in fails["partition"]
+    assert list(fails) == ["partition"]
+
+
+@pytest.mark.parametrize(
+    ("container", "words"),
+    [
+        ({"type": "apptainer", "image": "/images/triton.sif"}, "`module load apptainer` in slurm.modules"),
+        (
+            {"type": "pyxis", "image": "nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3"},
+            "ask your admins for pyxis",
+        ),
+    ],
+)
+def test_missing_container_runtime(slurm_cluster, tmp_path, container, words):
+    if shutil.which("apptainer") or shutil.which("singularity"):
+        pytest.skip("this machine has a container runtime")
+    proc = cli("doctor", str(spec_file(tmp_path, "ctr", container=container)), check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = failed(proc.stdout)
+    assert list(fails) == ["container"], proc.stdout
+    assert words in fails["container"]
+
+
+def test_time_past_partition_limit(short_partition, tmp_path):
+    spec = spec_file(tmp_path, "long", slurm={"partition": short_partition, "time": "01:00:00"})
+    proc = cli("doctor", str(spec), check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = failed(proc.stdout)
+    assert list(fails) == ["time limit"], proc.stdout
+    assert "slurm.time 01:00:00 is past short's MaxTime 00:05:00" in fails["time limit"]
+    assert "fix: set slurm.time to 00:05:00 or less, or use a partition that allows it: debug" in fails["time limit"]
+    ok = spec_file(tmp_path, "fits", slurm={"partition": short_partition, "time": "00:04:00"})
+    assert cli("doctor", str(ok), check=False).returncode == 0
+
+
+def test_nodes_too_small(slurm_cluster, tmp_path):
+    """The emulated nodes have 8 CPUs and gpu:4 each."""
+    proc = cli("doctor", str(spec_file(tmp_path, "big", slurm={"gpus_per_node": 8})), check=False)
+    assert proc.returncode == 1
+    fails = failed(proc.stdout)
+    assert "0 of 2 in debug fit; its usable nodes have at most 8 CPUs, 4 GPUs" in fails["nodes"], proc.stdout
+    assert "lower slurm.nodes, slurm.gpus_per_node" in fails["nodes"]
+
+
+def test_workdir_not_shared(slurm_cluster, tmp_path):
+    """Every path is shared between this machine's emulated nodes, so the login side is made to differ: doctor
+    runs in a mount namespace of its own (`unshare -m`) where the workdir is a fresh tmpfs, as a login node's
+    local disk would be. The probe job, started by slurmd outside that namespace, sees the real folder at the
+    same path: neither side sees the other's file, exactly as with a workdir on a disk the nodes lack."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        unavailable("needs root and unshare to give the login side a filesystem of its own")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    spec = spec_file(tmp_path, "local")
+    wrap = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs login-only "$0" && exec "$@"', str(workdir)]
+    proc = subprocess.run(
+        [*wrap, *CLI, "doctor", str(spec), "--probe", "--probe-timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    out = proc.stdout + proc.stderr
+    if "mount" in proc.stderr and "permission denied" in proc.stderr.lower():
+        unavailable(f"cannot mount a tmpfs in a mount namespace here: {proc.stderr.strip()}")
+    assert proc.returncode == 1, out
+    fails = failed(proc.stdout)
+    assert list(fails) == ["shared workdir"], out
+    assert "the job did not see the file written here; the job's file is not seen here" in fails["shared workdir"]
+    assert "fix: set workdir to a folder on a filesystem the login node and the compute nodes share" in out
+    # the verdicts came back through the job's exit code: tritonserver still started on the node
+    assert re.search(r"│ tritonserver\s+│ ok\s+│ passed on node\d \(from the job's", out), out
+    # what the node wrote is in the real folder, not in the login side's tmpfs
+    assert list(workdir.glob(".doctor/*/from-node"))
+
+
+def test_write_profile(slurm_cluster, tmp_path):
+    """What the doctor found becomes a site profile that loads as every profile does (hpc/spec/site.py)."""
+    from hpc.spec.site import current_profile
+
+    path = tmp_path / "site.yaml"
+    proc = cli("doctor", str(TINY), "--write-profile", str(path))
+    assert f"wrote site profile {path}" in proc.stdout
+    profile = current_profile(path)
+    assert profile is not None
+    assert profile.data == {"slurm": {"partition": "debug", "gpus_per_node": 4, "mpi": "pmix"}}
+    assert "written by hpc-serve doctor" in path.read_text()
+    again = cli("doctor", str(TINY), "--write-profile", str(path), check=False)
+    assert again.returncode == 2 and "exists" in again.stderr
