@@ -230,3 +230,42 @@ def test_a_replica_in_use_survives_two_health_checks_that_time_out_not_a_refusal
     assert not discovery._keep(replica, False)
     stranger = Replica(key="2/0", http_url="http://b:1", grpc_url="b:2")
     assert not discovery._keep(stranger, None)  # a replica not in use yet is not taken on a timeout
+
+
+def _response(texts: list[bytes], logprobs: list[float] | None):
+    """A ModelInferResponse as tritonserver sends it (raw contents, as tritonclient's InferInput builds them)."""
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+    from tritonclient.utils import serialize_byte_tensor
+
+    response = service_pb2.ModelInferResponse(model_name="ensemble")
+    response.outputs.add(name="text_output", datatype="BYTES", shape=[1, len(texts)])
+    response.raw_output_contents.append(serialize_byte_tensor(np.array(texts, dtype=object)).item())
+    if logprobs is not None:
+        response.outputs.add(name="output_log_probs", datatype="FP32", shape=[1, len(logprobs)])
+        response.raw_output_contents.append(np.array(logprobs, dtype=np.float32).tobytes())
+    return response
+
+
+def test_a_responses_text_and_logprobs_are_read_from_the_raw_tensors_as_tritonclient_reads_them():
+    import tritonclient.grpc as grpcclient
+
+    from hpc.gateway.triton import text_and_logprobs
+
+    texts = [b"ab", "é✓".encode(), b"", "\U0001f642".encode()[:3]]  # a character split, as streams split them
+    response = _response(texts, [-0.5, -1.25, 0.0, -3.0])
+    result = grpcclient.InferResult(response)  # what the gateway read before, and clients of Triton read
+    assert [bytes(t) for t in result.as_numpy("text_output").ravel()] == texts
+    assert text_and_logprobs(response, logprobs=True) == (b"".join(texts), (-0.5, -1.25, 0.0, -3.0))
+    assert text_and_logprobs(response, logprobs=False) == (b"".join(texts), ())
+    assert text_and_logprobs(_response([b"x"], None), logprobs=True) == (b"x", ())
+
+
+def test_a_response_without_text_is_none():
+    from tritonclient.grpc import service_pb2
+
+    from hpc.gateway.triton import bytes_elements, text_and_logprobs
+
+    assert text_and_logprobs(service_pb2.ModelInferResponse(model_name="ensemble"), logprobs=True) is None
+    assert bytes_elements(b"") == []
+    assert bytes_elements(b"\x02\x00\x00\x00hi\x00\x00\x00\x00") == [b"hi", b""]

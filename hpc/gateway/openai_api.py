@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from hpc.gateway.accesslog import RequestRecord, record_of
@@ -25,6 +25,7 @@ from hpc.gateway.auth import authorized
 from hpc.gateway.errors import APIError, bad_request, unauthorized
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
+from hpc.gateway.streaming import EventStream
 from hpc.gateway.text import StopStream, cut_at_stop
 from hpc.gateway.triton import Chunk, GenerateParams, ModelError, ReplicaUnavailable, TokenRefused
 
@@ -198,7 +199,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     headers = {REPLICA_HEADER: record.replica or ""}
     if body.stream:
         events = _sse(gw, body, params, chat, rid, first, pieces, record)
-        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        return EventStream(events, media_type="text/event-stream", headers=headers)
     trail = TokenTrail()
     raw, tokens = "", 0
     try:

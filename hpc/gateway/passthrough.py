@@ -19,11 +19,11 @@ from dataclasses import asdict
 
 import httpx
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import StreamingResponse
 
 from hpc.auth import http_headers
 from hpc.gateway.accesslog import record_of
 from hpc.gateway.openai_api import gateway_of, require_token
+from hpc.gateway.streaming import EventStream
 from hpc.gateway.triton import BUSY_MARKERS, ReplicaBusy, ReplicaUnavailable
 from hpc.routing.balancer import Replica
 
@@ -121,7 +121,7 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
                     record.first_token()
                 yield chunk  # type: ignore[misc]  # after the head, only bytes
 
-    return StreamingResponse(relay(), status_code=upstream.status_code, headers=_kept(upstream))
+    return EventStream(relay(), status_code=upstream.status_code, headers=_kept(upstream))
 
 
 def _kept(upstream: httpx.Response) -> dict[str, str]:

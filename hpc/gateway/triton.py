@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import struct
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -197,13 +198,9 @@ class TritonEngine:
             async for response in call:
                 if response.error_message:
                     raise model_error(response.error_message)
-                result = grpcclient.InferResult(response.infer_response)
-                text = result.as_numpy("text_output")
-                if text is not None:
-                    raw = b"".join(t if isinstance(t, bytes) else str(t).encode() for t in text.ravel())
-                    logprobs = result.as_numpy("output_log_probs") if params.logprobs else None
-                    found = tuple(float(v) for v in logprobs.ravel()) if logprobs is not None else ()
-                    yield Chunk(utf8.decode(raw), 1, found)
+                piece = text_and_logprobs(response.infer_response, params.logprobs)
+                if piece is not None:
+                    yield Chunk(utf8.decode(piece[0]), 1, piece[1])
                 final = response.infer_response.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
                     tail = utf8.decode(b"", final=True)
@@ -219,6 +216,38 @@ class TritonEngine:
             self._in_flight[grpc_url] -= 1
             finished.set()  # half-close: the server ends the stream once its last response is out
             await _end(call, ended)
+
+
+def text_and_logprobs(infer_response: Any, logprobs: bool) -> tuple[bytes, tuple[float, ...]] | None:
+    """A response's `text_output` bytes and (when asked) `output_log_probs`, or None without text (the empty
+    final response). Read from the raw bytes Triton sent. Why not tritonclient's InferResult and `as_numpy`:
+    per streamed token that built numpy object arrays to join them again, ~0.07 ms of the gateway's CPU per
+    token in a profile (a 32-token answer: more than 2 ms). The layout is the one tritonclient reads too: one
+    `raw_output_contents` entry per output, in order (it reads nothing else of an output either)."""
+    named = dict(zip((out.name for out in infer_response.outputs), infer_response.raw_output_contents, strict=True))
+    if "text_output" not in named:
+        return None
+    values = fp32_values(named.get("output_log_probs", b"")) if logprobs else ()
+    return b"".join(bytes_elements(named["text_output"])), values
+
+
+def bytes_elements(raw: bytes) -> list[bytes]:
+    """The elements of a serialized BYTES tensor: each a 4-byte little-endian length, then that many bytes
+    (what tritonclient's `deserialize_bytes_tensor` reads)."""
+    out, at = [], 0
+    while at + 4 <= len(raw):
+        (size,) = _LENGTH.unpack_from(raw, at)
+        out.append(raw[at + 4 : at + 4 + size])
+        at += 4 + size
+    return out
+
+
+def fp32_values(raw: bytes) -> tuple[float, ...]:
+    """The values of a serialized FP32 tensor (little-endian, as Triton sends them)."""
+    return tuple(float(v) for v in np.frombuffer(raw, dtype="<f4"))
+
+
+_LENGTH = struct.Struct("<I")
 
 
 async def _end(call: Any, ended: bool) -> None:
