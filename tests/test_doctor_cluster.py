@@ -168,3 +168,17 @@ def test_write_profile(slurm_cluster, tmp_path):
     assert "written by hpc-serve doctor" in path.read_text()
     again = cli("doctor", str(TINY), "--write-profile", str(path), check=False)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_probe_timeout_cancels_the_job(slurm_cluster, tmp_path):
+    """A probe that does not end in time is cancelled, and says so with its fix (0 s: it is still pending or
+    starting at the first look)."""
+    proc = cli("doctor", str(spec_file(tmp_path, "slow")), "--probe", "--probe-timeout", "0", check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = failed(proc.stdout)
+    assert list(fails) == ["probe job"], proc.stdout
+    job = re.search(r"job (\d+) still (PENDING|RUNNING|CONFIGURING)", fails["probe job"])
+    assert job and "after 0 s; cancelled" in fails["probe job"], fails
+    assert "fix: try again with a longer --probe-timeout" in fails["probe job"]
+    state = subprocess.run(["scontrol", "-o", "show", "job", job.group(1)], capture_output=True, text=True).stdout
+    assert re.search(r"JobState=(CANCELLED|COMPLETING)", state), state

@@ -7,6 +7,7 @@ subprocess of its own. `Facts` keeps what was found, for `--write-profile` (hpc/
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -362,4 +363,7 @@ def _test_only(spec: Spec, facts: Facts) -> Check:
     except slurm.SlurmError as exc:
         return fail("sbatch --test-only", exc.stderr or str(exc), "change the slurm: field Slurm's message names")
     said = (result.stderr or result.stdout).strip().splitlines()
-    return ok("sbatch --test-only", said[-1].removeprefix("sbatch: ") if said else "accepted")
+    # "sbatch: Job 12 to start at …": nothing was queued, the number is only the one the next job would get
+    return ok(
+        "sbatch --test-only", re.sub(r"^(sbatch: )?Job \d+ to ", "accepted: would ", said[-1]) if said else "accepted"
+    )
