@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,27 @@ def test_profile_values_only_what_passed(tmp_path):
     values, _ = profile_values(s, facts, failed)
     assert "partition" not in values["slurm"]
     assert values["container"] == {"type": "pyxis", "image": "nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3"}
+
+
+def test_node_checks_on_this_machine(tmp_path, tritonserver):
+    """node.py as the probe runs it, here: tritonserver (resolved as the launcher does) starts; no nvidia-smi and
+    no tensorrt_llm on this machine, so those fail with what is missing, and the exit code carries both bits."""
+    import importlib.util
+    import json
+    import shutil as sh
+
+    from hpc.doctor import node
+
+    if sh.which("nvidia-smi") or importlib.util.find_spec("tensorrt_llm"):
+        pytest.skip("this machine has GPUs or TensorRT-LLM")
+    results = tmp_path / "node.json"
+    rc = node.main([str(results), "--gpus", "2", "--trtllm", "0.12.0"])
+    found = json.loads(results.read_text())
+    assert rc == node.BITS["gpus"] | node.BITS["tensorrt_llm"], found
+    assert found["tritonserver"]["ok"] and found["tritonserver"]["detail"].startswith(tritonserver)
+    assert not found["gpus"]["ok"] and "nvidia-smi" in found["gpus"]["detail"]
+    assert found["tensorrt_llm"] == {
+        "ok": False,
+        "detail": f"tensorrt_llm is not installed for {sys.executable}",
+        "version": None,
+    }
