@@ -258,3 +258,27 @@ def test_node_checks_on_this_machine(tmp_path, tritonserver):
         "detail": f"tensorrt_llm is not installed for {sys.executable}",
         "version": None,
     }
+
+
+def test_accounting_off_is_a_warning_with_the_fallback():
+    from hpc.doctor.login import _accounting
+
+    facts = Facts(config={"AccountingStorageType": "accounting_storage/none", "MinJobAge": "300 sec"})
+    check = _accounting(facts)
+    assert (check.status, check.detail) == ("warn", "off (AccountingStorageType=accounting_storage/none)")
+    assert "squeue/scontrol, which forget a job 300 sec after it ends" in check.fix
+    assert not facts.accounting
+
+
+def test_time_and_partition_rules_from_facts(tmp_path):
+    from hpc.doctor.login import _account_qos, _time
+
+    facts = Facts(partitions=parse.scontrol_records(PARTITIONS), partition="gpu")
+    long = spec(tmp_path, slurm={"time": "3-00:00:00", "account": "proj3"})
+    check = _time(long, facts)
+    assert check.status == "fail" and "3-00:00:00 is past gpu's MaxTime 2-00:00:00" in check.detail
+    assert check.fix.startswith("set slurm.time to 2-00:00:00 or less, or use a partition that allows it: debug")
+    assert _time(spec(tmp_path, slurm={"time": "2-00:00:00"}), facts).status == "ok"
+    check = _account_qos(long, facts)  # the partition's AllowAccounts, before any sacctmgr
+    assert (check.status, check.detail) == ("fail", "gpu allows account proj1,proj2, not proj3")
+    assert check.fix == "set slurm.account to one of: proj1, proj2, or use another partition"
