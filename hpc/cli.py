@@ -40,11 +40,22 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.templates and not Path(args.templates).is_dir():
         _err(f"--templates {args.templates}: no such folder (it should hold tensorrt_llm_triton.sub.j2 and/or .sh.j2)")
         return EXIT_USAGE
+    prepared = None
+    if spec.build is not None:  # the deployment serves the engine the build makes (hpc/engine_build/): both scripts
+        from hpc.engine_build.run import prepare
+
+        prepared = prepare(spec)
+        spec = prepared.served
     try:
         out = render(spec, args.output, templates=Path(args.templates) if args.templates else None)
     except ValueError as exc:
         _err(str(exc))
         return EXIT_USAGE
+    build_sub = None
+    if prepared is not None and prepared.plan.cached is None:
+        from hpc.engine_build.script import write_build
+
+        build_sub = write_build(prepared.spec, prepared.plan, out.deploy_dir)
     print(f"rendered {out.deploy_dir}")
     from hpc.gpu_binding import describe
 
@@ -56,7 +67,16 @@ def cmd_render(args: argparse.Namespace) -> int:
     from hpc.model_init import init_command
 
     first = init_command(spec)
-    print(f"submit with: {first + ' && ' if first else ''}sbatch {out.sub}")
+    if prepared is not None and build_sub is None:
+        print(f"  (engine {prepared.plan.cached}: built already for this spec, no build job)")
+    if build_sub is not None:  # the engine build first, serving after it (hpc/engine_build/)
+        print(f"  {build_sub}  (the engine build → {prepared.plan.engine_dir})")  # type: ignore[union-attr]
+        print(
+            f"submit with: BUILD=$(sbatch --parsable {build_sub}) && "
+            f"sbatch --dependency=afterok:$BUILD --kill-on-invalid-dep=yes {out.sub}"
+        )
+    else:
+        print(f"submit with: {first + ' && ' if first else ''}sbatch {out.sub}")
     if out.gateway_sub is not None:
         print(f"gateway: sbatch {out.gateway_sub}  (unless the deployment's gateway already runs: hpc-serve status)")
     return EXIT_OK

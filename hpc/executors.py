@@ -36,8 +36,13 @@ class Executor(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def submit(self, deploy_dir: Path) -> JobRef:
-        """Start the deployment's job; return once it has an id and a registered job folder."""
+    def submit(self, deploy_dir: Path, after: JobRef | None = None) -> JobRef:
+        """Start the deployment's job (once job `after` completed, if given); return once it has an id and a
+        registered job folder."""
+
+    @abstractmethod
+    def submit_build(self, deploy_dir: Path) -> JobRef:
+        """Start the deployment's engine build (`D/build.sub`, hpc/engine_build/) as a job of its own, marked as one."""
 
     @abstractmethod
     def submit_gateway(self, deploy_dir: Path) -> JobRef:
@@ -55,9 +60,11 @@ class Executor(ABC):
 class SlurmExecutor(Executor):
     name = "slurm"
 
-    def submit(self, deploy_dir: Path) -> JobRef:
-        """sbatch the `.sub` as it is (raises hpc.slurm.SlurmError with sbatch's words), then index the job."""
-        job_id = slurm.default.sbatch(Deployment(deploy_dir).sub)
+    def submit(self, deploy_dir: Path, after: JobRef | None = None) -> JobRef:
+        """sbatch the `.sub` as it is (raises hpc.slurm.SlurmError with sbatch's words), then index the job. After a
+        build job: only once it completed, and cancelled by Slurm if it did not (instead of pending forever)."""
+        chain = [f"--dependency=afterok:{after.job_id}", "--kill-on-invalid-dep=yes"] if after is not None else []
+        job_id = slurm.default.sbatch(Deployment(deploy_dir).sub, chain)
         job_dir = JobPaths(deploy_dir, job_id).create().folder
         register(job_id, job_dir)
         watcher().arm(job_id)
@@ -68,6 +75,15 @@ class SlurmExecutor(Executor):
         paths = JobPaths(deploy_dir, job_id)
         paths.folder.mkdir(parents=True, exist_ok=True)
         paths.gateway_marker.touch()  # `status` knows it for the gateway's while it is still pending
+        register(job_id, paths.folder)
+        watcher().arm(job_id)
+        return JobRef(job_id, paths.folder)
+
+    def submit_build(self, deploy_dir: Path) -> JobRef:
+        job_id = slurm.default.sbatch(Deployment(deploy_dir).build_sub)
+        paths = JobPaths(deploy_dir, job_id)
+        paths.folder.mkdir(parents=True, exist_ok=True)
+        paths.build_marker.touch()  # `status` knows it for a build job while it is still pending
         register(job_id, paths.folder)
         watcher().arm(job_id)
         return JobRef(job_id, paths.folder)
@@ -105,11 +121,15 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def submit(self, deploy_dir: Path) -> JobRef:
+    def submit(self, deploy_dir: Path, after: JobRef | None = None) -> JobRef:
+        """`after` must have completed already: local jobs cannot wait for each other (hpc/engine_build/run.py waits)."""
         return submit_local(deploy_dir)
 
+    def submit_build(self, deploy_dir: Path) -> JobRef:
+        return submit_local(deploy_dir, kind="build")
+
     def submit_gateway(self, deploy_dir: Path) -> JobRef:
-        return submit_local(deploy_dir, gateway=True)
+        return submit_local(deploy_dir, kind="gateway")
 
     def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
         return local_state(ref.job_dir)

@@ -89,7 +89,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
         from hpc.submit import new_deployment_dir
 
         deploy_dir = new_deployment_dir(spec)
-        for name, text in render_scripts(spec, deploy_dir).items():
+        scripts = {}
+        if spec.build is not None:  # the build job's script first (hpc/engine_build/), then the serving job's
+            from hpc.engine_build.run import prepare
+            from hpc.engine_build.script import render_build_script
+            from launcher.layout import BUILD_SUB_NAME
+
+            prepared = prepare(spec)
+            if prepared.plan.cached is None:
+                scripts[BUILD_SUB_NAME] = render_build_script(spec, prepared.plan, deploy_dir)
+            spec = prepared.served
+        scripts.update(render_scripts(spec, deploy_dir))
+        for name, text in scripts.items():
             print(f"# ==> {deploy_dir / name} <==")
             print(text)
         print(
@@ -98,8 +109,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_OK
+    from hpc.engine_build.run import BuildFailed
+
     try:
-        ref = submit(spec, executor=args.executor)
+        ref = submit(spec, executor=args.executor, note=lambda line: print(line, file=sys.stderr, flush=True))
+    except BuildFailed as exc:  # the local executor waits for its build
+        print(f"hpc-serve: the build failed: {exc}", file=sys.stderr)
+        return EXIT_JOB_FAILED
     except SubmitError as exc:
         print(f"hpc-serve: sbatch refused the job: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -30,17 +30,20 @@ def new_job_id() -> str:
             return job_id
 
 
-def submit_local(deploy_dir: Path, gateway: bool = False) -> JobRef:
-    """Start the deployment's ranks (or, `gateway`, its gateway script) in the background; return at once."""
+def submit_local(deploy_dir: Path, kind: str = "serving") -> JobRef:
+    """Start the deployment's ranks (or, kind `gateway` / `build`, its gateway or build script) in the background;
+    return at once."""
     job_id = new_job_id()
     paths = JobPaths(deploy_dir, job_id).create()
     job_dir = paths.folder
-    if gateway:
+    if kind == "gateway":
         paths.gateway_marker.touch()
+    elif kind == "build":
+        paths.build_marker.touch()
     register(job_id, job_dir)
     log = open(paths.deployment.sbatch_log("out", job_id), "ab")
     subprocess.Popen(
-        [sys.executable, "-m", "hpc.local_run", str(deploy_dir), job_id, *(["gateway"] if gateway else [])],
+        [sys.executable, "-m", "hpc.local_run", str(deploy_dir), job_id, *([kind] if kind != "serving" else [])],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -3,7 +3,7 @@
 The local executor gives laptops and CI the same job folder as Slurm: per-rank logs named
 `<job>_<rank>_log.out|err`, endpoint and rank records from the launcher, and a `local.json` that plays
 the part of `sacct` (state, exit code). It runs detached (its own session) so the submitting shell can go.
-Usage (by hpc/local.py): python -m hpc.local_run DEPLOY_DIR JOB_ID [gateway]
+Usage (by hpc/local.py): python -m hpc.local_run DEPLOY_DIR JOB_ID [gateway|build]
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ def stop_targets(child_pid: int, world: int) -> list[int]:
 def main(argv: list[str]) -> int:
     deploy_dir, job_id = Path(argv[0]), argv[1]
     job_dir = JobPaths(deploy_dir, job_id).folder
-    gateway = argv[2:] == ["gateway"]  # the deployment's gateway script: one process, the script execs it
-    if gateway:
-        world, command = 1, ["bash", str(Deployment(deploy_dir).gateway_sub)]
+    script = {"gateway": Deployment(deploy_dir).gateway_sub, "build": Deployment(deploy_dir).build_sub}
+    if argv[2:3] and argv[2] in script:  # the gateway or build script: one process (the gateway's execs it)
+        world, command = 1, ["bash", str(script[argv[2]])]
     else:
         plan = json.loads(Deployment(deploy_dir).launch.read_text())
         world = int(plan["world_size_per_replica"]) * int(plan["replicas"])

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,10 +131,10 @@ def renew_plan(spec: Spec) -> dict[str, Any]:
     }
 
 
-def _container_mounts(spec: Spec, deploy_dir: Path) -> list[str]:
+def _container_mounts(spec: Spec, deploy_dir: Path, paths: Sequence[Path | None] | None = None) -> list[str]:
     """User mounts plus what every rank must see at the same path: the deployment folder, the hpc-serve
-    source, the model folders. A path already visible at its own path (under a SRC:SRC mount) is not
-    mounted again."""
+    source, the model folders (`paths`: other folders instead, e.g. a build's source and output). A path already
+    visible at its own path (under a SRC:SRC mount) is not mounted again."""
     mounts = list(spec.container.mounts)
 
     def same_path_roots() -> list[Path]:
@@ -144,26 +145,32 @@ def _container_mounts(spec: Spec, deploy_dir: Path) -> list[str]:
                 roots.append(Path(parts[0]))
         return roots
 
-    for path in (deploy_dir, spec.model.source_dir, spec.model.tokenizer):  # the code ships inside deploy_dir
+    if paths is None:
+        paths = (spec.model.source_dir, spec.model.tokenizer)
+    for path in (deploy_dir, *paths):  # the code ships inside deploy_dir
         if path is not None and not any(path == root or root in path.parents for root in same_path_roots()):
             mounts.append(f"{path}:{path}")
     return mounts
 
 
-def _srun_and_wrapper(spec: Spec, deploy_dir: Path) -> tuple[list[str], list[str]]:
-    """srun flags and the command prefix that wraps `bash tensorrt_llm_triton.sh` for the container kind."""
+def _srun_and_wrapper(
+    spec: Spec, deploy_dir: Path, paths: Sequence[Path | None] | None = None
+) -> tuple[list[str], list[str]]:
+    """srun flags and the command prefix that wraps `bash tensorrt_llm_triton.sh` for the container kind (`paths`:
+    the folders to mount besides the deployment, default the model's; hpc/engine_build/script.py passes its own)."""
     c = spec.container
     srun = list(spec.slurm.srun_args)
     wrapper: list[str] = []
     if c.type == "pyxis":
-        srun += [f"--container-image={c.image}", f"--container-mounts={','.join(_container_mounts(spec, deploy_dir))}"]
+        mounts = ",".join(_container_mounts(spec, deploy_dir, paths))
+        srun += [f"--container-image={c.image}", f"--container-mounts={mounts}"]
         if c.workdir:
             srun.append(f"--container-workdir={c.workdir}")
         if c.name:
             srun.append(f"--container-name={c.name}")
     elif c.type == "apptainer":
         wrapper = ["apptainer", "exec", "--nv"]
-        for mount in _container_mounts(spec, deploy_dir):
+        for mount in _container_mounts(spec, deploy_dir, paths):
             wrapper += ["-B", mount]
         if c.workdir:
             wrapper += ["--pwd", c.workdir]

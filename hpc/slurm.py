@@ -156,9 +156,9 @@ class Slurm:
     # -----------------------------------------------------------------------------------------------------
     # the commands hpc-serve uses, parsed
 
-    def sbatch(self, script: Path) -> str:
-        """Submit a script as it is; its job id."""
-        out = self.run(["sbatch", "--parsable", str(script)], repeatable=False).stdout
+    def sbatch(self, script: Path, options: Sequence[str] = ()) -> str:
+        """Submit a script as it is (`options`: sbatch's own, before it, e.g. a --dependency); its job id."""
+        out = self.run(["sbatch", "--parsable", *options, str(script)], repeatable=False).stdout
         return out.strip().split(";")[0]
 
     def scancel(self, job_id: str, signal: str | None = None) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -36,20 +37,39 @@ def new_deployment_dir(spec: Spec) -> Path:
     return candidate
 
 
-def submit(spec: Spec, executor: str | None = None, deploy_dir: Path | None = None) -> JobRef:
+def submit(
+    spec: Spec,
+    executor: str | None = None,
+    deploy_dir: Path | None = None,
+    note: Callable[[str], object] = lambda _: None,
+) -> JobRef:
     """Create the model `model.init` asks for (the explicit step render leaves out), render, then submit.
-    Nothing is submitted if either fails."""
+    Nothing is submitted if either fails. With a `build:` section the build job makes the model and the engine
+    instead, and the serving job runs after it (hpc/engine_build/run.py); `note` hears what the build does."""
     runner = executor_named(executor)  # ValueError for an unknown name, before anything is written
-    ensure_model(spec)
+    prepared = None
+    if spec.build is not None:
+        from hpc.engine_build.run import prepare
+
+        prepared = prepare(spec)
+        spec = prepared.served
+    else:
+        ensure_model(spec)
     rendered = render(spec, deploy_dir or new_deployment_dir(spec))
-    gateway = None
+    gateway = build = None
     try:
+        if prepared is not None:  # first: nothing is served from an engine that will not be there
+            from hpc.engine_build.run import start
+
+            build = start(prepared, runner, rendered.deploy_dir, note)
         if rendered.gateway_sub is not None:  # first: a gateway job sbatch refuses leaves no serving job behind
             gateway = ensure_gateway(rendered.deploy_dir, runner)
-        return runner.submit(rendered.deploy_dir)
+        return runner.submit(rendered.deploy_dir, after=build)
     except SlurmError as exc:
         if gateway is not None and gateway.job is not None:  # made for this submission only
             runner.cancel(gateway.job, 0, stoppable=False)
+        if build is not None and build.deploy_dir == rendered.deploy_dir:
+            runner.cancel(build, 0, stoppable=False)
         if deploy_dir is None:  # a folder made for this submission only: nothing half-done is left behind
             shutil.rmtree(rendered.deploy_dir, ignore_errors=True)
         raise SubmitError(str(exc)) from exc

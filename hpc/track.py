@@ -83,6 +83,8 @@ class JobStatus:
         return text + (f"\n{self.gateway.summary()}" if self.gateway is not None and self.kind != "gateway" else "")
 
     def _summary(self) -> str:
+        if self.kind == "build":
+            return f"{self.job_id} {self.state} (build)" + (f" {self.reason}" if self.reason else "")
         if self.kind == "gateway":
             text = f"{self.job_id} {self.state} (gateway)" + (f" {self.url}" if self.url else "")
             return text + (f" ({self.reason})" if self.reason and self.state in ("PENDING", "FAILED") else "")
@@ -197,6 +199,11 @@ def job_status(ref: JobRef, with_gateway: bool = False) -> JobStatus:
 
         state, reason, url, raw = gateway_job_state(ref)
         return JobStatus(ref.job_id, state, reason, raw, str(ref.job_dir), kind="gateway", url=url)
+    if ref.is_build:  # an engine build job (hpc/engine_build/run.py): its steps' state, what it built or where it failed
+        from hpc.engine_build.run import build_status
+
+        state, reason, raw = build_status(ref)
+        return JobStatus(ref.job_id, state, reason, raw, str(ref.job_dir), kind="build")
     status = _serving_status(ref)
     if with_gateway:
         from hpc.gateway.job import deployment_gateway

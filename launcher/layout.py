@@ -38,6 +38,17 @@ GATEWAY_RECORD_SUFFIX = ".gateway.json"
 GATEWAY_SUB_NAME = "gateway.sub"
 #: in `D/jobs/<job_id>/`: this job is the deployment's gateway, not a serving job (written by submit and the script)
 GATEWAY_JOB_MARKER_NAME = "gateway_job"
+#: a spec's `build:` section: the engine build job's sbatch script (hpc/engine_build/), and in its job folder the mark that
+#: it is a build job, and what it records when a step fails (the step's name, command and exit status)
+BUILD_SUB_NAME = "build.sub"
+BUILD_JOB_MARKER_NAME = "build_job"
+BUILD_FAILURE_NAME = "build_failed.json"
+#: in the build job's folder: every step's output; in the deployment folder: what the job builds (its steps'
+#: command lines, the engine folder, the request that names it; read by the job's last step and by `status`)
+BUILD_LOG_NAME = "build.log"
+BUILD_REQUEST_NAME = "build_request.json"
+#: in a built engine folder: what built it (inputs' identity, arguments, tool version; launcher/build_record.py)
+BUILD_RECORD_NAME = "hpc-serve-build.json"
 #: the local executor's supervisor state: what sacct is to a Slurm job
 LOCAL_STATE_NAME = "local.json"
 #: a requeued job (same id, restarted by Slurm): the `.sub` writes `$SLURM_RESTART_COUNT` here at every start,
@@ -136,6 +147,16 @@ class Deployment:
     def gateway_sub(self) -> Path:
         """The gateway's sbatch script (rendered only when the spec has an enabled `gateway:` section)."""
         return self.root / GATEWAY_SUB_NAME
+
+    @property
+    def build_sub(self) -> Path:
+        """The engine build job's sbatch script (rendered only for a spec with a `build:` section)."""
+        return self.root / BUILD_SUB_NAME
+
+    @property
+    def build_request(self) -> Path:
+        """What the build job builds (hpc/engine_build/script.py writes it, launcher/build_record.py reads it)."""
+        return self.root / BUILD_REQUEST_NAME
 
     @property
     def model_repository(self) -> Path:
@@ -250,6 +271,21 @@ class JobPaths:
         return self.folder / GATEWAY_JOB_MARKER_NAME
 
     @property
+    def build_marker(self) -> Path:
+        """Present in an engine build job's folder: its state is its steps', it has no ranks or endpoints."""
+        return self.folder / BUILD_JOB_MARKER_NAME
+
+    @property
+    def build_log(self) -> Path:
+        """Every step's output of a build job (its last lines are what `status` shows for a failed build)."""
+        return self.folder / BUILD_LOG_NAME
+
+    @property
+    def build_failure(self) -> Path:
+        """Written by the build script when a step fails: which command, its exit status (hpc/engine_build/status.py)."""
+        return self.folder / BUILD_FAILURE_NAME
+
+    @property
     def local_state(self) -> Path:
         return self.folder / LOCAL_STATE_NAME
 
@@ -306,4 +342,10 @@ def template_values(deploy_dir: Path) -> dict[str, str]:
         "index_dir_shell": INDEX_DIR_SHELL,
         "gateway_sub_path": str(dep.gateway_sub),
         "gateway_marker_name": GATEWAY_JOB_MARKER_NAME,
+        "build_sub_path": str(dep.build_sub),
+        "build_marker_name": BUILD_JOB_MARKER_NAME,
+        "build_failure_name": BUILD_FAILURE_NAME,
+        "build_record_name": BUILD_RECORD_NAME,
+        "build_log_name": BUILD_LOG_NAME,
+        "build_request_path": str(dep.build_request),
     }

@@ -16,16 +16,16 @@ leader computes logits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from .checkpoint import CheckpointError, ModelConfig
-from .layers import apply_rope, gelu_new, layer_norm, rms_norm, rope_tables, silu, softmax
+from .layers import apply_rope, gelu_new, layer_norm, rms_norm, silu, softmax
 from .lockstep import StepFailed, anyone_failed, check_plan, finish_collectives
 from .parallel import Communicator, SingleComm
+from .weights import Layer as _Layer
+from .weights import WeightLoading
 
 
 @dataclass
@@ -43,36 +43,7 @@ class StepPlan:
     prefills: list[tuple[int, np.ndarray]] = field(default_factory=list)
 
 
-@dataclass
-class _Layer:
-    ln1_w: np.ndarray
-    ln1_b: np.ndarray | None
-    # matrices are stored [out, in] (C-contiguous) once loaded, see TransformerShard._linear
-    w_qkv: np.ndarray  # [hidden, (Hl + 2*KVl) * D]
-    b_qkv: np.ndarray | None
-    w_o: np.ndarray  # [Hl*D, hidden]
-    b_o: np.ndarray | None  # row-parallel bias: added once, after the all-reduce
-    ln2_w: np.ndarray
-    ln2_b: np.ndarray | None
-    w_up: np.ndarray  # gpt2: c_fc [hidden, Il]; llama: [gate|up] [hidden, 2*Il]
-    b_up: np.ndarray | None
-    w_down: np.ndarray  # [Il, hidden]
-    b_down: np.ndarray | None
-
-
-def _shard_cols(w: np.ndarray, parts: int, rank: int) -> np.ndarray:
-    n = w.shape[-1]
-    step = n // parts
-    return w[..., rank * step : (rank + 1) * step]
-
-
-def _shard_rows(w: np.ndarray, parts: int, rank: int) -> np.ndarray:
-    n = w.shape[0]
-    step = n // parts
-    return w[rank * step : (rank + 1) * step]
-
-
-class TransformerShard:
+class TransformerShard(WeightLoading):
     """One rank's share of the model plus its share of the KV cache."""
 
     wpe: np.ndarray | None  # GPT-2's learned positions; None for Llama (RoPE)
@@ -106,120 +77,12 @@ class TransformerShard:
         self.max_seq_len = min(max_seq_len or config.max_position_embeddings, config.max_position_embeddings)
         self.scale = np.float32(1.0 / np.sqrt(self.head_dim))
         self.compute_logits = rank == 0
-        if config.family == "gpt2":
-            self._load_gpt2(weights)
-        else:
-            self._load_llama(weights)
-        for L in self.layers:
-            for name in ("w_qkv", "w_o", "w_up", "w_down"):
-                setattr(L, name, np.ascontiguousarray(getattr(L, name).T))
-        self.lm_head_w = np.ascontiguousarray(self.lm_head_t.T)  # [V, hidden]
-        del self.lm_head_t
+        self._load(weights)  # backend/cpu_engine/weights.py: a whole checkpoint, or this rank's file of a sharded one
         self._reduces_done = 0
         self.capacity = 0
         self.k_cache: list[np.ndarray] = []
         self.v_cache: list[np.ndarray] = []
         self._ensure_capacity(min(64, self.max_seq_len))
-
-    # ------------------------------------------------------------------ weights
-    @staticmethod
-    def _get(weights: dict[str, np.ndarray], name: str, prefixes: tuple[str, ...]) -> np.ndarray:
-        for p in prefixes:
-            if p + name in weights:
-                return weights[p + name]
-        raise CheckpointError(f"checkpoint is missing tensor {name!r} (looked under prefixes {prefixes})")
-
-    def _split_qkv_cols(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Column-parallel shard of q, k, v (each ``[..., heads*D]``) fused into one matrix for one GEMM."""
-        return np.ascontiguousarray(
-            np.concatenate(
-                [
-                    _shard_cols(q, self.tp, self.rank),
-                    _shard_cols(k, self.tp, self.rank),
-                    _shard_cols(v, self.tp, self.rank),
-                ],
-                axis=-1,
-            ),
-            dtype=np.float32,
-        )
-
-    def _load_gpt2(self, w: dict[str, np.ndarray]) -> None:
-        c = self.cfg
-        P = ("transformer.", "")
-        g = lambda n: self._get(w, n, P).astype(np.float32)  # noqa: E731
-        self.wte = g("wte.weight")
-        self.wpe = g("wpe.weight")
-        H = c.hidden_size
-        self.layers: list[_Layer] = []
-        for i in range(c.num_layers):
-            p = f"h.{i}."
-            wa, ba = g(p + "attn.c_attn.weight"), g(p + "attn.c_attn.bias")
-            self.layers.append(
-                _Layer(
-                    ln1_w=g(p + "ln_1.weight"),
-                    ln1_b=g(p + "ln_1.bias"),
-                    w_qkv=self._split_qkv_cols(wa[:, :H], wa[:, H : 2 * H], wa[:, 2 * H :]),
-                    b_qkv=self._split_qkv_cols(ba[:H], ba[H : 2 * H], ba[2 * H :]),
-                    w_o=np.ascontiguousarray(_shard_rows(g(p + "attn.c_proj.weight"), self.tp, self.rank)),
-                    b_o=g(p + "attn.c_proj.bias"),
-                    ln2_w=g(p + "ln_2.weight"),
-                    ln2_b=g(p + "ln_2.bias"),
-                    w_up=np.ascontiguousarray(_shard_cols(g(p + "mlp.c_fc.weight"), self.tp, self.rank)),
-                    b_up=np.ascontiguousarray(_shard_cols(g(p + "mlp.c_fc.bias"), self.tp, self.rank)),
-                    w_down=np.ascontiguousarray(_shard_rows(g(p + "mlp.c_proj.weight"), self.tp, self.rank)),
-                    b_down=g(p + "mlp.c_proj.bias"),
-                )
-            )
-        self.lnf_w, self.lnf_b = g("ln_f.weight"), g("ln_f.bias")
-        lm = w.get("lm_head.weight")
-        self.lm_head_t = np.ascontiguousarray((self.wte if lm is None else lm.astype(np.float32)).T)
-        self.rope_cos = self.rope_sin = None
-
-    def _load_llama(self, w: dict[str, np.ndarray]) -> None:
-        c = self.cfg
-        P = ("model.", "")
-        g = lambda n: self._get(w, n, P).astype(np.float32)  # noqa: E731
-        opt: Callable[[str], Any] = lambda n: next((w[p + n].astype(np.float32) for p in P if p + n in w), None)  # noqa: E731
-        self.wte = g("embed_tokens.weight")
-        self.wpe = None
-        self.layers = []
-        for i in range(c.num_layers):
-            p = f"layers.{i}."
-            q, k, v = (g(p + f"self_attn.{n}_proj.weight").T for n in "qkv")
-            bq, bk, bv = (opt(p + f"self_attn.{n}_proj.bias") for n in "qkv")
-            gate, up = g(p + "mlp.gate_proj.weight").T, g(p + "mlp.up_proj.weight").T
-            bgate, bup = opt(p + "mlp.gate_proj.bias"), opt(p + "mlp.up_proj.bias")
-            bo, bdown = opt(p + "self_attn.o_proj.bias"), opt(p + "mlp.down_proj.bias")
-            self.layers.append(
-                _Layer(
-                    ln1_w=g(p + "input_layernorm.weight"),
-                    ln1_b=None,
-                    w_qkv=self._split_qkv_cols(q, k, v),
-                    b_qkv=None if bq is None else self._split_qkv_cols(bq, bk, bv),
-                    w_o=np.ascontiguousarray(_shard_rows(g(p + "self_attn.o_proj.weight").T, self.tp, self.rank)),
-                    b_o=bo,
-                    ln2_w=g(p + "post_attention_layernorm.weight"),
-                    ln2_b=None,
-                    w_up=np.ascontiguousarray(
-                        np.concatenate(
-                            [_shard_cols(gate, self.tp, self.rank), _shard_cols(up, self.tp, self.rank)], axis=-1
-                        )
-                    ),
-                    b_up=None
-                    if bgate is None
-                    else np.concatenate([_shard_cols(bgate, self.tp, self.rank), _shard_cols(bup, self.tp, self.rank)]),
-                    w_down=np.ascontiguousarray(_shard_rows(g(p + "mlp.down_proj.weight").T, self.tp, self.rank)),
-                    b_down=bdown,
-                )
-            )
-        self.lnf_w, self.lnf_b = g("norm.weight"), None
-        lm = next((w[n] for n in ("lm_head.weight",) if n in w), None)
-        if lm is None:
-            if not c.tie_word_embeddings:
-                raise CheckpointError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
-            lm = self.wte
-        self.lm_head_t = np.ascontiguousarray(lm.astype(np.float32).T)
-        self.rope_cos, self.rope_sin = rope_tables(c.head_dim, c.max_position_embeddings, c.rope_theta)
 
     # ------------------------------------------------------------------ KV cache
     def _ensure_capacity(self, needed: int) -> None:

@@ -44,6 +44,14 @@ def missing_inputs(spec: Spec) -> list[Finding]:
                 "or add `init: {family: gpt2}` to have `hpc-serve submit` create it",
             )
         )
+    b = spec.build
+    if b is not None and b.checkpoint_dir is not None and not b.checkpoint_dir.is_dir() and m.init is None:
+        found.append(
+            (
+                ("build", "checkpoint_dir"),
+                f"{b.checkpoint_dir} does not exist; point it at the checkpoint to build from",
+            )
+        )
     if m.tokenizer_dir is not None and not m.tokenizer_dir.is_dir():
         found.append((("model", "tokenizer_dir"), f"{m.tokenizer_dir} does not exist"))
     image = spec.container.image
@@ -58,7 +66,7 @@ def missing_inputs(spec: Spec) -> list[Finding]:
 
 def conflicts(spec: Spec) -> list[Finding]:
     """What makes the rendered scripts wrong whatever is created later."""
-    found = _parallelism_conflicts(spec.model)
+    found = _parallelism_conflicts(spec.model) + engine_limit_conflicts(spec)
     workdir = str(spec.workdir)
     if not is_script_safe_path(workdir):
         found.append(
@@ -107,6 +115,111 @@ def _parallelism_conflicts(m: ModelSpec) -> list[Finding]:
     return []
 
 
+def engine_limits(config: dict) -> dict[str, int | None] | None:
+    """What an engine was built for, from trtllm-build's config.json; None when it is not one.
+
+    The layout is TensorRT-LLM's `EngineConfig.to_dict()` (tensorrt_llm/builder.py, written by `Engine.save` as
+    `<engine_dir>/config.json`): {"version", "pretrained_config": {..., "mapping": Mapping.to_dict()},
+    "build_config": BuildConfig.to_dict()}. `mapping` (tensorrt_llm/mapping.py) has world_size, rank,
+    gpus_per_node, tp_size, pp_size; trtllm-build sets its gpus_per_node from `--gpus_per_node` (default 8,
+    tensorrt_llm/commands/build.py: `model_config.mapping.gpus_per_node = build_config.auto_parallel_config.
+    gpus_per_node`). `build_config` has max_batch_size, max_input_len, max_seq_len, max_num_tokens. Engines of
+    the older `build.py` scripts have a `builder_config` with tensor_parallel, pipeline_parallel, max_batch_size,
+    max_input_len and max_output_len instead."""
+    build = config.get("build_config")
+    if isinstance(build, dict) or isinstance(config.get("pretrained_config"), dict):
+        build = build if isinstance(build, dict) else {}
+        mapping = (config.get("pretrained_config") or {}).get("mapping") or {}
+        return {
+            "tp_size": _int(mapping.get("tp_size", 1)),
+            "pp_size": _int(mapping.get("pp_size", 1)),
+            "gpus_per_node": _int(mapping.get("gpus_per_node")),
+            "max_batch_size": _int(build.get("max_batch_size")),
+            "max_input_len": _int(build.get("max_input_len")),
+            "max_seq_len": _int(build.get("max_seq_len")),
+            "max_num_tokens": _int(build.get("max_num_tokens")),
+        }
+    legacy = config.get("builder_config")
+    if isinstance(legacy, dict):
+        inputs, outputs = _int(legacy.get("max_input_len")), _int(legacy.get("max_output_len"))
+        return {
+            "tp_size": _int(legacy.get("tensor_parallel", 1)),
+            "pp_size": _int(legacy.get("pipeline_parallel", 1)),
+            "gpus_per_node": None,
+            "max_batch_size": _int(legacy.get("max_batch_size")),
+            "max_input_len": inputs,
+            "max_seq_len": inputs + outputs if inputs and outputs else None,
+            "max_num_tokens": _int(legacy.get("max_num_tokens")),
+        }
+    return None
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def engine_limit_conflicts(spec: Spec) -> list[Finding]:
+    """The serving side against what the engine was built for: its GPUs per node (rank → GPU) and its limits. The
+    engine's config.json when `model.engine_dir` holds one; with a `build:` section, the build's own arguments
+    (hpc/spec/build.py `build_limits`): both refused here, before a GPU hour is spent."""
+    m = spec.model
+    if m.backend != "tensorrtllm":
+        return []
+    if spec.build is not None:
+        from hpc.spec.build import build_limits
+
+        limits: dict[str, int | None] | None = build_limits(spec)
+        where, fix = "the build: section's", "build.{field}"
+    elif m.engine_dir is not None and m.engine_dir.is_dir():
+        limits = engine_limits(_read_config(m.engine_dir))
+        where, fix = f"the engine in {m.engine_dir}", "trtllm-build --{field} (then point model.engine_dir at it)"
+    else:
+        return []
+    if limits is None:
+        return []
+    found: list[Finding] = []
+    t, per_node = spec.triton, spec.tasks_per_node
+    built_gpn, ranks = limits["gpus_per_node"], spec.world_size_per_replica
+    if built_gpn and built_gpn != per_node and ranks > min(built_gpn, per_node):
+        found.append(
+            (
+                ("slurm", "gpus_per_node"),
+                f"{where} mapping.gpus_per_node is {built_gpn}, but the job runs {per_node} ranks per node "
+                f"(slurm.gpus_per_node {spec.slurm.gpus_per_node}): TensorRT-LLM puts rank r on GPU r % {built_gpn}, "
+                f"so rank {min(built_gpn, per_node)} would look for a GPU of another node; build with "
+                f"{fix.format(field='gpus_per_node')} {per_node}",
+            )
+        )
+    batch = limits["max_batch_size"]
+    if batch and t.triton_max_batch_size > batch:
+        found.append(
+            (
+                ("triton", "triton_max_batch_size"),
+                f"{t.triton_max_batch_size} is more than {where} max_batch_size {batch}; lower it to {batch} or "
+                f"build with a larger {fix.format(field='max_batch_size')}",
+            )
+        )
+    seq = limits["max_seq_len"]
+    if seq and t.max_tokens_in_paged_kv_cache is not None and t.max_tokens_in_paged_kv_cache < seq:
+        found.append(
+            (
+                ("triton", "max_tokens_in_paged_kv_cache"),
+                f"{t.max_tokens_in_paged_kv_cache} tokens cannot hold one sequence of {where} max_seq_len {seq} "
+                f"(prompt plus output); raise it to {seq} or more, or build with {fix.format(field='max_seq_len')} "
+                f"{t.max_tokens_in_paged_kv_cache} or less",
+            )
+        )
+    windows = t.max_attention_window_size
+    if seq and windows is not None and windows > seq:
+        found.append(
+            (
+                ("triton", "max_attention_window_size"),
+                f"{windows} is more than {where} max_seq_len {seq}: no sequence is that long; use {seq} or less",
+            )
+        )
+    return found
+
+
 def _read_config(folder: Path) -> dict:
     try:
         config = json.loads((folder / "config.json").read_text())
@@ -118,13 +231,12 @@ def _read_config(folder: Path) -> dict:
 def _engine_parallelism(engine_dir: Path) -> tuple[int, int] | None:
     """(tp, pp) an engine was built for, from trtllm-build's config.json (new or legacy layout)."""
     config = _read_config(engine_dir)
-    mapping = config.get("pretrained_config", {}).get("mapping")
-    if mapping:
-        return int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
-    builder = config.get("builder_config", {})
-    if "tensor_parallel" in builder:
-        return int(builder["tensor_parallel"]), int(builder.get("pipeline_parallel", 1))
-    return None
+    if not (config.get("pretrained_config") or {}).get("mapping") and "tensor_parallel" not in config.get(
+        "builder_config", {}
+    ):
+        return None
+    limits = engine_limits(config)
+    return (limits["tp_size"] or 1, limits["pp_size"] or 1) if limits else None
 
 
 def _attention_heads(checkpoint: Path) -> tuple[int, ...] | None:

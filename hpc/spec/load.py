@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hpc.envvars import expand, unset_message
+from hpc.spec.build import BuildSpec
 from hpc.spec.files import conflicts, missing_inputs
 from hpc.spec.parameters import parameter_findings
 from hpc.spec.schema import (
@@ -139,6 +140,7 @@ _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
     ("triton",): TritonSpec,
     ("triton", "ports"): PortsSpec,
     ("gateway",): GatewaySpec,
+    ("build",): BuildSpec,
 }
 
 
@@ -206,6 +208,14 @@ def _resolve_paths(spec: Spec, base: Path, file: str, index: Sources) -> tuple[S
         }
     )
     update: dict[str, Any] = {"workdir": path(spec.workdir, ("workdir",)), "model": model, "container": container}
+    if spec.build is not None:  # the build's source and where its engines go (hpc/spec/build.py)
+        b = spec.build
+        update["build"] = b.model_copy(
+            update={
+                "checkpoint_dir": path(b.checkpoint_dir, ("build", "checkpoint_dir")),
+                "output_dir": path(b.output_dir, ("build", "output_dir")),
+            }
+        )
     spec = spec.model_copy(update=update)
     return spec, problems
 

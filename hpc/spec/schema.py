@@ -4,7 +4,7 @@ One spec describes one deployment: where it runs (`slurm`, `container`), what it
 Triton serves it (`triton`) and how many copies (`mode`, `replicas`). Loading with line numbers lives in
 `hpc.spec.load`, file-system checks in `hpc.spec.files`, the parameter table's spec side in `hpc.spec.parameters`,
 the checks of single values that reach scripts in `hpc.spec.checks`, the `gateway:` section in `hpc.spec.gateway`,
-the `renew:` section in `hpc.spec.renew`.
+the `renew:` section in `hpc.spec.renew`, the `build:` section in `hpc.spec.build`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pydantic import (
 
 from backend.repository import KNOWN_PARAMETERS, choices
 from hpc.placement import PlacementError, replica_steps
+from hpc.spec.build import BuildSpec, check_build
 from hpc.spec.checks import (
     _CONSTRAINT,
     _ENV_NAME,
@@ -160,11 +161,7 @@ class ModelSpec(_Section):
 
     @model_validator(mode="after")
     def _dirs(self) -> ModelSpec:
-        if self.backend == "tensorrtllm":
-            if self.engine_dir is None:
-                raise ValueError(
-                    "@engine_dir: model.backend tensorrtllm needs model.engine_dir (the trtllm-build output)"
-                )
+        if self.backend == "tensorrtllm":  # engine_dir: required unless a build: section makes it (Spec._fits)
             if self.checkpoint_dir is not None or self.init is not None:
                 raise ValueError(
                     "@checkpoint_dir: model.checkpoint_dir and model.init are for backend: cpu; use engine_dir"
@@ -287,6 +284,7 @@ class Spec(_Section):
     )
     gateway: GatewaySpec | None = Field(None, description="run `hpc-serve gateway` as a Slurm job of its own")
     renew: RenewSpec | None = Field(None, description="a successor job takes over before the time limit")
+    build: BuildSpec | None = Field(None, description="build the engine as a job of its own before serving")
     auth: Literal[AUTH_MODES] = Field(  # type: ignore[valid-type]
         AUTH_TOKEN,
         description="token: every replica (and the gateway) requires the deployment's token (`hpc-serve token`); "
@@ -339,6 +337,13 @@ class Spec(_Section):
             raise ValueError(f"@replicas: {exc}") from None
         if self.renew is not None:
             self._renew_fits()
+        if m.backend == "tensorrtllm" and m.engine_dir is None and self.build is None:
+            raise ValueError(
+                "@model.engine_dir: model.backend tensorrtllm needs model.engine_dir (the trtllm-build output), "
+                "or a build: section that builds it"
+            )
+        if self.build is not None:
+            check_build(self)  # hpc/spec/build.py
         if m.backend == "tensorrtllm" and self.mode == "leader":
             if s.gpus_per_node and self.tasks_per_node > s.gpus_per_node:
                 raise ValueError(

@@ -1,0 +1,160 @@
+"""Starting a build job and reading its state: `hpc-serve build`, and `submit` of a spec with a `build:` section.
+
+`submit` serves the built engine: it renders the deployment for the engine folder the build will make (or the
+cached one), submits the build job first and the serving job after it with `--dependency=afterok:<build>` and
+`--kill-on-invalid-dep=yes` (a failed build cancels the serving job instead of leaving it pending forever). An
+engine already built for the same request and inputs is served at once: no build job. A build of the same
+request that is still pending or running (another submission's) is waited on, not started twice.
+
+A build job's state (`hpc-serve status`): PENDING (Slurm's reason) → BUILDING → COMPLETED (the engine folder) |
+FAILED (the step, its command, its exit status and the last lines of its output) | CANCELLED | TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.engine_build.plan import BuildPlan, plan_build, served_spec
+from hpc.engine_build.script import write_build
+from hpc.executors import Executor, LocalExecutor, executor_of
+from hpc.jobs import JobRef
+from hpc.slurm import STATE_CLASS
+from hpc.spec import Spec
+from launcher.layout import Deployment, JobPaths
+
+#: lines of a failed build's output that `status` shows
+TAIL_LINES = 12
+#: `<output_dir>/.building-<key>.json`: the job building that key now (so a second submission waits on it)
+_BUILDING = ".building-{key}.json"
+
+
+@dataclass(frozen=True)
+class PreparedBuild:
+    """A spec with a `build:` section, split: what is built, and the spec that serves the result."""
+
+    spec: Spec  # with its build: section
+    plan: BuildPlan
+    served: Spec  # the engine folder in place of the build (hpc/engine_build/plan.py served_spec)
+
+
+def prepare(spec: Spec) -> PreparedBuild:
+    plan = plan_build(spec)
+    return PreparedBuild(spec, plan, served_spec(spec, plan.served_dir))
+
+
+def start(
+    prepared: PreparedBuild, runner: Executor, deploy_dir: Path, note: Callable[[str], object] = lambda _: None
+) -> JobRef | None:
+    """Submit the build job into `deploy_dir` (unless the engine is cached, or a build of it is under way: then
+    that job); the job the serving job must come after, or None. Local jobs cannot depend on each other: the
+    local executor's build is waited for here."""
+    plan = prepared.plan
+    if plan.cached is not None:
+        note(f"engine {plan.cached} is built already for this spec: no build job")
+        return None
+    ref = _build_under_way(plan)
+    if ref is not None:
+        note(f"build {ref.job_id} of {plan.engine_dir} is under way already; serving waits for it")
+    else:
+        write_build(prepared.spec, plan, deploy_dir)
+        ref = runner.submit_build(deploy_dir)
+        marker = plan.engine_dir.parent / _BUILDING.format(key=plan.key)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"job_id": ref.job_id, "job_dir": str(ref.job_dir)}))
+        note(f"build {ref.job_id} → {plan.engine_dir}")
+    if isinstance(runner, LocalExecutor):
+        from hpc.track import wait
+
+        status = wait(ref, until=())
+        if status.state != "COMPLETED":
+            raise BuildFailed(status.summary())
+        return None
+    return ref
+
+
+class BuildFailed(RuntimeError):
+    """A build the serving job needed did not complete (its status summary: the step and its last lines)."""
+
+
+def _build_under_way(plan: BuildPlan) -> JobRef | None:
+    marker = plan.engine_dir.parent / _BUILDING.format(key=plan.key)
+    try:
+        record = json.loads(marker.read_text())
+        ref = JobRef(str(record["job_id"]), Path(record["job_dir"]))
+    except (OSError, ValueError, KeyError):
+        return None
+    if not ref.job_dir.is_dir() or build_status(ref)[0] not in ("PENDING", "BUILDING"):
+        return None
+    return ref
+
+
+def build_status(ref: JobRef) -> tuple[str, str | None, str]:
+    """(state, reason or what it built or why it failed, Slurm's raw state) of a build job."""
+    raw, reason = executor_of(ref).scheduler_state(ref)
+    state = STATE_CLASS.get(raw.split()[0] if raw else "", raw)
+    paths = ref.paths
+    if paths.build_failure.exists():  # recorded by the script before Slurm has seen the job end
+        return "FAILED", describe_build_failure(ref), raw
+    if state == "RUNNING":
+        return "BUILDING", _current_step(paths), raw
+    if state == "COMPLETED":
+        return state, _built(ref), raw
+    if state in ("FAILED", "TIMEOUT", "CANCELLED"):
+        return state, (reason or "") + _tail_text(paths), raw
+    return state, reason, raw
+
+
+def _request(ref: JobRef) -> dict:
+    try:
+        return json.loads(Deployment(ref.deploy_dir).build_request.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _built(ref: JobRef) -> str | None:
+    from launcher.build_record import read_record
+
+    engine = _request(ref).get("engine_dir")
+    if not engine:
+        return None
+    record = read_record(Path(engine))
+    if record is None:
+        return f"engine {engine}"
+    took = (record.get("built_at") or 0) - (record.get("started_at") or 0)
+    return f"engine {engine}" + (f" (built in {took:.0f} s)" if record.get("started_at") else "")
+
+
+def _current_step(paths: JobPaths) -> str | None:
+    try:
+        lines = [line for line in paths.build_log.read_text().splitlines() if line.startswith("hpc-serve build: step")]
+    except OSError:
+        return None
+    return lines[-1].removeprefix("hpc-serve build: ") if lines else None
+
+
+def _tail(paths: JobPaths) -> list[str]:
+    try:
+        return paths.build_log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+    except OSError:
+        return []
+
+
+def _tail_text(paths: JobPaths) -> str:
+    lines = _tail(paths)
+    return ("; last lines:\n" + "\n".join(f"  | {line}" for line in lines)) if lines else ""
+
+
+def describe_build_failure(ref: JobRef) -> str:
+    """`step 1 (trtllm-build) failed with exit status 1: <command>` and the last lines of the steps' output."""
+    try:
+        failure = json.loads(ref.paths.build_failure.read_text())
+    except (OSError, ValueError):
+        failure = {}
+    number, name = failure.get("step"), failure.get("name", "?")
+    steps = _request(ref).get("steps", [])
+    command = steps[number]["command"] if isinstance(number, int) and number < len(steps) else None
+    text = f"step {number} ({name}) failed with exit status {failure.get('exit_code', '?')}"
+    return text + (f": {command}" if command else "") + _tail_text(ref.paths)

@@ -1,0 +1,265 @@
+"""The `build:` section (hpc/spec/build.py), the build plan and its cache (hpc/engine_build/plan.py,
+launcher/build_record.py), sharded CPU checkpoints (backend/cpu_engine/shards.py) and the engine checks of
+`validate` (hpc/spec/files.py engine_limit_conflicts). The build job itself runs in tests/test_build_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from backend.cpu_engine.checkpoint import CheckpointError, load_config, load_weights
+from backend.cpu_engine.model import TransformerShard
+from backend.cpu_engine.shards import ShardedWeights, _Place, write_sharded
+from hpc.engine_build.plan import plan_build, served_spec
+from hpc.engine_build.script import build_steps, write_build
+from hpc.spec import SpecError, load_spec
+from launcher.build_record import checkpoint_identity, finish
+from launcher.layout import BUILD_RECORD_NAME, Deployment
+
+
+def write(folder: Path, body: str, name: str = "spec.yaml") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(body).lstrip())
+    return path
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    return [str(p) for p in err.value.problems]
+
+
+def line_of(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+GPU = """
+name: llama-build
+slurm: {nodes: 1, gpus_per_node: 4}
+model: {backend: tensorrtllm, tokenizer_dir: hf, tp_size: 4}
+build:
+  checkpoint_dir: hf
+  convert_script: /app/tensorrt_llm/examples/llama/convert_checkpoint.py
+"""
+
+CPU = """
+name: cpu-build
+slurm: {nodes: 2, ntasks_per_node: 1}
+model: {backend: cpu, checkpoint_dir: ckpt, tp_size: 2, init: {family: gpt2}}
+build: {}
+"""
+
+
+@pytest.fixture
+def gpu_dir(tmp_path: Path) -> Path:
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    return tmp_path
+
+
+# ---------------------------------------------------------------- the section
+
+
+def test_a_build_section_replaces_engine_dir(gpu_dir):
+    spec = load_spec(write(gpu_dir, GPU))
+    assert spec.build is not None and spec.model.engine_dir is None
+    assert spec.build.checkpoint_dir == gpu_dir / "hf" and spec.build.output_dir == gpu_dir / "engines"
+    assert spec.build.plugin_flags()["paged_kv_cache"] == "enable"
+
+
+def test_tensorrtllm_without_engine_dir_or_build_names_both(gpu_dir):
+    path = write(gpu_dir, GPU.split("build:")[0])
+    (found,) = problems(path)
+    assert found.startswith(f"{path}:{line_of(path, 'model:')}: model.engine_dir: ")
+    assert "or a build: section" in found
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle", "field", "words"),
+    [
+        ("  plugins: {gemm_plugn: auto}", "gemm_plugn", "build.plugins.gemm_plugn", "did you mean 'gemm_plugin'?"),
+        ("  quantization: int3", "quantization", "build.quantization", "int4_awq"),
+        ("  max_seq_len: 512\n  max_input_len: 1024", "max_input_len", "build.max_input_len", "raise max_seq_len"),
+        ("  kv_cache_dtype: fp8", "build:", "build.quantization", "set quantization"),
+        ("  time: 2:00:00", "time:", "build.time", "quote the time"),
+        ("  max_batch: 8", "max_batch", "build.max_batch", "did you mean 'max_batch_size'?"),
+    ],
+)
+def test_build_problems_name_the_field_and_the_fix(gpu_dir, extra, needle, field, words):
+    path = write(gpu_dir, GPU + extra + "\n")
+    found = problems(path)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{path}:{line_of(path, needle)}: {field}: "), found
+    assert words in found[0]
+
+
+def test_engine_dir_and_build_together_are_refused(gpu_dir):
+    path = write(gpu_dir, GPU.replace("tokenizer_dir: hf,", "tokenizer_dir: hf, engine_dir: hf,"))
+    (found,) = problems(path)
+    assert "model.engine_dir: with a build: section the engine is the build's output" in found
+
+
+def test_tensorrtllm_build_needs_a_convert_script_or_quantization(gpu_dir):
+    path = write(gpu_dir, GPU.replace("  convert_script: /app/tensorrt_llm/examples/llama/convert_checkpoint.py\n", ""))
+    (found,) = problems(path)
+    assert "build.convert_script: give the convert_checkpoint.py" in found
+    write(
+        gpu_dir,
+        GPU.replace("convert_script: /app/tensorrt_llm/examples/llama/convert_checkpoint.py", "quantization: int4_awq"),
+    )
+    load_spec(gpu_dir / "spec.yaml")
+
+
+def test_cpu_build_refuses_tensorrtllm_options(tmp_path):
+    path = write(tmp_path, CPU.replace("build: {}", "build: {quantization: int4_awq}"))
+    (found,) = problems(path)
+    assert "build.quantization: is for backend tensorrtllm" in found
+
+
+def test_missing_build_checkpoint_is_named(tmp_path):
+    path = write(tmp_path, GPU)
+    found = problems(path)
+    assert any(
+        f":{line_of(path, 'checkpoint_dir')}: build.checkpoint_dir: " in p and "does not exist" in p for p in found
+    )
+
+
+# ---------------------------------------------------------------- plan, cache, record
+
+
+def _finish(spec, plan, deploy: Path, built: Path) -> Path:
+    """What the build job's last step does, here: record `built` and move it into place."""
+    write_build(spec, plan, deploy)
+    return finish(Deployment(deploy).build_request, built)
+
+
+def test_cpu_plan_is_stable_and_a_created_checkpoint_hits_the_cache(tmp_path):
+    spec = load_spec(write(tmp_path, CPU))
+    plan = plan_build(spec)
+    assert plan.cached is None and plan.inputs == {"init": {"family": "gpt2", "size": "tiny", "seed": 0}}
+    assert plan_build(spec).engine_dir == plan.engine_dir  # the same spec, the same folder
+    assert not (tmp_path / "ckpt").exists()  # planning creates nothing
+    # the job: create the checkpoint, shard it, record it (after the checkpoint exists)
+    from backend.cpu_engine.init_model import create_checkpoint
+
+    create_checkpoint(tmp_path / "ckpt", family="gpt2", size="tiny", seed=0)
+    write_sharded(tmp_path / "ckpt", tmp_path / "engines" / ".staging", 2)
+    engine = _finish(spec, plan, tmp_path / "deploy", tmp_path / "engines" / ".staging")
+    assert engine == plan.engine_dir and (engine / BUILD_RECORD_NAME).is_file()
+    record = json.loads((engine / BUILD_RECORD_NAME).read_text())
+    assert record["inputs"] == checkpoint_identity(tmp_path / "ckpt")
+    again = plan_build(load_spec(tmp_path / "spec.yaml"))  # the checkpoint exists now: its files identify it
+    assert again.inputs != plan.inputs and again.cached == engine
+    served = served_spec(spec, again.served_dir)
+    assert served.model.checkpoint_dir == engine and served.model.init is None and served.build is None
+
+
+def test_a_changed_spec_or_checkpoint_builds_into_a_new_folder(tmp_path):
+    from backend.cpu_engine.init_model import create_checkpoint
+
+    create_checkpoint(tmp_path / "ckpt", family="gpt2", size="tiny", seed=0)
+    spec = load_spec(write(tmp_path, CPU))
+    plan = plan_build(spec)
+    write_sharded(tmp_path / "ckpt", tmp_path / "engines" / ".s1", 2)
+    engine = _finish(spec, plan, tmp_path / "d1", tmp_path / "engines" / ".s1")
+    stamp = (engine / "rank0.safetensors").stat().st_mtime_ns
+    tp1 = load_spec(write(tmp_path, CPU.replace("tp_size: 2", "tp_size: 1").replace("nodes: 2", "nodes: 1")))
+    other = plan_build(tp1)
+    assert other.cached is None and other.engine_dir != engine
+    (tmp_path / "ckpt" / "config.json").write_text((tmp_path / "ckpt" / "config.json").read_text() + "\n")
+    edited = plan_build(load_spec(write(tmp_path, CPU)))
+    assert edited.cached is None and edited.engine_dir not in (engine, other.engine_dir)
+    # a second build of a request whose engine exists keeps the existing folder untouched
+    write_sharded(tmp_path / "ckpt", tmp_path / "engines" / ".s2", 2)
+    assert _finish(spec, plan, tmp_path / "d2", tmp_path / "engines" / ".s2") == engine
+    assert (engine / "rank0.safetensors").stat().st_mtime_ns == stamp
+    assert not (tmp_path / "engines" / ".s2").exists()
+
+
+def test_tensorrtllm_request_changes_with_every_engine_argument(gpu_dir):
+    base = plan_build(load_spec(write(gpu_dir, GPU)))
+    for extra in ("  max_input_len: 2048", "  plugins: {gemm_plugin: float16}", "  dtype: bfloat16"):
+        changed = plan_build(load_spec(write(gpu_dir, GPU + extra + "\n")))
+        assert changed.key != base.key, extra
+    workers = plan_build(load_spec(write(gpu_dir, GPU + "  workers: 2\n")))
+    assert workers.key == base.key  # how fast it builds does not change the engine
+
+
+def test_render_writes_the_build_script_and_creates_nothing(tmp_path, hpc_home):
+    path = write(tmp_path, CPU)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc.cli", "render", str(path), "-o", str(tmp_path / "deploy")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "sbatch --dependency=afterok:$BUILD --kill-on-invalid-dep=yes" in out.stdout
+    assert (tmp_path / "deploy" / "build.sub").is_file()
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "engines").exists()
+    check = subprocess.run(["bash", "-n", str(tmp_path / "deploy" / "build.sub")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    served = yaml.safe_load((tmp_path / "deploy" / "spec.yaml").read_text())
+    assert served["build"] is None and served["model"]["checkpoint_dir"].startswith(str(tmp_path / "engines"))
+
+
+def test_cpu_steps_create_the_checkpoint_only_when_missing(tmp_path):
+    spec = load_spec(write(tmp_path, CPU))
+    steps = build_steps(spec, plan_build(spec), tmp_path / "deploy")
+    assert [s["name"] for s in steps] == ["init-model", "shard", "record"]
+    assert steps[0]["unless"] == f"{tmp_path / 'ckpt'}/config.json"
+    assert steps[1]["argv"][-3:] == ["$STAGING/engine", "--tp", "2"]
+
+
+# ---------------------------------------------------------------- sharded checkpoints
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_sharded_checkpoint_computes_what_the_whole_one_does(tmp_path, family):
+    from backend.cpu_engine.init_model import create_checkpoint
+
+    whole = Path(create_checkpoint(tmp_path / family, family=family, size="tiny", seed=1))
+    write_sharded(whole, tmp_path / "tp2", 2)
+    names = sorted(os.listdir(tmp_path / "tp2"))
+    assert "rank0.safetensors" in names and "rank1.safetensors" in names and "tokenizer.json" in names
+    assert json.loads((tmp_path / "tp2" / "config.json").read_text())["mapping"]["tp_size"] == 2
+    sharded = load_weights(tmp_path / "tp2")
+    assert isinstance(sharded, ShardedWeights) and len(sharded) == 0  # nothing read until a rank asks
+    config, full = load_config(whole), load_weights(whole)
+    for rank in range(2):
+        a = TransformerShard(config, full, comm=_Place(2, rank))
+        b = TransformerShard(load_config(tmp_path / "tp2"), sharded, comm=_Place(2, rank))
+        ta, tb = a.rank_tensors(), b.rank_tensors()
+        assert ta.keys() == tb.keys()
+        assert all(np.array_equal(ta[k], tb[k]) for k in ta)
+    # one rank whole: the logits of a sharded tp 1 folder equal the whole checkpoint's
+    write_sharded(whole, tmp_path / "tp1", 1)
+    tokens = np.array([1, 5, 9, 3], dtype=np.int64)
+    got = TransformerShard(config, load_weights(tmp_path / "tp1"), max_slots=1).prefill(0, tokens)
+    want = TransformerShard(config, full, max_slots=1).prefill(0, tokens)
+    assert got is not None and want is not None and np.allclose(got, want, atol=1e-5)
+
+
+def test_a_sharded_checkpoint_refuses_another_tp_size(tmp_path, tiny_gpt2):
+    write_sharded(tiny_gpt2, tmp_path / "tp2", 2)
+    with pytest.raises(CheckpointError, match="sharded for tp_size 2, but the model runs with tp_size 4"):
+        TransformerShard(load_config(tmp_path / "tp2"), load_weights(tmp_path / "tp2"), comm=_Place(4, 0))
+
+
+def test_sharding_cli_refuses_an_existing_folder(tmp_path, tiny_gpt2):
+    (tmp_path / "out").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "backend.cpu_engine.shards", str(tiny_gpt2), str(tmp_path / "out"), "--tp", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "shards:" in proc.stderr
