@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,51 @@ def test_profile_values_only_what_passed(tmp_path):
     values, _ = profile_values(s, facts, failed)
     assert "partition" not in values["slurm"]
     assert values["container"] == {"type": "pyxis", "image": "nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3"}
+
+
+def test_node_checks_on_this_machine(tmp_path, tritonserver):
+    """node.py as the probe runs it, here: tritonserver (resolved as the launcher does) starts; no nvidia-smi and
+    no tensorrt_llm on this machine, so those fail with what is missing, and the exit code carries both bits."""
+    import importlib.util
+    import json
+    import shutil as sh
+
+    from hpc.doctor import node
+
+    if sh.which("nvidia-smi") or importlib.util.find_spec("tensorrt_llm"):
+        pytest.skip("this machine has GPUs or TensorRT-LLM")
+    results = tmp_path / "node.json"
+    rc = node.main([str(results), "--gpus", "2", "--trtllm", "0.12.0"])
+    found = json.loads(results.read_text())
+    assert rc == node.BITS["gpus"] | node.BITS["tensorrt_llm"], found
+    assert found["tritonserver"]["ok"] and found["tritonserver"]["detail"].startswith(tritonserver)
+    assert not found["gpus"]["ok"] and "nvidia-smi" in found["gpus"]["detail"]
+    assert found["tensorrt_llm"] == {
+        "ok": False,
+        "detail": f"tensorrt_llm is not installed for {sys.executable}",
+        "version": None,
+    }
+
+
+def test_accounting_off_is_a_warning_with_the_fallback():
+    from hpc.doctor.login import _accounting
+
+    facts = Facts(config={"AccountingStorageType": "accounting_storage/none", "MinJobAge": "300 sec"})
+    check = _accounting(facts)
+    assert (check.status, check.detail) == ("warn", "off (AccountingStorageType=accounting_storage/none)")
+    assert "squeue/scontrol, which forget a job 300 sec after it ends" in check.fix
+    assert not facts.accounting
+
+
+def test_time_and_partition_rules_from_facts(tmp_path):
+    from hpc.doctor.login import _account_qos, _time
+
+    facts = Facts(partitions=parse.scontrol_records(PARTITIONS), partition="gpu")
+    long = spec(tmp_path, slurm={"time": "3-00:00:00", "account": "proj3"})
+    check = _time(long, facts)
+    assert check.status == "fail" and "3-00:00:00 is past gpu's MaxTime 2-00:00:00" in check.detail
+    assert check.fix.startswith("set slurm.time to 2-00:00:00 or less, or use a partition that allows it: debug")
+    assert _time(spec(tmp_path, slurm={"time": "2-00:00:00"}), facts).status == "ok"
+    check = _account_qos(long, facts)  # the partition's AllowAccounts, before any sacctmgr
+    assert (check.status, check.detail) == ("fail", "gpu allows account proj1,proj2, not proj3")
+    assert check.fix == "set slurm.account to one of: proj1, proj2, or use another partition"

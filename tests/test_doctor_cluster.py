@@ -182,3 +182,18 @@ def test_probe_timeout_cancels_the_job(slurm_cluster, tmp_path):
     assert "fix: try again with a longer --probe-timeout" in fails["probe job"]
     state = subprocess.run(["scontrol", "-o", "show", "job", job.group(1)], capture_output=True, text=True).stdout
     assert re.search(r"JobState=(CANCELLED|COMPLETING)", state), state
+
+
+def test_probe_gpus_not_visible(slurm_cluster, tmp_path):
+    """The emulated nodes' GPUs are fake devices without a driver: a spec asking for one gets its allocation
+    (--gres=gpu:1) but nvidia-smi shows none, and the probe says so."""
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi")
+    spec = spec_file(tmp_path, "gpu", slurm={"gpus_per_node": 1})
+    proc = cli("doctor", str(spec), "--probe", "--probe-timeout", "120", check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = failed(proc.stdout)
+    assert list(fails) == ["gpus"], proc.stdout
+    assert (
+        "nvidia-smi -L" in fails["gpus"] and "fix: the job sees fewer GPUs than slurm.gpus_per_node 1" in fails["gpus"]
+    )

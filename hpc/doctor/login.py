@@ -250,7 +250,11 @@ def _account_qos(spec: Spec, facts: Facts) -> Check:
     for key, value, field_name in (("AllowAccounts", s.account, "account"), ("AllowQos", s.qos, "qos")):
         allowed = record.get(key, "ALL")
         if value and allowed != "ALL" and value not in allowed.split(","):
-            return fail("account/qos", f"{facts.partition} allows {field_name} {allowed}", f"set slurm.{field_name}")
+            return fail(
+                "account/qos",
+                f"{facts.partition} allows {field_name} {allowed}, not {value}",
+                f"set slurm.{field_name} to one of: {allowed.replace(',', ', ')}, or use another partition",
+            )
     if not facts.accounting:
         return warn("account/qos", f"{asked}: not checked (accounting off)", "sbatch --test-only below still tries it")
     user = os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
