@@ -197,3 +197,18 @@ def test_probe_gpus_not_visible(slurm_cluster, tmp_path):
     assert (
         "nvidia-smi -L" in fails["gpus"] and "fix: the job sees fewer GPUs than slurm.gpus_per_node 1" in fails["gpus"]
     )
+
+
+def test_probe_tritonserver_that_does_not_start(slurm_cluster, tmp_path):
+    """triton.server names a file that is not a tritonserver the node can run: the launcher's resolution refuses
+    it on the node, and the fix says where to point triton.server."""
+    fake = tmp_path / "tritonserver"
+    fake.write_text("#!/bin/sh\necho 'error while loading shared libraries: libtritonserver.so' >&2\nexit 127\n")
+    fake.chmod(0o755)
+    spec = spec_file(tmp_path, "badserver", triton={"server": str(fake)})
+    proc = cli("doctor", str(spec), "--probe", "--probe-timeout", "120", check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = failed(proc.stdout)
+    assert list(fails) == ["tritonserver"], proc.stdout
+    assert f"{fake} (launch.json tritonserver) exit 127: error while loading shared libraries" in fails["tritonserver"]
+    assert "fix: set triton.server to the tritonserver binary on the nodes" in fails["tritonserver"]
