@@ -306,7 +306,7 @@ log "nodes: $(sinfo -h -N -p debug -o '%N=%T' | paste -sd' ')"
 
 elapsed_total=$(elapsed)
 cat >&2 <<EOF
-[up.sh] cluster '$CLUSTER_NAME' is up in ${elapsed_total}s: partition debug, nodes node1 node2 (8 CPUs, 4 GPUs each) on $HOST.
+[up.sh] cluster '$CLUSTER_NAME' is up in ${elapsed_total}s: partitions debug (default) and short (MaxTime 5 min), nodes node1 node2 (8 CPUs, 4 GPUs each) on $HOST.
 [up.sh] before srun --mpi=pmix / mpirun:  source $HERE/env.sh
 [up.sh]   (export OMPI_MCA_btl=self,tcp PMIX_MCA_gds=hash OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
 [up.sh] logs: $LOG_DIR/{slurmctld,slurmdbd,slurmd-node1,slurmd-node2,mariadb}.log, /var/log/munge/munged.log
