@@ -8,8 +8,10 @@ Where each transition is observed:
 - PENDING, and the end states: the job's executor (hpc/executors.py): Slurm through the process's shared,
   throttled watcher (hpc/slurm_watch.py: sacct, with squeue/scontrol when sacct has nothing yet or is not
   there); the local executor's local.json.
-- STARTING → READY: every replica's leader has published `endpoints/replica-<k>.json` after its
-  `/v2/health/ready` answered 200.
+- STARTING → READY: every replica's leader has published `endpoints/replica-<k>.json`, which it does only once
+  its `/v2/health/ready` answered 200 and one real request (a token through the ensemble) came back
+  (launcher/ready.py). Until then its startup record (`endpoints/replica-<k>.starting`) says what it waits
+  for: loading the models, or warming up; `status` shows it. A warm-up that fails is a rank failure (below).
 - FAILED, and why: the rank exit records (`ranks/rank-<r>.json`); the earliest non-zero exit is the cause,
   the later ones are ranks that stopped with it (their record names the cause: `cause_rank`, launcher/watch.py)
   or that srun's --kill-on-bad-exit took down. A rank that failed makes the job FAILED at once, even while
@@ -23,13 +25,16 @@ Where each transition is observed:
   COMPLETING, i.e. no rank process of it is left (Slurm reports a job's end state while its processes are
   still being killed; squeue shows those jobs as COMPLETING).
 
+No state, and no failed rank, is ever read from log text: states come from the scheduler and the records; log
+tails are only shown. A job the scheduler calls FAILED whose ranks left no record (Slurm killed the step before
+any launcher could write one) names the ranks without a record (`failure_without_record`).
+
 A deployment's gateway job (a spec's `gateway:` section) has no ranks: it reads STARTING while it runs and
 READY once its address record names it and answers (hpc/gateway/job.py `gateway_job_state`).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -38,7 +43,14 @@ from typing import TYPE_CHECKING, Any
 from hpc.executors import executor_of
 from hpc.jobs import JobRef
 from hpc.slurm import STATE_CLASS
-from launcher.records import EndpointRecord, RankExitRecord, read_endpoints, read_rank_records
+from launcher.records import (
+    EndpointRecord,
+    RankExitRecord,
+    StartupRecord,
+    read_endpoints,
+    read_rank_records,
+    read_startups,
+)
 
 if TYPE_CHECKING:
     from hpc.gateway.record import GatewayLine  # imported when a gateway is asked for: `status` stays light
@@ -69,6 +81,8 @@ class JobStatus:
     restarts: int = 0
     #: "serving", or "gateway" for the deployment's gateway job (its state: READY once its record answers)
     kind: str = "serving"
+    #: STARTING: what the replicas not ready yet wait for (their leaders' startup records: loading, warming up)
+    starting: list[StartupRecord] = field(default_factory=list)
     #: a gateway job's URL while READY
     url: str | None = None
     #: the deployment's gateway, when asked for (`job_status(ref, with_gateway=True)`, `hpc.submit.cancel`)
@@ -92,7 +106,9 @@ class JobStatus:
         if self.state == "PENDING" and self.reason:
             text += f" ({self.reason})"
         elif self.state == "STARTING":
-            text += f" ({len(self.endpoints)}/{self.replicas} replicas ready)"
+            now = time.time()
+            waiting = "".join(f"; {record.describe(now)}" for record in self.starting)
+            text += f" ({len(self.endpoints)}/{self.replicas} replicas ready{waiting})"
         elif self.state == "CANCELLING":
             text += " (ranks stopping: in-flight requests drain, then the leaders release their followers)"
         elif self.state == "STOPPING":
@@ -117,6 +133,7 @@ class JobStatus:
         data = asdict(self)
         data["endpoints"] = [e.to_dict() for e in self.endpoints]
         data["failed_rank"] = self.failed_rank.to_dict() if self.failed_rank else None
+        data["starting"] = [r.to_dict() for r in self.starting]
         data["dead_replicas"] = {str(k): r.to_dict() for k, r in sorted(self.dead_replicas.items())}
         data["gateway"] = self.gateway.to_json() if self.gateway else None
         return data
@@ -130,42 +147,40 @@ def describe_failure(record: RankExitRecord) -> str:
         how = f"exit code {record.exit_code}"
     else:
         how = "an unknown status"
+    where = f" on {record.host}" if record.host and record.host != "?" else ""
     lines = [
-        f"rank {record.rank} on {record.host} exited with {how}"
-        + (f": {record.error}" if record.error else "")
-        + "; last lines:"
+        f"rank {record.rank}{where} exited with {how}" + (f": {record.error}" if record.error else "") + "; last lines:"
     ]
     lines += [f"  | {line}" for line in record.log_tail]
     return "\n".join(lines)
 
 
-_PMIX_ABORT = re.compile(r"slurmstepd-(\S+): error:\s+mpi/pmix\S*: _errhandler: \S+ \[(\d+)\]")
-
-
-def failure_from_logs(ref: JobRef) -> RankExitRecord | None:
-    """When Slurm tore the step down before any launcher could write its record (a rank SIGKILLed with its
-    launcher, PMIx aborting the step), the rank logs still tell who went first: slurmstepd's PMIx error names
-    the rank whose process died. (What the launcher knows it writes as the rank's exit record, before it logs
-    anything about the exit, so its own log lines are never needed here.)"""
-    candidates: list[tuple[float, RankExitRecord]] = []
-    for path in ref.paths.rank_logs("err"):
-        try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
+def failure_without_record(ref: JobRef, ranks: list[RankExitRecord], world: int) -> RankExitRecord | None:
+    """The scheduler says FAILED and no rank recorded a failure: Slurm ended the step before a launcher could
+    write its record (a launcher SIGKILLed with its tritonserver: the OOM killer, PMIx aborting the step). The
+    fact left is which ranks of the job (``world`` of them) wrote no record; the first of them is named, with
+    the last lines of its log as text to read (nothing is parsed from them). Once slurmstepd's PMIx error
+    named the dead rank and was parsed here; a record's absence says it without depending on its wording."""
+    recorded = {r.rank for r in ranks}
+    # a rank with no log never started (the batch script failed before srun): nothing to name
+    missing = [r for r in range(max(world, 1)) if r not in recorded and ref.paths.rank_log(r, "err").exists()]
+    if not missing:
+        return None
+    first = missing[0]
+    tail: list[str] = []
+    try:
+        lines = ref.paths.rank_log(first, "err").read_text(errors="replace").splitlines()
         tail = [line for line in lines if line.strip() and not line.startswith(("|", "+-"))][-12:]
-        for line in lines:
-            aborted = _PMIX_ABORT.search(line)
-            if aborted:
-                record = RankExitRecord(
-                    rank=int(aborted.group(2)),
-                    host=aborted.group(1),
-                    log_tail=tail,
-                    error="no exit record (the step was killed); from the rank's log",
-                )
-                candidates.append((path.stat().st_mtime, record))
-                break
-    return min(candidates, key=lambda c: c[0])[1] if candidates else None
+    except OSError:
+        pass
+    others = (
+        f" (nor did rank{'s' if len(missing) > 2 else ''} {', '.join(map(str, missing[1:]))})" if missing[1:] else ""
+    )
+    return RankExitRecord(
+        rank=first,
+        log_tail=tail,
+        error=f"no exit record: the job failed before this rank's launcher could write one{others}",
+    )
 
 
 def first_failure(ranks: list[RankExitRecord]) -> RankExitRecord | None:
@@ -228,6 +243,7 @@ def _serving_status(ref: JobRef) -> JobStatus:
         replicas, per_replica, keep_serving = 1, 1, False
     running = state == "RUNNING"
     endpoints = read_endpoints(ref.paths) if running else []
+    starting = read_startups(ref.paths) if running else []
     ranks = read_rank_records(ref.paths)
     failure = first_failure(ranks)
     dead = dead_replicas(ranks, per_replica) if keep_serving else {}
@@ -251,7 +267,9 @@ def _serving_status(ref: JobRef) -> JobStatus:
     elif cancelled and state in ("COMPLETED", "FAILED"):
         state, failure = "CANCELLED", None
     if state == "FAILED" and failure is None:
-        failure = failure_from_logs(ref)
+        failure = failure_without_record(ref, ranks, replicas * per_replica)
+    ready = {e.replica for e in endpoints}
+    starting = [r for r in starting if r.replica not in ready and r.replica not in dead]
     return JobStatus(
         job_id=ref.job_id,
         state=state,
@@ -262,6 +280,7 @@ def _serving_status(ref: JobRef) -> JobStatus:
         replicas=replicas,
         failed_rank=failure if state == "FAILED" else None,
         dead_replicas=dead if state in ACTIVE else {},
+        starting=starting if state == "STARTING" else [],
         restarts=_restarts(ref),
     )
 
@@ -282,7 +301,7 @@ def wait(
     last = None
     while True:
         status = job_status(ref)
-        key = (status.state, status.reason, len(status.endpoints))
+        key = (status.state, status.reason, len(status.endpoints), tuple((r.replica, r.phase) for r in status.starting))
         if key != last:
             changed_at = time.monotonic()
             if on_change is not None:

@@ -37,6 +37,10 @@ RELEASE_WAIT_AFTER_DRAIN_S = 10.0
 CANCEL_GRACE_S = 30.0
 #: Seconds a leader's tritonserver may take to answer ``/v2/health/ready`` (spec ``triton.ready_timeout_s``).
 DEFAULT_READY_TIMEOUT_S = 900
+#: Seconds a replica leader's warm-up request (one generated token through the ensemble, launcher/warmup.py) may
+#: take once tritonserver is ready, before the replica is FAILED (launch.json ``warmup_timeout_s``): a real first
+#: request answers in well under a second on the CPU engine and in seconds on TensorRT-LLM.
+DEFAULT_WARMUP_TIMEOUT_S = 120.0
 
 #: Renewal (spec ``renew:``, launcher/renew.py). The least time a job is given to start before it renews, and a
 #: successor to start before its predecessor's ordered stop: ``renew.before`` must lie between the stop's lead
@@ -87,6 +91,8 @@ class LaunchPlan:
     follower_models: tuple[str, ...] = ("tensorrt_llm",)
     server_args: tuple[str, ...] = ()
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    #: how long the leader's warm-up request may take (launcher/warmup.py); optional key ``warmup_timeout_s``
+    warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S
     env: dict = field(default_factory=dict)
     stop_grace_s: float | None = None
     name: str = ""
@@ -178,6 +184,7 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
         follower_models=tuple(data.get("follower_models") or ("tensorrt_llm",)),
         server_args=tuple(str(a) for a in data.get("server_args") or ()),
         ready_timeout_s=num("ready_timeout_s", DEFAULT_READY_TIMEOUT_S, float),
+        warmup_timeout_s=num("warmup_timeout_s", DEFAULT_WARMUP_TIMEOUT_S, float),
         env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
         stop_grace_s=num("stop_grace_s", None, float),
         drain_s=num("drain_s", DEFAULT_DRAIN_S, float),

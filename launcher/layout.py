@@ -64,6 +64,9 @@ RENEW_STOP_NAME = "renew_stopped"
 
 ENDPOINT_GLOB = "replica-*.json"
 ENDPOINT_NAME = "replica-{replica}.json"
+#: a replica leader's startup phase (records.StartupRecord) until it publishes its endpoint; not `*.json`, so
+#: the endpoint glob never takes it for an endpoint
+STARTING_NAME = "replica-{replica}.starting"
 RANK_RECORD_GLOB = "rank-*.json"
 STOPPING_GLOB = "rank-*.stopping"
 
@@ -235,6 +238,15 @@ class JobPaths:
     def endpoint(self, replica: int) -> Path:
         """Written atomically by replica `replica`'s leader once tritonserver is ready."""
         return self.endpoints_dir / ENDPOINT_NAME.format(replica=replica)
+
+    def starting(self, replica: int) -> Path:
+        """Written by replica `replica`'s leader while it loads and warms up; removed once it is ready or ends."""
+        return self.endpoints_dir / STARTING_NAME.format(replica=replica)
+
+    def starting_records(self) -> list[Path]:
+        """Every replica's startup record of the job."""
+        glob = STARTING_NAME.format(replica="*")
+        return sorted(self.endpoints_dir.glob(glob)) if self.endpoints_dir.is_dir() else []
 
     def rank_record(self, rank: int) -> Path:
         """Written by each rank's launcher when its tritonserver exits (or it gave up)."""

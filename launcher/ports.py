@@ -1,13 +1,15 @@
-"""Port choice for the replica leader: honour fixed ports, pick free ones for ``auto``, spot bind failures.
+"""Port choice for the replica leader: honour fixed ports, pick free ones for ``auto``, tell a port collision.
 
 Upstream gives every rank the same fixed ports (#243); two deployments sharing a node then collide.  ``auto`` asks
 the kernel for free ports (bind to port 0) on the leader's node; the small window between our probe and
-tritonserver's own bind is covered by retrying with fresh ports when tritonserver reports the port in use.
+tritonserver's own bind is covered by retrying with fresh ports when tritonserver exited and one of its ports
+turns out to be taken. That is told by trying to bind the port (``taken``), a fact, never by reading
+tritonserver's log for "already in use": wording changes between versions, and a model's own log line could
+say it.
 """
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -81,38 +83,35 @@ def allocate(spec: Mapping[str, object] | None, avoid: Iterable[int] = ()) -> tu
     return Ports(**values), frozenset(auto)
 
 
+def _bind_error(port: int, host: str = "") -> OSError | None:
+    """Why ``port`` cannot be bound on this node now, or None when it can (SO_REUSEADDR, as tritonserver binds:
+    a connection of an earlier server in TIME_WAIT is no collision)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        return exc
+    finally:
+        sock.close()
+    return None
+
+
 def check_fixed(ports: Ports, auto: frozenset[str], host: str = "") -> None:
     """Fail early, naming the port, when a user-fixed port is already bound on this node."""
     for name, port in ports.as_dict().items():
         if name in auto:
             continue
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver does: ignore TIME_WAIT
-            sock.bind((host, port))
-        except OSError as exc:
+        error = _bind_error(port, host)
+        if error is not None:
             raise PortError(
                 f"{name} port {port} (fixed in launch.json ports) is already in use on {socket.gethostname()}: "
-                f'{exc.strerror}; choose another port or "auto"'
-            ) from None
-        finally:
-            sock.close()
+                f'{error.strerror}; choose another port or "auto"'
+            )
 
 
-# tritonserver 2.51: main.cc "failed to start GRPC service: Unavailable - Socket '0.0.0.0:18001' already in use"
-# (same wording for HTTP and Metrics), plus grpc's own "Address already in use" lines.
-_IN_USE = re.compile(r"Socket '[^']*:(\d+)' already in use|:(\d+)'?\D{0,40}[Aa]ddress already in use")
-_FAILED_START = re.compile(r"failed to start (HTTP|GRPC|gRPC|Metrics) service", re.IGNORECASE)
-
-
-def bind_failure(lines: Iterable[str]) -> tuple[bool, int | None]:
-    """(did tritonserver fail to bind an endpoint?, the port number if the log names it)."""
-    failed, port = False, None
-    for line in lines:
-        match = _IN_USE.search(line)
-        if match:
-            failed = True
-            port = int(match.group(1) or match.group(2))
-        if _FAILED_START.search(line) or "already in use" in line:
-            failed = True
-    return failed, port
+def taken(ports: Ports, host: str = "") -> dict[str, int]:
+    """The ports (name → number) that another process holds now. Asked after tritonserver exited and its
+    process group was reaped, so none of them is its own: one that cannot be bound is why it could not start
+    its HTTP, gRPC or metrics service (it binds them after loading its models)."""
+    return {name: port for name, port in ports.as_dict().items() if _bind_error(port, host) is not None}

@@ -1,5 +1,5 @@
-"""The records other processes read: ``endpoints/replica-<k>.json``, ``ranks/rank-<r>.json``, ``chain.json`` and the
-gateway's address record (paths: layout.py).
+"""The records other processes read: ``endpoints/replica-<k>.json``, ``endpoints/replica-<k>.starting``,
+``ranks/rank-<r>.json``, ``chain.json`` and the gateway's address record (paths: layout.py).
 
 Defined once, as typed records with a version, for both sides: the launcher writes them, ``hpc`` (track, client)
 reads them, on other nodes over a shared filesystem. Readers must never see a half-written file, so every
@@ -184,6 +184,56 @@ def _read(folder: Path, pattern: str, kind: type[_R]) -> list[_R]:
         except (OSError, ValueError, TypeError, AttributeError):
             continue  # a record being replaced right now (or a hand-written partial one); the next poll sees it
     return found
+
+
+#: A replica leader's startup phases (StartupRecord.phase), in order: tritonserver loads its models until
+#: ``/v2/health/ready`` answers 200, then one real request must come back (launcher/warmup.py) before the
+#: endpoint record is published; ``status`` says which one a STARTING replica is in.
+LOADING = "loading"
+WARMING_UP = "warming-up"
+PHASES = (LOADING, WARMING_UP)
+#: what ``status`` says a replica in each phase is waiting for
+PHASE_TEXT = {LOADING: "loading the models", WARMING_UP: "warming up"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartupRecord(_Record):
+    """What a replica's leader is waiting for before it publishes its endpoint (``phase``: LOADING, then
+    WARMING_UP), since when (``since``, epoch seconds), and in words (``detail``: the request it sent). Written
+    by the leader's launcher at each phase, removed once the endpoint is published or the rank ends: a replica
+    with neither record has not started its leader yet."""
+
+    version: int = VERSION
+    job_id: str = ""
+    replica: int = 0
+    rank: int = 0
+    host: str = ""
+    phase: str = LOADING
+    since: float = 0.0
+    started_at: float = 0.0
+    detail: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StartupRecord:
+        record = super().from_dict(data)
+        return dataclasses.replace(record, job_id=str(record.job_id), replica=int(record.replica))
+
+    def describe(self, now: float) -> str:
+        """`replica 0: warming up (ensemble, 1 token) for 0.4 s`: what `status` shows of a STARTING replica."""
+        what = PHASE_TEXT.get(self.phase, self.phase)
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"replica {self.replica}: {what}{detail} for {max(0.0, now - self.since):.0f} s"
+
+
+def read_startups(job: JobPaths) -> list[StartupRecord]:
+    """Every replica leader's startup record of a job, by replica (replicas not yet ready or ended)."""
+    found = []
+    for path in job.starting_records():
+        try:
+            found.append(StartupRecord.from_dict(json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # being replaced right now: the next poll sees it
+    return sorted(found, key=lambda r: r.replica)
 
 
 def read_endpoints(job: JobPaths) -> list[EndpointRecord]:

@@ -13,16 +13,20 @@ from . import auth, config, records
 from .command import build_argv, remove_shm_regions
 from .gpu import GpuBindingError, node_gpu_count, rank_gpus
 from .layout import Deployment, JobPaths, with_source_root
-from .ports import PortError, Ports, allocate, bind_failure, check_fixed
+from .ports import PortError, Ports, allocate, check_fixed, taken
 from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
+from .ready import AUTH_FAILED, READY_TIMEOUT, WARMUP_FAILED, become_ready, clear_phase
 from .server import ServerBinary, ServerNotFound, cache_dir, merge_env, resolve
 from .stop import DRAIN_BY_METRICS_ENV, FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop, LeaderDrain, metrics_in_flight
-from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name, wait_ready
+from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name
 from .watch import PeerWatch, RankWatch
 
 EXIT_CONFIG = 2  # launch.json / world size / binary / access-token problems: nothing was started (or served)
 EXIT_PORT = 3  # a fixed port is taken, or auto ports kept colliding
+EXIT_WARMUP = 4  # the warm-up request (one token through the ensemble) failed or got no answer in time
 EXIT_READY_TIMEOUT = 124
+#: why the leader gave up on a started tritonserver (launcher/ready.py) → the launcher's exit code
+GAVE_UP = {READY_TIMEOUT: EXIT_READY_TIMEOUT, AUTH_FAILED: EXIT_CONFIG, WARMUP_FAILED: EXIT_WARMUP}
 PORT_ATTEMPTS = 5
 
 
@@ -166,14 +170,25 @@ def _record_failure(plan: config.LaunchPlan, info: RankInfo, code: int, message:
 
 
 def _finish(
-    plan: config.LaunchPlan, info: RankInfo, sup: Supervisor, child: Child, rc: int, error: str | None = None
+    plan: config.LaunchPlan,
+    info: RankInfo,
+    sup: Supervisor,
+    child: Child,
+    rc: int,
+    error: str | None = None,
+    gave_up: int | None = None,
 ) -> int:
+    """Write the rank's exit record, reap tritonserver's group, remove its shared memory; the exit code.
+    ``gave_up``: the launcher's own exit code when it stopped tritonserver itself (ready timeout, token check,
+    warm-up): the record carries it, since tritonserver's exit after that SIGTERM is a clean 0."""
     if release_path(plan, info).exists() and sup.failure is None:
         # A follower whose leader stopped: TensorRT-LLM workers exit(0) then; ours end their tritonserver.
         log(f"rank {info.job_rank}: released by the leader")
         rc = 0
     sig, cause = signal_name(rc), None
     code: int | None = rc
+    if gave_up is not None:
+        sig, code = None, gave_up
     failure = sup.failure  # the launcher ended it (launcher/watch.py): a dead stub, a failed peer
     if failure is not None:
         error = error or failure.why
@@ -268,47 +283,38 @@ def _serve(
             return _finish(plan, info, sup, child, sup.wait(child))
 
         assert ports is not None
-        state = wait_ready(sup, child, ports.http, plan.ready_timeout_s)
-        if state == "timeout":
-            msg = f"not ready after ready_timeout_s={plan.ready_timeout_s:g} s; stopping tritonserver"
-            log(msg)
+        readiness = become_ready(plan, job_paths(plan, info), info, me, sup, child, ports.http, guard, watch)
+        state = readiness.state
+        if state in GAVE_UP:
+            log(f"{readiness.error}; stopping tritonserver")
             sup.stop(child)
-            _finish(plan, info, sup, child, child.proc.returncode, error=msg)
-            return EXIT_READY_TIMEOUT
+            clear_phase(job_paths(plan, info), me)
+            _finish(plan, info, sup, child, child.proc.returncode, readiness.error, gave_up=GAVE_UP[state])
+            return GAVE_UP[state]
         if state == "exited":
+            clear_phase(job_paths(plan, info), me)
             rc = child.proc.returncode
             sup.reap_group(child)
-            failed, port = bind_failure(child.ring)
-            if failed and not sup.stopping:
-                by_port = {v: k for k, v in ports.as_dict().items()}
-                name = by_port.get(port) if port is not None else None
-                if name is not None and name not in auto:
-                    msg = (
-                        f"tritonserver could not bind the {name} port {port} fixed in launch.json ports "
-                        f'(already in use on {info.node}); choose another port or "auto"'
-                    )
-                    log(msg)
-                    _finish(plan, info, sup, child, rc, error=msg)
-                    return EXIT_PORT
-                if auto and attempt < PORT_ATTEMPTS:
-                    log(
-                        f"tritonserver failed to bind {ports.as_dict()} (attempt {attempt}/{PORT_ATTEMPTS}); "
-                        "retrying with other ports"
-                    )
-                    avoid |= set(ports.as_dict().values())
-                    continue
+            collided = taken(ports) if not sup.stopping and sup.failure is None else {}
+            fixed = {name: port for name, port in collided.items() if name not in auto}
+            if fixed:  # a fact, not a log line: the port cannot be bound now (launcher/ports.py `taken`)
+                name, port = next(iter(fixed.items()))
+                msg = (
+                    f"tritonserver could not bind the {name} port {port} fixed in launch.json ports "
+                    f'(already in use on {info.node}); choose another port or "auto"'
+                )
+                log(msg)
+                _finish(plan, info, sup, child, rc, error=msg, gave_up=EXIT_PORT)
+                return EXIT_PORT
+            if collided and attempt < PORT_ATTEMPTS:
+                log(
+                    f"tritonserver exited and its port(s) {collided} are taken by another process "
+                    f"(attempt {attempt}/{PORT_ATTEMPTS}); retrying with other ports"
+                )
+                avoid |= set(ports.as_dict().values())
+                continue
             return _finish(plan, info, sup, child, rc)
-        if state == "ready" and guard is not None:
-            try:  # before the endpoint is published: an unprotected server must never be offered
-                guard.verify(ports.http)
-            except auth.AuthSetupError as exc:
-                log(str(exc))
-                sup.stop(child)
-                _finish(plan, info, sup, child, child.proc.returncode, error=str(exc))
-                return EXIT_CONFIG
-            log("auth: token: checked that tritonserver refuses requests without the deployment's token")
         if state == "ready":
-            watch.arm_stubs(child.proc.pid)  # from now on a dead stub ends the rank (launcher/watch.py)
             ready_at = time.time()
             record = records.EndpointRecord(
                 job_id=info.job_id,
@@ -324,10 +330,12 @@ def _serve(
                 ready_at=ready_at,
             )
             records.write_json_atomic(endpoint, record.to_dict())
+            clear_phase(job_paths(plan, info), me)
             log(
-                f"replica {me.replica} ready in {ready_at - child.started_at:.2f} s: {record.http_url} "
-                f"(record {endpoint})"
+                f"replica {me.replica} ready in {ready_at - child.started_at:.2f} s (loaded in "
+                f"{readiness.loaded_s:.2f} s, warm-up {readiness.warmup_s:.3f} s): {record.http_url} (record {endpoint})"
             )
+        clear_phase(job_paths(plan, info), me)  # stopping before ready: nothing more to wait for
         try:
             rc = sup.wait(child)
         finally:

@@ -1,7 +1,8 @@
 """Run one tritonserver, tee its output, publish readiness, forward signals, and record how it ended.
 
 Why a supervisor instead of ``exec tritonserver``: the leader must publish an endpoint record only once
-``/v2/health/ready`` is 200 and remove it when the server goes away; every rank must leave an exit record (exit code,
+``/v2/health/ready`` is 200 and a warm-up request came back (launcher/ready.py), and remove it when the server
+goes away; every rank must leave an exit record (exit code,
 signal, log tail) for ``hpc`` to explain failures; and no tritonserver or python stub may outlive the job step.
 """
 
@@ -89,8 +90,8 @@ def _pdeathsig_preexec(ignore: Sequence[int] = ()) -> Callable[[], None]:
 
 
 class Tee:
-    """Copy a child's pipe to one of our streams line by line, keeping recent lines for the exit record and for
-    spotting port-bind failures."""
+    """Copy a child's pipe to one of our streams line by line, keeping recent lines for the exit record: text
+    shown to the user, never read to decide a state (a port collision is told by binding the port, ports.py)."""
 
     def __init__(self, pipe: IO[bytes], out: IO, ring: collections.deque[str]) -> None:
         self.ring = ring

@@ -14,7 +14,7 @@ import pytest
 from launcher import config, records
 from launcher.command import build_argv, shm_prefix
 from launcher.layout import SOURCE_ROOT, JobPaths
-from launcher.ports import PortError, Ports, allocate, bind_failure, check_fixed, free_ports
+from launcher.ports import PortError, Ports, allocate, check_fixed, free_ports, taken
 from launcher.rank import RankInfo, WorldSizeError, detect, role
 from launcher.run import child_env
 from launcher.server import ServerBinary, ServerNotFound, merge_env, prepare_backends, resolve
@@ -269,14 +269,24 @@ def test_fixed_port_taken_is_a_clear_error() -> None:
     check_fixed(ports, auto)  # released → fine
 
 
-def test_bind_failure_parsing_of_real_tritonserver_lines() -> None:
-    grpc = [
-        'E1122 17:04:26.784798 9849 main.cc:245] "failed to start GRPC service: Unavailable - Socket '
-        "'0.0.0.0:18001' already in use \""
-    ]
-    assert bind_failure(grpc) == (True, 18001)
-    assert bind_failure(["I... Started HTTPService at 0.0.0.0:8000"]) == (False, None)
-    assert bind_failure(["failed to start Metrics service: something"]) == (True, None)
+def test_taken_ports_are_told_by_binding_them_not_by_log_text() -> None:
+    """A collision is a port another process holds now (launcher/ports.py `taken`), whatever a log says."""
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        free = free_ports(2, exclude={port})
+        ports = Ports(http=free[0], grpc=port, metrics=free[1])
+        assert taken(ports) == {"grpc": port}
+    assert taken(ports) == {}, "released: free again"
+    with socket.socket() as client, socket.socket() as server:  # a closed connection in TIME_WAIT is no collision
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", free[0]))
+        server.listen()
+        client.connect(("127.0.0.1", free[0]))
+        conn, _ = server.accept()
+        conn.close()  # the server side closes first: its end waits in TIME_WAIT
+    assert taken(Ports(http=free[0], grpc=free[1], metrics=port)) == {}
 
 
 # --- records / supervise ---------------------------------------------------------------------------------------

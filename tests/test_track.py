@@ -152,6 +152,31 @@ def test_running_without_endpoint_is_starting(tmp_path, scheduler):
     assert st.summary() == "4242 STARTING (1/2 replicas ready)"
 
 
+def test_starting_says_what_each_replica_waits_for(tmp_path, scheduler):
+    """The leaders' startup records (launcher/ready.py): loading, then warming up; a published replica's and a
+    dead one's are not shown, and READY shows none."""
+    from launcher.records import LOADING, WARMING_UP, StartupRecord, write_json_atomic
+
+    ref = make_job(tmp_path, replicas=2)
+    scheduler.set("RUNNING")
+    now = time.time()
+    for replica, phase, detail in ((0, WARMING_UP, "one token through ensemble"), (1, LOADING, "")):
+        record = StartupRecord(job_id=ref.job_id, replica=replica, phase=phase, since=now - 3, detail=detail)
+        write_json_atomic(ref.paths.starting(replica), record.to_dict())
+    st = job_status(ref)
+    assert st.summary() == (
+        "4242 STARTING (0/2 replicas ready; replica 0: warming up (one token through ensemble) for 3 s; "
+        "replica 1: loading the models for 3 s)"
+    )
+    assert [r["phase"] for r in st.to_json()["starting"]] == ["warming-up", "loading"]
+    assert track.read_endpoints(ref.paths) == [], "a startup record is never taken for an endpoint"
+    publish(ref, 0)
+    assert job_status(ref).summary() == "4242 STARTING (1/2 replicas ready; replica 1: loading the models for 3 s)"
+    publish(ref, 1)
+    st = job_status(ref)
+    assert st.state == "READY" and st.starting == []
+
+
 def test_all_replicas_published_is_ready(tmp_path, scheduler):
     ref = make_job(tmp_path, replicas=2)
     scheduler.set("RUNNING")
@@ -615,25 +640,21 @@ def test_slurm_state_follows_suspend_and_resume_in_one_process(slurm_cluster, tm
         subprocess.run(["scancel", job], capture_output=True)
 
 
-def test_failure_from_logs_when_the_step_was_killed_before_any_record(tmp_path):
-    """No rank record (Slurm SIGKILLed the launchers): the rank logs still name who died first."""
-    import os
-
-    from hpc.jobs import JobRef
-    from hpc.track import describe_failure, failure_from_logs
-
-    paths = JobPaths(tmp_path / "D", "7")
-    job_dir = paths.folder
-    job_dir.mkdir(parents=True)
-    (job_dir / "7_0_log.err").write_text("I1122 server started\nslurmstepd-node1: error: *** STEP 7.0 CANCELLED ***\n")
-    (job_dir / "7_1_log.err").write_text(
-        "I1122 loading tensorrt_llm\n"
-        "slurmstepd-node2: error:  mpi/pmix_v4: _errhandler: node2 [1]: pmixp_client_v2.c:211: "
-        "Error handler invoked: status = -61, source = [slurm.pmix.7.0:1]\n"
+def test_failed_without_records_names_the_ranks_that_wrote_none(tmp_path, scheduler):
+    """Slurm killed the step before any launcher wrote its record: the ranks without one are named (a fact),
+    with their log's last lines as text; slurmstepd's PMIx wording is not parsed (rank 2's log names rank 2, and
+    is not believed: rank 1 wrote no record either)."""
+    ref = make_job(tmp_path, world_per_replica=3)
+    scheduler.set("FAILED")
+    assert job_status(ref).failed_rank is None, "no rank ever started (no log): nothing to name"
+    for rank in range(3):
+        ref.paths.rank_log(rank, "err").write_text(f"I1122 rank {rank} loading\n| table |\n")
+    ref.paths.rank_log(2, "err").write_text(
+        "slurmstepd-node2: error:  mpi/pmix_v4: _errhandler: node2 [2]: pmixp_client_v2.c:211: Error handler\n"
     )
-    os.utime(job_dir / "7_0_log.err", (1, 1))  # rank 0's log is not what went first
-    record = failure_from_logs(JobRef("7", job_dir))
-    assert record.rank == 1 and record.host == "node2"
-    text = describe_failure(record)
-    assert text.startswith("rank 1 on node2 exited with an unknown status") and "_errhandler" in text
-    assert failure_from_logs(JobRef("8", JobPaths(tmp_path / "D", "8").folder)) is None
+    rank_exit(ref, 0, 0, ended_at=1.0)
+    st = job_status(ref)
+    assert st.state == "FAILED" and st.failed_rank is not None and st.failed_rank.rank == 1
+    text = st.summary()
+    assert "rank 1 exited with an unknown status: no exit record" in text and "(nor did rank 2)" in text, text
+    assert text.endswith("  | I1122 rank 1 loading"), "its log's last lines are shown, tables left out"

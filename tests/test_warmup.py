@@ -1,0 +1,156 @@
+"""launcher/warmup.py and launcher/ready.py: the warm-up request and what READY waits for, against a small
+HTTP server that answers as tritonserver 2.51 does (its bodies copied from a real one: tests/test_warmup_e2e.py
+runs the real thing), and a real child process under a real Supervisor."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher import records
+from launcher.layout import JobPaths
+from launcher.supervise import Supervisor
+from launcher.warmup import MODELS, Warmup, WarmupFailed, choose, first_event, send, warm_up
+
+pytestmark = pytest.mark.timeout(60)
+
+# what tritonserver 2.51 answered on /v2/models/ensemble/generate_stream (tiny-cpu, decoupled)
+OK = b'data: {"model_name":"ensemble","model_version":"1","text_output":" c"}\n\n'
+PREPROCESSING_ERROR = (
+    b'data: {"error":"in ensemble \'ensemble\', preprocessing: input REQUEST_OUTPUT_LEN (max_tokens) must be at '
+    b'least 1, got 0"}\n\n'
+)
+
+
+class Triton(http.server.BaseHTTPRequestHandler):
+    """Answers POST .../generate_stream with the server's ``answers[path]``: (status, content type, body,
+    seconds to wait first); records each request's path, headers and body."""
+
+    answers: dict[str, tuple[int, str, bytes, float]] = {}
+    seen: list[tuple[str, dict[str, str], dict]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+        status, kind, data, delay = self.answers[self.path]
+        time.sleep(delay)
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except BrokenPipeError:  # the client gave up (its timeout), as a launcher does
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def triton() -> Iterator[tuple[int, type[Triton]]]:
+    handler = type("Handler", (Triton,), {"answers": {}, "seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def repository(tmp_path: Path, *models: str) -> Path:
+    for model in models:
+        (tmp_path / "repo" / model).mkdir(parents=True)
+        (tmp_path / "repo" / model / "config.pbtxt").write_text(f'name: "{model}"\n')
+    return tmp_path / "repo"
+
+
+def test_the_ensemble_is_warmed_up_else_the_bls_model_else_none(tmp_path: Path) -> None:
+    assert MODELS == ("ensemble", "tensorrt_llm_bls")
+    assert choose(repository(tmp_path, "ensemble", "tensorrt_llm_bls", "tensorrt_llm"), 5).model == "ensemble"
+    bls = choose(repository(tmp_path / "b", "tensorrt_llm_bls", "tensorrt_llm"), 5, "tok")
+    assert bls == Warmup("tensorrt_llm_bls", 5, "tok") and bls.path == "/v2/models/tensorrt_llm_bls/generate_stream"
+    assert choose(repository(tmp_path / "c", "identity"), 5) is None, "not a repository of ours: health alone"
+
+
+def test_a_token_that_came_back_is_success_and_the_token_is_sent(triton) -> None:
+    port, server = triton
+    server.answers["/v2/models/ensemble/generate_stream"] = (200, "text/event-stream", OK, 0)
+    assert send(Warmup("ensemble", 5, "hpcs_secret"), port) == " c"
+    path, headers, body = server.seen[0]
+    assert body == {"text_input": "Hello", "max_tokens": 1}
+    assert headers["authorization"] == "Bearer hpcs_secret"
+    send(Warmup("ensemble", 5), port)
+    assert "authorization" not in server.seen[1][1], "auth: none sends no header"
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "body", "expected"),
+    [
+        (400, "text/event-stream", PREPROCESSING_ERROR, "HTTP 400: in ensemble 'ensemble', preprocessing: input"),
+        (500, "application/json", b'{"error":"Stub process is not healthy"}', "HTTP 500: Stub process is not"),
+        (403, "text/plain", b'{"error":"This API is restricted"}', "HTTP 403: This API is restricted"),
+        (200, "text/event-stream", b'data: {"error":"boom: every request fails"}\n\n', "boom: every request fails"),
+        (200, "text/event-stream", b'data: {"model_name":"ensemble"}\n\n', "answered without text_output"),
+        (200, "text/event-stream", b"", "the stream ended without a response"),
+    ],
+)
+def test_an_error_answer_fails_with_the_servers_text(triton, status, kind, body, expected) -> None:
+    port, server = triton
+    server.answers["/v2/models/ensemble/generate_stream"] = (status, kind, body, 0)
+    with pytest.raises(WarmupFailed) as failed:
+        send(Warmup("ensemble", 5), port)
+    assert str(failed.value).startswith(expected), str(failed.value)
+
+
+def test_first_event_parsing() -> None:
+    assert first_event('{"text_output": ""}') == "", "a token that is part of a character is still a token"
+    with pytest.raises(WarmupFailed, match="not JSON"):
+        first_event("{oops")
+
+
+@pytest.fixture
+def child():
+    """A real process under a real Supervisor, as tritonserver is (its own process group)."""
+    sup = Supervisor(stop_grace_s=5)
+    started = sup.spawn([sys.executable, "-c", "import time; time.sleep(30)"], env={})
+    yield sup, started
+    sup.kill_group(started)
+    started.proc.wait(10)
+
+
+def test_warm_up_outcomes(triton, child) -> None:
+    port, server = triton
+    sup, proc = child
+    path = "/v2/models/ensemble/generate_stream"
+    server.answers[path] = (200, "text/event-stream", OK, 0)
+    outcome = warm_up(sup, proc, Warmup("ensemble", 5), port)
+    assert (outcome.state, outcome.text) == ("ok", " c") and outcome.seconds < 5
+    server.answers[path] = (200, "text/event-stream", b'data: {"error":"boom"}\n\n', 0)
+    assert warm_up(sup, proc, Warmup("ensemble", 5), port).why == "boom"
+    server.answers[path] = (200, "text/event-stream", OK, 3)  # answers after the timeout
+    outcome = warm_up(sup, proc, Warmup("ensemble", 0.5), port)
+    assert outcome.state == "timeout" and "warmup_timeout_s=0.5" in outcome.why and 0.5 <= outcome.seconds < 2
+    # the supervisor keeps polling while the request waits: tritonserver's end is seen at once
+    threading.Timer(0.3, lambda: sup.kill_group(proc)).start()
+    outcome = warm_up(sup, proc, Warmup("ensemble", 10), port)
+    assert outcome.state == "exited" and outcome.seconds < 3
+
+
+def test_startup_record_round_trip(tmp_path: Path) -> None:
+    paths = JobPaths(tmp_path, "9").create()
+    record = records.StartupRecord(job_id="9", replica=1, phase=records.WARMING_UP, since=100.0, detail="x")
+    records.write_json_atomic(paths.starting(1), {**record.to_dict(), "future": 1})
+    assert records.read_startups(paths) == [record], "unknown keys ignored"
+    assert records.read_endpoints(paths) == [], "not an endpoint"
+    assert record.describe(now=102.4) == "replica 1: warming up (x) for 2 s"
