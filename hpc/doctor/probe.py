@@ -172,34 +172,49 @@ def run_probe(
     probe folder is returned; the caller removes it when everything passed."""
     nonce = secrets.token_hex(8)
     folder = Path(spec.workdir).expanduser() / ".doctor" / f"{time.strftime('%Y%m%d-%H%M%S')}-{nonce[:6]}"
-    script = write_probe(spec, facts, folder, nonce)
-    job = ProbeJob(slurm.default.sbatch(script))
-    say(f"probe job {job.job_id} submitted to {facts.partition} (waiting at most {timeout_s:g} s; {folder})")
-    start = time.monotonic()
-    reason = ""
     try:
-        while True:
-            job.state, job.exit_code, reason, job.node = _state(job.job_id)
-            if slurm.ended(job.state):
-                break
-            if time.monotonic() - start > timeout_s:
-                slurm.default.scancel(job.job_id)
-                waited = f"{job.state}" + (f" ({reason})" if reason and reason != "None" else "")
-                return [
-                    fail(
-                        "probe job",
-                        f"job {job.job_id} still {waited} after {timeout_s:g} s; cancelled",
-                        "try again with a longer --probe-timeout, or a partition with idle nodes (sinfo)",
-                    )
-                ], folder
-            time.sleep(poll_s)
+        script = write_probe(spec, facts, folder, nonce)
+    except OSError as exc:
+        return [
+            fail("probe job", f"cannot write the probe folder: {exc}", "set workdir to a folder you can write")
+        ], folder
+    try:
+        job = ProbeJob(slurm.default.sbatch(script))
+    except slurm.SlurmError as exc:
+        return [fail("probe job", f"sbatch refused it: {exc}", "change the slurm: field Slurm's message names")], folder
+    say(f"probe job {job.job_id} submitted to {facts.partition} (waiting at most {timeout_s:g} s; {folder})")
+    try:
+        late = _wait(job, timeout_s, poll_s)
     except KeyboardInterrupt:
         slurm.default.scancel(job.job_id)
         say(f"probe job {job.job_id} cancelled")
         raise
-    job.elapsed_s = time.monotonic() - start
+    except slurm.SlurmError as exc:
+        fix = f"`scancel {job.job_id}` if it still runs, and check that the controller answers (`scontrol ping`)"
+        return [fail("probe job", f"lost track of job {job.job_id}: {exc}", fix)], folder
+    if late:
+        return [late], folder
     _read_back(job, folder, nonce)
     return verdicts(spec, job, folder), folder
+
+
+def _wait(job: ProbeJob, timeout_s: float, poll_s: float) -> Check | None:
+    """Poll the job until it ends (None) or `timeout_s` passes: then cancel it and return the failure."""
+    start = time.monotonic()
+    while True:
+        job.state, job.exit_code, reason, job.node = _state(job.job_id)
+        job.elapsed_s = time.monotonic() - start
+        if slurm.ended(job.state):
+            return None
+        if job.elapsed_s > timeout_s:
+            slurm.default.scancel(job.job_id)
+            waited = f"{job.state}" + (f" ({reason})" if reason and reason != "None" else "")
+            return fail(
+                "probe job",
+                f"job {job.job_id} still {waited} after {timeout_s:g} s; cancelled",
+                "try again with a longer --probe-timeout, or a partition with idle nodes (sinfo)",
+            )
+        time.sleep(poll_s)
 
 
 def _read_back(job: ProbeJob, folder: Path, nonce: str, wait_s: float = 5.0) -> None:
