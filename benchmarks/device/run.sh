@@ -11,6 +11,9 @@ cd "$(dirname "$0")/../.."
 export OUT="${OUT:-/tmp/device-bench}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT" /tmp/site
 tar xJf .whl/site.tar.xz -C /tmp/site
+if [ -f .whl/head.tar ]; then  # a commit's tree (`git archive -o .whl/head.tar HEAD`), not a working tree mid-edit
+    rm -rf /tmp/head && mkdir -p /tmp/head && tar xf .whl/head.tar -C /tmp/head && cd /tmp/head
+fi
 export PYTHONPATH="/tmp/site:$PWD"
 echo "cores: $(nproc)  $(python3 -V)"
 PARTS="${PARTS:-loadgen gateway}"

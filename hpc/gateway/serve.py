@@ -112,9 +112,15 @@ def run(
             await super().shutdown(sockets=sockets)
 
     # httptools and uvloop (package dependencies) named, not left to uvicorn's "auto": with h11 and asyncio's own
-    # loop every request and every streamed event costs more CPU on the gateway's one event loop
+    # loop every request and every streamed event costs more CPU on the gateway's one event loop; uvicorn's own
+    # access log off (hpc/gateway/accesslog.py writes the gateway's, with what a request cost)
     config = uvicorn.Config(
-        app, http="httptools", loop="uvloop", log_level="warning", timeout_graceful_shutdown=GRACEFUL_STOP_S
+        app,
+        http="httptools",
+        loop="uvloop",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_STOP_S,
     )
     print(f"hpc-serve gateway for {target.name} in {target.workdir}: {url}/v1", flush=True)
     try:
