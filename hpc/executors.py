@@ -23,11 +23,10 @@ from hpc.local import JOB_ID_PREFIX, cancel_local, local_state, submit_local
 from hpc.slurm_watch import watcher
 from launcher.layout import Deployment, JobPaths
 from launcher.records import read_rank_records
+from launcher.stop import stop_acknowledged
 
 #: how often a cancel looks for the ranks' exit records (files; the scheduler is asked at the watcher's pace)
 CANCEL_POLL_S = 0.25
-#: how long `cancel` waits for the leaders' launchers to start their ordered stop from the cancel marker
-STOP_ACK_S = 3.0
 
 
 class Executor(ABC):
@@ -100,10 +99,7 @@ class SlurmExecutor(Executor):
         re-arms the watcher, so the end is seen within seconds."""
         if stoppable:
             deadline = time.monotonic() + grace_s
-            acked = time.monotonic() + STOP_ACK_S
-            while time.monotonic() < acked and not ref.paths.stopping_marks():
-                time.sleep(CANCEL_POLL_S)
-            if not ref.paths.stopping_marks():
+            if not stop_acknowledged(ref.paths, poll_s=CANCEL_POLL_S):
                 slurm.default.scancel(ref.job_id, signal="TERM")
             watcher().arm(ref.job_id)
             while time.monotonic() < deadline:

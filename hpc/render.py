@@ -30,7 +30,7 @@ from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.files import is_script_safe_path
 from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.command import shm_glob_shell
-from launcher.config import RENEW_NOTICE_S, STOP_LEAD_S, default_env
+from launcher.config import RENEW_NOTICE_S, STOP_ACK_S, STOP_LEAD_S, default_env
 from launcher.gpu import bound_parameters
 
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
@@ -208,6 +208,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         "source_root": str(Deployment(deploy_dir).runtime),
         # Slurm's time-limit warning: early enough for an ordered stop (DEVELOPERS.md "Stopping")
         "stop_lead_s": STOP_LEAD_S,
+        "stop_ack_s": STOP_ACK_S,  # the stop request unanswered this long: scancel --signal=TERM (the .sub's trap)
         # renewal (launcher/renew.py): run on the batch node with this install's interpreter, as gateway.sub is
         "renew": spec.renew is not None,
         "renew_python": sys.executable,

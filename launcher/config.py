@@ -33,6 +33,10 @@ DRAIN_ACK_S = 1.5
 UNLOAD_AFTER_DRAIN_S = 8.0
 #: How long after the drain a follower still waits for its leader's release (``release_wait_s``).
 RELEASE_WAIT_AFTER_DRAIN_S = 10.0
+#: How long a stop request (the cancel marker, the job's own stop request) may go unanswered by the leaders'
+#: launchers (no ``rank-<r>.stopping``) before ``scancel --signal=TERM`` to the steps: launchers from before they
+#: watched the files, or a leader still starting (hpc/executors.py, the `.sub`'s trap, launcher/renew.py).
+STOP_ACK_S = 3.0
 #: ``hpc-serve cancel``: how long the ordered stop may take before plain scancel / SIGKILL (``--grace``).
 CANCEL_GRACE_S = 30.0
 #: Seconds a leader's tritonserver may take to answer ``/v2/health/ready`` (spec ``triton.ready_timeout_s``).

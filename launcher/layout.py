@@ -30,6 +30,10 @@ JOBS_NAME = "jobs"
 ENDPOINTS_NAME = "endpoints"
 RANKS_NAME = "ranks"
 CANCEL_MARKER_NAME = "cancel_requested"
+#: in `jobs/<id>/`: the job itself asks its ranks for the ordered stop (the `.sub` at Slurm's time limit, the
+#: renewer after a handover); every launcher watches it as it watches the cancel marker, but the job was not
+#: cancelled: it ends COMPLETED
+STOP_REQUEST_NAME = "stop_requested"
 #: the deployment's access token (0600; `hpc-serve token`, the gateway): never in scripts, logs or records
 TOKEN_NAME = "access_token"
 #: `<workdir>/<name>.gateway.json`: where a running gateway of deployment `<name>` says it listens
@@ -278,6 +282,11 @@ class JobPaths:
         return self.folder / CANCEL_MARKER_NAME
 
     @property
+    def stop_request(self) -> Path:
+        """Written by the job itself (the `.sub`'s time-limit trap, the renewer): its ranks stop in order."""
+        return self.folder / STOP_REQUEST_NAME
+
+    @property
     def gateway_marker(self) -> Path:
         """Present in a gateway job's folder: its state comes from the gateway record, not from replicas."""
         return self.folder / GATEWAY_JOB_MARKER_NAME
@@ -348,6 +357,8 @@ def template_values(deploy_dir: Path) -> dict[str, str]:
         "jobs_name": JOBS_NAME,
         "endpoints_name": ENDPOINTS_NAME,
         "ranks_name": RANKS_NAME,
+        "stop_request_name": STOP_REQUEST_NAME,
+        "stopping_glob": STOPPING_GLOB,
         "rank_log_example": str(dep.job("<job id>").rank_log("<rank>")),
         "restart_count_name": RESTART_COUNT_NAME,
         "previous_runs_name": PREVIOUS_RUNS_NAME,

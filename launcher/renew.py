@@ -39,9 +39,11 @@ import urllib.error
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .config import STOP_ACK_S
 from .layout import Deployment, JobPaths, link_index
 from .records import ChainRecord, read_chain, read_endpoints, write_json_atomic
 from .renew_plan import RenewPlan, active_requests, chain_place, format_time, parse_slurm_time, successor_env
+from .stop import stop_acknowledged
 from .urls import open_direct
 
 POLL_S = 0.5
@@ -212,10 +214,15 @@ class Renewer:
         return len(read_endpoints(JobPaths(self.deployment.root, successor))) >= self.replicas
 
     def stop(self, note: str) -> int:
-        """The ordered stop of this job's ranks (the .sub's own way: every step but the batch shell gets TERM)."""
+        """The ordered stop of this job's ranks, as the .sub's trap starts it: the job's stop request, which every
+        launcher watches (a signal from Slurm would reach tritonserver before its model drained); `scancel
+        --signal=TERM` to the steps only when no leader started its stop within STOP_ACK_S."""
         self.save(stopped_at=time.time(), note=note)
         log(f"{note}; ordered stop of job {self.job_id}")
-        slurm(["scancel", "--signal=TERM", self.job_id])
+        write_json_atomic(self.paths.stop_request, {"at": time.time(), "by": "renewer", "note": note})
+        if not stop_acknowledged(self.paths):
+            log(f"no leader started its stop within {STOP_ACK_S:g} s; scancel --signal=TERM")
+            slurm(["scancel", "--signal=TERM", self.job_id])
         return 0
 
     def run(self) -> int:

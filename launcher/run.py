@@ -379,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     sup = supervisor(plan, info, me)
-    sup.stop_request = job_paths(plan, info).cancel_marker
+    sup.stop_requests = (job_paths(plan, info).cancel_marker, job_paths(plan, info).stop_request)
     sup.install()
     try:
         return serve(plan, info, me, server, sup)

@@ -200,9 +200,10 @@ class Supervisor:
         #: the model's drain, which holds the forwarded SIGTERM back (launcher/stop.py LeaderDrain)
         self.drain: LeaderDrain | None = None
         self.unload_s = unload_s  # the SIGKILL backstop comes at least this long after a held SIGTERM
-        #: the job's cancel marker: its appearance starts the ordered stop as SIGTERM would, without the signal
-        #: that Slurm would also deliver to tritonserver itself (launcher/stop.py LeaderDrain says why that hurts)
-        self.stop_request: Path | None = None
+        #: the job's cancel marker and its own stop request (the .sub at the time limit, the renewer): either one
+        #: starts the ordered stop as SIGTERM would, without the signal that Slurm would also deliver to
+        #: tritonserver itself (launcher/stop.py LeaderDrain says why that hurts)
+        self.stop_requests: tuple[Path, ...] = ()
         self.stop_signal: int | None = None
         self.kill_at: float | None = None
         self.child: Child | None = None
@@ -288,8 +289,8 @@ class Supervisor:
         """Non-blocking status; ends the child at once when the watch says so (fail-fast); enforces the SIGKILL
         deadline of a requested stop (a follower's: its own)."""
         rc = child.proc.poll()
-        if rc is None and not self.stopping and self.stop_request is not None and self.stop_request.exists():
-            log(f"stop requested ({self.stop_request.name}); stopping as on SIGTERM")
+        if rc is None and not self.stopping and (asked := [p for p in self.stop_requests if p.exists()]):
+            log(f"stop requested ({asked[0].name}); stopping as on SIGTERM")
             self._on_signal(signal.SIGTERM, None)
         if rc is None and self.watch is not None and self.failure is None:
             self.failure = self.watch(self.stopping)

@@ -257,3 +257,74 @@ def local_jobs(folder: Path, spec: Path, count: int) -> Iterator[list[tuple[str,
             os.environ.pop("HPC_SERVE_HOME", None)
         else:
             os.environ["HPC_SERVE_HOME"] = old_home
+
+
+#: how a stream cut by an ordered stop may end, besides its final response: an error a client can act on (retry
+#: elsewhere); anything else is a failure
+CLEAR_STOP_ERRORS = ("stopping", "no available versions", "UNAVAILABLE", "no longer in valid state")
+
+
+def ensemble_stream_once(url: str, headers: dict[str, str], timeout: float) -> str:
+    """One streaming request through the ensemble on a stream of its own → "final" or "error: why"; "HANG" when
+    nothing ended it within ``timeout``."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+    arrays = {
+        "text_input": np.array([["hello world"]], dtype=object),
+        "max_tokens": np.array([[48]], dtype=np.int32),
+        "stream": np.array([[True]], dtype=bool),
+    }
+    inputs = []
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    results: queue.Queue = queue.Queue()
+    try:
+        client = grpcclient.InferenceServerClient(url)
+    except InferenceServerException as e:
+        return f"error: {e}"
+    try:
+        client.start_stream(callback=lambda result, error: results.put((result, error)), headers=headers)
+        try:
+            client.async_stream_infer("ensemble", inputs, enable_empty_final_response=True)
+        except InferenceServerException as e:
+            return f"error: {e}"
+        while True:
+            try:
+                result, error = results.get(timeout=timeout)
+            except queue.Empty:
+                return "HANG"
+            if error is not None:
+                return f"error: {error}"
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return "final"
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def ensemble_clients(endpoint: dict, count: int, stop: Any, endings: list[tuple[float, float, str]]) -> list[Any]:
+    """`count` started threads, each streaming through the job's ensemble request after request (its token
+    sent) until `stop` is set; each request's (started, ended, how) goes to `endings` (monotonic seconds, how:
+    `ensemble_stream_once`'s). A request that did not end with its final response is followed by a short pause:
+    the server is going away, a real client would retry elsewhere."""
+    import threading
+
+    from hpc.auth import grpc_headers
+
+    url, headers = f"{endpoint['address']}:{endpoint['grpc_port']}", grpc_headers(job_token(endpoint["job_id"]))
+
+    def loop() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            how = ensemble_stream_once(url, headers, timeout=30)
+            endings.append((started, time.monotonic(), how))
+            if how != "final":
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads

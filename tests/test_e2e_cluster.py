@@ -14,9 +14,11 @@ import pytest
 
 from launcher.layout import JobPaths
 from tests.e2e import (
+    CLEAR_STOP_ERRORS,
     CLI,
     cli,
     core_model_stream,
+    ensemble_clients,
     kill_quietly,
     processes_under,
     rank_records,
@@ -267,18 +269,40 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_
     assert "released by the leader" in logs and "sending SIGKILL" not in logs
 
 
-def test_time_limit_is_an_ordered_stop_and_the_job_completes(jobs, tmp_path, tiny_gpt2):
-    """Slurm's time-limit warning (the .sub's --signal=B:USR1) stops the ranks in order before the limit: both
-    exit 0 and the job ends COMPLETED, not TIMEOUT with its ranks SIGKILLed."""
-    spec = write_spec(tmp_path, "limit", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1, slurm={"time": "00:01:00"})
+def test_time_limit_under_load_is_an_ordered_stop_and_the_job_completes(jobs, tmp_path, tiny_gpt2):
+    """Slurm's time-limit warning (the .sub's --signal=B:USR1) stops the ranks in order before the limit, with
+    4 clients streaming through the ensemble: the .sub writes the job's stop request, which the launchers watch
+    (a signal to the steps would reach the leader's tritonserver before its model drained: with streams in
+    flight it then exited 1 or was SIGKILLed). The leader drains, both ranks exit 0, every stream ends with its
+    final response or a clear error, and the job ends COMPLETED, not TIMEOUT or FAILED."""
+    import threading
+
+    spec = write_spec(tmp_path, "limit", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1, slurm={"time": "00:02:00"})
     job, job_dir = submit(spec)
     jobs.append(job)
+    (endpoint,) = status(job)["endpoints"]
+    stop, endings = threading.Event(), []  # (started, ended, how), monotonic seconds
+    clients = ensemble_clients(endpoint, 4, stop, endings)
     st = wait_for(
         lambda: (s := status(job)).get("state") in ("COMPLETED", "TIMEOUT", "FAILED") and s,
-        100,
+        200,
         "the job to reach its time limit",
     )
-    assert st["state"] == "COMPLETED", st
+    stop.set()
+    for client in clients:
+        client.join(40)
+    paths = JobPaths.of_folder(job_dir)
+    logs = "".join(p.read_text(errors="replace") for p in paths.rank_logs("err"))
+    assert st["state"] == "COMPLETED", (st, logs[-3000:])
     ranks = rank_records(job_dir)
     assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks
+    assert paths.stop_request.exists() and not paths.cancel_marker.exists()
+    assert "stop requested (stop_requested)" in logs and "the model drained" in logs, logs[-3000:]
+    assert "sending SIGKILL" not in logs
+    stopped_at = json.loads(paths.stopping(0).read_text())["at"] - time.time() + time.monotonic()
+    in_flight = [how for started, ended, how in endings if started < stopped_at < ended]
+    assert in_flight, f"no stream was in flight when the stop began: the test proves nothing ({len(endings)})"
+    assert all(how == "final" or "stopping" in how for how in in_flight), in_flight
+    unclear = [how for *_, how in endings if how != "final" and not any(c in how for c in CLEAR_STOP_ERRORS)]
+    assert not unclear and not any(t.is_alive() for t in clients), unclear
     _assert_no_server_left(job_dir.parent.parent)

@@ -248,7 +248,7 @@ def test_sub_header_and_srun_line(tmp_path):
     assert not [a for a in argv if a.startswith(("--output", "--error"))]  # the launcher names the rank logs
     assert replica_starts(sub) == [["0", "--nodes=2", "--ntasks=8", "--relative=0", "--ntasks-per-node=4"]]
     assert argv[-2:] == ["bash", "$DEPLOY_DIR/tensorrt_llm_triton.sh"]
-    assert "trap 'scancel --signal=TERM \"$SLURM_JOB_ID\" || true' USR1 TERM" in sub  # ordered stop, not srun's
+    assert "trap stop_job USR1 TERM" in sub  # ordered stop, not srun's (test_the_subs_stop_asks_the_launchers_first)
     assert f"DEPLOY_DIR={d}" in sub.splitlines()
     assert 'JOB_DIR="$DEPLOY_DIR/jobs/$SLURM_JOB_ID"' in sub
     assert "nvidia-smi" not in sub  # no clock lock unless asked for
@@ -266,7 +266,7 @@ def test_one_step_per_replica_on_nodes_of_its_own(tmp_path):
     assert {"#SBATCH --requeue", "#SBATCH --open-mode=append"} <= set(sbatch_header(sub))
     assert 'rm -f "$JOB_DIR/endpoints/replica-1.json"' in sub
     assert 'bash -c "rm -f /dev/shm/prefix2_${SLURM_JOB_ID}_* /dev/shm/prefix3_${SLURM_JOB_ID}_*"' in sub
-    stop_others = '    scancel --signal=TERM "$SLURM_JOB_ID" || true'
+    stop_others = "    stop_job"
     assert stop_others in sub.splitlines()
     keep = cpu_spec(
         tmp_path,
@@ -659,3 +659,37 @@ def test_cli_render_previews_a_spec_whose_model_folders_do_not_exist_yet(tmp_pat
     assert f"note: spec.yaml:4: model.checkpoint_dir: {tmp_path / 'nope'} does not exist" in result.stderr
     assert (tmp_path / "d" / R.SUB_NAME).is_file() and not (tmp_path / "nope").exists()
     assert _cli("validate", "spec.yaml", cwd=tmp_path).returncode == 2
+
+
+def test_the_subs_stop_asks_the_launchers_first(tmp_path):
+    """The .sub's ordered stop (Slurm's time-limit USR1, a TERM to the batch shell, a failed replica under
+    fail-job) writes the job's stop request, the file every launcher watches (launcher/layout.py's name), and
+    signals the steps with `scancel --signal=TERM` only when no leader started its stop within STOP_ACK_S: a
+    signal from Slurm reaches tritonserver itself before its model drained. Run for real in bash, with a
+    `scancel` on PATH that records its arguments."""
+    from launcher.config import STOP_ACK_S
+
+    sub = R.render_scripts(cpu_spec(tmp_path), tmp_path / "d")[R.SUB_NAME]
+    function = re.search(r"^stop_job\(\) \{\n.*?^\}\n", sub, re.M | re.S)
+    assert function is not None, sub
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" >>"$SCANCEL_LOG"\n')
+    (bin_dir / "scancel").chmod(0o755)
+
+    def stop(job: str, leader_stops: bool) -> subprocess.Popen:
+        paths = JobPaths(tmp_path / "d", job).create()
+        if leader_stops:  # the leader's launcher answers the request at once
+            paths.stopping(0).write_text("{}")
+        script = f"set -euo pipefail\nJOB_DIR={shlex.quote(str(paths.folder))}\n{function.group(0)}stop_job\nwait\n"
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID=job)
+        env["SCANCEL_LOG"] = str(tmp_path / f"scancel-{job}")
+        return subprocess.Popen(["bash", "-c", script], env=env)
+
+    answered, silent = stop("7", leader_stops=True), stop("8", leader_stops=False)
+    assert answered.wait(STOP_ACK_S + 10) == 0 and silent.wait(STOP_ACK_S + 10) == 0
+    for job in ("7", "8"):
+        assert JobPaths(tmp_path / "d", job).stop_request.is_file()
+        assert not JobPaths(tmp_path / "d", job).cancel_marker.exists()  # the job was not cancelled: COMPLETED
+    assert not (tmp_path / "scancel-7").exists()
+    assert (tmp_path / "scancel-8").read_text().split() == ["--signal=TERM", "8"]

@@ -135,7 +135,9 @@ def test_render_writes_the_renew_plan_and_the_renewer_line(tmp_path):
     renewer = f"PYTHONPATH={Deployment(rendered.deploy_dir).runtime} "
     assert renewer in sub and '-m launcher.renew "$DEPLOY_DIR" & RENEWER=$!' in sub
     # the renewer's USR1 trap comes after the ordered stop's, so it is the one in force
-    assert sub.index('trap \'kill -USR1 "$RENEWER"') > sub.index("trap 'scancel --signal=TERM")
+    assert sub.index("trap 'kill -USR1 \"$RENEWER\" 2>/dev/null || stop_job' USR1") > sub.index(
+        "trap stop_job USR1 TERM"
+    )
     assert subprocess.run(["bash", "-n", str(rendered.sub)]).returncode == 0
     assert (rendered.deploy_dir / "python" / "launcher" / "renew.py").is_file()
 
