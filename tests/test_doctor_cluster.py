@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -212,3 +213,23 @@ def test_probe_tritonserver_that_does_not_start(slurm_cluster, tmp_path):
     assert list(fails) == ["tritonserver"], proc.stdout
     assert f"{fake} (launch.json tritonserver) exit 127: error while loading shared libraries" in fails["tritonserver"]
     assert "fix: set triton.server to the tritonserver binary on the nodes" in fails["tritonserver"]
+
+
+def test_ctrl_c_cancels_the_probe(slurm_cluster, tmp_path):
+    """Ctrl-C while the probe job runs (its slurm.setup sleeps) cancels the job before doctor exits."""
+    spec = spec_file(tmp_path, "interrupted", slurm={"setup": ["sleep 60"]})
+    proc = subprocess.Popen(
+        [*CLI, "doctor", str(spec), "--probe"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    seen = ""
+    while not (job := re.search(r"probe job (\d+) submitted", seen)):
+        line = proc.stdout.readline()
+        assert line, f"doctor ended before submitting its probe:\n{seen}"
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out
+    assert f"probe job {job.group(1)} cancelled" in out
+    state = subprocess.run(["scontrol", "-o", "show", "job", job.group(1)], capture_output=True, text=True).stdout
+    assert re.search(r"JobState=(CANCELLED|COMPLETING)", state), state

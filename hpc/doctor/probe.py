@@ -182,8 +182,8 @@ def run_probe(
         job = ProbeJob(slurm.default.sbatch(script))
     except slurm.SlurmError as exc:
         return [fail("probe job", f"sbatch refused it: {exc}", "change the slurm: field Slurm's message names")], folder
-    say(f"probe job {job.job_id} submitted to {facts.partition} (waiting at most {timeout_s:g} s; {folder})")
-    try:
+    try:  # from here on, Ctrl-C cancels the job
+        say(f"probe job {job.job_id} submitted to {facts.partition} (waiting at most {timeout_s:g} s; {folder})")
         late = _wait(job, timeout_s, poll_s)
     except KeyboardInterrupt:
         slurm.default.scancel(job.job_id)
