@@ -233,3 +233,24 @@ def test_cluster_tp2_job_whose_model_fails_every_request_fails_with_the_reason(
     follower = rank_records(ref.job_dir)[1]
     assert follower.cause_rank == 0 or not follower.failed, follower
     wait_for(lambda: not processes_under(deploy), 60, "no process of the job left")
+
+
+def test_local_job_not_decoupled_warms_up(tmp_path, tiny_gpt2, hpc_home) -> None:
+    """`triton.decoupled: false` (the ensemble not decoupled): the same generate_stream warm-up serves it."""
+    from tests.e2e import cli, processes_under, wait_for, write_spec
+
+    spec = write_spec(tmp_path, "plain", tiny_gpt2, triton={"decoupled": False})
+    proc = cli("submit", str(spec), "--executor", "local", "--wait", "--timeout", "200", check=False, timeout=240)
+    job, job_dir = (proc.stdout.split() + ["?", "?"])[:2]
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert re.search(r" READY http://", proc.stderr), proc.stderr
+        log = Path(job_dir, f"{job}_0_log.err").read_text()
+        assert "warm-up: one token through ensemble came back in" in log, log
+        assert (
+            "decoupled: false"
+            in (Path(job_dir).parent.parent / "triton_model_repo/tensorrt_llm/config.pbtxt").read_text()
+        )
+    finally:
+        cli("cancel", job, check=False)
+    wait_for(lambda: not processes_under(Path(job_dir).parent.parent), 30, "no process of the job left")
