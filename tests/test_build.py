@@ -263,3 +263,151 @@ def test_sharding_cli_refuses_an_existing_folder(tmp_path, tiny_gpt2):
         timeout=60,
     )
     assert proc.returncode == 2 and "shards:" in proc.stderr
+
+
+# ---------------------------------------------------------------- engine checks (validate)
+
+#: an engine's config.json as trtllm-build (TensorRT-LLM 0.12) writes it: EngineConfig.to_dict() of
+#: tensorrt_llm/builder.py, `mapping` from tensorrt_llm/mapping.py Mapping.to_dict(); gpus_per_node left at
+#: trtllm-build's default of 8
+ENGINE_CONFIG = {
+    "version": "0.12.0",
+    "pretrained_config": {
+        "architecture": "LlamaForCausalLM",
+        "dtype": "float16",
+        "vocab_size": 128256,
+        "hidden_size": 8192,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
+        "mapping": {
+            "world_size": 8,
+            "gpus_per_node": 8,
+            "cp_size": 1,
+            "tp_size": 4,
+            "pp_size": 2,
+            "moe_tp_size": 4,
+            "moe_ep_size": 1,
+        },
+        "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+    },
+    "build_config": {
+        "max_input_len": 2048,
+        "max_seq_len": 4096,
+        "opt_batch_size": 8,
+        "max_batch_size": 32,
+        "max_beam_width": 1,
+        "max_num_tokens": 8192,
+        "opt_num_tokens": None,
+        "max_prompt_embedding_table_size": 0,
+        "kv_cache_type": "PAGED",
+        "gather_context_logits": False,
+        "gather_generation_logits": False,
+        "plugin_config": {"gpt_attention_plugin": "auto", "gemm_plugin": "auto", "remove_input_padding": True},
+    },
+}
+
+SERVE_70B = """
+name: llama70b
+slurm: {nodes: 2, gpus_per_node: 4}
+model: {backend: tensorrtllm, engine_dir: engine, tokenizer_dir: hf, tp_size: 4, pp_size: 2}
+triton: {triton_max_batch_size: 32}
+"""
+
+
+def engine_dir(folder: Path, **changes) -> Path:
+    config = json.loads(json.dumps(ENGINE_CONFIG))
+    for dotted, value in changes.items():
+        section, key = dotted.split("__")
+        target = config["pretrained_config"]["mapping"] if section == "mapping" else config[section]
+        target[key] = value
+    (folder / "engine").mkdir(exist_ok=True)
+    (folder / "engine" / "config.json").write_text(json.dumps(config, indent=4))
+    (folder / "hf").mkdir(exist_ok=True)
+    return folder / "engine"
+
+
+def test_an_engine_built_for_8_gpus_per_node_is_refused_on_4_gpu_nodes(tmp_path):
+    engine_dir(tmp_path)
+    path = write(tmp_path, SERVE_70B)
+    (found,) = problems(path)
+    assert found.startswith(f"{path}:{line_of(path, 'slurm:')}: slurm.gpus_per_node: ")
+    assert "mapping.gpus_per_node is 8, but the job runs 4 ranks per node" in found
+    assert "GPU r % 8" in found and "build with trtllm-build --gpus_per_node 4 (then serve that engine)" in found
+    engine_dir(tmp_path, mapping__gpus_per_node=4)
+    load_spec(path)  # rebuilt with --gpus_per_node 4: fine
+
+
+def test_one_node_engines_with_the_default_mapping_are_fine(tmp_path):
+    engine_dir(tmp_path, mapping__tp_size=2, mapping__pp_size=1, mapping__world_size=2)
+    load_spec(
+        write(
+            tmp_path,
+            SERVE_70B.replace("nodes: 2", "nodes: 1")
+            .replace("pp_size: 2", "pp_size: 1")
+            .replace("tp_size: 4", "tp_size: 2")
+            .replace("gpus_per_node: 4", "gpus_per_node: 2"),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("triton", "field", "words"),
+    [
+        ("triton_max_batch_size: 64", "triton.triton_max_batch_size", "64 is more than the engine in"),
+        ("max_tokens_in_paged_kv_cache: 2560", "triton.max_tokens_in_paged_kv_cache", "cannot hold one sequence"),
+        ("max_attention_window_size: 8192", "triton.max_attention_window_size", "8192 is more than the engine in"),
+    ],
+)
+def test_serving_limits_against_the_engines_build_limits(tmp_path, triton, field, words):
+    engine_dir(tmp_path, mapping__gpus_per_node=4)
+    keys = triton if triton.startswith("triton_max_batch_size") else f"triton_max_batch_size: 32, {triton}"
+    path = write(tmp_path, SERVE_70B.replace("triton: {triton_max_batch_size: 32}", f"triton: {{{keys}}}"))
+    (found,) = problems(path)
+    assert f": {field}: " in found and words in found, found
+    assert str(tmp_path / "engine") in found
+    numbers = {
+        "triton.triton_max_batch_size": "max_batch_size 32",
+        "triton.max_tokens_in_paged_kv_cache": "max_seq_len 4096",
+    }
+    assert numbers.get(field, "max_seq_len 4096") in found
+
+
+def test_legacy_engine_layout_limits(tmp_path):
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "hf").mkdir()
+    legacy = {
+        "builder_config": {
+            "tensor_parallel": 4,
+            "pipeline_parallel": 2,
+            "max_batch_size": 16,
+            "max_input_len": 1024,
+            "max_output_len": 1024,
+        }
+    }
+    (tmp_path / "engine" / "config.json").write_text(json.dumps(legacy))
+    (found,) = problems(write(tmp_path, SERVE_70B))
+    assert "32 is more than the engine in" in found and "max_batch_size 16" in found
+
+
+def test_with_a_build_section_the_checks_use_the_builds_arguments(gpu_dir):
+    spec = GPU + "  max_seq_len: 2048\n"
+    load_spec(write(gpu_dir, spec))
+    path = write(gpu_dir, spec + "  gpus_per_node: 8\n")
+    path.write_text(
+        path.read_text()
+        .replace("nodes: 1, gpus_per_node: 4", "nodes: 2, gpus_per_node: 4")
+        .replace("tp_size: 4", "tp_size: 4, pp_size: 2")
+    )
+    (found,) = problems(path)
+    assert "the build: section's mapping.gpus_per_node is 8" in found and "build with build.gpus_per_node 4" in found
+    path = write(gpu_dir, spec + "  max_batch_size: 8\n")
+    (found,) = problems(path)
+    assert "triton.triton_max_batch_size: 64 is more than the build: section's max_batch_size 8" in found
+    assert "build.max_batch_size" in found
+    path = write(
+        gpu_dir, spec.replace("name: llama-build", "name: llama-build\ntriton: {max_tokens_in_paged_kv_cache: 1024}")
+    )
+    (found,) = problems(path)
+    assert "1024 tokens cannot hold one sequence of the build: section's max_seq_len 2048" in found

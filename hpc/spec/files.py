@@ -169,10 +169,10 @@ def engine_limit_conflicts(spec: Spec) -> list[Finding]:
         from hpc.spec.build import build_limits
 
         limits: dict[str, int | None] | None = build_limits(spec)
-        where, fix = "the build: section's", "build.{field}"
+        where, fix = "the build: section's", "build.{field} {value}"
     elif m.engine_dir is not None and m.engine_dir.is_dir():
         limits = engine_limits(_read_config(m.engine_dir))
-        where, fix = f"the engine in {m.engine_dir}", "trtllm-build --{field} (then point model.engine_dir at it)"
+        where, fix = f"the engine in {m.engine_dir}", "trtllm-build --{field} {value} (then serve that engine)"
     else:
         return []
     if limits is None:
@@ -187,7 +187,7 @@ def engine_limit_conflicts(spec: Spec) -> list[Finding]:
                 f"{where} mapping.gpus_per_node is {built_gpn}, but the job runs {per_node} ranks per node "
                 f"(slurm.gpus_per_node {spec.slurm.gpus_per_node}): TensorRT-LLM puts rank r on GPU r % {built_gpn}, "
                 f"so rank {min(built_gpn, per_node)} would look for a GPU of another node; build with "
-                f"{fix.format(field='gpus_per_node')} {per_node}",
+                + fix.format(field="gpus_per_node", value=per_node),
             )
         )
     batch = limits["max_batch_size"]
@@ -196,7 +196,7 @@ def engine_limit_conflicts(spec: Spec) -> list[Finding]:
             (
                 ("triton", "triton_max_batch_size"),
                 f"{t.triton_max_batch_size} is more than {where} max_batch_size {batch}; lower it to {batch} or "
-                f"build with a larger {fix.format(field='max_batch_size')}",
+                "build with " + fix.format(field="max_batch_size", value=t.triton_max_batch_size),
             )
         )
     seq = limits["max_seq_len"]
@@ -205,8 +205,8 @@ def engine_limit_conflicts(spec: Spec) -> list[Finding]:
             (
                 ("triton", "max_tokens_in_paged_kv_cache"),
                 f"{t.max_tokens_in_paged_kv_cache} tokens cannot hold one sequence of {where} max_seq_len {seq} "
-                f"(prompt plus output); raise it to {seq} or more, or build with {fix.format(field='max_seq_len')} "
-                f"{t.max_tokens_in_paged_kv_cache} or less",
+                f"(prompt plus output); raise it to {seq} or more, or build with "
+                + fix.format(field="max_seq_len", value=t.max_tokens_in_paged_kv_cache),
             )
         )
     windows = t.max_attention_window_size
