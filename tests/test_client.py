@@ -13,7 +13,7 @@ import pytest
 from hpc.client import AsyncClient, AuthError, Busy, Client, NotReady, RequestError, ServerError, TargetError
 from hpc.client.transport import _refusal, generate_params
 from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated
-from hpc.routing.retry import stream_with_retry
+from hpc.routing.retry import stream_with_retry, taken_whole
 from tests.e2e import write_spec
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,14 +52,17 @@ class Replicas:
             self.closed.append(replica.key)
 
 
-def _run(*keys: str, take: int | None = None) -> tuple[list[str], Replicas, Balancer]:
+def _run(*keys: str, take: int | None = None, whole: bool = False) -> tuple[list[str], Replicas, Balancer]:
     balancer = Balancer()
     balancer.update([Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in keys])
     replicas = Replicas()
 
+    def attempt(replica: Replica):
+        return taken_whole(replicas.attempt(replica)) if whole else replicas.attempt(replica)
+
     async def collect() -> list[str]:
         got = []
-        stream = stream_with_retry(balancer, replicas.attempt, Down, Full)
+        stream = stream_with_retry(balancer, attempt, Down, Full)
         async for item in stream:
             got.append(item)
             if take is not None and len(got) == take:
@@ -87,6 +90,17 @@ def test_no_retry_once_a_piece_was_yielded_and_the_errors_when_none_is_left():
     with pytest.raises(NoReplica) as exc:
         _run("dead", "dead2")
     assert not isinstance(exc.value, Saturated)
+
+
+def test_an_answer_taken_whole_is_retried_when_its_replica_breaks_half_way():
+    """What the gateway and the client do for a request not streamed (taken_whole): the replica that broke after
+    its first piece is benched and the whole answer comes from another; streamed, the same break fails."""
+    got, replicas, balancer = _run("flaky", "live", whole=True)
+    assert got == ["a", "b"] and replicas.asked == ["flaky", "live"]
+    assert {r.key: r.failures for r in balancer.replicas} == {"flaky": 1, "live": 0}
+    assert all(r.outstanding == 0 for r in balancer.replicas)
+    with pytest.raises(Down):
+        _run("flaky", "live", whole=False)
 
 
 def test_the_hooks_see_each_pick_and_retry_and_other_errors_pass_as_they_are():

@@ -37,7 +37,7 @@ from hpc.gateway.triton import (
 from hpc.jobs import JobRef
 from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.routing.deployment import Target, as_replica
-from hpc.routing.retry import stream_with_retry
+from hpc.routing.retry import stream_with_retry, taken_whole
 from launcher.records import EndpointRecord, GatewayRecord
 
 from .discovery import job_replica, newest_token, resolve
@@ -165,7 +165,9 @@ class AsyncClient:
 
     # -- generation --------------------------------------------------------------------------------------------
 
-    async def _from_replicas(self, params: GenerateParams) -> AsyncGenerator[str, None]:
+    async def _from_replicas(self, params: GenerateParams, whole: bool = False) -> AsyncGenerator[str, None]:
+        """Text pieces from the replicas, balanced and retried by the gateway's rule. `whole` (an answer not
+        streamed): each replica's answer is taken whole first, so one lost half-way is retried on another."""
         if not self._balancer.available():
             await self._route(force=True)  # a job may have become ready since the last look
         if not self._balancer.available():
@@ -173,7 +175,8 @@ class AsyncClient:
         _, engine = self._connections()
 
         def attempt(replica: Replica) -> AsyncIterator[Chunk]:
-            return engine.stream(replica.grpc_url, params, self._replica_token(replica))
+            chunks = engine.stream(replica.grpc_url, params, self._replica_token(replica))
+            return taken_whole(chunks) if whole else chunks
 
         def retried(replica: Replica, exc: BaseException) -> None:
             what = "refused (queue full)" if isinstance(exc, ReplicaBusy) else "failed before its first piece"
@@ -240,7 +243,7 @@ class AsyncClient:
                 await self._route(force=True)
         elif self._use_gateway:
             raise NotReady(f"no gateway of {self.target.name if self.target else '?'} answers; `hpc-serve status`")
-        async with aclosing(self._from_replicas(params)) as pieces:
+        async with aclosing(self._from_replicas(params, whole=not stream)) as pieces:
             async for piece in pieces:
                 yield piece
 

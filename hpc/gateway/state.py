@@ -26,7 +26,7 @@ from hpc.gateway.text import ChatTemplate
 from hpc.gateway.triton import Chunk, GenerateParams, ReplicaBusy, ReplicaUnavailable, TritonEngine
 from hpc.routing.balancer import PREFIX_CHARS, Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.routing.deployment import Target
-from hpc.routing.retry import stream_with_retry
+from hpc.routing.retry import stream_with_retry, taken_whole
 
 T = TypeVar("T")
 
@@ -102,20 +102,9 @@ class Gateway:
 
         def attempt(replica: Replica) -> AsyncIterator[Chunk]:
             chunks = self.engine.stream(replica.grpc_url, params, token_for(replica))
-            return _whole(chunks, record) if whole else chunks
+            return taken_whole(chunks, record.first_token) if whole else chunks
 
         async with aclosing(self.routed(attempt, params.prompt, record)) as chunks:
             async for chunk in chunks:
                 record.first_token()  # only the first call counts
                 yield chunk
-
-
-async def _whole(chunks: AsyncIterator[Chunk], record: RequestRecord) -> AsyncGenerator[Chunk, None]:
-    """Every piece of `chunks` before the first is yielded (`record` learns when the replica's first came)."""
-    got = []
-    async with aclosing(chunks):  # type: ignore[type-var]  # an async generator (TritonEngine.stream)
-        async for chunk in chunks:
-            record.first_token()
-            got.append(chunk)
-    for chunk in got:
-        yield chunk

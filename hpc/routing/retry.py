@@ -12,6 +12,7 @@ lines) hangs on its hooks.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from typing import TypeVar
 
 from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated
@@ -71,3 +72,18 @@ async def stream_with_retry(
             finally:
                 if isinstance(items, AsyncGenerator):  # a caller that stopped early ends the request now
                     await items.aclose()
+
+
+async def taken_whole(items: AsyncIterator[T], on_item: Callable[[], None] | None = None) -> AsyncGenerator[T, None]:
+    """Every item of `items`, yielded only once the last one came (`on_item` is called as each arrives). For an
+    answer that is not streamed: nothing of it reaches the caller before the end anyway, so wrapped around an
+    attempt of `stream_with_retry` it turns a replica lost half-way into one that failed before its first item,
+    which is retried on another instead of failing the request. The gateway and the client both use it."""
+    got = []
+    async with aclosing(items):  # type: ignore[type-var]  # an async generator (TritonEngine.stream)
+        async for item in items:
+            if on_item is not None:
+                on_item()
+            got.append(item)
+    for item in got:
+        yield item
