@@ -120,6 +120,12 @@ def gateway_record(workdir: Path, name: str) -> Path:
     return Path(workdir) / f"{name}{GATEWAY_RECORD_SUFFIX}"
 
 
+def gateway_lock(workdir: Path, name: str) -> Path:
+    """The lock `submit` holds while it decides whether deployment `name` needs a gateway job and submits it:
+    two submits at once would otherwise both see none and start two."""
+    return Path(workdir) / f".{name}.gateway.lock"
+
+
 def rank_log_name(job_id: str, rank: int | str, stream: str = "out") -> str:
     """`<job>_<rank>_log.out|err`: submitit's JobPaths naming, so `submitit.SlurmJob(...).stdout()` reads it.
     Also takes placeholders (`"%j", "%t"` for srun's --output, shell variables for the local executor)."""

@@ -11,6 +11,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -355,3 +356,33 @@ def test_the_gateway_as_a_local_job(hpc_home, tmp_path, tiny_gpt2):
         state = json.loads(ref.paths.local_state.read_text())
         if state.get("state") == "RUNNING":
             os.kill(int(state["child_pid"]), signal.SIGKILL)
+
+
+def test_two_submits_at_once_start_one_gateway_job(hpc_home, tmp_path, tiny_gpt2):
+    """ensure_gateway under the deployment's gateway lock: of two submits deciding at the same moment, one submits
+    the gateway job and the other finds it under way (without the lock both saw none and submitted one each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hpc.executors import LocalExecutor
+    from hpc.gateway.job import ensure_gateway, gateway_jobs
+    from hpc.routing.deployment import target_of_folder
+    from hpc.submit import cancel
+
+    runs = tmp_path / "runs"
+    spec = parse_spec(spec_text("duo", tiny_gpt2, runs, gateway={"host": "127.0.0.1"}))
+    deploy = R.render(spec, runs / "duo-1").deploy_dir
+    barrier = threading.Barrier(2)
+
+    def submit_one():
+        barrier.wait()
+        return ensure_gateway(deploy, LocalExecutor())
+
+    with ThreadPoolExecutor(2) as pool:
+        starts = list(pool.map(lambda _: submit_one(), range(2)))
+    jobs = gateway_jobs(target_of_folder(deploy))
+    try:
+        assert sorted(s.submitted for s in starts) == [False, True], starts
+        assert len(jobs) == 1 and {s.line.job_id for s in starts} == {jobs[0].job_id}
+    finally:
+        for ref in jobs:
+            cancel(ref, grace_s=10)

@@ -14,6 +14,7 @@ Web-stack free: `status` and `submit` import this.
 
 from __future__ import annotations
 
+import fcntl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from hpc.gateway.record import GatewayLine, answers, live_gateway, record_path, 
 from hpc.jobs import JobRef
 from hpc.routing.deployment import Target, job_folders, target_of_folder
 from hpc.slurm import STATE_CLASS
-from launcher.layout import JobPaths
+from launcher.layout import JobPaths, gateway_lock
 from launcher.records import read_gateway
 
 #: job states in which a gateway job serves or will serve (hpc/track.py's words)
@@ -135,8 +136,17 @@ class GatewayStart:
 
 
 def ensure_gateway(deploy_dir: Path, runner: Executor) -> GatewayStart:
-    """Reuse the deployment's gateway if one runs or is under way, else submit `D/gateway.sub` (render wrote it)."""
+    """Reuse the deployment's gateway if one runs or is under way, else submit `D/gateway.sub` (render wrote it).
+    Under the deployment's gateway lock (an flock: released by the kernel if this process dies), so that of two
+    submits at once the second sees the first's gateway job instead of submitting its own."""
     target = target_of_folder(deploy_dir)
+    lock = gateway_lock(target.workdir, target.name)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return _ensure_gateway(deploy_dir, runner, target)
+
+
+def _ensure_gateway(deploy_dir: Path, runner: Executor, target: Target) -> GatewayStart:
     live = live_gateway(target)
     if live is not None:
         return GatewayStart(GatewayLine("READY", job_id=live.job_id, url=live.url, host=live.host, pid=live.pid))
