@@ -176,11 +176,35 @@ def failure_without_record(ref: JobRef, ranks: list[RankExitRecord], world: int)
     others = (
         f" (nor did rank{'s' if len(missing) > 2 else ''} {', '.join(map(str, missing[1:]))})" if missing[1:] else ""
     )
+    steps = failed_steps(ref)
     return RankExitRecord(
         rank=first,
         log_tail=tail,
-        error=f"no exit record: the job failed before this rank's launcher could write one{others}",
+        error=f"no exit record: the job failed before this rank's launcher could write one{others}"
+        + (f"; Slurm: {steps}" if steps else ""),
     )
+
+
+def failed_steps(ref: JobRef) -> str:
+    """Slurm's own account of a job's steps that did not complete (`step 676.0 FAILED (exit 0:9) on node[1-2]`),
+    one sacct call; "" for a local job, or when accounting cannot say. Asked only for a FAILED job whose ranks
+    left no record, so it costs nothing on the way to READY."""
+    from hpc.executors import SlurmExecutor
+    from hpc.slurm import SlurmError, default
+
+    if not isinstance(executor_of(ref), SlurmExecutor):
+        return ""
+    try:
+        out = default.run(["sacct", "-n", "-P", "-j", ref.job_id, "-o", "JobID,State,ExitCode,NodeList"]).stdout
+    except SlurmError:
+        return ""
+    found = []
+    for line in out.splitlines():
+        step_id, state, code, nodes = (line.strip().split("|") + ["", "", "", ""])[:4]
+        step = step_id.partition(".")[2]
+        if step and step not in ("batch", "extern") and state and not state.startswith("COMPLETED"):
+            found.append(f"step {step_id} {state.split()[0]} (exit {code}) on {nodes}")
+    return "; ".join(found)
 
 
 def first_failure(ranks: list[RankExitRecord]) -> RankExitRecord | None:
@@ -214,7 +238,8 @@ def job_status(ref: JobRef, with_gateway: bool = False) -> JobStatus:
 
         state, reason, url, raw = gateway_job_state(ref)
         return JobStatus(ref.job_id, state, reason, raw, str(ref.job_dir), kind="gateway", url=url)
-    if ref.is_build:  # an engine build job (hpc/engine_build/run.py): its steps' state, what it built or where it failed
+    # an engine build job (hpc/engine_build/run.py): its steps' state, what it built or where it failed
+    if ref.is_build:
         from hpc.engine_build.run import build_status
 
         state, reason, raw = build_status(ref)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -658,3 +659,29 @@ def test_failed_without_records_names_the_ranks_that_wrote_none(tmp_path, schedu
     text = st.summary()
     assert "rank 1 exited with an unknown status: no exit record" in text and "(nor did rank 2)" in text, text
     assert text.endswith("  | I1122 rank 1 loading"), "its log's last lines are shown, tables left out"
+
+
+@pytest.mark.cluster
+def test_a_step_killed_before_any_record_is_named_with_slurms_own_account(slurm_cluster, tmp_path):
+    """A real job whose step's task is SIGKILLed before any launcher could write a record (what the OOM killer
+    does): FAILED, naming the rank without a record and what sacct says of its step."""
+    ref = make_job(tmp_path, "0", world_per_replica=1)  # a folder and launch.json: the job id comes from sbatch
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\nsrun -n1 bash -c 'echo rank 0 starting >&2; kill -9 $$'\n")
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "-p", "debug", "-o", f"{tmp_path}/%j.out", str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job = proc.stdout.strip().split(";")[0]
+    try:
+        paths = JobPaths(ref.deploy_dir, job).create()
+        paths.rank_log(0, "err").write_text("rank 0 starting\n")  # what a rank's srun writes before its launcher
+        ref = JobRef(job, paths.folder)
+        wait_for(lambda: _sacct_state(job).startswith("FAILED"), 60, "sacct to say FAILED")
+        st = wait_for(lambda: (s := job_status(ref)).state == "FAILED" and s, 60, "FAILED")
+        assert st.failed_rank is not None and st.failed_rank.rank == 0
+        assert re.search(rf"Slurm: step {job}\.0 [A-Z]+ \(exit 0:9\) on node\d", st.failed_rank.error), st.summary()
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
