@@ -119,6 +119,33 @@ def gateway(job_id: str, work: Path, *options: str) -> Iterator[tuple[str, int, 
         log.close()
 
 
+@contextmanager
+def floor_relay(grpc_url: str, token: str | None) -> Iterator[str | None]:
+    """benchmarks/minimal_relay.py in its own process (where aiohttp, its client here, is installed): its URL."""
+    if not FLOOR:
+        yield None
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    relay = Path(__file__).resolve().parent / "minimal_relay.py"
+    proc = subprocess.Popen([sys.executable, str(relay), grpc_url, str(port), *([token] if token else [])])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "minimal_relay.py did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
 def cpu_s(pid: int | None = None) -> float:
     """CPU seconds (user + system) of process `pid` (Linux /proc), or of this process."""
     if pid is None:
@@ -166,6 +193,7 @@ class Sides:
         self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=300, limits=limits, trust_env=False)
 
         self.aio: Any = None  # an aiohttp session, made on the loop that uses it
+        self.floor_url: str | None = None  # benchmarks/minimal_relay.py, when it runs
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -187,13 +215,22 @@ class Sides:
 
     async def gw_aiohttp(self) -> tuple[float, float, int]:
         """`gateway` with aiohttp as the client."""
+        return await self._aiohttp(self.url + "/v1/completions")
+
+    async def floor(self) -> tuple[float, float, int]:
+        """The same request to benchmarks/minimal_relay.py (aiohttp as the client): the least any Python HTTP
+        relay of the replica's gRPC stream costs."""
+        assert self.floor_url is not None
+        return await self._aiohttp(self.floor_url)
+
+    async def _aiohttp(self, url: str) -> tuple[float, float, int]:
         import aiohttp
 
         if self.aio is None:
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
             self.aio = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=1024))
         reading = Reading()
-        async with self.aio.post(self.url + "/v1/completions", json=self._body()) as response:
+        async with self.aio.post(url, json=self._body()) as response:
             async for raw in response.content:
                 if reading.line(raw.decode().rstrip("\r\n")):
                     break
@@ -226,7 +263,9 @@ class Sides:
 
 #: the gateway with aiohttp as the client, where it is installed (an extra, not a dependency)
 GW_SIDES = ("gateway", "gw_aiohttp") if importlib.util.find_spec("aiohttp") else ("gateway",)
-SIDES = ("direct", *GW_SIDES, "passthrough")
+#: the floor (benchmarks/minimal_relay.py) needs aiohttp as its client too
+FLOOR = ("floor",) if importlib.util.find_spec("aiohttp") else ()
+SIDES = ("direct", *GW_SIDES, *FLOOR, "passthrough")
 
 
 async def latency(sides: Sides, n: int) -> dict[str, dict[str, list[float]]]:
@@ -309,8 +348,11 @@ async def shared_prefix(url: str, token: str | None, model: str, items: list[tup
         return replicas, time.perf_counter() - t0
 
 
-async def part1(args: argparse.Namespace, url: str, pid: int, log: Path, token: str | None, grpc_url: str) -> None:
+async def part1(
+    args: argparse.Namespace, url: str, pid: int, log: Path, token: str | None, grpc_url: str, floor_url: str | None
+) -> None:
     sides = Sides(url, token, grpc_url, "bench-gw", args.max_tokens)
+    sides.floor_url = floor_url
     try:
         lat = await latency(sides, args.requests)
         print(f"latency, 1 stream, {args.requests} requests each, max_tokens {args.max_tokens} (ms):")
@@ -322,7 +364,7 @@ async def part1(args: argparse.Namespace, url: str, pid: int, log: Path, token: 
                 f" {pct(v['ttft'], 50) * 1e3:9.2f} {pct(v['ttft'], 99) * 1e3:9.2f}"
             )
         d = lat["direct"]
-        for gw_side in GW_SIDES:
+        for gw_side in (*GW_SIDES, *FLOOR):
             g = lat[gw_side]
             for what in ("total", "ttft"):
                 for q in (50, 99):
@@ -434,8 +476,8 @@ def main() -> int:
             with job(write_spec(work, "bench-gw", checkpoint, replicas=1, auth=args.auth)) as (job_id, job_dir):
                 (record,) = read_endpoints(JobPaths.of_folder(job_dir))
                 token = cli("token", job_id).strip() if args.auth == "token" else None
-                with gateway(job_id, work) as (url, pid, log):
-                    asyncio.run(part1(args, url, pid, log, token, record.grpc_url))
+                with gateway(job_id, work) as (url, pid, log), floor_relay(record.grpc_url, token) as floor_url:
+                    asyncio.run(part1(args, url, pid, log, token, record.grpc_url, floor_url))
         if args.part in ("all", "prefix"):
             part2(args, work, checkpoint)
     finally:

@@ -1,0 +1,77 @@
+"""The floor under `hpc-serve gateway`: the least a Python HTTP server can do to relay one replica's stream.
+
+A raw ASGI app on the gateway's own server settings (uvicorn, httptools, uvloop), nothing else: no FastAPI, no
+validation, no routing, no balancer, no access log or metrics, no OpenAI envelope (one `data: {"text": ...}`
+event per piece, then a usage event and `[DONE]`), the same gRPC stream to the replica (hpc.gateway.triton's
+TritonEngine). bench_gateway.py measures it as the `floor` side beside the real gateway: what the gateway adds
+beyond this floor is its own code; what the floor adds over direct gRPC is the price of any HTTP hop in Python.
+
+    python benchmarks/minimal_relay.py GRPC_URL PORT [TOKEN]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import uvicorn  # noqa: E402
+
+from hpc.gateway.triton import GenerateParams, TritonEngine  # noqa: E402
+
+HEADERS = [(b"content-type", b"text/event-stream")]
+
+
+def make_app(grpc_url: str, token: str | None) -> Any:
+    engine = TritonEngine()
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await engine.close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        request = json.loads(body)
+        params = GenerateParams(request["prompt"], int(request["max_tokens"]))
+        await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+        tokens = 0
+        async for chunk in engine.stream(grpc_url, params, token):
+            tokens += chunk.tokens
+            if chunk.text:
+                event = b'data: {"text": ' + json.dumps(chunk.text).encode() + b"}\n\n"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        usage = json.dumps({"id": "floor", "usage": {"completion_tokens": tokens}}).encode()
+        await send({"type": "http.response.body", "body": b"data: " + usage + b"\n\ndata: [DONE]\n\n"})
+
+    return app
+
+
+def main() -> None:
+    grpc_url, port = sys.argv[1], int(sys.argv[2])
+    token = sys.argv[3] if len(sys.argv) > 3 else None
+    uvicorn.run(
+        make_app(grpc_url, token),
+        host="127.0.0.1",
+        port=port,
+        http="httptools",
+        loop="uvloop",
+        log_level="warning",
+        access_log=False,
+    )
+
+
+if __name__ == "__main__":
+    main()
