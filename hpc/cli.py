@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpc.cli_support import EXIT_OK, EXIT_USAGE, load_spec_or_exit
 from hpc.cli_support import err as _err
+
+if TYPE_CHECKING:
+    from hpc.spec import Spec
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -30,7 +34,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from hpc.gpu_binding import describe
 
     print(describe(spec))
+    _explain(spec, args.explain)
     return EXIT_OK
+
+
+def _explain(spec: Spec, everything: bool) -> None:
+    """The site profile, and where values came from: every value with `everything` (--explain), else those the
+    profile gave or the spec took over from it (hpc/spec/site.py)."""
+    from hpc.spec.site import explain, profile_summary
+
+    print(profile_summary(spec))
+    for line in explain(spec, everything=everything):
+        print(f"  {line}")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -79,6 +94,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         print(f"submit with: {first + ' && ' if first else ''}sbatch {out.sub}")
     if out.gateway_sub is not None:
         print(f"gateway: sbatch {out.gateway_sub}  (unless the deployment's gateway already runs: hpc-serve status)")
+    _explain(spec, args.explain)
     return EXIT_OK
 
 
@@ -100,6 +116,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return launch(args.target)
 
 
+_EXPLAIN = "list every value and where it came from: spec FILE:LINE, site profile FILE:LINE, or default"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpc-serve",
@@ -112,12 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check a spec; list every problem as FILE:LINE: field: message")
     p.add_argument("spec")
+    p.add_argument("--explain", action="store_true", help=_EXPLAIN)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("render", help="write the sbatch script, per-rank script and model repository")
     p.add_argument("spec")
     p.add_argument("-o", "--output", required=True, help="deployment folder to write (on a shared filesystem)")
     p.add_argument("--templates", help="a folder of site templates overriding hpc/templates/")
+    p.add_argument("--explain", action="store_true", help=_EXPLAIN)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("init-model", help="write a small random-weight checkpoint and tokenizer (no internet)")
@@ -138,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hpc.gateway import cli as gateway_cli
 
     jobs_cli.add_commands(sub)
+    from hpc.engine_build import cli as build_cli
+
+    build_cli.add_commands(sub)
     gateway_cli.add_commands(sub)
     bench_cli.add_commands(sub)
     doctor_cli.add_commands(sub)

@@ -25,7 +25,7 @@ from hpc import __version__
 from hpc.auth import ensure_deployment_token
 from hpc.gpu_binding import gpu_decision
 from hpc.placement import replica_steps, step_options
-from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec
+from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
 from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.files import is_script_safe_path
 from launcher.auth import TOKEN as AUTH_TOKEN
@@ -212,6 +212,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         # renewal (launcher/renew.py): run on the batch node with this install's interpreter, as gateway.sub is
         "renew": spec.renew is not None,
         "renew_python": sys.executable,
+        "site_profile": site_profile(spec),
         **replica_context(spec, gres is not None),
         **template_values(deploy_dir),  # every name and path in the folder (launcher/layout.py)
     }
@@ -224,6 +225,15 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
             context | gateway_context(spec, deploy_dir)
         )
     return scripts
+
+
+def site_profile(spec: Spec) -> str | None:
+    """The site profile the spec was merged with, as an absolute path for the script's header (the script holds
+    its values; nothing reads the profile at run time)."""
+    origin = provenance(spec)
+    if origin is None or origin.profile is None:
+        return None
+    return " ".join(str(Path(origin.profile).resolve()).splitlines())
 
 
 def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:

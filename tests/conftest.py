@@ -14,6 +14,13 @@ import pytest
 from tests._env import unavailable as _unavailable
 
 
+@pytest.fixture(autouse=True)
+def _no_site_profile(monkeypatch) -> None:
+    """No test sees this machine's site profile (~/.config or /etc/hpc-serve/site.yaml): $HPC_SERVE_SITE set but
+    empty means none, for the test and every command it runs. tests/test_site.py names its own."""
+    monkeypatch.setenv("HPC_SERVE_SITE", "")
+
+
 @pytest.fixture
 def hpc_home(tmp_path, monkeypatch) -> Path:
     """A private job index, so tests never see (or touch) the user's jobs."""

@@ -1,5 +1,6 @@
 """Every configs/*.yaml validates and renders exactly like tests/golden/<config>/ (machine-specific paths
-normalised: the tmp tree → <TMP>, sys.executable → <PYTHON>, the source root → <SRC>, the version → <VERSION>).
+normalised: the tmp tree → <TMP>, sys.executable → <PYTHON>, the source root → <SRC>, the version → <VERSION>),
+and configs/gpt2-medium-portable.yaml against each site profile of configs/sites/ like tests/golden/sites/<site>/.
 Regenerate after an intended change with:  UPDATE_GOLDEN=1 python -m pytest tests/test_configs.py"""
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from hpc.spec import load_spec
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 GOLDEN = Path(__file__).resolve().parent / "golden"
+# One spec with nothing of a cluster in it, rendered against each example site profile (README "Site profiles")
+SITES = ROOT / "configs" / "sites"
+PORTABLE = ROOT / "configs" / "gpt2-medium-portable.yaml"
+SITE_GOLDEN = GOLDEN / "sites"
 FILES = (R.SUB_NAME, R.SH_NAME, R.LAUNCH_NAME)
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
@@ -71,47 +76,80 @@ def test_there_are_configs():
     }
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_config_validates_and_matches_golden(site, config):
-    result = subprocess.run(
+def validate(config: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """`hpc-serve validate CONFIG` in a process of its own, with this checkout and this test's environment."""
+    return subprocess.run(
         [sys.executable, "-m", "hpc.cli", "validate", str(config)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=site,
+        cwd=cwd,
         timeout=60,
     )
+
+
+def match_golden(deploy_dir: Path, golden: Path, names: tuple[str, ...], tmp: Path) -> None:
+    """The rendered `names` equal the golden ones, normalised (UPDATE_GOLDEN=1: write them first)."""
+    if UPDATE:
+        golden.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (golden / name).write_text(normalise((deploy_dir / name).read_text(), tmp))
+    for name in names:
+        got = normalise((deploy_dir / name).read_text(), tmp)
+        assert "/tmp/" not in got and str(ROOT) not in got, "an absolute machine path was not normalised"
+        want = (golden / name).read_text()
+        where = golden.relative_to(GOLDEN)
+        assert got == want, f"{where}/{name} differs from tests/golden (UPDATE_GOLDEN=1 to accept)"
+
+
+def check_script(script: Path) -> None:
+    """bash can parse it, and shellcheck (where installed) finds nothing at warning level."""
+    check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    if shutil.which("shellcheck"):
+        check = subprocess.run(
+            ["shellcheck", "-S", "warning", "-s", "bash", str(script)], capture_output=True, text=True
+        )
+        assert check.returncode == 0, check.stdout
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_config_validates_and_matches_golden(site, config):
+    result = validate(config, site)
     assert result.returncode == 0, result.stderr
     spec = load_spec(config)
     out = R.render(spec, site / "deploy" / config.stem)
-    golden = GOLDEN / config.stem
-    if UPDATE:
-        golden.mkdir(parents=True, exist_ok=True)
-        for name in FILES:
-            (golden / name).write_text(normalise((out.deploy_dir / name).read_text(), site))
-    for name in FILES:
-        got = normalise((out.deploy_dir / name).read_text(), site)
-        assert "/tmp/" not in got and str(ROOT) not in got, "an absolute machine path was not normalised"
-        want = (golden / name).read_text()
-        assert got == want, f"{config.stem}/{name} differs from tests/golden (UPDATE_GOLDEN=1 to accept)"
+    match_golden(out.deploy_dir, GOLDEN / config.stem, FILES, site)
     for name in (R.SUB_NAME, R.SH_NAME):
-        script = out.deploy_dir / name
-        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
-        assert check.returncode == 0, check.stderr
-        if shutil.which("shellcheck"):
-            check = subprocess.run(
-                ["shellcheck", "-S", "warning", "-s", "bash", str(script)], capture_output=True, text=True
-            )
-            assert check.returncode == 0, check.stdout
+        check_script(out.deploy_dir / name)
     plan = json.loads(out.launch.read_text())
     assert plan["tp_size"] * plan["pp_size"] * plan["replicas"] == spec.slurm.nodes * spec.tasks_per_node
 
 
 def test_golden_folders_match_the_configs():
     """A config without a golden (or a golden without a config) is a test that silently stopped running."""
-    assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(c.stem for c in CONFIGS)
-    for folder in GOLDEN.iterdir():
+    folders = [p for p in GOLDEN.iterdir() if p.is_dir() and p != SITE_GOLDEN]
+    assert sorted(p.name for p in folders) == sorted(c.stem for c in CONFIGS)
+    for folder in folders:
         assert sorted(p.name for p in folder.iterdir()) == sorted(FILES)
+
+
+@pytest.mark.parametrize("profile", sorted(SITES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_one_spec_on_two_sites_matches_golden(site, monkeypatch, profile):
+    """configs/gpt2-medium-portable.yaml names no partition, account, container or MPI: each example site gives
+    its own, and the rendered scripts hold them (spec.yaml records the profile)."""
+    monkeypatch.setenv("HPC_SERVE_SITE", str(profile))
+    result = validate(PORTABLE, site)
+    assert result.returncode == 0, result.stderr
+    assert f"site profile: {profile} " in result.stdout
+    out = R.render(load_spec(PORTABLE), site / "deploy" / profile.stem)
+    match_golden(out.deploy_dir, SITE_GOLDEN / profile.stem, (*FILES, "spec.yaml"), site)
+    check_script(out.sub)
+
+
+def test_every_example_site_has_a_golden():
+    assert sorted(p.stem for p in SITES.glob("*.yaml")) == ["apptainer", "pyxis"]
+    assert sorted(p.name for p in SITE_GOLDEN.iterdir()) == ["apptainer", "pyxis"]
 
 
 def fresh_machine(tmp: Path) -> dict[str, str]:

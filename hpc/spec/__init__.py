@@ -1,7 +1,8 @@
 """The YAML job spec: schema (`schema`), the parameter table's spec side (`parameters`), file-system checks
-(`files`) and loading with errors that point at a line (`load`). Import from here."""
+(`files`), loading with errors that point at a line (`load`) and site profiles merged under a spec (`site`).
+Import from here."""
 
-from hpc.spec.load import Problem, SpecError, dump_spec, load_spec, parse_spec, preview_spec
+from hpc.spec.load import Problem, Provenance, SpecError, dump_spec, load_spec, parse_spec, preview_spec, provenance
 from hpc.spec.parameters import NAMED_PARAMETERS, PARAMETER_OWNERS, parameter_findings
 from hpc.spec.schema import (
     ContainerSpec,
@@ -24,6 +25,7 @@ __all__ = [
     "ModelSpec",
     "PortsSpec",
     "Problem",
+    "Provenance",
     "RenewSpec",
     "SlurmSpec",
     "Spec",
@@ -34,4 +36,5 @@ __all__ = [
     "parameter_findings",
     "parse_spec",
     "preview_spec",
+    "provenance",
 ]

@@ -244,9 +244,24 @@ class Provenance:
         return sorted(_dotted(p) for p in paths if not any(len(q) > len(p) and q[: len(p)] == p for q in paths))
 
 
+class _Aside:
+    """What is known about a spec without being part of its value: equal to anything, so two specs with the same
+    values are equal wherever they were loaded from (pydantic compares private attributes too)."""
+
+    __slots__ = ("provenance",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, provenance: Provenance) -> None:
+        self.provenance = provenance
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+
 def provenance(spec: Spec) -> Provenance | None:
-    """How `spec` was loaded (None for a Spec made in code)."""
-    return spec._provenance
+    """How `spec` was loaded (None for a Spec made in code). Kept by `model_copy`."""
+    aside = spec._provenance
+    return aside.provenance if isinstance(aside, _Aside) else None
 
 
 def load_spec(path: str | Path, *, check_files: bool = True, site: str | Path | None = AUTO) -> Spec:
@@ -305,7 +320,7 @@ def _parse(
     spec, problems = validated(data, index, file, base)
     if spec is None or problems:
         raise SpecError(_by_line(problems, file))
-    spec._provenance = Provenance(file, profile_file, index, profile_sources)
+    spec._provenance = _Aside(Provenance(file, profile_file, index, profile_sources))
 
     def located(findings: list[tuple[tuple[str, ...], str]]) -> list[Problem]:
         return [Problem(*_origin(index, loc, file), ".".join(loc), message) for loc, message in findings]
@@ -350,7 +365,7 @@ def dump_spec(spec: Spec) -> str:
     header = [f"{RESOLVED_MARK}: every value filled in; loading it again merges no site profile."]
     origin = provenance(spec)
     if origin is not None and origin.profile:
-        header.append(f"# site profile: {origin.profile}")
+        header.append(f"# site profile: {Path(origin.profile).resolve()}")
         given = ", ".join(origin.given_by_profile()) or "nothing (the spec set every key it has)"
         header += textwrap.wrap(given, 110, initial_indent="#   gave: ", subsequent_indent="#   ")
     body = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

@@ -157,8 +157,8 @@ def write_profile(path: str | Path, values: Mapping[str, Any], *, header: str = 
 
 
 def explain(spec: Spec, everything: bool = True) -> list[str]:
-    """One line per value of the spec: key, value, and where it came from (spec FILE:LINE, profile FILE:LINE
-    — with the profile's line it overrides — or default). `everything=False`: only what the profile gave or
+    """One line per value of the spec: key, where it came from (spec FILE:LINE, profile FILE:LINE — with the
+    profile's line it overrides — or default), value. `everything=False`: only what the profile gave or
     the spec took over from it (what `validate` prints)."""
     origin = provenance(spec)
     if origin is None:
@@ -174,9 +174,9 @@ def explain(spec: Spec, everything: bool = True) -> list[str]:
         else:
             text = f"spec {where[0]}:{where[1]}" + (f" (over profile {under[0]}:{under[1]})" if under else "")
         if everything or under is not None:
-            rows.append((".".join(str(p) for p in path), _short(value), text))
+            rows.append((".".join(str(p) for p in path), text, value if isinstance(value, str) else json.dumps(value)))
     width = [max((len(r[i]) for r in rows), default=0) for i in (0, 1)]
-    return [f"{key:<{width[0]}}  {value:<{width[1]}}  {text}" for key, value, text in rows]
+    return [f"{key:<{width[0]}}  {text:<{width[1]}}  {value}" for key, text, value in rows]
 
 
 def profile_summary(spec: Spec) -> str:
@@ -192,8 +192,3 @@ def _leaves(value: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Any]]:
     if isinstance(value, dict) and value:
         return [leaf for key, item in value.items() for leaf in _leaves(item, path + (key,))]
     return [(path, value)]
-
-
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
