@@ -75,9 +75,19 @@ def _wait_and_report(ref, timeout: float | None) -> int:
         )
         return EXIT_OK
     print(status.summary(), file=sys.stderr)
+    _print_builds(ref, file=sys.stderr)
     if status.state not in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED"):
         print(f"hpc-serve: gave up waiting after {timeout}s; the job is still {status.state}", file=sys.stderr)
     return EXIT_JOB_FAILED
+
+
+def _print_builds(ref: JobRef, file=None) -> None:
+    """A serving job not (yet) READY: the engine build it waits for, or that failed (hpc/engine_build/)."""
+    from hpc.engine_build.run import build_jobs
+    from hpc.track import job_status
+
+    for build in build_jobs(ref.deploy_dir):
+        print(job_status(build).summary(), file=file)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -157,6 +167,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(status.to_json(), indent=2) if args.json else status.summary())
         if chain:
             print(chain)
+        if not args.json and status.kind == "serving" and status.state != "READY":
+            _print_builds(refs[0])
         return EXIT_JOB_FAILED if status.state in ("FAILED", "TIMEOUT") else EXIT_OK
     from hpc.views import deployment_status
 
@@ -227,7 +239,8 @@ def _current_job(target: str) -> JobRef:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     ref = _current_job(args.target)
-    path = ref.rank_log(args.rank, "err" if args.err else "out")
+    # a build job has one log, its steps' output (hpc/engine_build/)
+    path = ref.paths.build_log if ref.is_build else ref.rank_log(args.rank, "err" if args.err else "out")
     while not path.exists():
         if not args.follow:
             print(f"hpc-serve: no log yet at {path}", file=sys.stderr)

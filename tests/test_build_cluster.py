@@ -112,6 +112,10 @@ def test_a_failed_build_names_its_step_and_cancels_the_serving_job(jobs, tmp_pat
     # Slurm cancels the serving job whose dependency can no longer be met (--kill-on-invalid-dep=yes)
     ended = wait_for(lambda: (s := status(serving)).get("state") in ("CANCELLED", "FAILED") and s, 120, "serving end")
     assert ended["state"] in ("CANCELLED", "FAILED")
+    serving_text = cli("status", serving, check=False).stdout
+    assert f"{build} FAILED (build) step 0 (shard) failed" in serving_text, serving_text  # why it never started
+    log = cli("logs", build).stdout
+    assert "hpc-serve build: step 0 (shard)" in log and "shards:" in log
     assert not (tmp_path / "engines").exists() or not any(
         p for p in (tmp_path / "engines").iterdir() if not p.name.startswith(".building")
     )

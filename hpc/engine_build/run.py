@@ -91,6 +91,13 @@ def _build_under_way(plan: BuildPlan) -> JobRef | None:
     return ref
 
 
+def build_jobs(deploy_dir: Path) -> list[JobRef]:
+    """The build jobs submitted into a deployment folder (their job folders carry the build marker)."""
+    jobs = Deployment(deploy_dir).jobs_dir
+    found = [JobPaths(deploy_dir, p.name) for p in sorted(jobs.iterdir())] if jobs.is_dir() else []
+    return [JobRef(paths.job_id, paths.folder) for paths in found if paths.build_marker.exists()]
+
+
 def build_status(ref: JobRef) -> tuple[str, str | None, str]:
     """(state, reason or what it built or why it failed, Slurm's raw state) of a build job."""
     raw, reason = executor_of(ref).scheduler_state(ref)
