@@ -411,3 +411,32 @@ def test_with_a_build_section_the_checks_use_the_builds_arguments(gpu_dir):
     )
     (found,) = problems(path)
     assert "1024 tokens cannot hold one sequence of the build: section's max_seq_len 2048" in found
+
+
+# ---------------------------------------------------------------- the local executor
+
+
+def test_local_build_then_cache_hit_and_a_failed_step(tmp_path, hpc_home):
+    """`hpc-serve build --executor local` runs build.sub under the local supervisor (no srun) and waits for it."""
+    path = write(tmp_path, CPU.replace("build: {}", "build: {output_dir: engines}"))
+
+    def build() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "hpc.cli", "build", str(path), "--executor", "local"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+
+    first = build()
+    assert first.returncode == 0, first.stdout + first.stderr
+    engine = Path(first.stdout.split()[0])
+    assert engine.parent == tmp_path / "engines" and "built in" in first.stdout
+    assert sorted(p.name for p in engine.glob("rank*")) == ["rank0.safetensors", "rank1.safetensors"]
+    again = build()
+    assert again.returncode == 0 and "is built already for this spec: nothing to build" in again.stdout
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"not a safetensors file")  # a changed checkpoint
+    broken = build()
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "the build failed: " in broken.stderr and "step 1 (shard) failed with exit status 1" in broken.stderr
+    assert "| " in broken.stderr  # the step's last lines
