@@ -29,6 +29,16 @@ def deployment_for_spec(spec_path: Path) -> Path:
         from hpc.model_init import ensure_model
         from hpc.render import render
 
+        if spec.build is not None:  # serve what the build: section built; building is a job of its own
+            from hpc.engine_build.run import prepare
+
+            prepared = prepare(spec)
+            if prepared.plan.cached is None:
+                raise SystemExit(
+                    f"hpc-serve launch: the engine of {spec_path}'s build: section is not built yet "
+                    f"({prepared.plan.engine_dir}); build it first: hpc-serve build {spec_path} --wait"
+                )
+            spec = prepared.served
         ensure_model(spec)  # this step serves the spec, so `model.init` is due now (render no longer does it)
         render(spec, deploy_dir)
         job_id = os.environ.get("SLURM_JOB_ID")

@@ -440,3 +440,24 @@ def test_local_build_then_cache_hit_and_a_failed_step(tmp_path, hpc_home):
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "the build failed: " in broken.stderr and "step 1 (shard) failed with exit status 1" in broken.stderr
     assert "| " in broken.stderr  # the step's last lines
+
+
+def test_launch_spec_serves_the_built_engine_or_says_to_build_it(tmp_path, monkeypatch, tiny_gpt2):
+    """`hpc-serve launch SPEC` inside an allocation: rank 0 renders the served engine, never an unbuilt one."""
+    from hpc.launch import deployment_for_spec
+
+    for name in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
+    monkeypatch.setenv("HPC_SERVE_JOB_ID", "local-launch")
+    path = write(tmp_path, CPU.replace("ckpt", str(tiny_gpt2)).replace(", init: {family: gpt2}", ""))
+    with pytest.raises(SystemExit, match="is not built yet .* hpc-serve build .* --wait"):
+        deployment_for_spec(path)
+    spec = load_spec(path)
+    plan = plan_build(spec)
+    write_sharded(tiny_gpt2, tmp_path / "engines" / ".staging", 2)
+    engine = _finish(spec, plan, tmp_path / "d", tmp_path / "engines" / ".staging")
+    deploy = deployment_for_spec(path)
+    served = yaml.safe_load((deploy / "spec.yaml").read_text())
+    assert served["model"]["checkpoint_dir"] == str(engine) and served["build"] is None
