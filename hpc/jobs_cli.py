@@ -192,7 +192,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for ref in refs:
         status = job_status(ref)
         detail = status.reason or status.url or ", ".join(f"{e.address}:{e.http_port}" for e in status.endpoints)
-        job = f"{ref.job_id} (gateway)" if status.kind == "gateway" else ref.job_id
+        job = f"{ref.job_id} ({status.kind})" if status.kind in ("gateway", "build") else ref.job_id
         table.add_row(job, status.state, detail or "", str(ref.deploy_dir))
         rows.append(status.to_json())
     if args.json:
