@@ -34,6 +34,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from hpc.gpu_binding import describe
 
     print(describe(spec))
+    if spec.build is not None:  # what `submit` would do about the engine (hpc/engine_build/plan.py)
+        from hpc.engine_build.plan import plan_build
+
+        plan = plan_build(spec)
+        print(f"  build: {plan.cached} is built already" if plan.cached else f"  build: a job builds {plan.engine_dir}")
     _explain(spec, args.explain)
     return EXIT_OK
 
