@@ -81,7 +81,7 @@ def become_ready(
     watch: RankWatch,
 ) -> Readiness:
     """Steps 1–4 of the module docstring for a started leader's tritonserver."""
-    write_phase(paths, info, me, child, records.LOADING, "waiting for /v2/health/ready")
+    write_phase(paths, info, me, child, records.LOADING)
     start = time.monotonic()
     state = wait_ready(sup, child, http_port, plan.ready_timeout_s)
     loaded = time.monotonic() - start
