@@ -49,7 +49,8 @@ def _run(engine) -> list[dict]:
 
 
 def mpi_main(model_dir: str, out_file: str) -> None:
-    from backend.cpu_engine.engine import Engine, follower_loop, load_shard
+    from backend.cpu_engine.engine import Engine
+    from backend.cpu_engine.follower import follower_loop, load_shard
     from backend.cpu_engine.parallel import SingleComm, world_comm
 
     comm = world_comm(2)
@@ -69,14 +70,14 @@ def mpi_silent_leader(model_dir: str, out_file: str) -> None:
     and leaves; rank 1's follower loop must wait through the load and notice the silence after the heartbeat."""
     import time
 
-    from backend.cpu_engine.engine import _PING, follower_loop, load_shard
+    from backend.cpu_engine.follower import PING, follower_loop, load_shard
     from backend.cpu_engine.parallel import MpiComm
 
     comm = MpiComm(leader_timeout_s=2.0)
     shard = load_shard(model_dir, comm, max_slots=2)
     if comm.rank == 0:
         time.sleep(3)  # "loading a big checkpoint": longer than leader_timeout_s, before the first message
-        comm.bcast_obj(_PING)
+        comm.bcast_obj(PING)
         time.sleep(6)
         return
     t0 = time.monotonic()
@@ -89,7 +90,8 @@ def mpi_faults(model_dir: str, out_file: str) -> None:
     requests fail with the reason, both ranks stay in step, and the next request is served exactly as tp 1."""
     import numpy as np
 
-    from backend.cpu_engine.engine import Engine, follower_loop, load_shard
+    from backend.cpu_engine.engine import Engine
+    from backend.cpu_engine.follower import follower_loop, load_shard
     from backend.cpu_engine.lockstep import PlanRejected
     from backend.cpu_engine.model import StepPlan
     from backend.cpu_engine.parallel import SingleComm, world_comm

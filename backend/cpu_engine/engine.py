@@ -1,4 +1,5 @@
-"""The in-flight batching engine loop (leader) and the follower loop (other TP ranks).
+"""The in-flight batching engine loop of a replica's leader (the other TP ranks: follower.py; how it drains when
+stopping: drain.py).
 
 Why a loop that re-forms the batch every step: new requests join at the next iteration (prefill) while running
 ones take one batched decode step; finished ones leave at once and give back their slot and KV budget.  This is
@@ -20,21 +21,18 @@ from typing import cast
 
 import numpy as np
 
-from .checkpoint import ModelConfig, load_config, load_weights
+from .checkpoint import ModelConfig
+from .drain import DRAIN_CHECK_S, RAN_OUT, STOPPING, Drain
+from .follower import PING, STOP, load_shard
 from .lockstep import StepFailed
 from .model import StepPlan, TransformerShard
-from .parallel import Communicator, LeaderDied, PeerGone, drain_deadline, report_drain, world_comm
+from .parallel import Communicator, PeerGone, drain_deadline, report_drain, world_comm
 from .sampling import apply_penalties, ban_bad_words, sample_token
 from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
 from .selection import greedy_picks, hit_stop_word
 from .validate import request_problem
 
 log = logging.getLogger("hpc_serve.cpu_engine")
-
-_PING = "ping"
-_STOP = "stop"
-DRAIN_CHECK_S = 0.25  # how often the loop looks at the stop file (cheap: a stat and a small read)
-DRAIN_MARGIN_S = 2.0  # fail what is left this long before the drain deadline: the unload and release need it
 
 
 @dataclass
@@ -54,33 +52,6 @@ class EngineStats:
     free_blocks: int
     max_blocks: int
     tokens_per_block: int
-
-
-def load_shard(model_dir: str, comm: Communicator, max_slots: int, max_seq_len: int | None = None) -> TransformerShard:
-    """Load the checkpoint and keep only this rank's shard."""
-    config = load_config(model_dir)
-    return TransformerShard(config, load_weights(model_dir), comm=comm, max_slots=max_slots, max_seq_len=max_seq_len)
-
-
-def follower_loop(shard: TransformerShard) -> None:
-    """Ranks > 0: mirror every step the leader broadcasts until it says stop (or disappears)."""
-    comm = shard.comm
-    while True:
-        try:
-            msg = comm.bcast_obj(None)
-        except LeaderDied as e:
-            log.error("rank %d: %s; exiting", comm.rank, e)
-            return
-        if msg == _STOP or msg is None:
-            return
-        if msg == _PING:
-            continue
-        try:
-            shard.run_step(msg)
-        except StepFailed as e:  # the leader fails the step's requests; this rank just goes on
-            log.warning("rank %d: %s", comm.rank, e)
-        except Exception:  # noqa: BLE001 - a follower must never leave because of one request
-            log.exception("rank %d: step failed outside the forward pass; going on", comm.rank)
 
 
 class Engine:
@@ -133,7 +104,7 @@ class Engine:
         self.drain_deadline: Callable[[], float | None] | None = drain_deadline
         #: tells the stopping launcher "draining" / "drained" (parallel.report_drain; injectable for tests)
         self.report_drain: Callable[[str], None] = report_drain
-        self._drain = ""  # "" serving; "draining" (refusing new requests); "drained" (nothing in flight); "failed"
+        self._drain = Drain()
         self._refusing: str | None = None  # why new requests are answered with an error at once
 
     # ------------------------------------------------------------------ public API
@@ -237,7 +208,7 @@ class Engine:
             self._wake.clear()
             if self.comm.size > 1 and time.monotonic() - last_msg >= self.heartbeat_s:
                 try:
-                    self.comm.bcast_obj(_PING)  # followers use this to tell an idle leader from a dead one
+                    self.comm.bcast_obj(PING)  # followers use this to tell an idle leader from a dead one
                 except PeerGone as e:  # a follower died: nothing can run on this replica any more
                     log.error("%s", e)
                     self._refusing = f"a tensor-parallel peer of this replica is gone ({e})"
@@ -245,29 +216,22 @@ class Engine:
                 last_msg = time.monotonic()
 
     def _enforce_drain(self, now_epoch: float) -> None:
-        """Once the rank was told to stop (its launcher's stop file): refuse new requests at once (a clear error:
-        the client retries elsewhere), let those in flight finish, fail what is left before the drain time runs
-        out, and say "drained" once nothing is in flight: only then does the launcher SIGTERM tritonserver
-        (launcher/stop.py LeaderDrain: a SIGTERM during a streaming ensemble leaves it hanging), whose unload
-        then releases the followers while the ranks are still allowed to stop in order."""
-        if self._drain == "drained":
-            return
-        deadline = self.drain_deadline() if self.drain_deadline is not None else None
-        if deadline is None:
-            return
-        if not self._drain:
-            self._drain = "draining"
-            self._refusing = self._refusing or "the server is stopping; retry on another replica or job"
-            log.info("stopping: refusing new requests, draining %d in flight until %.1f", self._in_flight(), deadline)
-            self.report_drain("draining")
-        if self._drain == "draining" and now_epoch >= deadline - DRAIN_MARGIN_S:
-            self._drain = "failed"
-            self._refusing = "the server is stopping (its drain time ran out); retry on another replica or job"
-            log.warning("drain time ends at %.1f: failing %d queued/running request(s)", deadline, self._in_flight())
-            self._fail_all(self._refusing)
-        if not self._in_flight():
-            self._drain = "drained"
-            self.report_drain("drained")
+        """Apply the drain's rules (drain.py) once the launcher's stop file says the rank is stopping."""
+        deadline = self.drain_deadline() if self.drain_deadline is not None and self._drain.state != "drained" else None
+        for change in self._drain.advance(deadline, now_epoch, self._in_flight):
+            if change == "draining":
+                self._refusing = self._refusing or STOPPING
+                log.info(
+                    "stopping: refusing new requests, draining %d in flight until %.1f", self._in_flight(), deadline
+                )
+            elif change == "failed":
+                self._refusing = RAN_OUT
+                log.warning(
+                    "drain time ends at %.1f: failing %d queued/running request(s)", deadline, self._in_flight()
+                )
+                self._fail_all(self._refusing)
+            if change in ("draining", "drained"):
+                self.report_drain(change)
 
     def _in_flight(self) -> int:
         """Requests not finished yet (a finished one may hold its slot until the next step: not counted)."""
@@ -292,7 +256,7 @@ class Engine:
     def _stop_followers(self) -> None:
         if self.comm.size > 1 and not self._stopped_followers:
             self._stopped_followers = True
-            self.comm.bcast_obj(_STOP)
+            self.comm.bcast_obj(STOP)
 
     def _emit(self, req: GenerationRequest, final: bool) -> None:
         if req.on_output is None:

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from backend.cpu_engine.engine import Engine, EngineStats, follower_loop, load_shard
+from backend.cpu_engine.engine import Engine, EngineStats
+from backend.cpu_engine.follower import follower_loop, load_shard
 from backend.cpu_engine.parallel import SingleComm, replica_comm
 from backend.cpu_engine.scheduler import GenerationOutput
 from backend.cpu_engine.triton_io import InputError, RequestOptions, merge_rows, output_arrays, parse_inputs

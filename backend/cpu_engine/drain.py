@@ -1,0 +1,44 @@
+"""How a stopping leader's engine drains: the rules, apart from the loop that applies them (engine.py).
+
+Once its launcher wrote the stop file (``drain_deadline()`` turns from None into epoch seconds), the engine
+refuses new requests at once (a clear error: the client retries elsewhere), lets those in flight finish, fails
+what is left ``DRAIN_MARGIN_S`` before the deadline, and says "drained" once nothing is in flight: only then does
+the launcher SIGTERM tritonserver (launcher/stop.py LeaderDrain: a SIGTERM during a streaming ensemble leaves it
+hanging), whose unload then releases the followers while the ranks are still allowed to stop in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DRAIN_CHECK_S = 0.25  # how often the loop looks at the stop file (cheap: a stat and a small read)
+DRAIN_MARGIN_S = 2.0  # fail what is left this long before the drain deadline: the unload and release need it
+
+STOPPING = "the server is stopping; retry on another replica or job"
+RAN_OUT = "the server is stopping (its drain time ran out); retry on another replica or job"
+
+
+@dataclass
+class Drain:
+    """The drain's state: "" serving, "draining" (refusing new requests), "failed" (the time ran out: what was
+    left failed), "drained" (nothing in flight; said once)."""
+
+    state: str = ""
+
+    def advance(self, deadline: float | None, now_epoch: float, in_flight: Callable[[], int]) -> list[str]:
+        """What changed at this check, in order: "draining" (refuse from now on, tell the launcher), "failed"
+        (fail everything now), "drained" (tell the launcher). Empty while serving or once drained."""
+        if self.state == "drained" or deadline is None:
+            return []
+        changes = []
+        if not self.state:
+            self.state = "draining"
+            changes.append("draining")
+        if self.state == "draining" and now_epoch >= deadline - DRAIN_MARGIN_S:
+            self.state = "failed"
+            changes.append("failed")
+        if not in_flight():
+            self.state = "drained"
+            changes.append("drained")
+        return changes
