@@ -201,6 +201,20 @@ def test_explain_says_where_each_value_came_from(tmp_path):
     assert len(explain(spec)) == len(explain(spec, everything=True)) > len(explain(spec, everything=False)) == 9
 
 
+def test_opt_in_sections_give_defaults_only_to_a_spec_that_has_them(tmp_path):
+    """A profile's `gateway:` (the site's service partition) never starts a gateway job for a spec without one."""
+    profile = write(tmp_path / "site.yaml", "gateway:\n  partition: service\n  cpus: 4\n")
+    assert load_spec(cpu_spec(tmp_path / "a"), site=profile).gateway is None
+    spec = load_spec(cpu_spec(tmp_path / "b", "gateway: {cpus: 1}\n"), site=profile)
+    assert spec.gateway is not None and (spec.gateway.partition, spec.gateway.cpus) == ("service", 1)
+    write(profile, "gateway:\n  prot: 9000\n")  # checked alone, at its line, whatever the spec
+    with pytest.raises(SpecError) as caught:
+        load_spec(cpu_spec(tmp_path / "a"), site=profile)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{profile}:2: gateway.prot: unknown key 'prot'; did you mean 'port'?"
+    ]
+
+
 # ----------------------------------------------------------------------------------------------- rendered
 def test_the_rendered_folder_needs_no_profile(tmp_path):
     profile = write(tmp_path / "site.yaml", "slurm: {partition: gpu, account: acct, modules: [cuda/12]}\n")

@@ -311,10 +311,11 @@ def _parse(
     data, index = read_document(text, file, "the spec must be a YAML mapping with at least `name` and `model`")
     profile_file, profile_sources = None, {}
     if site is not None and not text.startswith(RESOLVED_MARK):
-        from hpc.spec.site import current_profile  # site.py validates profiles with this module
+        from hpc.spec.site import applicable, current_profile  # site.py validates profiles with this module
 
         profile = current_profile(None if site == AUTO else Path(site))
         if profile is not None:
+            profile = applicable(profile, data)
             profile_file, profile_sources = profile.file, profile.sources
             data, index = merge(profile.data, profile.sources, data, index)
     spec, problems = validated(data, index, file, base)

@@ -8,7 +8,9 @@ found at `$HPC_SERVE_SITE` (set but empty: no profile), else `~/.config/hpc-serv
 other value of the spec (a scalar, a list, null) replaces the profile's whole, so a spec can always drop a
 site's mounts or modules (`mounts: []`) or its account (`account: null`). The spec overrides the profile,
 the profile overrides the schema's defaults, and every value keeps where it came from (`Provenance`:
-`validate` and `render --explain` print it). Paths in a profile are relative to the profile's folder.
+`validate` and `render --explain` print it). Paths in a profile are relative to the profile's folder. A section
+whose presence turns something on (`gateway:`, `renew:`, `build:`) gives defaults to a spec that has it, and
+never adds it to one that has not.
 
 Rendering bakes the values into the scripts and names the profile in `D/spec.yaml`; a rendered folder never
 reads a profile again.
@@ -21,15 +23,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from hpc.spec.load import (
     KeyPath,
     Problem,
     Sources,
     SpecError,
+    _problem_from_error,
     merge,
     provenance,
     read_document,
@@ -40,8 +44,23 @@ from hpc.spec.schema import Spec
 SITE_ENV = "HPC_SERVE_SITE"
 USER_PROFILE = Path("~/.config/hpc-serve/site.yaml")
 SYSTEM_PROFILE = Path("/etc/hpc-serve/site.yaml")
-DEPLOYMENT_KEYS = ("name", "model", "mode", "replicas", "replica_policy", "requeue", "renew")
+DEPLOYMENT_KEYS = ("name", "model", "mode", "replicas", "replica_policy", "requeue")
 """Top-level spec keys a profile may not hold: they say what is served and its shape, not where."""
+
+
+def _opt_in_sections() -> dict[str, type[BaseModel]]:
+    """The spec's sections that turn something on by being there (`gateway:`, `renew:`, `build:`: a field whose
+    default is None and whose type is a section). A profile's holds defaults for a spec that has the section
+    (e.g. the gateway job's partition) and never adds one to a spec without it."""
+    found: dict[str, type[BaseModel]] = {}
+    for name, field in Spec.model_fields.items():
+        section = [arg for arg in get_args(field.annotation) if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        if field.default is None and section:
+            found[name] = section[0]
+    return found
+
+
+OPT_IN = _opt_in_sections()
 
 # The profile alone is checked merged under this placeholder deployment; only problems at keys the profile
 # wrote are its own (the rest are about the placeholder, and come back located in the real spec).
@@ -128,12 +147,30 @@ def check_profile(profile: Profile) -> list[Problem]:
         for key in profile.data
         if key in DEPLOYMENT_KEYS
     ]
-    own = {k: v for k, v in profile.data.items() if k not in DEPLOYMENT_KEYS}
+    own = {k: v for k, v in profile.data.items() if k not in DEPLOYMENT_KEYS and k not in OPT_IN}
     data, sources = merge(_PLACEHOLDER, {}, own, profile.sources)
     _, found = validated(data, sources, _PLACEHOLDER_FILE, Path(profile.file).resolve().parent)
+    for key, section in OPT_IN.items():  # alone: their checks against the rest of a spec come with the spec
+        if isinstance(profile.data.get(key), dict):
+            try:
+                section.model_validate(profile.data[key])
+            except ValidationError as exc:
+                found += [
+                    _problem_from_error(profile.file, profile.sources, {**e, "loc": (key, *e["loc"])})
+                    for e in exc.errors()
+                ]
     written = {".".join(str(p) for p in path) for path in profile.sources}
     problems += [p for p in found if p.file == profile.file and p.path in written]
     return sorted(problems, key=lambda p: p.line)
+
+
+def applicable(profile: Profile, spec: Mapping[str, Any]) -> Profile:
+    """The profile as it applies to a spec's mapping: its opt-in sections (OPT_IN) only where the spec has one."""
+    dropped = {key for key in OPT_IN if key in profile.data and not isinstance(spec.get(key), dict)}
+    if not dropped:
+        return profile
+    data = {k: v for k, v in profile.data.items() if k not in dropped}
+    return Profile(profile.file, data, {p: w for p, w in profile.sources.items() if not (p and p[0] in dropped)})
 
 
 def write_profile(path: str | Path, values: Mapping[str, Any], *, header: str = "", overwrite: bool = False) -> Path:
