@@ -72,7 +72,7 @@ def test_a_build_section_replaces_engine_dir(gpu_dir):
     spec = load_spec(write(gpu_dir, GPU))
     assert spec.build is not None and spec.model.engine_dir is None
     assert spec.build.checkpoint_dir == gpu_dir / "hf" and spec.build.output_dir == gpu_dir / "engines"
-    assert spec.build.plugin_flags()["paged_kv_cache"] == "enable"
+    assert spec.build.plugin_flags()["kv_cache_type"] == "paged"
 
 
 def test_tensorrtllm_without_engine_dir_or_build_names_both(gpu_dir):
@@ -461,3 +461,10 @@ def test_launch_spec_serves_the_built_engine_or_says_to_build_it(tmp_path, monke
     deploy = deployment_for_spec(path)
     served = yaml.safe_load((deploy / "spec.yaml").read_text())
     assert served["model"]["checkpoint_dir"] == str(engine) and served["build"] is None
+
+
+def test_the_older_paged_kv_cache_flag_replaces_kv_cache_type(gpu_dir):
+    spec = load_spec(write(gpu_dir, GPU + "  plugins: {paged_kv_cache: true, tokens_per_block: 32}\n"))
+    assert spec.build is not None
+    flags = spec.build.plugin_flags()
+    assert flags["paged_kv_cache"] == "enable" and "kv_cache_type" not in flags and flags["tokens_per_block"] == "32"

@@ -30,8 +30,10 @@ if TYPE_CHECKING:
     from hpc.spec.schema import Spec
 
 #: trtllm-build's plugin and feature switches (`trtllm-build --help`, TensorRT-LLM 0.12–0.17: PluginConfig fields
-#: exposed as flags); a value is `auto`, a dtype, `enable` or `disable`, or a number (tokens_per_block)
+#: exposed as flags, and kv_cache_type); a value is `auto`, a dtype, `enable` or `disable`, `paged` /
+#: `continuous` (kv_cache_type), or a number (tokens_per_block)
 PLUGIN_FLAGS = (
+    "kv_cache_type",
     "gpt_attention_plugin",
     "gemm_plugin",
     "gemm_swiglu_plugin",
@@ -58,11 +60,13 @@ PLUGIN_FLAGS = (
     "norm_quant_fusion",
 )
 #: what the tensorrtllm backend's in-flight batching needs (gpt attention plugin, paged KV cache, packed inputs):
-#: given unless the spec says otherwise
+#: given unless the spec says otherwise. `--kv_cache_type paged` (TensorRT-LLM 0.12+; commands/build.py calls
+#: `--paged_kv_cache` deprecated, its equivalent); an older TensorRT-LLM takes `plugins: {paged_kv_cache: enable}`
+#: instead, which then replaces it
 DEFAULT_PLUGINS: dict[str, str] = {
     "gpt_attention_plugin": "auto",
     "gemm_plugin": "auto",
-    "paged_kv_cache": "enable",
+    "kv_cache_type": "paged",
     "remove_input_padding": "enable",
     "context_fmha": "enable",
 }
@@ -140,6 +144,8 @@ class BuildSpec(_Section):
     def plugin_flags(self) -> dict[str, str]:
         """The trtllm-build switches: DEFAULT_PLUGINS with the spec's own on top (true/false → enable/disable)."""
         merged: dict[str, str] = dict(DEFAULT_PLUGINS)
+        if "paged_kv_cache" in self.plugins:  # the older spelling of the same switch: never both
+            merged.pop("kv_cache_type")
         for key, value in self.plugins.items():
             merged[key] = ("enable" if value else "disable") if isinstance(value, bool) else str(value)
         return merged
