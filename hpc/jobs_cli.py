@@ -75,19 +75,12 @@ def _wait_and_report(ref, timeout: float | None) -> int:
         )
         return EXIT_OK
     print(status.summary(), file=sys.stderr)
-    _print_builds(ref, file=sys.stderr)
+    from hpc.engine_build.cli import print_builds  # the build a serving job waited for (or that failed)
+
+    print_builds(ref, file=sys.stderr)
     if status.state not in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED"):
         print(f"hpc-serve: gave up waiting after {timeout}s; the job is still {status.state}", file=sys.stderr)
     return EXIT_JOB_FAILED
-
-
-def _print_builds(ref: JobRef, file=None) -> None:
-    """A serving job not (yet) READY: the engine build it waits for, or that failed (hpc/engine_build/)."""
-    from hpc.engine_build.run import build_jobs
-    from hpc.track import job_status
-
-    for build in build_jobs(ref.deploy_dir):
-        print(job_status(build).summary(), file=file)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -95,20 +88,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     spec = load_spec_or_exit(args.spec, preview=args.dry_run)
     if args.dry_run:
+        from hpc.engine_build.cli import build_scripts
         from hpc.render import render_scripts
         from hpc.submit import new_deployment_dir
 
         deploy_dir = new_deployment_dir(spec)
-        scripts = {}
-        if spec.build is not None:  # the build job's script first (hpc/engine_build/), then the serving job's
-            from hpc.engine_build.run import prepare
-            from hpc.engine_build.script import render_build_script
-            from launcher.layout import BUILD_SUB_NAME
-
-            prepared = prepare(spec)
-            if prepared.plan.cached is None:
-                scripts[BUILD_SUB_NAME] = render_build_script(spec, prepared.plan, deploy_dir)
-            spec = prepared.served
+        spec, scripts = build_scripts(spec, deploy_dir)  # a build: section's script first (hpc/engine_build/)
         scripts.update(render_scripts(spec, deploy_dir))
         for name, text in scripts.items():
             print(f"# ==> {deploy_dir / name} <==")
@@ -168,7 +153,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         if chain:
             print(chain)
         if not args.json and status.kind == "serving" and status.state != "READY":
-            _print_builds(refs[0])
+            from hpc.engine_build.cli import print_builds
+
+            print_builds(refs[0])
         return EXIT_JOB_FAILED if status.state in ("FAILED", "TIMEOUT") else EXIT_OK
     from hpc.views import deployment_status
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from hpc.cli_support import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, load_spec_or_exit
+
+if TYPE_CHECKING:
+    from hpc.jobs import JobRef
+    from hpc.spec import Spec
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -47,6 +53,30 @@ def cmd_build(args: argparse.Namespace) -> int:
     status = wait(ref, until=(), timeout=args.timeout, on_change=lambda s: print(s.summary(), file=sys.stderr))
     print(status.summary())
     return EXIT_OK if status.state == "COMPLETED" else EXIT_JOB_FAILED
+
+
+def build_scripts(spec: Spec, deploy_dir: Path) -> tuple[Spec, dict[str, str]]:
+    """`submit --dry-run`: the spec that serves (the built engine in place of `build:`) and, when the engine is
+    not built yet, the build job's script, by name."""
+    if spec.build is None:
+        return spec, {}
+    from hpc.engine_build.run import prepare
+    from hpc.engine_build.script import render_build_script
+    from launcher.layout import BUILD_SUB_NAME
+
+    prepared = prepare(spec)
+    if prepared.plan.cached is not None:
+        return prepared.served, {}
+    return prepared.served, {BUILD_SUB_NAME: render_build_script(spec, prepared.plan, deploy_dir)}
+
+
+def print_builds(ref: JobRef, file: TextIO | None = None) -> None:
+    """A serving job not (yet) READY: the engine build job of its folder, waited for or failed (its status)."""
+    from hpc.engine_build.run import build_jobs
+    from hpc.track import job_status
+
+    for build in build_jobs(ref.deploy_dir):
+        print(job_status(build).summary(), file=file)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
