@@ -1,4 +1,6 @@
-"""Supervisor of one local job: the per-rank script under `mpirun -n WORLD` (or directly for one rank).
+"""Supervisor of one local job: the per-rank script once per replica, each under an `mpirun -n TP×PP` of its own
+(or directly for one rank), as the `.sub` runs one `srun` step per replica (hpc/placement.py): TensorRT-LLM's
+leader mode takes MPI_COMM_WORLD as the model's world, so a replica must be an MPI world of its own.
 
 The local executor gives laptops and CI the same job folder as Slurm: per-rank logs named
 `<job>_<rank>_log.out|err`, endpoint and rank records from the launcher, and a `local.json` that plays
@@ -20,11 +22,12 @@ from pathlib import Path
 # The folder's names from launcher/layout.py (stdlib, cheap), not from hpc/render.py: that import pulls in
 # pydantic, jinja2 and the spec (~0.14 s), all on the critical path between a local job's start and its ranks'.
 from launcher.layout import Deployment, JobPaths, rank_log_name
+from launcher.rank import STEP_REPLICA_ENV
 
-# Each rank's output goes to its own files, named as under Slurm (`srun --output=%j_%t_log.out`): $1 the job
-# folder, $2 the job id, the rank from mpirun.
-_RANK = "${OMPI_COMM_WORLD_RANK}"
-_RANK_WRAPPER = (
+# Each rank's output goes to its own files, named by its rank in the job as under Slurm: $1 the job folder, $2 the
+# job id, $3 the replica's first rank in the job; the rank in the replica from mpirun (0 without one).
+_RANK = "${R}"
+_RANK_WRAPPER = "R=$(($3 + ${OMPI_COMM_WORLD_RANK:-0})); " + (
     f'exec bash "$0" >"$1/{rank_log_name("${2}", _RANK, "out")}" 2>"$1/{rank_log_name("${2}", _RANK, "err")}"'
 )
 
@@ -39,16 +42,16 @@ def write_state(job_dir: Path, **fields: object) -> None:
     os.replace(tmp, path)
 
 
-def rank_command(deploy_dir: Path, job_dir: Path, job_id: str, world: int) -> list[str]:
-    """The command that starts every rank of the job on this machine."""
+def rank_command(deploy_dir: Path, job_dir: Path, job_id: str, world: int, first_rank: int = 0) -> list[str]:
+    """The command that starts the `world` ranks of one replica (its first rank in the job: `first_rank`)."""
     script = str(Deployment(deploy_dir).sh)
+    args = [script, str(job_dir), job_id, str(first_rank)]
     if world == 1:
-        wrapper = _RANK_WRAPPER.replace(_RANK, "0")
-        return ["bash", "-c", wrapper, script, str(job_dir), job_id]
+        return ["bash", "-c", _RANK_WRAPPER, *args]
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise SystemExit(f"the job needs {world} ranks but mpirun is not on PATH (apt-get install openmpi-bin)")
-    return [mpirun, "--oversubscribe", "-n", str(world), "bash", "-c", _RANK_WRAPPER, script, str(job_dir), job_id]
+    return [mpirun, "--oversubscribe", "-n", str(world), "bash", "-c", _RANK_WRAPPER, *args]
 
 
 def children(pid: int) -> list[int]:
@@ -80,31 +83,55 @@ def main(argv: list[str]) -> int:
     deploy_dir, job_id = Path(argv[0]), argv[1]
     job_dir = JobPaths(deploy_dir, job_id).folder
     script = {"gateway": Deployment(deploy_dir).gateway_sub, "build": Deployment(deploy_dir).build_sub}
-    if argv[2:3] and argv[2] in script:  # the gateway or build script: one process (the gateway's execs it)
-        world, command = 1, ["bash", str(script[argv[2]])]
-    else:
-        plan = json.loads(Deployment(deploy_dir).launch.read_text())
-        world = int(plan["world_size_per_replica"]) * int(plan["replicas"])
-        command = rank_command(deploy_dir, job_dir, job_id, world)
     env = dict(os.environ, HPC_SERVE_JOB_ID=job_id, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    child = subprocess.Popen(command, env=env)
+    fail_job = True
+    if argv[2:3] and argv[2] in script:  # the gateway or build script: one process (the gateway's execs it)
+        world, steps = 1, [subprocess.Popen(["bash", str(script[argv[2]])], env=env)]
+    else:  # one step per replica, started together (the .sub's start_replica)
+        plan = json.loads(Deployment(deploy_dir).launch.read_text())
+        world = int(plan["world_size_per_replica"])
+        fail_job = plan.get("replica_policy", "fail-job") == "fail-job"
+        steps = [
+            subprocess.Popen(
+                rank_command(deploy_dir, job_dir, job_id, world, k * world), env={**env, STEP_REPLICA_ENV: str(k)}
+            )
+            for k in range(int(plan["replicas"]))
+        ]
     write_state(
-        job_dir, state="RUNNING", pid=os.getpid(), child_pid=child.pid, world_size=world, started_at=time.time()
+        job_dir,
+        state="RUNNING",
+        pid=os.getpid(),
+        child_pid=steps[0].pid,
+        child_pids=[step.pid for step in steps],
+        world_size=world * len(steps),
+        started_at=time.time(),
     )
     cancelled = False
+
+    def stop(signum: int, of: list[subprocess.Popen]) -> None:
+        for step in of:
+            for pid in stop_targets(step.pid, world):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
 
     def on_signal(signum: int, _frame: object) -> None:
         nonlocal cancelled
         cancelled = True
-        for pid in stop_targets(child.pid, world):
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+        stop(signum, steps)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    code = child.wait()
+    failed = 0  # the first replica's non-zero exit: the job's (the .sub's FAILED)
+    while any(step.poll() is None for step in steps):
+        ended = [step.returncode for step in steps if step.returncode is not None]
+        if not failed and any(ended):
+            failed = next(code for code in ended if code)
+            if fail_job and not cancelled:  # replica_policy fail-job: the others stop in order
+                stop(signal.SIGTERM, [step for step in steps if step.returncode is None])
+        time.sleep(0.2)
+    code = failed or next((step.returncode for step in steps if step.returncode), 0)
     state = "CANCELLED" if cancelled else ("COMPLETED" if code == 0 else "FAILED")
     write_state(job_dir, state=state, exit_code=code, ended_at=time.time())
     return 0 if state != "FAILED" else 1
