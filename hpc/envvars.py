@@ -35,9 +35,10 @@ def expand(text: str, environ: dict[str, str] | None = None) -> tuple[str, list[
     return os.path.expanduser(_VAR.sub(substitute, text)), missing
 
 
-def unset_message(name: str) -> str:
-    """What to tell the user about an unset variable: its name and both ways to fix it."""
+def unset_message(name: str, where: str = "the spec") -> str:
+    """What to tell the user about an unset variable: its name and both ways to fix it (`where`: the file that
+    uses it, e.g. the site profile)."""
     return (
-        f"uses ${name}, which is not set; export {name}=/some/path, or give it a default in the spec: "
+        f"uses ${name}, which is not set; export {name}=/some/path, or give it a default in {where}: "
         f"${{{name}:-/some/path}}"
     )

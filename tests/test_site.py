@@ -95,8 +95,9 @@ def test_bad_profile_lists_every_problem_at_its_line(tmp_path):
     write(profile, "container:\n  type: pyxis\n  image: $HPC_TEST_SITE_UNSET/tritonserver.sqsh\n")
     result = cli(["validate", str(cpu_spec(tmp_path / "s"))], profile, tmp_path)
     assert result.returncode == 2
-    assert result.stderr.startswith(f"{profile}:3: container.image: uses $HPC_TEST_SITE_UNSET, which is not set"), (
-        result.stderr
+    assert result.stderr == (
+        f"{profile}:3: container.image: uses $HPC_TEST_SITE_UNSET, which is not set; export HPC_TEST_SITE_UNSET="
+        "/some/path, or give it a default in the site profile: ${HPC_TEST_SITE_UNSET:-/some/path}\n"
     )
 
 

@@ -177,7 +177,9 @@ def _resolve_paths(spec: Spec, base: Path, file: str, index: Sources) -> tuple[S
     def text(value: str, loc: tuple[str, ...]) -> str:
         expanded, missing = expand(value)
         for name in missing:
-            problems.append(Problem(*_origin(index, loc, file), ".".join(loc), unset_message(name)))
+            where = _origin(index, loc, file)
+            message = unset_message(name, "the spec" if where[0] == file else "the site profile")
+            problems.append(Problem(*where, ".".join(loc), message))
         return expanded
 
     def path(value: Path | None, loc: tuple[str, ...]) -> Path | None:
