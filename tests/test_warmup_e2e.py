@@ -216,16 +216,17 @@ def test_cluster_tp2_job_whose_model_fails_every_request_fails_with_the_reason(
     ref = JobRef(job, JobPaths(deploy, job).folder)
     seen: list[str] = []
 
-    def ended() -> bool:
+    def ended() -> bool:  # FAILED shows before Slurm ends the job (the rank record); wait for Slurm too
         status = job_status(ref)
         if not seen or seen[-1] != status.state:
             seen.append(status.state)
-        return status.done
+        return status.done and status.scheduler_state not in ("RUNNING", "COMPLETING")
 
     try:
         wait_for(ended, 240, "the job to end", interval=0.2)
-    finally:
+    except AssertionError:
         subprocess.run(["scancel", job], capture_output=True)
+        raise
     assert "READY" not in seen and seen[-1] == "FAILED", seen
     text = cli("status", job, check=False).stdout
     assert re.match(rf"{job} FAILED\nrank 0 on node\d exited with exit code 4: warm-up request \(", text), text
