@@ -122,6 +122,22 @@ def test_a_profile_value_that_does_not_fit_the_spec_is_located_in_the_profile(tm
     ]
 
 
+def test_a_problem_the_profile_causes_at_the_specs_line_names_the_profile(tmp_path):
+    """The spec's tp_size is checked against the profile's gpus_per_node: the problem is at the spec's line (the
+    check is the spec's) and says which of the profile's values took part."""
+    profile = write(tmp_path / "site.yaml", "slurm:\n  partition: gpu\n  gpus_per_node: 8\n")
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "tok").mkdir()
+    spec = write(tmp_path / "spec.yaml", "name: t\nmodel: {engine_dir: engine, tokenizer_dir: tok, tp_size: 4}\n")
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec, site=profile)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{spec}:2: model.tp_size: tp_size 4 × pp_size 1 × replicas 1 = 4 ranks, but slurm.nodes 1 × ntasks_per_node "
+        f"8 = 8 tasks; make them equal [with the site profile {profile}: slurm.gpus_per_node (line 3), "
+        "slurm.partition (line 2)]"
+    ]
+
+
 # ----------------------------------------------------------------------------------------------- merging
 PROFILE = """
 slurm:

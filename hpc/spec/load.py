@@ -313,14 +313,17 @@ def _parse(
     data, index = read_document(text, file, "the spec must be a YAML mapping with at least `name` and `model`")
     profile_file, profile_sources = None, {}
     if site is not None and not text.startswith(RESOLVED_MARK):
-        from hpc.spec.site import applicable, current_profile  # site.py validates profiles with this module
+        from hpc.spec.site import applicable, current_profile, profile_problems  # site.py imports this module
 
         profile = current_profile(None if site == AUTO else Path(site))
         if profile is not None:
             profile = applicable(profile, data)
             profile_file, profile_sources = profile.file, profile.sources
+            alone = (data, index)
             data, index = merge(profile.data, profile.sources, data, index)
     spec, problems = validated(data, index, file, base)
+    if (spec is None or problems) and profile_file is not None:
+        problems = profile_problems(problems, validated(*alone, file, base)[1], file, profile_file, index)
     if spec is None or problems:
         raise SpecError(_by_line(problems, file))
     spec._provenance = _Aside(Provenance(file, profile_file, index, profile_sources))

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -191,6 +192,26 @@ def write_profile(path: str | Path, values: Mapping[str, Any], *, header: str = 
     staging.write_text(text)
     os.replace(staging, path)
     return path
+
+
+def profile_problems(
+    problems: list[Problem], alone: list[Problem], file: str, profile: str, index: Sources
+) -> list[Problem]:
+    """A problem at the spec's line that the spec alone does not have comes from the profile's values (a cross-field
+    check: the spec's tp_size against the profile's gpus_per_node): say so, and which values of those sections
+    the profile gave."""
+    known = {(p.path, p.message) for p in alone}
+    given = sorted(
+        (".".join(str(k) for k in path), line) for path, (f, line) in index.items() if f == profile and len(path) > 1
+    )
+    out = []
+    for p in problems:
+        if p.file == file and (p.path, p.message) not in known:
+            sections = {p.path.split(".")[0]} | set(re.findall(r"\b(\w+)\.\w+", p.message))
+            keys = ", ".join(f"{key} (line {line})" for key, line in given if key.split(".")[0] in sections)
+            p = replace(p, message=f"{p.message} [with the site profile {profile}" + (f": {keys}]" if keys else "]"))
+        out.append(p)
+    return out
 
 
 def explain(spec: Spec, everything: bool = True) -> list[str]:
