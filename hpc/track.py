@@ -97,7 +97,9 @@ class JobStatus:
         return text + (f"\n{self.gateway.summary()}" if self.gateway is not None and self.kind != "gateway" else "")
 
     def _summary(self) -> str:
-        if self.kind == "build":
+        if self.kind == "build":  # hpc/engine_build/run.py build_status: Slurm's reason, the step, the engine
+            if self.state == "PENDING":
+                return f"{self.job_id} PENDING (build" + (f"; {self.reason})" if self.reason else ")")
             return f"{self.job_id} {self.state} (build)" + (f" {self.reason}" if self.reason else "")
         if self.kind == "gateway":
             text = f"{self.job_id} {self.state} (gateway)" + (f" {self.url}" if self.url else "")

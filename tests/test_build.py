@@ -468,3 +468,36 @@ def test_the_older_paged_kv_cache_flag_replaces_kv_cache_type(gpu_dir):
     assert spec.build is not None
     flags = spec.build.plugin_flags()
     assert flags["paged_kv_cache"] == "enable" and "kv_cache_type" not in flags and flags["tokens_per_block"] == "32"
+
+
+def test_build_job_status_lines(tmp_path, hpc_home):
+    """What `status` says of a build job, from its folder: the failed step with its command and last lines."""
+    from hpc.jobs import JobRef
+    from hpc.track import JobStatus, job_status
+    from launcher.layout import JobPaths
+
+    assert JobStatus("812", "PENDING", "Resources", kind="build").summary() == "812 PENDING (build; Resources)"
+    deploy = tmp_path / "d"
+    paths = JobPaths(deploy, "local-b1").create()
+    paths.build_marker.touch()
+    paths.local_state.write_text(json.dumps({"state": "FAILED", "exit_code": 1, "pid": 1}))
+    Deployment(deploy).build_request.write_text(
+        json.dumps(
+            {
+                "steps": [
+                    {"name": "convert", "command": "python3 convert.py"},
+                    {"name": "trtllm-build", "command": "trtllm-build --x"},
+                ]
+            }
+        )
+    )
+    paths.build_log.write_text("".join(f"line {i}\n" for i in range(30)))
+    paths.build_failure.write_text('{"step": 1, "name": "trtllm-build", "exit_code": 3}\n')
+    status = job_status(JobRef("local-b1", paths.folder))
+    assert status.kind == "build" and status.state == "FAILED"
+    lines = status.summary().splitlines()
+    assert (
+        lines[0]
+        == "local-b1 FAILED (build) step 1 (trtllm-build) failed with exit status 3: trtllm-build --x; last lines:"
+    )
+    assert lines[1:] == [f"  | line {i}" for i in range(18, 30)]
