@@ -48,7 +48,7 @@ def _explain(spec: Spec, everything: bool) -> None:
     profile gave or the spec took over from it (hpc/spec/site.py)."""
     from hpc.spec.site import explain, profile_summary
 
-    print(profile_summary(spec))
+    print(profile_summary(spec, explained=everything))
     for line in explain(spec, everything=everything):
         print(f"  {line}")
 

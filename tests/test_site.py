@@ -63,7 +63,7 @@ def test_missing_site_file_is_an_error_naming_the_variable(tmp_path):
     assert result.returncode == 2
     assert result.stderr == (
         f"{tmp_path / 'nope.yaml'}:1: cannot read the site profile named by $HPC_SERVE_SITE: No such file or "
-        "directory; fix the path, or set HPC_SERVE_SITE= (empty) to use no profile\n"
+        "directory; fix the path, or set HPC_SERVE_SITE= (empty) to use none\n"
     )
 
 
@@ -191,7 +191,7 @@ def test_explain_says_where_each_value_came_from(tmp_path):
     validated = cli(["validate", str(spec_file)], profile, tmp_path)
     assert validated.returncode == 0, validated.stderr
     lines = [" ".join(line.split()) for line in validated.stdout.splitlines()]
-    at = lines.index(f"site profile: {profile} (gave 7 values; --explain for all)")
+    at = lines.index(f"site profile: {profile} (gave 7 values; --explain lists where every value came from)")
     assert lines[at + 1 :] == [  # validate: what the profile gave, and what the spec took over from it
         f"workdir profile {profile}:11 {tmp_path / 'site' / 'scratch' / 'runs'}",
         f"slurm.partition profile {profile}:2 gpu",

@@ -105,7 +105,7 @@ def find_profile(
 def current_profile(path: Path | None = None) -> Profile | None:
     """The checked profile at `path`, or the one `find_profile` finds; None when there is none. SpecError for a
     profile with problems (each at its FILE:LINE) or a named file that cannot be read."""
-    named = "the caller"
+    named = ""
     if path is None:
         path, named = find_profile()
         if path is None:
@@ -113,9 +113,17 @@ def current_profile(path: Path | None = None) -> Profile | None:
     try:
         text = path.read_text()
     except OSError as exc:
-        fix = f"fix the path, or set {SITE_ENV}= (empty) to use no profile" if named.startswith("$") else ""
+        what = f"the site profile named by {named}" if named.startswith("$") else "the site profile"
+        fix = "fix the path" if named.startswith("$") or not path.exists() else "make it readable"
         raise SpecError(
-            [Problem(str(path), 1, "", f"cannot read the site profile named by {named}: {exc.strerror}; {fix}")]
+            [
+                Problem(
+                    str(path),
+                    1,
+                    "",
+                    f"cannot read {what}: {exc.strerror}; {fix}, or set {SITE_ENV}= (empty) to use none",
+                )
+            ]
         ) from None
     profile = parse_profile(text, str(path))
     problems = check_profile(profile)
@@ -237,12 +245,14 @@ def explain(spec: Spec, everything: bool = True) -> list[str]:
     return [f"{key:<{width[0]}}  {text:<{width[1]}}  {value}" for key, text, value in rows]
 
 
-def profile_summary(spec: Spec) -> str:
-    """One line: the profile the spec was merged with (or that none was), and how to see what it gave."""
+def profile_summary(spec: Spec, explained: bool = False) -> str:
+    """One line: the profile the spec was merged with (or that none was), and (unless `explained`: the lines that
+    follow list every value) how to see every value's origin."""
     origin = provenance(spec)
     if origin is None or origin.profile is None:
         return f"site profile: none (${SITE_ENV}, ~/.config/hpc-serve/site.yaml, /etc/hpc-serve/site.yaml)"
-    return f"site profile: {origin.profile} (gave {len(origin.given_by_profile())} values; --explain for all)"
+    more = "" if explained else "; --explain lists where every value came from"
+    return f"site profile: {origin.profile} (gave {len(origin.given_by_profile())} values{more})"
 
 
 def _leaves(value: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Any]]:
