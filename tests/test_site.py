@@ -232,6 +232,21 @@ def test_opt_in_sections_give_defaults_only_to_a_spec_that_has_them(tmp_path):
     ]
 
 
+def test_a_spec_naming_another_container_type_takes_none_of_the_profiles_container(tmp_path):
+    profile = write(
+        tmp_path / "site.yaml",
+        "container:\n  type: pyxis\n  image: nvcr.io#nvidia/tritonserver:24.08\n  name: trt\n  mounts: [/]\n",
+    )
+    (tmp_path / "t.sif").write_text("")
+    same = load_spec(cpu_spec(tmp_path / "a", "container: {type: pyxis, name: mine}\n"), site=profile).container
+    assert (same.image, same.name, same.mounts) == ("nvcr.io#nvidia/tritonserver:24.08", "mine", ["/"])
+    other = load_spec(
+        cpu_spec(tmp_path / "b", f"container: {{type: apptainer, image: {tmp_path / 't.sif'}}}\n"), site=profile
+    )
+    assert (other.container.image, other.container.name, other.container.mounts) == (str(tmp_path / "t.sif"), None, [])
+    assert provenance(other) is not None and provenance(other).given_by_profile() == []  # type: ignore[union-attr]
+
+
 # ----------------------------------------------------------------------------------------------- rendered
 def test_the_rendered_folder_needs_no_profile(tmp_path):
     profile = write(tmp_path / "site.yaml", "slurm: {partition: gpu, account: acct, modules: [cuda/12]}\n")

@@ -371,7 +371,7 @@ def dump_spec(spec: Spec) -> str:
     header = [f"{RESOLVED_MARK}: every value filled in; loading it again merges no site profile."]
     origin = provenance(spec)
     if origin is not None and origin.profile:
-        header.append(f"# site profile: {Path(origin.profile).resolve()}")
+        header.append(f"# site profile: {' '.join(str(Path(origin.profile).resolve()).splitlines())}")
         given = ", ".join(origin.given_by_profile()) or "nothing (the spec set every key it has)"
         header += textwrap.wrap(given, 110, initial_indent="#   gave: ", subsequent_indent="#   ")
     body = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

@@ -174,8 +174,13 @@ def check_profile(profile: Profile) -> list[Problem]:
 
 
 def applicable(profile: Profile, spec: Mapping[str, Any]) -> Profile:
-    """The profile as it applies to a spec's mapping: its opt-in sections (OPT_IN) only where the spec has one."""
+    """The profile as it applies to a spec's mapping: its opt-in sections (OPT_IN) only where the spec has one,
+    and its `container:` only when the spec names no other container type (a pyxis image reference or a pyxis
+    container name means nothing to apptainer: the spec's container is then the spec's alone)."""
     dropped = {key for key in OPT_IN if key in profile.data and not isinstance(spec.get(key), dict)}
+    mine, theirs = (_container_type(d) for d in (spec, profile.data))
+    if mine is not None and theirs is not None and mine != theirs:
+        dropped.add("container")
     if not dropped:
         return profile
     data = {k: v for k, v in profile.data.items() if k not in dropped}
@@ -200,6 +205,11 @@ def write_profile(path: str | Path, values: Mapping[str, Any], *, header: str = 
     staging.write_text(text)
     os.replace(staging, path)
     return path
+
+
+def _container_type(data: Mapping[str, Any]) -> Any:
+    container = data.get("container")
+    return container.get("type") if isinstance(container, dict) else None
 
 
 def profile_problems(
