@@ -30,6 +30,7 @@ from tritonclient.grpc._utils import _get_inference_request
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from hpc.auth import grpc_headers
+from hpc.gateway.abandon import Reader, abandon
 
 MODEL = "ensemble"
 #: how long a finished stream is given to end by itself before it is cancelled (see `_end`)
@@ -169,11 +170,12 @@ class TritonEngine:
     async def stream(self, grpc_url: str, params: GenerateParams, token: str | None = None) -> AsyncIterator[Chunk]:
         """Text pieces as the replica produces them, with their token counts. ReplicaUnavailable for transport
         trouble, TokenRefused for a missing or wrong token, ModelError for the model's own refusal."""
+        request_id = f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}"
         request = _get_inference_request(
             model_name=self.model,
             inputs=params.tensors(),
             model_version="",
-            request_id=f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}",
+            request_id=request_id,
             outputs=None,
             sequence_id=0,
             sequence_start=False,
@@ -191,11 +193,13 @@ class TritonEngine:
 
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         metadata = tuple(grpc_headers(token).items())  # the replica's access token (auth: token)
-        call = self._client(grpc_url)._client_stub.ModelStreamInfer(requests(), metadata=metadata)
+        client = self._client(grpc_url)
+        call = client._client_stub.ModelStreamInfer(requests(), metadata=metadata)
+        reader = Reader(call)  # a task of its own: a client gone does not cancel the call (hpc/gateway/abandon.py)
         self._in_flight[grpc_url] = self._in_flight.get(grpc_url, 0) + 1
         ended = False
         try:
-            async for response in call:
+            while (response := await reader.next()) is not None:
                 if response.error_message:
                     raise model_error(response.error_message)
                 piece = text_and_logprobs(response.infer_response, params.logprobs)
@@ -215,7 +219,10 @@ class TritonEngine:
         finally:
             self._in_flight[grpc_url] -= 1
             finished.set()  # half-close: the server ends the stream once its last response is out
-            await _end(call, ended)
+            if ended:
+                await _end(call, ended)
+            else:  # left mid-way: stop the generation by its id, never cancel the call (tritonserver would leak it)
+                abandon(client, reader, request_id, metadata)
 
 
 def text_and_logprobs(infer_response: Any, logprobs: bool) -> tuple[bytes, tuple[float, ...]] | None:
