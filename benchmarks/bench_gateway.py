@@ -120,16 +120,16 @@ def gateway(job_id: str, work: Path, *options: str) -> Iterator[tuple[str, int, 
 
 
 @contextmanager
-def floor_relay(grpc_url: str, token: str | None) -> Iterator[str | None]:
+def floor_relay(grpc_url: str, token: str | None, *options: str) -> Iterator[str]:
     """benchmarks/minimal_relay.py in its own process (where aiohttp, its client here, is installed): its URL."""
     if not FLOOR:
-        yield None
+        yield ""
         return
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     relay = Path(__file__).resolve().parent / "minimal_relay.py"
-    proc = subprocess.Popen([sys.executable, str(relay), grpc_url, str(port), *([token] if token else [])])
+    proc = subprocess.Popen([sys.executable, str(relay), grpc_url, str(port), *([token] if token else []), *options])
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -193,7 +193,7 @@ class Sides:
         self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=300, limits=limits, trust_env=False)
 
         self.aio: Any = None  # an aiohttp session, made on the loop that uses it
-        self.floor_url: str | None = None  # benchmarks/minimal_relay.py, when it runs
+        self.floor_urls: dict[str, str] = {}  # benchmarks/minimal_relay.py's, plain and --fastapi, when they run
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -220,8 +220,11 @@ class Sides:
     async def floor(self) -> tuple[float, float, int]:
         """The same request to benchmarks/minimal_relay.py (aiohttp as the client): the least any Python HTTP
         relay of the replica's gRPC stream costs."""
-        assert self.floor_url is not None
-        return await self._aiohttp(self.floor_url)
+        return await self._aiohttp(self.floor_urls["floor"])
+
+    async def floor_fastapi(self) -> tuple[float, float, int]:
+        """The floor as one FastAPI route: what the web framework adds to it."""
+        return await self._aiohttp(self.floor_urls["floor_fastapi"])
 
     async def _aiohttp(self, url: str) -> tuple[float, float, int]:
         import aiohttp
@@ -264,7 +267,7 @@ class Sides:
 #: the gateway with aiohttp as the client, where it is installed (an extra, not a dependency)
 GW_SIDES = ("gateway", "gw_aiohttp") if importlib.util.find_spec("aiohttp") else ("gateway",)
 #: the floor (benchmarks/minimal_relay.py) needs aiohttp as its client too
-FLOOR = ("floor",) if importlib.util.find_spec("aiohttp") else ()
+FLOOR = ("floor", "floor_fastapi") if importlib.util.find_spec("aiohttp") else ()
 SIDES = ("direct", *GW_SIDES, *FLOOR, "passthrough")
 
 
@@ -349,10 +352,10 @@ async def shared_prefix(url: str, token: str | None, model: str, items: list[tup
 
 
 async def part1(
-    args: argparse.Namespace, url: str, pid: int, log: Path, token: str | None, grpc_url: str, floor_url: str | None
+    args: argparse.Namespace, url: str, pid: int, log: Path, token: str | None, grpc_url: str, floors: dict[str, str]
 ) -> None:
     sides = Sides(url, token, grpc_url, "bench-gw", args.max_tokens)
-    sides.floor_url = floor_url
+    sides.floor_urls = floors
     try:
         lat = await latency(sides, args.requests)
         print(f"latency, 1 stream, {args.requests} requests each, max_tokens {args.max_tokens} (ms):")
@@ -476,8 +479,13 @@ def main() -> int:
             with job(write_spec(work, "bench-gw", checkpoint, replicas=1, auth=args.auth)) as (job_id, job_dir):
                 (record,) = read_endpoints(JobPaths.of_folder(job_dir))
                 token = cli("token", job_id).strip() if args.auth == "token" else None
-                with gateway(job_id, work) as (url, pid, log), floor_relay(record.grpc_url, token) as floor_url:
-                    asyncio.run(part1(args, url, pid, log, token, record.grpc_url, floor_url))
+                with (
+                    gateway(job_id, work) as (url, pid, log),
+                    floor_relay(record.grpc_url, token) as floor,
+                    floor_relay(record.grpc_url, token, "--fastapi") as floor_fastapi,
+                ):
+                    floors = {"floor": floor, "floor_fastapi": floor_fastapi} if FLOOR else {}
+                    asyncio.run(part1(args, url, pid, log, token, record.grpc_url, floors))
         if args.part in ("all", "prefix"):
             part2(args, work, checkpoint)
     finally:

@@ -6,7 +6,10 @@ event per piece, then a usage event and `[DONE]`), the same gRPC stream to the r
 TritonEngine). bench_gateway.py measures it as the `floor` side beside the real gateway: what the gateway adds
 beyond this floor is its own code; what the floor adds over direct gRPC is the price of any HTTP hop in Python.
 
-    python benchmarks/minimal_relay.py GRPC_URL PORT [TOKEN]
+With `--fastapi` the same relay is one FastAPI route (a pydantic body, Starlette's streaming response as the
+gateway uses it): the price of the web framework alone, between the floor and the gateway.
+
+    python benchmarks/minimal_relay.py GRPC_URL PORT [TOKEN] [--fastapi]
 """
 
 from __future__ import annotations
@@ -19,10 +22,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvicorn  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
 
 from hpc.gateway.triton import GenerateParams, TritonEngine  # noqa: E402
 
 HEADERS = [(b"content-type", b"text/event-stream")]
+
+
+class Body(BaseModel):
+    """The `--fastapi` route's body (at module level: FastAPI resolves the annotation by name)."""
+
+    prompt: str
+    max_tokens: int
 
 
 def make_app(grpc_url: str, token: str | None) -> Any:
@@ -59,11 +70,37 @@ def make_app(grpc_url: str, token: str | None) -> Any:
     return app
 
 
+def make_fastapi_app(grpc_url: str, token: str | None) -> Any:
+    from fastapi import FastAPI
+
+    from hpc.gateway.streaming import EventStream
+
+    engine = TritonEngine()
+    app = FastAPI()
+
+    async def events(params: GenerateParams) -> Any:
+        tokens = 0
+        async for chunk in engine.stream(grpc_url, params, token):
+            tokens += chunk.tokens
+            if chunk.text:
+                yield b'data: {"text": ' + json.dumps(chunk.text).encode() + b"}\n\n"
+        usage = json.dumps({"id": "floor", "usage": {"completion_tokens": tokens}}).encode()
+        yield b"data: " + usage + b"\n\ndata: [DONE]\n\n"
+
+    @app.post("/")
+    async def relay(body: Body) -> Any:
+        return EventStream(events(GenerateParams(body.prompt, body.max_tokens)), media_type="text/event-stream")
+
+    return app
+
+
 def main() -> None:
-    grpc_url, port = sys.argv[1], int(sys.argv[2])
-    token = sys.argv[3] if len(sys.argv) > 3 else None
+    args = [a for a in sys.argv[1:] if a != "--fastapi"]
+    grpc_url, port = args[0], int(args[1])
+    token = args[2] if len(args) > 2 else None
+    make = make_fastapi_app if "--fastapi" in sys.argv else make_app
     uvicorn.run(
-        make_app(grpc_url, token),
+        make(grpc_url, token),
         host="127.0.0.1",
         port=port,
         http="httptools",
