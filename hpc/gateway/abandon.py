@@ -59,14 +59,8 @@ class Reader:
         return item
 
 
-def stop_tensors() -> list[grpcclient.InferInput]:
-    """A stop request's inputs: the engine model's required ones (a one-token placeholder) and `stop`."""
-    arrays = {
-        "input_ids": (np.array([[0]], dtype=np.int32), "INT32"),
-        "input_lengths": (np.array([[1]], dtype=np.int32), "INT32"),
-        "request_output_len": (np.array([[1]], dtype=np.int32), "INT32"),
-        "stop": (np.array([[True]], dtype=bool), "BOOL"),
-    }
+def infer_inputs(arrays: dict[str, tuple[np.ndarray, str]]) -> list[grpcclient.InferInput]:
+    """tritonclient's inputs for {name: (array, Triton dtype)}."""
     tensors = []
     for name, (array, dtype) in arrays.items():
         tensor = grpcclient.InferInput(name, list(array.shape), dtype)
@@ -75,10 +69,12 @@ def stop_tensors() -> list[grpcclient.InferInput]:
     return tensors
 
 
-async def _stop(client: Any, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
-    request = _get_inference_request(
-        model_name=ENGINE_MODEL,
-        inputs=stop_tensors(),
+def stream_request(model: str, inputs: list[grpcclient.InferInput], request_id: str) -> Any:
+    """One request for Triton's streaming RPC, built with tritonclient's own builder (its asyncio `stream_infer`
+    refuses the reserved parameters a caller may need to set on it)."""
+    return _get_inference_request(
+        model_name=model,
+        inputs=inputs,
         model_version="",
         request_id=request_id,
         outputs=None,
@@ -89,6 +85,22 @@ async def _stop(client: Any, request_id: str, metadata: tuple[tuple[str, str], .
         timeout=None,
         parameters=None,
     )
+
+
+def stop_tensors() -> list[grpcclient.InferInput]:
+    """A stop request's inputs: the engine model's required ones (a one-token placeholder) and `stop`."""
+    return infer_inputs(
+        {
+            "input_ids": (np.array([[0]], dtype=np.int32), "INT32"),
+            "input_lengths": (np.array([[1]], dtype=np.int32), "INT32"),
+            "request_output_len": (np.array([[1]], dtype=np.int32), "INT32"),
+            "stop": (np.array([[True]], dtype=bool), "BOOL"),
+        }
+    )
+
+
+async def _stop(client: Any, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
+    request = stream_request(ENGINE_MODEL, stop_tensors(), request_id)
 
     async def one():
         yield request

@@ -26,11 +26,10 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
-from tritonclient.grpc._utils import _get_inference_request
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from hpc.auth import grpc_headers
-from hpc.gateway.abandon import Reader, abandon
+from hpc.gateway.abandon import Reader, abandon, infer_inputs, stream_request
 
 MODEL = "ensemble"
 #: how long a finished stream is given to end by itself before it is cancelled (see `_end`)
@@ -118,12 +117,7 @@ class GenerateParams:
             arrays["seed"] = (np.array([[self.seed]], dtype=np.uint64), "UINT64")
         if self.logprobs:
             arrays["return_log_probs"] = (np.array([[True]], dtype=bool), "BOOL")
-        tensors = []
-        for name, (array, dtype) in arrays.items():
-            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-        return tensors
+        return infer_inputs(arrays)
 
 
 _KEEPALIVE = grpcclient.KeepAliveOptions()
@@ -171,19 +165,7 @@ class TritonEngine:
         """Text pieces as the replica produces them, with their token counts. ReplicaUnavailable for transport
         trouble, TokenRefused for a missing or wrong token, ModelError for the model's own refusal."""
         request_id = f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}"
-        request = _get_inference_request(
-            model_name=self.model,
-            inputs=params.tensors(),
-            model_version="",
-            request_id=request_id,
-            outputs=None,
-            sequence_id=0,
-            sequence_start=False,
-            sequence_end=False,
-            priority=0,
-            timeout=None,
-            parameters=None,
-        )
+        request = stream_request(self.model, params.tensors(), request_id)
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         finished = asyncio.Event()
 
