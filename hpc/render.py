@@ -106,6 +106,7 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "follower_models": ["tensorrt_llm"],
         "server_args": [f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args],
         "ready_timeout_s": spec.triton.ready_timeout_s,
+        "warmup_timeout_s": spec.triton.warmup_timeout_s,
         "env": default_env(spec.mode),
         "auth": spec.auth,
         "gpu_binding": gpu_decision(spec).binding,

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 import backend.repository
 from hpc import render as R
 from hpc.spec import Spec, load_spec, parse_spec
+from launcher import config as launcher_config
 from launcher.layout import JobPaths
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,10 +137,17 @@ def test_launch_json_contract(tmp_path):
         replicas=2,
         model={"tp_size": 2},
         slurm={"ntasks_per_node": 4},
-        triton={"log_verbose": 2, "server_args": ["--exit-timeout-secs=5"], "ready_timeout_s": 60},
+        triton={
+            "log_verbose": 2,
+            "server_args": ["--exit-timeout-secs=5"],
+            "ready_timeout_s": 60,
+            "warmup_timeout_s": 30,
+        },
     )
     R.render(spec, tmp_path / "d")
     plan = json.loads((tmp_path / "d" / "launch.json").read_text())
+    loaded = launcher_config.load(tmp_path / "d" / "launch.json")
+    assert (loaded.ready_timeout_s, loaded.warmup_timeout_s) == (60, 30), "what the launcher reads of it"
     assert plan == {
         "version": 1,
         "name": "cpu-test",
@@ -155,6 +163,7 @@ def test_launch_json_contract(tmp_path):
         "follower_models": ["tensorrt_llm"],
         "server_args": ["--log-verbose=2", "--exit-timeout-secs=5"],
         "ready_timeout_s": 60,
+        "warmup_timeout_s": 30,
         "env": {"PMIX_MCA_gds": "hash"},
         "auth": "token",
         "gpu_binding": "none",

@@ -46,7 +46,7 @@ from hpc.spec.gateway import GatewaySpec
 from hpc.spec.renew import RenewSpec, format_duration
 from launcher.auth import MODES as AUTH_MODES
 from launcher.auth import TOKEN as AUTH_TOKEN
-from launcher.config import DEFAULT_READY_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
+from launcher.config import DEFAULT_READY_TIMEOUT_S, DEFAULT_WARMUP_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
 from launcher.gpu import POLICIES as GPU_POLICIES
 
 
@@ -236,6 +236,7 @@ class TritonSpec(_Section):
     log_verbose: int = Field(0, ge=0, le=6)
     server_args: list[str] = Field(default_factory=list, description="extra tritonserver flags for every rank")
     ready_timeout_s: int = Field(DEFAULT_READY_TIMEOUT_S, ge=10)
+    warmup_timeout_s: float = Field(DEFAULT_WARMUP_TIMEOUT_S, ge=1, description="the first token after loading")
 
     _server = field_validator("server")(lambda v: _no_newline(v) if v else v)
 
