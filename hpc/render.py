@@ -275,6 +275,7 @@ def gateway_context(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "time": g.time or s.time,
         "python": sys.executable,
         "source_root": str(SOURCE_ROOT),
+        "renew": spec.renew is not None,  # the gateway job renews itself too (hpc/gateway/renewal.py)
     }
 
 

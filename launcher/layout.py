@@ -42,6 +42,9 @@ GATEWAY_RECORD_SUFFIX = ".gateway.json"
 GATEWAY_SUB_NAME = "gateway.sub"
 #: in `D/jobs/<job_id>/`: this job is the deployment's gateway, not a serving job (written by submit and the script)
 GATEWAY_JOB_MARKER_NAME = "gateway_job"
+#: in a gateway job's `D/jobs/<job_id>/`: {"job_id": …} of the gateway job it submitted to take over before its time
+#: limit (hpc/gateway/renewal.py); the successor may replace a live record of the job that names it here
+GATEWAY_SUCCESSOR_NAME = "gateway_successor"
 #: a spec's `build:` section: the engine build job's sbatch script (hpc/engine_build/), and in its job folder the mark that
 #: it is a build job, and what it records when a step fails (the step's name, command and exit status)
 BUILD_SUB_NAME = "build.sub"
@@ -296,6 +299,11 @@ class JobPaths:
     def gateway_marker(self) -> Path:
         """Present in a gateway job's folder: its state comes from the gateway record, not from replicas."""
         return self.folder / GATEWAY_JOB_MARKER_NAME
+
+    @property
+    def gateway_successor(self) -> Path:
+        """A renewing gateway job's successor (its job id), written once it was submitted."""
+        return self.folder / GATEWAY_SUCCESSOR_NAME
 
     @property
     def build_marker(self) -> Path:

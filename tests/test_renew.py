@@ -108,10 +108,13 @@ def test_the_bounds_of_before_are_the_stop_lead_and_the_start_up(tmp_path):
     load_spec(_spec(tmp_path, renew={"before": "90s"}), check_files=False)
 
 
-def test_a_gateway_job_must_be_given_a_time_that_outlives_the_chain(tmp_path):
-    problems = _problems(_spec(tmp_path, renew={"before": "1m"}, gateway={}))
-    assert "gateway: with renew, the gateway job must outlive every job of the chain" in problems
+def test_a_renewing_gateway_job_needs_a_time_longer_than_renew_before(tmp_path):
+    """The gateway job renews itself by renew.before too, so its time (slurm.time when not given) must leave room."""
+    load_spec(_spec(tmp_path, renew={"before": "1m"}, gateway={}), check_files=False)
     load_spec(_spec(tmp_path, renew={"before": "1m"}, gateway={"time": "7-00:00:00"}), check_files=False)
+    problems = _problems(_spec(tmp_path, renew={"before": "1m"}, gateway={"time": "00:01:00"}))
+    assert "gateway.time: the gateway job renews itself 1m before its time limit" in problems
+    assert "use 1m30s or more" in problems
 
 
 def test_until_as_a_date_is_its_midnight(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hpc.cli_support import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, err
 from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
@@ -80,6 +81,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             job_id=args.job_id,
             max_outstanding=limit,
             prefix_chars=args.prefix_chars,
+            renew_from=args.renew_from,
         )
     except GatewayRunning as exc:
         err(str(exc))
@@ -128,6 +130,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help=f"prompt characters that key prefix affinity (default {PREFIX_CHARS}; 0: affinity off)",
     )
     p.add_argument("--job-id", default="", help=argparse.SUPPRESS)  # set by the gateway's own job script
+    # ... and, when the deployment renews, its folder: the job renews itself (hpc/gateway/renewal.py)
+    p.add_argument("--renew-from", type=Path, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_gateway)
 
     p = sub.add_parser("token", help="print the deployment's access token (auth: token; a 0600 file in its folders)")

@@ -9,17 +9,23 @@ a socket that accepts but does not answer yet, and take a live gateway for a sta
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import ipaddress
+import json
 import logging
 import os
 import socket
 import time
+from pathlib import Path
 
 from hpc.gateway.record import live_gateway, node_name, publish, record_path, withdraw
+from hpc.gateway.renewal import GatewayRenewer, takes_over_from
 from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 from hpc.routing.deployment import Target
+from launcher.layout import Deployment
 from launcher.records import GatewayRecord, advertised_address
+from launcher.renew_plan import RenewPlan
 from launcher.urls import http_url
 
 log = logging.getLogger("hpc_serve.gateway")
@@ -46,13 +52,17 @@ def advertised(host: str) -> str:
     return f"[{host}]" if ip.version == 6 else host
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A bound socket (`port` 0: any free one); OSError (e.g. EADDRINUSE) as the caller's error to report."""
+def listen(host: str, port: int, shared: bool = False) -> socket.socket:
+    """A bound socket (`port` 0: any free one); OSError (e.g. EADDRINUSE) as the caller's error to report.
+    `shared`: SO_REUSEPORT, so that a renewing gateway job's successor can listen on the same port beside it
+    (hpc/gateway/renewal.py); only such jobs ask for it, so no other gateway shares a port by accident."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named explicitly: asyncio turns Nagle off (TCP_NODELAY) on accepted connections only when
     # the listening socket says it is TCP; without it every response with a body waited ~40 ms for an ACK
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
@@ -61,11 +71,23 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def refuse_if_running(target: Target) -> None:
+def _renewer(target: Target, job_id: str, renew_from: Path | None) -> GatewayRenewer | None:
+    """The renewal of a gateway job whose deployment renews (launch.json's `renew`), else None."""
+    if not job_id or renew_from is None:
+        return None
+    plan = RenewPlan.of_launch(json.loads(Deployment(renew_from).launch.read_text()))
+    return GatewayRenewer(renew_from, target, job_id, plan) if plan is not None else None
+
+
+def refuse_if_running(target: Target, job_id: str = "") -> None:
     """GatewayRunning naming the live gateway; a stale record (nothing answers as this deployment) is left for
-    this gateway's own record to replace."""
+    this gateway's own record to replace, and so is the live record of the gateway job that submitted this one
+    (`job_id`) as its successor (hpc/gateway/renewal.py)."""
     live = live_gateway(target)
     if live is None:
+        return
+    if takes_over_from(target, live, job_id):
+        log.info("taking over from gateway job %s at %s", live.job_id, live.url)
         return
     where = f"job {live.job_id}" if live.job_id else f"pid {live.pid} on {live.host}"
     raise GatewayRunning(
@@ -82,15 +104,18 @@ def run(
     job_id: str = "",
     max_outstanding: int | None = MAX_OUTSTANDING,
     prefix_chars: int = PREFIX_CHARS,
+    renew_from: Path | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`: hpc.gateway.app.create_app's). Raises
-    GatewayRunning, OSError (the port)."""
+    """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`: hpc.gateway.app.create_app's). A gateway
+    job (`job_id`) whose deployment folder `renew_from` has a renew plan renews itself (hpc/gateway/renewal.py)
+    and ends once its successor serves. Raises GatewayRunning, OSError (the port)."""
     import uvicorn
 
     from hpc.gateway.app import create_app
 
-    refuse_if_running(target)
-    sock = listen(host, port)
+    renewer = _renewer(target, job_id, renew_from)
+    refuse_if_running(target, job_id)
+    sock = listen(host, port, shared=renewer is not None and port != 0)
     url = http_url(advertised(host), sock.getsockname()[1])
     record = GatewayRecord(
         name=target.name, url=url, host=node_name(), pid=os.getpid(), job_id=job_id, started_at=time.time()
@@ -104,11 +129,15 @@ def run(
                 tokens = app.state.gateway.discovery.tokens
                 publish(target, dataclasses.replace(record, auth=bool(tokens)))
                 log.info("listening at %s (record %s)", url, record_path(target))
+                if renewer is not None:
+                    self.renewal = asyncio.ensure_future(renewer.run(self))
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             # Here and not after run(): uvicorn re-raises the SIGTERM it caught once it has stopped, which ends
             # the process before anything after run() would execute. First thing: it takes no new connections.
-            withdraw(target, record)
+            withdraw(target, record)  # only if still its own: a successor's record stays
+            if getattr(self, "renewal", None) is not None:
+                self.renewal.cancel()
             await super().shutdown(sockets=sockets)
 
     # httptools and uvloop (package dependencies) named, not left to uvicorn's "auto": with h11 and asyncio's own

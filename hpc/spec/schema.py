@@ -382,12 +382,15 @@ class Spec(_Section):
                 + (f"use {format_duration(most)} at most, or " if most >= least else "")
                 + "a longer slurm.time"
             )
-        if self.gateway is not None and self.gateway.enabled and self.gateway.time is None:
-            raise ValueError(
-                "@gateway: with renew, the gateway job must outlive every job of the chain, but gateway.time defaults "
-                f"to slurm.time ({self.slurm.time}); set gateway.time (e.g. 7-00:00:00), or run `hpc-serve gateway` "
-                "by hand"
-            )
+        if self.gateway is not None and self.gateway.enabled and self.gateway.time is not None:
+            # the gateway job renews itself by the same `before` (hpc/gateway/renewal.py)
+            gateway_limit = slurm_time_seconds(self.gateway.time)
+            if gateway_limit is not None and before > gateway_limit - RENEW_STARTUP_S:
+                raise ValueError(
+                    f"@gateway.time: the gateway job renews itself {self.renew.before} before its time limit "
+                    f"(renew.before), so gateway.time {self.gateway.time} must be longer than that plus "
+                    f"{RENEW_STARTUP_S:g} s of start-up; use {format_duration(before + RENEW_STARTUP_S)} or more"
+                )
 
 
 def _did_you_mean(word: str, choices: Any) -> str:

@@ -1,0 +1,116 @@
+"""A gateway job renews itself (hpc/gateway/renewal.py) on the real test cluster: with `renew:` and a gateway
+job of 2 minutes on a fixed port on node1, the job submits its successor a minute before its limit, the
+successor listens on the same port beside it and publishes its record, the predecessor stops taking connections
+and ends COMPLETED, and a client of the `openai` package sending requests all along to the one address sees no
+failure. Cancelling the deployment takes the successor down too."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from launcher.layout import gateway_record
+from launcher.records import read_gateway
+from tests.e2e import cli, status, wait_for, write_spec
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(420)]
+
+openai = pytest.importorskip("openai")
+NAME = "gwrenew"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def deployment(tmp_path, slurm_cluster, tritonserver, tiny_gpt2) -> Iterator[dict]:
+    old_home = os.environ.get("HPC_SERVE_HOME")
+    os.environ["HPC_SERVE_HOME"] = str(tmp_path / "hpc-home")
+    spec = write_spec(tmp_path, NAME, tiny_gpt2, renew={"before": "1m"})
+    data = yaml.safe_load(spec.read_text())
+    port = _free_port()
+    data["gateway"] = {"cpus": 1, "mem": "1G", "time": "00:02:00", "refresh_s": 1, "port": port, "nodelist": "node1"}
+    spec.write_text(yaml.safe_dump(data))
+    state: dict = {"spec": spec, "workdir": tmp_path / "runs", "port": port}
+    try:
+        yield state
+    finally:
+        cli("cancel", NAME, check=False)
+        ids = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True).stdout.split()
+        for line in ids:
+            job, _, name = line.partition("|")
+            if name.startswith(NAME):
+                subprocess.run(["scancel", job], capture_output=True, check=False)
+        if old_home is None:
+            os.environ.pop("HPC_SERVE_HOME", None)
+        else:
+            os.environ["HPC_SERVE_HOME"] = old_home
+
+
+def test_the_gateway_job_hands_over_to_its_successor_on_the_same_address(deployment):
+    out = cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200").stdout.splitlines()
+    gateway_words = out[1].split()
+    assert gateway_words[0] == "gateway", out
+    first = gateway_words[1]
+    wait_for(lambda: status(first).get("state") == "READY", 120, f"gateway job {first} to be READY")
+    record = read_gateway(gateway_record(deployment["workdir"], NAME))
+    assert record is not None and record.job_id == first and record.url.endswith(f":{deployment['port']}")
+    token = cli("token", NAME).stdout.strip()
+    client = openai.OpenAI(base_url=record.url + "/v1", api_key=token)
+    counts = {"ok": 0, "streamed": 0}
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                if i % 2:
+                    out = client.completions.create(model=NAME, prompt=f"Request {i}", max_tokens=8)
+                    assert out.choices[0].text is not None
+                    counts["ok"] += 1
+                else:
+                    chunks = list(
+                        client.completions.create(model=NAME, prompt=f"Stream {i}", max_tokens=8, stream=True)
+                    )
+                    assert chunks
+                    counts["streamed"] += 1
+            except Exception as exc:  # noqa: BLE001 - every failure a client would see is counted
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+    workers = [threading.Thread(target=load) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    try:
+
+        def handed_over() -> bool:
+            current = read_gateway(gateway_record(deployment["workdir"], NAME))
+            return current is not None and current.job_id != first
+
+        wait_for(handed_over, 200, "the successor gateway job to publish its record")
+        successor = read_gateway(gateway_record(deployment["workdir"], NAME))
+        assert successor is not None and successor.url == record.url, "the same node and port: the same address"
+        wait_for(lambda: status(first).get("state") in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), 60, "the end")
+        assert status(first)["state"] == "COMPLETED", status(first)
+        assert status(successor.job_id)["state"] == "READY"
+        time.sleep(3)  # requests go on through the successor alone
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+    assert not failures, failures[:5]
+    assert counts["ok"] > 10 and counts["streamed"] > 10, counts
+    cli("cancel", NAME)
+    wait_for(lambda: status(successor.job_id).get("state") == "CANCELLED", 60, "the successor to be cancelled")
+    assert read_gateway(gateway_record(deployment["workdir"], NAME)) is None
