@@ -114,11 +114,17 @@ def first_event(event: str) -> str:
     return str(data[OUTPUT])
 
 
+#: how much longer than warmup_timeout_s the request's socket waits (see send)
+SOCKET_GRACE_S = 2.0
+
+
 def send(warmup: Warmup, port: int, host: str = "127.0.0.1") -> str:
     """Send the warm-up and read its first event: the generated text (WarmupFailed otherwise). The rest of the
     stream (at most a final empty response: max_tokens is 1) is not waited for."""
     try:
-        with open_direct(warmup.request(port, host), timeout=warmup.timeout_s) as resp:
+        # the socket's own timeout a little past warmup_timeout_s: the supervisor's clock in warm_up() decides
+        # (a socket timing out at the same moment would read as a failed request, not as the timeout)
+        with open_direct(warmup.request(port, host), timeout=warmup.timeout_s + SOCKET_GRACE_S) as resp:
             for raw in iter(resp.readline, b""):
                 line = raw.decode("utf-8", "replace").strip()
                 if line.startswith("data:"):
