@@ -278,31 +278,35 @@ def test_logprobs_of_completions_and_chat(client, gateway):
     assert exc.value.body["param"] == "logprobs"
 
 
-def _postprocessed(metrics_url: str) -> float:
-    """How many responses the replica's postprocessing model has turned into text (one per streamed token)."""
+def _engine_steps(metrics_url: str) -> float:
+    """The replica's engine decode steps so far (the CPU engine's `iteration_counter`, set at every step): one
+    per generated token while it serves one request. Why not a later model's count: under load the engine
+    outruns postprocessing, whose queue still turns every token already made into text after a stop."""
     samples = _metrics(metrics_url.removesuffix("/metrics"))
-    return sum(
+    (steps,) = [
         v
         for (name, labels), v in samples.items()
-        if name == "nv_inference_request_success_total" and ("model", "postprocessing") in labels
-    )
+        if name == "nv_trt_llm_general_metrics" and ("general_type", "iteration_counter") in labels
+    ]
+    return steps
 
 
-def test_a_client_gone_mid_stream_ends_the_replicas_stream(gateway):
-    """A client that closes its connection after the first event ends the replica's stream at once (the
-    gateway's watcher for `http.disconnect`, hpc/gateway/streaming.py): the replica's postprocessing turns a
-    few of the tokens asked into text, not all of them, and the gateway's count of the replica's requests in
-    flight returns to 0. A full stream of the same request first shows how many it would be."""
+def test_a_client_gone_mid_stream_ends_the_replicas_generation(gateway):
+    """A client that closes its connection after the first event stops the replica's generation at once (the
+    gateway's watcher for `http.disconnect`, hpc/gateway/streaming.py, and the stop by request id,
+    hpc/gateway/abandon.py): the engine makes a few of the tokens asked, not all of them, and the gateway's
+    count of the replica's requests in flight returns to 0. A full stream of the same request first shows how
+    many it would be."""
     (job, job_dir) = gateway["jobs"][0]
     (record,) = read_endpoints(JobPaths.of_folder(job_dir))
     body = {"model": gateway["model"], "prompt": "Once upon a time", "max_tokens": 200, "stream": True}
     headers = {"Authorization": f"Bearer {gateway['token']}"}
-    before = _postprocessed(record.metrics_url)
+    before = _engine_steps(record.metrics_url)
     with httpx.stream("POST", gateway["url"] + "/v1/completions", json=body, headers=headers, timeout=60) as r:
         full_events = sum(1 for line in r.iter_lines() if line.startswith("data: {"))
-    full = _postprocessed(record.metrics_url) - before
-    assert full >= 150, f"the full stream must be long enough to tell (postprocessed {full}, {full_events} events)"
-    before = _postprocessed(record.metrics_url)
+    full = _engine_steps(record.metrics_url) - before
+    assert full >= 150, f"the full stream must be long enough to tell ({full} steps, {full_events} events)"
+    before = _engine_steps(record.metrics_url)
     with httpx.stream("POST", gateway["url"] + "/v1/completions", json=body, headers=headers, timeout=60) as r:
         assert r.status_code == 200
         next(line for line in r.iter_lines() if line.startswith("data: {"))
@@ -314,9 +318,9 @@ def test_a_client_gone_mid_stream_ends_the_replicas_stream(gateway):
         return all(v == 0 for (name, _), v in samples.items() if name == "hpc_serve_gateway_replica_outstanding")
 
     wait_for(settled, 30, "the gateway's requests in flight to the replica to end")
-    time.sleep(1.0)  # what the replica would still postprocess, had its stream been left running
-    cut = _postprocessed(record.metrics_url) - before
-    assert cut < full / 2, f"the replica went on after the client left: {cut} of {full} responses postprocessed"
+    time.sleep(1.0)  # what the engine would still make, had its generation been left running
+    cut = _engine_steps(record.metrics_url) - before
+    assert cut < full / 2, f"the replica went on after the client left: {cut} of {full} engine steps"
 
 
 def test_metrics_count_requests_tokens_and_replicas(client, gateway):
