@@ -178,4 +178,5 @@ def test_requeue_withdraws_the_endpoints_and_serves_again_counting_the_restart(j
     assert json.loads((previous / "endpoints" / stale.name).read_text())["pid"] == 1
     assert json.loads((previous / "ranks" / "rank-0.json").read_text())["signal"] == "SIGKILL"
     assert not (paths.ranks_dir / "rank-0.json").exists()
+    assert not paths.stop_request.exists(), "the requeue's stop request went with the last run's records"
     assert cli("generate", job, "after the restart", "--max-tokens", "4", "--replica", "0").stdout.strip()
