@@ -108,6 +108,15 @@ def job_processes(job_id: str) -> list[int]:
     return pids
 
 
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie waiting for its parent to reap it has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def cancel_local(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> None:
     """SIGTERM the supervisor (mpirun passes it to every launcher, which stops tritonserver gracefully), wait
     for the ranks to go, then SIGKILL whatever is left."""
@@ -118,10 +127,13 @@ def cancel_local(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> None:
         os.kill(int(state["pid"]), signal.SIGTERM)
     except ProcessLookupError:
         pass
+    supervisor = int(state["pid"])
     deadline = time.monotonic() + grace_s
-    while job_processes(ref.job_id) and time.monotonic() < deadline:
+    # the supervisor too: it is not marked like the processes it starts, and it exits just after them (a cancel
+    # that returned before it did left `hpc.local_run` running for a moment after CANCELLED)
+    while (job_processes(ref.job_id) or _running(supervisor)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for pid in job_processes(ref.job_id):
+    for pid in [*job_processes(ref.job_id), *([supervisor] if _running(supervisor) else [])]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
