@@ -1,6 +1,7 @@
-"""What every `hpc-serve` command module shares: the exit-code table, error printing, loading a spec or exiting.
+"""What every `hpc-serve` command module shares: the exit-code table, error printing, loading a spec or exiting,
+finding the job or deployment a command names or exiting.
 
-Why a module of its own: the command modules (cli, jobs_cli, launch) used to import these from each other,
+Why a module of its own: the command modules (cli, jobs_cli, query_cli, launch) used to import these from each other,
 which made an import cycle; now they all import from here and from nothing of each other.
 """
 
@@ -10,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from hpc.jobs import JobRef
     from hpc.spec import Spec
 
 #: Exit codes of every command: 0 ok, 1 the job failed / was cancelled / timed out, 2 bad input (spec,
@@ -50,3 +52,25 @@ def note_model_to_create(spec: Spec) -> None:
             f"creates it (model.init), or create it now with: {command}",
             file=sys.stderr,
         )
+
+
+def find_job_or_exit(job: str) -> JobRef:
+    """The job, looked up once per command (its folder from the index, else scontrol/sacct), or exit 3."""
+    from hpc.jobs import JobNotFound, find_job
+
+    try:
+        return find_job(job)
+    except JobNotFound as exc:
+        print(f"hpc-serve: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_NOT_FOUND) from None
+
+
+def job_or_deployment(targets: list[str]):
+    """(the deployment or None, the jobs named): one job id or folder is looked up as a job first (its folder
+    need not hold a readable spec); anything else as a TARGET (hpc/routing/deployment.py `resolve`)."""
+    from hpc.gateway.cli import resolve_or_exit
+    from hpc.routing.deployment import names_indexed_job
+
+    if len(targets) == 1 and names_indexed_job(targets[0]):
+        return None, [find_job_or_exit(targets[0])]
+    return resolve_or_exit(targets)

@@ -1,7 +1,9 @@
 """The job commands of `hpc-serve`: submit, status, list, wait, endpoints, logs, cancel, generate.
 
 All of them work from a fresh shell with only the job id (hpc/jobs.py finds the folder), for jobs
-submitted by `hpc-serve submit` and by hand with `sbatch tensorrt_llm_triton.sub`.
+submitted by `hpc-serve submit` and by hand with `sbatch tensorrt_llm_triton.sub`. `add_commands` registers
+them all, in the order `hpc-serve --help` lists them; the ones that submit, wait for, stop or talk to a job
+run here, the ones that only look (status, list, endpoints, logs) in hpc/query_cli.py.
 """
 
 from __future__ import annotations
@@ -11,46 +13,24 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hpc.cli_support import (
     EXIT_JOB_FAILED,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
+    find_job_or_exit,
+    job_or_deployment,
     load_spec_or_exit,
 )
+from hpc.query_cli import cmd_endpoints, cmd_list, cmd_logs, cmd_status, print_endpoints_or_exit
 from launcher.config import CANCEL_GRACE_S
-
-if TYPE_CHECKING:
-    from hpc.jobs import JobRef
 
 
 def _console():
     from rich.console import Console
 
     return Console(stderr=True, highlight=False)
-
-
-def _find(job: str) -> JobRef:
-    """The job, looked up once per command (its folder from the index, else scontrol/sacct), or exit 3."""
-    from hpc.jobs import JobNotFound, find_job
-
-    try:
-        return find_job(job)
-    except JobNotFound as exc:
-        print(f"hpc-serve: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_NOT_FOUND) from None
-
-
-def _latest_job() -> JobRef:
-    from hpc.jobs import list_jobs
-
-    jobs = list_jobs()
-    if not jobs:
-        print("hpc-serve: no jobs yet; submit one with `hpc-serve submit SPEC`", file=sys.stderr)
-        raise SystemExit(EXIT_NOT_FOUND)
-    return jobs[0]
 
 
 def _wait_and_report(ref, timeout: float | None) -> int:
@@ -67,7 +47,7 @@ def _wait_and_report(ref, timeout: float | None) -> int:
 
         status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
     if status.state == "READY":
-        _print_endpoints([ref], "text")
+        print_endpoints_or_exit([ref], "text")
         console.print(
             f'[dim]next: hpc-serve generate {ref.job_id} "Hello"  ·  hpc-serve status {ref.job_id}  ·  '
             f"hpc-serve cancel {ref.job_id}[/dim]",
@@ -129,130 +109,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _job_or_deployment(targets: list[str]):
-    """(the deployment or None, the jobs named): one job id or folder is looked up as a job first (its folder
-    need not hold a readable spec); anything else as a TARGET (hpc/routing/deployment.py `resolve`)."""
-    from hpc.gateway.cli import resolve_or_exit
-    from hpc.routing.deployment import names_indexed_job
-
-    if len(targets) == 1 and names_indexed_job(targets[0]):
-        return None, [_find(targets[0])]
-    return resolve_or_exit(targets)
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from hpc.track import job_status
-
-    target, refs = _job_or_deployment(args.target) if args.target else (None, [_latest_job()])
-    if target is None or len(refs) == 1:
-        from hpc.chain import job_chain_line
-
-        status = job_status(refs[0], with_gateway=True)
-        chain = None if args.json else job_chain_line(refs[0])
-        print(json.dumps(status.to_json(), indent=2) if args.json else status.summary())
-        if chain:
-            print(chain)
-        if not args.json and status.kind == "serving" and status.state != "READY":
-            from hpc.engine_build.cli import print_builds
-
-            print_builds(refs[0])
-        return EXIT_JOB_FAILED if status.state in ("FAILED", "TIMEOUT") else EXIT_OK
-    from hpc.views import deployment_status
-
-    view = deployment_status(target, refs)
-    print(json.dumps(view.to_json(), indent=2) if args.json else view.summary())
-    return EXIT_JOB_FAILED if any(s.state in ("FAILED", "TIMEOUT") for s in view.jobs) else EXIT_OK
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from hpc.executors import watch
-    from hpc.jobs import list_jobs
-    from hpc.track import job_status
-
-    table = Table("job", "state", "reason / endpoint", "folder")
-    rows = []
-    refs = list_jobs()[: args.limit]
-    watch(refs)  # one sacct (and squeue) for all of them, not one per job
-    for ref in refs:
-        status = job_status(ref)
-        detail = status.reason or status.url or ", ".join(f"{e.address}:{e.http_port}" for e in status.endpoints)
-        job = f"{ref.job_id} ({status.kind})" if status.kind in ("gateway", "build") else ref.job_id
-        table.add_row(job, status.state, detail or "", str(ref.deploy_dir))
-        rows.append(status.to_json())
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        Console().print(table)
-    return EXIT_OK
-
-
 def cmd_wait(args: argparse.Namespace) -> int:
-    return _wait_and_report(_find(args.job), args.timeout)
-
-
-def _print_endpoints(refs: list[JobRef], fmt: str, target=None, what: str = "") -> int:
-    """The deployment's gateway first when one answers, then the replicas (hpc/views.py)."""
-    from hpc.views import print_endpoints
-
-    if print_endpoints(target, refs, fmt):
-        return EXIT_OK
-    what = what or refs[0].job_id
-    print(f"hpc-serve: {what} has no ready endpoint yet; see `hpc-serve status {what}`", file=sys.stderr)
-    return EXIT_NOT_FOUND
-
-
-def cmd_endpoints(args: argparse.Namespace) -> int:
-    target, refs = _job_or_deployment(args.target)
-    return _print_endpoints(refs, "json" if args.json else args.format, target, " ".join(args.target))
-
-
-def _current_job(target: str) -> JobRef:
-    """The job TARGET names, or of a deployment its current job (hpc/chain.py `current_job`)."""
-    from hpc.chain import current_job
-
-    found, refs = _job_or_deployment([target])
-    if refs:
-        return refs[0]
-    ref = current_job(found)
-    if ref is None:
-        print(f"hpc-serve: {target}: the deployment has no job yet", file=sys.stderr)
-        raise SystemExit(EXIT_NOT_FOUND)
-    print(f"hpc-serve: job {ref.job_id} of {found.name}", file=sys.stderr)
-    return ref
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    ref = _current_job(args.target)
-    # a build job has one log, its steps' output (hpc/engine_build/)
-    path = ref.paths.build_log if ref.is_build else ref.rank_log(args.rank, "err" if args.err else "out")
-    while not path.exists():
-        if not args.follow:
-            print(f"hpc-serve: no log yet at {path}", file=sys.stderr)
-            return EXIT_NOT_FOUND
-        time.sleep(0.5)
-    with open(path, errors="replace") as log:
-        sys.stdout.write(log.read())
-        sys.stdout.flush()
-        if not args.follow:
-            return EXIT_OK
-        from hpc.track import job_status
-
-        last_check = 0.0
-        while True:
-            chunk = log.read()
-            if chunk:
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
-                continue
-            if time.monotonic() - last_check > 5:
-                last_check = time.monotonic()
-                if job_status(ref).done:
-                    sys.stdout.write(log.read())
-                    return EXIT_OK
-            time.sleep(0.3)
+    return _wait_and_report(find_job_or_exit(args.job), args.timeout)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -262,7 +120,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from hpc.slurm import SlurmError
     from hpc.submit import cancel
 
-    target, refs = _job_or_deployment([args.target])
+    target, refs = job_or_deployment([args.target])
     try:
         statuses = [cancel(ref, grace_s=args.grace) for ref in refs] or cancel_deployment(target, args.grace)
     except SlurmError as exc:  # scancel refused (not the owner …): its words, not a traceback
@@ -317,7 +175,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     options = {"model": args.model, "gateway": False if args.direct else None}
     try:
         if args.replica is not None:
-            client = Client.from_job(_find(args.target), replica=args.replica, **options)
+            client = Client.from_job(find_job_or_exit(args.target), replica=args.replica, **options)
         else:
             client = Client(args.target, **options)
         with client:
