@@ -17,6 +17,7 @@ from hpc.model_init import ensure_model
 from hpc.render import render
 from hpc.slurm import SlurmError
 from hpc.spec import Spec
+from hpc.spec.site import profile_summary
 from hpc.track import JobStatus, job_status, wait
 from launcher.config import CANCEL_GRACE_S
 
@@ -45,8 +46,10 @@ def submit(
 ) -> JobRef:
     """Create the model `model.init` asks for (the explicit step render leaves out), render, then submit.
     Nothing is submitted if either fails. With a `build:` section the build job makes the model and the engine
-    instead, and the serving job runs after it (hpc/engine_build/run.py); `note` hears what the build does."""
+    instead, and the serving job runs after it (hpc/engine_build/run.py); `note` hears which site profile the
+    spec was merged with (the scripts hold its values) and what the build does."""
     runner = executor_named(executor)  # ValueError for an unknown name, before anything is written
+    note(profile_summary(spec, explained=True))
     prepared = None
     if spec.build is not None:
         from hpc.engine_build.run import prepare

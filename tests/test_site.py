@@ -268,6 +268,48 @@ def test_the_rendered_folder_needs_no_profile(tmp_path):
     assert provenance(again) is not None and provenance(again).profile is None
 
 
+def test_submit_says_which_profile_it_used(tmp_path, tiny_gpt2, tritonserver, monkeypatch):
+    """`submit` names the site profile on stderr (stdout stays `JOB FOLDER` for scripts): a real local job,
+    cancelled at once."""
+    from hpc.local import job_processes
+    from tests.e2e import kill_quietly, processes_under
+
+    monkeypatch.setenv("HPC_SERVE_HOME", str(tmp_path / "home"))
+    profile = write(tmp_path / "site" / "site.yaml", "workdir: runs\nslurm: {env: {FROM_SITE: '1'}}\n")
+    spec_file = write(tmp_path / "spec.yaml", f"name: t\nmodel: {{backend: cpu, checkpoint_dir: {tiny_gpt2}}}\n")
+    proc = cli(["submit", str(spec_file), "--executor", "local"], profile, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job, job_dir = proc.stdout.split()
+    try:
+        assert proc.stderr.splitlines()[0] == f"site profile: {profile} (gave 2 values)"
+        assert Path(job_dir).is_relative_to(tmp_path / "site" / "runs")  # and it was used
+    finally:
+        cli(["cancel", job], profile, tmp_path)
+        kill_quietly(job_processes(job))
+        kill_quietly(pid for pid, _ in processes_under(Path(job_dir).parent.parent))
+
+
+def test_no_profile_says_where_it_looked(tmp_path, monkeypatch):
+    from hpc.spec.site import profile_summary
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(SITE_ENV)
+    if Path("/etc/hpc-serve/site.yaml").exists():
+        pytest.skip("this machine has a system-wide site profile")
+    spec_file = cpu_spec(tmp_path / "spec")
+    assert profile_summary(load_spec(spec_file), explained=True) == (
+        f"site profile: none (${SITE_ENV} is unset; no {tmp_path}/home/.config/hpc-serve/site.yaml or "
+        "/etc/hpc-serve/site.yaml)"
+    )
+    monkeypatch.setenv(SITE_ENV, "")
+    assert profile_summary(load_spec(spec_file)) == f"site profile: none (${SITE_ENV} is set and empty)"
+    out = R.render(load_spec(spec_file), tmp_path / "deploy")  # a rendered spec.yaml merges none, by design
+    assert profile_summary(load_spec(out.deploy_dir / "spec.yaml", check_files=False)) == (
+        "site profile: none (a rendered spec.yaml holds every value already; its header names the profile it "
+        "was made with)"
+    )
+
+
 # ----------------------------------------------------------------------------------------------- write_profile
 def test_write_profile_writes_a_checked_profile(tmp_path):
     values = {"slurm": {"partition": "gpu", "mpi": "pmi2", "gpus_per_node": 4}, "container": {"type": "none"}}

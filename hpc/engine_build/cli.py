@@ -25,6 +25,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     if spec.build is None:
         print(f"hpc-serve: {args.spec} has no build: section; nothing to build", file=sys.stderr)
         return EXIT_USAGE
+    from hpc.spec.site import profile_summary
+
+    print(profile_summary(spec, explained=True), file=sys.stderr)  # the build job's script holds its values
     started = time.monotonic()
     try:
         runner = executor_named(args.executor)

@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hpc.spec.load import (
+    RESOLVED_MARK,
     KeyPath,
     Problem,
     Sources,
@@ -256,13 +257,32 @@ def explain(spec: Spec, everything: bool = True) -> list[str]:
 
 
 def profile_summary(spec: Spec, explained: bool = False) -> str:
-    """One line: the profile the spec was merged with (or that none was), and (unless `explained`: the lines that
-    follow list every value) how to see every value's origin."""
+    """One line: the profile the spec was merged with, or that none was and where it was looked for (a user who
+    expected one sees which file to create, or that `$HPC_SERVE_SITE` is set empty); unless `explained` (the
+    lines that follow list every value), how to see every value's origin. `submit` and `render` print it: the
+    scripts hold the profile's values, so which profile is the first thing to know about a job."""
     origin = provenance(spec)
-    if origin is None or origin.profile is None:
-        return f"site profile: none (${SITE_ENV}, ~/.config/hpc-serve/site.yaml, /etc/hpc-serve/site.yaml)"
+    if origin is None:
+        return "site profile: none (the spec was not loaded from a file)"
+    if origin.profile is None:
+        return f"site profile: none ({_where_looked(origin.spec_file)})"
     more = "" if explained else "; --explain lists where every value came from"
     return f"site profile: {origin.profile} (gave {len(origin.given_by_profile())} values{more})"
+
+
+def _where_looked(spec_file: str, environ: Mapping[str, str] | None = None) -> str:
+    """Why no profile was merged: `find_profile`'s places in its order, or the reason it looked nowhere."""
+    environ = os.environ if environ is None else environ
+    try:
+        resolved = Path(spec_file).read_text().startswith(RESOLVED_MARK)
+    except OSError:
+        resolved = False
+    if resolved:
+        return "a rendered spec.yaml holds every value already; its header names the profile it was made with"
+    if SITE_ENV in environ:
+        return f"${SITE_ENV} is set and empty"
+    places = (USER_PROFILE.expanduser(), SYSTEM_PROFILE)
+    return f"${SITE_ENV} is unset; no {' or '.join(str(p) for p in places)}"
 
 
 def _leaves(value: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Any]]:
