@@ -19,11 +19,10 @@ from pydantic import Field, field_validator
 
 from hpc.spec.checks import (
     _SLURM_WORD,
+    SlurmTime,
     _check,
     _no_newline,
     _Section,
-    _slurm_time,
-    _time_not_a_number,
 )
 
 if TYPE_CHECKING:
@@ -119,12 +118,10 @@ class BuildSpec(_Section):
     convert_args: list[str] = Field(default_factory=list, description="extra arguments of convert_checkpoint.py")
     quantize_args: list[str] = Field(default_factory=list, description="extra arguments of quantize.py")
     build_args: list[str] = Field(default_factory=list, description="extra arguments of trtllm-build")
-    time: str | None = Field(None, description="the build job's time limit; default slurm.time")
+    time: SlurmTime | None = Field(None, description="the build job's time limit; default slurm.time")
     partition: str | None = Field(None, description="default slurm.partition")
 
     _names = field_validator("partition")(_check(_SLURM_WORD, "Slurm name"))
-    _time_quoted = field_validator("time", mode="before")(_time_not_a_number)
-    _time = field_validator("time")(_slurm_time)
     _args = field_validator("convert_args", "quantize_args", "build_args")(_extra_args)
     _scripts = field_validator("convert_script", "quantize_script")(lambda v: _no_newline(v) if v else v)
 

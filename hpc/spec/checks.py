@@ -5,9 +5,9 @@ section. Shared by the sections in `hpc.spec.schema` and `hpc.spec.gateway`, so 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 # Characters allowed in values that land in `#SBATCH` lines or paths baked into scripts. Slurm parses
 # `#SBATCH` lines itself (not a shell), but a newline there would start a new directive, and a path with
@@ -81,6 +81,13 @@ def _slurm_mem(value: str | None) -> str | None:
     if value is not None and not _MEM.fullmatch(str(value)):
         raise ValueError(f"{value!r} is not a Slurm memory size; use e.g. 64G, 512000M or 0 (all)")
     return value
+
+
+#: A Slurm time limit (`--time`): an unquoted YAML number refused with how to quote it, then the format checked.
+#: One type for every section that asks for a job's time (slurm, gateway, build), so they accept the same values.
+SlurmTime = Annotated[str, BeforeValidator(_time_not_a_number), AfterValidator(_slurm_time)]
+#: A Slurm memory size (`--mem`): a YAML int (`0`, `64000`) read as its text, then the format checked.
+SlurmMem = Annotated[str, BeforeValidator(_mem_as_text), AfterValidator(_slurm_mem)]
 
 
 def _single_options(values: list[str]) -> list[str]:

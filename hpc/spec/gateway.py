@@ -10,14 +10,12 @@ from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 from hpc.spec.checks import (
     _SLURM_WORD,
     Port,
+    SlurmMem,
+    SlurmTime,
     _check,
-    _mem_as_text,
     _Section,
     _single_options,
-    _slurm_mem,
-    _slurm_time,
     _tcp_port,
-    _time_not_a_number,
 )
 
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-]*$|^[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*$")
@@ -31,12 +29,12 @@ class GatewaySpec(_Section):
     enabled: bool = Field(True, description="false: keep the section but submit no gateway job")
     host: str = Field("0.0.0.0", description="address to listen on; 0.0.0.0: every interface (login nodes reach it)")
     port: Port = Field("auto", description="TCP port, or auto (a free one; the address record says which)")
-    time: str | None = Field(None, description="the gateway job's time limit; default slurm.time")
+    time: SlurmTime | None = Field(None, description="the gateway job's time limit; default slurm.time")
     partition: str | None = Field(None, description="default slurm.partition")
     account: str | None = Field(None, description="default slurm.account")
     qos: str | None = Field(None, description="default slurm.qos")
     cpus: int = Field(2, ge=1, description="--cpus-per-task of the gateway job")
-    mem: str | None = Field("2G", description="--mem of the gateway job (e.g. 2G); null: the cluster's default")
+    mem: SlurmMem | None = Field("2G", description="--mem of the gateway job (e.g. 2G); null: the cluster's default")
     nodelist: str | None = Field(None, description="pin the gateway to a node (-w), e.g. a service node")
     sbatch_args: list[str] = Field(default_factory=list, description="extra #SBATCH directives for the gateway job")
     refresh_s: float = Field(5.0, gt=0, le=300, description="seconds between looks for new or lost replicas")
@@ -49,9 +47,5 @@ class GatewaySpec(_Section):
 
     _names = field_validator("partition", "account", "qos", "nodelist")(_check(_SLURM_WORD, "Slurm name"))
     _host = field_validator("host")(_check(_HOST, "host to listen on (an IP address or a host name)"))
-    _time_quoted = field_validator("time", mode="before")(_time_not_a_number)
-    _time = field_validator("time")(_slurm_time)
-    _mem_number = field_validator("mem", mode="before")(_mem_as_text)
-    _mem = field_validator("mem")(_slurm_mem)
     _options = field_validator("sbatch_args")(_single_options)
     _port = field_validator("port")(_tcp_port)

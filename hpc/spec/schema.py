@@ -31,15 +31,13 @@ from hpc.spec.checks import (
     _NAME,
     _SLURM_WORD,
     Port,
+    SlurmMem,
+    SlurmTime,
     _check,
-    _mem_as_text,
     _no_newline,
     _Section,
     _single_options,
-    _slurm_mem,
-    _slurm_time,
     _tcp_port,
-    _time_not_a_number,
     slurm_time_seconds,
 )
 from hpc.spec.gateway import GatewaySpec
@@ -56,14 +54,14 @@ class SlurmSpec(_Section):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    time: str = "01:00:00"
+    time: SlurmTime = "01:00:00"
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0, description="GPUs requested per node (--gres=gpu:N); one rank per GPU")
     ntasks_per_node: int | None = Field(
         None, ge=1, description="ranks per node; default gpus_per_node, or world size / nodes on CPU"
     )
     cpus_per_task: int | None = Field(None, ge=1)
-    mem: str | None = None
+    mem: SlurmMem | None = None
     exclusive: bool = False
     constraint: str | None = None
     reservation: str | None = None
@@ -86,11 +84,6 @@ class SlurmSpec(_Section):
     _names = field_validator("partition", "account", "qos", "reservation", "gres")(_check(_SLURM_WORD, "Slurm name"))
     _mpi = field_validator("mpi")(_check(_MPI, "srun --mpi type (e.g. pmix, pmix_v4, pmi2; `srun --mpi=list`)"))
     _constraint = field_validator("constraint")(_check(_CONSTRAINT, "Slurm constraint expression"))
-
-    _time_quoted = field_validator("time", mode="before")(_time_not_a_number)
-    _time = field_validator("time")(_slurm_time)
-    _mem_number = field_validator("mem", mode="before")(_mem_as_text)
-    _mem = field_validator("mem")(_slurm_mem)
     _options = field_validator("sbatch_args", "srun_args")(_single_options)
 
     @field_validator("modules", "setup")
