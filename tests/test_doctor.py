@@ -282,3 +282,52 @@ def test_time_and_partition_rules_from_facts(tmp_path):
     check = _account_qos(long, facts)  # the partition's AllowAccounts, before any sacctmgr
     assert (check.status, check.detail) == ("fail", "gpu allows account proj1,proj2, not proj3")
     assert check.fix == "set slurm.account to one of: proj1, proj2, or use another partition"
+
+
+def test_gateway_job_partition_and_time_from_facts(tmp_path):
+    """The gateway job (spec `gateway:`) gets its own partition and time checks; values it inherits from slurm:
+    say so, and every fix names the gateway. field that overrides them."""
+    from hpc.doctor.gateway import gateway_checks
+    from hpc.doctor.login import judge_partition
+
+    short = "PartitionName=short AllowAccounts=ALL Default=NO MaxTime=00:05:00 State=UP TotalNodes=2\n"
+    facts = Facts(partitions=parse.scontrol_records(PARTITIONS + short), partition="debug")
+    serving, _ = judge_partition("partition", "slurm.partition", None, "the spec names none", facts)
+    assert gateway_checks(spec(tmp_path), facts, serving) == []
+    assert gateway_checks(spec(tmp_path, gateway={"enabled": False}), facts, serving) == []
+
+    def found(gateway: dict, serving: Check = serving, **slurm) -> list[tuple[str, str, str]]:
+        checks = gateway_checks(spec(tmp_path, gateway=gateway, slurm=slurm), facts, serving)
+        return [(c.status, c.detail, c.fix) for c in checks]
+
+    renew_hint = "; for a longer service add a renew: section (a successor job takes over)"
+    assert found({"partition": "short", "time": "01:00:00"}) == [
+        ("ok", "short: UP, 2 nodes", ""),
+        (
+            "fail",
+            "gateway.time 01:00:00 is past short's MaxTime 00:05:00",
+            "set gateway.time to 00:05:00 or less, or use a partition that allows it: debug" + renew_hint,
+        ),
+    ]
+    facts.partition = "short"
+    assert found({}, partition="short", time="00:04:00") == [
+        ("ok", "short (slurm.partition's): UP, 2 nodes", ""),
+        ("ok", "gateway.time 00:04:00 (slurm.time's) within short's MaxTime 00:05:00", ""),
+    ]
+    facts.partition = "debug"
+    assert found({"partition": "nosuch"}) == [
+        (
+            "fail",
+            "gateway.partition 'nosuch' does not exist",
+            "set gateway.partition to one of: debug (default), gpu, short",
+        ),
+        ("skip", "needs the partition", ""),
+    ]
+    assert found({"partition": "gpu"})[0][:2] == ("fail", "gpu is DRAIN")
+    ends_first = found({"time": "00:10:00"}, time="02:00:00")[1]
+    assert ends_first[0] == "warn" and "ends before the serving job's slurm.time 02:00:00" in ends_first[1]
+    assert ends_first[2].startswith("set gateway.time to 02:00:00 or more")
+    # on the serving job's partition, which failed: its check says why; on another, it is checked on its own
+    broken = fail("partition", "slurm.partition 'nosuch' does not exist", "set slurm.partition")
+    assert [c[0] for c in found({}, broken, partition="nosuch")] == ["skip", "skip"]
+    assert found({"partition": "debug"}, broken, partition="nosuch")[0] == ("ok", "debug: UP, 2 nodes", "")

@@ -116,6 +116,34 @@ def test_time_past_partition_limit(short_partition, tmp_path):
     assert cli("doctor", str(ok), check=False).returncode == 0
 
 
+def test_gateway_job_partition_and_time(short_partition, tmp_path):
+    """The gateway job (spec `gateway:`) is a job of its own: its partition and time are checked beside the
+    serving job's, which here fits `debug` while the gateway asks `short` for an hour."""
+    gateway = {"partition": short_partition, "time": "01:00:00"}
+    proc = cli("doctor", str(spec_file(tmp_path, "gw", gateway=gateway)), check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = failed(proc.stdout)
+    assert list(fails) == ["gateway time limit"], proc.stdout
+    assert "gateway.time 01:00:00 is past short's MaxTime 00:05:00" in fails["gateway time limit"]
+    assert "fix: set gateway.time to 00:05:00 or less, or use a partition that allows it: debug" in proc.stdout
+    assert re.search(r"│ gateway partition\s+│ ok\s+│ short: UP", proc.stdout), proc.stdout
+    assert re.search(r"│ time limit\s+│ ok\s+│ slurm.time 00:10:00", proc.stdout), proc.stdout
+    # within the limit, but shorter than the serving job: a warning (exit 0), and Slurm's verdict was asked
+    gateway["time"] = "00:04:00"
+    proc = cli("doctor", str(spec_file(tmp_path, "gw-short", gateway=gateway)), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"│ gateway time limit\s+│ warn\s+│ gateway.time 00:04:00 within short's", proc.stdout)
+    assert re.search(r"│ sbatch --test-only\s+│ ok ", proc.stdout), proc.stdout
+    proc = cli("doctor", str(spec_file(tmp_path, "gw-none", gateway={"partition": "nosuch"})), check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = failed(proc.stdout)
+    assert list(fails) == ["gateway partition"], proc.stdout
+    assert (
+        "gateway.partition 'nosuch' does not exist\n  fix: set gateway.partition to one of: debug (default)"
+        in (fails["gateway partition"])
+    )
+
+
 def test_nodes_too_small(slurm_cluster, tmp_path):
     """The emulated nodes have 8 CPUs and gpu:4 each."""
     proc = cli("doctor", str(spec_file(tmp_path, "big", slurm={"gpus_per_node": 8})), check=False)

@@ -57,6 +57,9 @@ class Facts:
                 return record
         return None
 
+    def default_partition(self) -> str | None:
+        return next((p["PartitionName"] for p in self.partitions if p.get("Default") == "YES"), None)
+
 
 def _run(argv: list[str]) -> tuple[str, str | None]:
     """(stdout, None) or ("", the error naming the command)."""
@@ -97,6 +100,9 @@ def login_checks(spec: Spec) -> tuple[list[Check], Facts]:
         checks += [skip("nodes", "needs the partition"), skip("time limit", "needs the partition")]
     else:
         checks += [_nodes(spec, facts), _time(spec, facts)]
+    from hpc.doctor.gateway import gateway_checks  # it builds on judge_partition/judge_time above
+
+    checks += gateway_checks(spec, facts, part)
     checks.append(_account_qos(spec, facts))
     checks.append(_container(spec, facts))
     checks.append(_workdir(spec))
@@ -155,26 +161,35 @@ def _partition(spec: Spec, facts: Facts) -> Check:
     if error:
         return fail("partition", error, "check `scontrol show partition`")
     facts.partitions = scontrol_records(text)
+    check, facts.partition = judge_partition(
+        "partition",
+        "slurm.partition",
+        spec.slurm.partition,
+        "" if spec.slurm.partition else "the spec names none",
+        facts,
+    )
+    return check
+
+
+def judge_partition(check: str, key: str, named: str | None, whence: str, facts: Facts) -> tuple[Check, str | None]:
+    """A job's partition (`named`, else the cluster's default) against `facts.partitions`: it exists and is UP.
+    (the check, the partition's name when it exists). `key` is the spec field the fix names; `whence`, where
+    the name came from when the job's own field did not give it. The serving job's and the gateway job's."""
     names = [p.get("PartitionName", "?") for p in facts.partitions]
-    default = next((p["PartitionName"] for p in facts.partitions if p.get("Default") == "YES"), None)
+    default = facts.default_partition()
     listing = ", ".join(n + (" (default)" if n == default else "") for n in names) or "none"
-    name = spec.slurm.partition or default
+    name = named or default
     if name is None:
-        return fail(
-            "partition", "the spec names none and the cluster has no default", f"set slurm.partition: {listing}"
-        )
+        return fail(check, "the spec names none and the cluster has no default", f"set {key}: {listing}"), None
     record = facts.partition_record(name)
     if record is None:
-        return fail(
-            "partition", f"slurm.partition {name!r} does not exist", f"set slurm.partition to one of: {listing}"
-        )
-    facts.partition = name
+        return fail(check, f"{key} {name!r} does not exist", f"set {key} to one of: {listing}"), None
     state = record.get("State", "UNKNOWN")
-    which = f"{name}" + ("" if spec.slurm.partition else " (the default; the spec names none)")
+    which = f"{name}" + (f" ({'the default; ' if not named else ''}{whence})" if whence else "")
     if state != "UP":
         others = ", ".join(p["PartitionName"] for p in facts.partitions if p.get("State") == "UP") or "none"
-        return fail("partition", f"{which} is {state}", f"use a partition that is UP ({others}), or ask your admins")
-    return ok("partition", f"{which}: UP, {record.get('TotalNodes', '?')} nodes")
+        return fail(check, f"{which} is {state}", f"use a partition that is UP ({others}), or ask your admins"), name
+    return ok(check, f"{which}: UP, {record.get('TotalNodes', '?')} nodes"), name
 
 
 def _fitting(spec: Spec, nodes: list[NodeInfo], partition: str) -> list[NodeInfo]:
@@ -220,25 +235,38 @@ def _nodes(spec: Spec, facts: Facts) -> Check:
 
 
 def _time(spec: Spec, facts: Facts) -> Check:
-    record = facts.partition_record(facts.partition) or {}
+    return judge_time("time limit", "slurm.time", spec.slurm.time, facts.partition, facts, renew=spec.renew is not None)
+
+
+def judge_time(
+    check: str, key: str, wanted_text: str, partition: str | None, facts: Facts, *, renew: bool, whence: str = ""
+) -> Check:
+    """A job's time limit (`wanted_text`, from spec field `key`, or from elsewhere as `whence` says) against its
+    partition's MaxTime. The fix names the field, the UP partitions that allow the time, and (without `renew:`)
+    the renewal that outlives any limit. The serving job's and the gateway job's."""
+    record = facts.partition_record(partition) or {}
     max_time = record.get("MaxTime", "UNLIMITED")
     limit = slurm_time_seconds(max_time)
-    wanted = slurm_time_seconds(spec.slurm.time)
+    wanted = slurm_time_seconds(wanted_text)
+    asked = f"{key} {wanted_text}" + (f" ({whence})" if whence else "")
     if limit is None:
-        return ok("time limit", f"slurm.time {spec.slurm.time}; {facts.partition} has no limit")
+        return ok(check, f"{asked}; {partition} has no limit")
     if wanted is not None and wanted <= limit:
-        return ok("time limit", f"slurm.time {spec.slurm.time} within {facts.partition}'s MaxTime {max_time}")
+        return ok(check, f"{asked} within {partition}'s MaxTime {max_time}")
     longer = [
         p["PartitionName"]
         for p in facts.partitions
-        if (lim := slurm_time_seconds(p.get("MaxTime", "UNLIMITED"))) is None or (wanted is not None and lim >= wanted)
+        if p.get("State") == "UP"  # a drained or down partition is no fix
+        and (
+            (lim := slurm_time_seconds(p.get("MaxTime", "UNLIMITED"))) is None or (wanted is not None and lim >= wanted)
+        )
     ]
-    fix = f"set slurm.time to {max_time} or less" + (
+    fix = f"set {key} to {max_time} or less" + (
         f", or use a partition that allows it: {', '.join(longer)}" if longer else ""
     )
-    if spec.renew is None:
+    if not renew:
         fix += "; for a longer service add a renew: section (a successor job takes over)"
-    return fail("time limit", f"slurm.time {spec.slurm.time} is past {facts.partition}'s MaxTime {max_time}", fix)
+    return fail(check, f"{asked} is past {partition}'s MaxTime {max_time}", fix)
 
 
 def _account_qos(spec: Spec, facts: Facts) -> Check:
