@@ -152,22 +152,43 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    from .workloads import KINDS, WorkloadSpec  # stdlib only: the workload's defaults, written once
+
     p = sub.add_parser(
         "bench",
         help="load-test a deployment, job or gateway URL: throughput, latency, TTFT, ITL, goodput (see README)",
     )
     p.add_argument("target", help=TARGET_HELP)
     w = p.add_argument_group("workload")
+    w.add_argument("--workload", default=WorkloadSpec.kind, choices=KINDS)
     w.add_argument(
-        "--workload", default="token-norm-dist", choices=["token-norm-dist", "fixed", "dataset", "shared-prefix"]
+        "--input-tokens",
+        type=int,
+        default=WorkloadSpec.input_mean,
+        help="mean prompt length in tokens (default %(default)s)",
     )
-    w.add_argument("--input-tokens", type=int, default=128, help="mean prompt length in tokens (default 128)")
-    w.add_argument("--input-stdev", type=int, default=0, help="its standard deviation (token-norm-dist)")
-    w.add_argument("--output-tokens", type=int, default=64, help="mean max_tokens asked for (default 64)")
-    w.add_argument("--output-stdev", type=int, default=0, help="its standard deviation (token-norm-dist)")
+    w.add_argument(
+        "--input-stdev", type=int, default=WorkloadSpec.input_stdev, help="its standard deviation (token-norm-dist)"
+    )
+    w.add_argument(
+        "--output-tokens",
+        type=int,
+        default=WorkloadSpec.output_mean,
+        help="mean max_tokens asked for (default %(default)s)",
+    )
+    w.add_argument(
+        "--output-stdev", type=int, default=WorkloadSpec.output_stdev, help="its standard deviation (token-norm-dist)"
+    )
     w.add_argument("--dataset", help="JSONL of prompts (`prompt`, `text` or ShareGPT `conversations`)")
-    w.add_argument("--prefix-tokens", type=int, default=256, help="shared-prefix: length of each shared prefix")
-    w.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: how many distinct prefixes")
+    w.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=WorkloadSpec.prefix_tokens,
+        help="shared-prefix: length of each shared prefix",
+    )
+    w.add_argument(
+        "--num-prefixes", type=int, default=WorkloadSpec.num_prefixes, help="shared-prefix: how many distinct prefixes"
+    )
     w.add_argument("--tokenizer", help="the model's tokenizer folder (default: the deployment's model.tokenizer)")
     w.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the model's)")
     a = p.add_argument_group("load")
