@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -480,3 +481,55 @@ def test_a_new_job_is_used_without_restart_and_a_killed_replica_is_not_seen(clie
     assert retried or "replicas ready:" in since, f"no retry, and discovery had not dropped it either:\n{since}"
     survivor = next(k for k in served if k != victim)
     wait_for(lambda: set(replicas()) == {survivor}, 30, "the killed replica to be dropped")
+
+
+def _normalized(text: str) -> str:
+    """An answer's text with what differs between any two answers (its id, its second) made equal."""
+    text = re.sub(r'"id": ?"(chatcmpl|cmpl)-[0-9a-f]+"', r'"id": "\1-X"', text)
+    return re.sub(r'"created": ?\d+', '"created": 0', text)
+
+
+def test_the_fast_path_answers_as_fastapis_routes_do(gateway, serve_app):
+    """The same requests to the module's gateway (the generation routes' fast path, hpc/gateway/fastpath.py) and
+    to one with `fast_path=False` (every request through FastAPI): the same status, headers and bytes, answers
+    and errors alike, streamed or not (ids and timestamps aside)."""
+    plain = serve_app(gateway["job"], fast_path=False)
+    token = {"Authorization": f"Bearer {gateway['token']}"}
+    model = gateway["model"]
+    chat = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}
+    cases: list[tuple[str, dict, object]] = [
+        ("/v1/completions", token, {"model": model, "prompt": "Once upon", "max_tokens": 6}),
+        ("/v1/completions", token, {"model": model, "prompt": "Once upon", "max_tokens": 6, "logprobs": 0}),
+        ("/v1/completions", token, {"model": model, "prompt": "Once", "stream": True, "max_tokens": 5} | _USAGE),
+        ("/v1/chat/completions", token, chat | {"logprobs": True}),
+        ("/v1/chat/completions", token, chat | {"stream": True, "stop": ["e"]}),
+        ("/v1/completions", token, {"model": "other", "prompt": "x"}),  # 404, the route's APIError
+        ("/v1/completions", token, {"model": model, "prompt": "x", "logprobs": 3}),  # 400, the route's
+        ("/v1/completions", token, {"model": model, "prompt": "x", "max_tokens": 0}),  # 400, validation
+        ("/v1/chat/completions", token, {"model": model, "messages": []}),
+        ("/v1/completions", {}, {"model": model, "prompt": "x"}),  # 401
+        ("/v1/completions", {"Authorization": "Bearer wrong"}, {"model": model, "prompt": "x"}),
+        ("/v1/completions", token, b'{"model": "gw", "prompt": '),  # not JSON
+        ("/v1/completions", token | {"Content-Type": "text/plain"}, b'{"model": "gw", "prompt": "x"}'),
+        ("/v1/completions", token, b'{"model": "gw", "prompt": "x"}'),  # no content type: FastAPI's 400
+        ("/v1/completions", token | _JSON, [b'{"model": "gw", ', b'"prompt": "Once", "max_tokens": 3}']),  # parts
+    ]
+
+    def answer(url: str, path: str, headers: dict, body: object) -> tuple[int, str | None, str | None, str]:
+        if isinstance(body, dict):
+            kwargs: dict = {"json": body}
+        else:
+            kwargs = {"content": iter(body) if isinstance(body, list) else body}
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+            r = http.post(path, **kwargs)
+        return r.status_code, r.headers.get("content-type"), r.headers.get("x-hpc-serve-replica"), _normalized(r.text)
+
+    for path, headers, body in cases:
+        fast, slow = answer(gateway["url"], path, headers, body), answer(plain, path, headers, body)
+        assert fast == slow, f"{path} {body!r}"
+    statuses = [answer(gateway["url"], *case)[0] for case in cases]
+    assert statuses == [200] * 5 + [404, 400, 400, 400, 401, 401, 400, 400, 400, 200], "the cases meant"
+
+
+_USAGE = {"stream_options": {"include_usage": True}}
+_JSON = {"Content-Type": "application/json"}

@@ -18,6 +18,7 @@ from hpc.gateway import liveness, metrics, openai_api, passthrough
 from hpc.gateway.accesslog import AccessLog
 from hpc.gateway.discovery import REFRESH_S, Discovery
 from hpc.gateway.errors import APIError, api_error_handler, validation_error_handler
+from hpc.gateway.fastpath import FastPath
 from hpc.gateway.metrics import Metrics
 from hpc.gateway.state import Gateway
 from hpc.gateway.text import ChatTemplate
@@ -31,9 +32,13 @@ def create_app(
     refresh_s: float = REFRESH_S,
     max_outstanding: int | None = MAX_OUTSTANDING,
     prefix_chars: int = PREFIX_CHARS,
+    fast_path: bool = True,
 ) -> FastAPI:
     """The gateway for `target` (hpc.routing.deployment.resolve_target). `max_outstanding`: requests in flight
-    per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off)."""
+    per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off);
+    `fast_path`: serve the two generation routes around FastAPI's machinery (hpc/gateway/fastpath.py; off, every
+    request takes FastAPI's way: the same answers, which the tests compare, and what the benchmark measures it
+    against)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,12 +75,15 @@ def create_app(
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.state.metrics = Metrics(lambda: _balancer(app))
-    app.add_middleware(AccessLog, metrics=app.state.metrics)
     app.include_router(metrics.router)
     app.include_router(openai_api.router)
     app.include_router(passthrough.health)
     app.include_router(liveness.router)
     app.include_router(passthrough.router)
+    # the last added runs first: the access log sees every request, the fast path's too
+    if fast_path:
+        app.add_middleware(FastPath, routes=openai_api.router.routes)
+    app.add_middleware(AccessLog, metrics=app.state.metrics)
     return app
 
 

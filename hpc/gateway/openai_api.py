@@ -139,9 +139,24 @@ _TOKEN_REFUSED = (
 NO_TOP = "the model returns the chosen tokens' log probabilities, not the most likely alternatives"
 
 
-@router.post("/v1/completions")
+#: the two generation routes' paths (hpc/gateway/fastpath.py serves them without FastAPI's routing too)
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+
+
+@router.post(COMPLETIONS_PATH)
 async def completions(body: CompletionRequest, request: Request) -> Any:
-    gw = gateway_of(request)
+    return await complete(gateway_of(request), body, record_of(request))
+
+
+@router.post(CHAT_PATH)
+async def chat_completions(body: ChatRequest, request: Request) -> Any:
+    return await chat_complete(gateway_of(request), body, record_of(request))
+
+
+async def complete(gw: Gateway, body: CompletionRequest, record: RequestRecord) -> Any:
+    """`POST /v1/completions` once its body is a CompletionRequest: the answer (JSON or an SSE stream), or
+    APIError."""
     _check_model(gw, body.model)
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if len(prompts) != 1:
@@ -149,12 +164,11 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if body.logprobs:
         raise bad_request(f"logprobs: only 0 is served: {NO_TOP}", "logprobs")
     params = _params(body, prompts[0], body.max_tokens or DEFAULT_MAX_TOKENS, body.logprobs is not None)
-    return await _answer(gw, body, params, chat=False, record=record_of(request))
+    return await _answer(gw, body, params, chat=False, record=record)
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(body: ChatRequest, request: Request) -> Any:
-    gw = gateway_of(request)
+async def chat_complete(gw: Gateway, body: ChatRequest, record: RequestRecord) -> Any:
+    """`POST /v1/chat/completions` once its body is a ChatRequest (see `complete`)."""
     _check_model(gw, body.model)
     if body.top_logprobs:
         raise bad_request(f"top_logprobs: only 0 is served: {NO_TOP}", "top_logprobs")
@@ -165,7 +179,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
         raise bad_request(f"messages: the chat template refused them: {exc}", "messages") from None
     max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
     params = _params(body, prompt, max_tokens, bool(body.logprobs))
-    return await _answer(gw, body, params, chat=True, record=record_of(request))
+    return await _answer(gw, body, params, chat=True, record=record)
 
 
 def _usage(gw: Gateway, params: GenerateParams, completion: int, record: RequestRecord) -> dict[str, int]:
