@@ -211,6 +211,8 @@ def test_a_spec_file_names_every_folder_of_its_deployment_and_nothing_else(tmp_p
         write_json_atomic(job.endpoint(0), EndpointRecord(job_id=job.job_id, address="10.0.0.1", http_port=1).to_dict())
     cancelled.cancel_marker.touch()
     assert [r.job_id for r in published(target)] == ["7"], "a cancelled job's replicas get no new requests"
+    (target.workdir / "gw-big-1" / "spec.yaml").write_text(yaml.safe_dump({"name": "gw", "comment": "rendered again"}))
+    assert [d.name for d in deployment_folders(target)] == ["gw-1", "gw-2", "gw-big-1"], "names are read again"
 
 
 def test_a_replica_in_use_survives_two_health_checks_that_time_out_not_a_refusal(tmp_path):
