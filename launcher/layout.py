@@ -56,6 +56,14 @@ BUILD_LOG_NAME = "build.log"
 BUILD_REQUEST_NAME = "build_request.json"
 #: in a built engine folder: what built it (inputs' identity, arguments, tool version; launcher/build_record.py)
 BUILD_RECORD_NAME = "hpc-serve-build.json"
+#: in a build's `output_dir` (the engine cache), beside its engine folders: a build job's staging folder (the
+#: last step renames it to the engine folder), and the marker that job `{job}` builds `{key}` now, so a second
+#: submission waits on it rather than build it twice (written by submit once sbatch named the job; removed by the
+#: job's EXIT trap however it ends, and by a reader that finds its job ended: hpc/engine_build/run.py)
+BUILD_STAGING_NAME = ".staging-{key}-{job}"
+BUILDING_MARKER_NAME = ".building-{key}-{job}.json"
+#: the marker as builds rendered before the job id was in its name wrote it (only ever cleaned up now)
+OLD_BUILDING_MARKER_NAME = ".building-{key}.json"
 #: the local executor's supervisor state: what sacct is to a Slurm job
 LOCAL_STATE_NAME = "local.json"
 #: a requeued job (same id, restarted by Slurm): the `.sub` writes `$SLURM_RESTART_COUNT` here at every start,
@@ -356,6 +364,18 @@ class JobPaths:
         self.endpoints_dir.mkdir(parents=True, exist_ok=True)
         self.ranks_dir.mkdir(exist_ok=True)
         return self
+
+
+def building_marker(output_root: Path, key: str, job_id: str) -> Path:
+    """The marker that job `job_id` builds `key` (the engine cache's BUILDING_MARKER_NAME)."""
+    return output_root / BUILDING_MARKER_NAME.format(key=key, job=job_id)
+
+
+def building_markers(output_root: Path, key: str) -> list[Path]:
+    """Every marker of a build of `key` under `output_root` (the old name's too): the jobs that may be building it."""
+    found = sorted(output_root.glob(BUILDING_MARKER_NAME.format(key=key, job="*")))
+    old = output_root / OLD_BUILDING_MARKER_NAME.format(key=key)
+    return found + ([old] if old.exists() else [])
 
 
 def template_values(deploy_dir: Path) -> dict[str, str]:

@@ -431,6 +431,7 @@ def test_local_build_then_cache_hit_and_a_failed_step(tmp_path, hpc_home):
     first = build()
     assert first.returncode == 0, first.stdout + first.stderr
     engine = Path(first.stdout.split()[0])
+    assert not list(engine.parent.glob(".building*")), "the job's end leaves no marker that it builds"
     assert engine.parent == tmp_path / "engines" and "built in" in first.stdout
     assert sorted(p.name for p in engine.glob("rank*")) == ["rank0.safetensors", "rank1.safetensors"]
     again = build()
@@ -440,6 +441,40 @@ def test_local_build_then_cache_hit_and_a_failed_step(tmp_path, hpc_home):
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "the build failed: " in broken.stderr and "step 1 (shard) failed with exit status 1" in broken.stderr
     assert "| " in broken.stderr  # the step's last lines
+    assert not list(engine.parent.glob(".*")), "a failed build leaves neither its marker nor its staging folder"
+
+
+def test_stale_building_markers_are_removed_and_a_live_one_is_waited_on(tmp_path, hpc_home):
+    """A marker whose job ended without removing it (cancelled while pending), whose folder is gone, that is
+    broken, or that has the name of builds rendered before: removed by the next reader. A building job's stays."""
+    from hpc.engine_build.run import _build_under_way
+    from launcher.layout import OLD_BUILDING_MARKER_NAME, JobPaths, building_marker
+
+    plan = plan_build(load_spec(write(tmp_path, CPU.replace("build: {}", "build: {output_dir: engines}"))))
+    root = plan.engine_dir.parent
+    root.mkdir()
+
+    def job(job_id: str, state: str) -> JobPaths:
+        paths = JobPaths(tmp_path / "d", job_id).create()
+        paths.build_marker.touch()
+        paths.local_state.write_text(json.dumps({"state": state, "pid": os.getpid(), "exit_code": 1}))
+        building_marker(root, plan.key, job_id).write_text(json.dumps({"job_id": job_id, "job_dir": str(paths.folder)}))
+        return paths
+
+    job("local-ended", "FAILED")
+    building_marker(root, plan.key, "local-gone").write_text(
+        json.dumps({"job_id": "x", "job_dir": str(tmp_path / "x")})
+    )
+    building_marker(root, plan.key, "local-broken").write_text("{")
+    (root / OLD_BUILDING_MARKER_NAME.format(key=plan.key)).write_text(json.dumps({"job_id": "1", "job_dir": "/nope"}))
+    other = building_marker(root, "0" * 12, "local-other")  # another engine's: not this reader's business
+    other.write_text("{")
+    assert _build_under_way(plan) is None
+    assert sorted(p.name for p in root.iterdir()) == [other.name]
+    live = job("local-live", "RUNNING")
+    found = _build_under_way(plan)
+    assert found is not None and (found.job_id, found.job_dir) == ("local-live", live.folder)
+    assert building_marker(root, plan.key, "local-live").exists()
 
 
 def test_launch_spec_serves_the_built_engine_or_says_to_build_it(tmp_path, monkeypatch, tiny_gpt2):

@@ -19,14 +19,6 @@ from tests.e2e import cli, status, wait_for
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-@pytest.fixture
-def jobs(slurm_cluster, hpc_home, tritonserver):
-    started: list[str] = []
-    yield started
-    for job in started:
-        subprocess.run(["scancel", job], capture_output=True)
-
-
 def build_spec(folder: Path, checkpoint: Path, init: bool = True) -> Path:
     spec = {
         "name": "built",
@@ -75,6 +67,7 @@ def test_build_then_serve_tp2_across_nodes_and_a_cache_hit(jobs, tmp_path):
     assert held or _sacct(serving, "Start") >= _sacct(build, "End"), dependency
     engine = Path(re.search(r"engine (\S+)", built["reason"]).group(1))
     assert sorted(p.name for p in engine.glob("rank*.safetensors")) == ["rank0.safetensors", "rank1.safetensors"]
+    assert not list(engine.parent.glob(".building*")), "the build job's end removed its marker"
     assert (checkpoint / "config.json").is_file()  # the build job created it
     record = json.loads((engine / BUILD_RECORD_NAME).read_text())
     assert record["job_id"] == build and record["request"]["tp_size"] == 2
@@ -116,6 +109,5 @@ def test_a_failed_build_names_its_step_and_cancels_the_serving_job(jobs, tmp_pat
     assert f"{build} FAILED (build) step 0 (shard) failed" in serving_text, serving_text  # why it never started
     log = cli("logs", build).stdout
     assert "hpc-serve build: step 0 (shard)" in log and "shards:" in log
-    assert not (tmp_path / "engines").exists() or not any(
-        p for p in (tmp_path / "engines").iterdir() if not p.name.startswith(".building")
-    )
+    # nothing in the engine cache: no engine, no staging folder, and no marker that the job builds (its EXIT trap)
+    assert not (tmp_path / "engines").exists() or not any((tmp_path / "engines").iterdir())

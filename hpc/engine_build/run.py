@@ -12,7 +12,9 @@ FAILED (the step, its command, its exit status and the last lines of its output)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +25,10 @@ from hpc.executors import Executor, LocalExecutor, executor_of
 from hpc.jobs import JobRef
 from hpc.slurm import STATE_CLASS
 from hpc.spec import Spec
-from launcher.layout import Deployment, JobPaths
+from launcher.layout import Deployment, JobPaths, building_marker, building_markers
 
 #: lines of a failed build's output that `status` shows
 TAIL_LINES = 12
-#: `<output_dir>/.building-<key>.json`: the job building that key now (so a second submission waits on it)
-_BUILDING = ".building-{key}.json"
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,7 @@ def start(
     else:
         write_build(prepared.spec, plan, deploy_dir)
         ref = runner.submit_build(deploy_dir)
-        marker = plan.engine_dir.parent / _BUILDING.format(key=plan.key)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"job_id": ref.job_id, "job_dir": str(ref.job_dir)}))
+        _mark_building(plan, ref)
         note(f"build {ref.job_id} → {plan.engine_dir}")
     if isinstance(runner, LocalExecutor):
         from hpc.track import wait
@@ -79,16 +77,34 @@ class BuildFailed(RuntimeError):
     """A build the serving job needed did not complete (its status summary: the step and its last lines)."""
 
 
+def _mark_building(plan: BuildPlan, ref: JobRef) -> None:
+    """The marker that `ref` builds the plan's engine (launcher/layout.py building_marker), written whole (a
+    reader never sees half of it, so one it cannot read is broken, not being written). The job's EXIT trap
+    removes it (build.sub.j2); a job that ended without running its script (cancelled while pending), or before
+    the marker was written, leaves it: `_build_under_way` removes it."""
+    marker = building_marker(plan.engine_dir.parent, plan.key, ref.job_id)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    staging = marker.with_name(marker.name + f".{os.getpid()}.tmp")
+    staging.write_text(json.dumps({"job_id": ref.job_id, "job_dir": str(ref.job_dir)}))
+    os.replace(staging, marker)
+
+
 def _build_under_way(plan: BuildPlan) -> JobRef | None:
-    marker = plan.engine_dir.parent / _BUILDING.format(key=plan.key)
-    try:
-        record = json.loads(marker.read_text())
-        ref = JobRef(str(record["job_id"]), Path(record["job_dir"]))
-    except (OSError, ValueError, KeyError):
-        return None
-    if not ref.job_dir.is_dir() or build_status(ref)[0] not in ("PENDING", "BUILDING"):
-        return None
-    return ref
+    """The job that builds the plan's engine now (PENDING or BUILDING), named by its marker; the markers of
+    jobs that ended (or whose folder is gone, or that cannot be read) are stale: removed on the way."""
+    for marker in building_markers(plan.engine_dir.parent, plan.key):
+        try:
+            record = json.loads(marker.read_text())
+            ref = JobRef(str(record["job_id"]), Path(record["job_dir"]))
+        except OSError:  # gone (its job ended just now), or not ours to read: not known to be stale
+            continue
+        except (ValueError, KeyError, TypeError):
+            ref = None
+        if ref is not None and ref.job_dir.is_dir() and build_status(ref)[0] in ("PENDING", "BUILDING"):
+            return ref
+        with contextlib.suppress(OSError):  # a cache folder we may not write: the marker is ignored all the same
+            marker.unlink()
+    return None
 
 
 def build_jobs(deploy_dir: Path) -> list[JobRef]:

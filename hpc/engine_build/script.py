@@ -24,7 +24,14 @@ from hpc.engine_build.plan import BuildPlan
 from hpc.render import _environment, _srun_and_wrapper, ship_packages
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node
-from launcher.layout import BUILD_SUB_NAME, RUNTIME_NAME, Deployment, template_values
+from launcher.layout import (
+    BUILD_STAGING_NAME,
+    BUILD_SUB_NAME,
+    BUILDING_MARKER_NAME,
+    RUNTIME_NAME,
+    Deployment,
+    template_values,
+)
 
 #: the placeholder of the job's staging folder in command lines (the script's `$STAGING`, known only at run time)
 STAGING = "$STAGING"
@@ -130,6 +137,9 @@ def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates
         "engine_dir": str(plan.engine_dir),
         "output_root": str(b.output_dir),
         "key": plan.key,
+        # the job's own names in the engine cache, with its id as the script knows it (launcher/layout.py)
+        "staging_name": BUILD_STAGING_NAME.format(key=plan.key, job="$JOB_ID"),
+        "building_marker_name": BUILDING_MARKER_NAME.format(key=plan.key, job="$JOB_ID"),
         "partition": b.partition or spec.slurm.partition,
         "time": b.time or spec.slurm.time,
         "gres": build_gres(spec),
