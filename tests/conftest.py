@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated job index, a tiny checkpoint, and the real Slurm test cluster.
+"""Shared fixtures: an isolated job index, a tiny checkpoint, the real Slurm test cluster and the jobs a test
+submitted to it.
 
 A missing cluster or tritonserver fails on CI and skips elsewhere (tests/_env.py).
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,13 @@ def slurm_cluster() -> dict:
         _unavailable("the Slurm test cluster is not up (bash ci/cluster/up.sh)")
     env = {"OMPI_MCA_btl": "self,tcp", "PMIX_MCA_gds": "hash"}
     return {"nodes": ["node1", "node2"], "partition": "debug", "env": env}
+
+
+@pytest.fixture
+def jobs(slurm_cluster, hpc_home, tritonserver) -> Iterator[list[str]]:
+    """Slurm job ids a test started (it appends them); whatever the outcome, they are scancel'ed at the end.
+    tests/test_e2e_replicas_cluster.py has a `jobs` of its own: jobs shared by the module."""
+    started: list[str] = []
+    yield started
+    for job in started:
+        subprocess.run(["scancel", job], capture_output=True)

@@ -122,27 +122,40 @@ def kill_quietly(pids) -> None:
 
 
 @contextlib.contextmanager
+def private_job_index(folder: Path) -> Iterator[Path]:
+    """$HPC_SERVE_HOME at `folder`/hpc-home while the block runs, then as it was: a job index of its own for a
+    fixture wider than one test (conftest's `hpc_home` uses monkeypatch, which lives for one test)."""
+    home = folder / "hpc-home"
+    old_home = os.environ.get("HPC_SERVE_HOME")
+    os.environ["HPC_SERVE_HOME"] = str(home)
+    try:
+        yield home
+    finally:
+        if old_home is None:
+            os.environ.pop("HPC_SERVE_HOME", None)
+        else:
+            os.environ["HPC_SERVE_HOME"] = old_home
+
+
+@contextlib.contextmanager
 def module_job(
     folder: Path, name: str, checkpoint: Path, executor: str | None = None, **spec: Any
 ) -> Iterator[tuple[str, dict]]:
     """(job id, endpoint record) of one READY job shared by a whole test module, under a private job index;
     scancel'ed at the end without waiting (its cancel is tested elsewhere), or cancelled (`executor` local)."""
-    old_home = os.environ.get("HPC_SERVE_HOME")
-    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
     job = ""
-    try:
-        job, _ = submit(write_spec(folder, name, checkpoint, **spec), *(["--executor", executor] if executor else []))
-        (endpoint,) = status(job)["endpoints"]
-        yield job, endpoint
-    finally:
-        if job and executor == "local":
-            cli("cancel", job, check=False)
-        elif job:
-            subprocess.run(["scancel", job], capture_output=True, check=False)
-        if old_home is None:
-            os.environ.pop("HPC_SERVE_HOME", None)
-        else:
-            os.environ["HPC_SERVE_HOME"] = old_home
+    with private_job_index(folder):
+        try:
+            job, _ = submit(
+                write_spec(folder, name, checkpoint, **spec), *(["--executor", executor] if executor else [])
+            )
+            (endpoint,) = status(job)["endpoints"]
+            yield job, endpoint
+        finally:
+            if job and executor == "local":
+                cli("cancel", job, check=False)
+            elif job:
+                subprocess.run(["scancel", job], capture_output=True, check=False)
 
 
 def job_token(job_id: str) -> str | None:
@@ -228,12 +241,17 @@ def gateway_process(target: str, log: Path, *extra: str) -> Iterator[tuple[subpr
 
         yield proc, wait_for(up, 60, "the gateway's address record")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL when it has not exited within `grace_s`; reaped either way (a gateway a test started)."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager
@@ -242,21 +260,16 @@ def local_jobs(folder: Path, spec: Path, count: int) -> Iterator[list[tuple[str,
     process of theirs killed at the end (what a test killed already is skipped)."""
     from hpc.local import job_processes
 
-    old_home = os.environ.get("HPC_SERVE_HOME")
-    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
     jobs: list[tuple[str, Path]] = []
-    try:
-        for _ in range(count):
-            jobs.append(submit(spec, "--executor", "local"))
-        yield jobs
-    finally:
-        for job, job_dir in jobs:
-            kill_quietly(job_processes(job))
-            kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
-        if old_home is None:
-            os.environ.pop("HPC_SERVE_HOME", None)
-        else:
-            os.environ["HPC_SERVE_HOME"] = old_home
+    with private_job_index(folder):
+        try:
+            for _ in range(count):
+                jobs.append(submit(spec, "--executor", "local"))
+            yield jobs
+        finally:
+            for job, job_dir in jobs:
+                kill_quietly(job_processes(job))
+                kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
 
 
 #: how a stream cut by an ordered stop may end, besides its final response: an error a client can act on (retry
@@ -328,3 +341,16 @@ def ensemble_clients(endpoint: dict, count: int, stop: Any, endings: list[tuple[
     for thread in threads:
         thread.start()
     return threads
+
+
+def assert_streams_ended_clearly(endings: list[tuple[float, float, str]], stop_at: float) -> None:
+    """What an ordered stop under `ensemble_clients` load must leave: no stream hung, every stream that did not
+    end with its final response ended with an error a client can act on (CLEAR_STOP_ERRORS), some stream was in
+    flight at `stop_at` (monotonic seconds; else the test proves nothing), and each of those ended with its final
+    response or with the stop named."""
+    assert not [e for e in endings if e[2] == "HANG"], endings
+    unclear = [how for *_, how in endings if how != "final" and not any(c in how for c in CLEAR_STOP_ERRORS)]
+    assert not unclear, unclear
+    in_flight = [how for started, ended, how in endings if started < stop_at < ended]
+    assert in_flight, f"no stream was in flight when the stop began: the test proves nothing ({len(endings)} ended)"
+    assert all(how == "final" or "stopping" in how for how in in_flight), in_flight

@@ -24,7 +24,17 @@ import yaml
 
 from launcher.layout import JobPaths
 from launcher.records import read_endpoints
-from tests.e2e import CLI, cli, kill_quietly, processes_under, submit, wait_for, write_spec
+from tests.e2e import (
+    CLI,
+    cli,
+    kill_quietly,
+    local_jobs,
+    processes_under,
+    stop_process,
+    submit,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -39,17 +49,12 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
-    """A READY local job, its token, and a gateway on it: {"url", "token", "job", "model"}."""
-    from hpc.local import job_processes
-
+    """A READY local job, its token, and a gateway on it: {"url", "token", "job", "model"}; "jobs": what local_jobs
+    kills at the end (a test adds its own)."""
     folder = tmp_path_factory.mktemp("gateway")
-    old_home = os.environ.get("HPC_SERVE_HOME")
-    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
-    proc, jobs = None, []
-    try:
-        spec = write_spec(folder, "gw", tiny_gpt2, tp=1)
-        job, job_dir = submit(spec, "--executor", "local")
-        jobs.append((job, job_dir))
+    spec = write_spec(folder, "gw", tiny_gpt2, tp=1)
+    with local_jobs(folder, spec, 1) as jobs:
+        ((job, _),) = jobs
         token = cli("token", job).stdout.strip()
         assert cli("token", job).stdout.strip() == token, "the same token every time"
         port = _free_port()
@@ -60,31 +65,20 @@ def gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        url = f"http://127.0.0.1:{port}"
+        try:
+            url = f"http://127.0.0.1:{port}"
 
-        def up() -> bool:
-            assert proc.poll() is None, log.read_text()
-            try:
-                return httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
+            def up() -> bool:
+                assert proc.poll() is None, log.read_text()
+                try:
+                    return httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200
+                except httpx.HTTPError:
+                    return False
 
-        wait_for(up, 60, "the gateway to find the replica")
-        yield {"url": url, "token": token, "job": job, "model": "gw", "spec": spec, "jobs": jobs, "log": log}
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for job, job_dir in jobs:
-            kill_quietly(job_processes(job))
-            kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
-        if old_home is None:
-            os.environ.pop("HPC_SERVE_HOME", None)
-        else:
-            os.environ["HPC_SERVE_HOME"] = old_home
+            wait_for(up, 60, "the gateway to find the replica")
+            yield {"url": url, "token": token, "job": job, "model": "gw", "spec": spec, "jobs": jobs, "log": log}
+        finally:
+            stop_process(proc)
 
 
 @pytest.fixture
