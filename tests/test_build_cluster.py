@@ -19,14 +19,6 @@ from tests.e2e import cli, status, wait_for
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-@pytest.fixture
-def jobs(slurm_cluster, hpc_home, tritonserver):
-    started: list[str] = []
-    yield started
-    for job in started:
-        subprocess.run(["scancel", job], capture_output=True)
-
-
 def build_spec(folder: Path, checkpoint: Path, init: bool = True) -> Path:
     spec = {
         "name": "built",
