@@ -142,13 +142,15 @@ def run(
 
     # httptools and uvloop (package dependencies) named, not left to uvicorn's "auto": with h11 and asyncio's own
     # loop every request and every streamed event costs more CPU on the gateway's one event loop; uvicorn's own
-    # access log off (hpc/gateway/accesslog.py writes the gateway's, with what a request cost)
+    # access log off (hpc/gateway/accesslog.py writes the gateway's, with what a request cost); no proxy-headers
+    # middleware (one more layer around every request and every event sent): nothing reads a client's address
     config = uvicorn.Config(
         app,
         http="httptools",
         loop="uvloop",
         log_level="warning",
         access_log=False,
+        proxy_headers=False,
         timeout_graceful_shutdown=GRACEFUL_STOP_S,
     )
     print(f"hpc-serve gateway for {target.name} in {target.workdir}: {url}/v1", flush=True)
