@@ -7,31 +7,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from hpc import __version__
 from hpc.engine_build.plan import plan_build
 from hpc.engine_build.script import render_build_script
 from hpc.spec import load_spec
 from launcher.layout import BUILD_SUB_NAME
+from tests._golden import check_script, normalise
 
 # beside tests/golden/ (whose folders are one per configs/*.yaml): one folder per case, its spec and its script
 GOLDEN = Path(__file__).resolve().parent / "golden_builds"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "spec.yaml").is_file())
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
-
-
-def normalise(text: str, tmp: Path, key: str) -> str:
-    """Machine paths and the content-addressed key (it hashes the checkpoint files' mtimes) as placeholders."""
-    for real, token in sorted(
-        [(str(tmp), "<TMP>"), (sys.executable, "<PYTHON>"), (key, "<KEY>")], key=lambda pair: -len(pair[0])
-    ):
-        text = text.replace(real, token)
-    return text.replace(f"hpc-serve {__version__}", "hpc-serve <VERSION>")
 
 
 def test_there_are_build_goldens():
@@ -49,7 +38,7 @@ def test_build_script_matches_golden(tmp_path, case, monkeypatch):
     spec = load_spec(tmp_path / "spec.yaml")
     plan = plan_build(spec)
     raw = render_build_script(spec, plan, tmp_path / "deploy")
-    text = normalise(raw, tmp_path, plan.key)
+    text = normalise(raw, tmp_path, {plan.key: "<KEY>"})  # content-addressed: it hashes the checkpoints' mtimes
     golden = GOLDEN / case / BUILD_SUB_NAME
     if UPDATE:
         golden.write_text(text)
@@ -57,10 +46,4 @@ def test_build_script_matches_golden(tmp_path, case, monkeypatch):
     assert text == golden.read_text(), f"golden_builds/{case}/{BUILD_SUB_NAME} differs (UPDATE_GOLDEN=1 to accept)"
     script = tmp_path / BUILD_SUB_NAME
     script.write_text(raw)
-    check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr
-    if shutil.which("shellcheck"):
-        check = subprocess.run(
-            ["shellcheck", "-S", "warning", "-s", "bash", str(script)], capture_output=True, text=True
-        )
-        assert check.returncode == 0, check.stdout
+    check_script(script)

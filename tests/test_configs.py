@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from hpc import __version__
 from hpc import render as R
 from hpc.spec import load_spec
+from tests import _golden
+from tests._golden import check_script
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -58,12 +58,7 @@ def site(tmp_path: Path, monkeypatch) -> Path:
 
 
 def normalise(text: str, tmp: Path) -> str:
-    for real, token in sorted(
-        [(str(tmp), "<TMP>"), (sys.executable, "<PYTHON>"), (str(R.SOURCE_ROOT), "<SRC>")],
-        key=lambda pair: -len(pair[0]),
-    ):
-        text = text.replace(real, token)
-    return text.replace(f"hpc-serve {__version__}", "hpc-serve <VERSION>")
+    return _golden.normalise(text, tmp, {str(R.SOURCE_ROOT): "<SRC>"})
 
 
 def test_there_are_configs():
@@ -100,17 +95,6 @@ def match_golden(deploy_dir: Path, golden: Path, names: tuple[str, ...], tmp: Pa
         want = (golden / name).read_text()
         where = golden.relative_to(GOLDEN)
         assert got == want, f"{where}/{name} differs from tests/golden (UPDATE_GOLDEN=1 to accept)"
-
-
-def check_script(script: Path) -> None:
-    """bash can parse it, and shellcheck (where installed) finds nothing at warning level."""
-    check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr
-    if shutil.which("shellcheck"):
-        check = subprocess.run(
-            ["shellcheck", "-S", "warning", "-s", "bash", str(script)], capture_output=True, text=True
-        )
-        assert check.returncode == 0, check.stdout
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
