@@ -49,7 +49,9 @@ def _gateway(*keys: str, max_outstanding: int | None = None):
 def _run(gw, prompt: str = "x", logprobs: bool = False) -> list[Chunk]:
     async def collect() -> list[Chunk]:
         params = GenerateParams(prompt=prompt, max_tokens=2, logprobs=logprobs)
-        return [c async for c in gw.generate(params)]
+        pieces = gw.generate(params)
+        first = await gw.first(pieces)  # as the routes take it: the answers when none is left
+        return [first, *[c async for c in pieces]] if first else []
 
     return asyncio.run(collect())
 

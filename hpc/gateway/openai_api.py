@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
@@ -197,7 +197,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     record.model, record.stream = gw.model_name, body.stream
     pieces = gw.generate(params, record, whole=not body.stream)  # not streamed: a replica lost half-way is retried
     try:
-        first = await anext(pieces, None)  # errors before the first piece are HTTP errors, not stream events
+        first = await gw.first(pieces)  # errors before the first piece are HTTP errors, not stream events
         if params.logprobs and first is not None and not first.logprobs:
             raise bad_request("logprobs: this deployment's model returns no log probabilities", "logprobs")
     except ModelError as exc:
@@ -207,7 +207,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     except TokenRefused as exc:  # the gateway's token for this replica, not the client's: no retry, no bench
         raise APIError(502, _TOKEN_REFUSED.format(replica=record.replica, error=exc), "server_error") from None
     except APIError:
-        await pieces.aclose()  # type: ignore[attr-defined]
+        await pieces.aclose()
         raise
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     headers = {REPLICA_HEADER: record.replica or ""}
@@ -217,9 +217,11 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     trail = TokenTrail()
     raw, tokens = "", 0
     try:
-        async for chunk in _chain(first, pieces):
+        chunk = first
+        while chunk is not None:
             raw, tokens = raw + chunk.text, tokens + chunk.tokens
             trail.add(chunk)
+            chunk = await anext(pieces, None)
     except (ModelError, ReplicaUnavailable) as exc:
         raise APIError(500, f"the request failed while generating: {exc}", "server_error") from None
     text, stopped = cut_at_stop(raw, params.stop)
@@ -244,14 +246,6 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
 
 def _logprobs(chat: bool, tokens: list) -> dict[str, Any]:
     return chat_logprobs(tokens) if chat else completion_logprobs(tokens)
-
-
-async def _chain(first: Chunk | None, pieces: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-    """The first piece (already taken to tell errors from answers), then the rest."""
-    if first is not None:
-        yield first
-    async for chunk in pieces:
-        yield chunk
 
 
 class _Events:
@@ -285,7 +279,7 @@ async def _sse(
     chat: bool,
     rid: str,
     first: Chunk | None,
-    pieces: AsyncIterator[Chunk],
+    pieces: AsyncGenerator[Chunk, None],
     record: RequestRecord,
 ) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -315,19 +309,21 @@ async def _sse(
         yield events.event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
     stops, tokens = StopStream(params.stop), 0
     try:
-        async for chunk in _chain(first, pieces):
+        chunk = first  # taken already, to tell errors from answers; then the rest (no generator around them)
+        while chunk is not None:
             tokens += chunk.tokens
             trail.add(chunk)
             if text := stops.feed(chunk.text):
                 yield piece(text)
             if stops.stopped:
                 break
+            chunk = await anext(pieces, None)
     except (ModelError, ReplicaUnavailable) as exc:
         record.error = "stream_failed"
         yield f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n".encode()
         return
     finally:
-        await pieces.aclose()  # type: ignore[attr-defined]
+        await pieces.aclose()
     if rest := stops.flush():
         yield piece(rest)
     usage = _usage(gw, params, tokens, record)

@@ -108,8 +108,8 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
             await upstream.aclose()
 
     answer = gw.routed(attempt, _prompt(body), record)
-    upstream = await anext(answer)
-    assert isinstance(upstream, httpx.Response)
+    upstream = await gw.first(answer)
+    assert isinstance(upstream, httpx.Response)  # every attempt yields its head first
     if upstream.is_stream_consumed:
         await answer.aclose()
         return Response(upstream.content, status_code=upstream.status_code, headers=_kept(upstream))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -65,38 +64,53 @@ class Gateway:
         if self.metrics is not None:
             self.metrics.retries.labels(reason).inc()
 
-    async def routed(
-        self, attempt: Callable[[Replica], AsyncIterator[T]], prompt: str | None, record: RequestRecord
+    def routed(
+        self,
+        attempt: Callable[[Replica], AsyncIterator[T]],
+        prompt: str | None,
+        record: RequestRecord,
+        on_first: Callable[[], None] | None = None,
     ) -> AsyncGenerator[T, None]:
         """What `attempt(replica)` yields from the replica the balancer picks (prefix affinity on `prompt`), by
         the retry rule: an attempt that raises ReplicaUnavailable or ReplicaBusy before its first item is sent to
-        the next replica. `record` learns the replica and the replicas tried before it. APIError 429 when the
-        replicas left are full or refused it, 503 when none is ready."""
+        the next replica. `record` learns the replica and the replicas tried before it. Take the first item with
+        `first` (the answers when no replica is left). Why the rule's own generator, not one around it: every
+        streamed token passes through each generator layer, a few microseconds each."""
 
         def picked(replica: Replica, tried: int) -> None:
             record.replica, record.retried = replica.key, tried
 
         key = prefix_key(prompt, self.prefix_chars) if prompt is not None else None
-        items = stream_with_retry(
-            self.balancer, attempt, ReplicaUnavailable, ReplicaBusy, key, on_retry=self.retried, on_pick=picked
+        return stream_with_retry(
+            self.balancer,
+            attempt,
+            ReplicaUnavailable,
+            ReplicaBusy,
+            key,
+            on_retry=self.retried,
+            on_pick=picked,
+            on_first=on_first,
         )
+
+    async def first(self, items: AsyncIterator[T]) -> T | None:
+        """The first item of a `routed` stream (None if it has none); APIError 429 with Retry-After when the
+        replicas left are full or refused it, 503 when none is ready (only a pick, before the first item, finds
+        none left)."""
         try:
-            async with aclosing(items) as each:
-                async for item in each:
-                    yield item
+            return await anext(items, None)
         except Saturated:
             raise saturated(self.balancer.max_outstanding) from None
         except NoReplica:
             raise no_replica() from None
 
-    async def generate(
+    def generate(
         self, params: GenerateParams, record: RequestRecord | None = None, whole: bool = False
-    ) -> AsyncIterator[Chunk]:
-        """Text pieces from the replica the balancer picks, by `routed`'s rule; TokenRefused (the replica refused
-        its job's token) and the model's errors are the caller's. `whole`: each replica's answer is taken whole
-        before its first piece is yielded, for a request answered in one piece (not streamed): nothing of it
-        reaches the client before the end, so a replica lost half-way is one more to retry on another, not a
-        failed request."""
+    ) -> AsyncGenerator[Chunk, None]:
+        """Text pieces from the replica the balancer picks, by `routed`'s rule (take the first with `first`);
+        TokenRefused (the replica refused its job's token) and the model's errors are the caller's. `whole`: each
+        replica's answer is taken whole before its first piece is yielded, for a request answered in one piece
+        (not streamed): nothing of it reaches the client before the end, so a replica lost half-way is one more
+        to retry on another, not a failed request."""
         record = record if record is not None else RequestRecord("POST", "")
         token_for = self.discovery.token_for
 
@@ -104,7 +118,4 @@ class Gateway:
             chunks = self.engine.stream(replica.grpc_url, params, token_for(replica))
             return taken_whole(chunks, record.first_token) if whole else chunks
 
-        async with aclosing(self.routed(attempt, params.prompt, record)) as chunks:
-            async for chunk in chunks:
-                record.first_token()  # only the first call counts
-                yield chunk
+        return self.routed(attempt, params.prompt, record, on_first=record.first_token)

@@ -74,6 +74,8 @@ class StopStream:
         self.stopped = False
 
     def feed(self, piece: str) -> str:
+        if not self.stop:  # the common case, once per streamed token: nothing to look for
+            return piece
         if self.stopped:
             return ""
         text, self.stopped = cut_at_stop(self.pending + piece, self.stop)

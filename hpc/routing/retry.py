@@ -28,12 +28,13 @@ async def stream_with_retry(
     prefix_key: str | None = None,
     on_retry: Callable[[Replica, BaseException], None] | None = None,
     on_pick: Callable[[Replica, int], None] | None = None,
+    on_first: Callable[[], None] | None = None,
 ) -> AsyncGenerator[T, None]:
     """What `attempt(replica)` yields, from the replica the balancer picks (`prefix_key`: its affinity key).
     Before the first item, a replica that raises `unavailable` is benched (`mark_failed`) and one that raises
     `refused` (its queue is full: healthy, not benched, `mark_refused`) is skipped, and the next one is tried;
     `on_retry(replica, error)` follows either. `on_pick(replica, tried)` is called as a replica is chosen
-    (`tried`: how many this request was sent to before). Raises the balancer's NoReplica when none is left
+    (`tried`: how many this request was sent to before), `on_first()` as the first item comes. Raises the balancer's NoReplica when none is left
     (Saturated when every ready one is full, or one refused), and any other error of the attempt, or its error
     once an item was yielded, as it is."""
     tried: list[str] = []
@@ -53,7 +54,10 @@ async def stream_with_retry(
             items = attempt(replica)
             try:
                 async for item in items:
-                    started = True
+                    if not started:
+                        started = True
+                        if on_first is not None:
+                            on_first()
                     yield item
                 return
             except refused as exc:
