@@ -5,6 +5,8 @@ torch/transformers are test-only dependencies (the reference implementation); th
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -327,6 +329,36 @@ def test_cancelling_the_last_request_reports_its_blocks_free(llama: Path) -> Non
     eng.cancel("a")
     eng.step()
     assert reported[-1].used_blocks == 0 and reported[-1].active_requests == 0
+
+
+def test_a_stop_that_matches_nothing_is_logged_and_dropped(llama: Path, caplog) -> None:
+    """As in TensorRT-LLM's backend, a stop for an id the engine does not hold does nothing (DEVELOPERS.md,
+    "Abandoned streams"); the log tells one that came after its request ended from one that matched nothing.
+    A stop while the engine is idle used to wait in the engine until the next request's step, and then stopped a
+    request of that id that came after it: a stop is settled when it comes, idle or not."""
+    caplog.set_level(logging.INFO, logger="hpc_serve.cpu_engine")
+    eng = Engine(str(llama), max_tokens_in_kv_cache=256)
+    eng.start()
+    try:
+        eng.cancel("early")
+
+        def said(text: str) -> bool:
+            return any(text in r.getMessage() for r in caplog.records)
+
+        deadline = time.monotonic() + 30
+        while not said("'early' matches nothing") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert said("'early' matches nothing"), [r.getMessage() for r in caplog.records]
+        prompt = _prompts(llama)[0]
+        early = eng.generate(GenerationRequest(input_ids=prompt, max_new_tokens=5, request_id="early"), timeout=60)
+        assert early.finish_reason == "length" and len(early.output_ids) == 5
+        eng.cancel("early")  # after its request ended: said so
+        deadline = time.monotonic() + 30
+        while not said("'early': it finished") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert said("'early': it finished"), [r.getMessage() for r in caplog.records]
+    finally:
+        eng.shutdown()
 
 
 def test_kv_budget_smaller_than_demand_makes_requests_wait(gpt2: Path) -> None:

@@ -420,6 +420,14 @@ def test_stop_input_ends_the_request_and_frees_its_kv_blocks(server, stream) -> 
     assert _generated_steps(server) - steps < N_LONG - 20
 
 
+def test_a_stop_without_a_request_id_is_refused(stream) -> None:
+    """As TensorRT-LLM's backend refuses it ("Trying to stop a request but request ID is not provided"): a stop
+    with no id must not stop the requests that were sent without one."""
+    stream.send("", PROMPT, 1, stop=True)
+    with pytest.raises(Exception, match="a stop request must carry the request id"):
+        stream.next("")
+
+
 # ------------------------------------------------------------------------------------------------ metrics
 def test_request_metrics(server, stream) -> None:
     stream.send("m1", PROMPT, 3)

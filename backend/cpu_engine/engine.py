@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -33,6 +34,9 @@ from .selection import greedy_picks, hit_stop_word
 from .validate import request_problem
 
 log = logging.getLogger("hpc_serve.cpu_engine")
+
+#: how many finished request ids the engine remembers, to say in the log what a stop that matched nothing was
+FINISHED_IDS_KEPT = 1024
 
 
 @dataclass
@@ -89,6 +93,8 @@ class Engine:
         self.heartbeat_s = heartbeat_s
         self._incoming: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
         self._cancel_ids: set[str] = set()
+        #: ids of requests finished lately, newest last: tells a stop that came late from one that matched nothing
+        self._finished_ids: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -204,6 +210,8 @@ class Engine:
                 self.step_or_fail()
                 last_msg = time.monotonic()
                 continue
+            if self._cancel_ids:  # stops while idle match nothing: said now, not applied to the next request's step
+                self._intake()
             self._wake.wait(min(self.heartbeat_s, DRAIN_CHECK_S))
             self._wake.clear()
             if self.comm.size > 1 and time.monotonic() - last_msg >= self.heartbeat_s:
@@ -279,6 +287,10 @@ class Engine:
             log.exception("on_output callback failed for request %s", req.request_id)
 
     def _finish(self, req: GenerationRequest, reason: str, error: str | None = None) -> None:
+        self._finished_ids[req.request_id] = time.monotonic()
+        self._finished_ids.move_to_end(req.request_id)
+        if len(self._finished_ids) > FINISHED_IDS_KEPT:
+            self._finished_ids.popitem(last=False)
         req.finished = True
         req.finish_reason = reason
         req.error = error
@@ -310,13 +322,31 @@ class Engine:
                 self._finish(req, "error", problem)
             else:
                 self.scheduler.waiting.append(req)
+        cancelled_waiting = set()
         for req in list(self.scheduler.waiting):
             if req.request_id in cancel_ids or req.cancelled():
+                cancelled_waiting.add(req.request_id)
                 self.scheduler.waiting.remove(req)
                 self._finish(req, "cancelled")
+        held = set()
         for req in self.scheduler.running:
             if not req.finished and (req.request_id in cancel_ids or req.cancelled()):
+                held.add(req.request_id)
                 self._finish(req, "cancelled")
+        for request_id in cancel_ids - held - cancelled_waiting:
+            self._unmatched_stop(request_id)
+
+    def _unmatched_stop(self, request_id: str) -> None:
+        """A stop whose id matches no waiting or running request: said in the log, and otherwise ignored, as
+        TensorRT-LLM's backend does (DEVELOPERS.md, "Abandoned streams"). Either it came after its request ended
+        (normal: a client gives up as the answer completes) or before its request reached the engine."""
+        finished = self._finished_ids.get(request_id)
+        if finished is not None:
+            log.info("stop for request id %r: it finished %.3f s ago", request_id, time.monotonic() - finished)
+        else:
+            log.warning(
+                "stop for request id %r matches nothing this engine holds (none by that id seen lately)", request_id
+            )
 
     def step(self) -> None:
         """One iteration: intake/cancel, compact, admit, one forward (decode + prefills), sample, emit."""

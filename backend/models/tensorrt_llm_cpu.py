@@ -15,6 +15,7 @@ tells them to stop (or when the leader disappears), so their tritonserver never 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from typing import Any
@@ -101,6 +102,31 @@ def _finalize_mpi() -> str:
     return outcome
 
 
+class _TritonLog(logging.Handler):
+    """Hands the engine's log records (logger ``hpc_serve.cpu_engine``) to Triton's log. Why: inside the stub
+    nothing configures Python logging, so its info lines were lost and its warnings reached stderr unmarked."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = f"cpu engine: {self.format(record)}"
+            if record.levelno >= logging.ERROR:
+                pb_utils.Logger.log_error(message)
+            elif record.levelno >= logging.WARNING:
+                pb_utils.Logger.log_warn(message)
+            else:
+                pb_utils.Logger.log_info(message)
+        except Exception:  # noqa: BLE001 - logging must never fail the engine
+            self.handleError(record)
+
+
+def _log_to_triton() -> None:
+    engine_log = logging.getLogger("hpc_serve.cpu_engine")
+    if not any(isinstance(h, _TritonLog) for h in engine_log.handlers):
+        engine_log.addHandler(_TritonLog())
+    engine_log.setLevel(logging.INFO)
+    engine_log.propagate = False
+
+
 class _Pending:
     """Bookkeeping for one Triton request whose batch rows are in the engine."""
 
@@ -120,6 +146,7 @@ class TritonPythonModel:
         import triton_python_backend_utils as _pb  # only inside the stub
 
         pb_utils = _pb
+        _log_to_triton()
         cfg = json.loads(args["model_config"])
         params = cfg.get("parameters", {}) or {}
         self.model_name = args.get("model_name", cfg.get("name", "tensorrt_llm"))
@@ -246,6 +273,14 @@ class TritonPythonModel:
         stop = inputs.get("stop")
         return stop is not None and stop.size > 0 and bool(np.any(stop))
 
+    def _stop(self, request: Any) -> None:
+        """A `stop: true` request: stop the request of its id, as TensorRT-LLM's backend does (an id that
+        matches nothing is no error: its request may have ended already; DEVELOPERS.md, "Abandoned streams")."""
+        request_id = request.request_id() or ""
+        if not request_id:
+            raise InputError("input 'stop': a stop request must carry the request id of the request to stop")
+        self.engine.cancel(request_id)
+
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self.decoupled:
             for request in requests:
@@ -259,7 +294,7 @@ class TritonPythonModel:
         try:
             inputs = self._inputs(request)
             if self._is_stop(inputs):
-                self.engine.cancel(request.request_id())
+                self._stop(request)
                 sender.send(flags=final)
                 return
             reqs, opts = parse_inputs(inputs, self.default_exclude)
@@ -302,7 +337,7 @@ class TritonPythonModel:
             try:
                 inputs = self._inputs(request)
                 if self._is_stop(inputs):
-                    self.engine.cancel(request.request_id())
+                    self._stop(request)
                     responses[i] = self._response(
                         {"output_ids": np.zeros((1, 1, 0), np.int32), "sequence_length": np.zeros((1, 1), np.int32)}
                     )
