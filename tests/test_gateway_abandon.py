@@ -9,12 +9,16 @@ nothing in flight, and the leader exits 0.
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
+from tests._triton import tritonserver as triton_server
 from tests.e2e import cli, gateway_process, kill_quietly, processes_under, rank_records, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -54,3 +58,72 @@ def test_streams_closed_early_leave_nothing_in_flight(tmp_path: Path, tiny_gpt2,
     finally:
         kill_quietly(job_processes(job))
         kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
+
+
+ASKED = 240  # tokens: the tiny checkpoint's 256 positions less the prompt
+
+
+async def _stop_before_the_request(grpc_url: str, log: Path) -> int:
+    """Abandon a stream to `tensorrt_llm` whose request has not even been sent, let the engine settle the stop
+    (it matches nothing: "matches nothing" in the server's log), then send the request. The tokens the engine
+    made for it."""
+    import tritonclient.grpc.aio as aiogrpc
+
+    from hpc.gateway.abandon import Reader, abandon, infer_inputs, stream_request
+    from hpc.gateway.triton import CHANNEL_ARGS
+
+    request_id = "stopped-before-it-came"
+    prompt = np.array([[1, 50, 51, 52, 53, 54, 55, 56, 57]], dtype=np.int32)
+    tensors = infer_inputs(
+        {
+            "input_ids": (prompt, "INT32"),
+            "input_lengths": (np.array([[prompt.shape[1]]], dtype=np.int32), "INT32"),
+            "request_output_len": (np.array([[ASKED]], dtype=np.int32), "INT32"),
+            "streaming": (np.array([[True]], dtype=bool), "BOOL"),
+        }
+    )
+    request = stream_request("tensorrt_llm", tensors, request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    send = asyncio.Event()
+
+    async def requests():
+        await send.wait()
+        yield request  # then half-closed, as the gateway's stream is when it is left
+
+    client = aiogrpc.InferenceServerClient(grpc_url, channel_args=CHANNEL_ARGS)
+    try:
+        reader = Reader(client._client_stub.ModelStreamInfer(requests(), metadata=()))
+        ending = abandon(client, reader, request_id, ())
+        assert ending is not None
+        deadline = time.monotonic() + 60
+        while f"'{request_id}' matches nothing" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            await asyncio.sleep(0.05)
+        send.set()
+        made = 0
+        while (response := await reader.next()) is not None:
+            made += len(response.infer_response.raw_output_contents) > 0
+        await asyncio.wait_for(ending, 60)
+        return made
+    finally:
+        await client.close()
+
+
+def test_a_stop_that_came_before_its_request_is_sent_again_at_the_first_response(
+    tmp_path: Path, tiny_gpt2, tritonserver
+) -> None:
+    """The race of a stream left before its first response: its stop can reach `tensorrt_llm` before the
+    request does (the ensemble's preprocessing runs first); the engine, like TensorRT-LLM's backend, drops a stop
+    for an id it does not hold. abandon() stops such a stream again once its first response shows the engine holds
+    it, so the engine makes a few of the tokens asked, not all. Made deterministic by sending the request only
+    after the engine said the stop matched nothing; fails without the second stop (240 of 240)."""
+    from backend.repository import write_model_repository
+    from tests.test_cpu_engine_triton import _params
+
+    repo = tmp_path / "repo"
+    write_model_repository(repo, "cpu", _params(str(tiny_gpt2)))
+    for other in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls"):
+        shutil.rmtree(repo / other)
+    with triton_server(repo, tmp_path) as server:
+        made = asyncio.run(_stop_before_the_request(f"127.0.0.1:{server.grpc_port}", server.log))
+    assert made < ASKED / 2, f"the engine made {made} of {ASKED} tokens after the second stop"

@@ -307,22 +307,29 @@ def test_a_client_gone_mid_stream_ends_the_replicas_generation(gateway):
         samples = _metrics(metrics)
         return all(v == 0 for (name, _), v in samples.items() if name == "hpc_serve_gateway_replica_outstanding")
 
-    cuts = []
-    for _ in range(3):  # see the note below: under a full suite's load the stop sometimes does not take
+    # Under load the engine can make every token before the first one has been through postprocessing and the
+    # gateway: the client then leaves a generation that is over, and its stop finds nothing to stop (the replica's
+    # log: "stop for request id ...: it finished ... ago"). Such a try proves nothing, so the steps made by the
+    # time the client has its first event are read too; a try counts when by then the engine had made at most a
+    # quarter of them, and up to 5 tries are made to get one that counts (none: skipped, saying so; the stop
+    # itself is proven without timing in tests/test_gateway_abandon.py and tests/test_cpu_engine_triton.py).
+    tries = []  # (steps made when the first event came, steps in all)
+    for _ in range(5):
         before = _engine_steps(record.metrics_url)
         with httpx.stream("POST", gateway["url"] + "/v1/completions", json=body, headers=headers, timeout=60) as r:
             assert r.status_code == 200
             next(line for line in r.iter_lines() if line.startswith("data: {"))
+            made = _engine_steps(record.metrics_url) - before
         # the connection is closed here, with the generation under way
         wait_for(settled, 30, "the gateway's requests in flight to the replica to end")
         time.sleep(1.0)  # what the engine would still make, had its generation been left running
-        cuts.append(_engine_steps(record.metrics_url) - before)
-        if cuts[-1] < full / 2:
+        tries.append((made, _engine_steps(record.metrics_url) - before))
+        if made <= full / 4:
             break
-    # Known (session 4): in the full suite, once, all 200 steps ran although the gateway saw the client leave after
-    # 25 ms and sent the stop; alone and under 3 busy loops it always stops. Up to 3 tries keep the test a proof
-    # of the mechanism (without the stop every try runs all 200) while that is looked into.
-    assert min(cuts) < full / 2, f"the replica went on after the client left: {cuts} of {full} engine steps"
+    made, steps = tries[-1]
+    if made > full / 4:
+        pytest.skip(f"too loaded to tell: the engine was (nearly) done at each first event: {tries} of {full} steps")
+    assert steps < full / 2, f"the replica went on after the client left: {tries} of {full} engine steps"
 
 
 def test_metrics_count_requests_tokens_and_replicas(client, gateway):

@@ -10,6 +10,11 @@ a request to the `tensorrt_llm` model with `stop: true` and the stream's request
 to its steps; TensorRT-LLM's backend and the CPU engine both stop that request), after which the ensemble ends
 with its final response and is released (5 of 5 left nothing in flight, against 5 of 5 leaked by a cancel).
 
+When: the engine stops only a request it holds; a stop whose id matches nothing is answered and dropped
+(TensorRT-LLM's backend: a request may have ended already; the CPU engine logs it). A stream left before its first
+response may not have reached the engine yet (the ensemble's preprocessing runs first), so its stop is sent again
+once the first response shows that the engine holds the request (tests/test_gateway_abandon.py fails without it).
+
 Reading: gRPC's asyncio call cancels itself when the task awaiting its next message is cancelled (which is how a
 client's disconnect reaches the stream), so the stream is read by a task of its own (`Reader`) and the request's
 task awaits a queue: cancelling it leaves the call alone.
@@ -30,7 +35,7 @@ ENGINE_MODEL = "tensorrt_llm"
 #: how long an abandoned stream's stop and end may take before its call is cancelled after all
 ABANDON_S = 30.0
 
-_tasks: set[asyncio.Task] = set()  # abandoned streams being ended: referenced until done
+_tasks: set[asyncio.Future[None]] = set()  # abandoned streams being ended: referenced until done
 
 
 class Reader:
@@ -40,17 +45,22 @@ class Reader:
     def __init__(self, call: Any) -> None:
         self.call = call
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        #: set at the stream's first response (or its end): from then on the engine holds the request, if anyone
+        self.responded = asyncio.Event()
         self.task = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
         try:
             async for response in self.call:
                 self._queue.put_nowait(response)
+                self.responded.set()
             self._queue.put_nowait(None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - handed to the reader of the queue as it is
             self._queue.put_nowait(exc)
+        finally:
+            self.responded.set()
 
     async def next(self) -> Any:
         item = await self._queue.get()
@@ -109,9 +119,20 @@ async def _stop(client: Any, request_id: str, metadata: tuple[tuple[str, str], .
         pass  # the engine model answers a stop at once; the stream ends once it did
 
 
+async def _stop_until_held(client: Any, reader: Reader, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
+    """Stop the generation, and once more at the first response if the first stop came before it (module
+    docstring: the engine may not have held the request yet, and a stop for an id it does not hold is dropped)."""
+    early = not reader.responded.is_set()
+    await _stop(client, request_id, metadata)
+    if early:
+        await reader.responded.wait()
+        if not reader.task.done():
+            await _stop(client, request_id, metadata)
+
+
 async def _end(client: Any, reader: Reader, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
     try:
-        await asyncio.wait_for(_stop(client, request_id, metadata), ABANDON_S)
+        await asyncio.wait_for(_stop_until_held(client, reader, request_id, metadata), ABANDON_S)
         await asyncio.wait_for(asyncio.shield(reader.task), ABANDON_S)
     except Exception:  # noqa: BLE001, S110 - a replica gone meanwhile: the cancel below is all that is left
         pass
@@ -123,11 +144,15 @@ async def _end(client: Any, reader: Reader, request_id: str, metadata: tuple[tup
             await reader.task
 
 
-def abandon(client: Any, reader: Reader, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
+def abandon(
+    client: Any, reader: Reader, request_id: str, metadata: tuple[tuple[str, str], ...]
+) -> asyncio.Future[None] | None:
     """End a stream left mid-way in the background (module docstring): stop its generation, read its stream to
-    the end, and cancel the call only if that takes longer than ABANDON_S."""
+    the end, and cancel the call only if that takes longer than ABANDON_S. Returns the task doing it (None when
+    the stream had ended already); nobody needs to await it."""
     if reader.task.done():  # the stream already ended (an error, the replica gone): nothing to release
-        return
+        return None
     task = asyncio.ensure_future(_end(client, reader, request_id, metadata))
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
+    return task
