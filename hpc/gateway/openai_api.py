@@ -182,9 +182,12 @@ async def chat_complete(gw: Gateway, body: ChatRequest, record: RequestRecord) -
     return await _answer(gw, body, params, chat=True, record=record)
 
 
-def _usage(gw: Gateway, params: GenerateParams, completion: int, record: RequestRecord) -> dict[str, int]:
-    """Prompt tokens by the deployment's tokenizer; completion tokens as the engine reported them."""
-    prompt = gw.prompt_tokens(params.prompt)
+def _usage(
+    gw: Gateway, params: GenerateParams, completion: int, record: RequestRecord, prompt: int | None = None
+) -> dict[str, int]:
+    """Prompt tokens by the deployment's tokenizer (`prompt`: counted already); completion tokens as the engine
+    reported them."""
+    prompt = gw.prompt_tokens(params.prompt) if prompt is None else prompt
     record.prompt_tokens, record.completion_tokens = prompt, completion
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -305,29 +308,35 @@ async def _sse(
     def piece(text: str) -> bytes:
         return events.event([delta(text)]) if params.logprobs else events.piece(text)
 
+    # Events due together leave in one write (one packet, one wake-up of the client): chat's opening event with the
+    # first text, and the last text with the finish, the usage and [DONE]
+    pending = b""
     if chat:
-        yield events.event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-    stops, tokens = StopStream(params.stop), 0
+        pending = events.event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    stops, tokens, prompt_tokens = StopStream(params.stop), 0, None
     try:
         chunk = first  # taken already, to tell errors from answers; then the rest (no generator around them)
         while chunk is not None:
             tokens += chunk.tokens
             trail.add(chunk)
             if text := stops.feed(chunk.text):
-                yield piece(text)
+                yield pending + piece(text)
+                pending = b""
             if stops.stopped:
                 break
+            if prompt_tokens is None:  # counted while the replica makes the next token, not after the last one
+                prompt_tokens = gw.prompt_tokens(params.prompt)
             chunk = await anext(pieces, None)
     except (ModelError, ReplicaUnavailable) as exc:
         record.error = "stream_failed"
-        yield f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n".encode()
+        yield pending + f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n".encode()
         return
     finally:
         await pieces.aclose()
     if rest := stops.flush():
-        yield piece(rest)
-    usage = _usage(gw, params, tokens, record)
-    yield events.event([delta(None, _finish(stops.stopped, usage, params), final=True)])
+        pending += piece(rest)
+    usage = _usage(gw, params, tokens, record, prompt_tokens)
+    pending += events.event([delta(None, _finish(stops.stopped, usage, params), final=True)])
     if body.stream_options and body.stream_options.include_usage:
-        yield events.event([], usage=usage)
-    yield DONE
+        pending += events.event([], usage=usage)
+    yield pending + DONE
