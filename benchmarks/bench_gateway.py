@@ -233,6 +233,10 @@ class Sides:
         relay of the replica's gRPC stream costs."""
         return await self._aiohttp(self.floor_urls["floor"])
 
+    async def floor_late(self) -> tuple[float, float, int]:
+        """The floor with its response head sent after the replica's first piece, as the gateway sends it."""
+        return await self._aiohttp(self.floor_urls["floor_late"])
+
     async def floor_fastapi(self) -> tuple[float, float, int]:
         """The floor as one FastAPI route: what the web framework adds to it."""
         return await self._aiohttp(self.floor_urls["floor_fastapi"])
@@ -278,7 +282,7 @@ class Sides:
 #: the gateway with aiohttp as the client, where it is installed (an extra, not a dependency)
 GW_SIDES = ("gateway", "gw_aiohttp") if importlib.util.find_spec("aiohttp") else ("gateway",)
 #: the floor (benchmarks/minimal_relay.py) needs aiohttp as its client too
-FLOOR = ("floor", "floor_fastapi") if importlib.util.find_spec("aiohttp") else ()
+FLOOR = ("floor", "floor_late", "floor_fastapi") if importlib.util.find_spec("aiohttp") else ()
 SIDES = ("direct", *GW_SIDES, *FLOOR, "passthrough")
 
 
@@ -497,9 +501,10 @@ def main() -> int:
                 with (
                     gateway(job_id, work) as (url, pid, log),
                     floor_relay(record.grpc_url, token) as floor,
+                    floor_relay(record.grpc_url, token, "--late-head") as floor_late,
                     floor_relay(record.grpc_url, token, "--fastapi") as floor_fastapi,
                 ):
-                    floors = {"floor": floor, "floor_fastapi": floor_fastapi} if FLOOR else {}
+                    floors = {"floor": floor, "floor_late": floor_late, "floor_fastapi": floor_fastapi} if FLOOR else {}
                     asyncio.run(part1(args, url, pid, log, token, record.grpc_url, floors))
         if args.part in ("all", "prefix"):
             part2(args, work, checkpoint)

@@ -7,9 +7,12 @@ TritonEngine). bench_gateway.py measures it as the `floor` side beside the real 
 beyond this floor is its own code; what the floor adds over direct gRPC is the price of any HTTP hop in Python.
 
 With `--fastapi` the same relay is one FastAPI route (a pydantic body, Starlette's streaming response as the
-gateway uses it): the price of the web framework alone, between the floor and the gateway.
+gateway uses it): the price of the web framework alone, between the floor and the gateway. With `--late-head` the
+raw relay sends its response head only once the replica's first piece came, as the gateway must (an error before
+the first token is an HTTP status there, so the status is known only then): the price of that order alone (the
+head and the first event then leave in two writes after the first piece, not one).
 
-    python benchmarks/minimal_relay.py GRPC_URL PORT [TOKEN] [--fastapi]
+    python benchmarks/minimal_relay.py GRPC_URL PORT [TOKEN] [--fastapi | --late-head]
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class Body(BaseModel):
     max_tokens: int
 
 
-def make_app(grpc_url: str, token: str | None) -> Any:
+def make_app(grpc_url: str, token: str | None, late_head: bool = False) -> Any:
     engine = TritonEngine()
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
@@ -57,9 +60,12 @@ def make_app(grpc_url: str, token: str | None) -> Any:
                 break
         request = json.loads(body)
         params = GenerateParams(request["prompt"], int(request["max_tokens"]))
-        await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+        if not late_head:
+            await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
         tokens = 0
         async for chunk in engine.stream(grpc_url, params, token):
+            if late_head and tokens == 0:
+                await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
             tokens += chunk.tokens
             if chunk.text:
                 event = b'data: {"text": ' + json.dumps(chunk.text).encode() + b"}\n\n"
@@ -95,12 +101,15 @@ def make_fastapi_app(grpc_url: str, token: str | None) -> Any:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--fastapi"]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     grpc_url, port = args[0], int(args[1])
     token = args[2] if len(args) > 2 else None
-    make = make_fastapi_app if "--fastapi" in sys.argv else make_app
+    if "--fastapi" in sys.argv:
+        app = make_fastapi_app(grpc_url, token)
+    else:
+        app = make_app(grpc_url, token, late_head="--late-head" in sys.argv)
     uvicorn.run(
-        make(grpc_url, token),
+        app,
         host="127.0.0.1",
         port=port,
         http="httptools",
