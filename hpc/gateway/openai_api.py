@@ -198,6 +198,11 @@ def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams) -> str
 
 async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: bool, record: RequestRecord) -> Any:
     record.model, record.stream = gw.model_name, body.stream
+    # what the answer needs that the replica's first piece does not decide is made before the request leaves: after
+    # the loop waited for the replica, every line run before the first event reaches the client costs more
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    kind = ("chat.completion.chunk" if chat else "text_completion") if body.stream else ""
+    events = _Events(rid, kind, int(time.time()), gw.model_name, chat) if body.stream else None
     pieces = gw.generate(params, record, whole=not body.stream)  # not streamed: a replica lost half-way is retried
     try:
         first = await gw.first(pieces)  # errors before the first piece are HTTP errors, not stream events
@@ -212,11 +217,10 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     except APIError:
         await pieces.aclose()
         raise
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     headers = {REPLICA_HEADER: record.replica or ""}
-    if body.stream:
-        events = _sse(gw, body, params, chat, rid, first, pieces, record)
-        return EventStream(events, media_type="text/event-stream", headers=headers)
+    if events is not None:
+        stream = _sse(gw, body, params, chat, events, first, pieces, record)
+        return EventStream(stream, media_type="text/event-stream", headers=headers)
     trail = TokenTrail()
     raw, tokens = "", 0
     try:
@@ -280,13 +284,11 @@ async def _sse(
     body: Sampling,
     params: GenerateParams,
     chat: bool,
-    rid: str,
+    events: _Events,
     first: Chunk | None,
     pieces: AsyncGenerator[Chunk, None],
     record: RequestRecord,
 ) -> AsyncIterator[bytes]:
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    events = _Events(rid, kind, int(time.time()), gw.model_name, chat)
     trail, sent = TokenTrail(), 0
 
     def delta(text: str | None, finish: str | None = None, final: bool = False) -> dict[str, Any]:
