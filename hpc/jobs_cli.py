@@ -70,8 +70,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         from hpc.engine_build.cli import build_scripts
         from hpc.render import render_scripts
+        from hpc.spec.site import profile_summary
         from hpc.submit import new_deployment_dir
 
+        # the line `submit` says first: the scripts below hold the profile's values
+        print(profile_summary(spec, explained=True), file=sys.stderr)
         deploy_dir = new_deployment_dir(spec)
         spec, scripts = build_scripts(spec, deploy_dir)  # a build: section's script first (hpc/engine_build/)
         scripts.update(render_scripts(spec, deploy_dir))

@@ -289,6 +289,22 @@ def test_submit_says_which_profile_it_used(tmp_path, tiny_gpt2, tritonserver, mo
         kill_quietly(pid for pid, _ in processes_under(Path(job_dir).parent.parent))
 
 
+def test_dry_run_says_which_profile_it_used(tmp_path, monkeypatch):
+    """`submit --dry-run` names the profile on stderr as `submit` does (stdout stays the scripts), and the
+    scripts hold its values; nothing is written."""
+    monkeypatch.setenv("HPC_SERVE_HOME", str(tmp_path / "home"))
+    profile = write(tmp_path / "site" / "site.yaml", "workdir: runs\nslurm: {env: {FROM_SITE: '1'}}\n")
+    spec_file = cpu_spec(tmp_path / "spec")
+    proc = cli(["submit", str(spec_file), "--dry-run"], profile, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0] == f"site profile: {profile} (gave 2 values)"
+    assert "site profile:" not in proc.stdout and "FROM_SITE" in proc.stdout
+    none = cli(["submit", str(spec_file), "--dry-run"], "", tmp_path)
+    assert none.returncode == 0, none.stderr
+    assert none.stderr.splitlines()[0] == f"site profile: none (${SITE_ENV} is set and empty)"
+    assert not (tmp_path / "site" / "runs").exists() and not (tmp_path / "home").exists()
+
+
 def test_no_profile_says_where_it_looked(tmp_path, monkeypatch):
     from hpc.spec.site import profile_summary
 
