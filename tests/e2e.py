@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -101,6 +102,13 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the OS's pick), for a server a test starts with a port of its choosing."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def listening_ports(pid: int) -> set[int]:

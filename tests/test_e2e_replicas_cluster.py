@@ -24,7 +24,7 @@ import yaml
 from hpc.jobs import find_job
 from hpc.track import job_status
 from launcher.layout import JobPaths
-from tests.e2e import cli, processes_under, rank_records, status, submit, wait_for, write_spec
+from tests.e2e import cli, private_job_index, processes_under, rank_records, status, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -46,23 +46,18 @@ def jobs(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
     """name → (job id, deployment folder): one fail-job job per kill, one keep-serving job with requeue, all
     READY; scancel'ed at the end."""
     folder = tmp_path_factory.mktemp("replicas")
-    old_home = os.environ.get("HPC_SERVE_HOME")
-    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
-    specs = {kill: _spec(folder, f"ff-{kill}", tiny_gpt2) for kill in KILLS}
-    specs["keep"] = _spec(folder, "keep", tiny_gpt2, replica_policy="keep-serving", requeue=True)
-    started: dict[str, tuple[str, Path]] = {}
-    try:
-        for name, spec in specs.items():  # one at a time: 16 tritonservers starting at once starve 2 cores
-            job, job_dir = submit(spec)
-            started[name] = (job, job_dir.parent.parent)
-        yield started
-    finally:
-        for job, _ in started.values():
-            subprocess.run(["scancel", job], capture_output=True)
-        if old_home is None:
-            os.environ.pop("HPC_SERVE_HOME", None)
-        else:
-            os.environ["HPC_SERVE_HOME"] = old_home
+    with private_job_index(folder):
+        specs = {kill: _spec(folder, f"ff-{kill}", tiny_gpt2) for kill in KILLS}
+        specs["keep"] = _spec(folder, "keep", tiny_gpt2, replica_policy="keep-serving", requeue=True)
+        started: dict[str, tuple[str, Path]] = {}
+        try:
+            for name, spec in specs.items():  # one at a time: 16 tritonservers starting at once starve 2 cores
+                job, job_dir = submit(spec)
+                started[name] = (job, job_dir.parent.parent)
+            yield started
+        finally:
+            for job, _ in started.values():
+                subprocess.run(["scancel", job], capture_output=True)
 
 
 def _environ(pid: int) -> bytes:

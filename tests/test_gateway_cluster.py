@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hpc.auth import new_token
 from launcher.layout import Deployment, JobPaths
 from launcher.records import read_endpoints
-from tests.e2e import gateway_process, job_token, submit, wait_for, write_spec
+from tests.e2e import gateway_process, job_token, private_job_index, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -39,26 +39,21 @@ def deployment(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Iter
     """Two READY jobs of one spec (tp 2: rank 0 on node1, rank 1 on node2) and `hpc-serve gateway SPEC` once it
     sees both: {"spec", "jobs": [(id, job folder)], "token", "url"}; scancel'ed and stopped at the end."""
     folder = tmp_path_factory.mktemp("gateway-cluster")
-    old_home = os.environ.get("HPC_SERVE_HOME")
-    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
-    spec = write_spec(folder, NAME, tiny_gpt2, tp=2, nodes=2, triton={"triton_max_batch_size": CONCURRENCY})
-    jobs: list[tuple[str, Path]] = []
-    try:
-        for _ in range(2):  # one at a time: 4 tritonservers loading at once starve 2 cores
-            jobs.append(submit(spec))
-        token = job_token(jobs[0][0])
-        assert token, "auth: token is the default"
-        with gateway_process(str(spec), folder / "gateway.log") as (_, record):
-            state = {"spec": spec, "jobs": jobs, "token": token, "url": record.url}
-            wait_for(lambda: len(replicas(state)) == 2, 30, "the gateway to use both jobs")
-            yield state
-    finally:
-        for job, _ in jobs:
-            subprocess.run(["scancel", job], capture_output=True, check=False)
-        if old_home is None:
-            os.environ.pop("HPC_SERVE_HOME", None)
-        else:
-            os.environ["HPC_SERVE_HOME"] = old_home
+    with private_job_index(folder):
+        spec = write_spec(folder, NAME, tiny_gpt2, tp=2, nodes=2, triton={"triton_max_batch_size": CONCURRENCY})
+        jobs: list[tuple[str, Path]] = []
+        try:
+            for _ in range(2):  # one at a time: 4 tritonservers loading at once starve 2 cores
+                jobs.append(submit(spec))
+            token = job_token(jobs[0][0])
+            assert token, "auth: token is the default"
+            with gateway_process(str(spec), folder / "gateway.log") as (_, record):
+                state = {"spec": spec, "jobs": jobs, "token": token, "url": record.url}
+                wait_for(lambda: len(replicas(state)) == 2, 30, "the gateway to use both jobs")
+                yield state
+        finally:
+            for job, _ in jobs:
+                subprocess.run(["scancel", job], capture_output=True, check=False)
 
 
 def replicas(deployment: dict) -> dict[str, dict]:

@@ -8,7 +8,6 @@ The tests share one deployment and run in file order: each starts from the state
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import yaml
 
 from launcher.layout import gateway_record
 from launcher.records import GatewayRecord, read_gateway
-from tests.e2e import cli, status, wait_for, write_spec
+from tests.e2e import cli, private_job_index, status, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -31,22 +30,17 @@ NAME = "gwjob"
 def deployment(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Iterator[dict]:
     """The spec (with `gateway:`), a private job index, and every job id started (scancel'ed at the end)."""
     folder = tmp_path_factory.mktemp("gateway-job")
-    old_home = os.environ.get("HPC_SERVE_HOME")
-    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
-    spec = write_spec(folder, NAME, tiny_gpt2)
-    data = yaml.safe_load(spec.read_text())
-    data["gateway"] = {"cpus": 1, "mem": "1G", "time": "00:15:00", "refresh_s": 1}
-    spec.write_text(yaml.safe_dump(data))
-    state: dict = {"spec": spec, "workdir": folder / "runs", "jobs": []}
-    try:
-        yield state
-    finally:
-        for job in state["jobs"]:
-            subprocess.run(["scancel", job], capture_output=True, check=False)
-        if old_home is None:
-            os.environ.pop("HPC_SERVE_HOME", None)
-        else:
-            os.environ["HPC_SERVE_HOME"] = old_home
+    with private_job_index(folder):
+        spec = write_spec(folder, NAME, tiny_gpt2)
+        data = yaml.safe_load(spec.read_text())
+        data["gateway"] = {"cpus": 1, "mem": "1G", "time": "00:15:00", "refresh_s": 1}
+        spec.write_text(yaml.safe_dump(data))
+        state: dict = {"spec": spec, "workdir": folder / "runs", "jobs": []}
+        try:
+            yield state
+        finally:
+            for job in state["jobs"]:
+                subprocess.run(["scancel", job], capture_output=True, check=False)
 
 
 def submit(deployment: dict) -> tuple[str, list[str]]:

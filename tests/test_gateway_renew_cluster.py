@@ -6,8 +6,6 @@ failure. Cancelling the deployment takes the successor down too."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import threading
 import time
@@ -18,7 +16,7 @@ import yaml
 
 from launcher.layout import gateway_record
 from launcher.records import read_gateway
-from tests.e2e import cli, status, wait_for, write_spec
+from tests.e2e import cli, free_port, private_job_index, status, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -26,35 +24,25 @@ openai = pytest.importorskip("openai")
 NAME = "gwrenew"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def deployment(tmp_path, slurm_cluster, tritonserver, tiny_gpt2) -> Iterator[dict]:
-    old_home = os.environ.get("HPC_SERVE_HOME")
-    os.environ["HPC_SERVE_HOME"] = str(tmp_path / "hpc-home")
-    spec = write_spec(tmp_path, NAME, tiny_gpt2, renew={"before": "1m"})
-    data = yaml.safe_load(spec.read_text())
-    port = _free_port()
-    data["gateway"] = {"cpus": 1, "mem": "1G", "time": "00:02:00", "refresh_s": 1, "port": port, "nodelist": "node1"}
-    spec.write_text(yaml.safe_dump(data))
-    state: dict = {"spec": spec, "workdir": tmp_path / "runs", "port": port}
-    try:
-        yield state
-    finally:
-        cli("cancel", NAME, check=False)
-        ids = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True).stdout.split()
-        for line in ids:
-            job, _, name = line.partition("|")
-            if name.startswith(NAME):
-                subprocess.run(["scancel", job], capture_output=True, check=False)
-        if old_home is None:
-            os.environ.pop("HPC_SERVE_HOME", None)
-        else:
-            os.environ["HPC_SERVE_HOME"] = old_home
+    with private_job_index(tmp_path):
+        spec = write_spec(tmp_path, NAME, tiny_gpt2, renew={"before": "1m"})
+        data = yaml.safe_load(spec.read_text())
+        port = free_port("0.0.0.0")  # the gateway job binds every address of node1
+        data["gateway"] = {"cpus": 1, "mem": "1G", "time": "00:02:00", "refresh_s": 1}
+        data["gateway"] |= {"port": port, "nodelist": "node1"}
+        spec.write_text(yaml.safe_dump(data))
+        state: dict = {"spec": spec, "workdir": tmp_path / "runs", "port": port}
+        try:
+            yield state
+        finally:
+            cli("cancel", NAME, check=False)
+            ids = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True).stdout.split()
+            for line in ids:
+                job, _, name = line.partition("|")
+                if name.startswith(NAME):
+                    subprocess.run(["scancel", job], capture_output=True, check=False)
 
 
 def test_the_gateway_job_hands_over_to_its_successor_on_the_same_address(deployment):

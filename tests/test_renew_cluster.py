@@ -13,7 +13,6 @@ the tests below each assert a part of it:
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import threading
@@ -26,7 +25,17 @@ import pytest
 from launcher.layout import JobPaths
 from launcher.records import read_chain, read_endpoints
 from launcher.renew_plan import parse_slurm_time
-from tests.e2e import cli, gateway_process, job_token, kill_quietly, processes_under, submit, wait_for, write_spec
+from tests.e2e import (
+    cli,
+    gateway_process,
+    job_token,
+    kill_quietly,
+    private_job_index,
+    processes_under,
+    submit,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -100,74 +109,69 @@ def _folders(folder: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Run:
     folder = tmp_path_factory.mktemp("renew")
-    old_home = os.environ.get("HPC_SERVE_HOME")
-    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")
-    spec = write_spec(folder, "renew", tiny_gpt2, slurm=SLURM, renew=RENEW)
-    specq = write_spec(
-        folder, "renewq", tiny_gpt2, slurm={**SLURM, "sbatch_args": ["--dependency=singleton"]}, renew=RENEW
-    )
-    result = Run(folder=folder)
-    stop = threading.Event()
-    try:
-        first_q = cli("submit", str(specq)).stdout.split()[0]
-        a, a_dir = submit(spec)
-        deploy = a_dir.parent.parent
-        result.jobs.append(a)
-        with gateway_process(str(spec), folder / "gateway.log") as (_, record):
-            threads = _clients(record.url, job_token(a), "renew", stop, result.outcomes)
-            for thread in threads:
-                thread.start()
-            # renewq: its successor is submitted at its first job's 1-minute mark, and pends (singleton)
-            q_dir = (Path(os.environ["HPC_SERVE_HOME"]) / "jobs" / first_q).resolve().parent.parent
-            successor_q = wait_for(lambda: (r := _chain(q_dir, first_q)) and r.successor, 120, "renewq's successor")
-            result.pending = {"first": first_q, "successor": successor_q}
-            result.pending["status"] = wait_for(
-                lambda: "pending: Dependency" in (t := cli("status", str(specq), check=False).stdout) and t,
-                30,
-                "status to say why renewq's successor pends",
-            )
-            result.pending["cancel"] = cli("cancel", str(specq)).stdout
+    with private_job_index(folder) as home:
+        spec = write_spec(folder, "renew", tiny_gpt2, slurm=SLURM, renew=RENEW)
+        specq = write_spec(
+            folder, "renewq", tiny_gpt2, slurm={**SLURM, "sbatch_args": ["--dependency=singleton"]}, renew=RENEW
+        )
+        result = Run(folder=folder)
+        stop = threading.Event()
+        try:
+            first_q = cli("submit", str(specq)).stdout.split()[0]
+            a, a_dir = submit(spec)
+            deploy = a_dir.parent.parent
+            result.jobs.append(a)
+            with gateway_process(str(spec), folder / "gateway.log") as (_, record):
+                threads = _clients(record.url, job_token(a), "renew", stop, result.outcomes)
+                for thread in threads:
+                    thread.start()
+                # renewq: its successor is submitted at its first job's 1-minute mark, and pends (singleton)
+                q_dir = (home / "jobs" / first_q).resolve().parent.parent
+                successor_q = wait_for(lambda: (r := _chain(q_dir, first_q)) and r.successor, 120, "renewq's successor")
+                result.pending = {"first": first_q, "successor": successor_q}
+                result.pending["status"] = wait_for(
+                    lambda: "pending: Dependency" in (t := cli("status", str(specq), check=False).stdout) and t,
+                    30,
+                    "status to say why renewq's successor pends",
+                )
+                result.pending["cancel"] = cli("cancel", str(specq)).stdout
 
-            # renew: A → B → C, each handover once the successor is READY
-            def chain_moves():
-                job = result.jobs[-1]
-                for e in read_endpoints(JobPaths(deploy, job)):
-                    result.ready_at.setdefault(job, e.ready_at)
-                record = _chain(deploy, job)
-                if record is not None and record.successor and len(result.jobs) < 3:
-                    result.jobs.append(record.successor)
-                return len(result.jobs) == 3 and result.jobs[-1] in result.ready_at
+                # renew: A → B → C, each handover once the successor is READY
+                def chain_moves():
+                    job = result.jobs[-1]
+                    for e in read_endpoints(JobPaths(deploy, job)):
+                        result.ready_at.setdefault(job, e.ready_at)
+                    record = _chain(deploy, job)
+                    if record is not None and record.successor and len(result.jobs) < 3:
+                        result.jobs.append(record.successor)
+                    return len(result.jobs) == 3 and result.jobs[-1] in result.ready_at
 
-            wait_for(chain_moves, 300, "two renewals (A → B → C, C READY)", interval=0.2)
-            wait_for(
-                lambda: (
-                    all(s in ("COMPLETED", "FAILED", "TIMEOUT") for s, _ in _sacct(result.jobs[:2]).values())
-                    and len(_sacct(result.jobs[:2])) == 2
-                ),
-                120,
-                "A and B to end",
-            )
-            time.sleep(3)  # C serves alone for a moment: the last requests of the run go to it
+                wait_for(chain_moves, 300, "two renewals (A → B → C, C READY)", interval=0.2)
+                wait_for(
+                    lambda: (
+                        all(s in ("COMPLETED", "FAILED", "TIMEOUT") for s, _ in _sacct(result.jobs[:2]).values())
+                        and len(_sacct(result.jobs[:2])) == 2
+                    ),
+                    120,
+                    "A and B to end",
+                )
+                time.sleep(3)  # C serves alone for a moment: the last requests of the run go to it
+                stop.set()
+                for thread in threads:
+                    thread.join(90)
+                result.status_text = cli("status", str(spec)).stdout
+            result.folders_at_cancel = _folders(folder)
+            result.cancel_text = cli("cancel", str(spec)).stdout
+            time.sleep(10)
+            result.after_cancel = _folders(folder)
+            result.sacct = _sacct(result.jobs + [first_q, result.pending["successor"]])
+            yield result
+        finally:
             stop.set()
-            for thread in threads:
-                thread.join(90)
-            result.status_text = cli("status", str(spec)).stdout
-        result.folders_at_cancel = _folders(folder)
-        result.cancel_text = cli("cancel", str(spec)).stdout
-        time.sleep(10)
-        result.after_cancel = _folders(folder)
-        result.sacct = _sacct(result.jobs + [first_q, result.pending["successor"]])
-        yield result
-    finally:
-        stop.set()
-        out = subprocess.run(["squeue", "-h", "-n", "renew,renewq", "-o", "%i"], capture_output=True, text=True)
-        for job in out.stdout.split():
-            subprocess.run(["scancel", job], capture_output=True)
-        kill_quietly(pid for pid, _ in processes_under(folder))
-        if old_home is None:
-            os.environ.pop("HPC_SERVE_HOME", None)
-        else:
-            os.environ["HPC_SERVE_HOME"] = old_home
+            out = subprocess.run(["squeue", "-h", "-n", "renew,renewq", "-o", "%i"], capture_output=True, text=True)
+            for job in out.stdout.split():
+                subprocess.run(["scancel", job], capture_output=True)
+            kill_quietly(pid for pid, _ in processes_under(folder))
 
 
 def _handed_over(run: Run) -> None:
