@@ -1,5 +1,5 @@
 """Shared fixtures: an isolated job index, a tiny checkpoint, the real Slurm test cluster and the jobs a test
-submitted to it.
+submitted to it; a gateway in front of a local job, for the test modules of the gateway end to end.
 
 A missing cluster or tritonserver fails on CI and skips elsewhere (tests/_env.py).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -77,3 +77,75 @@ def jobs(slurm_cluster, hpc_home, tritonserver) -> Iterator[list[str]]:
     yield started
     for job in started:
         subprocess.run(["scancel", job], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
+    """A READY local job, its token, and `hpc-serve gateway` on it (a process of its own), for one test module:
+    {"url", "token", "job", "model", "spec", "log"}; "jobs": what local_jobs kills at the end (a test adds its
+    own)."""
+    from tests.e2e import CLI, cli, free_port, gateway_ready, local_jobs, stop_process, wait_for, write_spec
+
+    folder = tmp_path_factory.mktemp("gateway")
+    spec = write_spec(folder, "gw", tiny_gpt2, tp=1)
+    with local_jobs(folder, spec, 1) as jobs:
+        ((job, _),) = jobs
+        token = cli("token", job).stdout.strip()
+        assert cli("token", job).stdout.strip() == token, "the same token every time"
+        port = free_port()
+        log = folder / "gateway.log"
+        proc = subprocess.Popen(
+            [*CLI, "gateway", job, "--port", str(port), "--refresh", "1"],
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+
+            def up() -> bool:
+                assert proc.poll() is None, log.read_text()
+                return gateway_ready(url)
+
+            wait_for(up, 60, "the gateway to find the replica")
+            yield {"url": url, "token": token, "job": job, "model": "gw", "spec": spec, "jobs": jobs, "log": log}
+        finally:
+            stop_process(proc)
+
+
+@pytest.fixture
+def client(gateway):
+    """An `openai` client of the module's gateway, with its token, that does not retry."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=gateway["url"] + "/v1", api_key=gateway["token"], max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def serve_app(gateway) -> Iterator[Callable[..., str]]:
+    """`start(target_text, **create_app options)` → the URL of a gateway running in this process (uvicorn in a
+    thread: its access log is this process's, and it takes options the module's CLI gateway was not given)."""
+    import threading
+
+    import uvicorn
+
+    from hpc.gateway.app import create_app
+    from hpc.routing.deployment import resolve_target
+    from tests.e2e import free_port, gateway_ready, wait_for
+
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(target: str, **options) -> str:
+        port = free_port()
+        app = create_app(resolve_target(target), refresh_s=1, **options)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: gateway_ready(url), 30, "the in-process gateway to find a replica")
+        return url
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(15)

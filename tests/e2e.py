@@ -252,6 +252,30 @@ def gateway_process(target: str, log: Path, *extra: str) -> Iterator[tuple[subpr
         stop_process(proc)
 
 
+def gateway_ready(url: str) -> bool:
+    """Whether the gateway at `url` answers ready (it has found a replica); False while it does not answer."""
+    import httpx
+
+    try:
+        return httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def prometheus_samples(url: str) -> dict[tuple[str, tuple], float]:
+    """`GET URL/metrics` (a gateway's, no token; or a replica's) → {(sample name, sorted labels): value}."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(url + "/metrics", timeout=5)
+    assert response.status_code == 200, response.text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
 def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
     """SIGTERM, then SIGKILL when it has not exited within `grace_s`; reaped either way (a gateway a test started)."""
     proc.terminate()
