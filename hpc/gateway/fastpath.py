@@ -11,11 +11,14 @@ from its bytes in one pydantic call (`model_validate_json`) and the same route f
 token (401), a body that does not parse or validate (400 with the field), a content type that is not JSON, and
 any other method or path: those requests are handed on with their body replayed, as if this path were not there.
 It sits inside the access log (hpc/gateway/accesslog.py), which still records every request; it names the
-route as FastAPI would, so the metrics' `route` labels are the same either way.
+route as FastAPI would, so the metrics' `route` labels are the same either way. Once the body is read, a client
+that leaves is watched for (hpc/gateway/streaming.py `Watch`): one gone before its first token ends its request
+there, not at the first piece.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +39,7 @@ from hpc.gateway.openai_api import (
     complete,
 )
 from hpc.gateway.state import Gateway
+from hpc.gateway.streaming import watching
 
 
 @dataclass(frozen=True)
@@ -122,11 +126,20 @@ class FastPath:
         record = scope.setdefault("state", {}).get("record")
         if not isinstance(record, RequestRecord):
             record = RequestRecord(scope["method"], scope["path"])
+        watch = watching(scope, receive)  # a client gone before its answer starts stops it too (streaming.py)
         try:
-            response = await fast.answer(gateway, parsed, record)
-        except APIError as exc:
-            response = exc.response()
-        await response(scope, receive, send)
+            try:
+                response = await fast.answer(gateway, parsed, record)
+            except APIError as exc:
+                response = exc.response()
+            await response(scope, receive, send)
+        except asyncio.CancelledError:
+            if watch is None or not watch.gone:
+                raise
+            watch.absorb()  # nothing was sent: the access log records 499
+        finally:
+            if watch is not None:
+                watch.stop()
 
     @staticmethod
     def _accepts(scope: Scope, gateway: Gateway) -> bool:

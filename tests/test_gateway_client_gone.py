@@ -1,0 +1,70 @@
+"""A client that leaves before its answer started, through `hpc-serve gateway` in front of a real job (local executor,
+tritonserver, CPU engine): its request ends then, not at its first token (hpc/gateway/streaming.py `Watch`). A
+client that leaves mid-stream: tests/test_gateway_e2e_replicas.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from tests.e2e import prometheus_samples, wait_for
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
+
+#: the replica's engine batch (tests/e2e.py write_spec's `triton_max_batch_size`): this many streams fill it
+BATCH = 8
+
+
+def _send_and_leave(url: str, token: str, body: dict) -> socket.socket:
+    """`POST /v1/completions` over a socket of its own, whose answer is not read (the caller closes it)."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + data)
+    return sock
+
+
+def test_a_client_gone_before_its_first_token_ends_its_request_at_once(gateway):
+    """Clients that close their connection while their request waits for its first token (streamed) or its whole
+    answer (not streamed) end it then: the gateway's requests in flight drop while the replica is still busy, and
+    the access log records 499 without tokens. They wait because the replica's engine is full (BATCH streams run
+    meanwhile); before the watch, each waited for a free slot and made its first token for nobody, and was logged
+    as a 200."""
+    url, token = gateway["url"], gateway["token"]
+    body = {"model": gateway["model"], "prompt": "Once upon a time", "max_tokens": 200, "stream": True}
+
+    def in_flight() -> float:
+        samples = prometheus_samples(url)
+        return sum(v for (name, _), v in samples.items() if name == "hpc_serve_gateway_replica_outstanding")
+
+    wait_for(lambda: in_flight() == 0, 30, "no request in flight")
+    log_lines = len(gateway["log"].read_text().splitlines())
+    running = [_send_and_leave(url, token, body) for _ in range(BATCH)]
+    try:
+        for sock in running:  # each one holds a slot of the engine once its first event came
+            got = b""
+            while b"data: {" not in got:
+                chunk = sock.recv(65536)
+                assert chunk, f"a stream ended before its first event: {got!r}"
+                got += chunk
+        waiting = [_send_and_leave(url, token, body), _send_and_leave(url, token, {**body, "stream": False})]
+        wait_for(lambda: in_flight() == BATCH + 2, 30, "the two requests to wait for the replica")
+        for sock in waiting:
+            sock.close()
+        wait_for(lambda: in_flight() <= BATCH, 30, "the requests of the clients gone to end")
+    finally:
+        for sock in running:
+            sock.close()
+    wait_for(lambda: in_flight() == 0, 30, "the gateway's requests in flight to end")
+    lines = gateway["log"].read_text().splitlines()[log_lines:]
+    access = [json.loads(line) for line in lines if line.startswith("{")]
+    statuses = sorted(a["status"] for a in access if a["route"] == "/v1/completions")
+    assert statuses == [200] * BATCH + [499] * 2, f"the two clients gone are logged as 499: {access}"
+    gone = [(a["stream"], a["ttft_ms"], a["completion_tokens"]) for a in access if a["status"] == 499]
+    assert sorted(gone) == [(False, None, None), (True, None, None)], "they ended before their first token"
