@@ -306,16 +306,16 @@ def test_dry_run_says_which_profile_it_used(tmp_path, monkeypatch):
 
 
 def test_no_profile_says_where_it_looked(tmp_path, monkeypatch):
+    import hpc.spec.site
     from hpc.spec.site import profile_summary
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv(SITE_ENV)
-    if Path("/etc/hpc-serve/site.yaml").exists():
-        pytest.skip("this machine has a system-wide site profile")
+    system = tmp_path / "etc" / "site.yaml"  # not the machine's /etc, which may hold one
+    monkeypatch.setattr(hpc.spec.site, "SYSTEM_PROFILE", system)
     spec_file = cpu_spec(tmp_path / "spec")
     assert profile_summary(load_spec(spec_file), explained=True) == (
-        f"site profile: none (${SITE_ENV} is unset; no {tmp_path}/home/.config/hpc-serve/site.yaml or "
-        "/etc/hpc-serve/site.yaml)"
+        f"site profile: none (${SITE_ENV} is unset; no {tmp_path}/home/.config/hpc-serve/site.yaml or {system})"
     )
     monkeypatch.setenv(SITE_ENV, "")
     assert profile_summary(load_spec(spec_file)) == f"site profile: none (${SITE_ENV} is set and empty)"
