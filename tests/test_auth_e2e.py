@@ -6,9 +6,11 @@ process's arguments or environment. And `auth: none` serves anyone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,35 @@ def test_grpc_refuses_without_the_right_token(served):
         assert not pieces and error and "restricted" in error, error
     pieces, error = core_model_stream(endpoint, [5, 6, 7], 4)  # the job's token, as every client sends it
     assert error is None and pieces
+
+
+def test_the_gateways_engine_tells_a_refused_token_from_a_broken_replica_under_concurrency(served):
+    """A stream that tritonserver refuses while the client is still sending often reaches grpc's asyncio client
+    as INTERNAL "Internal error from Core" (its status lost: 193 of 300 did before the engine checked): each of
+    these concurrent refusals must still read as TokenRefused (the gateway's 502, replica not benched), never as
+    ReplicaUnavailable, and the right token is served alongside."""
+    from hpc.gateway.triton import GenerateParams, ReplicaUnavailable, TokenRefused, TritonEngine
+
+    job, endpoint, _ = served
+    url, token = f"{endpoint['address']}:{endpoint['grpc_port']}", job_token(job)
+    params = GenerateParams(prompt="Once upon a time", max_tokens=2)
+
+    async def one(engine: TritonEngine, key: str | None) -> str:
+        try:
+            return "served" if [c async for c in engine.stream(url, params, key)] else "empty"
+        except (TokenRefused, ReplicaUnavailable) as exc:
+            return type(exc).__name__
+
+    async def many() -> Counter[str]:
+        engine = TritonEngine()
+        try:
+            wrong = await asyncio.gather(*(one(engine, WRONG) for _ in range(60)))
+            right = await asyncio.gather(*(one(engine, token) for _ in range(4)))
+            return Counter(wrong) + Counter(f"right {r}" for r in right)
+        finally:
+            await engine.close()
+
+    assert asyncio.run(many()) == Counter({"TokenRefused": 60, "right served": 4})
 
 
 def test_the_clients_send_it_and_token_prints_it(served):
