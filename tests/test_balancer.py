@@ -49,11 +49,25 @@ def test_balancer_benches_a_failed_replica_until_its_cooldown_passed():
     b = Balancer(cooldown_s=10, clock=clock)
     b.update(_replicas("a", "b"))
     b.mark_failed(b.pick(exclude=["b"]))
-    assert [r.key for r in b.healthy()] == ["b"] and b.pick().key == "b"
-    with pytest.raises(NoReplica):
-        b.pick(exclude=["b"])
+    assert [r.key for r in b.healthy()] == ["b"] and [b.pick().key for _ in range(3)] == ["b"] * 3
     clock.now = 10.5
     assert {r.key for r in b.healthy()} == {"a", "b"}
+
+
+def test_benched_replicas_are_tried_when_no_other_is_left_but_never_twice_for_a_request():
+    """Every replica benched (one failure each, maybe passing ones): requests still go to them instead of 503s for
+    the whole cooldown; not to a draining one, and not again to one this request was already sent to."""
+    b = Balancer(cooldown_s=10, clock=Clock())
+    b.update(_replicas("a", "b", "c"))
+    b.set_draining("c")
+    b.mark_failed(b.pick(exclude=["b"]))
+    assert b.pick(exclude=["b"]).key == "a", "only a is left outside b: benched, it is tried"
+    b.mark_failed(b.pick())
+    assert b.healthy() == [next(r for r in b.replicas if r.key == "c")], "a and b benched, c draining"
+    assert {b.pick().key for _ in range(4)} == {"a", "b"}
+    assert b.pick(prefix_key="p" * 300).key in {"a", "b"}, "prefix affinity among the benched ones too"
+    with pytest.raises(NoReplica):
+        b.pick(exclude=["a", "b"])
 
 
 def test_balancer_update_keeps_counters_and_drops_lost_replicas():

@@ -37,7 +37,7 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Iterator[dict]:
     """Two READY jobs of one spec (tp 2: rank 0 on node1, rank 1 on node2) and `hpc-serve gateway SPEC` once it
-    sees both: {"spec", "jobs": [(id, job folder)], "token", "url"}; scancel'ed and stopped at the end."""
+    sees both: {"spec", "jobs": [(id, job folder)], "token", "url", "log"}; scancel'ed and stopped at the end."""
     folder = tmp_path_factory.mktemp("gateway-cluster")
     with private_job_index(folder):
         spec = write_spec(folder, NAME, tiny_gpt2, tp=2, nodes=2, triton={"triton_max_batch_size": CONCURRENCY})
@@ -48,7 +48,7 @@ def deployment(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Iter
             token = job_token(jobs[0][0])
             assert token, "auth: token is the default"
             with gateway_process(str(spec), folder / "gateway.log") as (_, record):
-                state = {"spec": spec, "jobs": jobs, "token": token, "url": record.url}
+                state = {"spec": spec, "jobs": jobs, "token": token, "url": record.url, "log": folder / "gateway.log"}
                 wait_for(lambda: len(replicas(state)) == 2, 30, "the gateway to use both jobs")
                 yield state
         finally:
@@ -123,7 +123,8 @@ def test_a_leader_killed_under_load_fails_no_request_that_had_not_received_its_f
         f"{len(outcome['before'])}; failed while streaming from the killed replica: {len(outcome['streaming'])}; "
         f"requests in flight on it at the kill: {outcome['in_flight']}, retried elsewhere: {outcome['retried']:g}"
     )
-    assert outcome["before"] == [], "a request that had not received its first byte failed"
+    events = [line for line in deployment["log"].read_text().splitlines() if not line.startswith("{")]
+    assert outcome["before"] == [], ("a request that had not received its first byte failed", events[-12:])
     assert outcome["in_flight"] > 0 and outcome["retried"] + len(outcome["streaming"]) > 0, "the kill hit requests"
     assert outcome["ok_after"] > 0 and f"{victim_job}/0" not in replicas(deployment), "the other job serves on"
 
@@ -169,7 +170,7 @@ async def _load_and_kill(deployment: dict, victim_job: str, leader: int) -> dict
             shown = replicas(deployment)
             return (
                 out["ok"] >= 2 * CONCURRENCY
-                and all(r["served"] > 4 for r in shown.values())
+                and all(r["served"] > 4 and r["healthy"] for r in shown.values())
                 and shown[key]["outstanding"] > 0
             )
 

@@ -161,16 +161,16 @@ class AsyncClient:
 
     async def ready(self) -> bool:
         """True when a gateway answers or a replica is ready (looked at now)."""
-        return await self._route(force=True) is not None or bool(self._balancer.available())
+        return await self._route(force=True) is not None or bool(self._balancer.takers())
 
     # -- generation --------------------------------------------------------------------------------------------
 
     async def _from_replicas(self, params: GenerateParams, whole: bool = False) -> AsyncGenerator[str, None]:
         """Text pieces from the replicas, balanced and retried by the gateway's rule. `whole` (an answer not
         streamed): each replica's answer is taken whole first, so one lost half-way is retried on another."""
-        if not self._balancer.available():
+        if not self._balancer.takers():
             await self._route(force=True)  # a job may have become ready since the last look
-        if not self._balancer.available():
+        if not self._balancer.takers():
             raise NotReady(self._not_ready())
         _, engine = self._connections()
 

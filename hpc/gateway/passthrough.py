@@ -38,7 +38,7 @@ async def live() -> Response:
 
 @health.get("/v2/health/ready")
 async def ready(request: Request) -> Response:
-    return Response(status_code=200 if gateway_of(request).balancer.available() else 503)
+    return Response(status_code=200 if gateway_of(request).balancer.takers() else 503)
 
 
 @router.get("/gateway/replicas")

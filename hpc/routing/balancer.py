@@ -21,7 +21,11 @@ every chat of a template whose boilerplate is that long; a longer one would sepa
 system prompt of just that length. Prompts shorter than that get no key: they hold no reusable block.
 
 Draining replicas (their job is stopping) and benched ones (failed a request before its first byte; back after
-`cooldown_s`, or dropped by discovery) get no new requests. A replica with `max_outstanding` requests in flight
+`cooldown_s`, or dropped by discovery) get no new requests while another replica takes them. When every replica
+left is benched, they are tried anyway (Envoy's "panic" routing): one failure that may have been a passing one
+(a lost status, a node briefly overloaded) must not turn the whole cooldown into 503s for a deployment whose
+other replicas are gone, and a replica that is really dead fails such a request fast (its connection refused),
+which then gets the same 503, and discovery drops it at its next look. A replica with `max_outstanding` requests in flight
 takes no more: when every ready one is full, `Saturated` (the gateway's 429) instead of a queue that grows
 without bound on the replicas.
 """
@@ -129,14 +133,21 @@ class Balancer:
         """Replicas that take new requests: healthy and not draining (full ones included)."""
         return [r for r in self.healthy() if not r.draining]
 
+    def takers(self, exclude: Iterable[str] = ()) -> list[Replica]:
+        """The replicas outside `exclude` that a new request may go to: the available ones, or when none is, the
+        benched ones that are not draining (see the module docstring). What readiness answers by, too."""
+        skip = set(exclude)
+        open_ = [r for r in self.available() if r.key not in skip]
+        return open_ or [r for r in self._replicas.values() if not r.draining and r.key not in skip]
+
     def pick(self, exclude: Iterable[str] = (), prefix_key: str | None = None) -> Replica:
         """The replica for the next request. Without `prefix_key`: the one with the fewest requests in flight,
         ties to the one chosen longest ago (round robin among equals, so a replica that just joined gets its
         share at once). With one: the first replica in the key's rendezvous order whose load after this request
-        stays within `load_factor` × the mean. Raises NoReplica when none is available outside `exclude`, and
-        Saturated when those left are all at `max_outstanding`."""
-        skip = set(exclude)
-        open_ = [r for r in self.available() if r.key not in skip]
+        stays within `load_factor` × the mean; benched replicas only when no other is left (`takers`). Raises
+        NoReplica when none takes new requests outside `exclude`, and Saturated when those left are all at
+        `max_outstanding`."""
+        open_ = self.takers(exclude)
         if not open_:
             raise NoReplica("no replica is ready")
         bound = self.max_outstanding
@@ -148,7 +159,7 @@ class Balancer:
             self.outcomes["least"] += 1
         else:
             chosen = self._by_prefix(candidates, prefix_key)
-            home = max(self.available(), key=lambda r: _rank(prefix_key, r))
+            home = max(self.available() or open_, key=lambda r: _rank(prefix_key, r))
             self.outcomes["home" if chosen is home else "spilled"] += 1
         self._picks += 1
         chosen.last_pick = self._picks
