@@ -105,6 +105,36 @@ def test_unknown_model_is_404_and_bad_fields_are_400(client, gateway):
         assert exc.value.body["param"] == field, exc.value.body
 
 
+def test_a_request_longer_than_the_context_is_400_context_length_exceeded(client, gateway):
+    """As OpenAI answers it: 400 `context_length_exceeded` naming `prompt` (or chat's `messages`), streamed or not,
+    with the engine's words on what to shorten; the same for a prompt that fits but leaves no room for `max_tokens`
+    (the tiny model's context is 256 tokens). The gateway serves on."""
+    long_prompt = "Once upon a time " * 200
+    cases = [
+        (
+            lambda **kw: client.completions.create(prompt=long_prompt, max_tokens=4, **kw),
+            "prompt",
+            "shorten the prompt",
+        ),
+        (lambda **kw: client.completions.create(prompt="Once upon a time", max_tokens=255, **kw), "prompt", "at most"),
+        (
+            lambda **kw: client.chat.completions.create(
+                messages=[{"role": "user", "content": long_prompt}], max_tokens=4, **kw
+            ),
+            "messages",
+            "shorten the prompt",
+        ),
+    ]
+    for create, field, advice in cases:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as exc:
+                create(model=gateway["model"], stream=stream)
+            body = exc.value.body
+            assert body["code"] == "context_length_exceeded" and body["param"] == field, body
+            assert "max_seq_len" in body["message"] and advice in body["message"], body
+    assert client.completions.create(model=gateway["model"], prompt="Once upon", max_tokens=2).choices[0].text
+
+
 def test_triton_passthrough(gateway):
     headers = {"Authorization": f"Bearer {gateway['token']}"}
     assert httpx.get(gateway["url"] + "/v2/health/live").status_code == 200

@@ -8,12 +8,14 @@ import asyncio
 import json
 import logging
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from backend.cpu_engine.scheduler import GenerationRequest, KVBudget, Scheduler
 from hpc.gateway.errors import APIError
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
-from hpc.gateway.triton import Chunk, GenerateParams, ReplicaBusy, model_error
+from hpc.gateway.triton import Chunk, ContextTooLong, GenerateParams, ModelError, ReplicaBusy, model_error
 from hpc.routing.balancer import Balancer, Replica
 
 
@@ -71,6 +73,16 @@ def test_the_refusal_of_a_full_queue_is_told_apart_from_the_models_errors():
     assert isinstance(model_error("Exceeds maximum queue size"), ReplicaBusy)
     assert isinstance(model_error("Maximum queue size of 4 has been reached, please try again"), ReplicaBusy)
     assert not isinstance(model_error("input too long"), ReplicaBusy)
+
+
+def test_a_request_longer_than_the_context_is_told_apart_in_both_engines_words():
+    trtllm = "Encountered an error in forward: Prompt length (301) exceeds maximum input length (256). Set log level"
+    assert type(model_error(trtllm)) is ContextTooLong
+    scheduler = Scheduler(KVBudget(max_tokens=4096), max_batch_size=4, max_seq_len=256)
+    for prompt, new in ((301, 4), (250, 10)):  # the prompt alone, the prompt and the new tokens asked for
+        refusal = scheduler.check(GenerationRequest(input_ids=np.full(prompt, 5), max_new_tokens=new))
+        assert refusal is not None and type(model_error(refusal)) is ContextTooLong, refusal
+    assert type(model_error("input 'temperature' must be positive")) is ModelError
 
 
 def test_a_full_replica_is_skipped_not_benched_and_all_full_is_429():

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..refusals import CPU_CONTEXT
 from .sampling import SamplingParams
 
 _ids = itertools.count()
@@ -145,13 +146,13 @@ class Scheduler:
             return f"input 'request_output_len' must be at least 1, got {req.max_new_tokens}"
         if req.prompt_len >= self.max_seq_len:
             return (
-                f"input 'input_ids': the prompt has {req.prompt_len} tokens but this model's context (max_seq_len) is "
+                f"input 'input_ids': the prompt has {req.prompt_len} tokens but {CPU_CONTEXT} is "
                 f"{self.max_seq_len} tokens (prompt + new tokens); shorten the prompt"
             )
         if req.total_tokens > self.max_seq_len:
             return (
                 f"input 'request_output_len': the prompt's {req.prompt_len} tokens + {req.max_new_tokens} new "
-                f"tokens = {req.total_tokens} exceed this model's context (max_seq_len) of {self.max_seq_len} tokens; "
+                f"tokens = {req.total_tokens} exceed {CPU_CONTEXT} of {self.max_seq_len} tokens; "
                 f"ask for at most {max(0, self.max_seq_len - req.prompt_len)} new tokens or shorten the prompt"
             )
         need = self.budget.blocks_for(req.total_tokens)

@@ -27,7 +27,14 @@ from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import EventStream
 from hpc.gateway.text import StopStream, cut_at_stop
-from hpc.gateway.triton import Chunk, GenerateParams, ModelError, ReplicaUnavailable, TokenRefused
+from hpc.gateway.triton import (
+    Chunk,
+    ContextTooLong,
+    GenerateParams,
+    ModelError,
+    ReplicaUnavailable,
+    TokenRefused,
+)
 
 #: the response header that names the replica which served the request
 REPLICA_HEADER = "x-hpc-serve-replica"
@@ -208,6 +215,9 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         first = await gw.first(pieces)  # errors before the first piece are HTTP errors, not stream events
         if params.logprobs and first is not None and not first.logprobs:
             raise bad_request("logprobs: this deployment's model returns no log probabilities", "logprobs")
+    except ContextTooLong as exc:
+        field = "messages" if chat else "prompt"
+        raise APIError(400, f"{field}: {exc}", "invalid_request_error", field, "context_length_exceeded") from None
     except ModelError as exc:
         raise APIError(500, f"the model failed the request: {exc}", "server_error") from None
     except ReplicaUnavailable as exc:

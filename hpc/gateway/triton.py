@@ -29,6 +29,7 @@ import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
+from backend.refusals import CONTEXT_MARKERS
 from hpc.auth import grpc_headers
 from hpc.gateway.abandon import Reader, abandon, infer_inputs, stream_request
 
@@ -84,10 +85,18 @@ class ReplicaBusy(ModelError):
 BUSY_MARKERS = ("exceeds maximum queue size", "maximum queue size")
 
 
+class ContextTooLong(ModelError):
+    """The model refused the request because it does not fit its context (the prompt, or the prompt and the new
+    tokens asked for): the client's to fix, an OpenAI 400 `context_length_exceeded`."""
+
+
 def model_error(message: str) -> ModelError:
-    """The error for a refusal in the stream: ReplicaBusy for a full queue, ModelError otherwise."""
+    """The error for a refusal in the stream: ReplicaBusy for a full queue, ContextTooLong for a request longer
+    than the model's context (backend/refusals.py), ModelError otherwise."""
     lowered = message.lower()
-    return (ReplicaBusy if any(m in lowered for m in BUSY_MARKERS) else ModelError)(message)
+    if any(m in lowered for m in BUSY_MARKERS):
+        return ReplicaBusy(message)
+    return (ContextTooLong if any(m in lowered for m in CONTEXT_MARKERS) else ModelError)(message)
 
 
 @dataclass(frozen=True)
