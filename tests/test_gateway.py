@@ -274,3 +274,29 @@ def test_a_response_without_text_is_none():
     assert text_and_logprobs(service_pb2.ModelInferResponse(model_name="ensemble"), logprobs=True) is None
     assert bytes_elements(b"") == []
     assert bytes_elements(b"\x02\x00\x00\x00hi\x00\x00\x00\x00") == [b"hi", b""]
+
+
+def test_a_long_prompt_is_counted_off_the_event_loop_which_goes_on_meanwhile(tiny_gpt2):
+    """`Gateway.count_prompt`: the same count as `prompt_tokens`, a short prompt at once, a long one on a worker
+    thread while the loop keeps running (its ticks go on: counted on the loop, it would stall every stream)."""
+    import asyncio
+
+    from backend.models.tokenizer import RELEASE_GIL_CHARS, load_tokenizer
+
+    gw, _ = _gateway("a")
+    gw.tokenizer = load_tokenizer(tiny_gpt2)
+    short, long = "Once upon a time", "Once upon a time there was a model. " * 20_000
+
+    async def count() -> tuple[int, int, int]:
+        assert gw.count_prompt(short).done(), "a short prompt is counted at once"
+        counting = gw.count_prompt(long)
+        ticks = 0
+        while not counting.done():
+            await asyncio.sleep(0.001)
+            ticks += 1
+        return (await gw.count_prompt(short)), await counting, ticks
+
+    assert len(long) >= RELEASE_GIL_CHARS
+    short_n, long_n, ticks = asyncio.run(count())
+    assert (short_n, long_n) == (gw.prompt_tokens(short), gw.prompt_tokens(long))
+    assert ticks > 10, "the loop ran while the long prompt was counted"

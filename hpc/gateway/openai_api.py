@@ -189,12 +189,9 @@ async def chat_complete(gw: Gateway, body: ChatRequest, record: RequestRecord) -
     return await _answer(gw, body, params, chat=True, record=record)
 
 
-def _usage(
-    gw: Gateway, params: GenerateParams, completion: int, record: RequestRecord, prompt: int | None = None
-) -> dict[str, int]:
-    """Prompt tokens by the deployment's tokenizer (`prompt`: counted already); completion tokens as the engine
+def _usage(prompt: int, completion: int, record: RequestRecord) -> dict[str, int]:
+    """Prompt tokens by the deployment's tokenizer (`Gateway.count_prompt`); completion tokens as the engine
     reported them."""
-    prompt = gw.prompt_tokens(params.prompt) if prompt is None else prompt
     record.prompt_tokens, record.completion_tokens = prompt, completion
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -233,16 +230,20 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         return EventStream(stream, media_type="text/event-stream", headers=headers)
     trail = TokenTrail()
     raw, tokens = "", 0
+    counted = gw.count_prompt(params.prompt)
     try:
         chunk = first
         while chunk is not None:
             raw, tokens = raw + chunk.text, tokens + chunk.tokens
             trail.add(chunk)
             chunk = await anext(pieces, None)
+        prompt_tokens = await counted
     except (ModelError, ReplicaUnavailable) as exc:
         raise APIError(500, f"the request failed while generating: {exc}", "server_error") from None
+    finally:
+        counted.cancel()  # left early (an error, a client gone): its count is not needed
     text, stopped = cut_at_stop(raw, params.stop)
-    usage = _usage(gw, params, tokens, record)
+    usage = _usage(prompt_tokens, tokens, record)
     logprobs = _logprobs(chat, trail.finish(len(text))) if params.logprobs else None
     choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stopped, usage, params), "logprobs": logprobs}
     if chat:
@@ -325,7 +326,7 @@ async def _sse(
     pending = b""
     if chat:
         pending = events.event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-    stops, tokens, prompt_tokens = StopStream(params.stop), 0, None
+    stops, tokens, counted = StopStream(params.stop), 0, None
     try:
         chunk = first  # taken already, to tell errors from answers; then the rest (no generator around them)
         while chunk is not None:
@@ -336,18 +337,22 @@ async def _sse(
                 pending = b""
             if stops.stopped:
                 break
-            if prompt_tokens is None:  # counted while the replica makes the next token, not after the last one
-                prompt_tokens = gw.prompt_tokens(params.prompt)
+            if counted is None:  # counted while the replica makes the next token, not after the last one
+                counted = gw.count_prompt(params.prompt)
             chunk = await anext(pieces, None)
+        if counted is None:  # stopped at the first piece
+            counted = gw.count_prompt(params.prompt)
+        usage = _usage(await counted, tokens, record)
     except (ModelError, ReplicaUnavailable) as exc:
         record.error = "stream_failed"
         yield pending + f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n".encode()
         return
     finally:
+        if counted is not None:
+            counted.cancel()  # left early (an error, a client gone): its count is not needed
         await pieces.aclose()
     if rest := stops.flush():
         pending += piece(rest)
-    usage = _usage(gw, params, tokens, record, prompt_tokens)
     pending += events.event([delta(None, _finish(stops.stopped, usage, params), final=True)])
     if body.stream_options and body.stream_options.include_usage:
         pending += events.event([], usage=usage)
