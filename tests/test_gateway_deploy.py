@@ -114,6 +114,7 @@ def test_gateway_section_errors_name_the_field(tmp_path):
         "sbatch_args": (["--comment=a b"], "gateway.sbatch_args"),
         "max_outstanding": (-1, "gateway.max_outstanding"),
         "prefix_chars": ("long", "gateway.prefix_chars"),
+        "max_body_mb": (-1, "gateway.max_body_mb"),
         "prot": (9000, "gateway"),
     }
     for key, (value, field) in bad.items():
@@ -147,6 +148,7 @@ def test_rendered_gateway_script(tmp_path):
             "sbatch_args": ["--comment=gw"],
             "max_outstanding": 16,
             "prefix_chars": 0,
+            "max_body_mb": 64,
         },
     )
     spec = parse_spec(text, check_files=False)
@@ -175,7 +177,7 @@ def test_rendered_gateway_script(tmp_path):
     assert argv[:2] == ["exec", sys.executable], "the gateway runs with the interpreter that rendered it"
     assert argv[2:] == [
         "-m", "hpc.gateway", "$DEPLOY_DIR", "--host", "0.0.0.0", "--port", "9100", "--refresh", "5.0",
-        "--max-outstanding", "16", "--prefix-chars", "0", "--job-id", "$JOB_ID",
+        "--max-outstanding", "16", "--prefix-chars", "0", "--max-body-mb", "64", "--job-id", "$JOB_ID",
     ]  # fmt: skip
     assert f"DEPLOY_DIR={deploy}" in lines and str(gateway_record(tmp_path / "runs", "svc")) in script
 

@@ -135,6 +135,33 @@ def test_a_request_longer_than_the_context_is_400_context_length_exceeded(client
     assert client.completions.create(model=gateway["model"], prompt="Once upon", max_tokens=2).choices[0].text
 
 
+def test_a_body_over_the_bound_is_413_unread_or_cut_off_and_the_gateway_serves_on(client, gateway):
+    """The gateway's default bound (16 MiB): a larger body is 413 `request_too_large` naming --max-body-mb, on
+    the fast path, on FastAPI's routes (the Triton passthrough) and before the token is looked at, whether its
+    length is declared (refused unread) or it comes in chunks (refused once it passes the bound); the `openai`
+    package gets it as an APIStatusError; the gateway serves on."""
+    from hpc.gateway.limits import MAX_BODY_MB
+
+    url, headers = gateway["url"], {"Authorization": f"Bearer {gateway['token']}", "Content-Type": "application/json"}
+    prompt = "x" * (MAX_BODY_MB * 2**20 + 1)
+    body = json.dumps({"model": gateway["model"], "prompt": prompt, "max_tokens": 1}).encode()
+
+    def chunks():
+        for i in range(0, len(body), 2**20):
+            yield body[i : i + 2**20]
+
+    for path in ("/v1/completions", "/v1/chat/completions", "/v2/models/ensemble/generate"):
+        for content, sent in ((body, headers), (chunks(), headers), (body, {})):
+            answer = httpx.post(url + path, content=content, headers=sent, timeout=60)
+            error = answer.json()["error"]
+            assert answer.status_code == 413 and error["code"] == "request_too_large", (path, answer.text[:300])
+            assert f"({MAX_BODY_MB} MiB)" in error["message"] and "--max-body-mb" in error["message"], error
+    with pytest.raises(openai.APIStatusError) as exc:
+        client.completions.create(model=gateway["model"], prompt=prompt, max_tokens=1)
+    assert exc.value.status_code == 413
+    assert client.completions.create(model=gateway["model"], prompt="Once upon", max_tokens=2).choices[0].text
+
+
 def test_triton_passthrough(gateway):
     headers = {"Authorization": f"Bearer {gateway['token']}"}
     assert httpx.get(gateway["url"] + "/v2/health/live").status_code == 200

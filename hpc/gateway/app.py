@@ -18,9 +18,11 @@ from fastapi.exceptions import RequestValidationError
 
 from hpc.gateway import liveness, metrics, openai_api, passthrough
 from hpc.gateway.accesslog import AccessLog
+from hpc.gateway.bodylimit import BodyLimit
 from hpc.gateway.discovery import REFRESH_S, Discovery
 from hpc.gateway.errors import APIError, api_error_handler, validation_error_handler
 from hpc.gateway.fastpath import FastPath
+from hpc.gateway.limits import MAX_BODY_MB
 from hpc.gateway.metrics import Metrics
 from hpc.gateway.state import Gateway
 from hpc.gateway.text import ChatTemplate
@@ -35,12 +37,13 @@ def create_app(
     max_outstanding: int | None = MAX_OUTSTANDING,
     prefix_chars: int = PREFIX_CHARS,
     fast_path: bool = True,
+    max_body_mb: int = MAX_BODY_MB,
 ) -> FastAPI:
     """The gateway for `target` (hpc.routing.deployment.resolve_target). `max_outstanding`: requests in flight
     per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off);
     `fast_path`: serve the two generation routes around FastAPI's machinery (hpc/gateway/fastpath.py; off, every
     request takes FastAPI's way: the same answers, which the tests compare, and what the benchmark measures it
-    against)."""
+    against); `max_body_mb`: the largest request body taken (hpc/gateway/limits.py; 0: no bound)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,6 +88,7 @@ def create_app(
     # the last added runs first: the access log sees every request, the fast path's too
     if fast_path:
         app.add_middleware(FastPath, routes=openai_api.router.routes)
+    app.add_middleware(BodyLimit, limit=max_body_mb * 2**20 if max_body_mb else None)
     app.add_middleware(AccessLog, metrics=app.state.metrics)
     return app
 

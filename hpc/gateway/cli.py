@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from hpc.cli_support import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, err
+from hpc.gateway.limits import MAX_BODY_MB
 from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 
 DEFAULT_PORT = 9000
@@ -82,6 +83,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             max_outstanding=limit,
             prefix_chars=args.prefix_chars,
             renew_from=args.renew_from,
+            max_body_mb=args.max_body_mb,
         )
     except GatewayRunning as exc:
         err(str(exc))
@@ -128,6 +130,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         type=_count,
         default=PREFIX_CHARS,
         help=f"prompt characters that key prefix affinity (default {PREFIX_CHARS}; 0: affinity off)",
+    )
+    p.add_argument(
+        "--max-body-mb",
+        type=_count,
+        default=MAX_BODY_MB,
+        help=f"the largest request body taken, in MiB; a larger one is 413 (default {MAX_BODY_MB}; 0: no bound)",
     )
     p.add_argument("--job-id", default="", help=argparse.SUPPRESS)  # set by the gateway's own job script
     # ... and, when the deployment renews, its folder: the job renews itself (hpc/gateway/renewal.py)

@@ -19,6 +19,7 @@ import socket
 import time
 from pathlib import Path
 
+from hpc.gateway.limits import MAX_BODY_MB
 from hpc.gateway.record import live_gateway, node_name, publish, record_path, withdraw
 from hpc.gateway.renewal import GatewayRenewer, takes_over_from
 from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
@@ -105,8 +106,9 @@ def run(
     max_outstanding: int | None = MAX_OUTSTANDING,
     prefix_chars: int = PREFIX_CHARS,
     renew_from: Path | None = None,
+    max_body_mb: int = MAX_BODY_MB,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`: hpc.gateway.app.create_app's). A gateway
+    """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`, `max_body_mb`: hpc.gateway.app.create_app's). A gateway
     job (`job_id`) whose deployment folder `renew_from` has a renew plan renews itself (hpc/gateway/renewal.py)
     and ends once its successor serves. Raises GatewayRunning, OSError (the port)."""
     import uvicorn
@@ -120,7 +122,13 @@ def run(
     record = GatewayRecord(
         name=target.name, url=url, host=node_name(), pid=os.getpid(), job_id=job_id, started_at=time.time()
     )
-    app = create_app(target, refresh_s=refresh_s, max_outstanding=max_outstanding, prefix_chars=prefix_chars)
+    app = create_app(
+        target,
+        refresh_s=refresh_s,
+        max_outstanding=max_outstanding,
+        prefix_chars=prefix_chars,
+        max_body_mb=max_body_mb,
+    )
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:

@@ -6,6 +6,7 @@ import re
 
 from pydantic import Field, field_validator
 
+from hpc.gateway.limits import MAX_BODY_MB
 from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 from hpc.spec.checks import (
     _SLURM_WORD,
@@ -43,6 +44,9 @@ class GatewaySpec(_Section):
     )
     prefix_chars: int = Field(
         PREFIX_CHARS, ge=0, description="prompt characters that key prefix affinity (0: off, least outstanding only)"
+    )
+    max_body_mb: int = Field(
+        MAX_BODY_MB, ge=0, description="the largest request body the gateway takes, in MiB (413 beyond; 0: no bound)"
     )
 
     _names = field_validator("partition", "account", "qos", "nodelist")(_check(_SLURM_WORD, "Slurm name"))
