@@ -114,6 +114,7 @@ def run(
     import uvicorn
 
     from hpc.gateway.app import create_app
+    from hpc.gateway.connections import HeadTimeoutProtocol, raise_open_files_limit
 
     renewer = _renewer(target, job_id, renew_from)
     refuse_if_running(target, job_id)
@@ -152,9 +153,10 @@ def run(
     # loop every request and every streamed event costs more CPU on the gateway's one event loop; uvicorn's own
     # access log off (hpc/gateway/accesslog.py writes the gateway's, with what a request cost); no proxy-headers
     # middleware (one more layer around every request and every event sent): nothing reads a client's address
+    raise_open_files_limit()
     config = uvicorn.Config(
         app,
-        http="httptools",
+        http=HeadTimeoutProtocol,  # httptools, with a deadline for a request's head (hpc/gateway/connections.py)
         loop="uvloop",
         log_level="warning",
         access_log=False,

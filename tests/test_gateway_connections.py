@@ -1,0 +1,96 @@
+"""hpc/gateway/connections.py on a real uvicorn server (the gateway's protocol class, a 1 s head deadline): a
+connection that sends nothing, or a request head that never completes, gets 408 and is closed; a head sent slowly
+but in time, and a kept-alive connection's next request, are served. And the gateway raises its open-files limit."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from hpc.gateway.connections import OPEN_FILES, HeadTimeoutProtocol
+from tests.e2e import free_port
+
+DEADLINE_S = 1.0
+
+
+class ShortDeadline(HeadTimeoutProtocol):
+    head_timeout_s = DEADLINE_S
+
+
+async def app(scope, receive, send) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[int]:
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=ShortDeadline, loop="uvloop", log_level="warning")
+    served = uvicorn.Server(config)
+    thread = threading.Thread(target=served.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not served.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield port
+    served.should_exit = True
+    thread.join(10)
+
+
+def answer(conn: socket.socket, wait_s: float = 10.0) -> tuple[bytes, float]:
+    """What the server sent until it closed the connection (or `wait_s` passed), and when it closed it."""
+    conn.settimeout(wait_s)
+    started, got = time.monotonic(), b""
+    try:
+        while chunk := conn.recv(4096):
+            got += chunk
+    except TimeoutError:
+        return got, float("inf")
+    return got, time.monotonic() - started
+
+
+def test_a_connection_that_sends_nothing_or_half_a_head_gets_408_and_is_closed(server):
+    idle = socket.create_connection(("127.0.0.1", server))
+    half = socket.create_connection(("127.0.0.1", server))
+    half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    for conn in (idle, half):
+        got, closed_after = answer(conn)
+        assert got.startswith(b"HTTP/1.1 408 ") and f"within {DEADLINE_S:g} s".encode() in got, got
+        assert closed_after < DEADLINE_S + 5, "closed at the deadline, not left open"
+
+
+def test_a_head_sent_slowly_but_in_time_and_a_kept_alive_request_are_served(server):
+    conn = socket.create_connection(("127.0.0.1", server))
+    for part in (b"GET / HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n"):
+        conn.sendall(part)
+        time.sleep(DEADLINE_S / 4)
+    conn.settimeout(10)
+    assert conn.recv(4096).startswith(b"HTTP/1.1 200 ")
+    time.sleep(DEADLINE_S * 1.5)  # idle between requests: uvicorn's keep-alive (5 s), not the head deadline
+    conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert conn.recv(4096).startswith(b"HTTP/1.1 200 ")
+    conn.close()
+
+
+def test_the_gateway_raises_its_open_files_limit_to_the_hard_one():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 256 if hard == resource.RLIM_INFINITY else min(256, hard)
+    script = (
+        "import resource; from hpc.gateway.connections import raise_open_files_limit;"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({low}, {hard}));"
+        "before = raise_open_files_limit(); print(before[0], resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    expected = OPEN_FILES if hard == resource.RLIM_INFINITY else hard
+    assert [int(v) for v in out] == [low, expected]
