@@ -54,7 +54,6 @@ class BodyLimit:
             await BodyTooLarge(limit).response()(scope, receive, send)
             return
         received = 0
-        started = False
 
         async def counted() -> Message:
             nonlocal received
@@ -65,14 +64,7 @@ class BodyLimit:
                     raise BodyTooLarge(limit)
             return message
 
-        async def watched(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, watched)
+        try:  # `send` is not wrapped (it carries every streamed event): each route reads its body before it answers
+            await self.app(scope, counted, send)
         except BodyTooLarge as exc:  # raised where no route's error handler took it (the fast path's body read)
-            if started:
-                raise
             await exc.response()(scope, receive, send)
