@@ -154,6 +154,7 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from hpc.client import Client, ClientError, NotReady, RequestError, TargetError
+    from hpc.client.transport import Sampling
     from hpc.spec import SpecError
 
     if (args.prompt is None) == (args.file is None):
@@ -164,17 +165,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"hpc-serve generate: --file: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    sampling = {
-        k: v
-        for k, v in {
-            "temperature": args.temperature,
-            "top_p": args.top_p,
-            "top_k": args.top_k,
-            "seed": args.seed,
-            "stop": args.stop,
-        }.items()
-        if v is not None
-    }
+    named = {name: getattr(args, name) for name in Sampling.__annotations__}  # one flag per sampling parameter
+    sampling = {name: value for name, value in named.items() if value is not None}
     options = {"model": args.model, "gateway": False if args.direct else None}
     try:
         if args.replica is not None:
@@ -278,6 +270,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--presence-penalty", type=float, help="-2..2, as OpenAI's")
+    p.add_argument("--frequency-penalty", type=float, help="-2..2, as OpenAI's")
     p.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     p.add_argument("--concurrency", type=int, default=8, help="with --file: requests in flight at once")
     p.add_argument("--direct", action="store_true", help="go to the replicas even when a gateway runs")

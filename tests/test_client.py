@@ -139,7 +139,7 @@ def test_a_caller_that_stops_early_closes_the_replicas_stream():
 def test_sampling_parameters_are_openais_and_unknown_ones_are_named():
     params = generate_params("x", 5, {"stop": "END", "temperature": 0.5, "seed": 3})
     assert (params.stop, params.temperature, params.seed, params.top_p) == (("END",), 0.5, 3, None)
-    with pytest.raises(TypeError, match="temprature.*temperature, top_p, top_k, seed"):
+    with pytest.raises(TypeError, match="temprature.*temperature, top_p, top_k, seed, presence_penalty"):
         generate_params("x", 5, {"temprature": 1.0})  # type: ignore[typeddict-unknown-key]
 
 

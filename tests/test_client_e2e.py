@@ -91,7 +91,7 @@ def test_straight_to_the_replicas_balances_over_both_jobs(deployment, dead_proxy
 
 
 def test_streamed_pieces_join_to_the_whole_text_through_the_gateway_and_not(deployment):
-    sampling = {"temperature": 0.9, "top_p": 0.95, "seed": 11}
+    sampling = {"temperature": 0.9, "top_p": 0.95, "seed": 11, "frequency_penalty": 1.5}
     answers = {}
     for gateway in (False, True):
         with Client(deployment["spec"], gateway=gateway) as client:
@@ -152,8 +152,12 @@ def test_a_wrong_token_and_a_bad_request_are_named(deployment):
 def test_cli_generate_one_prompt_streamed_and_a_file(deployment, tmp_path):
     with Client(deployment["spec"]) as client:
         expected = [client.generate(p, 5, seed=2) for p in PROMPTS]
+        penalized = client.generate(PROMPTS[0], 8, temperature=0, presence_penalty=2.0)
+        assert penalized != client.generate(PROMPTS[0], 8, temperature=0), "the penalty reached the model"
     spec = deployment["spec"]
     assert cli("generate", spec, PROMPTS[0], "--max-tokens", "5", "--seed", "2").stdout == expected[0] + "\n"
+    flags = ("--max-tokens", "8", "--temperature", "0", "--presence-penalty", "2")
+    assert cli("generate", spec, PROMPTS[0], *flags).stdout == penalized + "\n"
     streamed = cli("generate", spec, PROMPTS[0], "--max-tokens", "5", "--seed", "2", "--stream", "--direct")
     assert streamed.stdout == expected[0] + "\n"
     prompts = tmp_path / "prompts.txt"

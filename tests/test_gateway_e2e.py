@@ -162,6 +162,27 @@ def test_a_body_over_the_bound_is_413_unread_or_cut_off_and_the_gateway_serves_o
     assert client.completions.create(model=gateway["model"], prompt="Once upon", max_tokens=2).choices[0].text
 
 
+def test_presence_and_frequency_penalties_reach_the_model_and_out_of_range_is_400(client, gateway):
+    """OpenAI's `presence_penalty` / `frequency_penalty` are the ensemble's inputs of the same names: greedy text that
+    repeats itself (the tiny random model does) changes under a penalty, and the same penalty twice gives the same
+    text; OpenAI's range is -2..2, outside it is 400 naming the field."""
+
+    def text(**penalty: float) -> str:
+        out = client.completions.create(
+            model=gateway["model"], prompt="Once upon", max_tokens=12, temperature=0, **penalty
+        )
+        return out.choices[0].text
+
+    plain = text()
+    assert len(set(plain.split())) < len(plain.split()), f"the greedy text repeats a word: {plain!r}"
+    for name in ("presence_penalty", "frequency_penalty"):
+        penalized = text(**{name: 2.0})
+        assert penalized != plain and penalized == text(**{name: 2.0}), (name, plain, penalized)
+        with pytest.raises(openai.BadRequestError) as exc:
+            text(**{name: 2.5})
+        assert exc.value.body["param"] == name, exc.value.body
+
+
 def test_triton_passthrough(gateway):
     headers = {"Authorization": f"Bearer {gateway['token']}"}
     assert httpx.get(gateway["url"] + "/v2/health/live").status_code == 200

@@ -29,6 +29,8 @@ class Sampling(TypedDict, total=False):
     top_p: float | None
     top_k: int | None
     seed: int | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
 
 
 def generate_params(prompt: str, max_tokens: int, sampling: Sampling) -> GenerateParams:
@@ -57,8 +59,8 @@ def _openai_body(model: str, params: GenerateParams, stream: bool) -> dict[str, 
         body["stream"] = True
     if params.stop:
         body["stop"] = list(params.stop)
-    for name in ("temperature", "top_p", "top_k", "seed"):
-        if getattr(params, name) is not None:
+    for name in Sampling.__annotations__:
+        if name != "stop" and getattr(params, name) is not None:
             body[name] = getattr(params, name)
     return body
 

@@ -68,6 +68,8 @@ class Sampling(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     n: Literal[1] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -132,6 +134,8 @@ def _params(req: Sampling, prompt: str, max_tokens: int, logprobs: bool) -> Gene
         top_p=req.top_p,
         top_k=req.top_k,
         seed=req.seed,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
         logprobs=logprobs,
     )
 

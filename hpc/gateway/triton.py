@@ -121,6 +121,8 @@ class GenerateParams:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logprobs: bool = False  # ask for `output_log_probs` (the ensemble's `return_log_probs`)
 
     def tensors(self) -> list[grpcclient.InferInput]:
@@ -140,6 +142,9 @@ class GenerateParams:
             arrays["top_k"] = (np.array([[self.top_k]], dtype=np.int32), "INT32")
         if self.seed is not None:
             arrays["seed"] = (np.array([[self.seed]], dtype=np.uint64), "UINT64")
+        for name in ("presence_penalty", "frequency_penalty"):  # the ensemble's inputs of OpenAI's names
+            if (value := getattr(self, name)) is not None:
+                arrays[name] = (np.array([[value]], dtype=np.float32), "FP32")
         if self.logprobs:
             arrays["return_log_probs"] = (np.array([[True]], dtype=bool), "BOOL")
         return infer_inputs(arrays)
