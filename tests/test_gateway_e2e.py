@@ -105,6 +105,40 @@ def test_unknown_model_is_404_and_bad_fields_are_400(client, gateway):
         assert exc.value.body["param"] == field, exc.value.body
 
 
+def test_openai_fields_it_does_not_serve_are_400_when_set_and_ignored_at_their_defaults(client, gateway):
+    """Refused, naming the field, rather than answered as if honoured: a logit bias, best_of > 1, a suffix, tools
+    or functions, a JSON response format, more than MAX_STOPS stop sequences; their defaults (as some clients send
+    them) are served."""
+    from hpc.gateway.bodies import MAX_STOPS
+
+    model = gateway["model"]
+    completions = (
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"extra_body": {"best_of": 2}}, "best_of"),
+        ({"suffix": "The end."}, "suffix"),
+        ({"stop": [f"s{i}" for i in range(MAX_STOPS + 1)]}, "stop"),
+    )
+    for bad, field in completions:
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.completions.create(model=model, prompt="x", max_tokens=1, **bad)
+        assert exc.value.body["param"] == field, exc.value.body
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    chat = (
+        ({"tools": [tool]}, "tools"),
+        ({"functions": [tool["function"]]}, "functions"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    )
+    messages = [{"role": "user", "content": "Hi"}]
+    for bad, field in chat:
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model=model, messages=messages, max_tokens=1, **bad)
+        assert exc.value.body["param"] == field and "not served" in exc.value.body["message"], exc.value.body
+    defaults = {"logit_bias": {}, "extra_body": {"best_of": 1}, "stop": [f"s{i}" for i in range(MAX_STOPS)]}
+    assert client.completions.create(model=model, prompt="Once upon", max_tokens=2, **defaults).choices[0].text
+    fmt = {"response_format": {"type": "text"}, "tools": []}
+    assert client.chat.completions.create(model=model, messages=messages, max_tokens=2, **fmt).choices[0].message
+
+
 def test_a_request_longer_than_the_context_is_400_context_length_exceeded(client, gateway):
     """As OpenAI answers it: 400 `context_length_exceeded` naming `prompt` (or chat's `messages`), streamed or not,
     with the engine's words on what to shorten; the same for a prompt that fits but leaves no room for `max_tokens`

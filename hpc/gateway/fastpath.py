@@ -29,15 +29,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpc.gateway.accesslog import RequestRecord
 from hpc.gateway.auth import authorized
+from hpc.gateway.bodies import ChatRequest, CompletionRequest
 from hpc.gateway.errors import APIError
-from hpc.gateway.openai_api import (
-    CHAT_PATH,
-    COMPLETIONS_PATH,
-    ChatRequest,
-    CompletionRequest,
-    chat_complete,
-    complete,
-)
+from hpc.gateway.openai_api import CHAT_PATH, COMPLETIONS_PATH, chat_complete, complete
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import watching
 

@@ -14,14 +14,14 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
 
 from hpc.gateway.accesslog import RequestRecord, record_of
 from hpc.gateway.auth import authorized
+from hpc.gateway.bodies import ChatRequest, CompletionRequest, Sampling
 from hpc.gateway.errors import APIError, bad_request, unauthorized
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
@@ -52,55 +52,6 @@ async def require_token(request: Request) -> None:
 
 
 router = APIRouter(dependencies=[Depends(require_token)])
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class Sampling(BaseModel):
-    """Fields shared by completions and chat."""
-
-    model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = Field(default=None, ge=0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    n: Literal[1] = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
-
-    def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-
-
-class CompletionRequest(Sampling):
-    prompt: str | list[str]
-    echo: Literal[False] = False
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-
-
-class ChatMessage(BaseModel):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-
-    def text(self) -> str:
-        """Content parts of type `text`, joined (images are not served)."""
-        if isinstance(self.content, list):
-            return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
-        return self.content or ""
-
-
-class ChatRequest(Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
