@@ -107,9 +107,9 @@ def test_unknown_model_is_404_and_bad_fields_are_400(client, gateway):
 
 def test_openai_fields_it_does_not_serve_are_400_when_set_and_ignored_at_their_defaults(client, gateway):
     """Refused, naming the field, rather than answered as if honoured: a logit bias, best_of > 1, a suffix, tools
-    or functions, a JSON response format, more than MAX_STOPS stop sequences; their defaults (as some clients send
-    them) are served."""
-    from hpc.gateway.bodies import MAX_STOPS
+    or functions, a JSON response format, more than MAX_STOPS stop sequences or MAX_MESSAGES messages; their defaults
+    (as some clients send them) are served."""
+    from hpc.gateway.bodies import MAX_MESSAGES, MAX_STOPS
 
     model = gateway["model"]
     completions = (
@@ -129,10 +129,11 @@ def test_openai_fields_it_does_not_serve_are_400_when_set_and_ignored_at_their_d
         ({"response_format": {"type": "json_object"}}, "response_format"),
     )
     messages = [{"role": "user", "content": "Hi"}]
+    chat += (({"messages": messages * (MAX_MESSAGES + 1)}, "messages"),)
     for bad, field in chat:
         with pytest.raises(openai.BadRequestError) as exc:
-            client.chat.completions.create(model=model, messages=messages, max_tokens=1, **bad)
-        assert exc.value.body["param"] == field and "not served" in exc.value.body["message"], exc.value.body
+            client.chat.completions.create(model=model, max_tokens=1, **({"messages": messages} | bad))
+        assert exc.value.body["param"] == field, exc.value.body
     defaults = {"logit_bias": {}, "extra_body": {"best_of": 1}, "stop": [f"s{i}" for i in range(MAX_STOPS)]}
     assert client.completions.create(model=model, prompt="Once upon", max_tokens=2, **defaults).choices[0].text
     fmt = {"response_format": {"type": "text"}, "tools": []}
