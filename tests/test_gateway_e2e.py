@@ -134,6 +134,7 @@ def test_openai_fields_it_does_not_serve_are_400_when_set_and_ignored_at_their_d
         with pytest.raises(openai.BadRequestError) as exc:
             client.chat.completions.create(model=model, max_tokens=1, **({"messages": messages} | bad))
         assert exc.value.body["param"] == field, exc.value.body
+        assert exc.value.body["message"].startswith(f"{field}: ") and "Value error" not in exc.value.body["message"]
     defaults = {"logit_bias": {}, "extra_body": {"best_of": 1}, "stop": [f"s{i}" for i in range(MAX_STOPS)]}
     assert client.completions.create(model=model, prompt="Once upon", max_tokens=2, **defaults).choices[0].text
     fmt = {"response_format": {"type": "text"}, "tools": []}

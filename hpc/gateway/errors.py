@@ -99,5 +99,8 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
-    message = f"{param}: {first.get('msg', 'invalid')}" if param else str(first.get("msg", "invalid request"))
+    said = str(first.get("msg", "invalid"))
+    if first.get("type") == "value_error" and "error" in first.get("ctx", {}):  # a validator's own words, as raised
+        said = str(first["ctx"]["error"])
+    message = f"{param}: {said}" if param else said
     return bad_request(message, param).response()
