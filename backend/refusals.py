@@ -15,3 +15,12 @@ CPU_CONTEXT = "this model's context (max_seq_len)"
 TRTLLM_CONTEXT = "exceeds maximum input length"
 #: lower case, as matched
 CONTEXT_MARKERS = (CPU_CONTEXT.lower(), TRTLLM_CONTEXT)
+
+#: the CPU engine's words for a request refused because its server is stopping (backend/cpu_engine/drain.py)
+CPU_STOPPING = "the server is stopping"
+#: tritonserver's, for a request that reaches a model being unloaded or gone (its stop has begun): "Server is
+#: stopping, scheduler for model has stopped accepting new inference requests", "Request for unknown model:
+#: 'ensemble' has no available versions"
+TRITON_STOPPING = ("scheduler for model has stopped accepting", "request for unknown model")
+#: lower case, as matched: the replica takes no request any more, another one may (the request is retried there)
+STOPPING_MARKERS = (CPU_STOPPING, *TRITON_STOPPING)

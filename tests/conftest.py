@@ -136,7 +136,7 @@ def serve_app(gateway) -> Iterator[Callable[..., str]]:
 
     def start(target: str, **options) -> str:
         port = free_port()
-        app = create_app(resolve_target(target), refresh_s=1, **options)
+        app = create_app(resolve_target(target), **({"refresh_s": 1} | options))
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()

@@ -183,6 +183,55 @@ def test_a_full_triton_queue_is_tried_on_another_replica_then_429(serve_app, two
     assert all(v == 1 for (name, _), v in samples.items() if name == "hpc_serve_gateway_replica_healthy")
 
 
+def test_a_job_cancelled_under_load_loses_no_request_to_a_gateway_that_has_not_looked_since(serve_app, gateway):
+    """`hpc-serve cancel` of one of two jobs while clients keep sending, through a gateway that does not look
+    at the deployment again during the test (its draining marks unseen): the stopping replica refuses new
+    requests ("the server is stopping"), then goes away; each such request goes to the other job. No client
+    sees an error, and the gateway counts retries for a replica that was stopping."""
+    job2, job_dir2 = submit(gateway["spec"], "--executor", "local")
+    gateway["jobs"].append((job2, job_dir2))
+    url = serve_app(str(gateway["spec"]), refresh_s=300)
+    headers = {"Authorization": f"Bearer {gateway['token']}"}
+    wait_for(
+        lambda: len(httpx.get(url + "/gateway/replicas", headers=headers, timeout=5).json()) == 2,
+        30,
+        "the in-process gateway to see both jobs",
+    )
+    failures: list[str] = []
+    served = 0
+
+    async def load(stop: asyncio.Event) -> None:
+        nonlocal served
+        body = {"model": gateway["model"], "prompt": "Once upon a time", "max_tokens": 4}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+
+            async def client() -> None:
+                nonlocal served
+                while not stop.is_set():
+                    answer = await http.post("/v1/completions", json=body)
+                    if answer.status_code == 200:
+                        served += 1
+                    else:
+                        failures.append(f"{answer.status_code} {answer.text[:200]}")
+
+            await asyncio.gather(*(client() for _ in range(4)))
+
+    async def cancel_under_load() -> None:
+        stop = asyncio.Event()
+        clients = asyncio.ensure_future(load(stop))
+        await asyncio.sleep(1)
+        await asyncio.to_thread(cli, "cancel", job2)
+        await asyncio.sleep(1)
+        stop.set()
+        await clients
+
+    asyncio.run(cancel_under_load())
+    assert failures == [], failures[:5]
+    samples = prometheus_samples(url)
+    assert samples.get(("hpc_serve_gateway_retries_total", (("reason", "stopping"),)), 0) >= 1, "no stop was met"
+    assert served > 20
+
+
 def test_a_new_job_is_used_without_restart_and_a_killed_replica_is_not_seen(client, gateway):
     """Last in the module: it kills the first job. A second job of the same spec joins the gateway's replicas;
     its first job's tritonserver SIGKILLed, every request still succeeds (retried before its first byte) and

@@ -12,10 +12,19 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from backend.cpu_engine.drain import RAN_OUT, STOPPING
 from backend.cpu_engine.scheduler import GenerationRequest, KVBudget, Scheduler
 from hpc.gateway.errors import APIError
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
-from hpc.gateway.triton import Chunk, ContextTooLong, GenerateParams, ModelError, ReplicaBusy, model_error
+from hpc.gateway.triton import (
+    Chunk,
+    ContextTooLong,
+    GenerateParams,
+    ModelError,
+    ReplicaBusy,
+    ReplicaStopping,
+    model_error,
+)
 from hpc.routing.balancer import Balancer, Replica
 
 
@@ -30,6 +39,8 @@ class Engine:
         self.calls.append(grpc_url)
         if grpc_url.startswith("busy"):
             raise model_error("Exceeds maximum queue size")
+        if grpc_url.startswith("stopping"):
+            raise model_error(STOPPING)  # the CPU engine's drain refusal
         for text, logprob in (("a", -1.0), ("b", -2.0)):
             yield Chunk(text, 1, (logprob,) if params.logprobs else ())
 
@@ -83,6 +94,32 @@ def test_a_request_longer_than_the_context_is_told_apart_in_both_engines_words()
         refusal = scheduler.check(GenerationRequest(input_ids=np.full(prompt, 5), max_new_tokens=new))
         assert refusal is not None and type(model_error(refusal)) is ContextTooLong, refusal
     assert type(model_error("input 'temperature' must be positive")) is ModelError
+
+
+def test_a_stopping_replicas_refusal_is_told_apart_in_each_servers_words():
+    for words in (
+        STOPPING,
+        RAN_OUT,
+        "Server is stopping, scheduler for model has stopped accepting new inference requests",
+        "Request for unknown model: 'ensemble' has no available versions",
+    ):
+        assert type(model_error(words)) is ReplicaStopping, words
+    assert type(model_error("input 'temperature' must be positive")) is ModelError
+
+
+def test_a_request_refused_by_a_stopping_replica_goes_to_another_and_none_left_is_503():
+    """A replica whose stop has begun refuses new requests (before the gateway's next look marks it draining):
+    nothing was generated, so the request is retried on another, not answered 500; that replica is benched."""
+    gw = _gateway("stopping-1", "z-live")
+    assert "".join(c.text for c in _run(gw)) == "ab"
+    assert gw.engine.calls == ["stopping-1", "z-live"], "stopping-1 sorts first: tried, refused, then z-live"
+    stopping = next(r for r in gw.balancer.replicas if r.key == "stopping-1")
+    assert stopping.failures == 1 and stopping not in gw.balancer.healthy()
+    assert _sample(gw, "hpc_serve_gateway_retries_total", reason="stopping") == 1
+
+    with pytest.raises(APIError) as exc:
+        _run(_gateway("stopping-1", "stopping-2"))
+    assert exc.value.status == 503 and exc.value.code == "no_replica_ready"
 
 
 def test_a_full_replica_is_skipped_not_benched_and_all_full_is_429():

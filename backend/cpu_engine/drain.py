@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..refusals import CPU_STOPPING
+
 DRAIN_CHECK_S = 0.25  # how often the loop looks at the stop file (cheap: a stat and a small read)
 DRAIN_MARGIN_S = 2.0  # fail what is left this long before the drain deadline: the unload and release need it
 
-STOPPING = "the server is stopping; retry on another replica or job"
-RAN_OUT = "the server is stopping (its drain time ran out); retry on another replica or job"
+STOPPING = f"{CPU_STOPPING}; retry on another replica or job"
+RAN_OUT = f"{CPU_STOPPING} (its drain time ran out); retry on another replica or job"
 
 
 @dataclass

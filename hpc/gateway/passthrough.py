@@ -24,7 +24,7 @@ from hpc.auth import http_headers
 from hpc.gateway.accesslog import record_of
 from hpc.gateway.openai_api import gateway_of, require_token
 from hpc.gateway.streaming import EventStream
-from hpc.gateway.triton import BUSY_MARKERS, ReplicaBusy, ReplicaUnavailable
+from hpc.gateway.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, model_error
 from hpc.routing.balancer import Replica
 
 health = APIRouter()
@@ -71,9 +71,11 @@ def _prompt(body: bytes) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _refused(content: bytes) -> bool:
-    """An error answer that means "my queue is full" (tritonserver's generate endpoint says so with a 400)."""
-    return any(m in content.decode(errors="replace").lower() for m in BUSY_MARKERS)
+def _refusal(content: bytes) -> ReplicaBusy | ReplicaStopping | None:
+    """An error answer that means "my queue is full" (tritonserver's generate endpoint says so with a 400) or "I am
+    stopping": the request is tried on another replica, as over gRPC (hpc/gateway/triton.py `model_error`)."""
+    refusal = model_error(content.decode(errors="replace"))
+    return refusal if isinstance(refusal, ReplicaBusy | ReplicaStopping) else None
 
 
 async def _forward(request: Request, model: str, endpoint: str) -> Response:
@@ -97,8 +99,8 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
         try:
             if upstream.status_code >= 400:  # an error answer is small: read it to tell a full queue
                 content = await upstream.aread()
-                if _refused(content):
-                    raise ReplicaBusy(content.decode(errors="replace"))
+                if (refusal := _refusal(content)) is not None:
+                    raise refusal
                 yield upstream  # read: passed on whole
                 return
             yield upstream

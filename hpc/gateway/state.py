@@ -24,7 +24,7 @@ from hpc.gateway.discovery import Discovery
 from hpc.gateway.errors import no_replica, saturated
 from hpc.gateway.metrics import Metrics
 from hpc.gateway.text import ChatTemplate
-from hpc.gateway.triton import Chunk, GenerateParams, ReplicaBusy, ReplicaUnavailable, TritonEngine
+from hpc.gateway.triton import Chunk, GenerateParams, ReplicaBusy, ReplicaStopping, ReplicaUnavailable, TritonEngine
 from hpc.routing.balancer import PREFIX_CHARS, Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.routing.deployment import Target
 from hpc.routing.retry import stream_with_retry, taken_whole
@@ -68,10 +68,18 @@ class Gateway:
 
     def retried(self, replica: Replica, exc: BaseException) -> None:
         """The retry rule's `on_retry`: a log line and the retries metric (the rule benched the replica when it
-        was unreachable, not when it refused the request, its queue full: `ReplicaBusy`)."""
-        reason = "busy" if isinstance(exc, ReplicaBusy) else "unavailable"
+        was unreachable or stopping, not when it refused the request, its queue full: `ReplicaBusy`)."""
+        reason = (
+            "busy"
+            if isinstance(exc, ReplicaBusy)
+            else "stopping"
+            if isinstance(exc, ReplicaStopping)
+            else "unavailable"
+        )
         if reason == "busy":
             log.info("replica %s refused a request, its queue full (%s); tried on another", replica.key, exc)
+        elif reason == "stopping":
+            log.info("replica %s refused a request, it is stopping (%s); tried on another", replica.key, exc)
         else:
             log.warning("replica %s failed before its first byte (%s); retried on another", replica.key, exc)
         if self.metrics is not None:

@@ -29,7 +29,7 @@ import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
-from backend.refusals import CONTEXT_MARKERS
+from backend.refusals import CONTEXT_MARKERS, STOPPING_MARKERS
 from hpc.auth import grpc_headers
 from hpc.gateway.abandon import Reader, abandon, infer_inputs, stream_request
 
@@ -90,12 +90,20 @@ class ContextTooLong(ModelError):
     tokens asked for): the client's to fix, an OpenAI 400 `context_length_exceeded`."""
 
 
-def model_error(message: str) -> ModelError:
-    """The error for a refusal in the stream: ReplicaBusy for a full queue, ContextTooLong for a request longer
-    than the model's context (backend/refusals.py), ModelError otherwise."""
+class ReplicaStopping(ReplicaUnavailable):
+    """The replica refused the request because it is stopping (its engine drains, or tritonserver unloads its
+    models): nothing was generated, so the request goes to another replica, as for one unreachable."""
+
+
+def model_error(message: str) -> ModelError | ReplicaStopping:
+    """The error for a refusal in the stream: ReplicaBusy for a full queue, ReplicaStopping for a replica whose
+    stop has begun, ContextTooLong for a request longer than the model's context (backend/refusals.py),
+    ModelError otherwise."""
     lowered = message.lower()
     if any(m in lowered for m in BUSY_MARKERS):
         return ReplicaBusy(message)
+    if any(m in lowered for m in STOPPING_MARKERS):
+        return ReplicaStopping(message)
     return (ContextTooLong if any(m in lowered for m in CONTEXT_MARKERS) else ModelError)(message)
 
 
