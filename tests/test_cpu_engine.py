@@ -384,8 +384,8 @@ def test_request_that_can_never_fit_fails_with_message(gpt2: Path) -> None:
     eng = Engine(str(gpt2), max_tokens_in_kv_cache=128)
     r = eng.generate(GenerationRequest(input_ids=_prompts(gpt2)[3], max_new_tokens=100))
     assert r.finish_reason == "error" and "max_tokens_in_paged_kv_cache" in r.error
-    r = eng.generate(GenerationRequest(input_ids=[1, 2], max_new_tokens=1000))
-    assert r.finish_reason == "error" and "max_seq_len" in r.error
+    r = eng.generate(GenerationRequest(input_ids=[1] * eng.scheduler.max_seq_len, max_new_tokens=1))
+    assert r.finish_reason == "error" and "max_seq_len" in r.error, "a prompt that leaves no room for a token"
 
 
 # ------------------------------------------------------------------------------------------ sampling

@@ -43,7 +43,6 @@ BAD = {
     "empty": (lambda v: dict(input_ids=[], max_new_tokens=4), "input 'input_ids' is empty"),
     "zero tokens": (lambda v: dict(input_ids=[5], max_new_tokens=0), "'request_output_len' must be at least 1"),
     "negative tokens": (lambda v: dict(input_ids=[5], max_new_tokens=-7), "'request_output_len' must be at least 1"),
-    "past context": (lambda v: dict(input_ids=[5, 6], max_new_tokens=10**6), "ask for at most"),
     "prompt past context": (lambda v: dict(input_ids=[5] * 5000, max_new_tokens=1), "shorten the prompt"),
     "end_id": (lambda v: dict(input_ids=[5], max_new_tokens=2, end_id=v + 5), "input 'end_id'"),
     "pad_id": (lambda v: dict(input_ids=[5], max_new_tokens=2, pad_id=-9), "input 'pad_id'"),
@@ -63,6 +62,14 @@ def test_bad_request_fails_alone_inside_a_busy_batch(gpt2: Path, case: str) -> N
     assert bad.finish_reason == "error" and expected.format(v=vocab) in bad.error, bad.error
     assert [r.output_ids for r in good] == [_alone(gpt2, p) for p in GOOD]
     assert engine.generate(GenerationRequest(input_ids=GOOD[0], max_new_tokens=6)).finish_reason == "length"
+
+
+def test_new_tokens_past_the_context_are_cut_to_the_room_left_as_tensorrt_llm_does(gpt2: Path) -> None:
+    """Not an error: TensorRT-LLM cuts them with a warning, and the answer ends for its "length"."""
+    engine = Engine(str(gpt2), max_batch_size=8)
+    context = engine.scheduler.max_seq_len
+    out = engine.generate(GenerationRequest(input_ids=[5, 6, 7], max_new_tokens=10**6, end_id=-1))
+    assert out.error is None and out.finish_reason == "length" and len(out.output_ids) == context - 3
 
 
 def test_a_plan_with_a_foreign_token_is_rejected_before_it_runs(gpt2: Path) -> None:

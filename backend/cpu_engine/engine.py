@@ -317,6 +317,8 @@ class Engine:
             cancel_ids, self._cancel_ids = self._cancel_ids, set()
         while not self._incoming.empty():
             req = self._incoming.get()
+            if (cut := self.scheduler.fit(req)) is not None:
+                log.warning("request %s: %s", req.request_id, cut)
             problem = request_problem(req, self.config.vocab_size) or self.scheduler.check(req)
             if problem:
                 self._finish(req, "error", problem)

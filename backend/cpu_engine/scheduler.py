@@ -138,6 +138,20 @@ class Scheduler:
         self.waiting: deque[GenerationRequest] = deque()
         self.running: list[GenerationRequest] = []
 
+    def fit(self, req: GenerationRequest) -> str | None:
+        """Cut a request's new tokens to the room its prompt leaves in the context, as TensorRT-LLM does
+        (`LlmRequest::validate`: a warning, not an error; the answer ends with finish reason "length"), so that
+        a client asking for more than fits (OpenAI chat's default, a large `max_tokens`) is served the same by
+        both engines. Returns the warning when it cut, None otherwise; a prompt that leaves no room is `check`'s."""
+        room = self.max_seq_len - req.prompt_len
+        if req.prompt_len == 0 or room <= 0 or req.max_new_tokens <= room:
+            return None
+        asked, req.max_new_tokens = req.max_new_tokens, room
+        return (
+            f"Prompt length + number of requested output tokens ({req.prompt_len} + {asked}) exceeds maximum sequence "
+            f"length ({self.max_seq_len}). Number of requested output tokens is changed to ({room})."
+        )
+
     def check(self, req: GenerationRequest) -> str | None:
         """Why a request can never run (so it fails now instead of waiting forever), or None."""
         if req.prompt_len == 0:
@@ -148,12 +162,6 @@ class Scheduler:
             return (
                 f"input 'input_ids': the prompt has {req.prompt_len} tokens but {CPU_CONTEXT} is "
                 f"{self.max_seq_len} tokens (prompt + new tokens); shorten the prompt"
-            )
-        if req.total_tokens > self.max_seq_len:
-            return (
-                f"input 'request_output_len': the prompt's {req.prompt_len} tokens + {req.max_new_tokens} new "
-                f"tokens = {req.total_tokens} exceed {CPU_CONTEXT} of {self.max_seq_len} tokens; "
-                f"ask for at most {max(0, self.max_seq_len - req.prompt_len)} new tokens or shorten the prompt"
             )
         need = self.budget.blocks_for(req.total_tokens)
         if need > self.budget.max_blocks:
