@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hpc.gateway import idle
 from hpc.gateway.accesslog import RequestRecord
 from hpc.gateway.auth import authorized
 from hpc.gateway.bodies import ChatRequest, CompletionRequest
@@ -120,7 +121,11 @@ class FastPath:
         record = scope.setdefault("state", {}).get("record")
         if not isinstance(record, RequestRecord):
             record = RequestRecord(scope["method"], scope["path"])
-        watch = watching(scope, receive)  # a client gone before its answer starts stops it too (streaming.py)
+        # a client gone before its answer starts stops it too (streaming.py); watched from when the request has
+        # left for the replica (idle.py: not before, where it would add to the time to the first token)
+        idle.collect()
+        task = asyncio.current_task()
+        watch = idle.Later(lambda: watching(scope, receive, task))
         try:
             try:
                 response = await fast.answer(gateway, parsed, record)
@@ -128,12 +133,13 @@ class FastPath:
                 response = exc.response()
             await response(scope, receive, send)
         except asyncio.CancelledError:
-            if watch is None or not watch.gone:
+            gone = watch.made()
+            if gone is None or not gone.gone:
                 raise
-            watch.absorb()  # nothing was sent: the access log records 499
+            gone.absorb()  # nothing was sent: the access log records 499
         finally:
-            if watch is not None:
-                watch.stop()
+            if (made := watch.made()) is not None:
+                made.stop()
 
     @staticmethod
     def _accepts(scope: Scope, gateway: Gateway) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from hpc.gateway import idle
 from hpc.gateway.accesslog import RequestRecord, record_of
 from hpc.gateway.auth import authorized
 from hpc.gateway.bodies import ChatRequest, CompletionRequest, Sampling
@@ -157,11 +158,13 @@ def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams) -> str
 
 async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: bool, record: RequestRecord) -> Any:
     record.model, record.stream = gw.model_name, body.stream
-    # what the answer needs that the replica's first piece does not decide is made before the request leaves: after
-    # the loop waited for the replica, every line run before the first event reaches the client costs more
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    kind = ("chat.completion.chunk" if chat else "text_completion") if body.stream else ""
-    events = _Events(rid, kind, int(time.time()), gw.model_name, chat) if body.stream else None
+    # what the answer needs that the replica's first piece does not decide is made while the replica works on the
+    # request (idle.py): neither before it leaves nor after its first piece came, where it adds to the first token
+    rid = idle.Later(lambda: f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
+    chunks = "chat.completion.chunk" if chat else "text_completion"
+    events = (
+        idle.Later(lambda: _Events(rid.get(), chunks, int(time.time()), gw.model_name, chat)) if body.stream else None
+    )
     pieces = gw.generate(params, record, whole=not body.stream)  # not streamed: a replica lost half-way is retried
     try:
         first = await gw.first(pieces)  # errors before the first piece are HTTP errors, not stream events
@@ -181,7 +184,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         raise
     headers = {REPLICA_HEADER: record.replica or ""}
     if events is not None:
-        stream = _sse(gw, body, params, chat, events, first, pieces, record)
+        stream = _sse(gw, body, params, chat, events.get(), first, pieces, record)
         return EventStream(stream, media_type="text/event-stream", headers=headers)
     trail = TokenTrail()
     raw, tokens = "", 0
@@ -207,7 +210,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         choice["text"] = text
     kind = "chat.completion" if chat else "text_completion"
     out = {
-        "id": rid,
+        "id": rid.get(),
         "object": kind,
         "created": int(time.time()),
         "model": gw.model_name,

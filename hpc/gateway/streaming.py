@@ -45,8 +45,8 @@ class Watch:
     CancelledError, and if `gone`, takes it back with `absorb()` and ends quietly; `stop()` once the request ends
     (no await between its end and `stop()`, so the cancel cannot come after it)."""
 
-    def __init__(self, receive: Receive) -> None:
-        task = asyncio.current_task()
+    def __init__(self, receive: Receive, task: asyncio.Task | None = None) -> None:
+        task = task or asyncio.current_task()
         assert task is not None
         self._task = task
         self.gone = False
@@ -69,12 +69,13 @@ class Watch:
         self._watcher.cancel()
 
 
-def watching(scope: Scope, receive: Receive) -> Watch | None:
-    """A Watch for this request, kept in its scope's state for the EventStream that answers it; None where the
-    server speaks ASGI spec 2.4 (a send raises there, and Starlette's own listener must get the disconnect)."""
+def watching(scope: Scope, receive: Receive, task: asyncio.Task | None = None) -> Watch | None:
+    """A Watch for this request (`task`: the one to cancel, default the current one), kept in its scope's state for
+    the EventStream that answers it; None where the server speaks ASGI spec 2.4 (a send raises there, and
+    Starlette's own listener must get the disconnect)."""
     if scope["type"] != "http" or _spec(scope) >= (2, 4):
         return None
-    watch = Watch(receive)
+    watch = Watch(receive, task)
     scope.setdefault("state", {})[WATCH] = watch
     return watch
 

@@ -32,6 +32,7 @@ from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from backend.refusals import CONTEXT_MARKERS, STOPPING_MARKERS
 from hpc.auth import grpc_headers
 from hpc.gateway.abandon import Reader, abandon, infer_inputs, stream_request
+from hpc.gateway.idle import run_deferred
 
 MODEL = "ensemble"
 #: how long a finished stream is given to end by itself before it is cancelled (see `_end`)
@@ -209,6 +210,7 @@ class TritonEngine:
 
         async def requests():
             yield request
+            run_deferred()  # the request was written: what could wait for that runs while the replica works
             await finished.wait()  # half-close only once the last response arrived
 
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
