@@ -28,6 +28,7 @@ this counts opportunities (what TensorRT-LLM's `enable_kv_cache_reuse` could use
 
     python benchmarks/bench_gateway.py [--requests 200] [--concurrency 64] [--seconds 10] [--rounds 3]
                                        [--prefixes 16] [--questions 8] [--cache-docs 8] [--part overhead|prefix]
+                                       [--baseline TREE]   (another commit's tree: `git archive COMMIT | tar x -C TREE`)
 """
 
 from __future__ import annotations
@@ -93,14 +94,15 @@ def job(spec: Path) -> Iterator[tuple[str, Path]]:
 
 
 @contextmanager
-def gateway(job_id: str, work: Path, *options: str) -> Iterator[tuple[str, int, Path]]:
+def gateway(job_id: str, work: Path, *options: str, source: Path | None = None) -> Iterator[tuple[str, int, Path]]:
     """`hpc-serve gateway JOB` in its own process, once it found the job's replicas: (its URL, its pid, the file
-    its stderr and so its access log go to)."""
+    its stderr and so its access log go to). `source`: the gateway of another source tree (`--baseline`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     log = (work / f"gateway-{port}.log").open("w")
-    proc = subprocess.Popen([*CLI, "gateway", job_id, "--port", str(port), *options], stderr=log)
+    env = os.environ | ({"PYTHONPATH": f"{source}:{os.environ.get('PYTHONPATH', '')}"} if source else {})
+    proc = subprocess.Popen([*CLI, "gateway", job_id, "--port", str(port), *options], stderr=log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -144,6 +146,20 @@ def floor_relay(grpc_url: str, token: str | None, *options: str) -> Iterator[str
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+@contextmanager
+def baseline(job_id: str, work: Path, source: Path | None) -> Iterator[str]:
+    """The gateway of the `--baseline` source tree beside this one (its URL), or nothing without one."""
+    if source is None or not FLOOR:  # its client is aiohttp's, as gw_aiohttp's
+        yield ""
+        return
+    from launcher.layout import gateway_record
+
+    with gateway(job_id, work, source=source.resolve()) as (url, _, _):
+        # one gateway per deployment: its address record goes, so that this tree's gateway starts beside it
+        gateway_record(work / "runs", "bench-gw").unlink()
+        yield url
 
 
 def cpu_s(pid: int | None = None) -> float:
@@ -254,6 +270,12 @@ class Sides:
                     break
         return reading.result()
 
+    async def baseline(self) -> tuple[float, float, int]:
+        """`gw_aiohttp` to the gateway of another source tree (`--baseline`), in the same run: a change to the
+        gateway measured against the code before it, side by side, as the lent machines differ by more than the
+        change from one lease to the next."""
+        return await self._aiohttp(self.floor_urls["baseline"] + "/v1/completions")
+
     async def passthrough(self) -> tuple[float, float, int]:
         """Triton's generate_stream through the gateway: its relay alone (no OpenAI shapes, no gRPC)."""
         body = {"text_input": PROMPT, "max_tokens": self.max_tokens, "stream": True}
@@ -286,11 +308,11 @@ FLOOR = ("floor", "floor_late", "floor_fastapi") if importlib.util.find_spec("ai
 SIDES = ("direct", *GW_SIDES, *FLOOR, "passthrough")
 
 
-async def latency(sides: Sides, n: int) -> dict[str, dict[str, list[float]]]:
-    out: dict[str, dict[str, list[float]]] = {s: {"ttft": [], "total": []} for s in SIDES}
+async def latency(sides: Sides, n: int, names: tuple[str, ...] = SIDES) -> dict[str, dict[str, list[float]]]:
+    out: dict[str, dict[str, list[float]]] = {s: {"ttft": [], "total": []} for s in names}
     for i in range(n + 20):  # 20 unmeasured warm-up rounds
-        k = i % len(SIDES)
-        for side in SIDES[k:] + SIDES[:k]:  # each side first in turn
+        k = i % len(names)
+        for side in names[k:] + names[:k]:  # each side first in turn
             ttft, total, _ = await getattr(sides, side)()
             if i >= 20:
                 out[side]["ttft"].append(ttft)
@@ -371,11 +393,12 @@ async def part1(
 ) -> None:
     sides = Sides(url, token, grpc_url, "bench-gw", args.max_tokens)
     sides.floor_urls = floors
+    names = (*SIDES, "baseline") if "baseline" in floors else SIDES
     try:
-        lat = await latency(sides, args.requests)
+        lat = await latency(sides, args.requests, names)
         print(f"latency, 1 stream, {args.requests} requests each, max_tokens {args.max_tokens} (ms):")
         print(f"  {'':10} {'p50':>8} {'p99':>8} {'ttft p50':>9} {'ttft p99':>9}")
-        for side in SIDES:
+        for side in names:
             v = lat[side]
             print(
                 f"  {side:10} {pct(v['total'], 50) * 1e3:8.2f} {pct(v['total'], 99) * 1e3:8.2f}"
@@ -393,6 +416,14 @@ async def part1(
                         f"  {gw_side} {what} p{q}: {ratio:.3f}x direct, {added:+.2f} ms added"
                         f" (95 % interval {low:+.2f} .. {high:+.2f})"
                     )
+        if "baseline" in names and "gw_aiohttp" in names:
+            g, b = lat["gw_aiohttp"], lat["baseline"]
+            for what in ("total", "ttft"):
+                change = (pct(g[what], 50) - pct(b[what], 50)) * 1e3
+                low, high = (v * 1e3 for v in added_interval(g[what], b[what], 50))
+                print(
+                    f"  this tree against --baseline, {what} p50: {change:+.2f} ms (95 % interval {low:+.2f} .. {high:+.2f})"
+                )
         lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
         inside = [line for line in lines if line["route"] == "/v1/completions"][-len(GW_SIDES) * args.requests :]
         first, last = pct([i["ttft_ms"] for i in inside], 50), pct([i["latency_ms"] for i in inside], 50)
@@ -480,6 +511,9 @@ def main() -> int:
     parser.add_argument("--part", choices=["all", "overhead", "prefix"], default="all", help="run one part only")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint folder; default: a tiny random GPT-2")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (deployments, gateway logs)")
+    parser.add_argument(
+        "--baseline", type=Path, help="a source tree of another commit: its gateway is one more latency side"
+    )
     args = parser.parse_args()
 
     from launcher.layout import JobPaths
@@ -499,12 +533,14 @@ def main() -> int:
                 (record,) = read_endpoints(JobPaths.of_folder(job_dir))
                 token = cli("token", job_id).strip() if args.auth == "token" else None
                 with (
+                    baseline(job_id, work, args.baseline) as base,  # first: it gives way to this tree's gateway
                     gateway(job_id, work) as (url, pid, log),
                     floor_relay(record.grpc_url, token) as floor,
                     floor_relay(record.grpc_url, token, "--late-head") as floor_late,
                     floor_relay(record.grpc_url, token, "--fastapi") as floor_fastapi,
                 ):
                     floors = {"floor": floor, "floor_late": floor_late, "floor_fastapi": floor_fastapi} if FLOOR else {}
+                    floors |= {"baseline": base} if base else {}
                     asyncio.run(part1(args, url, pid, log, token, record.grpc_url, floors))
         if args.part in ("all", "prefix"):
             part2(args, work, checkpoint)

@@ -5,9 +5,11 @@
 # .whl/site.tar.xz: a site-packages folder for that machine's Python 3.12 with what its image lacks
 # (nvidia-pytriton's tritonserver, tritonclient, numpy 1.26 for the python backend stub, fastapi, uvicorn,
 # httptools, pydantic, submitit); everything else (grpcio, httpx, aiohttp, uvloop, jinja2, pyyaml,
-# tokenizers) is in the image. Results: $OUT (default /tmp/device-bench).
+# tokenizers) is in the image. Results: $OUT (default /tmp/device-bench). With .whl/base.tar (`git archive -o
+# .whl/base.tar COMMIT`), that commit's gateway is one more latency side, measured against this one in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+REPO="$PWD"
 export OUT="${OUT:-/tmp/device-bench}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT" /tmp/site
 tar xJf .whl/site.tar.xz -C /tmp/site
@@ -15,12 +17,17 @@ if [ -f .whl/head.tar ]; then  # a commit's tree (`git archive -o .whl/head.tar 
     rm -rf /tmp/head && mkdir -p /tmp/head && tar xf .whl/head.tar -C /tmp/head && cd /tmp/head
 fi
 export PYTHONPATH="/tmp/site:$PWD"
+BASE=()
+if [ -f "$REPO/.whl/base.tar" ]; then  # another commit's tree: its gateway is one more side
+    rm -rf /tmp/base && mkdir -p /tmp/base && tar xf "$REPO/.whl/base.tar" -C /tmp/base
+    BASE=(--baseline /tmp/base)
+fi
 echo "cores: $(nproc)  $(python3 -V)"
 PARTS="${PARTS:-loadgen gateway}"
 for part in $PARTS; do
     case "$part" in
         loadgen) python3 benchmarks/bench_loadgen.py --requests "${REQUESTS:-600}" --rounds 3 --replicas "${REPLICAS:-4}" --concurrency 64 2>&1 | tee "$OUT/loadgen.txt" ;;
         gateway) python3 benchmarks/bench_gateway.py --part overhead --auth none --requests "${REQUESTS:-300}" \
-                     --rounds 3 --seconds 8 2>&1 | tee "$OUT/gateway.txt" ;;
+                     --rounds 3 --seconds 8 "${BASE[@]}" 2>&1 | tee "$OUT/gateway.txt" ;;
     esac
 done
