@@ -11,9 +11,9 @@ from its bytes in one pydantic call (`model_validate_json`) and the same route f
 token (401), a body that does not parse or validate (400 with the field), a content type that is not JSON, and
 any other method or path: those requests are handed on with their body replayed, as if this path were not there.
 It sits inside the access log (hpc/gateway/accesslog.py), which still records every request; it names the
-route as FastAPI would, so the metrics' `route` labels are the same either way. Once the body is read, a client
-that leaves is watched for (hpc/gateway/streaming.py `Watch`): one gone before its first token ends its request
-there, not at the first piece.
+route as FastAPI would, so the metrics' `route` labels are the same either way. Once the request has left for the
+replica (hpc/gateway/idle.py), a client that leaves is watched for (hpc/gateway/streaming.py `Watch`): one gone
+before its first token ends its request there, not at the first piece.
 """
 
 from __future__ import annotations
