@@ -1,6 +1,6 @@
 """How a model's refusal of a request reads, where a client must tell its kind from its text: Triton's python
 models and TensorRT-LLM report errors as messages, not codes, so the CPU engine writes these phrases and the
-gateway (hpc/gateway/triton.py `model_error`) matches them, along with TensorRT-LLM's own wording.
+gateway (hpc/gateway/triton.py `model_error`) matches them, along with the words of Triton and TensorRT-LLM.
 
 Why a module of its own: the engine and the gateway must agree on the words, and the gateway must not import
 the engine (numpy, its model code) to learn them. Standard library only.
@@ -8,7 +8,11 @@ the engine (numpy, its model code) to learn them. Standard library only.
 
 from __future__ import annotations
 
-#: the CPU engine's words for a request that does not fit the model's context (backend/cpu_engine/scheduler.py)
+#: how a full queue reads (Triton's dynamic batcher: "Exceeds maximum queue size"; TensorRT-LLM's executor:
+#: "Maximum queue size ... reached"), lower case: another replica may take the request
+BUSY_MARKERS = ("exceeds maximum queue size", "maximum queue size")
+
+#: the CPU engine's words for a prompt that leaves no room in the model's context (backend/cpu_engine/scheduler.py)
 CPU_CONTEXT = "this model's context (max_seq_len)"
 #: TensorRT-LLM's (`LlmRequest::validate`: "Prompt length (%d) exceeds maximum input length (%d)"); a prompt that
 #: fits but leaves too little room for `max_tokens` is not refused there: its new tokens are cut to the room left

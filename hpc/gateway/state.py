@@ -69,18 +69,11 @@ class Gateway:
     def retried(self, replica: Replica, exc: BaseException) -> None:
         """The retry rule's `on_retry`: a log line and the retries metric (the rule benched the replica when it
         was unreachable or stopping, not when it refused the request, its queue full: `ReplicaBusy`)."""
-        reason = (
-            "busy"
-            if isinstance(exc, ReplicaBusy)
-            else "stopping"
-            if isinstance(exc, ReplicaStopping)
-            else "unavailable"
-        )
-        if reason == "busy":
-            log.info("replica %s refused a request, its queue full (%s); tried on another", replica.key, exc)
-        elif reason == "stopping":
-            log.info("replica %s refused a request, it is stopping (%s); tried on another", replica.key, exc)
+        if isinstance(exc, ReplicaBusy | ReplicaStopping):
+            reason, why = ("busy", "its queue full") if isinstance(exc, ReplicaBusy) else ("stopping", "it is stopping")
+            log.info("replica %s refused a request, %s (%s); tried on another", replica.key, why, exc)
         else:
+            reason = "unavailable"
             log.warning("replica %s failed before its first byte (%s); retried on another", replica.key, exc)
         if self.metrics is not None:
             self.metrics.retries.labels(reason).inc()

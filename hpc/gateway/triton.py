@@ -29,7 +29,7 @@ import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
-from backend.refusals import CONTEXT_MARKERS, STOPPING_MARKERS
+from backend.refusals import BUSY_MARKERS, CONTEXT_MARKERS, STOPPING_MARKERS
 from hpc.auth import grpc_headers
 from hpc.gateway.abandon import Reader, abandon, infer_inputs, stream_request
 from hpc.gateway.idle import run_deferred
@@ -82,13 +82,9 @@ class ReplicaBusy(ModelError):
     TensorRT-LLM's "Maximum queue size ... reached"): another replica may take it; it is not a failure."""
 
 
-#: how a full queue reads in a refusal (Triton's dynamic batcher, TensorRT-LLM's executor), lower case
-BUSY_MARKERS = ("exceeds maximum queue size", "maximum queue size")
-
-
 class ContextTooLong(ModelError):
-    """The model refused the request because it does not fit its context (the prompt, or the prompt and the new
-    tokens asked for): the client's to fix, an OpenAI 400 `context_length_exceeded`."""
+    """The model refused the request because its prompt leaves no room in the model's context (more new tokens than
+    fit are cut, not refused): the client's to fix, an OpenAI 400 `context_length_exceeded`."""
 
 
 class ReplicaStopping(ReplicaUnavailable):
