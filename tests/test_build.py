@@ -21,6 +21,7 @@ from backend.cpu_engine.shards import ShardedWeights, _Place, write_sharded
 from hpc.engine_build.plan import plan_build, served_spec
 from hpc.engine_build.script import build_steps, write_build
 from hpc.spec import SpecError, load_spec
+from hpc.spec.files import context_length
 from launcher.build_record import checkpoint_identity, finish
 from launcher.layout import BUILD_RECORD_NAME, Deployment
 
@@ -389,6 +390,24 @@ def test_legacy_engine_layout_limits(tmp_path):
     (tmp_path / "engine" / "config.json").write_text(json.dumps(legacy))
     (found,) = problems(write(tmp_path, SERVE_70B))
     assert "32 is more than the engine in" in found and "max_batch_size 16" in found
+
+
+def test_the_context_length_the_gateway_reads_is_the_engines_or_the_checkpoints(tmp_path, tiny_gpt2):
+    """What `finish_reason` "length" for a generation cut to the context hangs on: the engine's max_seq_len (new
+    and legacy layouts), the CPU checkpoint's positions, None while the files do not say (not built yet)."""
+    engine_dir(tmp_path, mapping__gpus_per_node=4)
+    spec = load_spec(write(tmp_path, SERVE_70B))
+    assert context_length(spec.model) == 4096
+    legacy = {"builder_config": {"tensor_parallel": 4, "pipeline_parallel": 2, "max_input_len": 100}}
+    (tmp_path / "engine" / "config.json").write_text(
+        json.dumps(legacy | {"builder_config": legacy["builder_config"] | {"max_output_len": 28}})
+    )
+    assert context_length(spec.model) == 128
+    (tmp_path / "engine" / "config.json").unlink()
+    assert context_length(spec.model) is None, "an engine not built yet"
+    cpu = spec.model.model_copy(update={"backend": "cpu", "engine_dir": None, "checkpoint_dir": tiny_gpt2})
+    assert context_length(cpu) == json.loads((tiny_gpt2 / "config.json").read_text())["n_positions"]
+    assert context_length(cpu.model_copy(update={"checkpoint_dir": tmp_path / "none"})) is None
 
 
 def test_with_a_build_section_the_checks_use_the_builds_arguments(gpu_dir):

@@ -145,7 +145,8 @@ def test_a_request_longer_than_the_context_is_400_context_length_exceeded(client
     """As OpenAI answers it: 400 `context_length_exceeded` naming `prompt` (or chat's `messages`), streamed or not,
     with the engine's words on what to shorten (the tiny model's context is 256 tokens). A prompt that fits but
     leaves less room than `max_tokens` (or chat's default) asks for is served, cut to the room left, as
-    TensorRT-LLM cuts it (greedy, the tiny model never says its end token). The gateway serves on."""
+    TensorRT-LLM cuts it (greedy, the tiny model never says its end token), and its `finish_reason` is "length".
+    The gateway serves on."""
     long_prompt = "Once upon a time " * 200
     cases = [
         (
@@ -170,6 +171,14 @@ def test_a_request_longer_than_the_context_is_400_context_length_exceeded(client
             assert "max_seq_len" in body["message"] and advice in body["message"], body
     cut = client.completions.create(model=gateway["model"], prompt="Once upon a time", max_tokens=255, temperature=0)
     assert cut.usage.total_tokens == 256, f"cut to the room the prompt left: {cut.usage}"
+    assert cut.choices[0].finish_reason == "length", "cut at the context, as at max_tokens: OpenAI's 'length'"
+    streamed = list(
+        client.completions.create(
+            model=gateway["model"], prompt="Once upon a time", max_tokens=255, temperature=0, stream=True
+        )
+    )
+    assert streamed[-1].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].text for c in streamed) == cut.choices[0].text
     chat = client.chat.completions.create(model=gateway["model"], messages=[{"role": "user", "content": "Hi"}])
     assert chat.choices[0].finish_reason in ("length", "stop") and chat.usage.completion_tokens >= 1, chat.usage
 

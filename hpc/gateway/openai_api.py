@@ -152,8 +152,14 @@ def _usage(prompt: int, completion: int, record: RequestRecord) -> dict[str, int
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams) -> str:
-    return "stop" if stopped or usage["completion_tokens"] < params.max_tokens else "length"
+def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams, context: int | None) -> str:
+    """OpenAI's "length" for a generation that ended at `max_tokens` or at the model's context (the engine cuts
+    `max_tokens` to the room the prompt leaves, hpc/spec/files.py `context_length`), "stop" for one that ended
+    at a stop word or the model's end token. The ensemble does not say which: its counts do."""
+    if stopped:
+        return "stop"
+    full = context is not None and usage["total_tokens"] >= context
+    return "length" if usage["completion_tokens"] >= params.max_tokens or full else "stop"
 
 
 async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: bool, record: RequestRecord) -> Any:
@@ -203,7 +209,11 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     text, stopped = cut_at_stop(raw, params.stop)
     usage = _usage(prompt_tokens, tokens, record)
     logprobs = _logprobs(chat, trail.finish(len(text))) if params.logprobs else None
-    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(stopped, usage, params), "logprobs": logprobs}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": _finish(stopped, usage, params, gw.context_length()),
+        "logprobs": logprobs,
+    }
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -311,7 +321,7 @@ async def _sse(
         await pieces.aclose()
     if rest := stops.flush():
         pending += piece(rest)
-    pending += events.event([delta(None, _finish(stops.stopped, usage, params), final=True)])
+    pending += events.event([delta(None, _finish(stops.stopped, usage, params, gw.context_length()), final=True)])
     if body.stream_options and body.stream_options.include_usage:
         pending += events.event([], usage=usage)
     yield pending + DONE

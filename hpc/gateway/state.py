@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
@@ -28,6 +28,7 @@ from hpc.gateway.triton import Chunk, GenerateParams, ReplicaBusy, ReplicaStoppi
 from hpc.routing.balancer import PREFIX_CHARS, Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.routing.deployment import Target
 from hpc.routing.retry import stream_with_retry, taken_whole
+from hpc.spec.files import context_length
 
 T = TypeVar("T")
 
@@ -45,11 +46,20 @@ class Gateway:
     chat_template: ChatTemplate
     prefix_chars: int = PREFIX_CHARS  # the prefix affinity key's length (0: no affinity)
     metrics: Metrics | None = None
+    _context: int | None = field(default=None, init=False, repr=False)
+    _context_read: bool = field(default=False, init=False, repr=False)
 
     @property
     def model_name(self) -> str:
         """What `/v1/models` lists and requests must name: the spec's `name`."""
         return self.target.name
+
+    def context_length(self) -> int | None:
+        """The model's longest sequence (hpc/spec/files.py `context_length`), read once a replica has served: by
+        then its engine or checkpoint exists (`model.init` makes a checkpoint when the job starts)."""
+        if not self._context_read and self.target.model is not None:
+            self._context, self._context_read = context_length(self.target.model), True
+        return self._context
 
     def prompt_tokens(self, prompt: str) -> int:
         """As preprocessing counts them: the deployment's tokenizer, special tokens included."""

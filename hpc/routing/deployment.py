@@ -25,6 +25,7 @@ from launcher.records import EndpointRecord, read_endpoints
 
 if TYPE_CHECKING:
     from hpc.jobs import JobRef
+    from hpc.spec.schema import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Target:
     #: a folder of the deployment named outright (`render -o DIR`, then `sbatch` by hand) whose name need not
     #: follow render's `<name>-<time>`; counted with the others
     named_folder: Path | None = field(default=None, compare=False)
+    #: its spec's model section (where its engine or checkpoint is); None for a Target made by hand
+    model: ModelSpec | None = field(default=None, compare=False)
 
 
 #: the YAML loader: libyaml's where PyYAML was built with it (about 10x faster than the pure-Python one)
@@ -82,7 +85,7 @@ def target_of_folder(deploy_dir: Path) -> Target:
     from hpc.spec import load_spec
 
     spec = load_spec(Deployment(deploy_dir).spec, check_files=False)
-    return Target(deploy_dir.parent.resolve(), spec.name, Path(spec.model.tokenizer), deploy_dir.resolve())
+    return Target(deploy_dir.parent.resolve(), spec.name, Path(spec.model.tokenizer), deploy_dir.resolve(), spec.model)
 
 
 def deployments_named(name: str) -> dict[Path, Path]:
@@ -119,7 +122,7 @@ def _resolve_one(text: str) -> tuple[Target, JobRef | None]:
     path = Path(text).expanduser()
     if path.is_file():
         spec = load_spec(path, check_files=False)
-        return Target(spec.workdir.resolve(), spec.name, Path(spec.model.tokenizer)), None
+        return Target(spec.workdir.resolve(), spec.name, Path(spec.model.tokenizer), model=spec.model), None
     if path.is_dir():
         if JobPaths.is_job_folder(path):
             ref = find_job(str(path))

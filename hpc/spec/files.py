@@ -220,6 +220,24 @@ def engine_limit_conflicts(spec: Spec) -> list[Finding]:
     return found
 
 
+def context_length(model: ModelSpec) -> int | None:
+    """The longest sequence (prompt plus new tokens) a replica of `model` serves: the engine's max_seq_len
+    (trtllm-build's config.json), the checkpoint's positions for the CPU engine (backend/cpu_engine/model.py caps
+    there). None while its files do not say: an engine not built yet, a checkpoint `model.init` has yet to make.
+    Why the gateway asks: a request whose new tokens would pass it is cut to the room left (a warning, not an
+    error, in TensorRT-LLM and the CPU engine alike), and OpenAI clients read `finish_reason` "length" for a cut."""
+    config = _read_config(model.source_dir)
+    if model.backend == "tensorrtllm":
+        limits = engine_limits(config)
+        return limits["max_seq_len"] if limits else None
+    from backend.cpu_engine.checkpoint import CheckpointError, parse_config
+
+    try:
+        return parse_config(config).max_position_embeddings
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None
+
+
 def _read_config(folder: Path) -> dict:
     try:
         config = json.loads((folder / "config.json").read_text())
