@@ -94,3 +94,50 @@ def test_the_gateway_raises_its_open_files_limit_to_the_hard_one():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     expected = OPEN_FILES if hard == resource.RLIM_INFINITY else hard
     assert [int(v) for v in out] == [low, expected]
+
+
+def test_the_gateways_408s_are_in_its_metrics_and_access_log(tmp_path, tiny_gpt2, caplog):
+    """The gateway app behind the protocol as `hpc-serve gateway` builds it (hpc/gateway/serve.py), with a 1 s
+    deadline: each connection closed for its head is one request of status 408 and error kind head_timeout in
+    `/metrics`, and one access log line."""
+    import functools
+    import json
+    import logging
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hpc.gateway.accesslog import observe_head_timeout
+    from hpc.gateway.app import create_app
+    from hpc.routing.deployment import Target
+
+    app = create_app(Target(tmp_path / "runs", "nothing", tiny_gpt2))
+    protocol = HeadTimeoutProtocol.reporting(functools.partial(observe_head_timeout, app.state.metrics), DEADLINE_S)
+    port = free_port()
+    served = uvicorn.Server(uvicorn.Config(app, port=port, http=protocol, loop="uvloop", log_level="warning"))
+    thread = threading.Thread(target=served.run, daemon=True)
+    caplog.set_level(logging.INFO, logger="hpc_serve.gateway.access")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not served.started:
+            assert time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.05)
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        for conn in idle:
+            assert answer(conn)[0].startswith(b"HTTP/1.1 408 ")
+        scrape = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    finally:
+        served.should_exit = True
+        thread.join(10)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(scrape)
+        for s in family.samples
+    }
+    assert samples[("hpc_serve_gateway_requests_total", (("route", "unmatched"), ("status", "408")))] == 2
+    assert samples[("hpc_serve_gateway_errors_total", (("kind", "head_timeout"),))] == 2
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "hpc_serve.gateway.access"]
+    assert [(line["status"], line["error"], line["latency_ms"]) for line in lines] == [
+        (408, "head_timeout", DEADLINE_S * 1000)
+    ] * 2

@@ -106,7 +106,7 @@ class AccessLog:
             route = scope.get("route")
             record.route = getattr(route, "path", record.route)
             record.latency_s = time.perf_counter() - record.started
-            self._observe(record)
+            observe(self.metrics, record)
 
         async def send_and_watch(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -123,24 +123,32 @@ class AccessLog:
         finally:
             close()
 
-    def _observe(self, record: RequestRecord) -> None:
-        m = self.metrics
-        status = record.status or 499  # the client left before an answer started (nginx's code for it)
-        m.requests.labels(record.route, str(status)).inc()
-        m.latency.labels(record.route).observe(record.latency_s or 0.0)
-        quiet = record.route in QUIET_ROUTES
-        kind = record.error or error_kind(status)
-        if kind is not None and not quiet:  # a probe's 503 says "not ready", it is no failed request
-            m.errors.labels(kind).inc()
-        if record.ttft_s is not None:
-            m.ttft.labels(record.route).observe(record.ttft_s)
-        if record.prompt_tokens:
-            m.prompt_tokens.labels(record.route).inc(record.prompt_tokens)
-        if record.completion_tokens:
-            m.output_tokens.labels(record.route).inc(record.completion_tokens)
-        if not quiet and log.isEnabledFor(logging.INFO):
-            record.status = status
-            log.info(record.line())
+
+def observe(m: Metrics, record: RequestRecord) -> None:
+    """A request's metrics and its access log line, once it ended."""
+    status = record.status or 499  # the client left before an answer started (nginx's code for it)
+    m.requests.labels(record.route, str(status)).inc()
+    m.latency.labels(record.route).observe(record.latency_s or 0.0)
+    quiet = record.route in QUIET_ROUTES
+    kind = record.error or error_kind(status)
+    if kind is not None and not quiet:  # a probe's 503 says "not ready", it is no failed request
+        m.errors.labels(kind).inc()
+    if record.ttft_s is not None:
+        m.ttft.labels(record.route).observe(record.ttft_s)
+    if record.prompt_tokens:
+        m.prompt_tokens.labels(record.route).inc(record.prompt_tokens)
+    if record.completion_tokens:
+        m.output_tokens.labels(record.route).inc(record.completion_tokens)
+    if not quiet and log.isEnabledFor(logging.INFO):
+        record.status = status
+        log.info(record.line())
+
+
+def observe_head_timeout(m: Metrics, waited_s: float) -> None:
+    """A connection closed with 408 because its request's head did not come in time (hpc/gateway/connections.py):
+    counted and logged as a request of no route, so a slowloris, or clients cut off by a network, show."""
+    record = RequestRecord("-", "-", status=408, latency_s=waited_s, error=error_kind(408))
+    observe(m, record)
 
 
 def log_to_stderr() -> None:

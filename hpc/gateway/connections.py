@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import resource
+from collections.abc import Callable
+from typing import ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -36,7 +38,18 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     after the connection (or the request) began."""
 
     head_timeout_s = HEAD_TIMEOUT_S
+    #: told the deadline when a connection is closed for it (the gateway's metrics and access log: `reporting`)
+    on_head_timeout: ClassVar[Callable[[float], None] | None] = None
     _head_timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def reporting(
+        cls, on_head_timeout: Callable[[float], None], head_timeout_s: float = HEAD_TIMEOUT_S
+    ) -> type[HeadTimeoutProtocol]:
+        """This protocol, telling `on_head_timeout` of each connection it closed (uvicorn takes a class)."""
+        return type(
+            cls.__name__, (cls,), {"on_head_timeout": staticmethod(on_head_timeout), "head_timeout_s": head_timeout_s}
+        )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -68,6 +81,8 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(timed_out(self.head_timeout_s))
             self.transport.close()
+            if self.on_head_timeout is not None:
+                self.on_head_timeout(self.head_timeout_s)
 
 
 def raise_open_files_limit() -> tuple[int, int]:

@@ -75,6 +75,7 @@ ERROR_KINDS = {
     400: "bad_request",
     401: "unauthorized",
     404: "not_found",
+    408: "head_timeout",
     413: "too_large",
     429: "saturated",
     500: "model_error",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import ipaddress
 import json
 import logging
@@ -113,6 +114,7 @@ def run(
     and ends once its successor serves. Raises GatewayRunning, OSError (the port)."""
     import uvicorn
 
+    from hpc.gateway.accesslog import observe_head_timeout
     from hpc.gateway.app import create_app
     from hpc.gateway.connections import HeadTimeoutProtocol, raise_open_files_limit
 
@@ -156,7 +158,8 @@ def run(
     raise_open_files_limit()
     config = uvicorn.Config(
         app,
-        http=HeadTimeoutProtocol,  # httptools, with a deadline for a request's head (hpc/gateway/connections.py)
+        # httptools, with a deadline for a request's head (hpc/gateway/connections.py), its 408s in the metrics
+        http=HeadTimeoutProtocol.reporting(functools.partial(observe_head_timeout, app.state.metrics)),
         loop="uvloop",
         log_level="warning",
         access_log=False,
