@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import resource
 from collections.abc import Callable
-from typing import ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -38,18 +37,24 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     after the connection (or the request) began."""
 
     head_timeout_s = HEAD_TIMEOUT_S
-    #: told the deadline when a connection is closed for it (the gateway's metrics and access log: `reporting`)
-    on_head_timeout: ClassVar[Callable[[float], None] | None] = None
     _head_timer: asyncio.TimerHandle | None = None
 
-    @classmethod
+    @staticmethod
     def reporting(
-        cls, on_head_timeout: Callable[[float], None], head_timeout_s: float = HEAD_TIMEOUT_S
+        on_head_timeout: Callable[[float], None], head_timeout_s: float = HEAD_TIMEOUT_S
     ) -> type[HeadTimeoutProtocol]:
-        """This protocol, telling `on_head_timeout` of each connection it closed (uvicorn takes a class)."""
-        return type(
-            cls.__name__, (cls,), {"on_head_timeout": staticmethod(on_head_timeout), "head_timeout_s": head_timeout_s}
-        )
+        """This protocol with `head_timeout_s`, telling `on_head_timeout` the deadline of each connection it
+        closed (the gateway's metrics and access log); uvicorn takes a class, not an instance."""
+
+        class Reporting(HeadTimeoutProtocol):
+            def head_timed_out(self, waited_s: float) -> None:
+                on_head_timeout(waited_s)
+
+        Reporting.head_timeout_s = head_timeout_s
+        return Reporting
+
+    def head_timed_out(self, waited_s: float) -> None:
+        """A connection was closed for its head: nothing more here (`reporting` tells someone)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -81,8 +86,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(timed_out(self.head_timeout_s))
             self.transport.close()
-            if self.on_head_timeout is not None:
-                self.on_head_timeout(self.head_timeout_s)
+            self.head_timed_out(self.head_timeout_s)
 
 
 def raise_open_files_limit() -> tuple[int, int]:
