@@ -9,6 +9,7 @@ import pytest
 
 from hpc.auth import Tokens, ensure_token, read_tokens
 from hpc.gateway.auth import authorized
+from hpc.gateway.passthrough import HiddenId
 from hpc.gateway.text import FALLBACK_TEMPLATE, ChatTemplate, StopStream, cut_at_stop
 from hpc.routing.balancer import Balancer, Replica
 
@@ -44,6 +45,28 @@ def test_stop_sequences_cut_whole_and_streamed():
     assert stream.feed("abE") == "ab" and stream.feed("x") == "Ex" and stream.flush() == ""
     stream = StopStream(["END"])
     assert stream.feed("xyzEN") == "xyz" and stream.flush() == "EN"
+
+
+def test_the_id_the_gateway_gave_a_passthrough_stream_is_taken_out_of_its_events_however_they_are_read():
+    """Triton echoes a generate_stream request's id in each event; the gateway gave one to a request that had
+    none (to stop it by when its client leaves), and the client gets the events it would get from the replica."""
+    rid = "hpc-serve-passthrough:abc"
+    events = [
+        {"batch_index": 0, "id": rid, "model_name": "ensemble", "text_output": f"w{i} \n\n"} for i in range(5)
+    ] + [{"model_name": "ensemble", "id": rid}, {"error": "x"}]
+    stream = b"".join(f"data: {json.dumps(e, separators=(',', ':'))}\n\n".encode() for e in events)
+    expected = b"".join(
+        f"data: {json.dumps({k: v for k, v in e.items() if k != 'id'}, separators=(',', ':'))}\n\n".encode()
+        for e in events
+    )
+    for size in (1, 3, 7, 40, len(stream)):  # events split across reads anywhere, several in one read
+        hidden = HiddenId(rid)
+        got = b"".join(hidden.feed(stream[i : i + size]) for i in range(0, len(stream), size)) + hidden.flush()
+        assert got == expected, size
+    cut = HiddenId(rid)
+    assert cut.feed(stream[:20]) == b"" and cut.flush() == stream[:20], "a stream cut mid-event: what came, as it came"
+    other = HiddenId("another")
+    assert other.feed(stream) == stream, "another request's id is left alone"
 
 
 def test_token_is_private_stable_and_checked(tmp_path):

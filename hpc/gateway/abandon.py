@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -39,11 +41,13 @@ _tasks: set[asyncio.Future[None]] = set()  # abandoned streams being ended: refe
 
 
 class Reader:
-    """Reads a gRPC response stream on a task of its own into a queue: `next()` gives each response, None at
-    the end of the stream, or raises what ended it."""
+    """Reads a response stream (a gRPC call's responses, or an HTTP answer's bytes) on a task of its own into a
+    queue: `next()` gives each item, None at the end of the stream, or raises what ended it. `cancel` ends the
+    stream for good (the gRPC call's `cancel`, the HTTP answer's `aclose`): what `abandon` does last."""
 
-    def __init__(self, call: Any) -> None:
-        self.call = call
+    def __init__(self, items: AsyncIterable[Any], cancel: Callable[[], object]) -> None:
+        self.items = items
+        self.cancel = cancel
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         #: set at the stream's first response (or its end): from then on the engine holds the request, if anyone
         self.responded = asyncio.Event()
@@ -51,7 +55,7 @@ class Reader:
 
     async def _read(self) -> None:
         try:
-            async for response in self.call:
+            async for response in self.items:
                 self._queue.put_nowait(response)
                 self.responded.set()
             self._queue.put_nowait(None)
@@ -109,7 +113,8 @@ def stop_tensors() -> list[grpcclient.InferInput]:
     )
 
 
-async def _stop(client: Any, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
+async def stop_generation(client: Any, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
+    """Ask the replica's engine model to stop the generation of `request_id` (answered at once; module docstring)."""
     request = stream_request(ENGINE_MODEL, stop_tensors(), request_id)
 
     async def one():
@@ -119,48 +124,53 @@ async def _stop(client: Any, request_id: str, metadata: tuple[tuple[str, str], .
         pass  # the engine model answers a stop at once; the stream ends once it did
 
 
-async def _stop_until_held(client: Any, reader: Reader, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
+#: a stop of the abandoned stream's generation (`stop_generation` with its client, id and token)
+Stop = Callable[[], Awaitable[None]]
+
+
+async def _stop_until_held(reader: Reader, stop: Stop) -> None:
     """Stop the generation, and once more at the first response if the first stop came before it (module
     docstring: the engine may not have held the request yet, and a stop for an id it does not hold is dropped)."""
     if reader.responded.is_set():
-        await _stop(client, request_id, metadata)
+        await stop()
         return
     # the second stop goes at the first response, not after the first stop's answer: that answer can come later
     # than the first response (seen under load: 330 ms, by when the engine had made all 200 tokens)
-    first = asyncio.ensure_future(_stop(client, request_id, metadata))
+    first = asyncio.ensure_future(stop())
     first.add_done_callback(lambda task: task.cancelled() or task.exception())  # its error is seen by `await first`
     try:
         await reader.responded.wait()
         if not reader.task.done():
-            await _stop(client, request_id, metadata)
+            await stop()
         await first
     finally:
         first.cancel()
 
 
-async def _end(client: Any, reader: Reader, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
+async def _end(reader: Reader, stop: Stop) -> None:
     try:
-        await asyncio.wait_for(_stop_until_held(client, reader, request_id, metadata), ABANDON_S)
+        await asyncio.wait_for(_stop_until_held(reader, stop), ABANDON_S)
         await asyncio.wait_for(asyncio.shield(reader.task), ABANDON_S)
     except Exception:  # noqa: BLE001, S110 - a replica gone meanwhile: the cancel below is all that is left
         pass
     finally:
         if not reader.task.done():
             reader.task.cancel()
-            reader.call.cancel()
         with contextlib.suppress(BaseException):
             await reader.task
+        with contextlib.suppress(Exception):
+            ending = reader.cancel()  # after its end: nothing to cancel, but an HTTP answer's connection is let go
+            if inspect.isawaitable(ending):
+                await ending
 
 
-def abandon(
-    client: Any, reader: Reader, request_id: str, metadata: tuple[tuple[str, str], ...]
-) -> asyncio.Future[None] | None:
+def abandon(reader: Reader, stop: Stop) -> asyncio.Future[None] | None:
     """End a stream left mid-way in the background (module docstring): stop its generation, read its stream to
-    the end, and cancel the call only if that takes longer than ABANDON_S. Returns the task doing it (None when
-    the stream had ended already); nobody needs to await it."""
+    the end, and cancel it only if that takes longer than ABANDON_S. Returns the task doing it (None when the
+    stream had ended already: its `cancel` is the caller's); nobody needs to await it."""
     if reader.task.done():  # the stream already ended (an error, the replica gone): nothing to release
         return None
-    task = asyncio.ensure_future(_end(client, reader, request_id, metadata))
+    task = asyncio.ensure_future(_end(reader, stop))
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     return task

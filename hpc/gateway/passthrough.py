@@ -11,8 +11,10 @@ lists the replicas in use with their counters.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict
@@ -21,11 +23,16 @@ import httpx
 from fastapi import APIRouter, Depends, Request, Response
 
 from hpc.auth import http_headers
+from hpc.gateway.abandon import Reader, Stop, abandon
 from hpc.gateway.accesslog import record_of
 from hpc.gateway.openai_api import gateway_of, require_token
 from hpc.gateway.streaming import EventStream
 from hpc.gateway.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, model_error
 from hpc.routing.balancer import Replica
+
+#: the id the gateway gives a `generate_stream` request that has none (not the OpenAI routes' prefix: the
+#: postprocessing model detokenizes those incrementally, and the passthrough's events are Triton's own)
+PASSTHROUGH_ID_PREFIX = "hpc-serve-passthrough:"
 
 health = APIRouter()
 router = APIRouter(dependencies=[Depends(require_token)])
@@ -61,14 +68,63 @@ async def generate_stream(model: str, request: Request) -> Response:
     return await _forward(request, model, "generate_stream")
 
 
-def _prompt(body: bytes) -> str | None:
-    """The request's `text_input`, for prefix affinity (None when the body is not the JSON it should be: the
-    replica's answer will say what is wrong)."""
+class HiddenId:
+    """Takes the id the gateway gave a `generate_stream` request back out of its events, which Triton writes it
+    into (`"id":"<id>",` in each event's JSON): the client sent none, so its events have none, as from the
+    replica itself. Events are cut whole (SSE: a blank line ends one), so one split across reads is not missed."""
+
+    def __init__(self, request_id: str) -> None:
+        quoted = json.dumps(request_id)
+        self._forms = (f'"id":{quoted},'.encode(), f',"id":{quoted}'.encode())
+        self._carry = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What can be sent of the stream so far: its whole events, without the id (b"" until one is whole)."""
+        data = self._carry + chunk
+        end = data.rfind(b"\n\n") + 2
+        if end < 2:
+            self._carry = data
+            return b""
+        self._carry = data[end:]
+        return self._hide(data[:end])
+
+    def flush(self) -> bytes:
+        """The rest, at the stream's end."""
+        rest, self._carry = self._carry, b""
+        return self._hide(rest)
+
+    def _hide(self, events: bytes) -> bytes:
+        for form in self._forms:
+            events = events.replace(form, b"")
+        return events
+
+
+def _parsed(body: bytes) -> dict | None:
+    """The request's JSON object (None when the body is not what it should be: the replica's answer will say
+    what is wrong)."""
     try:
-        text = json.loads(body).get("text_input")
-    except (ValueError, AttributeError):
+        data = json.loads(body)
+    except ValueError:
         return None
+    return data if isinstance(data, dict) else None
+
+
+def _prompt(data: dict | None) -> str | None:
+    """The request's `text_input`, for prefix affinity."""
+    text = data.get("text_input") if data is not None else None
     return text if isinstance(text, str) else None
+
+
+def _stream_id(data: dict | None) -> tuple[str | None, HiddenId | None, dict | None]:
+    """The id a `generate_stream` request is stopped by when its client leaves (hpc/gateway/abandon.py), the id
+    the gateway gave it to hide again (the client sent none, and Triton echoes it in every event), and the body
+    to send instead when it gave one (None: as it came)."""
+    if data is None or ("id" in data and not (isinstance(data["id"], str) and data["id"])):
+        return None, None, None  # not JSON, or an id Triton will refuse: the replica says what is wrong
+    if "id" in data:
+        return data["id"], None, None  # the client's own (ids should be unique, as TensorRT-LLM's backend expects)
+    request_id = f"{PASSTHROUGH_ID_PREFIX}{uuid.uuid4().hex}"
+    return request_id, HiddenId(request_id), data | {"id": request_id}
 
 
 def _refusal(content: bytes) -> ReplicaBusy | ReplicaStopping | None:
@@ -80,22 +136,29 @@ def _refusal(content: bytes) -> ReplicaBusy | ReplicaStopping | None:
 
 async def _forward(request: Request, model: str, endpoint: str) -> Response:
     """The request sent to the replica the gateway's retry rule picks (`Gateway.routed`): one unreachable is
-    benched and one whose queue is full skipped, both before anything went back; its answer relayed as it came."""
+    benched and one whose queue is full skipped, both before anything went back; its answer relayed as it came.
+    A stream whose client leaves is stopped by its id and read to its end, never cut off (`_relayed`)."""
     gw = gateway_of(request)
     record = record_of(request)
     record.model, record.stream = model, endpoint == "generate_stream"
     body = await request.body()
+    data = _parsed(body)
+    stream_id, hidden, sent_body = _stream_id(data) if record.stream else (None, None, None)
+    if sent_body is not None:
+        body = json.dumps(sent_body).encode()
     headers = {"content-type": request.headers.get("content-type", "application/json")}
     path = f"/v2/models/{model}/{endpoint}"
 
     async def attempt(replica: Replica) -> AsyncIterator[httpx.Response | bytes]:
-        """The replica's answer (its head first, then its body as it comes)."""
-        sent = headers | http_headers(gw.discovery.token_for(replica))  # the replica's access token (auth: token)
+        """The replica's answer (its head first, then its body as it comes, read on a task of its own)."""
+        token = gw.discovery.token_for(replica)
+        sent = headers | http_headers(token)  # the replica's access token (auth: token)
         send = gw.http.build_request("POST", replica.http_url + path, content=body, headers=sent, timeout=None)
         try:
             upstream = await gw.http.send(send, stream=True)
         except httpx.TransportError as exc:
             raise ReplicaUnavailable(f"{replica.http_url}: {exc!r}") from None
+        reader = None
         try:
             if upstream.status_code >= 400:  # an error answer is small: read it to tell a full queue
                 content = await upstream.aread()
@@ -103,13 +166,19 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
                     raise refusal
                 yield upstream  # read: passed on whole
                 return
+            reader = Reader(upstream.aiter_raw(), upstream.aclose)
             yield upstream
-            async for chunk in upstream.aiter_raw():
-                yield chunk
+            while (chunk := await reader.next()) is not None:
+                if hidden is None or (chunk := hidden.feed(chunk)):
+                    yield chunk
+            if hidden is not None and (rest := hidden.flush()):
+                yield rest
+            reader = None  # read to its end: nothing left to stop
         finally:
-            await upstream.aclose()
+            stop = functools.partial(gw.engine.stop, replica.grpc_url, stream_id, token) if stream_id else None
+            await _let_go(upstream, reader, stop)
 
-    answer = gw.routed(attempt, _prompt(body), record)
+    answer = gw.routed(attempt, _prompt(data), record)
     upstream = await gw.first(answer)
     assert isinstance(upstream, httpx.Response)  # every attempt yields its head first
     if upstream.is_stream_consumed:
@@ -124,6 +193,19 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
                 yield chunk  # type: ignore[misc]  # after the head, only bytes
 
     return EventStream(relay(), status_code=upstream.status_code, headers=_kept(upstream))
+
+
+async def _let_go(upstream: httpx.Response, reader: Reader | None, stop: Stop | None) -> None:
+    """Done with a replica's answer. One left before its end (`reader`: its client went away) with an id to stop
+    it by is stopped and read to its end in the background (hpc/gateway/abandon.py), not cut off. Why:
+    tritonserver 2.51 never releases an ensemble request whose HTTP stream was closed while it generated, as over
+    gRPC (5 `generate_stream`s closed early left "5 in-flight inferences" at the replica's stop, which waited out
+    its exit timeout and exited 1)."""
+    if reader is not None and stop is not None and abandon(reader, stop) is not None:
+        return  # the background task closes it
+    if reader is not None:
+        reader.task.cancel()
+    await upstream.aclose()
 
 
 def _kept(upstream: httpx.Response) -> dict[str, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import functools
 import struct
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -31,7 +32,7 @@ from tritonclient.utils import InferenceServerException
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from backend.refusals import BUSY_MARKERS, CONTEXT_MARKERS, STOPPING_MARKERS
 from hpc.auth import grpc_headers
-from hpc.gateway.abandon import Reader, abandon, infer_inputs, stream_request
+from hpc.gateway.abandon import Reader, abandon, infer_inputs, stop_generation, stream_request
 from hpc.gateway.idle import run_deferred
 
 MODEL = "ensemble"
@@ -213,7 +214,9 @@ class TritonEngine:
         metadata = tuple(grpc_headers(token).items())  # the replica's access token (auth: token)
         client = self._client(grpc_url)
         call = client._client_stub.ModelStreamInfer(requests(), metadata=metadata)
-        reader = Reader(call)  # a task of its own: a client gone does not cancel the call (hpc/gateway/abandon.py)
+        reader = Reader(
+            call, call.cancel
+        )  # a task of its own: a client gone does not cancel the call (hpc/gateway/abandon.py)
         self._in_flight[grpc_url] = self._in_flight.get(grpc_url, 0) + 1
         ended = False
         try:
@@ -241,7 +244,12 @@ class TritonEngine:
             if ended:
                 await _end(call, ended)
             else:  # left mid-way: stop the generation by its id, never cancel the call (tritonserver would leak it)
-                abandon(client, reader, request_id, metadata)
+                abandon(reader, functools.partial(stop_generation, client, request_id, metadata))
+
+    async def stop(self, grpc_url: str, request_id: str, token: str | None = None) -> None:
+        """Stop the generation of `request_id` on the replica at `grpc_url` (hpc/gateway/abandon.py: a stream
+        whose client left is ended so, never cut off: the Triton passthrough's too)."""
+        await stop_generation(self._client(grpc_url), request_id, tuple(grpc_headers(token).items()))
 
     async def _refuses(self, client: aiogrpc.InferenceServerClient, metadata: tuple[tuple[str, str], ...]) -> bool:
         """Whether the replica refuses `metadata`'s token, asked with a one-message call (the model's config, a
