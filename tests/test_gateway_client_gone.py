@@ -68,3 +68,41 @@ def test_a_client_gone_before_its_first_token_ends_its_request_at_once(gateway):
     assert statuses == [200] * BATCH + [499] * 2, f"the two clients gone are logged as 499: {access}"
     gone = [(a["stream"], a["ttft_ms"], a["completion_tokens"]) for a in access if a["status"] == 499]
     assert sorted(gone) == [(False, None, None), (True, None, None)], "they ended before their first token"
+
+
+def test_a_client_gone_while_sending_its_body_is_a_quiet_499_on_every_route(gateway):
+    """A client that declares a body and leaves half-way through it (a crash, a timeout, a dropped network):
+    nothing to answer and nothing wrong with the gateway. Each route logs 499, with no traceback (the Triton
+    passthrough's route raised Starlette's ClientDisconnect into uvicorn: a 500 and "Exception in ASGI
+    application"), and the gateway serves on."""
+    import httpx
+
+    url, token = gateway["url"], gateway["token"]
+    host, port = url.removeprefix("http://").split(":")
+    routes = [
+        ("/v2/models/ensemble/generate_stream", "application/json"),
+        ("/v2/models/ensemble/generate", "application/json"),
+        ("/v1/completions", "application/json"),  # the fast path
+        ("/v1/completions", "text/plain"),  # FastAPI's own route
+    ]
+    log_lines = len(gateway["log"].read_text().splitlines())
+    for path, content_type in routes:
+        with socket.create_connection((host, int(port))) as sock:
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: 1000\r\n\r\n"
+            )
+            sock.sendall(head.encode() + b'{"text_input": "Once')
+
+    def logged() -> list[dict]:
+        lines = gateway["log"].read_text().splitlines()[log_lines:]
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    wait_for(lambda: len(logged()) == len(routes), 30, "an access line for each request")
+    assert sorted(a["route"] for a in logged()) == sorted(p.replace("ensemble", "{model}") for p, _ in routes)
+    assert {a["status"] for a in logged()} == {499}, logged()
+    text = "\n".join(gateway["log"].read_text().splitlines()[log_lines:])
+    assert "Traceback" not in text and "Exception in ASGI" not in text, text[-3000:]
+    body = {"model": gateway["model"], "prompt": "Once upon a time", "max_tokens": 2}
+    answer = httpx.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert answer.status_code == 200, answer.text

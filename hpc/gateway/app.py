@@ -15,12 +15,20 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from hpc.gateway import liveness, metrics, openai_api, passthrough
 from hpc.gateway.accesslog import AccessLog
 from hpc.gateway.bodylimit import BodyLimit
 from hpc.gateway.discovery import REFRESH_S, Discovery
-from hpc.gateway.errors import APIError, api_error_handler, validation_error_handler
+from hpc.gateway.errors import (
+    APIError,
+    api_error_handler,
+    client_gone_handler,
+    http_error_handler,
+    validation_error_handler,
+)
 from hpc.gateway.fastpath import FastPath
 from hpc.gateway.limits import MAX_BODY_MB
 from hpc.gateway.metrics import Metrics
@@ -79,6 +87,8 @@ def create_app(
     app = FastAPI(title=f"hpc-serve gateway: {target.name}", lifespan=lifespan, **_no_telemetry())
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(ClientDisconnect, client_gone_handler)  # a client gone while sending its body
+    app.add_exception_handler(HTTPException, http_error_handler)
     app.state.metrics = Metrics(lambda: _balancer(app))
     app.include_router(metrics.router)
     app.include_router(openai_api.router)

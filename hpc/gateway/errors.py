@@ -7,8 +7,12 @@ replica, bad token) the same way whichever API they speak; what a replica answer
 from __future__ import annotations
 
 from fastapi import Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 
 class APIError(Exception):
@@ -87,6 +91,33 @@ ERROR_KINDS = {
 def error_kind(status: int) -> str | None:
     """The error kind of an answer with `status` (None for a success)."""
     return ERROR_KINDS.get(status, f"http_{status}") if status >= 400 else None
+
+
+class NoAnswer(Response):
+    """What a request whose client left before its body was whole gets: nothing, since no one is there to read
+    it (the access log records 499, as for a client gone before its answer)."""
+
+    def __init__(self) -> None:
+        super().__init__(status_code=499)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        return None
+
+
+async def client_gone_handler(_: Request, exc: Exception) -> Response:
+    """Starlette's ClientDisconnect, raised by `request.body()` (the Triton passthrough): no answer, and no
+    traceback (uncaught, uvicorn logged "Exception in ASGI application" and a 500)."""
+    assert isinstance(exc, ClientDisconnect)
+    return NoAnswer()
+
+
+async def http_error_handler(request: Request, exc: Exception) -> Response:
+    """FastAPI's own answer, except where it wrapped a client gone while its body came in (its "error
+    parsing the body", a 400 for no one): no answer."""
+    assert isinstance(exc, HTTPException)
+    if isinstance(exc.__cause__, ClientDisconnect):
+        return NoAnswer()
+    return await http_exception_handler(request, exc)
 
 
 async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:

@@ -69,12 +69,13 @@ def is_json(content_type: bytes | None) -> bool:
     return mime == b"application/json" or (mime.startswith(b"application/") and mime.endswith(b"+json"))
 
 
-async def read_body(receive: Receive) -> bytes:
+async def read_body(receive: Receive) -> bytes | None:
+    """The request's body; None when the client left before it was whole (nothing to answer)."""
     chunks = []
     while True:
         message = await receive()
-        if message["type"] != "http.request":  # the client left while sending: an empty body, FastAPI's too
-            break
+        if message["type"] != "http.request":  # the client left while sending
+            return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             break
@@ -112,6 +113,9 @@ class FastPath:
             await self.app(scope, receive, send)
             return
         body = await read_body(receive)
+        if body is None:  # the client left while sending it: no answer (the access log records 499)
+            scope["route"] = self.labels[scope["path"]]
+            return
         try:
             parsed = fast.body.model_validate_json(body)
         except ValidationError:  # FastAPI's 400, naming the field, as without this path
