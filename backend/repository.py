@@ -11,7 +11,7 @@ This is upstream `tools/fill_template.py` done right (see ../shared/reference/te
   never contains `${`;
 * the repository is built in a temporary sibling directory and renamed into place.
 
-The tensor tables live in `backend/templates/tables.py` and the parameter table in `backend/parameters.py`;
+The tensor tables live in `backend/templates/tables.py` (`MODELS`; the engine side's three in `engine_tables.py`) and the parameter table in `backend/parameters.py`;
 this module only renders them.
 Only the standard library is imported (the `hpc` side calls this at render time).
 """
@@ -37,7 +37,8 @@ from backend.parameters import (  # re-exported: the repository's callers import
     required_parameters,
     validate_parameters,
 )
-from backend.templates.tables import MODELS, ModelTable, Tensor
+from backend.templates.table_types import ModelTable, Tensor
+from backend.templates.tables import MODELS
 
 # Which python module each python model's `1/model.py` shim re-exports `TritonPythonModel` from.
 PYTHON_MODEL_MODULES: dict[str, str] = {

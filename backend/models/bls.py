@@ -23,14 +23,8 @@ from typing import Any
 import numpy as np
 
 from backend.models import model_parameter, parse_bool
-from backend.templates.tables import (
-    BLS_INPUTS,
-    LLM_FROM_CLIENT,
-    LLM_FROM_PREPROCESSING,
-    PASSTHROUGH_OUTPUTS,
-    PREPROCESSING,
-    PREPROCESSING_INPUT_MAP,
-)
+from backend.templates.engine_tables import PASSTHROUGH_OUTPUTS, PREPROCESSING
+from backend.templates.tables import BLS_INPUTS, LLM_FROM_CLIENT, LLM_FROM_PREPROCESSING, PREPROCESSING_INPUT_MAP
 
 #: (model name, inputs, requested output names, decoupled) → responses as {output name: array}
 ModelCaller = Callable[[str, Mapping[str, np.ndarray], Sequence[str], bool], Iterator[dict[str, np.ndarray]]]

@@ -1,6 +1,6 @@
 """`preprocessing` model: text → token ids and the TensorRT-LLM request tensors.
 
-Same tensors as upstream (backend/templates/tables.py PREPROCESSING). Differences on purpose:
+Same tensors as upstream (backend/templates/engine_tables.py PREPROCESSING). Differences on purpose:
 `tokenizers` instead of transformers (backend/models/tokenizer.py), bad/stop/bias words are tokenized
 *without* special tokens (upstream adds a BOS to every stop word on Llama-style tokenizers, which then
 never matches), and multimodal inputs are rejected with a clear error instead of needing torch/PIL.

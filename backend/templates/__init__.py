@@ -1,4 +1,4 @@
-"""Model-repository templates: the five upstream models as Python tables (`tables.py`).
+"""Model-repository templates: the five upstream models as Python tables (`tables.py`, `engine_tables.py`).
 
 The tables are the single source of truth for tensor names, dtypes, dims, flags and parameter keys.
 `backend/repository.py` renders them twice: filled (a deployable repository) and with upstream
