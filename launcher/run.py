@@ -15,10 +15,11 @@ from .gpu import GpuBindingError, node_gpu_count, rank_gpus
 from .layout import Deployment, JobPaths, with_source_root
 from .ports import PortError, Ports, allocate, check_fixed, taken
 from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
+from .rank_output import log_to_rank_files
 from .ready import AUTH_FAILED, READY_TIMEOUT, WARMUP_FAILED, become_ready, clear_phase
 from .server import ServerBinary, ServerNotFound, cache_dir, merge_env, resolve
 from .stop import DRAIN_BY_METRICS_ENV, FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop, LeaderDrain, metrics_in_flight
-from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, log_to_rank_files, signal_name
+from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, signal_name
 from .watch import PeerWatch, RankWatch
 
 EXIT_CONFIG = 2  # launch.json / world size / binary / access-token problems: nothing was started (or served)
