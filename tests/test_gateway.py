@@ -9,7 +9,7 @@ import pytest
 
 from hpc.auth import Tokens, ensure_token, read_tokens
 from hpc.gateway.auth import authorized
-from hpc.gateway.passthrough import HiddenId
+from hpc.gateway.passthrough import PASSTHROUGH_ID_PREFIX, HiddenId, _parsed, _stream_id
 from hpc.gateway.text import FALLBACK_TEMPLATE, ChatTemplate, StopStream, cut_at_stop
 from hpc.routing.balancer import Balancer, Replica
 
@@ -67,6 +67,23 @@ def test_the_id_the_gateway_gave_a_passthrough_stream_is_taken_out_of_its_events
     assert cut.feed(stream[:20]) == b"" and cut.flush() == stream[:20], "a stream cut mid-event: what came, as it came"
     other = HiddenId("another")
     assert other.feed(stream) == stream, "another request's id is left alone"
+
+
+def test_a_passthrough_stream_gets_an_id_written_into_its_body_only_when_it_has_none():
+    """The body's bytes are kept (a body may be megabytes: not parsed and written again); the id goes first in its
+    object, an empty object included; a client's own id is kept and stopped by; a body the replica will refuse
+    (not a JSON object, an id that is no string) goes as it came, with nothing to stop it by."""
+    cases = [b'{"text_input": "\xc3\xbc{", "max_tokens": 3}', b"  \n{ }"]
+    for body in cases:
+        request_id, hidden, sent = _stream_id(_parsed(body), body)
+        assert request_id is not None and request_id.startswith(PASSTHROUGH_ID_PREFIX) and hidden is not None
+        assert json.loads(sent) == {"id": request_id} | json.loads(body)
+        opening = body.index(b"{") + 1
+        assert sent.startswith(body[:opening]) and sent.endswith(body[opening:]), "the client's bytes, as they came"
+    mine = b'{"id": "mine", "text_input": "a"}'
+    assert _stream_id(_parsed(mine), mine) == ("mine", None, mine)
+    for refused in (b'{"id": 3}', b'{"id": ""}', b"[1]", b"not json"):
+        assert _stream_id(_parsed(refused), refused) == (None, None, refused)
 
 
 def test_token_is_private_stable_and_checked(tmp_path):

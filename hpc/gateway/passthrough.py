@@ -115,16 +115,19 @@ def _prompt(data: dict | None) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _stream_id(data: dict | None) -> tuple[str | None, HiddenId | None, dict | None]:
+def _stream_id(data: dict | None, body: bytes) -> tuple[str | None, HiddenId | None, bytes]:
     """The id a `generate_stream` request is stopped by when its client leaves (hpc/gateway/abandon.py), the id
     the gateway gave it to hide again (the client sent none, and Triton echoes it in every event), and the body
-    to send instead when it gave one (None: as it came)."""
+    to send: with that id first in its object, written into the bytes as they came (not parsed and written
+    again: a body may be megabytes, and the event loop relays every other stream meanwhile)."""
     if data is None or ("id" in data and not (isinstance(data["id"], str) and data["id"])):
-        return None, None, None  # not JSON, or an id Triton will refuse: the replica says what is wrong
+        return None, None, body  # not JSON, or an id Triton will refuse: the replica says what is wrong
     if "id" in data:
-        return data["id"], None, None  # the client's own (ids should be unique, as TensorRT-LLM's backend expects)
+        return data["id"], None, body  # the client's own (ids should be unique, as TensorRT-LLM's backend expects)
     request_id = f"{PASSTHROUGH_ID_PREFIX}{uuid.uuid4().hex}"
-    return request_id, HiddenId(request_id), data | {"id": request_id}
+    opening = body.index(b"{") + 1  # a JSON object: only white space before its brace
+    first = json.dumps({"id": request_id})[1:-1].encode() + (b", " if data else b"")
+    return request_id, HiddenId(request_id), body[:opening] + first + body[opening:]
 
 
 def _refusal(content: bytes) -> ReplicaBusy | ReplicaStopping | None:
@@ -143,9 +146,7 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
     record.model, record.stream = model, endpoint == "generate_stream"
     body = await request.body()
     data = _parsed(body)
-    stream_id, hidden, sent_body = _stream_id(data) if record.stream else (None, None, None)
-    if sent_body is not None:
-        body = json.dumps(sent_body).encode()
+    stream_id, hidden, body = _stream_id(data, body) if record.stream else (None, None, body)
     headers = {"content-type": request.headers.get("content-type", "application/json")}
     path = f"/v2/models/{model}/{endpoint}"
 
