@@ -9,7 +9,7 @@ import pytest
 
 from hpc.auth import Tokens, ensure_token, read_tokens
 from hpc.gateway.auth import authorized
-from hpc.gateway.passthrough import PASSTHROUGH_ID_PREFIX, HiddenId, _parsed, _stream_id
+from hpc.gateway.passthrough import PASSTHROUGH_ID_PREFIX, HiddenId, _parsed, _request_id
 from hpc.gateway.text import FALLBACK_TEMPLATE, ChatTemplate, StopStream, cut_at_stop
 from hpc.routing.balancer import Balancer, Replica
 
@@ -75,15 +75,15 @@ def test_a_passthrough_stream_gets_an_id_written_into_its_body_only_when_it_has_
     (not a JSON object, an id that is no string) goes as it came, with nothing to stop it by."""
     cases = [b'{"text_input": "\xc3\xbc{", "max_tokens": 3}', b"  \n{ }"]
     for body in cases:
-        request_id, hidden, sent = _stream_id(_parsed(body), body)
+        request_id, hidden, sent = _request_id(_parsed(body), body)
         assert request_id is not None and request_id.startswith(PASSTHROUGH_ID_PREFIX) and hidden is not None
         assert json.loads(sent) == {"id": request_id} | json.loads(body)
         opening = body.index(b"{") + 1
         assert sent.startswith(body[:opening]) and sent.endswith(body[opening:]), "the client's bytes, as they came"
     mine = b'{"id": "mine", "text_input": "a"}'
-    assert _stream_id(_parsed(mine), mine) == ("mine", None, mine)
+    assert _request_id(_parsed(mine), mine) == ("mine", None, mine)
     for refused in (b'{"id": 3}', b'{"id": ""}', b"[1]", b"not json"):
-        assert _stream_id(_parsed(refused), refused) == (None, None, refused)
+        assert _request_id(_parsed(refused), refused) == (None, None, refused)
 
 
 def test_token_is_private_stable_and_checked(tmp_path):

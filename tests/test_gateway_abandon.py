@@ -44,13 +44,16 @@ def test_streams_closed_early_leave_nothing_in_flight(tmp_path: Path, tiny_gpt2,
                     assert r.status_code == 200
                     next(line for line in r.iter_lines() if line.startswith("data: {"))
                 # the connection is closed here, with the generation under way
-            # read whole, a passthrough stream's events are the replica's own: the id the gateway gave the
-            # request to stop it by is not in them, and a client's own id is
+            # read whole, a passthrough stream's events (and a `generate` answer) are the replica's own: the id
+            # the gateway gave the request to stop it by is not in them, and a client's own id is
             for sent, ids in ((passthrough, set()), (passthrough | {"id": "mine"}, {"mine"})):
                 with httpx.stream("POST", record.url + streams[-1][0], json=sent, headers=headers, timeout=60) as r:
                     events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
                 assert len(events) == 200 and {e.get("id") for e in events} - {None} == ids, events[0]
                 assert all(("id" in e) == bool(ids) for e in events)
+                one = sent | {"stream": False}
+                whole = httpx.post(record.url + "/v2/models/ensemble/generate", json=one, headers=headers, timeout=60)
+                assert whole.status_code == 200 and whole.json().get("id") == next(iter(ids), None), whole.text
 
             def settled() -> bool:
                 text = httpx.get(record.url + "/metrics", timeout=5).text

@@ -164,6 +164,12 @@ async def _end(reader: Reader, stop: Stop) -> None:
                 await ending
 
 
+def keep(task: asyncio.Future[None]) -> None:
+    """Hold a task that ends a request in the background until it is done (the event loop holds tasks weakly)."""
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
 def abandon(reader: Reader, stop: Stop) -> asyncio.Future[None] | None:
     """End a stream left mid-way in the background (module docstring): stop its generation, read its stream to
     the end, and cancel it only if that takes longer than ABANDON_S. Returns the task doing it (None when the
@@ -171,6 +177,5 @@ def abandon(reader: Reader, stop: Stop) -> asyncio.Future[None] | None:
     if reader.task.done():  # the stream already ended (an error, the replica gone): nothing to release
         return None
     task = asyncio.ensure_future(_end(reader, stop))
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
+    keep(task)
     return task

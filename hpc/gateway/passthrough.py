@@ -11,8 +11,9 @@ lists the replicas in use with their counters.
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,18 +22,23 @@ from dataclasses import asdict
 
 import httpx
 from fastapi import APIRouter, Depends, Request, Response
+from starlette.types import Receive
 
 from hpc.auth import http_headers
-from hpc.gateway.abandon import Reader, Stop, abandon
+from hpc.gateway.abandon import Reader, Stop, abandon, keep
 from hpc.gateway.accesslog import record_of
 from hpc.gateway.openai_api import gateway_of, require_token
-from hpc.gateway.streaming import EventStream
+from hpc.gateway.streaming import EventStream, disconnected
 from hpc.gateway.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, model_error
 from hpc.routing.balancer import Replica
 
-#: the id the gateway gives a `generate_stream` request that has none (not the OpenAI routes' prefix: the
+#: seconds after a first stop for a request whose client left before its answer started, a second
+RESTOP_S = 1.0
+#: the id the gateway gives a generate request that has none (not the OpenAI routes' prefix: the
 #: postprocessing model detokenizes those incrementally, and the passthrough's events are Triton's own)
 PASSTHROUGH_ID_PREFIX = "hpc-serve-passthrough:"
+
+log = logging.getLogger("hpc_serve.gateway")
 
 health = APIRouter()
 router = APIRouter(dependencies=[Depends(require_token)])
@@ -115,9 +121,9 @@ def _prompt(data: dict | None) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _stream_id(data: dict | None, body: bytes) -> tuple[str | None, HiddenId | None, bytes]:
-    """The id a `generate_stream` request is stopped by when its client leaves (hpc/gateway/abandon.py), the id
-    the gateway gave it to hide again (the client sent none, and Triton echoes it in every event), and the body
+def _request_id(data: dict | None, body: bytes) -> tuple[str | None, HiddenId | None, bytes]:
+    """The id a generate request is stopped by when its client leaves (hpc/gateway/abandon.py), the id the
+    gateway gave it to hide again (the client sent none, and Triton echoes it in its answer), and the body
     to send: with that id first in its object, written into the bytes as they came (not parsed and written
     again: a body may be megabytes, and the event loop relays every other stream meanwhile)."""
     if data is None or ("id" in data and not (isinstance(data["id"], str) and data["id"])):
@@ -140,19 +146,29 @@ def _refusal(content: bytes) -> ReplicaBusy | ReplicaStopping | None:
 async def _forward(request: Request, model: str, endpoint: str) -> Response:
     """The request sent to the replica the gateway's retry rule picks (`Gateway.routed`): one unreachable is
     benched and one whose queue is full skipped, both before anything went back; its answer relayed as it came.
-    A stream whose client leaves is stopped by its id and read to its end, never cut off (`_relayed`)."""
+    A request whose client leaves is stopped by its id: before its answer started (`_StopWhenGone`), or mid-way
+    through a stream, which is then read to its end, never cut off (`_let_go`)."""
     gw = gateway_of(request)
     record = record_of(request)
     record.model, record.stream = model, endpoint == "generate_stream"
     body = await request.body()
     data = _parsed(body)
-    stream_id, hidden, body = _stream_id(data, body) if record.stream else (None, None, body)
+    request_id, hidden, body = _request_id(data, body)
+    chosen: list[tuple[Replica, str | None]] = []  # the replica the request went to last, and its token
+
+    async def stop() -> None:
+        """Stop the request on the replica it went to (nothing without an id to stop it by)."""
+        if request_id is not None and chosen:
+            replica, token = chosen[-1]
+            await gw.engine.stop(replica.grpc_url, request_id, token)
+
     headers = {"content-type": request.headers.get("content-type", "application/json")}
     path = f"/v2/models/{model}/{endpoint}"
 
     async def attempt(replica: Replica) -> AsyncIterator[httpx.Response | bytes]:
         """The replica's answer (its head first, then its body as it comes, read on a task of its own)."""
         token = gw.discovery.token_for(replica)
+        chosen.append((replica, token))
         sent = headers | http_headers(token)  # the replica's access token (auth: token)
         send = gw.http.build_request("POST", replica.http_url + path, content=body, headers=sent, timeout=None)
         try:
@@ -176,11 +192,14 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
                 yield rest
             reader = None  # read to its end: nothing left to stop
         finally:
-            stop = functools.partial(gw.engine.stop, replica.grpc_url, stream_id, token) if stream_id else None
-            await _let_go(upstream, reader, stop)
+            await _let_go(upstream, reader, stop if request_id is not None else None)
 
     answer = gw.routed(attempt, _prompt(data), record)
-    upstream = await gw.first(answer)
+    watch = _StopWhenGone(request.receive, stop)
+    try:
+        upstream = await gw.first(answer)
+    finally:
+        watch.end()
     assert isinstance(upstream, httpx.Response)  # every attempt yields its head first
     if upstream.is_stream_consumed:
         await answer.aclose()
@@ -194,6 +213,36 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
                 yield chunk  # type: ignore[misc]  # after the head, only bytes
 
     return EventStream(relay(), status_code=upstream.status_code, headers=_kept(upstream))
+
+
+class _StopWhenGone:
+    """Until a request's answer starts: when its client leaves, stop the request by its id, and once more
+    `RESTOP_S` later (a stop that came before the engine held the request is dropped: hpc/gateway/abandon.py).
+    Why: a `generate` answer starts only once it is whole, so a client gone meanwhile was seen only then, after
+    the replica made every token of it for no one (a stream's client is watched from its first event on,
+    hpc/gateway/streaming.py). The request is not cut off: its answer, the shorter for the stop, comes back and
+    goes to no one."""
+
+    def __init__(self, receive: Receive, stop: Stop) -> None:
+        self.seen = False
+        self.task = asyncio.ensure_future(self._watch(receive, stop))
+
+    async def _watch(self, receive: Receive, stop: Stop) -> None:
+        await disconnected(receive)
+        self.seen = True
+        try:
+            await stop()
+            await asyncio.sleep(RESTOP_S)
+            await stop()
+        except Exception as exc:  # noqa: BLE001 - a replica gone meanwhile: its request went with it
+            log.debug("stopping a request whose client left: %r", exc)
+
+    def end(self) -> None:
+        """The answer started (or failed): stop watching; a stop under way is kept to its end."""
+        if self.seen:
+            keep(self.task)
+        else:
+            self.task.cancel()
 
 
 async def _let_go(upstream: httpx.Response, reader: Reader | None, stop: Stop | None) -> None:

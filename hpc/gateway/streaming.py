@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 WATCH = "hpc.watch"
 
 
-async def _disconnected(receive: Receive) -> bool:
+async def disconnected(receive: Receive) -> bool:
     """True once the client is gone (the request body, all read by then, brings nothing else)."""
     while True:
         message = await receive()
@@ -51,7 +51,7 @@ class Watch:
         assert task is not None
         self._task = task
         self.gone = False
-        self._watcher = asyncio.ensure_future(_disconnected(receive))
+        self._watcher = asyncio.ensure_future(disconnected(receive))
         self._watcher.add_done_callback(self._client_left)
 
     def _client_left(self, watcher: asyncio.Future[bool]) -> None:
