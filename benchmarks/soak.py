@@ -15,6 +15,8 @@ back to back, requests of these kinds (seeded choice):
   whole-short / whole-long     the same, not streamed
   chat                         `/v1/chat/completions`, streamed, 16 tokens
   cancelled                    streamed, 96 tokens; the client closes the stream after 3 events (counted apart)
+  pt-stream / pt-cancelled     Triton's `generate_stream` through the gateway's passthrough, 32 tokens read to
+                               the end / 96 tokens closed by the client after 3 events
 
 Anything else than a complete answer is an error (an HTTP error, a stream without `[DONE]`, a timeout).
 Memory: every `SLURM_PROCS_INTERVAL` seconds, the resident set (VmRSS) of each tritonserver and python stub of
@@ -55,7 +57,8 @@ from launcher.records import read_chain, read_endpoints  # noqa: E402
 
 CLI = [sys.executable, "-m", "hpc.cli"]
 NAME = "soak"
-#: kind → (weight, streamed, max_tokens); "cancelled" is closed by the client after CANCEL_AFTER events
+#: kind → (weight, streamed, max_tokens); "cancelled" kinds are closed by the client after CANCEL_AFTER events;
+#: "pt-" kinds go through the gateway's Triton passthrough (`/v2/models/ensemble/generate_stream`)
 KINDS: dict[str, tuple[float, bool, int]] = {
     "stream-short": (0.25, True, 8),
     "stream-long": (0.15, True, 96),
@@ -63,6 +66,8 @@ KINDS: dict[str, tuple[float, bool, int]] = {
     "whole-long": (0.1, False, 96),
     "chat": (0.1, True, 16),
     "cancelled": (0.15, True, 96),
+    "pt-stream": (0.1, True, 32),
+    "pt-cancelled": (0.1, True, 96),
 }
 CANCEL_AFTER = 3
 PROMPTS = [
@@ -81,7 +86,7 @@ class Tally:
 
     ok: Counter = field(default_factory=Counter)
     errors: Counter = field(default_factory=Counter)
-    cancelled: int = 0
+    cancelled: Counter = field(default_factory=Counter)  # by kind: streams the client closed on purpose
     latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     replicas: Counter = field(default_factory=Counter)
     samples: list[dict[str, Any]] = field(default_factory=list)
@@ -121,6 +126,26 @@ def write_spec(folder: Path, checkpoint: Path, minutes: float) -> Path:
     return path
 
 
+async def passthrough(http: httpx.AsyncClient, kind: str, prompt: str, max_tokens: int, tally: Tally) -> bool:
+    """A Triton `generate_stream` through the gateway: True when it was read to its end (Triton's stream has no
+    `[DONE]`: it ends), False when the client left it (`pt-cancelled`)."""
+    body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.8}
+    async with http.stream("POST", "/v2/models/ensemble/generate_stream", json=body) as answer:
+        if answer.status_code != 200:
+            raise RuntimeError(f"HTTP {answer.status_code}: {(await answer.aread())[:200]!r}")
+        tally.replicas[answer.headers.get("x-hpc-serve-replica", "?")] += 1
+        events = 0
+        async for line in answer.aiter_lines():
+            if line.startswith("data: ") and '"error"' in line:
+                raise RuntimeError(f"error event: {line[:200]}")
+            events += line.startswith("data: ")
+            if kind == "pt-cancelled" and events >= CANCEL_AFTER:
+                return False
+    if not events:
+        raise RuntimeError("stream ended without an event")
+    return True
+
+
 async def one_request(http: httpx.AsyncClient, kind: str, rng: random.Random, tally: Tally, t0: float) -> None:
     _, stream, max_tokens = KINDS[kind]
     prompt = rng.choice(PROMPTS)
@@ -129,7 +154,11 @@ async def one_request(http: httpx.AsyncClient, kind: str, rng: random.Random, ta
     body.update(model=NAME, max_tokens=max_tokens, stream=stream, seed=rng.randrange(1 << 30), temperature=0.8)
     start = time.monotonic()
     try:
-        if not stream:
+        if kind.startswith("pt-"):
+            if not await passthrough(http, kind, prompt, max_tokens, tally):
+                tally.cancelled[kind] += 1
+                return
+        elif not stream:
             answer = await http.post(url, json=body)
             if answer.status_code != 200 or not answer.json().get("choices"):
                 raise RuntimeError(f"HTTP {answer.status_code}: {answer.text[:200]}")
@@ -152,7 +181,7 @@ async def one_request(http: httpx.AsyncClient, kind: str, rng: random.Random, ta
                     if kind == "cancelled" and events >= CANCEL_AFTER:
                         break  # leaving the block closes the connection: the gateway sees the client go
                 if kind == "cancelled" and not done:
-                    tally.cancelled += 1
+                    tally.cancelled[kind] += 1
                     return
                 if not done:
                     raise RuntimeError(f"stream ended without [DONE] after {events} events")
@@ -285,10 +314,11 @@ def main() -> int:
                "p99_s": pct(tally.latency[kind], 0.99)}
         for kind in KINDS
     }  # fmt: skip
-    result["requests"]["cancelled"]["cancelled_by_client"] = tally.cancelled
+    for kind, count in tally.cancelled.items():
+        result["requests"][kind]["cancelled_by_client"] = count
     result["totals"] = {
         "completed": sum(tally.ok.values()),
-        "cancelled_by_client": tally.cancelled,
+        "cancelled_by_client": sum(tally.cancelled.values()),
         "errors": sum(tally.errors.values()),
         "by_job": dict(Counter(replica.split("/")[0] for replica in tally.replicas.elements())),
         "by_replica": dict(tally.replicas),

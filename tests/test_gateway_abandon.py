@@ -76,6 +76,35 @@ def test_streams_closed_early_leave_nothing_in_flight(tmp_path: Path, tiny_gpt2,
         kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
 
 
+def test_the_passthrough_leaves_no_connection_that_holds_up_a_replicas_stop(
+    tmp_path: Path, tiny_gpt2, hpc_home, tritonserver
+) -> None:
+    """Triton passthrough requests, then the job stopped at once, the gateway still running: tritonserver's
+    ordered stop waits for every open HTTP connection, so the gateway's kept-alive connection from the last
+    request made it wait out its exit timeout and exit 1 (`cancel` took 11.3 s; hpc/gateway/discovery.py
+    `CLOSED_AFTER`)."""
+    from hpc.local import job_processes
+
+    spec = write_spec(tmp_path, "keepalive", tiny_gpt2, triton={"decoupled": True})
+    job, job_dir = submit(spec, "--executor", "local", timeout=240)
+    try:
+        headers = {"Authorization": f"Bearer {cli('token', job).stdout.strip()}"}
+        # no health check meanwhile: it would go over the kept-alive connection and close it (it asks for that)
+        with gateway_process(str(spec), tmp_path / "gateway.log", "--refresh", "60") as (_, record):
+            body = {"text_input": "Once upon a time", "max_tokens": 4}
+            for endpoint in ("generate", "generate_stream", "generate"):
+                url = f"{record.url}/v2/models/ensemble/{endpoint}"
+                assert httpx.post(url, json=body, headers=headers, timeout=60).status_code == 200
+            out = cli("cancel", job, timeout=120).stdout
+        assert out.startswith(f"{job} CANCELLED"), out
+        log = (job_dir / f"{job}_0_log.err").read_text(errors="replace")
+        assert "HTTP service connections" not in log.replace("Found 0 HTTP service connections", ""), log[-2000:]
+        assert rank_records(job_dir)[0].exit_code == 0, log[-2000:]
+    finally:
+        kill_quietly(job_processes(job))
+        kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
+
+
 ASKED = 240  # tokens: the tiny checkpoint's 256 positions less the prompt
 
 

@@ -27,6 +27,7 @@ from starlette.types import Receive
 from hpc.auth import http_headers
 from hpc.gateway.abandon import Reader, Stop, abandon, keep
 from hpc.gateway.accesslog import record_of
+from hpc.gateway.discovery import CLOSED_AFTER
 from hpc.gateway.openai_api import gateway_of, require_token
 from hpc.gateway.streaming import EventStream, disconnected
 from hpc.gateway.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, model_error
@@ -162,7 +163,7 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
             replica, token = chosen[-1]
             await gw.engine.stop(replica.grpc_url, request_id, token)
 
-    headers = {"content-type": request.headers.get("content-type", "application/json")}
+    headers = {"content-type": request.headers.get("content-type", "application/json"), **CLOSED_AFTER}
     path = f"/v2/models/{model}/{endpoint}"
 
     async def attempt(replica: Replica) -> AsyncIterator[httpx.Response | bytes]:
