@@ -232,6 +232,7 @@ def test_presence_and_frequency_penalties_reach_the_model_and_out_of_range_is_40
 
 
 def test_triton_passthrough(gateway):
+    """Triton's generate extension through the gateway: the replica's answers, and which replica gave them."""
     headers = {"Authorization": f"Bearer {gateway['token']}"}
     assert httpx.get(gateway["url"] + "/v2/health/live").status_code == 200
     body = {"text_input": "Once upon a time", "max_tokens": 4}
@@ -246,6 +247,8 @@ def test_triton_passthrough(gateway):
     ) as stream:
         events = [line for line in stream.iter_lines() if line.startswith("data:")]
     assert stream.status_code == 200 and events
+    replica = f"{gateway['job']}/0"
+    assert response.headers["x-hpc-serve-replica"] == stream.headers["x-hpc-serve-replica"] == replica, "as OpenAI's"
     missing = httpx.post(gateway["url"] + "/v2/models/nope/generate", json=body, headers=headers, timeout=60)
     assert missing.status_code >= 400, "the replica's own answer, passed on"
 

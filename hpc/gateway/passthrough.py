@@ -7,6 +7,11 @@ chosen one cannot be reached or refuses the request because its queue is full (n
 then; all full: the gateway's 429), by the same retry rule as the OpenAI routes (`Gateway.routed`). Health: `ready` is 200 when at least one replica is, `live` when the
 gateway itself runs; both answer without a token, so a load balancer's probe needs none. `/gateway/replicas`
 lists the replicas in use with their counters.
+
+A client that leaves is never cut off from the replica mid-answer (tritonserver 2.51 then keeps the ensemble's
+request in flight for good, hpc/gateway/abandon.py): its request is stopped by its id, one the gateway writes
+into a body that has none and takes back out of the answer. Each request's connection to the replica closes
+after its answer (`CLOSED_AFTER`: a kept-alive one holds up the replica's ordered stop).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from hpc.auth import http_headers
 from hpc.gateway.abandon import Reader, Stop, abandon, keep
 from hpc.gateway.accesslog import record_of
 from hpc.gateway.discovery import CLOSED_AFTER
-from hpc.gateway.openai_api import gateway_of, require_token
+from hpc.gateway.openai_api import REPLICA_HEADER, gateway_of, require_token
 from hpc.gateway.streaming import EventStream, disconnected
 from hpc.gateway.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, model_error
 from hpc.routing.balancer import Replica
@@ -204,7 +209,7 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
     assert isinstance(upstream, httpx.Response)  # every attempt yields its head first
     if upstream.is_stream_consumed:
         await answer.aclose()
-        return Response(upstream.content, status_code=upstream.status_code, headers=_kept(upstream))
+        return Response(upstream.content, status_code=upstream.status_code, headers=_kept(upstream, record.replica))
 
     async def relay() -> AsyncIterator[bytes]:
         async with aclosing(answer) as chunks:
@@ -213,7 +218,7 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
                     record.first_token()
                 yield chunk  # type: ignore[misc]  # after the head, only bytes
 
-    return EventStream(relay(), status_code=upstream.status_code, headers=_kept(upstream))
+    return EventStream(relay(), status_code=upstream.status_code, headers=_kept(upstream, record.replica))
 
 
 class _StopWhenGone:
@@ -259,5 +264,7 @@ async def _let_go(upstream: httpx.Response, reader: Reader | None, stop: Stop | 
     await upstream.aclose()
 
 
-def _kept(upstream: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in upstream.headers.items() if k.lower() in ("content-type", "cache-control")}
+def _kept(upstream: httpx.Response, replica: str | None) -> dict[str, str]:
+    """The replica's headers a client reads, and which replica answered (as on the OpenAI routes)."""
+    kept = {k: v for k, v in upstream.headers.items() if k.lower() in ("content-type", "cache-control")}
+    return kept | {REPLICA_HEADER: replica or ""}
