@@ -211,7 +211,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     logprobs = _logprobs(chat, trail.finish(len(text))) if params.logprobs else None
     choice: dict[str, Any] = {
         "index": 0,
-        "finish_reason": _finish(stopped, usage, params, gw.context_length()),
+        "finish_reason": _finish(stopped, usage, params, gw.context_length),
         "logprobs": logprobs,
     }
     if chat:
@@ -321,7 +321,7 @@ async def _sse(
         await pieces.aclose()
     if rest := stops.flush():
         pending += piece(rest)
-    pending += events.event([delta(None, _finish(stops.stopped, usage, params, gw.context_length()), final=True)])
+    pending += events.event([delta(None, _finish(stops.stopped, usage, params, gw.context_length), final=True)])
     if body.stream_options and body.stream_options.include_usage:
         pending += events.event([], usage=usage)
     yield pending + DONE

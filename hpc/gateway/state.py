@@ -11,9 +11,10 @@ retries (`on_pick`), the log line and the retries metric (`on_retry`), and the a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
@@ -46,20 +47,17 @@ class Gateway:
     chat_template: ChatTemplate
     prefix_chars: int = PREFIX_CHARS  # the prefix affinity key's length (0: no affinity)
     metrics: Metrics | None = None
-    _context: int | None = field(default=None, init=False, repr=False)
-    _context_read: bool = field(default=False, init=False, repr=False)
 
     @property
     def model_name(self) -> str:
         """What `/v1/models` lists and requests must name: the spec's `name`."""
         return self.target.name
 
+    @functools.cached_property
     def context_length(self) -> int | None:
-        """The model's longest sequence (hpc/spec/files.py `context_length`), read once a replica has served: by
-        then its engine or checkpoint exists (`model.init` makes a checkpoint when the job starts)."""
-        if not self._context_read and self.target.model is not None:
-            self._context, self._context_read = context_length(self.target.model), True
-        return self._context
+        """The model's longest sequence (hpc/spec/files.py `context_length`), read at the first answer's end: by
+        then a replica has served, so its engine or checkpoint exists (`model.init` makes one when the job starts)."""
+        return context_length(self.target.model) if self.target.model is not None else None
 
     def prompt_tokens(self, prompt: str) -> int:
         """As preprocessing counts them: the deployment's tokenizer, special tokens included."""

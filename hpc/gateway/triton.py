@@ -214,9 +214,8 @@ class TritonEngine:
         metadata = tuple(grpc_headers(token).items())  # the replica's access token (auth: token)
         client = self._client(grpc_url)
         call = client._client_stub.ModelStreamInfer(requests(), metadata=metadata)
-        reader = Reader(
-            call, call.cancel
-        )  # a task of its own: a client gone does not cancel the call (hpc/gateway/abandon.py)
+        # read on a task of its own: a client gone does not cancel the call (hpc/gateway/abandon.py)
+        reader = Reader(call, call.cancel)
         self._in_flight[grpc_url] = self._in_flight.get(grpc_url, 0) + 1
         ended = False
         try:
