@@ -154,12 +154,30 @@ def baseline(job_id: str, work: Path, source: Path | None) -> Iterator[str]:
     if source is None or not FLOOR:  # its client is aiohttp's, as gw_aiohttp's
         yield ""
         return
+    with gateway_beside(job_id, work, source.resolve()) as url:
+        yield url
+
+
+@contextmanager
+def gateway_beside(job_id: str, work: Path, source: Path | None = None) -> Iterator[str]:
+    """One more gateway of the job, started before the measured one (its URL): one gateway per deployment, so its
+    address record goes, and the next gateway starts beside it."""
     from launcher.layout import gateway_record
 
-    with gateway(job_id, work, source=source.resolve()) as (url, _, _):
-        # one gateway per deployment: its address record goes, so that this tree's gateway starts beside it
+    with gateway(job_id, work, source=source) as (url, _, _):
         gateway_record(work / "runs", "bench-gw").unlink()
         yield url
+
+
+def engine_steps(metrics_url: str) -> float:
+    """The replica's engine iterations so far (the CPU engine's `iteration_counter` gauge): steps per round and
+    generated tokens per step tell whether a side's lower rate is the engine stepping slower or its batch
+    holding fewer rows (requests spending their time outside the engine, in the client or the gateway)."""
+    text = httpx.get(metrics_url, timeout=10, trust_env=False).text
+    for line in text.splitlines():
+        if line.startswith("nv_trt_llm_general_metrics") and 'general_type="iteration_counter"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return float("nan")
 
 
 def cpu_s(pid: int | None = None) -> float:
@@ -220,6 +238,7 @@ class Sides:
         self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=300, limits=limits, trust_env=False)
 
         self.aio: Any = None  # an aiohttp session, made on the loop that uses it
+        self.turn = 0  # gw_two's alternation
         self.floor_urls: dict[str, str] = {}  # benchmarks/minimal_relay.py's, plain and --fastapi, when they run
 
     async def close(self) -> None:
@@ -243,6 +262,13 @@ class Sides:
     async def gw_aiohttp(self) -> tuple[float, float, int]:
         """`gateway` with aiohttp as the client."""
         return await self._aiohttp(self.url + "/v1/completions")
+
+    async def gw_two(self) -> tuple[float, float, int]:
+        """`gw_aiohttp` spread over two gateway processes of this tree, request by request (throughput only):
+        whether one gateway's event loop is what holds the rate back."""
+        self.turn += 1
+        url = self.url if self.turn % 2 else self.floor_urls["second"]
+        return await self._aiohttp(url + "/v1/completions")
 
     async def floor(self) -> tuple[float, float, int]:
         """The same request to benchmarks/minimal_relay.py (aiohttp as the client): the least any Python HTTP
@@ -389,72 +415,101 @@ async def shared_prefix(url: str, token: str | None, model: str, items: list[tup
 
 
 async def part1(
-    args: argparse.Namespace, url: str, pid: int, log: Path, token: str | None, grpc_url: str, floors: dict[str, str]
+    args: argparse.Namespace,
+    url: str,
+    pid: int,
+    log: Path,
+    token: str | None,
+    record: Any,
+    floors: dict[str, str],
 ) -> None:
+    """Part 1: latency one stream at a time (skipped with `--requests 0`), then throughput."""
+    grpc_url, metrics_url = record.grpc_url, record.metrics_url
     sides = Sides(url, token, grpc_url, "bench-gw", args.max_tokens)
     sides.floor_urls = floors
     names = (*SIDES, "baseline") if "baseline" in floors else SIDES
     try:
-        lat = await latency(sides, args.requests, names)
-        print(f"latency, 1 stream, {args.requests} requests each, max_tokens {args.max_tokens} (ms):")
-        print(f"  {'':10} {'p50':>8} {'p99':>8} {'ttft p50':>9} {'ttft p99':>9}")
-        for side in names:
-            v = lat[side]
-            print(
-                f"  {side:10} {pct(v['total'], 50) * 1e3:8.2f} {pct(v['total'], 99) * 1e3:8.2f}"
-                f" {pct(v['ttft'], 50) * 1e3:9.2f} {pct(v['ttft'], 99) * 1e3:9.2f}"
-            )
-        d = lat["direct"]
-        for gw_side in (*GW_SIDES, *FLOOR):
-            g = lat[gw_side]
-            for what in ("total", "ttft"):
-                for q in (50, 99):
-                    added = (pct(g[what], q) - pct(d[what], q)) * 1e3
-                    ratio = pct(g[what], q) / pct(d[what], q)
-                    low, high = (v * 1e3 for v in added_interval(g[what], d[what], q))
-                    print(
-                        f"  {gw_side} {what} p{q}: {ratio:.3f}x direct, {added:+.2f} ms added"
-                        f" (95 % interval {low:+.2f} .. {high:+.2f})"
-                    )
-        if "baseline" in names and "gw_aiohttp" in names:
-            g, b = lat["gw_aiohttp"], lat["baseline"]
-            for what in ("total", "ttft"):
-                change = (pct(g[what], 50) - pct(b[what], 50)) * 1e3
-                low, high = (v * 1e3 for v in added_interval(g[what], b[what], 50))
-                print(
-                    f"  this tree against --baseline, {what} p50: {change:+.2f} ms (95 % interval {low:+.2f} .. {high:+.2f})"
-                )
-        lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-        inside = [line for line in lines if line["route"] == "/v1/completions"][-len(GW_SIDES) * args.requests :]
-        first, last = pct([i["ttft_ms"] for i in inside], 50), pct([i["latency_ms"] for i in inside], 50)
-        print(
-            "  inside the gateway (its access log, p50 after the request arrived): the replica's first response "
-            f"{first:.2f} ms, the last byte sent {last:.2f} ms"
-        )
-        order = ("direct", *GW_SIDES)
-        runs: dict[str, list[dict[str, float]]] = {side: [] for side in order}
-        for side in order:  # warm-up at full batch
-            await throughput(getattr(sides, side), args.concurrency, 2, None)
-        for r in range(args.rounds):
-            for side in order if r % 2 == 0 else order[::-1]:
-                gw_pid = None if side == "direct" else pid
-                runs[side].append(await throughput(getattr(sides, side), args.concurrency, args.seconds, gw_pid))
-        med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
-        print(f"\nthroughput, {args.concurrency} concurrent streams, {args.rounds} rounds of {args.seconds:g} s:")
-        for side in order:
-            rounds = " ".join(f"{r['rate']:.0f}" for r in runs[side])
-            print(f"  {side:10} {med[side]['rate']:9.0f} tokens/s   rounds: {rounds}")
-        for side in GW_SIDES:
-            print(f"  {side} / direct: {med[side]['rate'] / med['direct']['rate']:.3f}")
-        print(f"  CPU per request (ms): direct client {med['direct']['client_ms']:.2f}", end="")
-        for side in GW_SIDES:
-            print(
-                f"; {side}: its client {med[side]['client_ms']:.2f} + the gateway process {med[side]['gateway_ms']:.2f}",
-                end="",
-            )
-        print()
+        if args.requests:
+            await latency_part(args, sides, names, log)
+        await throughput_part(args, sides, pid, metrics_url)
     finally:
         await sides.close()
+
+
+async def latency_part(args: argparse.Namespace, sides: Sides, names: tuple[str, ...], log: Path) -> None:
+    """Part 1's latency: every side one request at a time, in turns."""
+    lat = await latency(sides, args.requests, names)
+    print(f"latency, 1 stream, {args.requests} requests each, max_tokens {args.max_tokens} (ms):")
+    print(f"  {'':10} {'p50':>8} {'p99':>8} {'ttft p50':>9} {'ttft p99':>9}")
+    for side in names:
+        v = lat[side]
+        print(
+            f"  {side:10} {pct(v['total'], 50) * 1e3:8.2f} {pct(v['total'], 99) * 1e3:8.2f}"
+            f" {pct(v['ttft'], 50) * 1e3:9.2f} {pct(v['ttft'], 99) * 1e3:9.2f}"
+        )
+    d = lat["direct"]
+    for gw_side in (*GW_SIDES, *FLOOR):
+        g = lat[gw_side]
+        for what in ("total", "ttft"):
+            for q in (50, 99):
+                added = (pct(g[what], q) - pct(d[what], q)) * 1e3
+                ratio = pct(g[what], q) / pct(d[what], q)
+                low, high = (v * 1e3 for v in added_interval(g[what], d[what], q))
+                print(
+                    f"  {gw_side} {what} p{q}: {ratio:.3f}x direct, {added:+.2f} ms added"
+                    f" (95 % interval {low:+.2f} .. {high:+.2f})"
+                )
+    if "baseline" in names and "gw_aiohttp" in names:
+        g, b = lat["gw_aiohttp"], lat["baseline"]
+        for what in ("total", "ttft"):
+            change = (pct(g[what], 50) - pct(b[what], 50)) * 1e3
+            low, high = (v * 1e3 for v in added_interval(g[what], b[what], 50))
+            print(
+                f"  this tree against --baseline, {what} p50: {change:+.2f} ms (95 % interval {low:+.2f} .. {high:+.2f})"
+            )
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    inside = [line for line in lines if line["route"] == "/v1/completions"][-len(GW_SIDES) * args.requests :]
+    first, last = pct([i["ttft_ms"] for i in inside], 50), pct([i["latency_ms"] for i in inside], 50)
+    print(
+        "  inside the gateway (its access log, p50 after the request arrived): the replica's first response "
+        f"{first:.2f} ms, the last byte sent {last:.2f} ms"
+    )
+
+
+async def throughput_part(args: argparse.Namespace, sides: Sides, pid: int, metrics_url: str) -> None:
+    """Part 1's throughput: `--concurrency` streams per side, rounds alternating, with the engine's steps."""
+    order = ("direct", *GW_SIDES, *(("gw_two",) if "second" in sides.floor_urls and FLOOR else ()))
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in order}
+    for side in order:  # warm-up at full batch
+        await throughput(getattr(sides, side), args.concurrency, 2, None)
+    for r in range(args.rounds):
+        for side in order if r % 2 == 0 else order[::-1]:
+            gw_pid = None if side == "direct" else pid
+            steps0 = engine_steps(metrics_url)
+            run = await throughput(getattr(sides, side), args.concurrency, args.seconds, gw_pid)
+            run["steps"] = (engine_steps(metrics_url) - steps0) / args.seconds
+            runs[side].append(run)
+    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
+    print(f"\nthroughput, {args.concurrency} concurrent streams, {args.rounds} rounds of {args.seconds:g} s:")
+    for side in order:
+        rounds = " ".join(f"{r['rate']:.0f}" for r in runs[side])
+        print(f"  {side:10} {med[side]['rate']:9.0f} tokens/s   rounds: {rounds}")
+    for side in order[1:]:
+        print(f"  {side} / direct: {med[side]['rate'] / med['direct']['rate']:.3f}")
+    print(
+        "  the engine: "
+        + "; ".join(
+            f"{side} {med[side]['steps']:.1f} steps/s, {med[side]['rate'] / med[side]['steps']:.1f} tokens a step"
+            for side in order
+        )
+    )
+    print(f"  CPU per request (ms): direct client {med['direct']['client_ms']:.2f}", end="")
+    for side in GW_SIDES:
+        print(
+            f"; {side}: its client {med[side]['client_ms']:.2f} + the gateway process {med[side]['gateway_ms']:.2f}",
+            end="",
+        )
+    print()
 
 
 def picks_of(url: str) -> dict[str, int]:
@@ -498,7 +553,7 @@ def part2(args: argparse.Namespace, work: Path, checkpoint: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=200, help="latency: measured requests per side")
+    parser.add_argument("--requests", type=int, default=200, help="latency: measured requests per side (0: none)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0, help="throughput: one round's length")
@@ -534,14 +589,15 @@ def main() -> int:
                 token = cli("token", job_id).strip() if args.auth == "token" else None
                 with (
                     baseline(job_id, work, args.baseline) as base,  # first: it gives way to this tree's gateway
+                    gateway_beside(job_id, work) as second,  # gw_two's other half
                     gateway(job_id, work) as (url, pid, log),
                     floor_relay(record.grpc_url, token) as floor,
                     floor_relay(record.grpc_url, token, "--late-head") as floor_late,
                     floor_relay(record.grpc_url, token, "--fastapi") as floor_fastapi,
                 ):
                     floors = {"floor": floor, "floor_late": floor_late, "floor_fastapi": floor_fastapi} if FLOOR else {}
-                    floors |= {"baseline": base} if base else {}
-                    asyncio.run(part1(args, url, pid, log, token, record.grpc_url, floors))
+                    floors |= ({"baseline": base} if base else {}) | {"second": second}
+                    asyncio.run(part1(args, url, pid, log, token, record, floors))
         if args.part in ("all", "prefix"):
             part2(args, work, checkpoint)
     finally:
