@@ -224,6 +224,23 @@ def test_child_env_hands_the_model_its_place(tmp_path: Path) -> None:
     assert place.release_file == str(JobPaths(tmp_path, "9").released(3)) and place.stop_file is None
 
 
+def test_blas_threads_stay_within_the_cores_the_rank_may_use(tmp_path: Path) -> None:
+    """A rank confined to one core (taskset, a cgroup) gets one BLAS thread, not one per core of the node."""
+    import subprocess
+
+    code = (
+        "import os, sys; from pathlib import Path; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+        "from launcher import config; from launcher.rank import RankInfo, role; from launcher.run import child_env;"
+        "from launcher.server import ServerBinary;"
+        f"plan = config.LaunchPlan(deployment_dir=Path({str(tmp_path)!r}), model_repository='/r');"
+        "info = RankInfo(rank=0, local_rank=0, world_size=1, node='n', job_id='9', source='slurm');"
+        "env = child_env(plan, ServerBinary('/ts', {}), base={}, info=info, me=role(info, 1, 1, 1));"
+        "print(env['OPENBLAS_NUM_THREADS'], env['OMP_NUM_THREADS'])"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=SOURCE_ROOT, check=True)
+    assert run.stdout.split() == ["1", "1"], run.stderr
+
+
 def test_placement_without_a_launcher_reads_the_starter_like_the_launcher() -> None:
     from launcher.rank import placement
 
