@@ -61,6 +61,35 @@ CLI = [sys.executable, "-m", "hpc.cli"]
 PROMPT = "Once upon a time"
 
 
+#: `--cpus`: the cores of the engine's job, of the gateways and relays, and of this process (the clients)
+CPUS: dict[str, set[int]] = {}
+
+
+def parse_cpus(text: str) -> dict[str, set[int]]:
+    """`--cpus ENGINE:GATEWAY:CLIENT`, each a list of cores as taskset writes them (`0-7:8-11:12-15`)."""
+
+    def cores(part: str) -> set[int]:
+        out: set[int] = set()
+        for piece in part.split(","):
+            low, _, high = piece.partition("-")
+            out |= set(range(int(low), int(high or low) + 1))
+        return out
+
+    engine, gateway, client = text.split(":")
+    return {"engine": cores(engine), "gateway": cores(gateway), "client": cores(client)}
+
+
+def pin(role: str) -> None:
+    """This process (and what it starts from now on) onto `role`'s cores, when `--cpus` gave them."""
+    if role in CPUS:
+        os.sched_setaffinity(0, CPUS[role])
+
+
+def on_relay_cores() -> None:
+    """A relay's (gateway's) preexec: its own cores, as it would have on a login node apart from the engine."""
+    pin("gateway")
+
+
 def cli(*args: str) -> str:
     proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
@@ -102,7 +131,9 @@ def gateway(job_id: str, work: Path, *options: str, source: Path | None = None) 
         port = sock.getsockname()[1]
     log = (work / f"gateway-{port}.log").open("w")
     env = os.environ | ({"PYTHONPATH": f"{source}:{os.environ.get('PYTHONPATH', '')}"} if source else {})
-    proc = subprocess.Popen([*CLI, "gateway", job_id, "--port", str(port), *options], stderr=log, env=env)
+    proc = subprocess.Popen(
+        [*CLI, "gateway", job_id, "--port", str(port), *options], stderr=log, env=env, preexec_fn=on_relay_cores
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -131,7 +162,8 @@ def floor_relay(grpc_url: str, token: str | None, *options: str) -> Iterator[str
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     relay = Path(__file__).resolve().parent / "minimal_relay.py"
-    proc = subprocess.Popen([sys.executable, str(relay), grpc_url, str(port), *([token] if token else []), *options])
+    command = [sys.executable, str(relay), grpc_url, str(port), *([token] if token else []), *options]
+    proc = subprocess.Popen(command, preexec_fn=on_relay_cores)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -569,7 +601,14 @@ def main() -> int:
     parser.add_argument(
         "--baseline", type=Path, help="a source tree of another commit: its gateway is one more latency side"
     )
+    parser.add_argument(
+        "--cpus",
+        type=parse_cpus,
+        help="ENGINE:GATEWAY:CLIENT cores (e.g. 0-7:8-11:12-15): each side on cores of its own, as on a cluster, "
+        "so that no side's CPU slows the engine's BLAS threads (which otherwise take every core)",
+    )
     args = parser.parse_args()
+    CPUS.update(args.cpus or {})
 
     from launcher.layout import JobPaths
     from launcher.records import read_endpoints
@@ -584,7 +623,9 @@ def main() -> int:
     print(f"checkpoint: {checkpoint}\nwork folder: {work}\n")
     try:
         if args.part in ("all", "overhead"):
+            pin("engine")
             with job(write_spec(work, "bench-gw", checkpoint, replicas=1, auth=args.auth)) as (job_id, job_dir):
+                pin("client")
                 (record,) = read_endpoints(JobPaths.of_folder(job_dir))
                 token = cli("token", job_id).strip() if args.auth == "token" else None
                 with (
