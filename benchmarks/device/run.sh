@@ -28,6 +28,6 @@ for part in $PARTS; do
     case "$part" in
         loadgen) python3 benchmarks/bench_loadgen.py --requests "${REQUESTS:-600}" --rounds 3 --replicas "${REPLICAS:-4}" --concurrency 64 2>&1 | tee "$OUT/loadgen.txt" ;;
         gateway) python3 benchmarks/bench_gateway.py --part overhead --auth none --requests "${REQUESTS:-300}" ${CPUS:+--cpus "$CPUS"} \
-                     --rounds 3 --seconds 8 "${BASE[@]}" 2>&1 | tee "$OUT/gateway.txt" ;;
+                     --rounds "${ROUNDS:-3}" --seconds "${SECONDS_EACH:-8}" "${BASE[@]}" 2>&1 | tee "$OUT/gateway.txt" ;;
     esac
 done
