@@ -1,0 +1,98 @@
+"""bench_gateway.py's part 2: what prefix affinity keeps of a shared-prefix workload's KV-reuse opportunities over
+2 replicas, against least outstanding (run) and round robin (computed over the same order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from pathlib import Path
+
+import httpx
+from gateway_procs import cli, gateway, job, write_spec
+
+
+def workload(prefixes: int, questions: int, seed: int = 0) -> list[tuple[int, str]]:
+    words = "the of river mountain report annual budget policy engine weather station harbor data".split()
+    rng = random.Random(seed)
+    docs = [f"Document {d}: " + " ".join(rng.choice(words) for _ in range(50)) for d in range(prefixes)]
+    items = [
+        (d, f"{docs[d][:300]}\nQuestion {q}: what is it about?") for d in range(prefixes) for q in range(questions)
+    ]
+    rng.shuffle(items)
+    return items
+
+
+def kept(docs: list[int], replicas: list[str], cache: int | None = None) -> int:
+    """Requests whose document an earlier request (in sending order) had brought to the same replica, which
+    holds the `cache` documents it saw last (None: every one it saw)."""
+    held: dict[str, list[int]] = {}
+    count = 0
+    for doc, replica in zip(docs, replicas, strict=True):
+        recent = held.setdefault(replica, [])
+        if doc in recent:
+            count += 1
+            recent.remove(doc)
+        recent.append(doc)
+        if cache is not None and len(recent) > cache:
+            recent.pop(0)
+    return count
+
+
+async def shared_prefix(url: str, token: str | None, model: str, items: list[tuple[int, str]], workers: int):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    replicas: list[str] = [""] * len(items)
+    queue = iter(enumerate(items))
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300, trust_env=False) as http:
+
+        async def worker() -> None:
+            for i, (_, prompt) in queue:
+                body = {"model": model, "prompt": prompt, "max_tokens": 8}
+                response = await http.post("/v1/completions", json=body)
+                response.raise_for_status()
+                replicas[i] = response.headers["x-hpc-serve-replica"]
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        return replicas, time.perf_counter() - t0
+
+
+def picks_of(url: str) -> dict[str, int]:
+    """The gateway's `hpc_serve_gateway_picks_total` by outcome (least / home / spilled), from `/metrics`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=5, trust_env=False).text
+    return {
+        s.labels["outcome"]: int(s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "hpc_serve_gateway_picks_total" and s.value
+    }
+
+
+def part2(args: argparse.Namespace, work: Path, checkpoint: Path) -> None:
+    items = workload(args.prefixes, args.questions)
+    docs = [d for d, _ in items]
+    best = len(items) - args.prefixes
+    print(
+        f"\nshared prefixes, 2 replicas: {args.prefixes} documents x {args.questions} questions, {args.workers} at a time"
+    )
+    cache = args.cache_docs
+    print(f"  KV-reuse opportunities kept (at best {best} of {len(items)}), each replica's cache unbounded / holding")
+    print(f"  the last {cache} documents it saw (a KV cache smaller than the whole working set):")
+    with job(write_spec(work, "bench-gw2", checkpoint, replicas=2, auth=args.auth)) as (job_id, _):
+        token = cli("token", job_id).strip() if args.auth == "token" else None
+        for label, options in (("prefix affinity", ()), ("least outstanding", ("--prefix-chars", "0"))):
+            with gateway(job_id, work, *options) as (url, _, _):
+                replicas, wall = asyncio.run(shared_prefix(url, token, "bench-gw2", items, args.workers))
+                picks = picks_of(url)
+            share = {r: replicas.count(r) for r in sorted(set(replicas))}
+            counts = f"{kept(docs, replicas):4d} / {kept(docs, replicas, cache):4d}"
+            print(f"    {label:18} {counts}   requests per replica {share}   {wall:.2f} s   picks {picks}")
+        names = sorted(set(replicas))
+        rr = [names[i % 2] for i in range(len(items))]
+        print(
+            f"    {'round robin':18} {kept(docs, rr):4d} / {kept(docs, rr, cache):4d}   (computed over the same order)"
+        )
