@@ -110,15 +110,18 @@ def _argv(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinar
 
 
 def _threads_per_rank(env: dict[str, str], info: RankInfo) -> str:
-    """CPU threads for BLAS in one rank: Slurm's cpus-per-task, else this node's cores shared by its ranks,
-    so TP ranks on one node do not oversubscribe the CPU; never more than the cores this rank may run on (a
-    cgroup, `taskset` or Slurm's binding: the node's core count would start a thread per core of the node)."""
+    """CPU threads for BLAS in one rank: Slurm's cpus-per-task, else the job's cores on this node (Slurm's
+    SLURM_CPUS_ON_NODE, else the node's) shared by its ranks, so TP ranks on one node do not oversubscribe the
+    CPU; never more than the cores this rank may run on (a cgroup, `taskset` or Slurm's binding: the node's
+    core count would start a thread per core of the node)."""
     if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
         return env["SLURM_CPUS_PER_TASK"]
     # SLURM_TASKS_PER_NODE looks like "2(x3),1": the first group is enough for a per-node share.
     local = env.get("SLURM_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
     local = local if local.isdigit() else env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
-    share = (os.cpu_count() or 1) // max(1, int(local) if local.isdigit() else 1)
+    on_node = env.get("SLURM_CPUS_ON_NODE", "")
+    cores = int(on_node) if on_node.isdigit() else (os.cpu_count() or 1)
+    share = cores // max(1, int(local) if local.isdigit() else 1)
     return str(max(1, min(share, usable_cores())))
 
 

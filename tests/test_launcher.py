@@ -241,6 +241,17 @@ def test_blas_threads_stay_within_the_cores_the_rank_may_use(tmp_path: Path) -> 
     assert run.stdout.split() == ["1", "1"], run.stderr
 
 
+@pytest.mark.parametrize(("on_node", "per_node", "threads"), [("1", "1", "1"), ("2", "2(x3)", "1")])
+def test_blas_threads_share_the_jobs_cores_on_the_node(tmp_path: Path, on_node: str, per_node: str, threads: str):
+    """Slurm's SLURM_CPUS_ON_NODE (the job's cores there, which a cgroup enforces) shared by the node's ranks,
+    not the node's core count."""
+    plan = config.LaunchPlan(deployment_dir=tmp_path, model_repository="/r")
+    info = RankInfo(rank=0, local_rank=0, world_size=1, node="n", job_id="9", source="slurm")
+    base = {"SLURM_CPUS_ON_NODE": on_node, "SLURM_TASKS_PER_NODE": per_node}
+    env = child_env(plan, ServerBinary("/ts", {}), base=base, info=info, me=role(info, 1, 1, 1))
+    assert env["OPENBLAS_NUM_THREADS"] == env["OMP_NUM_THREADS"] == threads
+
+
 def test_placement_without_a_launcher_reads_the_starter_like_the_launcher() -> None:
     from launcher.rank import placement
 
