@@ -13,7 +13,7 @@ both, alternating which goes first:
              falling back to `scontrol show job` StartTime (1 s resolution) if the file was written to.
              sbatch → start (queueing, scheduling) is the cluster's, not ours, and is printed on its own.
   bare       the same tritonserver binary, environment and backends directory the launcher would use
-             (`launcher.server.resolve`, `launcher.run.child_env`), the same argv (`launcher.command.build_argv`:
+             (`launcher.server.resolve`, `launcher.server_env.child_env`), the same argv (`launcher.command.build_argv`:
              same repository, `--disable-auto-complete-config`, python shm prefix, fresh ports), started with
              Popen; t0 = just before Popen; READY = the first 200 from /v2/health/ready (polled every 2 ms) and
              then the same first request hpc-serve's READY includes (one token through the ensemble,
@@ -168,8 +168,8 @@ def run_bare(deploy_dir: Path, n: int) -> dict:
     from launcher import config
     from launcher.command import build_argv
     from launcher.ports import allocate
-    from launcher.run import child_env
     from launcher.server import resolve
+    from launcher.server_env import child_env
     from launcher.urls import READY_PATH, http_url, open_direct
     from launcher.warmup import Warmup, send
 

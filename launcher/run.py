@@ -12,12 +12,13 @@ from pathlib import Path
 from . import auth, config, records
 from .command import build_argv, remove_shm_regions
 from .gpu import GpuBindingError, node_gpu_count, rank_gpus
-from .layout import Deployment, JobPaths, with_source_root
+from .layout import Deployment
 from .ports import PortError, Ports, allocate, check_fixed, taken
-from .rank import RankInfo, Role, WorldSizeError, detect, placement_env, role
+from .rank import RankInfo, Role, WorldSizeError, detect, role
 from .rank_output import log_to_rank_files
 from .ready import AUTH_FAILED, READY_TIMEOUT, WARMUP_FAILED, become_ready, clear_phase
-from .server import ServerBinary, ServerNotFound, cache_dir, merge_env, resolve
+from .server import ServerBinary, ServerNotFound, cache_dir, resolve
+from .server_env import child_env, job_paths, release_path, stop_path
 from .stop import DRAIN_BY_METRICS_ENV, FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop, LeaderDrain, metrics_in_flight
 from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, signal_name
 from .watch import PeerWatch, RankWatch
@@ -29,24 +30,6 @@ EXIT_READY_TIMEOUT = 124
 #: why the leader gave up on a started tritonserver (launcher/ready.py) → the launcher's exit code
 GAVE_UP = {READY_TIMEOUT: EXIT_READY_TIMEOUT, AUTH_FAILED: EXIT_CONFIG, WARMUP_FAILED: EXIT_WARMUP}
 PORT_ATTEMPTS = 5
-
-
-def job_paths(plan: config.LaunchPlan, info: RankInfo) -> JobPaths:
-    """This job's folder under the deployment folder actually given (it may be mounted elsewhere)."""
-    return JobPaths(plan.deployment_dir, info.job_id)
-
-
-def release_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
-    """File a follower's model touches when its leader told it to stop: its exit is then a clean one."""
-    return job_paths(plan, info).released(info.job_rank)
-
-
-def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
-    """File a leader's launcher writes on its first stop signal, for the model (``HPC_SERVE_STOP_FILE``): when
-    the stop began and until when in-flight requests may drain (``drain_until``, epoch seconds; tritonserver
-    gives up then), so the engine can finish or fail its work in time for its finalize to release the
-    followers."""
-    return job_paths(plan, info).stopping(info.job_rank)
 
 
 def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> LeaderDrain:
@@ -107,58 +90,6 @@ def _argv(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinar
         server_args=plan.server_args,
         exit_timeout_s=plan.drain_s,
     )
-
-
-def _threads_per_rank(env: dict[str, str], info: RankInfo) -> str:
-    """CPU threads for BLAS in one rank: Slurm's cpus-per-task, else the job's cores on this node (Slurm's
-    SLURM_CPUS_ON_NODE, else the node's) shared by its ranks, so TP ranks on one node do not oversubscribe the
-    CPU; never more than the cores this rank may run on (a cgroup, `taskset` or Slurm's binding: the node's
-    core count would start a thread per core of the node)."""
-    if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
-        return env["SLURM_CPUS_PER_TASK"]
-    # SLURM_TASKS_PER_NODE looks like "2(x3),1": the first group is enough for a per-node share.
-    local = env.get("SLURM_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
-    local = local if local.isdigit() else env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
-    on_node = env.get("SLURM_CPUS_ON_NODE", "")
-    cores = int(on_node) if on_node.isdigit() else (os.cpu_count() or 1)
-    share = cores // max(1, int(local) if local.isdigit() else 1)
-    return str(max(1, min(share, usable_cores())))
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), where the platform tells; else the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS: no affinity API
-        return os.cpu_count() or 1
-
-
-def child_env(
-    plan: config.LaunchPlan,
-    server: ServerBinary,
-    base: dict[str, str] | None = None,
-    info: RankInfo | None = None,
-    me: Role | None = None,
-) -> dict[str, str]:
-    """Environment of tritonserver: ours, + launch.json ``env`` (its defaults, e.g. PMIX_MCA_gds=hash (#553),
-    for a plan that lacks them: config.default_env), + the server's library path, + the hpc-serve source root
-    first on PYTHONPATH (for the python backend stubs), + what the CPU engine needs to know of its place
-    (launcher/rank.py placement_env): the world size and its replica (one MPI communicator per replica), and
-    the leader's stop file or the follower's release file."""
-    env = merge_env(dict(os.environ if base is None else base), plan.env)
-    for key, value in config.default_env(plan.mode).items():
-        env.setdefault(key, value)
-    env = merge_env(env, server.env)
-    env["PYTHONPATH"] = with_source_root(env.get("PYTHONPATH"), Deployment(Path(plan.deployment_dir)).runtime_root)
-    if info is not None and me is not None:
-        per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
-        side_file = stop_path(plan, info) if me.leader else release_path(plan, info)
-        env.update(placement_env(info, me, per_replica, str(side_file)))
-        threads = _threads_per_rank(env, info)
-        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env.setdefault(name, threads)
-        env = rank_gpus(env, plan.gpu_binding, info.local_rank, node_gpu_count()).apply(env)  # checked in main()
-    return env
 
 
 def _single_node(env: dict[str, str] | os._Environ) -> bool:

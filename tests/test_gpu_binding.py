@@ -14,8 +14,8 @@ from hpc.spec import SpecError
 from launcher import config
 from launcher.gpu import NONE, PER_RANK, GpuBindingError, bound_parameters, decide, node_gpu_count, rank_gpus
 from launcher.rank import RankInfo, Role
-from launcher.run import child_env
 from launcher.server import ServerBinary
+from launcher.server_env import child_env
 from tests.test_render import cpu_spec, gpu_spec
 
 

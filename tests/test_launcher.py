@@ -16,8 +16,8 @@ from launcher.command import build_argv, shm_prefix
 from launcher.layout import SOURCE_ROOT, JobPaths
 from launcher.ports import PortError, Ports, allocate, check_fixed, free_ports, taken
 from launcher.rank import RankInfo, WorldSizeError, detect, role
-from launcher.run import child_env
 from launcher.server import ServerBinary, ServerNotFound, merge_env, prepare_backends, resolve
+from launcher.server_env import child_env
 from launcher.supervise import exit_code, signal_name
 
 
@@ -230,7 +230,7 @@ def test_blas_threads_stay_within_the_cores_the_rank_may_use(tmp_path: Path) -> 
 
     code = (
         "import os, sys; from pathlib import Path; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
-        "from launcher import config; from launcher.rank import RankInfo, role; from launcher.run import child_env;"
+        "from launcher import config; from launcher.rank import RankInfo, role; from launcher.server_env import child_env;"
         "from launcher.server import ServerBinary;"
         f"plan = config.LaunchPlan(deployment_dir=Path({str(tmp_path)!r}), model_repository='/r');"
         "info = RankInfo(rank=0, local_rank=0, world_size=1, node='n', job_id='9', source='slurm');"
@@ -372,7 +372,7 @@ def test_stdlib_only() -> None:
 
     code = (
         "import sys; sys.path=[p for p in sys.path if 'site-packages' not in p]; "
-        "import launcher, launcher.run, launcher.server, launcher.supervise; print('ok')"
+        "import launcher, launcher.run, launcher.server, launcher.server_env, launcher.supervise; print('ok')"
     )
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=SOURCE_ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
