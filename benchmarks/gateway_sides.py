@@ -25,9 +25,10 @@ def engine_steps(metrics_url: str) -> float:
     """The replica's engine iterations so far (the CPU engine's `iteration_counter` gauge): steps per round and
     generated tokens per step tell whether a side's lower rate is the engine stepping slower or its batch
     holding fewer rows (requests spending their time outside the engine, in the client or the gateway)."""
+    from backend.models.engine_metrics import GENERAL
     from hpc.metrics import parse, scrape
 
-    for sample in parse(scrape(metrics_url), prefixes=("nv_trt_llm_general_metrics",)):
+    for sample in parse(scrape(metrics_url), prefixes=(GENERAL,)):
         if sample.labels.get("general_type") == "iteration_counter":
             return sample.value
     return float("nan")

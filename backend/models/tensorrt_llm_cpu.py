@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from backend.cpu_engine.engine import Engine, EngineStats
+from backend.cpu_engine.engine import Engine
 from backend.cpu_engine.follower import follower_loop, load_shard
 from backend.cpu_engine.parallel import SingleComm, replica_comm
 from backend.cpu_engine.scheduler import GenerationOutput
 from backend.cpu_engine.triton_io import InputError, RequestOptions, merge_rows, output_arrays, parse_inputs
+from backend.models.engine_metrics import EngineMetrics
 from launcher.rank import placement
 
 pb_utils: Any = None  # set in initialize()
@@ -189,67 +190,13 @@ class TritonPythonModel:
         self.engine = Engine(
             model_dir, comm=comm, tp_size=tp_size, max_batch_size=max_batch, max_tokens_in_kv_cache=kv_tokens
         )
-        self._init_metrics()
-        self.engine.on_step = self._update_metrics
-        self._update_metrics(self.engine.stats())
+        self._metrics = EngineMetrics(pb_utils, self.model_name, self.model_version, self.engine.stats())
+        self.engine.on_step = self._metrics.update
         self.engine.start()
         logger.log_info(
             f"cpu engine ready: {model_dir} family={self.engine.config.family} tp={tp_size} "
             f"max_batch={max_batch} kv_tokens={self.engine.budget.max_tokens} decoupled={self.decoupled}"
         )
-
-    # ------------------------------------------------------------------ metrics
-    def _init_metrics(self) -> None:
-        base = {"model": self.model_name, "version": self.model_version}
-        G = pb_utils.MetricFamily.GAUGE
-        req = pb_utils.MetricFamily(name="nv_trt_llm_request_metrics", description="TRT LLM request metrics", kind=G)
-        kv = pb_utils.MetricFamily(
-            name="nv_trt_llm_kv_cache_block_metrics", description="TRT LLM KV cache block metrics", kind=G
-        )
-        ifb = pb_utils.MetricFamily(
-            name="nv_trt_llm_inflight_batcher_metrics", description="TRT LLM inflight batcher metrics", kind=G
-        )
-        gen = pb_utils.MetricFamily(name="nv_trt_llm_general_metrics", description="General TRT LLM metrics", kind=G)
-        self._metric_families = [req, kv, ifb, gen]  # keep alive
-        self._metrics = {
-            **{
-                ("request", t): req.Metric(labels={**base, "request_type": t})
-                for t in ("active", "max", "scheduled", "context", "waiting", "completed")
-            },
-            **{
-                ("kv", t): kv.Metric(labels={**base, "kv_cache_block_type": t})
-                for t in ("used", "free", "max", "tokens_per")
-            },
-            **{
-                ("ifb", t): ifb.Metric(labels={**base, "inflight_batcher_specific_metric": t})
-                for t in ("total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests")
-            },
-            **{("gen", t): gen.Metric(labels={**base, "general_type": t}) for t in ("iteration_counter", "timestamp")},
-        }
-
-    def _update_metrics(self, s: EngineStats) -> None:
-        import time
-
-        values = {
-            ("request", "active"): s.active_requests,
-            ("request", "max"): s.max_requests,
-            ("request", "scheduled"): s.scheduled_requests,
-            ("request", "context"): s.context_requests,
-            ("request", "waiting"): s.waiting_requests,
-            ("request", "completed"): s.completed_requests,
-            ("kv", "used"): s.used_blocks,
-            ("kv", "free"): s.free_blocks,
-            ("kv", "max"): s.max_blocks,
-            ("kv", "tokens_per"): s.tokens_per_block,
-            ("ifb", "total_context_tokens"): s.context_tokens,
-            ("ifb", "generation_requests"): s.generation_requests,
-            ("ifb", "micro_batch_id"): 0,
-            ("ifb", "paused_requests"): 0,
-            ("gen", "iteration_counter"): s.iterations,
-            ("gen", "timestamp"): time.time_ns() // 1000,
-        }
-        for key, value in values.items():
-            self._metrics[key].set(float(value))
 
     # ------------------------------------------------------------------ requests
     def _inputs(self, request: Any) -> dict[str, np.ndarray]:
@@ -405,8 +352,7 @@ class TritonPythonModel:
         run after the stub tore down its shared memory and segfault (seen at every tp 2 leader exit)."""
         import gc
 
-        if hasattr(self, "engine"):
-            del self.engine
-        self._metrics = {}
-        self._metric_families = []
+        for name in ("engine", "_metrics"):
+            if hasattr(self, name):
+                delattr(self, name)
         gc.collect()

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from backend.models.engine_metrics import KV_CACHE, REQUEST
 from hpc.metrics import DEFAULT_PREFIXES, Sample, parse, scrape
 from launcher.records import EndpointRecord
 
@@ -157,10 +158,10 @@ def rates(now: dict[str, float], before: dict[str, float], seconds: float) -> Ra
         failures_per_s=per_s(max(0.0, failed_now - failed_before)),
         tokens_per_s=per_s(tokens),
         queue_ms=(queue / finished / 1000) if queue is not None and finished else None,
-        active=_value(now, "nv_trt_llm_request_metrics", model="tensorrt_llm", request_type="active"),
-        waiting=_value(now, "nv_trt_llm_request_metrics", model="tensorrt_llm", request_type="waiting"),
-        kv_used=_value(now, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used", model="tensorrt_llm"),
-        kv_max=_value(now, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max", model="tensorrt_llm"),
+        active=_value(now, REQUEST, model="tensorrt_llm", request_type="active"),
+        waiting=_value(now, REQUEST, model="tensorrt_llm", request_type="waiting"),
+        kv_used=_value(now, KV_CACHE, kv_cache_block_type="used", model="tensorrt_llm"),
+        kv_max=_value(now, KV_CACHE, kv_cache_block_type="max", model="tensorrt_llm"),
         token_source=source,
     )
 

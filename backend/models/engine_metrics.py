@@ -1,0 +1,68 @@
+"""The CPU engine's gauges on tritonserver's metrics page, under the TensorRT-LLM backend's own family and label
+names (`nv_trt_llm_*`), so `hpc-serve metrics`, dashboards and scripts written for a GPU deployment read a CPU one
+unchanged. Apart from the model because the names are a contract of their own; the stub's `pb_utils` is handed
+in (it exists only inside the python-backend stub).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names alone are imported by the login node's tools (hpc/bench), without numpy
+    from backend.cpu_engine.engine import EngineStats
+
+REQUEST = "nv_trt_llm_request_metrics"
+KV_CACHE = "nv_trt_llm_kv_cache_block_metrics"
+BATCHER = "nv_trt_llm_inflight_batcher_metrics"
+GENERAL = "nv_trt_llm_general_metrics"
+#: each family's label and description, as tensorrtllm_backend's custom metrics reporter names them
+FAMILIES = {
+    REQUEST: ("request_type", "TRT LLM request metrics"),
+    KV_CACHE: ("kv_cache_block_type", "TRT LLM KV cache block metrics"),
+    BATCHER: ("inflight_batcher_specific_metric", "TRT LLM inflight batcher metrics"),
+    GENERAL: ("general_type", "General TRT LLM metrics"),
+}
+
+
+def readings(s: EngineStats) -> dict[tuple[str, str], float]:
+    """(family, label value) → one engine step's reading; `timestamp` is now, in microseconds, as upstream's."""
+    return {
+        (REQUEST, "active"): s.active_requests,
+        (REQUEST, "max"): s.max_requests,
+        (REQUEST, "scheduled"): s.scheduled_requests,
+        (REQUEST, "context"): s.context_requests,
+        (REQUEST, "waiting"): s.waiting_requests,
+        (REQUEST, "completed"): s.completed_requests,
+        (KV_CACHE, "used"): s.used_blocks,
+        (KV_CACHE, "free"): s.free_blocks,
+        (KV_CACHE, "max"): s.max_blocks,
+        (KV_CACHE, "tokens_per"): s.tokens_per_block,
+        (BATCHER, "total_context_tokens"): s.context_tokens,
+        (BATCHER, "generation_requests"): s.generation_requests,
+        (BATCHER, "micro_batch_id"): 0,
+        (BATCHER, "paused_requests"): 0,
+        (GENERAL, "iteration_counter"): s.iterations,
+        (GENERAL, "timestamp"): time.time_ns() // 1000,
+    }
+
+
+class EngineMetrics:
+    """The gauges of one model instance: made in `initialize` from the engine's first stats, set after each step."""
+
+    def __init__(self, pb_utils: Any, model_name: str, model_version: str, first: EngineStats) -> None:
+        base = {"model": model_name, "version": model_version}
+        gauge = pb_utils.MetricFamily.GAUGE
+        self._families = {  # kept alive with the model: the stub drops a family's gauges with it
+            name: pb_utils.MetricFamily(name=name, description=description, kind=gauge)
+            for name, (_, description) in FAMILIES.items()
+        }
+        self._gauges = {
+            (name, kind): self._families[name].Metric(labels={**base, FAMILIES[name][0]: kind})
+            for name, kind in readings(first)
+        }
+        self.update(first)
+
+    def update(self, stats: EngineStats) -> None:
+        for key, value in readings(stats).items():
+            self._gauges[key].set(float(value))
