@@ -65,4 +65,10 @@ class EngineMetrics:
 
     def update(self, stats: EngineStats) -> None:
         for key, value in readings(stats).items():
-            self._gauges[key].set(float(value))
+            if (gauge := self._gauges.get(key)) is not None:  # none after release()
+                gauge.set(float(value))
+
+    def release(self) -> None:
+        """Drop the stub's metric objects now, while the stub is whole (see TritonPythonModel.finalize)."""
+        self._gauges.clear()
+        self._families.clear()

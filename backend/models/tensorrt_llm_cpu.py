@@ -343,6 +343,7 @@ class TritonPythonModel:
             except Exception as e:  # noqa: BLE001 - e.g. parallel.PeerGone: still end MPI and let Triton go on
                 if pb_utils is not None:
                     pb_utils.Logger.log_warn(f"cpu engine: stopping the followers failed: {e}")
+        del engine  # no reference of this frame keeps the engine (and what it holds) past the release
         _finalize_mpi()
         self._release_stub_objects()
 
@@ -352,7 +353,10 @@ class TritonPythonModel:
         run after the stub tore down its shared memory and segfault (seen at every tp 2 leader exit)."""
         import gc
 
-        for name in ("engine", "_metrics"):
-            if hasattr(self, name):
-                delattr(self, name)
+        if hasattr(self, "engine"):
+            self.engine.on_step = None  # it held the gauges' update, and so the gauges
+            del self.engine
+        if hasattr(self, "_metrics"):
+            self._metrics.release()  # the gauges go now, whoever still holds the EngineMetrics
+            del self._metrics
         gc.collect()
