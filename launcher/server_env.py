@@ -6,6 +6,7 @@ because benchmarks/bench_startup.py starts a bare tritonserver with the very sam
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from . import config
@@ -35,18 +36,34 @@ def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
 
 def threads_per_rank(env: dict[str, str]) -> str:
     """CPU threads for BLAS in one rank: Slurm's cpus-per-task, else the job's cores on this node (Slurm's
-    SLURM_CPUS_ON_NODE, else the node's) shared by its ranks, so TP ranks on one node do not oversubscribe the
-    CPU; never more than the cores this rank may run on (a cgroup, `taskset` or Slurm's binding: the node's
-    core count would start a thread per core of the node)."""
+    SLURM_CPUS_ON_NODE, else the node's) shared by this node's ranks, so TP ranks on one node do not
+    oversubscribe the CPU; never more than the cores this rank may run on (a cgroup, `taskset` or Slurm's
+    binding: the node's core count would start a thread per core of the node)."""
     if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
-        return env["SLURM_CPUS_PER_TASK"]
-    # SLURM_TASKS_PER_NODE looks like "2(x3),1": the first group is enough for a per-node share.
-    local = env.get("SLURM_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
-    local = local if local.isdigit() else env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
-    on_node = env.get("SLURM_CPUS_ON_NODE", "")
-    cores = int(on_node) if on_node.isdigit() else (os.cpu_count() or 1)
-    share = cores // max(1, int(local) if local.isdigit() else 1)
-    return str(max(1, min(share, usable_cores())))
+        wanted = int(env["SLURM_CPUS_PER_TASK"])
+    else:
+        on_node = env.get("SLURM_CPUS_ON_NODE", "")
+        cores = int(on_node) if on_node.isdigit() else (os.cpu_count() or 1)
+        wanted = cores // ranks_on_this_node(env)
+    return str(max(1, min(wanted, usable_cores())))
+
+
+def ranks_on_this_node(env: dict[str, str]) -> int:
+    """This node's ranks: Slurm's tasks per node of the step (else of the job) at this node's index in it
+    (SLURM_NODEID), its "2(x3),1" form expanded; else Open MPI's local size; else 1."""
+    text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "")
+    counts: list[int] = []
+    for group in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", group)
+        if match is None:
+            counts = []
+            break
+        counts += [int(match[1])] * int(match[2] or 1)
+    if counts:
+        node = env.get("SLURM_NODEID", "")
+        return max(1, counts[int(node)] if node.isdigit() and int(node) < len(counts) else counts[0])
+    local = env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "")
+    return max(1, int(local)) if local.isdigit() else 1
 
 
 def usable_cores() -> int:

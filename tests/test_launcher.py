@@ -224,6 +224,7 @@ def test_child_env_hands_the_model_its_place(tmp_path: Path) -> None:
     assert place.release_file == str(JobPaths(tmp_path, "9").released(3)) and place.stop_file is None
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity API on this platform")
 def test_blas_threads_stay_within_the_cores_the_rank_may_use(tmp_path: Path) -> None:
     """A rank confined to one core (taskset, a cgroup) gets one BLAS thread, not one per core of the node."""
     import subprocess
@@ -250,6 +251,23 @@ def test_blas_threads_share_the_jobs_cores_on_the_node(tmp_path: Path, on_node: 
     base = {"SLURM_CPUS_ON_NODE": on_node, "SLURM_TASKS_PER_NODE": per_node}
     env = child_env(plan, ServerBinary("/ts", {}), base=base, info=info, me=role(info, 1, 1, 1))
     assert env["OPENBLAS_NUM_THREADS"] == env["OMP_NUM_THREADS"] == threads
+
+
+@pytest.mark.parametrize(
+    ("env", "ranks"),
+    [
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}, 1),
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "1"}, 2),
+        ({"SLURM_STEP_TASKS_PER_NODE": "1,2(x2)", "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "4"}, 2),
+        ({"SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1"}, 4),
+        ({"SLURM_TASKS_PER_NODE": "garbled", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 3),
+        ({}, 1),
+    ],
+)
+def test_ranks_on_this_node_read_slurms_per_node_counts_at_this_nodes_index(env: dict, ranks: int) -> None:
+    from launcher.server_env import ranks_on_this_node
+
+    assert ranks_on_this_node(env) == ranks
 
 
 def test_placement_without_a_launcher_reads_the_starter_like_the_launcher() -> None:
