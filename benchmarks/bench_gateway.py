@@ -143,7 +143,7 @@ async def throughput_part(args: argparse.Namespace, sides: Sides, pid: int, metr
             gw_pid = None if side == "direct" else pid
             steps0 = engine_steps(metrics_url)
             run = await throughput(getattr(sides, side), args.concurrency, args.seconds, gw_pid)
-            run["steps"] = (engine_steps(metrics_url) - steps0) / args.seconds
+            run["steps"] = (engine_steps(metrics_url) - steps0) / run["wall"]  # the rate's seconds, its tail too
             runs[side].append(run)
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
     print(f"\nthroughput, {args.concurrency} concurrent streams, {args.rounds} rounds of {args.seconds:g} s:")
@@ -222,9 +222,10 @@ def main() -> int:
                     floor_relay(record.grpc_url, token, "--fastapi") as floor_fastapi,
                 ):
                     floors = {"floor": floor, "floor_late": floor_late, "floor_fastapi": floor_fastapi} if FLOOR else {}
-                    floors |= ({"baseline": base} if base else {}) | {"second": second}
+                    floors |= ({"baseline": base} if base else {}) | ({"second": second} if second else {})
                     asyncio.run(part1(args, url, pid, log, token, record, floors))
         if args.part in ("all", "prefix"):
+            pin("engine")  # part 2's job, as part 1's
             part2(args, work, checkpoint)
     finally:
         if not args.keep:

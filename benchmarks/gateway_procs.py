@@ -157,6 +157,9 @@ def gateway_beside(job_id: str, work: Path, source: Path | None = None) -> Itera
     address record goes, and the next gateway starts beside it."""
     from launcher.layout import gateway_record
 
+    if not AIOHTTP:  # its client is aiohttp's, as gw_aiohttp's
+        yield ""
+        return
     with gateway(job_id, work, source=source) as (url, _, _):
         gateway_record(work / "runs", "bench-gw").unlink()
         yield url

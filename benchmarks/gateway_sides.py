@@ -234,4 +234,5 @@ async def throughput(
     tokens = sum(await asyncio.gather(*(worker() for _ in range(streams))))
     wall = time.perf_counter() - t0
     gw = (cpu_s(gateway_pid) - gw0) if gateway_pid else 0.0
-    return {"rate": tokens / wall, "client_ms": (cpu_s() - client0) / requests * 1e3, "gateway_ms": gw / requests * 1e3}
+    client_ms = (cpu_s() - client0) / requests * 1e3
+    return {"rate": tokens / wall, "wall": wall, "client_ms": client_ms, "gateway_ms": gw / requests * 1e3}
