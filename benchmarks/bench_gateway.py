@@ -134,7 +134,7 @@ async def latency_part(args: argparse.Namespace, sides: Sides, names: tuple[str,
 
 async def throughput_part(args: argparse.Namespace, sides: Sides, pid: int, metrics_url: str) -> None:
     """Part 1's throughput: `--concurrency` streams per side, rounds alternating, with the engine's steps."""
-    order = ("direct", *GW_SIDES, *(("gw_two",) if "second" in sides.floor_urls and FLOOR else ()))
+    order = ("direct", *GW_SIDES, *(("gw_two",) if "second" in sides.floor_urls else ()))
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in order}
     for side in order:  # warm-up at full batch
         await throughput(getattr(sides, side), args.concurrency, 2, None)
