@@ -66,23 +66,46 @@ def mpi_main(model_dir: str, out_file: str) -> None:
 
 
 def mpi_silent_leader(model_dir: str, out_file: str) -> None:
-    """Rank 0 loads slowly (silent longer than the timeout: must NOT count), heartbeats once, then goes quiet
-    and leaves; rank 1's follower loop must wait through the load and notice the silence after the heartbeat."""
+    """Rank 0 stays silent longer than the timeout before its first message ("loading": must NOT count), sends
+    one heartbeat, then stays silent until rank 1 has left; rank 1's follower loop must wait through the load
+    and leave on the silence after the heartbeat, while its leader is still there.
+
+    Every step waits for an event, not for time: the leader's silence starts once the follower is in its loop
+    (``.waiting``), and a sleep never ends early, so that silence is longer than the timeout however slow the
+    machine; the leader then waits for the follower's result (``out_file``) before it leaves, so the follower
+    can only have left on the silence, not because the leader's process ended."""
     import time
 
     from backend.cpu_engine.follower import PING, follower_loop, load_shard
     from backend.cpu_engine.parallel import MpiComm
 
-    comm = MpiComm(leader_timeout_s=2.0)
+    timeout_s = 2.0
+    waiting, result = Path(out_file + ".waiting"), Path(out_file)
+    comm = MpiComm(leader_timeout_s=timeout_s)
     shard = load_shard(model_dir, comm, max_slots=2)
     if comm.rank == 0:
-        time.sleep(3)  # "loading a big checkpoint": longer than leader_timeout_s, before the first message
+        leader = {"follower_waiting": _wait_for_file(waiting)}
+        time.sleep(timeout_s + 1)  # "loading a big checkpoint": silent longer than leader_timeout_s
         comm.bcast_obj(PING)
-        time.sleep(6)
+        leader["follower_left_while_leader_was_there"] = _wait_for_file(result)
+        Path(out_file + ".leader").write_text(json.dumps(leader))
         return
-    t0 = time.monotonic()
+    waiting.write_text("")
     follower_loop(shard)
-    Path(out_file).write_text(json.dumps({"follower_returned_after_s": time.monotonic() - t0}))
+    # a follower that gave up during the silent load would not have heard the heartbeat
+    result.write_text(json.dumps({"heard_from_leader": comm.heard_from_leader}))
+
+
+def _wait_for_file(path: Path, timeout_s: float = 120.0) -> bool:
+    """Whether `path` exists within `timeout_s` (a generous bound: only a broken peer takes that long)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def mpi_faults(model_dir: str, out_file: str) -> None:
@@ -181,10 +204,14 @@ def test_follower_leaves_when_leader_goes_silent(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     ckpt = create_checkpoint(tmp_path / "gpt2", family="gpt2", seed=5)
     out = tmp_path / "result.json"
-    proc = _run_two_ranks(ckpt, out, "silent-leader", timeout=120)
-    # 3 s of silent loading do not count; 2 s of silence after the heartbeat do (≈ 5 s in all).
-    assert 4.5 < json.loads(out.read_text())["follower_returned_after_s"] < 9
-    assert "no message from the leader" in proc.stderr
+    proc = _run_two_ranks(ckpt, out, "silent-leader", timeout=300)
+    leader = json.loads(Path(f"{out}.leader").read_text())
+    assert leader["follower_waiting"], "the follower never reached its loop"
+    # the silent load did not count: the follower was still in its loop when the heartbeat came
+    assert json.loads(out.read_text()) == {"heard_from_leader": True}
+    # the silence after the heartbeat did: it left while its leader was still there, saying why
+    assert leader["follower_left_while_leader_was_there"], proc.stderr[-3000:]
+    assert "no message from the leader for 2s" in proc.stderr
 
 
 def test_a_failing_rank_fails_only_its_step_and_ranks_stay_in_step(tmp_path: Path) -> None:
