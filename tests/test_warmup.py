@@ -8,7 +8,6 @@ import http.server
 import json
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,17 +29,22 @@ PREPROCESSING_ERROR = (
 
 
 class Triton(http.server.BaseHTTPRequestHandler):
-    """Answers POST .../generate_stream with the server's ``answers[path]``: (status, content type, body,
-    seconds to wait first); records each request's path, headers and body."""
+    """Answers POST .../generate_stream with the server's ``answers[path]``: (status, content type, body, held:
+    whether to answer only once ``release`` is set, at the test's end); records each request's path, headers
+    and body, and sets ``received`` once a request came."""
 
-    answers: dict[str, tuple[int, str, bytes, float]] = {}
+    answers: dict[str, tuple[int, str, bytes, bool]] = {}
     seen: list[tuple[str, dict[str, str], dict]] = []
+    received: threading.Event
+    release: threading.Event
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-        status, kind, data, delay = self.answers[self.path]
-        time.sleep(delay)
+        status, kind, data, held = self.answers[self.path]
+        self.received.set()
+        if held:
+            self.release.wait(60)
         self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
@@ -56,7 +60,8 @@ class Triton(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def triton() -> Iterator[tuple[int, type[Triton]]]:
-    handler = type("Handler", (Triton,), {"answers": {}, "seen": []})
+    release = threading.Event()
+    handler = type("Handler", (Triton,), {"answers": {}, "seen": [], "received": threading.Event(), "release": release})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -64,6 +69,7 @@ def triton() -> Iterator[tuple[int, type[Triton]]]:
     try:
         yield server.server_address[1], handler
     finally:
+        release.set()
         server.shutdown()
         server.server_close()
 
@@ -85,7 +91,7 @@ def test_the_ensemble_is_warmed_up_else_the_bls_model_else_none(tmp_path: Path) 
 
 def test_a_token_that_came_back_is_success_and_the_token_is_sent(triton) -> None:
     port, server = triton
-    server.answers["/v2/models/ensemble/generate_stream"] = (200, "text/event-stream", OK, 0)
+    server.answers["/v2/models/ensemble/generate_stream"] = (200, "text/event-stream", OK, False)
     assert send(Warmup("ensemble", 5, "hpcs_secret"), port) == " c"
     path, headers, body = server.seen[0]
     assert body == {"text_input": "Hello", "max_tokens": 1}
@@ -107,7 +113,7 @@ def test_a_token_that_came_back_is_success_and_the_token_is_sent(triton) -> None
 )
 def test_an_error_answer_fails_with_the_servers_text(triton, status, kind, body, expected) -> None:
     port, server = triton
-    server.answers["/v2/models/ensemble/generate_stream"] = (status, kind, body, 0)
+    server.answers["/v2/models/ensemble/generate_stream"] = (status, kind, body, False)
     with pytest.raises(WarmupFailed) as failed:
         send(Warmup("ensemble", 5), port)
     assert str(failed.value).startswith(expected), str(failed.value)
@@ -123,7 +129,7 @@ def test_first_event_parsing() -> None:
 def child():
     """A real process under a real Supervisor, as tritonserver is (its own process group)."""
     sup = Supervisor(stop_grace_s=5)
-    started = sup.spawn([sys.executable, "-c", "import time; time.sleep(30)"], env={})
+    started = sup.spawn([sys.executable, "-c", "import time; time.sleep(600)"], env={})
     yield sup, started
     sup.kill_group(started)
     started.proc.wait(10)
@@ -133,18 +139,27 @@ def test_warm_up_outcomes(triton, child) -> None:
     port, server = triton
     sup, proc = child
     path = "/v2/models/ensemble/generate_stream"
-    server.answers[path] = (200, "text/event-stream", OK, 0)
-    outcome = warm_up(sup, proc, Warmup("ensemble", 5), port)
-    assert (outcome.state, outcome.text) == ("ok", " c") and outcome.seconds < 5
-    server.answers[path] = (200, "text/event-stream", b'data: {"error":"boom"}\n\n', 0)
-    assert warm_up(sup, proc, Warmup("ensemble", 5), port).why == "boom"
-    server.answers[path] = (200, "text/event-stream", OK, 3)  # answers after the timeout
+    server.answers[path] = (200, "text/event-stream", OK, False)
+    outcome = warm_up(sup, proc, Warmup("ensemble", 60), port)
+    assert (outcome.state, outcome.text) == ("ok", " c")
+    server.answers[path] = (200, "text/event-stream", b'data: {"error":"boom"}\n\n', False)
+    assert warm_up(sup, proc, Warmup("ensemble", 60), port).why == "boom"
+    # an answer held until the test ends: only the timeout can end this warm-up, however slow the machine
+    server.answers[path] = (200, "text/event-stream", OK, True)
     outcome = warm_up(sup, proc, Warmup("ensemble", 0.5), port)
-    assert outcome.state == "timeout" and "warmup_timeout_s=0.5" in outcome.why and 0.5 <= outcome.seconds < 2
-    # the supervisor keeps polling while the request waits: tritonserver's end is seen at once
-    threading.Timer(0.3, lambda: sup.kill_group(proc)).start()
-    outcome = warm_up(sup, proc, Warmup("ensemble", 10), port)
-    assert outcome.state == "exited" and outcome.seconds < 3
+    assert outcome.state == "timeout" and "warmup_timeout_s=0.5" in outcome.why
+    assert outcome.seconds >= 0.5, "timed out early"  # a deadline never fires early, however slow the machine
+    # the supervisor keeps polling while the request waits: tritonserver's end is seen, not the answer (held) or
+    # the timeout (60 s: only a warm-up that missed the end would reach it)
+    server.received.clear()
+
+    def end_once_received() -> None:
+        server.received.wait(60)
+        sup.kill_group(proc)
+
+    threading.Thread(target=end_once_received, daemon=True).start()
+    outcome = warm_up(sup, proc, Warmup("ensemble", 60), port)
+    assert outcome.state == "exited", outcome
 
 
 def test_startup_record_round_trip(tmp_path: Path) -> None:
