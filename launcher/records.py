@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from .layout import ENDPOINT_GLOB, RANK_RECORD_GLOB, JobPaths
 from .urls import grpc_target, http_url, metrics_url
@@ -99,7 +99,8 @@ class _Record:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+    def from_dict(cls: type[_R], data: Mapping[str, Any]) -> _R:
+        # type[_R] -> _R rather than typing.Self (3.11+): ranks import this with the container's python3 (3.10)
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         return cls(**{k: v for k, v in data.items() if k in names})
 

@@ -44,7 +44,8 @@ SPECIAL_TOKENS = {
 
 def corpus_text() -> str:
     """The English text shipped in ``backend/data/`` that tokenizers are trained on."""
-    return resources.files("backend").joinpath("data", "corpus.txt").read_text(encoding="utf-8")
+    corpus = resources.files("backend").joinpath("data").joinpath("corpus.txt")  # joinpath takes one name in 3.10
+    return corpus.read_text(encoding="utf-8")
 
 
 def train_tokenizer(family: str, vocab_size: int) -> Any:

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from hpc.client.transport import Sampling, gateway_stream, generate_params
+from hpc.compat import TIMEOUT_ERRORS
 
 from .stats import RequestRecord
 from .workloads import BenchRequest, Tokenizer
@@ -46,7 +47,7 @@ class LoadSpec:
 def error_kind(exc: BaseException) -> str:
     """How an error is counted in "errors by kind": the client's error class (Busy, NotReady, RequestError,
     ServerError, AuthError…), `timeout`, or the transport's exception class."""
-    if isinstance(exc, TimeoutError):
+    if isinstance(exc, TIMEOUT_ERRORS):
         return "timeout"
     if isinstance(exc, httpx.HTTPError):
         return f"http:{type(exc).__name__}"

@@ -17,10 +17,10 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from pathlib import Path
-from typing import Self, Unpack
 
 import httpx
 
+from hpc.compat import Self, Unpack, timeout
 from hpc.gateway.discovery import Discovery
 from hpc.gateway.record import live_gateway
 from hpc.gateway.text import StopStream
@@ -253,7 +253,7 @@ class AsyncClient:
         async with aclosing(self._pieces(params, stream)) as pieces:
             while True:
                 try:
-                    async with asyncio.timeout(self.timeout_s):
+                    async with timeout(self.timeout_s):
                         piece = await anext(pieces)
                 except StopAsyncIteration:
                     return

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Coroutine, Iterator, Sequence
-from typing import Any, Self, TypeVar, Unpack
+from typing import Any, TypeVar
 
+from hpc.compat import Self, Unpack
 from hpc.jobs import JobRef
 from hpc.routing.deployment import Target
 
