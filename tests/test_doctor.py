@@ -16,6 +16,7 @@ from hpc.doctor.probe import ProbeJob, verdicts, write_probe
 from hpc.doctor.profile import profile_values
 from hpc.doctor.report import Check, exit_code, fail, ok
 from hpc.spec import Spec
+from launcher.layout import SHIPPED_PACKAGES, SOURCE_ROOT
 
 PARTITIONS = (
     "PartitionName=debug AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A "
@@ -154,7 +155,11 @@ def test_probe_script_quotes_everything_from_the_spec(tmp_path):
         ["bash", "-c", f"awk '/<<.BUNDLE./{{f=1;next}}/^BUNDLE$/{{f=0}}f' {shlex.quote(str(script))} | base64 -d | tar -tzf -"],
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
-    assert sorted(out) == ["node.py", "python/launcher/__init__.py", "python/launcher/server.py"]
+    shipped = sorted(
+        f"python/{p.relative_to(SOURCE_ROOT)}" for name in SHIPPED_PACKAGES for p in (SOURCE_ROOT / name).rglob("*.py")
+    )
+    assert sorted(out) == ["node.py", *shipped]  # node.py, and the rank-side code render ships, to import
+    assert "python/launcher/server.py" in shipped and "python/backend/models/preprocessing.py" in shipped
 
 
 def test_probe_script_runs_the_container_wrapper(tmp_path):
@@ -164,6 +169,18 @@ def test_probe_script_runs_the_container_wrapper(tmp_path):
     assert step[3:7] == ["apptainer", "exec", "--nv", "-B"]
     assert "/tmp/hpc-serve-doctor-n0nce:/tmp/hpc-serve-doctor-n0nce" in step  # node.py's folder, mounted
     assert step[step.index("/img/triton.sif") + 1] == "python3.12"
+    # node.py names that python as the report will, and imports the modules the CPU spec's python stubs load
+    assert step[step.index("--python-label") + 1] == "python3.12 in the container"
+    imports = [step[i + 1] for i, arg in enumerate(step) if arg == "--import"]
+    assert imports == [
+        "backend.models.preprocessing",
+        "backend.models.postprocessing",
+        "backend.models.bls",
+        "backend.models.tensorrt_llm_cpu",
+    ]
+    case = next(line for line in script.read_text().splitlines() if line.startswith("case $step in "))
+    codes = {int(n) for n in case.split()[3].rstrip(")").split("|")}  # node.py's exits: every sum of its bits
+    assert {0, 2, 32, 34, 46} <= codes and not codes & {1, 16}
 
 
 def test_verdicts_from_exit_bits_when_results_cannot_be_read(tmp_path):
@@ -251,6 +268,7 @@ def test_node_checks_on_this_machine(tmp_path, tritonserver):
     rc = node.main([str(results), "--gpus", "2", "--trtllm", "0.12.0"])
     found = json.loads(results.read_text())
     assert rc == node.BITS["gpus"] | node.BITS["tensorrt_llm"], found
+    assert found["python"]["ok"] and found["python"]["version"] == "{}.{}.{}".format(*sys.version_info[:3])
     assert found["tritonserver"]["ok"] and found["tritonserver"]["detail"].startswith(tritonserver)
     assert not found["gpus"]["ok"] and "nvidia-smi" in found["gpus"]["detail"]
     assert found["tensorrt_llm"] == {

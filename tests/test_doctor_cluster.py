@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests._env import unavailable
+from tests._pythons import find_python, where_looked
 from tests.e2e import CLI, cli
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -68,7 +69,7 @@ def test_tiny_cpu_passes_with_probe(slurm_cluster):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for check in ("slurm commands", "accounting", "mpi", "partition", "nodes", "time limit", "container",
-                  "sbatch --test-only", "probe job", "shared workdir", "tritonserver"):  # fmt: skip
+                  "sbatch --test-only", "probe job", "shared workdir", "python", "tritonserver"):  # fmt: skip
         assert re.search(rf"│ {re.escape(check)}\s+│ ok ", out), f"{check} not ok:\n{out}"
     assert re.search(r"│ gpus\s+│ skip ", out) and re.search(r"│ tensorrt_llm\s+│ skip ", out), out
     assert "FAIL" not in out
@@ -241,6 +242,47 @@ def test_probe_tritonserver_that_does_not_start(slurm_cluster, tmp_path):
     assert list(fails) == ["tritonserver"], proc.stdout
     assert f"{fake} (launch.json tritonserver) exit 127: error while loading shared libraries" in fails["tritonserver"]
     assert "fix: set triton.server to the tritonserver binary on the nodes" in fails["tritonserver"]
+
+
+#: `apptainer exec [--nv] [-B SRC:DST]... [--pwd DIR] IMAGE CMD...` that runs CMD on the host: an "image" whose
+#: python3 is whichever interpreter container.python names
+FAKE_APPTAINER = """#!/bin/bash
+[ "$1" = exec ] || exit 2
+shift
+while [ $# -gt 0 ]; do case $1 in --nv) shift ;; -B|--pwd) shift 2 ;; *) break ;; esac; done
+shift
+exec "$@"
+"""
+
+
+def test_probe_names_a_container_python_too_old_for_the_ranks(slurm_cluster, tmp_path, monkeypatch):
+    """An image whose python3 is 3.8 (NGC's images before Ubuntu 22.04): the probe runs node.py with it, as a
+    rank would run the launcher, and the report names the version and what the ranks need. The container is
+    a stand-in apptainer (on PATH here and, through sbatch's exported environment, in the job)."""
+    python38 = find_python(3, 8)
+    if python38 is None:
+        pytest.skip(where_looked(3, 8))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text(FAKE_APPTAINER)
+    (bin_dir / "apptainer").chmod(0o755)
+    (bin_dir / "tritonserver").write_text("#!/bin/sh\necho 'Usage: tritonserver [options]'\nexit 1\n")
+    (bin_dir / "tritonserver").chmod(0o755)
+    (tmp_path / "old.sif").touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    spec = spec_file(
+        tmp_path,
+        "oldpython",
+        container={"type": "apptainer", "image": str(tmp_path / "old.sif"), "python": python38},
+        triton={"server": str(bin_dir / "tritonserver")},
+    )
+    proc = cli("doctor", str(spec), "--probe", "--probe-timeout", "120", check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = failed(proc.stdout)
+    assert list(fails) == ["python"], proc.stdout
+    version = re.search(rf"{re.escape(python38)} in the container is (3\.8\.\d+); ", fails["python"])
+    assert version and "hpc-serve's rank-side code needs >= 3.10" in fails["python"], fails["python"]
+    assert f"fix: use an image whose {python38} is Python 3.10 or newer" in fails["python"]
 
 
 def test_ctrl_c_cancels_the_probe(slurm_cluster, tmp_path):

@@ -2,9 +2,10 @@
 
 The job (one node, one task, a couple of minutes) runs the spec's modules, setup lines and environment, then
 one srun step with the spec's srun flags and container wrapper (hpc/render.py's, so it is the job's own), in
-which `node.py` (carried in the script itself and unpacked into a node-local folder, so it runs whether or not
-the workdir is shared) resolves tritonserver as the launcher does and runs `--help`, counts GPUs, and reads the
-installed TensorRT-LLM version. The workdir is shared when the job sees a file written here before it was
+which `node.py` (carried in the script itself with the rank-side code, and unpacked into a node-local folder,
+so it runs whether or not the workdir is shared) checks that the python that runs the ranks is new enough and
+imports the launcher and the python models, resolves tritonserver as the launcher does and runs `--help`, counts
+GPUs, and reads the installed TensorRT-LLM version. The workdir is shared when the job sees a file written here before it was
 submitted, and this node sees the one the job wrote. The verdict comes back twice: as JSON in the probe folder,
 and as bits of the job's exit code, so a workdir that is not shared still yields every verdict.
 
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
 from hpc import slurm
 from hpc.doctor import node
 from hpc.doctor.login import Facts, sbatch_options
@@ -33,7 +35,7 @@ from hpc.doctor.report import Check, fail, ok, skip
 from hpc.render import _srun_and_wrapper
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds
-from launcher.layout import SOURCE_ROOT
+from launcher.layout import SHIPPED_PACKAGES, SOURCE_ROOT
 
 PROBE_TIME_S = 120
 WORKDIR_BIT, STEP_BIT = 1, 16
@@ -79,14 +81,35 @@ def probe_time(facts: Facts) -> str:
 
 
 def node_bundle() -> str:
-    """node.py and the launcher's tritonserver resolution (launcher/server.py, stdlib only), as base64 of a tar.gz:
-    the job script carries them, so the node-side checks run even where the workdir is not shared."""
+    """node.py and the python code of the rank-side packages render ships (launcher/, backend/), as base64 of a
+    tar.gz: the job script carries them, so the node-side checks run even where the workdir is not shared, and
+    import the very code the ranks will (about 180 kB)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         tar.add(node.__file__, arcname="node.py")
-        for name in ("__init__.py", "server.py"):
-            tar.add(SOURCE_ROOT / "launcher" / name, arcname=f"python/launcher/{name}")
+        for package in SHIPPED_PACKAGES:
+            for path in sorted((SOURCE_ROOT / package).rglob("*.py")):
+                tar.add(path, arcname=f"python/{path.relative_to(SOURCE_ROOT)}")
     return base64.b64encode(buffer.getvalue()).decode()
+
+
+def model_modules(spec: Spec) -> list[str]:
+    """The modules tritonserver's python stubs import when the spec's models start (backend/repository.py's)."""
+    return [*PYTHON_MODEL_MODULES.values(), *([CPU_ENGINE_MODULE] if spec.model.backend == "cpu" else [])]
+
+
+def python_label(spec: Spec) -> str:
+    """How the report names the python that runs the ranks."""
+    if spec.container.type == "none":
+        return f"{sys.executable} on the node"
+    return f"{spec.container.python} in the container"
+
+
+def node_exits() -> str:
+    """node.py's exit codes, for the script's `case`: every sum of its bits."""
+    bits = list(node.BITS.values())
+    sums = {sum(b for i, b in enumerate(bits) if mask >> i & 1) for mask in range(1 << len(bits))}
+    return "|".join(str(n) for n in sorted(sums))
 
 
 def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
@@ -97,7 +120,8 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
     local = Path(f"/tmp/hpc-serve-doctor-{nonce}")  # on the node; mounted into the container as it is
     srun, wrapper = _srun_and_wrapper(spec, local)
     python = sys.executable if spec.container.type == "none" else spec.container.python
-    node_args = [str(local / RESULTS)]
+    node_args = [str(local / RESULTS), "--python-label", python_label(spec)]
+    node_args += [arg for module in model_modules(spec) for arg in ("--import", module)]
     if spec.triton.server:
         node_args += ["--server", spec.triton.server]
     if spec.slurm.gpus_per_node:
@@ -138,7 +162,7 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
         "step=$?",
         f'cp "$LOCAL/{RESULTS}" "$PROBE/{RESULTS}" 2>/dev/null',
         # node.py's exit is a sum of its bits; anything else means the step itself failed (srun, the container)
-        f'case $step in 0|2|4|6|8|10|12|14) ;; *) echo "node step exited $step"; step={STEP_BIT} ;; esac',
+        f'case $step in {node_exits()}) ;; *) echo "node step exited $step"; step={STEP_BIT} ;; esac',
         "exit $((rc | step))",
     ]
     script = folder / SCRIPT
@@ -264,6 +288,7 @@ def verdicts(spec: Spec, job: ProbeJob, folder: Path) -> list[Check]:
     if rc & STEP_BIT:
         fix = "read the node's log, " + str(folder / JOB_OUT) + " (srun or the container failed to start)"
         return [*checks, fail("node step", f"srun step of {where} did not run node.py", fix)]
+    checks.append(_node_check(spec, job, "python", node.BITS["python"], _python_fix(spec, job)))
     checks.append(_node_check(spec, job, "tritonserver", node.BITS["tritonserver"], _server_fix(spec)))
     if spec.slurm.gpus_per_node:
         gpu_fix = (
@@ -289,10 +314,30 @@ def _node_check(spec: Spec, job: ProbeJob, name: str, bit: int, fix: str) -> Che
     found = job.results.get(name)
     if found:
         detail = f"{found['detail']} (on {job.results.get('node') or job.node})"
+        if found.get("skip"):
+            return skip(name, detail)
         return ok(name, detail) if found["ok"] else fail(name, detail, fix)
     if rc & bit:
         return fail(name, f"failed on {job.node} (details in the node's results, not readable here)", fix)
     return ok(name, f"passed on {job.node} (from the job's exit code)")
+
+
+def _python_fix(spec: Spec, job: ProbeJob) -> str:
+    needed = ".".join(map(str, node.NEEDED))
+    found = job.results.get("python") or {}
+    old = tuple(int(n) for n in str(found.get("version") or "0").split(".")[:2]) < node.NEEDED
+    if spec.container.type == "none":
+        newer = f"install hpc-serve with Python {needed} or newer, on a filesystem the nodes see"
+        imports = "install what the error names into the environment hpc-serve runs from"
+    else:
+        newer = (
+            f"use an image whose {spec.container.python} is Python {needed} or newer (NGC tritonserver 24.xx images "
+            f"have 3.10), or set container.python to such a python in the image"
+        )
+        imports = f"use an image whose {spec.container.python} has what the error names (numpy for the python models)"
+    if found and not found.get("ok"):
+        return newer if old else imports
+    return f"{newer}; or {imports}"
 
 
 def _server_fix(spec: Spec) -> str:
