@@ -6,6 +6,8 @@ replica, bad token) the same way whichever API they speak; what a replica answer
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -13,6 +15,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
+
+from hpc.gateway.bodies import UNKNOWN, nearest
 
 
 class APIError(Exception):
@@ -39,8 +43,8 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers | self.headers)
 
 
-def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, "invalid_request_error", param)
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
 
 
 def unauthorized() -> APIError:
@@ -126,13 +130,31 @@ async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
 
 
 async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
-    """FastAPI's 422 → OpenAI's 400, naming the first field that is wrong."""
+    """FastAPI's 422 → OpenAI's 400, naming the first field that is wrong: an unknown key (bodies.py `unknown`)
+    with OpenAI's code `unknown_parameter` and the nearest known key; a missing field with the body's key that is
+    likely a typo of it (`"promt"`), since that is what the client has to fix."""
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    ctx = first.get("ctx") or {}
+    path = [p for p in first.get("loc", ()) if p != "body"]
+    path += ctx.get("at", [])  # bodies.py's check of the keys names the path from the body to the key
+    loc = [str(p) for p in path]
     param = ".".join(loc) or None
     said = str(first.get("msg", "invalid"))
-    if first.get("type") == "value_error" and "error" in first.get("ctx", {}):  # a validator's own words, as raised
-        said = str(first["ctx"]["error"])
+    if first.get("type") == "value_error" and "error" in ctx:  # a validator's own words, as raised
+        said = str(ctx["error"])
+    if first.get("type") == "missing" and path and (typo := nearest(str(path[-1]), _keys_at(exc.body, path[:-1]))):
+        said += f"; the body has {typo!r}: a typo of {str(path[-1])!r}?"
     message = f"{param}: {said}" if param else said
-    return bad_request(message, param).response()
+    code = UNKNOWN if first.get("type") == UNKNOWN else None
+    return bad_request(message, param, code).response()
+
+
+def _keys_at(body: Any, path: list[Any]) -> list[str]:
+    """The keys of the object at `path` in a request's body (none where there is no object)."""
+    for step in path:
+        try:
+            body = body[step]
+        except (KeyError, IndexError, TypeError):
+            return []
+    return [k for k in body if isinstance(k, str)] if isinstance(body, dict) else []

@@ -2,10 +2,12 @@
 
 Why the request models refuse what the deployment cannot do (n > 1, top log probabilities, out-of-range
 sampling values) instead of ignoring it: a client that asked for two choices and silently got one is worse off
-than one told which field is wrong (OpenAI's 400 with `param`). Unknown extra fields are ignored, as OpenAI's
-server does for fields it has retired. `top_k` is an extension (vLLM's name). Log probabilities of the chosen
-tokens are served (hpc/gateway/logprobs.py); the model returns no alternatives. Each answer names the replica
-that served it in `x-hpc-serve-replica` (`job_id/replica`), for debugging and the prefix-affinity benchmark.
+than one told which field is wrong (OpenAI's 400 with `param`). So is one with a field it does not know (a typo
+would be answered with the default): 400 `unknown_parameter` naming it and the nearest known one; the few that
+clients commonly send and that change nothing here are accepted and ignored (hpc/gateway/bodies.py). `top_k` is
+an extension (vLLM's name). Log probabilities of the chosen tokens are served (hpc/gateway/logprobs.py); the
+model returns no alternatives. Each answer names the replica that served it in `x-hpc-serve-replica`
+(`job_id/replica`), for debugging and the prefix-affinity benchmark.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ async def chat_complete(gw: Gateway, body: ChatRequest, record: RequestRecord) -
     _check_model(gw, body.model)
     if body.top_logprobs:
         raise bad_request(f"top_logprobs: only 0 is served: {NO_TOP}", "top_logprobs")
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    messages = [m.for_template() for m in body.messages]
     try:
         prompt = gw.chat_template.render(messages)
     except Exception as exc:  # noqa: BLE001 - a template's raise_exception names what it refuses
