@@ -112,6 +112,8 @@ _KINDS: dict[str, object] = {
     # CPU engine (hpc-serve additions): tensor / pipeline parallel size of the CPU engine's MPI world.
     "tp_size": "pos",
     "pp_size": "pos",
+    # CPU engine: the least time one step takes, in ms (0: as fast as the CPU goes); see engine_tables.py
+    "min_step_ms": "uint",
     # preprocessing / postprocessing
     "add_special_tokens": "bool",
     "multimodal_model_path": "path",
@@ -124,10 +126,12 @@ _KINDS: dict[str, object] = {
     "multimodal_encoders_name": "str",
 }
 
-#: Every accepted key: the upstream `fill_template.py` keys of the five templates, plus `tp_size` and
-#: `pp_size` (hpc-serve: parallel sizes for the CPU engine; also written for TensorRT-LLM where the C++
-#: backend ignores them).
+#: Every accepted key: the upstream `fill_template.py` keys of the five templates, plus hpc-serve's own.
 KNOWN_PARAMETERS: frozenset[str] = frozenset(_KINDS)
+
+#: hpc-serve's additions, read by the CPU engine: `tp_size` and `pp_size` (parallel sizes; also written for
+#: TensorRT-LLM, where the C++ backend ignores them) and `min_step_ms` (its least step time).
+HPC_SERVE_PARAMETERS: frozenset[str] = frozenset({"tp_size", "pp_size", "min_step_ms"})
 
 #: Keys that must be given for every backend: the structural fields (without them the config does not
 #: parse or means nothing) plus the tokenizer and model paths every deployment needs.

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from backend.parameters import (  # re-exported: the repository's callers import the table from here too
     BACKENDS,
+    HPC_SERVE_PARAMETERS,
     KNOWN_PARAMETERS,
     REQUIRED_PARAMETERS,
     UPSTREAM_DEFAULTS,
@@ -287,6 +288,7 @@ def main(argv: list[str] | None = None) -> None:
 
 __all__ = [
     "BACKENDS",
+    "HPC_SERVE_PARAMETERS",
     "KNOWN_PARAMETERS",
     "REQUIRED_PARAMETERS",
     "UPSTREAM_DEFAULTS",

@@ -6,6 +6,7 @@ torch/transformers are test-only dependencies (the reference implementation); th
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -239,6 +240,36 @@ def test_engine_thread_serves_concurrent_submissions(llama: Path) -> None:
         for t in threads:
             t.join(60)
         assert all(r.finished and len(r.output_ids) == 6 for r in reqs)
+    finally:
+        eng.shutdown()
+
+
+def test_min_step_is_the_least_time_of_a_step_and_a_stop_still_lands_at_the_next(llama: Path) -> None:
+    """`min_step_s` (the `min_step_ms` parameter: a GPU's pace) makes each step on the engine thread take at least
+    that long: a lower bound, which a loaded machine only lengthens. A stop from another thread during the wait
+    ends the request at the next step: the request it came for has exactly the tokens made by then, or one more."""
+    eng = Engine(str(llama), max_tokens_in_kv_cache=256, min_step_s=0.05)
+    eng.start()
+    try:
+        prompt = _prompts(llama)[0]
+        started = time.monotonic()
+        paced = eng.generate(GenerationRequest(input_ids=prompt, max_new_tokens=6), timeout=60)
+        took = time.monotonic() - started
+        assert len(paced.output_ids) == 6 and took >= 5 * 0.05, took  # 5 waits between its 6 steps at least
+        made: list[int] = []
+        stopped = threading.Event()
+
+        def on_output(_) -> None:
+            if len(req.output_ids) >= 3 and not stopped.is_set():  # on the engine thread: the stop comes between
+                stopped.set()
+                made.append(len(req.output_ids))
+                threading.Thread(target=eng.cancel, args=("mine",)).start()
+
+        req = GenerationRequest(
+            input_ids=prompt, max_new_tokens=200, request_id="mine", streaming=True, on_output=on_output
+        )
+        eng.generate(req, timeout=60)
+        assert req.finish_reason == "cancelled" and len(req.output_ids) - made[0] <= 1, (made, len(req.output_ids))
     finally:
         eng.shutdown()
 

@@ -342,7 +342,7 @@ def test_bad_backend():
 
 def test_known_parameters_cover_upstream():
     upstream = set().union(*UPSTREAM_KEYS.values())
-    assert repo.KNOWN_PARAMETERS == upstream | {"tp_size", "pp_size"}
+    assert repo.KNOWN_PARAMETERS == upstream | repo.HPC_SERVE_PARAMETERS
 
 
 def test_templates_in_sync_and_complete():

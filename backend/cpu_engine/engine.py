@@ -73,6 +73,7 @@ class Engine:
         block_size: int = 64,
         max_seq_len: int | None = None,
         heartbeat_s: float = 1.0,
+        min_step_s: float = 0.0,
     ) -> None:
         if shard is None:
             if model_dir is None:
@@ -91,6 +92,8 @@ class Engine:
         self.budget = KVBudget(max_tokens_in_kv_cache, block_size)
         self.scheduler = Scheduler(self.budget, self.max_batch_size, max_seq)
         self.heartbeat_s = heartbeat_s
+        #: the least time a step takes on the engine thread (the `min_step_ms` parameter: a GPU's pace)
+        self.min_step_s = min_step_s
         self._incoming: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
         self._cancel_ids: set[str] = set()
         #: ids of requests finished lately, newest last: tells a stop that came late from one that matched nothing
@@ -207,8 +210,11 @@ class Engine:
                 next_drain_check = now + DRAIN_CHECK_S
                 self._enforce_drain(time.time())
             if self.has_work():
+                started = time.monotonic()
                 self.step_or_fail()
                 last_msg = time.monotonic()
+                if self.min_step_s > 0:  # a GPU's pace: the rest of the step's time, ended early by shutdown only
+                    self._stop.wait(started + self.min_step_s - last_msg)
                 continue
             if self._cancel_ids:  # stops while idle match nothing: said now, not applied to the next request's step
                 self._intake()

@@ -167,6 +167,7 @@ class TritonPythonModel:
         if beam != 1:
             raise ValueError(f"max_beam_width {beam}: the CPU engine does not implement beam search (use 1)")
         kv_tokens = _int_param(params, "max_tokens_in_paged_kv_cache", None)
+        min_step_s = (_int_param(params, "min_step_ms", 0) or 0) / 1000
         self.default_exclude = (_param(params, "exclude_input_in_output") or "false").lower() in _TRUE
         logger = pb_utils.Logger
 
@@ -188,7 +189,12 @@ class TritonPythonModel:
             _end_follower_process()
 
         self.engine = Engine(
-            model_dir, comm=comm, tp_size=tp_size, max_batch_size=max_batch, max_tokens_in_kv_cache=kv_tokens
+            model_dir,
+            comm=comm,
+            tp_size=tp_size,
+            max_batch_size=max_batch,
+            max_tokens_in_kv_cache=kv_tokens,
+            min_step_s=min_step_s,
         )
         self._metrics = EngineMetrics(pb_utils, self.model_name, self.model_version, self.engine.stats())
         self.engine.on_step = self._metrics.update

@@ -13,7 +13,12 @@ with its final response and is released (5 of 5 left nothing in flight, against 
 When: the engine stops only a request it holds; a stop whose id matches nothing is answered and dropped
 (TensorRT-LLM's backend: a request may have ended already; the CPU engine logs it). A stream left before its first
 response may not have reached the engine yet (the ensemble's preprocessing runs first), so its stop is sent again
-once the first response shows that the engine holds the request (tests/test_gateway_abandon.py fails without it).
+(`stop_until`: after RESTOP_FIRST_S, doubling up to RESTOP_MAX_S) until the first response shows that the engine
+holds the request, and once more then. Why not only at the first response: under load the engine's responses
+queue up on their way out while it goes on generating (measured on the loaded 2-core CI machine: the engine had made
+149 of 240 tokens by the time the first one reached the client, and its stop then came 3-9 ms later); a stop
+sent again every so often lands within one interval of the request's arrival in the engine, however late its
+responses are (tests/test_gateway_abandon.py fails without it).
 
 Reading: gRPC's asyncio call cancels itself when the task awaiting its next message is cancelled (which is how a
 client's disconnect reaches the stream), so the stream is read by a task of its own (`Reader`) and the request's
@@ -36,6 +41,10 @@ from tritonclient.grpc._utils import _get_inference_request
 ENGINE_MODEL = "tensorrt_llm"
 #: how long an abandoned stream's stop and end may take before its call is cancelled after all
 ABANDON_S = 30.0
+#: a stop that may have come before its request is sent again after this long, then at doubling intervals
+RESTOP_FIRST_S = 0.05
+#: ... up to this one (so a request queued for long costs a stop a second, and ABANDON_S ends it)
+RESTOP_MAX_S = 1.0
 
 _tasks: set[asyncio.Future[None]] = set()  # abandoned streams being ended: referenced until done
 
@@ -128,23 +137,34 @@ async def stop_generation(client: Any, request_id: str, metadata: tuple[tuple[st
 Stop = Callable[[], Awaitable[None]]
 
 
-async def _stop_until_held(reader: Reader, stop: Stop) -> None:
-    """Stop the generation, and once more at the first response if the first stop came before it (module
-    docstring: the engine may not have held the request yet, and a stop for an id it does not hold is dropped)."""
-    if reader.responded.is_set():
-        await stop()
-        return
-    # the second stop goes at the first response, not after the first stop's answer: that answer can come later
-    # than the first response (seen under load: 330 ms, by when the engine had made all 200 tokens)
-    first = asyncio.ensure_future(stop())
-    first.add_done_callback(lambda task: task.cancelled() or task.exception())  # its error is seen by `await first`
+async def stop_until(stop: Stop, settled: asyncio.Event) -> None:
+    """Stop now, and again after RESTOP_FIRST_S, doubling up to RESTOP_MAX_S, until `settled` (module docstring:
+    the engine may not hold the request yet, and a stop for an id it does not hold is dropped). The stops are not
+    awaited one by one: one whose answer comes late (seen under load: 330 ms) delays neither the next nor the end;
+    the first error among them is raised once `settled` (a replica gone: nothing is left to stop)."""
+    sent = [asyncio.ensure_future(stop())]
+    interval = RESTOP_FIRST_S
     try:
-        await reader.responded.wait()
-        if not reader.task.done():
-            await stop()
-        await first
+        while not settled.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(settled.wait(), interval)
+            if not settled.is_set():
+                sent.append(asyncio.ensure_future(stop()))
+                interval = min(2 * interval, RESTOP_MAX_S)
+        await asyncio.gather(*sent)
     finally:
-        first.cancel()
+        for task in sent:
+            task.cancel()
+        await asyncio.gather(*sent, return_exceptions=True)
+
+
+async def _stop_until_held(reader: Reader, stop: Stop) -> None:
+    """Stop the generation: once, when the engine held the request already (the stream had responded), else
+    until the first response shows it does, and once more then (`stop_until`)."""
+    if not reader.responded.is_set():
+        await stop_until(stop, reader.responded)
+    if not reader.task.done():
+        await stop()
 
 
 async def _end(reader: Reader, stop: Stop) -> None:

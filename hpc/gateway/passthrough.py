@@ -30,7 +30,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from starlette.types import Receive
 
 from hpc.auth import http_headers
-from hpc.gateway.abandon import Reader, Stop, abandon, keep
+from hpc.gateway.abandon import ABANDON_S, Reader, Stop, abandon, keep, stop_until
 from hpc.gateway.accesslog import record_of
 from hpc.gateway.discovery import CLOSED_AFTER
 from hpc.gateway.openai_api import REPLICA_HEADER, gateway_of, require_token
@@ -38,8 +38,6 @@ from hpc.gateway.streaming import EventStream, disconnected
 from hpc.gateway.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, model_error
 from hpc.routing.balancer import Replica
 
-#: seconds after a first stop for a request whose client left before its answer started, a second
-RESTOP_S = 1.0
 #: the id the gateway gives a generate request that has none (not the OpenAI routes' prefix: the
 #: postprocessing model detokenizes those incrementally, and the passthrough's events are Triton's own)
 PASSTHROUGH_ID_PREFIX = "hpc-serve-passthrough:"
@@ -222,29 +220,29 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
 
 
 class _StopWhenGone:
-    """Until a request's answer starts: when its client leaves, stop the request by its id, and once more
-    `RESTOP_S` later (a stop that came before the engine held the request is dropped: hpc/gateway/abandon.py).
-    Why: a `generate` answer starts only once it is whole, so a client gone meanwhile was seen only then, after
-    the replica made every token of it for no one (a stream's client is watched from its first event on,
-    hpc/gateway/streaming.py). The request is not cut off: its answer, the shorter for the stop, comes back and
-    goes to no one."""
+    """Until a request's answer starts: when its client leaves, stop the request by its id, again and again until
+    the answer comes (`stop_until`: a stop that came before the engine held the request is dropped,
+    hpc/gateway/abandon.py). Why: a `generate` answer starts only once it is whole, so a client gone meanwhile was
+    seen only then, after the replica made every token of it for no one (a stream's client is watched from its
+    first event on, hpc/gateway/streaming.py). The request is not cut off: its answer, the shorter for the stop,
+    comes back and goes to no one."""
 
     def __init__(self, receive: Receive, stop: Stop) -> None:
         self.seen = False
+        self.answered = asyncio.Event()
         self.task = asyncio.ensure_future(self._watch(receive, stop))
 
     async def _watch(self, receive: Receive, stop: Stop) -> None:
         await disconnected(receive)
         self.seen = True
         try:
-            await stop()
-            await asyncio.sleep(RESTOP_S)
-            await stop()
+            await asyncio.wait_for(stop_until(stop, self.answered), ABANDON_S)
         except Exception as exc:  # noqa: BLE001 - a replica gone meanwhile: its request went with it
             log.debug("stopping a request whose client left: %r", exc)
 
     def end(self) -> None:
-        """The answer started (or failed): stop watching; a stop under way is kept to its end."""
+        """The answer started (or failed): stop watching; stops under way are kept to their end."""
+        self.answered.set()
         if self.seen:
             keep(self.task)
         else:
