@@ -256,11 +256,13 @@ class FakeServer:
         self.chunk = chunk
         self.fail = fail
         self.calls: list[tuple[str, set[str], bool]] = []
+        self.request_ids: list[str] = []
 
     def __call__(
-        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], decoupled: bool
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], decoupled: bool, request_id: str
     ) -> Iterator[dict[str, np.ndarray]]:
         self.calls.append((model, set(inputs), decoupled))
+        self.request_ids.append(request_id)
         if model == self.fail:
             raise InnerModelError(f"{model}: boom")
         if model == "preprocessing":
@@ -285,6 +287,18 @@ def bls_inputs(text: str, **extra: object) -> dict[str, np.ndarray]:
     out = {"text_input": strings(text), "max_tokens": np.array([[8]], dtype=np.int32)}
     out.update({k: np.array([[v]]) for k, v in extra.items()})
     return out
+
+
+def test_bls_gives_its_request_id_to_the_engine_request_only(tok):
+    """As the ensemble does: a stop by the client's request id (the gateway's for a client that left) reaches the
+    generation; the tokenizer models' calls carry none."""
+    server = FakeServer(tok)
+    list(BlsPipeline(server, decoupled=True).run(bls_inputs("Hello world", stream=True), "client-7"))
+    assert list(zip((c[0] for c in server.calls), server.request_ids))[:2] == [
+        ("preprocessing", ""),
+        ("tensorrt_llm", "client-7"),
+    ]
+    assert {rid for (model, *_), rid in zip(server.calls, server.request_ids) if model == "postprocessing"} == {""}
 
 
 def test_bls_non_streaming(tok):

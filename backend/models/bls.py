@@ -26,8 +26,8 @@ from backend.models import model_parameter, parse_bool
 from backend.templates.engine_tables import PASSTHROUGH_OUTPUTS, PREPROCESSING
 from backend.templates.tables import BLS_INPUTS, LLM_FROM_CLIENT, LLM_FROM_PREPROCESSING, PREPROCESSING_INPUT_MAP
 
-#: (model name, inputs, requested output names, decoupled) → responses as {output name: array}
-ModelCaller = Callable[[str, Mapping[str, np.ndarray], Sequence[str], bool], Iterator[dict[str, np.ndarray]]]
+#: (model name, inputs, requested output names, decoupled, request id) → responses as {output name: array}
+ModelCaller = Callable[[str, Mapping[str, np.ndarray], Sequence[str], bool, str], Iterator[dict[str, np.ndarray]]]
 
 INPUT_NAMES: tuple[str, ...] = tuple(t.name for t in BLS_INPUTS)
 UNSUPPORTED_INPUTS: tuple[str, ...] = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")
@@ -93,7 +93,7 @@ class BlsPipeline:
         self.llm_model_name = llm_model_name
 
     def _single(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        responses = list(self.call(model, inputs, outputs, False))
+        responses = list(self.call(model, inputs, outputs, False, ""))
         if len(responses) != 1:
             raise InnerModelError(f"{model} returned {len(responses)} responses, expected 1")
         return responses[0]
@@ -115,7 +115,10 @@ class BlsPipeline:
         if inputs.get("text_input") is None or inputs.get("max_tokens") is None:
             raise ValueError("inputs text_input and max_tokens are required")
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    def run(self, inputs: Mapping[str, np.ndarray], request_id: str = "") -> Iterator[dict[str, np.ndarray]]:
+        """The request's outputs. `request_id`, the client's request's id, goes to its `tensorrt_llm` request as
+        the ensemble gives its id to its steps: a stop by that id (hpc/gateway/abandon.py, a client's own `stop`
+        request) then reaches the generation; without it a stop matched nothing and the engine made every token."""
         stream = _flag(inputs, "stream")
         self._check(inputs, stream)
         pre_inputs = {dst: inputs[src] for dst, src in PREPROCESSING_INPUT_MAP if inputs.get(src) is not None}
@@ -125,7 +128,7 @@ class BlsPipeline:
         accumulator = _Accumulator() if stream else None
         sent: np.ndarray | None = None  # text already streamed per (batch, beam), delta mode only
         produced = 0
-        for response in self.call(self.llm_model_name, llm_inputs, LLM_REQUESTED_OUTPUTS, self.decoupled):
+        for response in self.call(self.llm_model_name, llm_inputs, LLM_REQUESTED_OUTPUTS, self.decoupled, request_id):
             if response.get("output_ids") is None:  # the empty final response of a decoupled stream
                 continue
             tokens, lengths = response["output_ids"], response["sequence_length"]
@@ -205,13 +208,14 @@ class TritonPythonModel:
         )
 
     def _call(
-        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], decoupled: bool
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], decoupled: bool, request_id: str
     ) -> Iterator[dict[str, np.ndarray]]:
         pb = self._pb
         request = pb.InferenceRequest(
             model_name=model,
             inputs=[pb.Tensor(k, np.asarray(v)) for k, v in inputs.items()],
             requested_output_names=list(outputs),
+            request_id=request_id,
         )
         responses = request.exec(decoupled=True) if decoupled else [request.exec()]
         for response in responses:
@@ -239,7 +243,7 @@ class TritonPythonModel:
             for request in requests:
                 sender = request.get_response_sender()
                 try:
-                    for out in self.pipeline.run(self._inputs(request)):
+                    for out in self.pipeline.run(self._inputs(request), request.request_id()):
                         sender.send(self._response(out))
                     sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 except Exception as exc:  # noqa: BLE001 - becomes the request's error
@@ -248,7 +252,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                outs = list(self.pipeline.run(self._inputs(request)))
+                outs = list(self.pipeline.run(self._inputs(request), request.request_id()))
                 if len(outs) != 1:
                     raise InnerModelError(f"expected one response in non-decoupled mode, got {len(outs)}")
                 responses.append(self._response(outs[0]))
