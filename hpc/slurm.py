@@ -8,11 +8,15 @@ error`) is retried with a back-off, only where repeating the command is safe: a 
 queued the job, so sbatch is retried only when the controller was never reached.
 
 `Slurm.calls` counts the commands run, per command name: the watcher's politeness is measured with it.
-Also here: what Slurm's job states mean to hpc-serve (`STATE_CLASS`, `ended`).
+Also here: what Slurm's job states mean to hpc-serve (`STATE_CLASS`, `ended`), and which cluster the commands
+talk to (`cluster_name`: SLURM_CONF's ClusterName). A job of another cluster (clusters may share $HOME, and so
+the job index) is asked about and cancelled with `-M <its cluster>` (`cluster=`), through slurmdbd, never under
+its bare id, which names another job here.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -70,6 +74,11 @@ def ended(raw_state: str) -> bool:
     return STATE_CLASS.get(raw_state.split()[0] if raw_state else "") in ENDED
 
 
+def on_cluster(cluster: str | None) -> list[str]:
+    """`-M <cluster>` for a command about a job of another cluster (None: the one SLURM_CONF names)."""
+    return ["-M", cluster] if cluster else []
+
+
 @dataclass(frozen=True)
 class Result:
     """What a command left: exit code, stdout, stderr."""
@@ -125,6 +134,7 @@ class Slurm:
         self.runner, self.sleep = runner, sleep
         self.attempts, self.backoff_s, self.timeout_s = attempts, backoff_s, timeout_s
         self.calls: Counter[str] = Counter()
+        self._cluster_names: dict[str | None, str | None] = {}  # by SLURM_CONF: the file names the cluster
 
     def run(self, argv: Sequence[str], *, timeout_s: float | None = None, repeatable: bool = True) -> Result:
         """Run until it succeeds, fails for good, or `attempts` transient failures in a row (1 s, 2 s apart).
@@ -156,14 +166,30 @@ class Slurm:
     # -----------------------------------------------------------------------------------------------------
     # the commands hpc-serve uses, parsed
 
+    def cluster_name(self) -> str | None:
+        """The cluster the commands talk to: `scontrol show config`'s ClusterName, asked once per SLURM_CONF
+        (another file may name another cluster). None when Slurm cannot say now (not cached: asked again)."""
+        conf = os.environ.get("SLURM_CONF")
+        if conf not in self._cluster_names:
+            try:
+                out = self.run(["scontrol", "show", "config"]).stdout
+            except SlurmNotInstalled:
+                out = ""
+            except SlurmError:
+                return None
+            match = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE)
+            self._cluster_names[conf] = match.group(1) if match else None
+        return self._cluster_names[conf]
+
     def sbatch(self, script: Path, options: Sequence[str] = ()) -> str:
         """Submit a script as it is (`options`: sbatch's own, before it, e.g. a --dependency); its job id."""
         out = self.run(["sbatch", "--parsable", *options, str(script)], repeatable=False).stdout
         return out.strip().split(";")[0]
 
-    def scancel(self, job_id: str, signal: str | None = None) -> bool:
-        """Signal (`signal="TERM"`) or cancel a job. False when Slurm no longer knows it (it has ended)."""
-        argv = ["scancel", *([f"--signal={signal}"] if signal else []), job_id]
+    def scancel(self, job_id: str, signal: str | None = None, cluster: str | None = None) -> bool:
+        """Signal (`signal="TERM"`) or cancel a job (of `cluster`, when another's). False when Slurm no longer
+        knows it (it has ended)."""
+        argv = ["scancel", *on_cluster(cluster), *([f"--signal={signal}"] if signal else []), job_id]
         try:
             self.run(argv)
         except SlurmError as exc:
@@ -172,12 +198,12 @@ class Slurm:
             raise
         return True
 
-    def squeue(self, job_ids: Sequence[str]) -> dict[str, tuple[str, str | None]]:
-        """{job id: (state, reason)} of those the controller still lists; one call for all of them."""
+    def squeue(self, job_ids: Sequence[str], cluster: str | None = None) -> dict[str, tuple[str, str | None]]:
+        """{job id: (state, reason)} of those the controller (of `cluster`) still lists; one call for all."""
         if not job_ids:
             return {}
         try:
-            out = self.run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"]).stdout
+            out = self.run(["squeue", *on_cluster(cluster), "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"]).stdout
         except SlurmError as exc:
             if GONE.search(exc.stderr):  # every id unknown: squeue's way of saying "none of them"
                 return {}
@@ -189,11 +215,12 @@ class Slurm:
                 found[parts[0]] = (parts[1], None if parts[2] in ("None", "(null)", "") else parts[2])
         return found
 
-    def sacct(self, job_ids: Sequence[str], fields: Sequence[str]) -> list[dict[str, str]]:
+    def sacct(self, job_ids: Sequence[str], fields: Sequence[str], cluster: str | None = None) -> list[dict[str, str]]:
         """One row per job allocation (no steps), `fields` as sacct names them; one call for all the ids."""
         if not job_ids:
             return []
-        out = self.run(["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", ",".join(fields)]).stdout
+        argv = ["sacct", *on_cluster(cluster), "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", ",".join(fields)]
+        out = self.run(argv).stdout
         # the last field keeps any "|" of its own (a SubmitLine may have one)
         return [
             dict(zip(fields, line.split("|", len(fields) - 1), strict=False))
@@ -201,15 +228,15 @@ class Slurm:
             if line.strip()
         ]
 
-    def sacct_states(self, job_ids: Sequence[str]) -> dict[str, str]:
+    def sacct_states(self, job_ids: Sequence[str], cluster: str | None = None) -> dict[str, str]:
         """{job id: raw state word} of the jobs accounting knows (`CANCELLED by 0` → `CANCELLED`)."""
-        rows = self.sacct(job_ids, ["JobID", "State"])
+        rows = self.sacct(job_ids, ["JobID", "State"], cluster)
         return {row["JobID"]: (row["State"].split() or ["UNKNOWN"])[0] for row in rows if row.get("JobID")}
 
-    def scontrol_jobs(self, job_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+    def scontrol_jobs(self, job_ids: Sequence[str], cluster: str | None = None) -> dict[str, dict[str, str]]:
         """{job id: scontrol's Key=Value fields} of those the controller knows: per id for one job, one listing
         of every job for several."""
-        argv = ["scontrol", "-o", "show", "job", *(job_ids if len(job_ids) == 1 else [])]
+        argv = ["scontrol", *on_cluster(cluster), "-o", "show", "job", *(job_ids if len(job_ids) == 1 else [])]
         try:
             out = self.run(argv).stdout
         except SlurmError as exc:

@@ -12,10 +12,15 @@ know yet, that are PENDING (for Slurm's reason) or that sacct says have ended (t
 being killed: COMPLETING); `scontrol` only for what neither knows (accounting off, no squeue). Something
 the user did to a job (submit, cancel) calls `arm(job)`: the schedule restarts at 2 s, so the change is seen
 soon without polling fast for ever.
+
+Jobs are watched per cluster (None: the one SLURM_CONF names; else a job of another cluster, asked with `-M`):
+job ids are unique per cluster only. A refresh makes its calls once per cluster with jobs to ask about, and
+keeps what went wrong asking another cluster (`unreachable`), which says why its jobs read UNKNOWN.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +31,8 @@ from hpc.slurm import SlurmError, SlurmNotInstalled, ended
 
 MIN_DELAY_S = 2.0
 MAX_DELAY_S = 30.0
+#: a watched job: (its cluster, None for the current one; its id)
+Key = tuple[str | None, str]
 
 
 @dataclass
@@ -50,7 +57,8 @@ class SlurmWatcher:
     ):
         self._gateway = gateway
         self.clock, self.min_delay_s, self.max_delay_s = clock, min_delay_s, max_delay_s
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[Key, _Job] = {}
+        self._errors: dict[str, str] = {}  # another cluster → why the last refresh could not ask it
         self._last_refresh = float("-inf")
         self._lock = threading.RLock()  # API users may wait on several jobs from threads: still one refresh
 
@@ -58,27 +66,32 @@ class SlurmWatcher:
     def gateway(self) -> slurm.Slurm:
         return self._gateway or slurm.default
 
-    def watch(self, *job_ids: str) -> None:
-        """Add jobs to the next refresh, which the first question about any of them makes at once: register
-        every job of a listing before asking, and one sacct covers them all."""
+    def watch(self, *job_ids: str, cluster: str | None = None) -> None:
+        """Add jobs (of `cluster`, when another's) to the next refresh, which the first question about any of them
+        makes at once: register every job of a listing before asking, and one sacct covers them all."""
         with self._lock:
             for job_id in job_ids:
-                self._jobs.setdefault(job_id, _Job(armed_at=self.clock()))
+                self._jobs.setdefault((cluster, job_id), _Job(armed_at=self.clock()))
 
-    def arm(self, job_id: str) -> None:
+    def arm(self, job_id: str, cluster: str | None = None) -> None:
         """Something happened to the job (submitted, signalled): ask about it now, then at 2, 4, 8 … s."""
         with self._lock:
-            job = self._jobs.setdefault(job_id, _Job(armed_at=self.clock()))
+            job = self._jobs.setdefault((cluster, job_id), _Job(armed_at=self.clock()))
             job.armed_at, job.final = self.clock(), False
             self._last_refresh = float("-inf")
 
-    def state(self, job_id: str) -> tuple[str, str | None]:
+    def state(self, job_id: str, cluster: str | None = None) -> tuple[str, str | None]:
         """(raw Slurm state, reason) as of the last refresh, refreshing first if one is due."""
         with self._lock:
-            self.watch(job_id)
-            if not self._jobs[job_id].answered or self.due():
+            self.watch(job_id, cluster=cluster)
+            if not self._jobs[(cluster, job_id)].answered or self.due():
                 self.refresh()
-            return self._jobs[job_id].state
+            return self._jobs[(cluster, job_id)].state
+
+    def unreachable(self, cluster: str) -> str | None:
+        """Why the last refresh could not ask another cluster about its jobs (a command's error), or None."""
+        with self._lock:
+            return self._errors.get(cluster)
 
     def delay_s(self) -> float:
         """How long answers are good for: half the age of the newest armed job, within [min, max]."""
@@ -91,28 +104,47 @@ class SlurmWatcher:
         return self.clock() - self._last_refresh > self.delay_s()
 
     def refresh(self) -> None:
-        """Ask Slurm about every watched job that has not ended: one sacct, at most one squeue and scontrol."""
+        """Ask Slurm about every watched job that has not ended: one sacct, at most one squeue and scontrol, per
+        cluster with such jobs."""
         self._last_refresh = self.clock()
-        todo = {job_id: job for job_id, job in self._jobs.items() if not job.final}
-        if not todo:
-            return
+        by_cluster: dict[str | None, dict[str, _Job]] = {}
+        for (cluster, job_id), job in self._jobs.items():
+            if not job.final:
+                by_cluster.setdefault(cluster, {})[job_id] = job
+        for cluster, todo in by_cluster.items():
+            self._refresh(cluster, todo)
+
+    def _refresh(self, cluster: str | None, todo: dict[str, _Job]) -> None:
+        """One cluster's jobs: sacct first, squeue for what it does not settle, scontrol for what neither knows."""
+        gateway = self.gateway
+
+        def ask(command: Callable[..., dict]) -> Callable[[list[str]], dict]:
+            return functools.partial(command, cluster=cluster) if cluster else command
+
+        if cluster:
+            self._errors.pop(cluster, None)
         try:
-            states = self.gateway.sacct_states(list(todo))
-        except SlurmError:
+            states = ask(gateway.sacct_states)(list(todo))
+        except SlurmError as exc:
             states = {}  # no accounting (or it is away): squeue and scontrol still know live jobs
+            self._failed(cluster, exc)
         for job_id, job in todo.items():
             job.sacct = states.get(job_id, job.sacct)
-        ask = [job_id for job_id, job in todo.items() if job.sacct in (None, "PENDING") or ended(job.sacct or "")]
-        queue = self._ask(self.gateway.squeue, ask)
+        wanted = [job_id for job_id, job in todo.items() if job.sacct in (None, "PENDING") or ended(job.sacct or "")]
+        queue = self._ask(ask(gateway.squeue), wanted, cluster)
         unknown = [job_id for job_id, job in todo.items() if job.sacct is None and job_id not in (queue or {})]
-        control = self._ask(self.gateway.scontrol_jobs, unknown) if unknown else {}
+        control = self._ask(ask(gateway.scontrol_jobs), unknown, cluster) if unknown else {}
         for job_id, job in todo.items():
             listed = None if queue is None else queue.get(job_id)
             job.state = self._resolve(job, listed, queue is None, (control or {}).get(job_id))
             job.final, job.answered = ended(job.state[0]), True
 
-    @staticmethod
-    def _ask(command: Callable[[list[str]], dict], job_ids: list[str]) -> dict | None:
+    def _failed(self, cluster: str | None, exc: SlurmError) -> None:
+        """Keep the first error of a refresh asking another cluster: its stderr's first line (Slurm's words)."""
+        if cluster and cluster not in self._errors:
+            self._errors[cluster] = (exc.stderr.splitlines() or [str(exc)])[0]
+
+    def _ask(self, command: Callable[[list[str]], dict], job_ids: list[str], cluster: str | None) -> dict | None:
         """A batched query: {} when there is nothing to ask or the command is not installed, None when it
         failed (after the gateway's retries) and the next refresh should try again."""
         if not job_ids:
@@ -121,7 +153,8 @@ class SlurmWatcher:
             return command(job_ids)
         except SlurmNotInstalled:
             return {}
-        except SlurmError:
+        except SlurmError as exc:
+            self._failed(cluster, exc)
             return None
 
     @staticmethod
