@@ -110,10 +110,17 @@ class StubWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stub-watch", daemon=True)
         self._stubs: dict[int, tuple[str, int | None]] = {}  # pid → (model, pidfd)
+        #: pid → return code of each stub whose end the watch handled (0: its model was unloaded), entered after
+        #: ``death`` is decided: whoever finds a stub here finds ``death`` as that end left it
+        self.ended: dict[int, int | None] = {}
 
     def start(self) -> StubWatch:
         self._thread.start()
         return self
+
+    def watching(self, pid: int) -> bool:
+        """Whether the stub ``pid`` is watched now: a scan found it and its end was not seen yet."""
+        return pid in self._stubs
 
     def stop(self) -> None:
         self._stop.set()
@@ -164,6 +171,8 @@ class StubWatch:
                         signal=name,
                         exit_code=returncode,
                     )
+                self.ended[pid] = returncode
+                if self.death is not None:
                     break
 
 

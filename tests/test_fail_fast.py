@@ -81,7 +81,7 @@ def fake_stub(tmp_path: Path, code: str) -> subprocess.Popen:
     )
 
 
-def wait_until(check, timeout: float = 10.0):
+def wait_until(check, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -105,11 +105,11 @@ def test_zombie_returncode_is_read_before_the_reap() -> None:
 
 
 def test_stub_watch_reports_a_killed_stub_with_its_signal(tmp_path: Path) -> None:
-    stub = fake_stub(tmp_path, "import time\ntime.sleep(60)\n")
+    stub = fake_stub(tmp_path, "import time\ntime.sleep(600)\n")
     watch = StubWatch(stub.pid, rescan_s=0.05).start()
     try:
-        wait_until(lambda: group_stubs(stub.pid) == {stub.pid: "tensorrt_llm"})
-        time.sleep(0.2)  # the watch has seen it
+        assert wait_until(lambda: group_stubs(stub.pid)) == {stub.pid: "tensorrt_llm"}
+        wait_until(lambda: watch.watching(stub.pid))  # killed before a scan found it, no watch could tell
         os.kill(stub.pid, signal.SIGKILL)
         death = wait_until(lambda: watch.death)
         assert death.signal == "SIGKILL" and death.exit_code == -signal.SIGKILL
@@ -121,13 +121,15 @@ def test_stub_watch_reports_a_killed_stub_with_its_signal(tmp_path: Path) -> Non
 
 
 def test_stub_watch_ignores_a_stub_whose_model_was_unloaded(tmp_path: Path) -> None:
-    stub = fake_stub(tmp_path, "import time\ntime.sleep(0.5)\n")  # exits 0, as at an unload
+    go = tmp_path / "unload"
+    stub = fake_stub(tmp_path, f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n")
     watch = StubWatch(stub.pid, rescan_s=0.05).start()
     try:
-        wait_until(lambda: group_stubs(stub.pid))
+        wait_until(lambda: watch.watching(stub.pid))
+        go.touch()  # exits 0, as at an unload
         os.waitid(os.P_PID, stub.pid, os.WEXITED | os.WNOWAIT)  # it ended (exit 0), not reaped
-        time.sleep(0.3)
-        assert watch.death is None
+        wait_until(lambda: stub.pid in watch.ended)  # the watch saw the end: not a pause that may come too soon
+        assert watch.ended[stub.pid] == 0 and watch.death is None
     finally:
         watch.stop()
         stub.wait()
