@@ -86,7 +86,7 @@ def test_local_job_serves_reports_and_cancels(tmp_path, tiny_gpt2, local_jobs):
     assert processes_under(deploy_dir)
     out = cli("cancel", job, timeout=120).stdout
     assert out.startswith(f"{job} CANCELLED"), out
-    wait_for(lambda: not processes_under(deploy_dir), 30, f"every process of {deploy_dir} to exit")
+    wait_for(lambda: not processes_under(deploy_dir), 60, f"every process of {deploy_dir} to exit")
     assert _local_state(job_dir)["state"] == "CANCELLED"
     st = status(job)
     assert st["state"] == "CANCELLED" and st["endpoints"] == [] and st["failed_rank"] is None
@@ -116,7 +116,6 @@ def test_local_tp2_cancel_is_an_ordered_stop(tmp_path, tiny_gpt2, local_jobs):
     """Open MPI's mpirun turns SIGTERM into "abort the job" (SIGKILL to every rank a moment later), so the local
     executor signals each rank's launcher instead: the leader drains and releases its follower, both exit 0."""
     import shutil
-    import time
 
     from tests._env import unavailable
 
@@ -126,10 +125,11 @@ def test_local_tp2_cancel_is_an_ordered_stop(tmp_path, tiny_gpt2, local_jobs):
     job, job_dir = submit(spec, "--executor", "local", timeout=240)
     deploy_dir = job_dir.parent.parent
     local_jobs.append((job, deploy_dir))
-    t0 = time.monotonic()
     out = cli("cancel", job, timeout=120).stdout
-    wait_for(lambda: not processes_under(deploy_dir), 15, f"every process of {deploy_dir} to exit", interval=0.1)
-    assert out.startswith(f"{job} CANCELLED") and time.monotonic() - t0 < 15, out
+    assert out.startswith(f"{job} CANCELLED"), out
+    wait_for(lambda: not processes_under(deploy_dir), 60, f"every process of {deploy_dir} to exit", interval=0.1)
+    # ordered, not timed: mpirun's abort, the follower's release wait running out and the cancel's grace all end
+    # in SIGKILL; both ranks exiting 0, the follower released by its leader, is the stop in order
     ranks = rank_records(job_dir)
     assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks
     assert JobPaths.of_folder(job_dir).released(1).exists()
