@@ -353,7 +353,11 @@ def test_the_gateway_as_a_local_job(hpc_home, tmp_path, tiny_gpt2):
         started = time.monotonic()
         status = cancel(ref, grace_s=10)
         assert status.state == "CANCELLED" and status.gateway is not None and status.gateway.state == "CANCELLED"
-        assert not gateway_record(runs, "svc").exists() and time.monotonic() - started < 30
+        assert not gateway_record(runs, "svc").exists()
+        # the bound that is the feature: a cancel ends within its grace (10 s), SIGKILL after it; 60 s leaves the
+        # cancel's own start and the kill room on a machine whose cores other processes take, and still tells
+        # a cancel that waits for good
+        assert time.monotonic() - started < 60
     finally:
         state = json.loads(ref.paths.local_state.read_text())
         if state.get("state") == "RUNNING":
