@@ -21,6 +21,7 @@ from hpc.jobs import JobRef
 from hpc.routing.deployment import Target, deployment_folders
 from hpc.track import JobStatus, job_status
 from launcher.config import CANCEL_GRACE_S
+from launcher.job_index import entry_of
 from launcher.layout import Deployment
 from launcher.records import ChainRecord, read_chain
 
@@ -185,7 +186,7 @@ def job_chain_line(ref: JobRef) -> str | None:
 def _indexed_at(ref: JobRef) -> float:
     """When the job's index entry was made: at submit, and again when it started (the .sub links it)."""
     try:
-        return ref.paths.index_entry.lstat().st_mtime
+        return entry_of(ref.paths).lstat().st_mtime
     except OSError:
         return 0.0
 

@@ -7,10 +7,16 @@ it is stopped) used to be `job_id.startswith("local-")` tests scattered over the
 
 The Slurm side talks to Slurm only through the gateway (`hpc.slurm`) and reads states through the process's
 shared watcher (`hpc.slurm_watch`); the local side is `hpc.local` (a detached supervisor and its local.json).
+
+A Slurm job belongs to the cluster it was submitted to (recorded in its folder and index entry: clusters may
+share $HOME). A job of another cluster than SLURM_CONF's is asked about and cancelled with `-M <its cluster>`;
+when that cluster cannot be asked (not in this slurmdbd, its controller away), it reads UNKNOWN with a reason
+that says so (`elsewhere`), never the state of the job of the same id here.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from abc import ABC, abstractmethod
@@ -55,6 +61,10 @@ class Executor(ABC):
     def cancel(self, ref: JobRef, grace_s: float, stoppable: bool) -> None:
         """Ordered stop of every rank if `stoppable` (its ranks run), at most `grace_s`, then end the job."""
 
+    def other_cluster(self, ref: JobRef) -> str | None:
+        """The cluster the job belongs to when that is not the one this process talks to, else None."""
+        return None
+
 
 class SlurmExecutor(Executor):
     name = "slurm"
@@ -65,30 +75,42 @@ class SlurmExecutor(Executor):
         chain = [f"--dependency=afterok:{after.job_id}", "--kill-on-invalid-dep=yes"] if after is not None else []
         job_id = slurm.default.sbatch(Deployment(deploy_dir).sub, chain)
         job_dir = JobPaths(deploy_dir, job_id).create().folder
-        register(job_id, job_dir)
-        watcher().arm(job_id)
-        return JobRef(job_id, job_dir)
+        return self._indexed(job_id, job_dir)
 
     def submit_gateway(self, deploy_dir: Path) -> JobRef:
         job_id = slurm.default.sbatch(Deployment(deploy_dir).gateway_sub)
         paths = JobPaths(deploy_dir, job_id)
         paths.folder.mkdir(parents=True, exist_ok=True)
         paths.gateway_marker.touch()  # `status` knows it for the gateway's while it is still pending
-        register(job_id, paths.folder)
-        watcher().arm(job_id)
-        return JobRef(job_id, paths.folder)
+        return self._indexed(job_id, paths.folder)
 
     def submit_build(self, deploy_dir: Path) -> JobRef:
         job_id = slurm.default.sbatch(Deployment(deploy_dir).build_sub)
         paths = JobPaths(deploy_dir, job_id)
         paths.folder.mkdir(parents=True, exist_ok=True)
         paths.build_marker.touch()  # `status` knows it for a build job while it is still pending
-        register(job_id, paths.folder)
+        return self._indexed(job_id, paths.folder)
+
+    @staticmethod
+    def _indexed(job_id: str, job_dir: Path) -> JobRef:
+        """A job sbatch just queued on the cluster SLURM_CONF names: its cluster recorded, indexed, watched."""
+        cluster = slurm.default.cluster_name()
+        register(job_id, job_dir, cluster)
         watcher().arm(job_id)
-        return JobRef(job_id, paths.folder)
+        return JobRef(job_id, job_dir, cluster)
+
+    def other_cluster(self, ref: JobRef) -> str | None:
+        """The job's recorded cluster when it is not SLURM_CONF's (or Slurm cannot say which that is: `-M` is then
+        right either way). None for a job without a record: the current cluster's (DEVELOPERS.md)."""
+        cluster = ref.cluster
+        return cluster if cluster is not None and cluster != slurm.default.cluster_name() else None
 
     def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
-        return watcher().state(ref.job_id)
+        cluster = self.other_cluster(ref)
+        raw, reason = watcher().state(ref.job_id, cluster)
+        if cluster is not None and raw == "UNKNOWN":
+            return raw, elsewhere(ref.job_id, cluster)
+        return raw, reason
 
     def cancel(self, ref: JobRef, grace_s: float, stoppable: bool) -> None:
         """The ranks' launchers see the cancel marker and stop in order by themselves (no signal: Slurm's
@@ -97,19 +119,20 @@ class SlurmExecutor(Executor):
         watched the marker) gets `scancel --signal=TERM`, as Slurm's time limit does. Once every rank has written
         its exit record (or `grace_s` passed, or the job ended), plain `scancel` ends what is left. Each signal
         re-arms the watcher, so the end is seen within seconds."""
+        cluster = self.other_cluster(ref)  # never the job of the same id on the cluster SLURM_CONF names
         if stoppable:
             deadline = time.monotonic() + grace_s
             if not stop_acknowledged(ref.paths, poll_s=CANCEL_POLL_S):
-                slurm.default.scancel(ref.job_id, signal="TERM")
-            watcher().arm(ref.job_id)
+                slurm.default.scancel(ref.job_id, signal="TERM", cluster=cluster)
+            watcher().arm(ref.job_id, cluster)
             while time.monotonic() < deadline:
                 if len(read_rank_records(ref.paths)) >= ref.world_size:
                     break
                 if slurm.ended(self.scheduler_state(ref)[0]):
                     break
                 time.sleep(CANCEL_POLL_S)
-        slurm.default.scancel(ref.job_id)
-        watcher().arm(ref.job_id)
+        slurm.default.scancel(ref.job_id, cluster=cluster)
+        watcher().arm(ref.job_id, cluster)
 
 
 class LocalExecutor(Executor):
@@ -157,5 +180,20 @@ def executor_of(ref: JobRef) -> Executor:
 
 def watch(refs: list[JobRef]) -> None:
     """Tell the Slurm watcher about every Slurm job of a listing before the first status is asked, so one
-    sacct (and one squeue) covers them all."""
-    watcher().watch(*(ref.job_id for ref in refs if isinstance(executor_of(ref), SlurmExecutor)))
+    sacct (and one squeue) covers them all, per cluster."""
+    for ref in refs:
+        executor = executor_of(ref)
+        if isinstance(executor, SlurmExecutor):
+            watcher().watch(ref.job_id, cluster=executor.other_cluster(ref))
+
+
+def elsewhere(job_id: str, cluster: str) -> str:
+    """Why a job of another cluster has no state here: which cluster it is of, which one this is, and what
+    went wrong asking its own (or that its own does not know it)."""
+    current = slurm.default.cluster_name()
+    conf = os.environ.get("SLURM_CONF")
+    here = f"this is '{current}'" if current else "Slurm here does not say which cluster it is"
+    here += f" (SLURM_CONF={conf})" if conf else " (SLURM_CONF unset: Slurm's default slurm.conf)"
+    why = watcher().unreachable(cluster)
+    tail = f"cluster '{cluster}' cannot be asked from here: {why}" if why else f"'{cluster}' does not know the job"
+    return f"job {job_id} belongs to cluster '{cluster}'; {here}; {tail}"

@@ -1,21 +1,24 @@
 """Finding a job's folder from its id alone, from any shell on the cluster.
 
-A job lives in `D/jobs/<job_id>/` (DEVELOPERS.md). The index `~/.hpc-serve/jobs/<job_id>` (or
-`$HPC_SERVE_HOME/jobs`) is a symlink to it, made by `submit` at once and by the `.sub` when the job starts,
-so a job submitted by hand with `sbatch` is found as soon as it runs. While such a job is still pending,
-`scontrol show job` tells where its script is (`Command=`); after it ended, `sacct` keeps the submit line.
+A job lives in `D/jobs/<job_id>/` (DEVELOPERS.md). The index `~/.hpc-serve/jobs/<job_id>@<cluster>` (or
+`$HPC_SERVE_HOME/jobs`; launcher/job_index.py) is a symlink to it, made by `submit` at once and by the `.sub` when
+the job starts, so a job submitted by hand with `sbatch` is found as soon as it runs. While such a job is still
+pending, `scontrol show job` tells where its script is (`Command=`); after it ended, `sacct` keeps the submit line.
+
+Job ids are unique per Slurm cluster only, and clusters may share $HOME: an id the index holds for several
+clusters means the current cluster's job (SLURM_CONF's), or is refused as ambiguous; `ID@CLUSTER` names one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc import slurm
-from launcher.layout import LAUNCH_NAME, SUB_NAME, JobPaths, index_dir, link_index
+from launcher.job_index import all_entries, entries, entry_name, index_dir, link_index, parse_entry
+from launcher.layout import LAUNCH_NAME, SUB_NAME, JobPaths
 
 
 class JobNotFound(LookupError):
@@ -28,6 +31,14 @@ class JobRef:
 
     job_id: str
     job_dir: Path
+    #: the cluster its index entry names (None: not found through the index, or an entry without one)
+    indexed_cluster: str | None = None
+
+    @property
+    def cluster(self) -> str | None:
+        """The Slurm cluster the job belongs to: its index entry's, else its folder's record (`layout.CLUSTER_NAME`).
+        None: a local job, or a Slurm job indexed before clusters were recorded (the current cluster's)."""
+        return self.indexed_cluster or self.paths.cluster
 
     @property
     def paths(self) -> JobPaths:
@@ -73,9 +84,10 @@ class JobRef:
         return self.paths.rank_log(rank, stream)
 
 
-def register(job_id: str, job_dir: Path) -> None:
-    """Point the index at a job folder (atomic: a temporary link renamed over the old one)."""
-    link_index(job_id, job_dir)
+def register(job_id: str, job_dir: Path, cluster: str | None = None) -> None:
+    """Record the job's cluster in its folder and point the index at it (atomic: a temporary link renamed over
+    the old one). `cluster` None: a local job."""
+    link_index(job_id, job_dir, cluster)
 
 
 def _from_scontrol(job_id: str) -> Path | None:
@@ -102,32 +114,47 @@ def _from_sacct(job_id: str) -> Path | None:
 
 
 def find_job(job: str) -> JobRef:
-    """A job id (`123`, `local-…`) or a job folder path → JobRef. Raises JobNotFound saying what was tried."""
+    """A job id (`123`, `123@cluster`, `local-…`) or a job folder path → JobRef. Raises JobNotFound saying what was
+    tried."""
     as_path = Path(job).expanduser()
     if as_path.is_dir() and JobPaths.is_job_folder(as_path):
         return JobRef(as_path.name, as_path.resolve())
-    # Only a plain id is looked up in the index: `index_dir() / "/abs/path"` is "/abs/path" itself, which made a
-    # deployment folder passed by mistake "found" as a job whose id was that path.
-    link = index_dir() / job
-    if os.sep not in job and link.exists():
-        return JobRef(job, link.resolve())
-    for finder in (_from_scontrol, _from_sacct):
-        deploy = finder(job)
-        if deploy is not None and (deploy / LAUNCH_NAME).exists():
-            return JobRef(job, JobPaths(deploy, job).folder)
+    # Only a plain id is looked up in the index (job_index.entries): `index_dir() / "/abs/path"` is "/abs/path"
+    # itself, which made a deployment folder passed by mistake "found" as a job whose id was that path.
+    found = entries(job)
+    if found:
+        cluster, link = _pick(job, found)
+        return JobRef(parse_entry(job)[0], link.resolve(), cluster)
+    if parse_entry(job)[1] is None:
+        for finder in (_from_scontrol, _from_sacct):
+            deploy = finder(job)
+            if deploy is not None and (deploy / LAUNCH_NAME).exists():
+                return JobRef(job, JobPaths(deploy, job).folder)
     raise JobNotFound(
         f"job {job}: not in {index_dir()}, and neither scontrol nor sacct names a hpc-serve script for it; "
         "pass the job folder (DEPLOY_DIR/jobs/JOB) instead"
     )
 
 
+def _pick(job: str, found: dict[str | None, Path]) -> tuple[str | None, Path]:
+    """The one of a job id's index entries that `job` means: the only one; else the current cluster's (an entry
+    without a cluster counts as the current cluster's); else JobNotFound naming each, to type instead."""
+    if len(found) == 1:
+        return next(iter(found.items()))
+    current = slurm.default.cluster_name()
+    for cluster in (current, None):
+        if cluster in found:
+            return cluster, found[cluster]
+    names = ", ".join(sorted(entry_name(parse_entry(job)[0], c) for c in found))
+    raise JobNotFound(f"job {job}: the index holds jobs of that id on several clusters ({names}); name one of them")
+
+
 def list_jobs() -> list[JobRef]:
-    """Every indexed job whose folder still exists, newest first: by when its index entry was made (at submit,
-    again when a Slurm job starts). Not by the job folder's mtime, which every local.json update, log or
-    `cancel` of an old job moves forward, making it the 'newest' that `hpc-serve status` shows."""
-    index = index_dir()
-    if not index.is_dir():
-        return []
-    links = [p for p in index.iterdir() if not p.name.startswith(".") and p.exists()]
-    links.sort(key=lambda p: p.lstat().st_mtime, reverse=True)
-    return [JobRef(p.name, p.resolve()) for p in links]
+    """Every indexed job whose folder still exists, newest first (job_index.all_entries), each with the cluster
+    its entry names."""
+    return [_ref(link) for link in all_entries()]
+
+
+def _ref(link: Path) -> JobRef:
+    job_id, cluster = parse_entry(link.name)
+    return JobRef(job_id, link.resolve(), cluster)

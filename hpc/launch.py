@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.job_index import job_cluster
 from launcher.layout import Deployment, JobPaths, with_source_root
 
 WAIT_FOR_RENDER_S = 300.0
@@ -43,7 +44,7 @@ def deployment_for_spec(spec_path: Path) -> Path:
         render(spec, deploy_dir)
         job_id = os.environ.get("SLURM_JOB_ID")
         if job_id:
-            register(job_id, JobPaths(deploy_dir, job_id).folder)
+            register(job_id, JobPaths(deploy_dir, job_id).folder, job_cluster())
         return deploy_dir
     deadline = time.monotonic() + WAIT_FOR_RENDER_S
     while not Deployment(deploy_dir).launch.exists():

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from hpc.jobs import JobRef, register
 from launcher.config import CANCEL_GRACE_S
-from launcher.layout import JobPaths, index_dir, with_source_root
+from launcher.job_index import index_dir
+from launcher.layout import JobPaths, with_source_root
 
 #: every local job id starts with it: how `hpc.executors.executor_of` tells a local job from a Slurm one
 JOB_ID_PREFIX = "local-"

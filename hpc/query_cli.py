@@ -68,7 +68,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for ref in refs:
         status = job_status(ref)
         detail = status.reason or status.url or ", ".join(f"{e.address}:{e.http_port}" for e in status.endpoints)
-        job = f"{ref.job_id} ({status.kind})" if status.kind in ("gateway", "build") else ref.job_id
+        # a job of another cluster than SLURM_CONF's reads `33@twin`: ids are per cluster (launcher/job_index.py)
+        job = f"{status.label} ({status.kind})" if status.kind in ("gateway", "build") else status.label
         table.add_row(job, status.state, detail or "", str(ref.deploy_dir))
         rows.append(status.to_json())
     if args.json:

@@ -29,6 +29,11 @@ No state, and no failed rank, is ever read from log text: states come from the s
 tails are only shown. A job the scheduler calls FAILED whose ranks left no record (Slurm killed the step before
 any launcher could write one) names the ranks without a record (`failure_without_record`).
 
+A job of another Slurm cluster than SLURM_CONF's (clusters may share $HOME, and so the job index) is asked about
+on its own cluster (`sacct`/`squeue -M`, hpc/executors.py); when that cluster cannot be asked it is UNKNOWN,
+`unreachable`, and the reason says which cluster it belongs to and which this is: never the state of the job of
+the same id here. `wait` returns at once on it (there is nothing to wait for from here).
+
 A deployment's gateway job (a spec's `gateway:` section) has no ranks: it reads STARTING while it runs and
 READY once its address record names it and answers (hpc/gateway/job.py `gateway_job_state`).
 """
@@ -43,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from hpc.executors import executor_of
 from hpc.jobs import JobRef
 from hpc.slurm import STATE_CLASS
+from launcher.job_index import entry_name
 from launcher.records import (
     EndpointRecord,
     RankExitRecord,
@@ -87,6 +93,13 @@ class JobStatus:
     url: str | None = None
     #: the deployment's gateway, when asked for (`job_status(ref, with_gateway=True)`, `hpc.submit.cancel`)
     gateway: GatewayLine | None = None
+    #: the Slurm cluster the job belongs to (its folder's record; None: a local job, or no record: the current one)
+    cluster: str | None = None
+    #: the job is of another cluster than this process talks to (asked with `-M`)
+    other_cluster: bool = False
+    #: ... which could not tell its state (not reachable from here, or it does not know the job): UNKNOWN, and
+    #: `reason` says whose the job is and why
+    unreachable: bool = False
 
     @property
     def done(self) -> bool:
@@ -97,14 +110,16 @@ class JobStatus:
         return text + (f"\n{self.gateway.summary()}" if self.gateway is not None and self.kind != "gateway" else "")
 
     def _summary(self) -> str:
+        if self.unreachable:
+            return f"{self.label} {self.state} ({self.reason})"
         if self.kind == "build":  # hpc/engine_build/run.py build_status: Slurm's reason, the step, the engine
             if self.state == "PENDING":
-                return f"{self.job_id} PENDING (build" + (f"; {self.reason})" if self.reason else ")")
-            return f"{self.job_id} {self.state} (build)" + (f" {self.reason}" if self.reason else "")
+                return f"{self.label} PENDING (build" + (f"; {self.reason})" if self.reason else ")")
+            return f"{self.label} {self.state} (build)" + (f" {self.reason}" if self.reason else "")
         if self.kind == "gateway":
-            text = f"{self.job_id} {self.state} (gateway)" + (f" {self.url}" if self.url else "")
+            text = f"{self.label} {self.state} (gateway)" + (f" {self.url}" if self.url else "")
             return text + (f" ({self.reason})" if self.reason and self.state in ("PENDING", "FAILED") else "")
-        text = f"{self.job_id} {self.state}"
+        text = f"{self.label} {self.state}"
         if self.state == "PENDING" and self.reason:
             text += f" ({self.reason})"
         elif self.state == "STARTING":
@@ -129,6 +144,11 @@ class JobStatus:
         elif self.reason and self.state in TERMINAL:
             text += f" ({self.reason})"
         return text
+
+    @property
+    def label(self) -> str:
+        """The job id, with its cluster (`33@twin`) when that is not the one this process talks to."""
+        return entry_name(self.job_id, self.cluster if self.other_cluster else None)
 
     def to_json(self) -> dict[str, Any]:
         """The records as they are on disk (launcher/records.py to_dict)."""
@@ -192,12 +212,14 @@ def failed_steps(ref: JobRef) -> str:
     one sacct call; "" for a local job, or when accounting cannot say. Asked only for a FAILED job whose ranks
     left no record, so it costs nothing on the way to READY."""
     from hpc.executors import SlurmExecutor
-    from hpc.slurm import SlurmError, default
+    from hpc.slurm import SlurmError, default, on_cluster
 
-    if not isinstance(executor_of(ref), SlurmExecutor):
+    executor = executor_of(ref)
+    if not isinstance(executor, SlurmExecutor):
         return ""
+    argv = ["sacct", *on_cluster(executor.other_cluster(ref)), "-n", "-P", "-j", ref.job_id]
     try:
-        out = default.run(["sacct", "-n", "-P", "-j", ref.job_id, "-o", "JobID,State,ExitCode,NodeList"]).stdout
+        out = default.run([*argv, "-o", "JobID,State,ExitCode,NodeList"]).stdout
     except SlurmError:
         return ""
     found = []
@@ -235,6 +257,25 @@ def _restarts(ref: JobRef) -> int:
 
 def job_status(ref: JobRef, with_gateway: bool = False) -> JobStatus:
     """The job's state now; `with_gateway`: and the deployment's gateway (one more record read and probe)."""
+    status = _status(ref)
+    other = executor_of(ref).other_cluster(ref)
+    status.cluster, status.other_cluster = ref.cluster, other is not None
+    status.unreachable = other is not None and status.scheduler_state == "UNKNOWN"
+    if status.unreachable:
+        return status  # nothing of it is known here: no gateway line either
+    if with_gateway:
+        from hpc.gateway.job import deployment_gateway
+        from hpc.routing.deployment import target_of_folder
+        from hpc.spec import SpecError
+
+        try:
+            status.gateway = deployment_gateway(target_of_folder(ref.deploy_dir))
+        except (SpecError, OSError):
+            pass  # a folder without a readable spec.yaml (rendered by hand): the job's own status stands
+    return status
+
+
+def _status(ref: JobRef) -> JobStatus:
     if ref.is_gateway:
         from hpc.gateway.job import gateway_job_state
 
@@ -246,17 +287,7 @@ def job_status(ref: JobRef, with_gateway: bool = False) -> JobStatus:
 
         state, reason, raw = build_status(ref)
         return JobStatus(ref.job_id, state, reason, raw, str(ref.job_dir), kind="build")
-    status = _serving_status(ref)
-    if with_gateway:
-        from hpc.gateway.job import deployment_gateway
-        from hpc.routing.deployment import target_of_folder
-        from hpc.spec import SpecError
-
-        try:
-            status.gateway = deployment_gateway(target_of_folder(ref.deploy_dir))
-        except (SpecError, OSError):
-            pass  # a folder without a readable spec.yaml (rendered by hand): the job's own status stands
-    return status
+    return _serving_status(ref)
 
 
 def _serving_status(ref: JobRef) -> JobStatus:
@@ -334,7 +365,7 @@ def wait(
             if on_change is not None:
                 on_change(status)
         last = key
-        if status.state in until or status.done:
+        if status.state in until or status.done or status.unreachable:
             return status
         now = time.monotonic()
         if status.state == "UNKNOWN":

@@ -7,13 +7,12 @@ built from the deployment folder and a job id, used on the write side (launcher,
 render passes into its templates, the local executor) and on the read side (`hpc` track, clients, tests).
 
 Standard library only, and cheap to import: the local executor's supervisor imports it on the critical path
-to a job's start.
+to a job's start. The job index (`~/.hpc-serve/jobs`, which points at job folders) is launcher/job_index.py.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +73,9 @@ PREVIOUS_RUNS_NAME = "previous"
 CHAIN_NAME = "chain.json"
 #: ... and its mark once a successor serves: clients send it no new requests (hpc/gateway/discovery.py)
 DRAINING_NAME = "draining"
+#: in `D/jobs/<job_id>/`: the Slurm cluster (ClusterName) the job runs on: job ids are unique per cluster only,
+#: and clusters may share $HOME (launcher/job_index.py)
+CLUSTER_NAME = "cluster"
 #: in `D/`: `hpc-serve cancel` of the deployment stopped its chain; no renewer of a job older than it submits
 RENEW_STOP_NAME = "renew_stopped"
 
@@ -85,21 +87,9 @@ STARTING_NAME = "replica-{replica}.starting"
 RANK_RECORD_GLOB = "rank-*.json"
 STOPPING_GLOB = "rank-*.stopping"
 
-#: The job index (`<index>/<job_id>` → `D/jobs/<job_id>`): `$HPC_SERVE_HOME/jobs`, default `~/.hpc-serve/jobs`.
-HOME_ENV = "HPC_SERVE_HOME"
-DEFAULT_HOME = "~/.hpc-serve"
-#: the same rule in the shell, for the `.sub`'s `INDEX=` line (a hand-run sbatch indexes its job too)
-INDEX_DIR_SHELL = f"${{{HOME_ENV}:-$HOME/{DEFAULT_HOME[2:]}}}/{JOBS_NAME}"
-
 #: The folder holding `launcher/`, `backend/` and `hpc/`: put first on each rank's PYTHONPATH (and mounted into
 #: containers) so the launcher and the python models import the code the user submitted with.
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
-
-
-def index_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where job ids map to job folders (the `.sub` computes the same folder from INDEX_DIR_SHELL)."""
-    env = os.environ if env is None else env
-    return Path(env.get(HOME_ENV) or DEFAULT_HOME).expanduser() / JOBS_NAME
 
 
 def with_source_root(pythonpath: str | None, root: Path = SOURCE_ROOT) -> str:
@@ -110,19 +100,6 @@ def with_source_root(pythonpath: str | None, root: Path = SOURCE_ROOT) -> str:
     own numpy and friends."""
     rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != str(root)]
     return os.pathsep.join([str(root), *rest])
-
-
-def link_index(job_id: str, job_dir: Path) -> Path:
-    """Point the job index at a job folder (atomic: a temporary link renamed over the old one). `submit` and a
-    renewer (for the successor it submitted) call it; the `.sub` does the same with `ln -sfn` at job start."""
-    index = index_dir()
-    index.mkdir(parents=True, exist_ok=True)
-    tmp = index / f".{job_id}.{os.getpid()}"
-    if tmp.is_symlink():
-        tmp.unlink()
-    tmp.symlink_to(job_dir)
-    os.replace(tmp, index / job_id)
-    return index / job_id
 
 
 def gateway_record(workdir: Path, name: str) -> Path:
@@ -356,8 +333,26 @@ class JobPaths:
         return sorted(self.ranks_dir.glob(STOPPING_GLOB)) if self.ranks_dir.is_dir() else []
 
     @property
-    def index_entry(self) -> Path:
-        return index_dir() / self.job_id
+    def cluster_file(self) -> Path:
+        """The Slurm cluster the job runs on (`CLUSTER_NAME`), written by submit and by the `.sub` at job start."""
+        return self.folder / CLUSTER_NAME
+
+    @property
+    def cluster(self) -> str | None:
+        """The job's recorded cluster; None for a local job, or a folder from before clusters were recorded."""
+        try:
+            return self.cluster_file.read_text().strip() or None
+        except OSError:
+            return None
+
+    def record_cluster(self, cluster: str) -> None:
+        """Write the job's cluster (atomically: a reader never sees an empty file and takes it for no cluster)."""
+        if self.cluster == cluster:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".{CLUSTER_NAME}.{os.getpid()}"
+        tmp.write_text(cluster + "\n")
+        os.replace(tmp, self.cluster_file)
 
     def create(self) -> JobPaths:
         """Make the folders the ranks write into (the `.sub` does the same for a hand-run sbatch)."""
@@ -381,8 +376,10 @@ def building_markers(output_root: Path, key: str) -> list[Path]:
 def template_values(deploy_dir: Path) -> dict[str, str]:
     """The names and paths the `.sub`/`.sh` templates write, so the templates re-type none of them. Paths inside
     the job folder are relative to the shell variables the `.sub` sets (`$DEPLOY_DIR`, `$JOB_DIR`)."""
+    from .job_index import template_values as index_values  # job_index imports this module: not at the top
+
     dep = Deployment(deploy_dir)
-    return {
+    return index_values() | {
         "sub_path": str(dep.sub),
         "sh_path": str(dep.sh),
         "sh_name": SH_NAME,
@@ -396,7 +393,6 @@ def template_values(deploy_dir: Path) -> dict[str, str]:
         "rank_log_example": str(dep.job("<job id>").rank_log("<rank>")),
         "restart_count_name": RESTART_COUNT_NAME,
         "previous_runs_name": PREVIOUS_RUNS_NAME,
-        "index_dir_shell": INDEX_DIR_SHELL,
         "gateway_sub_path": str(dep.gateway_sub),
         "gateway_marker_name": GATEWAY_JOB_MARKER_NAME,
         "build_sub_path": str(dep.build_sub),

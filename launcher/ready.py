@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import auth, config, records
+from .job_index import job_cluster
 from .layout import JobPaths
 from .rank import RankInfo, Role
 from .supervise import Child, Supervisor, log, wait_ready
@@ -48,6 +49,7 @@ def write_phase(paths: JobPaths, info: RankInfo, me: Role, child: Child, phase: 
     what `status` shows, not what decides READY."""
     record = records.StartupRecord(
         job_id=info.job_id,
+        cluster=job_cluster() or "",
         replica=me.replica,
         rank=info.job_rank,
         host=info.node,

@@ -24,7 +24,9 @@ from typing import Any, TypeVar
 from .layout import ENDPOINT_GLOB, RANK_RECORD_GLOB, JobPaths
 from .urls import grpc_target, http_url, metrics_url
 
-#: version 1: the first with a version key in the endpoint record; rank records had none before it
+#: version 1: the first with a version key in the endpoint record; rank records had none before it. The
+#: records of a job (endpoint, startup, chain, gateway) gained an optional ``cluster`` within version 1: the Slurm
+#: cluster of their job (job ids are per cluster); "" in a record written before it, or for a job of no cluster.
 VERSION = 1
 
 
@@ -111,6 +113,7 @@ class EndpointRecord(_Record):
 
     version: int = VERSION
     job_id: str = ""
+    cluster: str = ""  # the job's Slurm cluster ($SLURM_CLUSTER_NAME); "" for a local job or an older record
     replica: int = 0
     rank: int = 0
     host: str = ""
@@ -128,6 +131,7 @@ class EndpointRecord(_Record):
         return dataclasses.replace(  # JSON written by hand or by another tool may quote numbers
             record,
             job_id=str(record.job_id),
+            cluster=str(record.cluster or ""),
             replica=int(record.replica),
             rank=int(record.rank),
             http_port=int(record.http_port),
@@ -206,6 +210,7 @@ class StartupRecord(_Record):
 
     version: int = VERSION
     job_id: str = ""
+    cluster: str = ""  # as in EndpointRecord
     replica: int = 0
     rank: int = 0
     host: str = ""
@@ -217,7 +222,9 @@ class StartupRecord(_Record):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StartupRecord:
         record = super().from_dict(data)
-        return dataclasses.replace(record, job_id=str(record.job_id), replica=int(record.replica))
+        return dataclasses.replace(
+            record, job_id=str(record.job_id), cluster=str(record.cluster or ""), replica=int(record.replica)
+        )
 
     def describe(self, now: float) -> str:
         """`replica 0: warming up (ensemble, 1 token) for 0.4 s`: what `status` shows of a STARTING replica."""
@@ -256,6 +263,7 @@ class ChainRecord(_Record):
 
     version: int = VERSION
     job_id: str
+    cluster: str = ""  # the chain's jobs' Slurm cluster: a successor is queued where its predecessor runs
     index: int = 1  # 1 for the job that started the chain (by `hpc-serve submit` or a hand-run sbatch)
     predecessor: str = ""
     successor: str = ""
@@ -273,6 +281,7 @@ class ChainRecord(_Record):
         return dataclasses.replace(  # job ids are text, whatever wrote them
             record,
             job_id=str(record.job_id),
+            cluster=str(record.cluster or ""),
             predecessor=str(record.predecessor or ""),
             successor=str(record.successor or ""),
         )
@@ -298,6 +307,7 @@ class GatewayRecord(_Record):
     host: str = ""
     pid: int = 0
     job_id: str = ""
+    cluster: str = ""  # the gateway job's Slurm cluster; "" for a gateway started by hand (or an older record)
     started_at: float = 0.0
     auth: bool = True
 

@@ -40,7 +40,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .config import STOP_ACK_S
-from .layout import Deployment, JobPaths, link_index
+from .job_index import job_cluster, link_index
+from .layout import Deployment, JobPaths
 from .records import ChainRecord, read_chain, read_endpoints, write_json_atomic
 from .renew_plan import RenewPlan, active_requests, chain_place, format_time, parse_slurm_time, successor_env
 from .stop import stop_acknowledged
@@ -150,7 +151,9 @@ class Renewer:
         self.plan, self.replicas, self.environ = plan, replicas, environ
         predecessor, index = chain_place(environ)
         # a requeued job starts its script again: it keeps its place, and the successor it may have submitted
-        self.record = read_chain(self.paths) or ChainRecord(job_id=job_id, index=index, predecessor=predecessor)
+        self.record = read_chain(self.paths) or ChainRecord(
+            job_id=job_id, cluster=job_cluster(environ) or "", index=index, predecessor=predecessor
+        )
         self.began = time.time()
         self.start = self.began
         self.end: float | None = None
@@ -198,7 +201,8 @@ class Renewer:
         successor = out.strip().split(";")[0]
         folder = JobPaths(self.deployment.root, successor).create().folder
         try:
-            link_index(successor, folder)  # `hpc-serve status <id>` finds it while it is still pending
+            # `hpc-serve status <id>` finds it while it is still pending; it is queued on this job's cluster
+            link_index(successor, folder, job_cluster(self.environ))
         except OSError as exc:
             log(f"could not index job {successor}: {exc}")
         self.save(successor=successor, submitted_at=time.time())

@@ -12,6 +12,7 @@ from pathlib import Path
 from . import auth, config, records
 from .command import build_argv, remove_shm_regions
 from .gpu import GpuBindingError, node_gpu_count, rank_gpus
+from .job_index import job_cluster
 from .layout import Deployment
 from .ports import PortError, Ports, allocate, check_fixed, taken
 from .rank import RankInfo, Role, WorldSizeError, detect, role
@@ -263,6 +264,7 @@ def _serve(
             ready_at = time.time()
             record = records.EndpointRecord(
                 job_id=info.job_id,
+                cluster=job_cluster() or "",
                 replica=me.replica,
                 rank=info.job_rank,
                 host=info.node,

@@ -7,12 +7,11 @@ older version (no `version` key, fields missing) and of a newer one (fields this
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from launcher import layout, records
+from launcher import job_index, layout, records
 from launcher.layout import Deployment, JobPaths
 from launcher.records import EndpointRecord, RankExitRecord, read_endpoints, read_rank_records
 
@@ -36,19 +35,6 @@ def test_rank_logs_are_this_jobs_only(tmp_path: Path) -> None:
     for name in ("7_0_log.err", "7_1_log.err", "7_0_log.out", "17_0_log.err"):
         (job.folder / name).write_text("")
     assert [p.name for p in job.rank_logs("err")] == ["7_0_log.err", "7_1_log.err"]
-
-
-@pytest.mark.parametrize("home", [None, "", "/opt/hs"])
-def test_the_subs_index_line_is_index_dir(home: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The `.sub` indexes a hand-run sbatch job with the shell form of the same rule (INDEX_DIR_SHELL)."""
-    monkeypatch.setenv("HOME", str(tmp_path))  # what `~` means to index_dir too
-    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    if home is not None:
-        env[layout.HOME_ENV] = home
-    shell = subprocess.run(
-        ["bash", "-c", f'echo "{layout.INDEX_DIR_SHELL}"'], env=env, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    assert Path(shell) == layout.index_dir(env)
 
 
 def test_with_source_root_puts_it_first_once() -> None:
@@ -110,4 +96,4 @@ def test_readers_skip_partial_and_temporary_files(tmp_path: Path) -> None:
 def test_template_values_name_the_folder(tmp_path: Path) -> None:
     values = layout.template_values(tmp_path)
     assert values["sub_path"] == str(tmp_path / "tensorrt_llm_triton.sub")
-    assert values["restart_count_name"] == "restart_count" and values["index_dir_shell"] == layout.INDEX_DIR_SHELL
+    assert values["restart_count_name"] == "restart_count" and values["index_job_shell"] == job_index.INDEX_JOB_SHELL

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc.jobs import find_job
 from launcher.layout import JobPaths
 from launcher.records import read_chain, read_endpoints
 from launcher.renew_plan import parse_slurm_time
@@ -62,7 +63,7 @@ class Run:
     status_text: str = ""
     cancel_text: str = ""
     sacct: dict[str, tuple[str, float]] = field(default_factory=dict)  # job → (state, end)
-    after_cancel: list[str] = field(default_factory=list)  # job folders of both deployments, 10 s after
+    after_cancel: list[str] = field(default_factory=list)  # job folders of both deployments, once all ended
     folders_at_cancel: list[str] = field(default_factory=list)
     pending: dict[str, str] = field(default_factory=dict)  # renewq: first, successor, status text, cancel text
 
@@ -90,6 +91,12 @@ def _clients(url: str, token: str | None, name: str, stop: threading.Event, outc
     return [threading.Thread(target=loop, args=(stream,), daemon=True) for stream in (False, True)]
 
 
+def _queued() -> str:
+    """squeue's ids of the jobs of both deployments (pending or running)."""
+    out = subprocess.run(["squeue", "-h", "-n", "renew,renewq", "-o", "%i"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
 def _sacct(jobs: list[str]) -> dict[str, tuple[str, float]]:
     out = subprocess.run(
         ["sacct", "-n", "-X", "-P", "-j", ",".join(jobs), "-o", "JobID,State,End"], capture_output=True, text=True
@@ -109,7 +116,7 @@ def _folders(folder: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Run:
     folder = tmp_path_factory.mktemp("renew")
-    with private_job_index(folder) as home:
+    with private_job_index(folder):
         spec = write_spec(folder, "renew", tiny_gpt2, slurm=SLURM, renew=RENEW)
         specq = write_spec(
             folder, "renewq", tiny_gpt2, slurm={**SLURM, "sbatch_args": ["--dependency=singleton"]}, renew=RENEW
@@ -126,7 +133,7 @@ def run(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Run:
                 for thread in threads:
                     thread.start()
                 # renewq: its successor is submitted at its first job's 1-minute mark, and pends (singleton)
-                q_dir = (home / "jobs" / first_q).resolve().parent.parent
+                q_dir = find_job(first_q).deploy_dir  # its index entry names the cluster too
                 successor_q = wait_for(lambda: (r := _chain(q_dir, first_q)) and r.successor, 120, "renewq's successor")
                 result.pending = {"first": first_q, "successor": successor_q}
                 result.pending["status"] = wait_for(
@@ -155,14 +162,25 @@ def run(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Run:
                     120,
                     "A and B to end",
                 )
-                time.sleep(3)  # C serves alone for a moment: the last requests of the run go to it
+                # C serves alone for a moment: the last requests of the run go to it (or one fails: stop there)
+                c, alone = result.jobs[-1], len(result.outcomes)
+                wait_for(
+                    lambda: (
+                        sum(o.job == c and not o.error for o in result.outcomes[alone:]) >= 4
+                        or any(o.error for o in result.outcomes[alone:])
+                    ),
+                    120,
+                    f"requests served by {c} alone",
+                )
                 stop.set()
                 for thread in threads:
                     thread.join(90)
                 result.status_text = cli("status", str(spec)).stdout
             result.folders_at_cancel = _folders(folder)
             result.cancel_text = cli("cancel", str(spec)).stdout
-            time.sleep(10)
+            # nothing can submit a job any more once no process of either deployment is left (a renewer runs in
+            # its job's batch script) and no job of theirs is queued: then the folders are final
+            wait_for(lambda: not processes_under(folder) and not _queued(), 120, "every job of both deployments to end")
             result.after_cancel = _folders(folder)
             result.sacct = _sacct(result.jobs + [first_q, result.pending["successor"]])
             yield result

@@ -25,6 +25,7 @@ from hpc.gateway.record import live_gateway, node_name, publish, record_path, wi
 from hpc.gateway.renewal import GatewayRenewer, takes_over_from
 from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 from hpc.routing.deployment import Target
+from launcher.job_index import job_cluster
 from launcher.layout import Deployment
 from launcher.records import GatewayRecord, advertised_address
 from launcher.renew_plan import RenewPlan
@@ -123,7 +124,13 @@ def run(
     sock = listen(host, port, shared=renewer is not None and port != 0)
     url = http_url(advertised(host), sock.getsockname()[1])
     record = GatewayRecord(
-        name=target.name, url=url, host=node_name(), pid=os.getpid(), job_id=job_id, started_at=time.time()
+        name=target.name,
+        url=url,
+        host=node_name(),
+        pid=os.getpid(),
+        job_id=job_id,
+        cluster=(job_cluster() or "") if job_id else "",  # a gateway started by hand inside an allocation: none
+        started_at=time.time(),
     )
     app = create_app(
         target,

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import yaml
 
 from hpc.routing.balancer import Replica
-from launcher.layout import SPEC_NAME, Deployment, JobPaths, index_dir
+from launcher.job_index import entries, index_dir
+from launcher.layout import SPEC_NAME, Deployment, JobPaths
 from launcher.records import EndpointRecord, read_endpoints
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def target_of_folder(deploy_dir: Path) -> Target:
 
 def deployments_named(name: str) -> dict[Path, Path]:
     """Workdir → its newest deployment folder, for every workdir where a job of a deployment called `name` is in
-    the job index (layout.index_dir: every job `submit` or a `.sub` ran). Newest job first decides nothing here:
+    the job index (job_index.index_dir: every job `submit` or a `.sub` ran). Newest job first decides nothing here:
     the folder names sort by time (render names them `<name>-<time>[-n]`)."""
     from hpc.jobs import list_jobs
 
@@ -112,7 +113,7 @@ def names_indexed_job(text: str) -> bool:
     path = Path(text).expanduser()
     if path.is_dir():
         return JobPaths.is_job_folder(path)
-    return os.sep not in text and (index_dir() / text).exists()
+    return bool(entries(text))
 
 
 def _resolve_one(text: str) -> tuple[Target, JobRef | None]:
@@ -130,7 +131,7 @@ def _resolve_one(text: str) -> tuple[Target, JobRef | None]:
         if Deployment(path).spec.is_file():
             return target_of_folder(path.resolve()), None
         raise TargetError(f"{text}: a folder, but neither a deployment folder (no {SPEC_NAME}) nor a job folder")
-    if os.sep not in text and (index_dir() / text).exists():
+    if entries(text):  # `33`, or `33@cluster` (launcher/job_index.py)
         ref = find_job(text)
         return target_of_folder(ref.deploy_dir), ref
     named = deployments_named(text) if os.sep not in text else {}

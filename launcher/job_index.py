@@ -1,0 +1,119 @@
+"""The job index: `~/.hpc-serve/jobs/<job_id>@<cluster>` → `D/jobs/<job_id>`, how a job is found from its id.
+
+Why the cluster is in each entry's name: many sites run several Slurm clusters that share $HOME, and a job id is
+unique only within its cluster (job 33 of one and job 33 of the other are two jobs). An index keyed by the id
+alone held one of them, and `hpc-serve list` with SLURM_CONF at the second cluster showed the first cluster's job
+folders with the states of the second cluster's jobs that had the same ids. So a Slurm job's entry names its
+cluster (Slurm's ClusterName), its job folder records it (`layout.CLUSTER_NAME`), and readers ask the job's own
+cluster (hpc/executors.py). Entries without a cluster: local jobs (`local-<hex>`, this machine's), and Slurm
+jobs indexed before clusters were recorded, which are taken to be the current cluster's.
+
+Standard library only: the renewer (launcher/renew.py) indexes the successor it submits from inside the job, and
+the `.sub`s run the shell form (`INDEX_JOB_SHELL`) at job start, so a hand-run sbatch is indexed too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from .layout import CLUSTER_NAME, JOBS_NAME, JobPaths
+
+#: The index's folder: `$HPC_SERVE_HOME/jobs`, default `~/.hpc-serve/jobs`.
+HOME_ENV = "HPC_SERVE_HOME"
+DEFAULT_HOME = "~/.hpc-serve"
+#: the same rule in the shell, for the `.sub`s (a hand-run sbatch indexes its job too)
+INDEX_DIR_SHELL = f"${{{HOME_ENV}:-$HOME/{DEFAULT_HOME[2:]}}}/{JOBS_NAME}"
+#: between a job id and its cluster in an entry's name (Slurm cluster names are letters, digits, `-` and `_`)
+CLUSTER_SEP = "@"
+#: set by Slurm in a job's environment (batch script and steps): the cluster the job runs on
+CLUSTER_ENV = "SLURM_CLUSTER_NAME"
+
+#: What every `.sub` runs at job start, with $JOB_ID and $JOB_DIR set: record the job's cluster in its folder
+#: (atomically: a reader must never take an empty file for "no cluster") and point the index entry at it. Outside
+#: Slurm (the local executor runs gateway.sub and build.sub with $HPC_SERVE_JOB_ID) there is no cluster.
+INDEX_JOB_SHELL = f"""\
+CLUSTER="${{SLURM_JOB_ID:+${{{CLUSTER_ENV}:-}}}}"
+if [ -n "$CLUSTER" ] && [ "$(cat "$JOB_DIR/{CLUSTER_NAME}" 2>/dev/null)" != "$CLUSTER" ]; then
+  {{ printf '%s\\n' "$CLUSTER" >"$JOB_DIR/.{CLUSTER_NAME}.$$" && mv -f "$JOB_DIR/.{CLUSTER_NAME}.$$" "$JOB_DIR/{CLUSTER_NAME}"; }} || true
+fi
+INDEX="{INDEX_DIR_SHELL}"
+if mkdir -p "$INDEX"; then ln -sfn "$JOB_DIR" "$INDEX/$JOB_ID${{CLUSTER:+{CLUSTER_SEP}$CLUSTER}}" || true; fi"""
+
+
+def index_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where job ids map to job folders (the `.sub` computes the same folder from INDEX_DIR_SHELL)."""
+    env = os.environ if env is None else env
+    return Path(env.get(HOME_ENV) or DEFAULT_HOME).expanduser() / JOBS_NAME
+
+
+def entry_name(job_id: str, cluster: str | None) -> str:
+    """`<job_id>@<cluster>`, or `<job_id>` for a job of no cluster (local, or indexed before clusters were)."""
+    return f"{job_id}{CLUSTER_SEP}{cluster}" if cluster else job_id
+
+
+def parse_entry(name: str) -> tuple[str, str | None]:
+    """(job id, cluster or None) of an entry's name: `33@twin` → ("33", "twin"), `33` → ("33", None)."""
+    job_id, sep, cluster = name.partition(CLUSTER_SEP)
+    return (job_id, cluster or None) if sep else (name, None)
+
+
+def job_cluster(env: Mapping[str, str] | None = None) -> str | None:
+    """Inside a Slurm job (the renewer, `hpc-serve launch` under srun): the cluster it runs on, else None."""
+    env = os.environ if env is None else env
+    return (env.get(CLUSTER_ENV) or None) if env.get("SLURM_JOB_ID") else None
+
+
+def link_index(job_id: str, job_dir: Path, cluster: str | None = None) -> Path:
+    """Record the job's cluster in its folder and point its index entry there (atomic: a temporary link renamed
+    over the old one). `submit` and a renewer (for the successor it submitted) call it; the `.sub` does the same
+    with INDEX_JOB_SHELL at job start."""
+    if cluster:
+        JobPaths.of_folder(job_dir).record_cluster(cluster)
+    index = index_dir()
+    index.mkdir(parents=True, exist_ok=True)
+    name = entry_name(job_id, cluster)
+    tmp = index / f".{name}.{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(job_dir)
+    os.replace(tmp, index / name)
+    return index / name
+
+
+def entries(text: str) -> dict[str | None, Path]:
+    """The index entries a job id names, by cluster (None: an entry without one): `33` → every `33@<cluster>`
+    and a plain `33`; `33@twin` → that entry only. Only live links (their folder exists) count."""
+    index = index_dir()
+    if os.sep in text or not text or text.startswith(".") or not index.is_dir():
+        return {}
+    job_id, cluster = parse_entry(text)
+    if cluster is not None:
+        names = [text]
+    else:
+        names = [job_id] + [p.name for p in index.glob(f"{job_id}{CLUSTER_SEP}*")]
+    found = {parse_entry(name)[1]: index / name for name in names}
+    return {key: link for key, link in found.items() if link.exists()}
+
+
+def all_entries() -> list[Path]:
+    """Every live index entry (a `link_index` in progress, `.…`, is none), newest first: by when the entry was
+    made (at submit, again when a Slurm job starts), not by the job folder's mtime, which every local.json
+    update, log or `cancel` of an old job moves forward."""
+    index = index_dir()
+    if not index.is_dir():
+        return []
+    links = [p for p in index.iterdir() if not p.name.startswith(".") and p.exists()]
+    links.sort(key=lambda p: p.lstat().st_mtime, reverse=True)
+    return links
+
+
+def entry_of(job: JobPaths) -> Path:
+    """The index entry of a job folder, by the cluster the folder records."""
+    return index_dir() / entry_name(job.job_id, job.cluster)
+
+
+def template_values() -> dict[str, str]:
+    """What the `.sub` templates write to index their job (hpc/render.py merges it with layout.template_values)."""
+    return {"index_job_shell": INDEX_JOB_SHELL}

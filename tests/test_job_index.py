@@ -1,0 +1,220 @@
+"""launcher/job_index.py and what reads it: job ids are unique per Slurm cluster only, and clusters share $HOME.
+
+Unit tests, no scheduler: the `.sub`'s shell lines and `link_index` make the same entry and cluster record; a job
+id held for two clusters finds the current cluster's; a job of another cluster is asked about and cancelled with
+`-M <its cluster>` and never under its bare id (a fake command runner records every command); when its cluster
+cannot be asked it reads UNKNOWN and says whose it is. The same against two real clusters:
+tests/test_two_clusters.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from hpc import slurm, slurm_watch
+from hpc.executors import SlurmExecutor, watch
+from hpc.jobs import JobNotFound, find_job, list_jobs, register
+from hpc.slurm import Result, Slurm, SlurmError
+from hpc.slurm_watch import SlurmWatcher
+from hpc.submit import cancel
+from hpc.track import job_status, wait
+from launcher import job_index
+from launcher.layout import LAUNCH_NAME, JobPaths
+from launcher.records import ChainRecord, EndpointRecord, GatewayRecord, StartupRecord
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def job_folder(root: Path, job_id: str, name: str = "deploy") -> Path:
+    deploy = root / f"{name}-{job_id}"
+    deploy.mkdir(parents=True, exist_ok=True)
+    (deploy / LAUNCH_NAME).write_text(json.dumps({"replicas": 1, "world_size_per_replica": 1}))
+    return JobPaths(deploy, job_id).create().folder
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the index and the job folder's record
+
+
+@pytest.mark.parametrize("home", [None, "", "/opt/hs"])
+@pytest.mark.parametrize("slurm_env", [{"SLURM_JOB_ID": "7", "SLURM_CLUSTER_NAME": "twin"}, {}])
+def test_the_subs_lines_make_the_entry_link_index_makes(home, slurm_env, tmp_path, monkeypatch) -> None:
+    """The `.sub` indexes a hand-run sbatch job with the shell form of the same rules (INDEX_JOB_SHELL): the
+    index folder, the entry's name with the job's cluster, the cluster recorded in the job folder. Outside Slurm
+    (the local executor runs gateway.sub with $HPC_SERVE_JOB_ID) no cluster."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # what `~` means to index_dir too
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "JOB_ID": "7", **slurm_env}
+    if home is not None:
+        env[job_index.HOME_ENV] = home if home != "/opt/hs" else str(tmp_path / "hs")
+    job_dir = job_folder(tmp_path, "7")
+    env["JOB_DIR"] = str(job_dir)
+    script = f"set -euo pipefail\n{job_index.INDEX_JOB_SHELL}\n"
+    subprocess.run(["bash", "-c", script], env=env, check=True)
+    cluster = slurm_env.get("SLURM_CLUSTER_NAME")
+    entry = job_index.index_dir(env) / job_index.entry_name("7", cluster)
+    assert entry.is_symlink() and entry.resolve() == job_dir.resolve()
+    assert JobPaths.of_folder(job_dir).cluster == cluster
+    assert [p.name for p in job_dir.iterdir() if p.name.startswith(".")] == [], "no temporary left behind"
+
+
+def test_link_index_records_the_cluster_and_keys_the_entry(tmp_path, hpc_home) -> None:
+    first, second = job_folder(tmp_path, "33", "a"), job_folder(tmp_path, "33", "b")
+    register("33", first, "hpcserve")
+    register("33", second, "twin")  # the other cluster's job 33: an entry of its own, not a replacement
+    assert sorted(p.name for p in job_index.index_dir().iterdir()) == ["33@hpcserve", "33@twin"]
+    assert JobPaths.of_folder(first).cluster == "hpcserve" and JobPaths.of_folder(second).cluster == "twin"
+    assert {k: v.resolve() for k, v in job_index.entries("33").items()} == {"hpcserve": first, "twin": second}
+    assert list(job_index.entries("33@twin")) == ["twin"] and job_index.entries("33@nowhere") == {}
+    assert job_index.entry_of(JobPaths.of_folder(second)) == job_index.index_dir() / "33@twin"
+    assert {(ref.job_id, ref.cluster, ref.job_dir) for ref in list_jobs()} == {
+        ("33", "hpcserve", first),
+        ("33", "twin", second),
+    }
+    assert job_index.parse_entry("local-1a2b") == ("local-1a2b", None)
+    assert job_index.job_cluster({"SLURM_CLUSTER_NAME": "twin"}) is None, "only inside a Slurm job"
+    assert job_index.job_cluster({"SLURM_JOB_ID": "5", "SLURM_CLUSTER_NAME": "twin"}) == "twin"
+
+
+def test_an_id_of_two_clusters_means_the_current_ones(tmp_path, hpc_home, monkeypatch) -> None:
+    """`status 33` with jobs 33 of two clusters indexed: the current cluster's (SLURM_CONF's); an entry without a
+    cluster (indexed before clusters were recorded) counts as the current cluster's; `33@twin` names the other;
+    with neither the current's nor an old entry it is ambiguous, and the error names what to type."""
+    first, second = job_folder(tmp_path, "33", "a"), job_folder(tmp_path, "33", "b")
+    register("33", first, "hpcserve")
+    register("33", second, "twin")
+    current: list[str | None] = ["hpcserve"]
+    monkeypatch.setattr(slurm.default, "cluster_name", lambda: current[0])
+    assert find_job("33").job_dir == first and find_job("33").cluster == "hpcserve"
+    assert find_job("33@twin").job_dir == second and find_job("33@twin").cluster == "twin"
+    current[0] = "twin"
+    assert find_job("33").job_dir == second
+    current[0] = None
+    with pytest.raises(JobNotFound, match="33@hpcserve, 33@twin"):
+        find_job("33")
+    old = job_folder(tmp_path, "33", "old")
+    register("33", old)  # an entry from before clusters were recorded
+    assert find_job("33").job_dir == old and find_job("33").cluster is None
+    register("34", job_folder(tmp_path, "34"), "twin")
+    assert find_job("34").cluster == "twin", "the only job of that id, whatever cluster it is of"
+
+
+def test_records_without_a_cluster_still_read() -> None:
+    """Records written before the field (and by a newer hpc-serve, with fields this one does not know) read."""
+    old = {"version": 1, "job_id": 5, "replica": 0, "address": "10.0.0.5", "http_port": 8000, "future": 1}
+    assert EndpointRecord.from_dict(old).cluster == ""
+    assert EndpointRecord.from_dict({**old, "cluster": "twin"}).to_dict()["cluster"] == "twin"
+    assert StartupRecord.from_dict({"job_id": "5"}).cluster == ""
+    assert ChainRecord.from_dict({"job_id": 5, "cluster": None}).cluster == ""
+    assert GatewayRecord.from_dict({"name": "x", "url": "http://h:1"}).cluster == ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# asking a job's own cluster, with a fake command runner
+
+
+class TwoClusters:
+    """Answers sacct/squeue/scontrol/scancel for two clusters: `hpcserve` (no -M) and the others (-M NAME);
+    a cluster in `away` fails like one slurmdbd does not know. Records every command."""
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[str, str], str] = {}  # (cluster, job id) → state
+        self.away: set[str] = set()
+        self.commands: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], timeout: float) -> Result:
+        argv = list(argv)
+        self.commands.append(argv)
+        cluster = argv[argv.index("-M") + 1] if "-M" in argv else "hpcserve"
+        if argv[:3] == ["scontrol", "show", "config"]:
+            return Result(0, "ClusterName             = hpcserve\nFirstJobId = 1\n", "")
+        if cluster in self.away and argv[0] != "sacct":  # sacct -M of a cluster dbd lacks: nothing, rc 0
+            error = f"{argv[0]}: error: No cluster '{cluster}' known by database."
+            return Result(1, "", error)
+        ids = argv[argv.index("-j") + 1].split(",") if "-j" in argv else [argv[-1]]
+        known = [j for j in ids if (cluster, j) in self.states]
+        if argv[0] == "sacct":
+            return Result(0, "".join(f"{j}|{self.states[(cluster, j)]}\n" for j in known), "")
+        if argv[0] == "squeue":
+            if not known:
+                return Result(1, "", "slurm_load_jobs error: Invalid job id specified")
+            return Result(0, "".join(f"{j}|{self.states[(cluster, j)]}|None\n" for j in known), "")
+        if argv[0] == "scontrol":
+            return Result(1, "", "slurm_load_jobs error: Invalid job id specified")
+        if argv[0] == "scancel":
+            self.states[(cluster, ids[0])] = "CANCELLED"
+            return Result(0, "", "")
+        raise AssertionError(f"unexpected command {argv}")
+
+    def about(self, job_id: str) -> list[list[str]]:
+        return [argv for argv in self.commands if job_id in ",".join(argv)]
+
+
+@pytest.fixture
+def clusters(monkeypatch) -> TwoClusters:
+    fake = TwoClusters()
+    monkeypatch.setattr(slurm, "default", Slurm(runner=fake, sleep=lambda s: None))
+    monkeypatch.setattr(slurm_watch, "shared", SlurmWatcher())
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    return fake
+
+
+def test_a_job_of_another_cluster_shows_its_own_state(tmp_path, hpc_home, clusters) -> None:
+    """The bug: twin's job 33 listed with hpcserve's job 33's state. Now its state comes from twin (-M twin)."""
+    clusters.states.update({("hpcserve", "33"): "CANCELLED", ("twin", "33"): "PENDING"})
+    register("33", job_folder(tmp_path, "33", "a"), "twin")
+    refs = list_jobs()
+    watch(refs)
+    status = job_status(refs[0])
+    assert (status.state, status.cluster, status.other_cluster) == ("PENDING", "twin", True)
+    assert status.summary().startswith("33@twin PENDING") and not status.unreachable
+    about = [argv for argv in clusters.about("33") if argv[0] in ("sacct", "squeue", "scontrol")]
+    assert about and all(argv[1:3] == ["-M", "twin"] for argv in about), about
+
+
+def test_a_job_of_an_unreachable_cluster_says_whose_it_is(tmp_path, hpc_home, clusters, monkeypatch) -> None:
+    """A cluster slurmdbd does not know (or whose controller is away): UNKNOWN, the reason naming both clusters
+    and Slurm's words; `wait` returns at once; `cancel` sends nothing and writes no cancel marker."""
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    clusters.states[("hpcserve", "33")] = "RUNNING"
+    clusters.away.add("ghost")
+    folder = job_folder(tmp_path, "33")
+    register("33", folder, "ghost")
+    ref = find_job("33")
+    status = job_status(ref)
+    assert (status.state, status.unreachable) == ("UNKNOWN", True)
+    assert status.reason == (
+        "job 33 belongs to cluster 'ghost'; this is 'hpcserve' (SLURM_CONF=/etc/slurm/slurm.conf); cluster 'ghost' "
+        "cannot be asked from here: squeue: error: No cluster 'ghost' known by database."
+    )
+    assert status.summary() == f"33@ghost UNKNOWN ({status.reason})"
+    assert wait(ref, timeout=30).unreachable
+    with pytest.raises(SlurmError, match="not sent: job 33 belongs to cluster 'ghost'"):
+        cancel(ref, grace_s=1)
+    assert not ref.cancel_marker.exists()
+    assert not [argv for argv in clusters.commands if argv[0] == "scancel"]
+    assert all("-M" in argv for argv in clusters.about("33")), "never hpcserve's job 33"
+
+
+def test_cancel_of_another_clusters_job_goes_to_that_cluster(tmp_path, hpc_home, clusters, monkeypatch) -> None:
+    monkeypatch.setattr("hpc.submit.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
+    clusters.states.update({("hpcserve", "33"): "RUNNING", ("twin", "33"): "PENDING"})
+    register("33", job_folder(tmp_path, "33"), "twin")
+    ref = find_job("33")
+    assert cancel(ref, grace_s=1).state == "CANCELLED"
+    assert clusters.states == {("hpcserve", "33"): "RUNNING", ("twin", "33"): "CANCELLED"}
+    assert [argv[:3] for argv in clusters.commands if argv[0] == "scancel"] == [["scancel", "-M", "twin"]]
+
+
+def test_a_job_without_a_recorded_cluster_is_the_current_clusters(tmp_path, hpc_home, clusters) -> None:
+    """Folders from before clusters were recorded: the current cluster's job of that id (DEVELOPERS.md)."""
+    clusters.states.update({("hpcserve", "33"): "PENDING", ("twin", "33"): "RUNNING"})
+    register("33", job_folder(tmp_path, "33"))
+    status = job_status(find_job("33"))
+    assert (status.state, status.cluster, status.other_cluster) == ("PENDING", None, False)
+    assert not any("-M" in argv for argv in clusters.commands)
+    assert SlurmExecutor().other_cluster(find_job("33")) is None
