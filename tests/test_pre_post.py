@@ -294,11 +294,13 @@ def test_bls_gives_its_request_id_to_the_engine_request_only(tok):
     generation; the tokenizer models' calls carry none."""
     server = FakeServer(tok)
     list(BlsPipeline(server, decoupled=True).run(bls_inputs("Hello world", stream=True), "client-7"))
-    assert list(zip((c[0] for c in server.calls), server.request_ids))[:2] == [
+    assert list(zip((c[0] for c in server.calls), server.request_ids, strict=True))[:2] == [
         ("preprocessing", ""),
         ("tensorrt_llm", "client-7"),
     ]
-    assert {rid for (model, *_), rid in zip(server.calls, server.request_ids) if model == "postprocessing"} == {""}
+    assert {
+        rid for (model, *_), rid in zip(server.calls, server.request_ids, strict=True) if model == "postprocessing"
+    } == {""}
 
 
 def test_bls_non_streaming(tok):
