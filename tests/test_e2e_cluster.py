@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from launcher.config import STOP_LEAD_S
 from launcher.layout import JobPaths
 from tests.e2e import (
     CLI,
@@ -76,10 +77,9 @@ def test_killed_follower_fails_the_job_and_status_names_the_rank(jobs, tmp_path,
         pid for pid, cmd in processes_under(deploy_dir) if "tritonserver " in cmd and "--load-model=tensorrt_llm" in cmd
     ]
     assert len(follower) == 1
-    started = time.monotonic()
     kill_quietly(follower)
-    st = wait_for(lambda: (s := status(job))["state"] == "FAILED" and s, 30, "the job to be FAILED")
-    assert time.monotonic() - started <= 30
+    # how fast: tests/test_e2e_replicas_cluster.py (fail-fast); here the job is FAILED, naming the rank that died
+    st = wait_for(lambda: (s := status(job))["state"] == "FAILED" and s, 120, "the job to be FAILED")
     assert st["failed_rank"]["rank"] == 1
     shown = cli("status", job, check=False)
     assert shown.returncode == 1 and "rank 1 on node2" in shown.stdout and "SIGKILL" in shown.stdout
@@ -178,7 +178,7 @@ def test_leader_stop_releases_followers_and_job_completes(jobs, tmp_path, tiny_g
     ]
     assert len(leader) == 1
     os.kill(leader[0], signal.SIGTERM)  # a graceful stop of rank 0's tritonserver only
-    wait_for(lambda: status(job).get("state") == "COMPLETED", 60, "the job to complete")
+    wait_for(lambda: status(job).get("state") == "COMPLETED", 120, "the job to complete")
     ranks = rank_records(job_dir)
     assert sorted(ranks) == [0, 1]
     assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks
@@ -187,11 +187,15 @@ def test_leader_stop_releases_followers_and_job_completes(jobs, tmp_path, tiny_g
     _assert_no_server_left(job_dir.parent.parent)
 
 
-def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_path, tiny_gpt2):
+def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_the_stop_lead(jobs, tmp_path, tiny_gpt2):
     """`hpc-serve cancel` SIGTERMs every process of the step at once: the leader stops taking requests, lets the
     requests in flight finish (or fail) within drain_s, unloads and releases its follower, which waited for that
-    instead of leaving first. Nothing spins or waits on a peer that is gone: cancel returns and no process of
-    the job is left within 15 s, with CANCELLED reported only once they are all gone."""
+    instead of leaving first. Nothing spins or waits on a peer that is gone: both ranks exit 0, the follower
+    released by its leader, no SIGKILL; CANCELLED is reported only once every process is gone.
+
+    The one time bound is the feature: the stop fits the budget the product gives an ordered stop, STOP_LEAD_S
+    (30 s: Slurm's time-limit warning comes that long before the end, and `cancel --grace` is as long). It takes
+    a few seconds (drain_s is 10 s at most), so the margin survives a machine whose cores other processes take."""
     import threading
 
     spec = write_spec(tmp_path, "stop", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
@@ -237,8 +241,8 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_
     cancelled.set()
     wait_for(
         lambda: not processes_under(deploy_dir),
-        max(0.1, t0 + 15 - time.monotonic()),
-        f"every process of {deploy_dir} to exit within 15 s of the cancel",
+        max(0.1, t0 + STOP_LEAD_S - time.monotonic()),
+        f"every process of {deploy_dir} to exit within {STOP_LEAD_S} s of the cancel",
         interval=0.1,
     )
     gone = time.monotonic() - t0
@@ -253,7 +257,7 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_15s(jobs, tmp_
         f"{[(o['tokens'], o['error'], round(o['at'] - stopped_at, 2)) for o in outcomes[-12:]]}"
     )
 
-    assert returned < 15 and "CANCELLED" in out, out
+    assert returned < STOP_LEAD_S and "CANCELLED" in out, out
     assert status(job)["state"] == "CANCELLED"
     assert not [state for state, procs in seen if state == "CANCELLED" and procs], (
         f"CANCELLED reported while processes of the job were still running: {seen}"
