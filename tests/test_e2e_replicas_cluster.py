@@ -3,8 +3,9 @@ replica its own `srun --mpi=pmix` step (hpc/placement.py), the CPU engine over M
 
 Fail-fast (launcher/watch.py, DEVELOPERS.md "Fail-fast"): a leader's tritonserver, a follower's tritonserver
 and a leader's python stub are SIGKILLed, each in a job of its own (replica_policy fail-job): the job is FAILED
-within 10 s naming the rank and the signal, the dead replica's processes are gone within 10 s, and then no
-process and no /dev/shm region of the job is left. keep-serving: the other replica answers on. requeue:
+within FAIL_FAST_S naming the rank and the signal, its peer says it stopped for that rank (the watch acted, not
+srun or Slurm), the dead replica's processes are gone within FAIL_FAST_S, and then no process and no /dev/shm
+region of the job is left. keep-serving: the other replica answers on. requeue:
 `scontrol requeue` withdraws the endpoints and the job serves again with new records, counting the restart.
 The four jobs are started once for the module.
 """
@@ -28,7 +29,11 @@ from tests.e2e import cli, private_job_index, processes_under, rank_records, sta
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
 
-FAIL_FAST_S = 10.0
+#: the bound that is the feature: a dead rank ends its replica within seconds (DEVELOPERS.md "Fail-fast" measured
+#: 0.15-0.4 s to FAILED, ~1 s until the replica is gone), where without the watches the survivors wait for Slurm's
+#: KillWait (30 s on many clusters). 20 s: some 20 times what it takes, for a machine whose cores other processes
+#: take, and still short of that KillWait; that the watch acted is shown by the peer's cause_rank, not the clock
+FAIL_FAST_S = 20.0
 KILLS = ("leader", "follower", "stub")
 
 
@@ -95,7 +100,7 @@ def _squeue(job: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout.strip()
 
 
-def _timed(predicate, what: str, timeout: float = 30.0) -> float:
+def _timed(predicate, what: str, timeout: float = 60.0) -> float:
     """Seconds until `predicate` holds (polled every 50 ms)."""
     t0 = time.monotonic()
     wait_for(predicate, timeout, what, interval=0.05)
@@ -103,15 +108,15 @@ def _timed(predicate, what: str, timeout: float = 30.0) -> float:
 
 
 @pytest.mark.parametrize("kill", KILLS)
-def test_a_dead_rank_fails_the_job_within_10s_and_leaves_nothing(jobs, kill):
+def test_a_dead_rank_fails_the_job_fast_and_leaves_nothing(jobs, kill):
     job, deploy_dir = jobs[kill]
     ref = find_job(job)
     target = victim(deploy_dir, job, kill)
     t0 = time.monotonic()
     os.kill(target, signal.SIGKILL)
-    to_failed = _timed(lambda: job_status(ref).state == "FAILED", "FAILED", FAIL_FAST_S + 20)
+    to_failed = _timed(lambda: job_status(ref).state == "FAILED", "FAILED", FAIL_FAST_S + 30)
     replica_gone = _timed(lambda: not replica_processes(deploy_dir, 0), "replica 0's processes to end") + to_failed
-    all_gone = _timed(lambda: not processes_under(deploy_dir) and not shm_regions(job), "the job to leave nothing")
+    all_gone = _timed(lambda: not processes_under(deploy_dir) and not shm_regions(job), "the job to leave nothing", 120)
     all_gone += replica_gone
     print(
         f"\n{kill} SIGKILLed: FAILED after {to_failed:.2f} s, replica 0 gone after {replica_gone:.2f} s, "
@@ -136,7 +141,7 @@ def test_keep_serving_the_other_replica_answers_and_status_shows_the_dead_one(jo
     assert len(leader) == 1
     os.kill(leader[0], signal.SIGKILL)
     replica_gone = _timed(lambda: not replica_processes(deploy_dir, 0), "replica 0's processes to end")
-    st = wait_for(lambda: (s := status(job)).get("dead_replicas") and s, 20, "the dead replica in status")
+    st = wait_for(lambda: (s := status(job)).get("dead_replicas") and s, 60, "the dead replica in status")
     print(f"\nkeep-serving: replica 0's processes gone {replica_gone:.2f} s after its leader was SIGKILLed")
     assert st["state"] == "READY" and list(st["dead_replicas"]) == ["0"], st
     assert st["dead_replicas"]["0"]["rank"] == 0 and st["dead_replicas"]["0"]["signal"] == "SIGKILL"
