@@ -71,7 +71,7 @@ def test_cancel_under_streaming_load_is_clean(
         leader_log = "".join(f.read_text(errors="replace") for f in job_dir.glob(f"{job}_0_log.*"))
         expected = "nothing in flight for" if drain_by == "metrics" else "the model drained"
         assert f"{expected}" in leader_log and "sending SIGTERM to tritonserver" in leader_log, leader_log[-3000:]
-        wait_for(lambda: not processes_under(deploy_dir), 15, "every process of the job to exit", interval=0.2)
+        wait_for(lambda: not processes_under(deploy_dir), 60, "every process of the job to exit", interval=0.2)
     finally:
         kill_quietly(job_processes(job))
         kill_quietly(pid for pid, _ in processes_under(deploy_dir))
