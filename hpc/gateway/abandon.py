@@ -45,6 +45,8 @@ ABANDON_S = 30.0
 RESTOP_FIRST_S = 0.05
 #: ... up to this one (so a request queued for long costs a stop a second, and ABANDON_S ends it)
 RESTOP_MAX_S = 1.0
+#: stops of one request waiting for their answers at most: no more are sent meanwhile
+STOPS_IN_FLIGHT = 4
 
 _tasks: set[asyncio.Future[None]] = set()  # abandoned streams being ended: referenced until done
 
@@ -137,20 +139,25 @@ async def stop_generation(client: Any, request_id: str, metadata: tuple[tuple[st
 Stop = Callable[[], Awaitable[None]]
 
 
-async def stop_until(stop: Stop, settled: asyncio.Event) -> None:
+async def stop_until(stop: Stop, settled: asyncio.Event, then: Callable[[], bool] = lambda: False) -> None:
     """Stop now, and again after RESTOP_FIRST_S, doubling up to RESTOP_MAX_S, until `settled` (module docstring:
-    the engine may not hold the request yet, and a stop for an id it does not hold is dropped). The stops are not
-    awaited one by one: one whose answer comes late (seen under load: 330 ms) delays neither the next nor the end;
-    the first error among them is raised once `settled` (a replica gone: nothing is left to stop)."""
+    the engine may not hold the request yet, and a stop for an id it does not hold is dropped); once `settled`, one
+    more stop if `then()` says so (the engine holds the request now, and it goes on). The stops are not awaited
+    one by one: one whose answer comes late (seen under load: 330 ms) delays neither the next nor that last one,
+    and no more than STOPS_IN_FLIGHT wait for their answers at once (a replica that answers none is not sent
+    more). The first error among them is raised at the end (a replica gone: nothing is left to stop). The caller
+    bounds the whole (ABANDON_S)."""
     sent = [asyncio.ensure_future(stop())]
     interval = RESTOP_FIRST_S
     try:
         while not settled.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(settled.wait(), interval)
-            if not settled.is_set():
+            if not settled.is_set() and sum(not task.done() for task in sent) < STOPS_IN_FLIGHT:
                 sent.append(asyncio.ensure_future(stop()))
-                interval = min(2 * interval, RESTOP_MAX_S)
+            interval = min(2 * interval, RESTOP_MAX_S)
+        if then():
+            sent.append(asyncio.ensure_future(stop()))
         await asyncio.gather(*sent)
     finally:
         for task in sent:
@@ -160,11 +167,12 @@ async def stop_until(stop: Stop, settled: asyncio.Event) -> None:
 
 async def _stop_until_held(reader: Reader, stop: Stop) -> None:
     """Stop the generation: once, when the engine held the request already (the stream had responded), else
-    until the first response shows it does, and once more then (`stop_until`)."""
-    if not reader.responded.is_set():
-        await stop_until(stop, reader.responded)
-    if not reader.task.done():
-        await stop()
+    until the first response shows it does, and once more then if the stream goes on (`stop_until`)."""
+    if reader.responded.is_set():
+        if not reader.task.done():
+            await stop()
+        return
+    await stop_until(stop, reader.responded, then=lambda: not reader.task.done())
 
 
 async def _end(reader: Reader, stop: Stop) -> None:
