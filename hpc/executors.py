@@ -100,10 +100,15 @@ class SlurmExecutor(Executor):
         return JobRef(job_id, job_dir, cluster)
 
     def other_cluster(self, ref: JobRef) -> str | None:
-        """The job's recorded cluster when it is not SLURM_CONF's (or Slurm cannot say which that is: `-M` is then
-        right either way). None for a job without a record: the current cluster's (DEVELOPERS.md)."""
+        """The job's recorded cluster when it is not SLURM_CONF's, else None. A job without a record is the current
+        cluster's (DEVELOPERS.md), and so is every job while Slurm cannot say which cluster that is (scontrol show
+        config failed): taken for another cluster's, each would be asked with `-M` of a controller that is likely
+        away too, read UNKNOWN and unreachable, and `wait` would return at once."""
         cluster = ref.cluster
-        return cluster if cluster is not None and cluster != slurm.default.cluster_name() else None
+        if cluster is None:
+            return None
+        current = slurm.default.cluster_name()
+        return cluster if current is not None and cluster != current else None
 
     def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
         cluster = self.other_cluster(ref)

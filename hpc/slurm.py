@@ -29,6 +29,9 @@ from pathlib import Path
 DEFAULT_TIMEOUT_S = 30.0
 ATTEMPTS = 3
 BACKOFF_S = 1.0
+#: the longest an answer of Slurm's is reused: the watcher's slowest refresh (hpc/slurm_watch.py), and how long a
+#: failed ClusterName lookup stands before `cluster_name` asks again
+MAX_DELAY_S = 30.0
 
 #: Slurm's raw job states, as the state hpc-serve reads them as (RUNNING is refined by the job folder).
 STATE_CLASS = {
@@ -127,14 +130,16 @@ class Slurm:
         runner: Runner = run_subprocess,
         *,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
         attempts: int = ATTEMPTS,
         backoff_s: float = BACKOFF_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ):
-        self.runner, self.sleep = runner, sleep
+        self.runner, self.sleep, self.clock = runner, sleep, clock
         self.attempts, self.backoff_s, self.timeout_s = attempts, backoff_s, timeout_s
         self.calls: Counter[str] = Counter()
-        self._cluster_names: dict[str | None, str | None] = {}  # by SLURM_CONF: the file names the cluster
+        # by SLURM_CONF (the file names the cluster): (ClusterName or None, until when: None for good)
+        self._cluster_names: dict[str | None, tuple[str | None, float | None]] = {}
 
     def run(self, argv: Sequence[str], *, timeout_s: float | None = None, repeatable: bool = True) -> Result:
         """Run until it succeeds, fails for good, or `attempts` transient failures in a row (1 s, 2 s apart).
@@ -168,18 +173,23 @@ class Slurm:
 
     def cluster_name(self) -> str | None:
         """The cluster the commands talk to: `scontrol show config`'s ClusterName, asked once per SLURM_CONF
-        (another file may name another cluster). None when Slurm cannot say now (not cached: asked again)."""
+        (another file may name another cluster). None when Slurm cannot say: no ClusterName, or the question
+        failed; a failure stands for MAX_DELAY_S, so that `list` over many jobs asks once (with its retries), not
+        once per job, and a long-lived process asks again later."""
         conf = os.environ.get("SLURM_CONF")
-        if conf not in self._cluster_names:
-            try:
-                out = self.run(["scontrol", "show", "config"]).stdout
-            except SlurmNotInstalled:
-                out = ""
-            except SlurmError:
-                return None
-            match = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE)
-            self._cluster_names[conf] = match.group(1) if match else None
-        return self._cluster_names[conf]
+        known = self._cluster_names.get(conf)
+        if known is not None and (known[1] is None or self.clock() < known[1]):
+            return known[0]
+        until: float | None = None
+        try:
+            out = self.run(["scontrol", "show", "config"]).stdout
+        except SlurmNotInstalled:
+            out = ""
+        except SlurmError:
+            out, until = "", self.clock() + MAX_DELAY_S
+        match = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE)
+        self._cluster_names[conf] = (match.group(1) if match else None, until)
+        return self._cluster_names[conf][0]
 
     def sbatch(self, script: Path, options: Sequence[str] = ()) -> str:
         """Submit a script as it is (`options`: sbatch's own, before it, e.g. a --dependency); its job id."""

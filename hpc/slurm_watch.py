@@ -27,10 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpc import slurm
-from hpc.slurm import SlurmError, SlurmNotInstalled, ended
+from hpc.slurm import MAX_DELAY_S, SlurmError, SlurmNotInstalled, ended
 
 MIN_DELAY_S = 2.0
-MAX_DELAY_S = 30.0
 #: a watched job: (its cluster, None for the current one; its id)
 Key = tuple[str | None, str]
 

@@ -124,6 +124,7 @@ class TwoClusters:
     def __init__(self) -> None:
         self.states: dict[tuple[str, str], str] = {}  # (cluster, job id) → state
         self.away: set[str] = set()
+        self.config_error = ""  # `scontrol show config`'s stderr while it fails ("": it answers)
         self.commands: list[list[str]] = []
 
     def __call__(self, argv: Sequence[str], timeout: float) -> Result:
@@ -131,6 +132,8 @@ class TwoClusters:
         self.commands.append(argv)
         cluster = argv[argv.index("-M") + 1] if "-M" in argv else "hpcserve"
         if argv[:3] == ["scontrol", "show", "config"]:
+            if self.config_error:
+                return Result(1, "", self.config_error)
             return Result(0, "ClusterName             = hpcserve\nFirstJobId = 1\n", "")
         if cluster in self.away and argv[0] != "sacct":  # sacct -M of a cluster dbd lacks: nothing, rc 0
             error = f"{argv[0]}: error: No cluster '{cluster}' known by database."
@@ -218,3 +221,30 @@ def test_a_job_without_a_recorded_cluster_is_the_current_clusters(tmp_path, hpc_
     assert (status.state, status.cluster, status.other_cluster) == ("PENDING", None, False)
     assert not any("-M" in argv for argv in clusters.commands)
     assert SlurmExecutor().other_cluster(find_job("33")) is None
+
+
+def test_a_failed_cluster_name_lookup_makes_no_job_anothers(tmp_path, hpc_home, clusters) -> None:
+    """`scontrol show config` failing (the controller away a moment): the current cluster's jobs (recorded
+    `hpcserve`) must not read as another cluster's, asked with -M, UNKNOWN and unreachable (`wait` would return at
+    once). The failure stands a while (slurm.MAX_DELAY_S): a listing of many jobs asks once, with its retries, not
+    once per job; after that it is asked again."""
+    now = [1000.0]
+    slurm.default.clock = lambda: now[0]
+    clusters.config_error = "scontrol: error: Unable to contact slurm controller (connect failure)"
+    jobs = [str(n) for n in range(40, 45)]
+    for job in jobs:
+        clusters.states[("hpcserve", job)] = "PENDING"
+        register(job, job_folder(tmp_path, job), "hpcserve")
+    refs = list_jobs()
+    watch(refs)
+    statuses = [job_status(ref) for ref in refs]
+    assert [(s.state, s.other_cluster, s.unreachable) for s in statuses] == [("PENDING", False, False)] * len(jobs)
+    assert not any("-M" in argv for argv in clusters.commands), "asked as the current cluster's jobs"
+    config = [argv for argv in clusters.commands if argv[:3] == ["scontrol", "show", "config"]]
+    assert len(config) == slurm.ATTEMPTS, "one lookup (with its retries) for the whole listing"
+    clusters.config_error = ""
+    now[0] += slurm.MAX_DELAY_S - 1
+    assert slurm.default.cluster_name() is None, "the failure stands a while"
+    now[0] += 2
+    assert slurm.default.cluster_name() == "hpcserve", "then it is asked again"
+    assert len([argv for argv in clusters.commands if argv[:3] == ["scontrol", "show", "config"]]) == len(config) + 1
