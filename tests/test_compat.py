@@ -50,7 +50,11 @@ def test_timeout_310_passes_what_ends_in_time_and_a_cancel_from_outside() -> Non
         task.cancel()
         with pytest.raises(asyncio.CancelledError):  # not turned into a timeout
             await task
-        await asyncio.sleep(0.01)  # nothing cancels this task later: the timer went with the block
+        async with compat.timeout_310(0.05):
+            pass
+        later = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.2, later.set)  # timers fire in order: the block's would be first
+        await later.wait()  # not cancelled on the way: the timer went with the block
 
     asyncio.run(main())
 
