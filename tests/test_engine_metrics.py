@@ -10,7 +10,7 @@ import gc
 import weakref
 from dataclasses import fields
 
-from backend.cpu_engine.engine import EngineStats
+from backend.cpu_engine.stats import EngineStats
 from backend.models.engine_metrics import FAMILIES, EngineMetrics
 
 

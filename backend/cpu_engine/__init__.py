@@ -10,11 +10,12 @@ Public API (numpy-only imports; ``mpi4py`` only when tp_size > 1):
 - ``create_checkpoint(out_dir, family, size, seed)``: random-weight HF checkpoint + tokenizer (``init_model``).
 """
 
-from .engine import Engine, EngineStats
+from .engine import Engine
 from .follower import follower_loop, load_shard
 from .init_model import create_checkpoint
 from .sampling import SamplingParams
 from .scheduler import GenerationOutput, GenerationRequest
+from .stats import EngineStats
 
 __all__ = [
     "Engine",

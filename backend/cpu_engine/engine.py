@@ -17,7 +17,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -31,31 +30,13 @@ from .parallel import Communicator, PeerGone, drain_deadline, report_drain, worl
 from .sampling import apply_penalties, ban_bad_words, sample_token
 from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
 from .selection import greedy_picks, hit_stop_word
+from .stats import EngineStats
 from .validate import request_problem
 
 log = logging.getLogger("hpc_serve.cpu_engine")
 
 #: how many finished request ids the engine remembers, to say in the log what a stop that matched nothing was
 FINISHED_IDS_KEPT = 1024
-
-
-@dataclass
-class EngineStats:
-    """Counts for the TRT-LLM-named Prometheus metrics."""
-
-    active_requests: int
-    scheduled_requests: int
-    waiting_requests: int
-    max_requests: int
-    context_requests: int  # prefilled in the last step
-    generation_requests: int  # decoded in the last step
-    context_tokens: int  # prompt tokens prefilled in the last step
-    completed_requests: int
-    iterations: int
-    used_blocks: int
-    free_blocks: int
-    max_blocks: int
-    tokens_per_block: int
 
 
 class Engine:

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names alone are imported by the login node's tools (hpc/bench), without numpy
-    from backend.cpu_engine.engine import EngineStats
+    from backend.cpu_engine.stats import EngineStats
 
 REQUEST = "nv_trt_llm_request_metrics"
 KV_CACHE = "nv_trt_llm_kv_cache_block_metrics"
