@@ -6,6 +6,7 @@ A missing cluster or tritonserver fails on CI and skips elsewhere (tests/_env.py
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -83,11 +84,51 @@ def jobs(slurm_cluster, hpc_home, tritonserver) -> Iterator[list[str]]:
 def gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
     """A READY local job, its token, and `hpc-serve gateway` on it (a process of its own), for one test module:
     {"url", "token", "job", "model", "spec", "log"}; "jobs": what local_jobs kills at the end (a test adds its
-    own). A module that counts engine steps overrides it with `gateway_on_a_job(..., paced=True)`."""
-    from tests.e2e import gateway_on_a_job
-
+    own). A module that counts engine steps names `paced_gateway` its `gateway`."""
     with gateway_on_a_job(tmp_path_factory, tiny_gpt2) as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def paced_gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
+    """`gateway`, its engine at a GPU's pace: for a module that counts engine steps (it names it `gateway`)."""
+    with gateway_on_a_job(tmp_path_factory, tiny_gpt2, paced=True) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def gateway_on_a_job(tmp_path_factory, checkpoint: Path, paced: bool = False) -> Iterator[dict]:
+    """The `gateway` fixture's job and gateway; `paced`: the job's engine steps at a GPU's pace (tests/steps.py
+    `GPU_PACE_MS`)."""
+    from tests.e2e import CLI, cli, free_port, gateway_ready, local_jobs, stop_process, wait_for, write_spec
+    from tests.steps import GPU_PACE_MS
+
+    folder = tmp_path_factory.mktemp("gateway")
+    triton = {"parameters": {"min_step_ms": GPU_PACE_MS}} if paced else None
+    spec = write_spec(folder, "gw", checkpoint, tp=1, triton=triton)
+    with local_jobs(folder, spec, 1) as jobs:
+        ((job, _),) = jobs
+        token = cli("token", job).stdout.strip()
+        assert cli("token", job).stdout.strip() == token, "the same token every time"
+        port = free_port()
+        log = folder / "gateway.log"
+        proc = subprocess.Popen(
+            [*CLI, "gateway", job, "--port", str(port), "--refresh", "1"],
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+
+            def up() -> bool:
+                assert proc.poll() is None, log.read_text()
+                return gateway_ready(url)
+
+            wait_for(up, 60, "the gateway to find the replica")
+            yield {"url": url, "token": token, "job": job, "model": "gw", "spec": spec, "jobs": jobs, "log": log}
+        finally:
+            stop_process(proc)
 
 
 @pytest.fixture

@@ -24,13 +24,6 @@ from launcher.records import RankExitRecord, read_rank_records
 CLI = [sys.executable, "-m", "hpc.cli"]
 
 
-#: the least time a step of a test's CPU engine takes where a test counts its steps (the `min_step_ms` parameter):
-#: a GPU's decode-step time. Why: the tiny model's steps take well under 1 ms, so while a stop crossed a gateway
-#: starved of CPU for hundreds of ms (two busy loops on the 2 cores) the engine ran hundreds of steps; at this pace
-#: the same delay is tens of steps, and a bound of "half the tokens asked" holds for any delay under a second.
-GPU_PACE_MS = 10
-
-
 def write_spec(
     folder: Path,
     name: str,
@@ -283,22 +276,6 @@ def prometheus_samples(url: str) -> dict[tuple[str, tuple], float]:
     }
 
 
-def engine_counters(metrics_url: str) -> tuple[float, float]:
-    """The replica's engine decode steps so far (the CPU engine's `iteration_counter`, set at every step: one per
-    generated token while it serves one request) and the requests it finished (`completed`: cancelled ones too).
-    Why not a later model's count: under load the engine outruns postprocessing, whose queue still turns every
-    token already made into text after a stop."""
-    from backend.models.engine_metrics import FAMILIES, GENERAL, REQUEST
-
-    samples = prometheus_samples(metrics_url.removesuffix("/metrics"))
-
-    def gauge(family: str, kind: str) -> float:
-        (value,) = [v for (n, labels), v in samples.items() if n == family and (FAMILIES[family][0], kind) in labels]
-        return value
-
-    return gauge(GENERAL, "iteration_counter"), gauge(REQUEST, "completed")
-
-
 def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
     """SIGTERM, then SIGKILL when it has not exited within `grace_s`; reaped either way (a gateway a test started)."""
     proc.terminate()
@@ -409,35 +386,3 @@ def assert_streams_ended_clearly(endings: list[tuple[float, float, str]], stop_a
     in_flight = [how for started, ended, how in endings if started < stop_at < ended]
     assert in_flight, f"no stream was in flight when the stop began: the test proves nothing ({len(endings)} ended)"
     assert all(how == "final" or "stopping" in how for how in in_flight), in_flight
-
-
-@contextlib.contextmanager
-def gateway_on_a_job(tmp_path_factory, checkpoint: Path, paced: bool = False) -> Iterator[dict]:
-    """The `gateway` fixture's job and gateway; `paced`: the job's engine steps at a GPU's pace (tests/e2e.py
-    `GPU_PACE_MS`)."""
-    folder = tmp_path_factory.mktemp("gateway")
-    triton = {"parameters": {"min_step_ms": GPU_PACE_MS}} if paced else None
-    spec = write_spec(folder, "gw", checkpoint, tp=1, triton=triton)
-    with local_jobs(folder, spec, 1) as jobs:
-        ((job, _),) = jobs
-        token = cli("token", job).stdout.strip()
-        assert cli("token", job).stdout.strip() == token, "the same token every time"
-        port = free_port()
-        log = folder / "gateway.log"
-        proc = subprocess.Popen(
-            [*CLI, "gateway", job, "--port", str(port), "--refresh", "1"],
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        try:
-            url = f"http://127.0.0.1:{port}"
-
-            def up() -> bool:
-                assert proc.poll() is None, log.read_text()
-                return gateway_ready(url)
-
-            wait_for(up, 60, "the gateway to find the replica")
-            yield {"url": url, "token": token, "job": job, "model": "gw", "spec": spec, "jobs": jobs, "log": log}
-        finally:
-            stop_process(proc)

@@ -246,8 +246,8 @@ def test_engine_thread_serves_concurrent_submissions(llama: Path) -> None:
 
 def test_min_step_is_the_least_time_of_a_step_and_a_stop_still_lands_at_the_next(llama: Path) -> None:
     """`min_step_s` (the `min_step_ms` parameter: a GPU's pace) makes each step on the engine thread take at least
-    that long: a lower bound, which a loaded machine only lengthens. A stop from another thread during the wait
-    ends the request at the next step: the request it came for has exactly the tokens made by then, or one more."""
+    that long: a lower bound, which a loaded machine only lengthens. A stop that comes between two steps ends the
+    request at the next one: it has the tokens made by then, or one more."""
     eng = Engine(str(llama), max_tokens_in_kv_cache=256, min_step_s=0.05)
     eng.start()
     try:
@@ -263,7 +263,7 @@ def test_min_step_is_the_least_time_of_a_step_and_a_stop_still_lands_at_the_next
             if len(req.output_ids) >= 3 and not stopped.is_set():  # on the engine thread: the stop comes between
                 stopped.set()
                 made.append(len(req.output_ids))
-                threading.Thread(target=eng.cancel, args=("mine",)).start()
+                eng.cancel("mine")  # as from another thread (its lock is not held here): applied at the next step
 
         req = GenerationRequest(
             input_ids=prompt, max_new_tokens=200, request_id="mine", streaming=True, on_output=on_output

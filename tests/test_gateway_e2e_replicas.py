@@ -23,8 +23,6 @@ from launcher.layout import JobPaths
 from launcher.records import read_endpoints
 from tests.e2e import (
     cli,
-    engine_counters,
-    gateway_on_a_job,
     kill_quietly,
     processes_under,
     prometheus_samples,
@@ -32,6 +30,7 @@ from tests.e2e import (
     wait_for,
     write_spec,
 )
+from tests.steps import engine_counters
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -39,11 +38,10 @@ openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
-    """tests/conftest.py's `gateway`, its engine at a GPU's pace (tests/e2e.py `GPU_PACE_MS`): these tests count
+def gateway(paced_gateway) -> dict:
+    """tests/conftest.py's `gateway`, its engine at a GPU's pace (tests/steps.py `GPU_PACE_MS`): these tests count
     engine steps after a client left, and need a stream that is still running while other requests come."""
-    with gateway_on_a_job(tmp_path_factory, tiny_gpt2, paced=True) as started:
-        yield started
+    return paced_gateway
 
 
 def _steps_until_it_ended(metrics_url: str, before: tuple[float, float]) -> float:
@@ -67,7 +65,7 @@ def test_a_client_gone_before_its_generate_answer_ends_the_replicas_generation(g
     client that leaves meanwhile (curl's --max-time, a client timeout) was seen only then, after the replica had
     made every token for no one. Now the gateway stops the request by its id when its client leaves (and again
     until the answer comes: hpc/gateway/abandon.py `stop_until`): the engine makes a part of the tokens asked.
-    The bound, half of them, leaves the stop ~1 s at the engine's GPU pace (conftest: the gateway's process was
+    The bound, half of them, leaves the stop ~2 s at the engine's GPU pace (DEVELOPERS.md: the gateway's process was
     seen unscheduled for 430 ms under two busy loops); CI saw 200 of 200 at the tiny model's own pace."""
     (job, job_dir) = gateway["jobs"][0]
     (record,) = read_endpoints(JobPaths.of_folder(job_dir))
@@ -135,7 +133,7 @@ def test_a_full_replica_is_429_with_retry_after_and_the_access_log_says_so(serve
     """A gateway that lets one request in flight per replica: a second request while a stream runs is refused
     (OpenAI and Triton routes alike) and the stream is not disturbed; one JSON access line per request. CI once
     saw the second request served: the stream, 0.5 s at the tiny model's own pace, had ended before it came. At
-    the engine's GPU pace it runs 2 s or more after its first token (199 steps of at least 10 ms), and the
+    the engine's GPU pace it runs 4 s or more after its first token (199 steps of at least 20 ms), and the
     engine's count of finished requests shows it was still running when the others were refused."""
     caplog.set_level(logging.INFO, logger="hpc_serve.gateway.access")
     url = serve_app(gateway["job"], max_outstanding=1)
