@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from hpc.executors import watch
 from hpc.gateway.job import serving_jobs
 from hpc.jobs import JobRef
 from hpc.routing.deployment import Target, deployment_folders
+from hpc.slurm import SlurmError
 from hpc.track import JobStatus, job_status
 from launcher.config import CANCEL_GRACE_S
 from launcher.job_index import entry_of
@@ -130,25 +132,51 @@ def stop_renewals(target: Target) -> None:
         Deployment(folder).renew_stop.write_text(json.dumps({"at": time.time()}) + "\n")
 
 
-def cancel_deployment(target: Target, grace_s: float = CANCEL_GRACE_S) -> list[JobStatus]:
+@dataclass
+class DeploymentCancel:
+    """What `cancel_deployment` came to: the last status of each job it cancelled, and a line for each job it could
+    not cancel (which job, of which cluster, and why), whose failure stopped none of the others."""
+
+    statuses: list[JobStatus]
+    not_cancelled: list[str]
+
+
+def cancel_deployment(target: Target, grace_s: float = CANCEL_GRACE_S) -> DeploymentCancel:
     """Stop the whole deployment: no renewer submits anything more, and every serving job still under way is
     cancelled (pending ones first, so that none starts meanwhile; then the others, each an ordered stop). Its
-    gateway job goes with the last one (hpc/gateway/job.py `after_cancel`). The jobs' last statuses."""
+    gateway job goes with the last one (hpc/gateway/job.py `after_cancel`). A job that cannot be cancelled (of a
+    cluster that cannot be asked from here, or one whose scancel Slurm refused) is left and named; the others are
+    cancelled all the same. Jobs are told apart by their folder: job ids are unique per Slurm cluster only, and a
+    deployment's folders may hold the jobs of two clusters."""
     from hpc.submit import cancel
 
     stop_renewals(target)
-    done: dict[str, JobStatus] = {}
+    done: dict[Path, JobStatus] = {}
+    refused: dict[Path, str] = {}
     for _ in range(CANCEL_ROUNDS):
-        refs = [ref for ref in serving_jobs(target) if ref.job_id not in done]
+        refs = [ref for ref in serving_jobs(target) if ref.job_dir not in done and ref.job_dir not in refused]
         watch(refs)
-        statuses = {ref.job_id: job_status(ref) for ref in refs}
-        live = [ref for ref in refs if not statuses[ref.job_id].done]
+        statuses = {ref.job_dir: job_status(ref) for ref in refs}
+        live = [ref for ref in refs if not statuses[ref.job_dir].done]
         if not live:
             break
-        live.sort(key=lambda ref: statuses[ref.job_id].state != "PENDING")
+        live.sort(key=lambda ref: statuses[ref.job_dir].state != "PENDING")
         for ref in live:
-            done[ref.job_id] = cancel(ref, grace_s)
-    return list(done.values())
+            status = statuses[ref.job_dir]
+            if status.unreachable:  # nothing can be sent to it from here (hpc.submit.cancel would refuse)
+                refused[ref.job_dir] = _not_cancelled(ref, status.reason or "its cluster cannot be asked from here")
+                continue
+            try:
+                done[ref.job_dir] = cancel(ref, grace_s)
+            except SlurmError as exc:  # scancel refused (not the owner …), or its cluster went away meanwhile
+                refused[ref.job_dir] = _not_cancelled(ref, str(exc))
+    return DeploymentCancel(list(done.values()), list(refused.values()))
+
+
+def _not_cancelled(ref: JobRef, why: str) -> str:
+    """`job 33 of cluster 'twin' not cancelled: <why>`: what `cancel` of the deployment prints of such a job."""
+    where = f" of cluster '{ref.cluster}'" if ref.cluster else ""
+    return f"job {ref.job_id}{where} not cancelled: {why}"
 
 
 def successor_under_way(ref: JobRef) -> str | None:

@@ -192,6 +192,17 @@ def watch(refs: list[JobRef]) -> None:
             watcher().watch(ref.job_id, cluster=executor.other_cluster(ref))
 
 
+def unreachable(ref: JobRef) -> str | None:
+    """Why a job of another cluster cannot be asked about (nor told anything) from here: UNKNOWN there, in
+    `elsewhere`'s words; None for any other job. The scheduler's answer only (the watcher's): no record read, no
+    gateway probed."""
+    executor = executor_of(ref)
+    if executor.other_cluster(ref) is None:
+        return None
+    raw, reason = executor.scheduler_state(ref)
+    return reason if raw == "UNKNOWN" else None
+
+
 def elsewhere(job_id: str, cluster: str) -> str:
     """Why a job of another cluster has no state here: which cluster it is of, which one this is, and what
     went wrong asking its own (or that its own does not know it)."""

@@ -124,15 +124,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from hpc.submit import cancel
 
     target, refs = job_or_deployment([args.target])
+    not_cancelled: list[str] = []
     try:
-        statuses = [cancel(ref, grace_s=args.grace) for ref in refs] or cancel_deployment(target, args.grace)
+        if refs:
+            statuses = [cancel(ref, grace_s=args.grace) for ref in refs]
+        else:  # each job that cannot be cancelled is named, and the others are cancelled all the same
+            result = cancel_deployment(target, args.grace)
+            statuses, not_cancelled = result.statuses, result.not_cancelled
     except SlurmError as exc:  # scancel refused (not the owner …): its words, not a traceback
         print(f"hpc-serve: {exc}", file=sys.stderr)
         return EXIT_JOB_FAILED
-    if not statuses:
+    if not statuses and not not_cancelled:
         print(f"{target.name}: no job under way; no renewal will submit another")
     for status in statuses:
         print(status.summary())
+    for line in not_cancelled:
+        print(f"hpc-serve: {line}", file=sys.stderr)
     for ref in refs:
         successor = successor_under_way(ref)
         if successor:
@@ -141,7 +148,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                 "name stops the whole deployment",
                 file=sys.stderr,
             )
-    return EXIT_OK if all(status.done for status in statuses) else EXIT_JOB_FAILED
+    return EXIT_OK if all(status.done for status in statuses) and not not_cancelled else EXIT_JOB_FAILED
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from hpc.executors import executor_named, executor_of
+from hpc.executors import executor_named, executor_of, unreachable
 from hpc.gateway.job import after_cancel, ensure_gateway
 from hpc.jobs import JobRef
 from hpc.model_init import ensure_model
 from hpc.render import render
-from hpc.slurm import SlurmError
+from hpc.slurm import SlurmError, on_cluster
 from hpc.spec import Spec
 from hpc.spec.site import profile_summary
 from hpc.track import JobStatus, job_status, wait
@@ -87,11 +87,12 @@ def cancel(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
     that release (bounded) instead of leaving first. The marker records that the user asked for this: the job
     reads CANCELLING until no rank process is left, then CANCELLED (not COMPLETED or FAILED, however its ranks
     ended)."""
-    before = job_status(ref)
-    if before.unreachable:  # of another cluster that cannot be asked: nor can it be told (nothing is written)
-        raise SlurmError(["scancel", "-M", before.cluster or "?", ref.job_id], f"not sent: {before.reason}")
-    # before the marker changes it; a gateway job has no ranks to stop in order (it stops on scancel's SIGTERM)
-    stoppable = not ref.is_gateway and before.state in ("STARTING", "READY", "CANCELLING")
+    why = unreachable(ref)
+    if why is not None:  # of another cluster that cannot be asked: nor can it be told (nothing is written)
+        raise SlurmError(["scancel", *on_cluster(ref.cluster), ref.job_id], f"not sent: {why}")
+    # before the marker changes it; a gateway job has no ranks to stop in order (it stops on scancel's SIGTERM),
+    # nor is its state asked (that probes the gateway)
+    stoppable = not ref.is_gateway and job_status(ref).state in ("STARTING", "READY", "CANCELLING")
     ref.cancel_marker.write_text(json.dumps({"at": time.time()}))
     executor_of(ref).cancel(ref, grace_s, stoppable)
     status = wait(ref, until=(), timeout=grace_s + 60)

@@ -9,6 +9,7 @@ tests/test_two_clusters.py.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from collections.abc import Sequence
@@ -16,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from hpc import slurm, slurm_watch
+from hpc import jobs_cli, slurm, slurm_watch
+from hpc.cli_support import EXIT_JOB_FAILED
 from hpc.executors import SlurmExecutor, watch
 from hpc.jobs import JobNotFound, find_job, list_jobs, register
+from hpc.routing.deployment import Target
 from hpc.slurm import Result, Slurm, SlurmError
 from hpc.slurm_watch import SlurmWatcher
 from hpc.submit import cancel
-from hpc.track import job_status, wait
+from hpc.track import JobStatus, job_status, wait
 from launcher import job_index
 from launcher.layout import LAUNCH_NAME, JobPaths
 from launcher.records import ChainRecord, EndpointRecord, GatewayRecord, StartupRecord
@@ -248,3 +251,63 @@ def test_a_failed_cluster_name_lookup_makes_no_job_anothers(tmp_path, hpc_home, 
     now[0] += 2
     assert slurm.default.cluster_name() == "hpcserve", "then it is asked again"
     assert len([argv for argv in clusters.commands if argv[:3] == ["scontrol", "show", "config"]]) == len(config) + 1
+
+
+def test_cancel_of_a_deployment_goes_past_a_job_it_cannot_cancel(tmp_path, hpc_home, clusters, monkeypatch, capsys):
+    """A deployment whose jobs are of three clusters, one that cannot be asked (`ghost`): `cancel` of the
+    deployment names that job, its cluster and why, cancels every other one on its own cluster (two of them job
+    33, in two folders: told apart by folder, not by id), and exits non-zero."""
+    monkeypatch.setattr("hpc.submit.after_cancel", lambda ref, grace_s: None)  # no gateway here
+    clusters.away.add("ghost")
+    clusters.states.update({("hpcserve", "33"): "PENDING", ("twin", "33"): "PENDING", ("hpcserve", "34"): "PENDING"})
+    for name, job, cluster in (("dep-a", "33", "ghost"), ("dep-b", "33", "hpcserve"), ("dep-c", "33", "twin")):
+        register(job, job_folder(tmp_path, job, name), cluster)
+    register("34", job_folder(tmp_path, "34", "dep-d"), "hpcserve")
+    for deploy in tmp_path.glob("dep-*"):
+        (deploy / "spec.yaml").write_text("name: dep\n")
+    target = Target(tmp_path, "dep", tmp_path)
+    monkeypatch.setattr(jobs_cli, "job_or_deployment", lambda targets: (target, []))
+    code = jobs_cli.cmd_cancel(argparse.Namespace(target="dep", grace=1.0))
+    out, err = capsys.readouterr()
+    assert code == EXIT_JOB_FAILED
+    assert sorted(out.split()[::2]) == ["33", "33@twin", "34"] and out.count("CANCELLED") == 3, out
+    assert (
+        err.startswith(
+            "hpc-serve: job 33 of cluster 'ghost' not cancelled: job 33 belongs to cluster 'ghost'; this is 'hpcserve' "
+        )
+        and "No cluster 'ghost' known by database" in err
+    ), err
+    assert clusters.states == {
+        ("hpcserve", "33"): "CANCELLED",
+        ("twin", "33"): "CANCELLED",
+        ("hpcserve", "34"): "CANCELLED",
+    }
+    scancels = sorted(" ".join(argv) for argv in clusters.commands if argv[0] == "scancel")
+    assert scancels == ["scancel -M twin 33", "scancel 33", "scancel 34"], scancels
+    assert not (tmp_path / "dep-a-33" / "jobs" / "33" / "cancel_requested").exists()
+
+
+def test_cancel_of_a_gateway_job_asks_no_state_first(tmp_path, hpc_home, clusters, monkeypatch) -> None:
+    """A gateway job has no ranks to stop in order, so `cancel` does not ask its state before the scancel (that
+    probes the gateway); whether its cluster can be asked is the scheduler's answer alone."""
+    monkeypatch.setattr("hpc.submit.after_cancel", lambda ref, grace_s: None)
+    waited = JobStatus("35", "CANCELLED")
+    monkeypatch.setattr("hpc.submit.wait", lambda ref, until, timeout: waited)
+    asked: list[str] = []
+
+    def job_status(ref, with_gateway=False) -> JobStatus:
+        asked.append(ref.job_id)
+        return JobStatus(ref.job_id, "READY")
+
+    monkeypatch.setattr("hpc.submit.job_status", job_status)
+    clusters.states.update({("hpcserve", "35"): "RUNNING", ("twin", "36"): "RUNNING"})
+    for job, cluster in (("35", "hpcserve"), ("36", "twin")):
+        folder = job_folder(tmp_path, job)
+        JobPaths.of_folder(folder).gateway_marker.touch()
+        register(job, folder, cluster)
+        assert cancel(find_job(job), grace_s=1) is waited
+    assert asked == []
+    assert [argv for argv in clusters.commands if argv[0] == "scancel"] == [
+        ["scancel", "35"],
+        ["scancel", "-M", "twin", "36"],
+    ]
