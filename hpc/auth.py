@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.auth import GRPC_HEADER, HEADER, TOKEN, bearer
-from launcher.layout import Deployment
+from launcher.job_index import entry_name_of
+from launcher.layout import Deployment, JobPaths
 
 
 def read_token(deploy_dir: Path) -> str | None:
@@ -98,8 +99,9 @@ def read_tokens(deploy_dirs: Iterable[Path]) -> set[str]:
 
 @dataclass
 class Tokens:
-    """The deployment's tokens: each job's (its folder's: what its tritonserver checks) and the newest folder's
-    (for a job whose folder has none, and for the gateway, which accepts any of the deployment's)."""
+    """The deployment's tokens: each job's (its folder's: what its tritonserver checks), by the job's entry name
+    (`33@twin`, a local job's id: job ids are per cluster, launcher/job_index.py), and the newest folder's (for a
+    job whose folder has none, and for the gateway, which accepts any of the deployment's)."""
 
     by_job: dict[str, str] = field(default_factory=dict)
     newest: str | None = None
@@ -115,11 +117,12 @@ class Tokens:
             tokens.newest = token
             jobs_dir = Deployment(folder).jobs_dir
             for job_dir in jobs_dir.iterdir() if jobs_dir.is_dir() else ():
-                tokens.by_job[job_dir.name] = token
+                tokens.by_job[entry_name_of(JobPaths(folder, job_dir.name))] = token
         return tokens
 
-    def for_job(self, job_id: str) -> str | None:
-        return self.by_job.get(job_id, self.newest)
+    def for_job(self, job: str) -> str | None:
+        """The token of a job, named by its entry name (`33@twin`; a local job's id)."""
+        return self.by_job.get(job, self.newest)
 
 
 def http_headers(token: str | None) -> dict[str, str]:

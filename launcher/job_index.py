@@ -109,9 +109,15 @@ def all_entries() -> list[Path]:
     return links
 
 
+def entry_name_of(job: JobPaths) -> str:
+    """The entry name of a job folder, by the cluster the folder records: what tells the job from another of its
+    id (the gateway keys its replicas, their draining and their tokens by it)."""
+    return entry_name(job.job_id, job.cluster)
+
+
 def entry_of(job: JobPaths) -> Path:
     """The index entry of a job folder, by the cluster the folder records."""
-    return index_dir() / entry_name(job.job_id, job.cluster)
+    return index_dir() / entry_name_of(job)
 
 
 def template_values() -> dict[str, str]:

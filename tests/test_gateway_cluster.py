@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hpc.auth import new_token
+from launcher.job_index import entry_name_of
 from launcher.layout import Deployment, JobPaths
 from launcher.records import read_endpoints
 from tests.e2e import gateway_process, job_token, private_job_index, submit, wait_for, write_spec
@@ -57,10 +58,15 @@ def deployment(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Iter
 
 
 def replicas(deployment: dict) -> dict[str, dict]:
-    """The gateway's replicas by key (`job_id/replica`), with its counters (`/gateway/replicas`)."""
+    """The gateway's replicas by key (`<job id>@<cluster>/<replica>`), with its counters (`/gateway/replicas`)."""
     headers = {"Authorization": f"Bearer {deployment['token']}"}
     answer = httpx.get(deployment["url"] + "/gateway/replicas", headers=headers, timeout=10, trust_env=False)
     return {r["key"]: r for r in answer.json()}
+
+
+def replica_key(job_dir: Path, replica: int = 0) -> str:
+    """The gateway's key of a job's replica: the job as its index entry names it (`33@hpcserve`), its replica."""
+    return f"{entry_name_of(JobPaths.of_folder(job_dir))}/{replica}"
 
 
 def retries(url: str, reason: str) -> float:
@@ -92,10 +98,10 @@ def test_a_replica_refusing_the_gateways_token_is_502_naming_the_file_and_is_not
     """Job 2's folder gets a new token file: the gateway sends job 2's replica that token, which its tritonserver
     (started with the old one) refuses. The client's token is still good (job 1's folder has it)."""
     url, token = deployment["url"], deployment["token"]
-    job, job_dir = deployment["jobs"][1]
+    _, job_dir = deployment["jobs"][1]
     token_file = Deployment(job_dir.parent.parent).token
     original = token_file.read_text()
-    failures = replicas(deployment)[f"{job}/0"]["failures"]
+    failures = replicas(deployment)[replica_key(job_dir)]["failures"]
     try:
         token_file.write_text(new_token() + "\n")
         refused = wait_for(
@@ -104,8 +110,9 @@ def test_a_replica_refusing_the_gateways_token_is_502_naming_the_file_and_is_not
             "a request sent to job 2 with its new token file",
         )
         message = refused.json()["error"]["message"]
-        assert f"replica {job}/0 refused the access token" in message and "access_token" in message, message
-        shown = replicas(deployment)[f"{job}/0"]
+        assert f"replica {replica_key(job_dir)} refused the access token" in message, message
+        assert "access_token" in message, message
+        shown = replicas(deployment)[replica_key(job_dir)]
         assert shown["failures"] == failures and shown["healthy"], "a refused token is not a dead replica"
     finally:
         token_file.write_text(original)
@@ -113,11 +120,11 @@ def test_a_replica_refusing_the_gateways_token_is_502_naming_the_file_and_is_not
 
 
 def test_a_leader_killed_under_load_fails_no_request_that_had_not_received_its_first_byte(deployment):
-    (victim_job, victim_dir), _ = deployment["jobs"]
+    (_, victim_dir), _ = deployment["jobs"]
     (endpoint,) = read_endpoints(JobPaths.of_folder(victim_dir))
     leader = endpoint.pid  # rank 0's tritonserver; node1 and node2 are this host's, so its pid is ours to signal
     assert "tritonserver" in Path(f"/proc/{leader}/cmdline").read_bytes().decode(errors="replace")
-    outcome = asyncio.run(_load_and_kill(deployment, victim_job, leader))
+    outcome = asyncio.run(_load_and_kill(deployment, replica_key(victim_dir), leader))
     print(
         f"\n{outcome['ok']} requests served ({outcome['ok_after']} after the kill); failed before their first byte: "
         f"{len(outcome['before'])}; failed while streaming from the killed replica: {len(outcome['streaming'])}; "
@@ -126,10 +133,10 @@ def test_a_leader_killed_under_load_fails_no_request_that_had_not_received_its_f
     events = [line for line in deployment["log"].read_text().splitlines() if not line.startswith("{")]
     assert outcome["before"] == [], ("a request that had not received its first byte failed", events[-12:])
     assert outcome["in_flight"] > 0 and outcome["retried"] + len(outcome["streaming"]) > 0, "the kill hit requests"
-    assert outcome["ok_after"] > 0 and f"{victim_job}/0" not in replicas(deployment), "the other job serves on"
+    assert outcome["ok_after"] > 0 and replica_key(victim_dir) not in replicas(deployment), "the other job serves on"
 
 
-async def _load_and_kill(deployment: dict, victim_job: str, leader: int) -> dict:
+async def _load_and_kill(deployment: dict, key: str, leader: int) -> dict:
     """`CONCURRENCY` clients sending completions back to back (every other one streamed) through the gateway;
     once both jobs served and the victim has requests in flight, its leader is SIGKILLed; the load goes on
     until the gateway dropped the victim, the kill's requests were retried or failed, and the other job served
@@ -166,7 +173,6 @@ async def _load_and_kill(deployment: dict, victim_job: str, leader: int) -> dict
 
     workers = [asyncio.create_task(worker(i)) for i in range(CONCURRENCY)]
     try:
-        key = f"{victim_job}/0"
 
         def ready_to_kill() -> bool:
             shown = replicas(deployment)

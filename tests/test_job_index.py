@@ -18,17 +18,20 @@ from pathlib import Path
 import pytest
 
 from hpc import jobs_cli, slurm, slurm_watch
+from hpc.auth import Tokens
 from hpc.cli_support import EXIT_JOB_FAILED
 from hpc.executors import SlurmExecutor, watch
+from hpc.gateway.discovery import Discovery, draining_jobs, mark_draining
 from hpc.jobs import JobNotFound, find_job, list_jobs, register
-from hpc.routing.deployment import Target
+from hpc.routing.balancer import Balancer
+from hpc.routing.deployment import Target, as_replica, deployment_folders, published
 from hpc.slurm import Result, Slurm, SlurmError
 from hpc.slurm_watch import SlurmWatcher
 from hpc.submit import cancel
 from hpc.track import JobStatus, job_status, wait
 from launcher import job_index
 from launcher.layout import LAUNCH_NAME, JobPaths
-from launcher.records import ChainRecord, EndpointRecord, GatewayRecord, StartupRecord
+from launcher.records import ChainRecord, EndpointRecord, GatewayRecord, StartupRecord, write_json_atomic
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -311,3 +314,34 @@ def test_cancel_of_a_gateway_job_asks_no_state_first(tmp_path, hpc_home, cluster
         ["scancel", "35"],
         ["scancel", "-M", "twin", "36"],
     ]
+
+
+def test_the_gateway_tells_the_replicas_of_two_clusters_jobs_of_one_id_apart(tmp_path, hpc_home) -> None:
+    """One deployment, two folders, job 33 in each: one of the test cluster, one of twin (which is handing over:
+    draining), each folder with its own token. Their replicas are two (keys `33@hpcserve/0`, `33@twin/0`), only
+    twin's drains, each is sent its own folder's token; a local job's key is its id, as before."""
+    tokens = {"dep-a": "hpcs_first-0123456789ab", "dep-b": "hpcs_second-0123456789a"}
+    for (name, token), cluster, port in zip(tokens.items(), ("hpcserve", "twin"), (8001, 8002), strict=True):
+        paths = JobPaths.of_folder(job_folder(tmp_path, "33", name))
+        (paths.deploy_dir / "spec.yaml").write_text("name: dep\n")
+        (paths.deploy_dir / "access_token").write_text(token)
+        paths.record_cluster(cluster)
+        record = EndpointRecord(job_id="33", cluster=cluster, address="10.0.0.1", http_port=port, grpc_port=port + 1)
+        write_json_atomic(paths.endpoint(0), record.to_dict())
+        if cluster == "twin":
+            paths.draining.write_text('{"successor": "34"}')
+    target = Target(tmp_path, "dep", tmp_path)
+    replicas = sorted((as_replica(r) for r in published(target)), key=lambda r: r.key)
+    assert [(r.key, r.http_url) for r in replicas] == [
+        ("33@hpcserve/0", "http://10.0.0.1:8001"),
+        ("33@twin/0", "http://10.0.0.1:8002"),
+    ]
+    draining = draining_jobs(target)
+    assert draining == {"33@twin": False}
+    mark_draining(replicas, draining)
+    assert [r.draining for r in replicas] == [False, True]
+    tokens_of_jobs = Tokens.of_folders(deployment_folders(target))
+    discovery = Discovery(target, Balancer(), http=None, replica_tokens=tokens_of_jobs)  # no health check asked here
+    assert [discovery.token_for(r) for r in replicas] == list(tokens.values())
+    local = EndpointRecord(job_id="local-1a2b", address="127.0.0.1", http_port=9000)
+    assert as_replica(local).key == "local-1a2b/0"

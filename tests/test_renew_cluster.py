@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from hpc.jobs import find_job
+from hpc.routing.deployment import job_of_key
+from launcher.job_index import parse_entry
 from launcher.layout import JobPaths
 from launcher.records import read_chain, read_endpoints
 from launcher.renew_plan import parse_slurm_time
@@ -80,7 +82,8 @@ def _clients(url: str, token: str | None, name: str, stop: threading.Event, outc
                 raw = client.completions.with_raw_response.create(
                     model=name, prompt="Once upon a time", max_tokens=24 if stream else 6, stream=stream
                 )
-                outcome.job = raw.headers.get("x-hpc-serve-replica", "").split("/")[0]
+                # the replica's key names its job as the index does (`33@hpcserve/0`): its id
+                outcome.job = parse_entry(job_of_key(raw.headers.get("x-hpc-serve-replica", "")))[0]
                 parsed = raw.parse()
                 if stream:
                     assert "".join(c.choices[0].text for c in parsed if c.choices)

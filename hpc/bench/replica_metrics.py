@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from backend.models.engine_metrics import KV_CACHE, REQUEST
 from hpc.metrics import DEFAULT_PREFIXES, Sample, parse, scrape
+from hpc.routing.deployment import replica_key  # the gateway's keys: `33@twin/0` (job ids are per cluster)
 from launcher.records import EndpointRecord
 
 #: upstream's output-token histogram (name without _sum / _count)
@@ -63,10 +64,6 @@ class Snapshot:
 
 def summable(key: str) -> bool:
     return not any(f"={label}" in key for label in NOT_SUMMED)
-
-
-def replica_key(endpoint: EndpointRecord) -> str:
-    return f"{endpoint.job_id}/{endpoint.replica}"
 
 
 def take(endpoints: Sequence[EndpointRecord], timeout_s: float = 5.0, everything: bool = False) -> Snapshot:

@@ -29,7 +29,8 @@ import httpx
 
 from hpc.auth import Tokens, read_tokens
 from hpc.routing.balancer import Balancer, Replica
-from hpc.routing.deployment import Target, as_replica, deployment_folders, job_folders, published
+from hpc.routing.deployment import Target, as_replica, deployment_folders, job_folders, job_of_key, published
+from launcher.job_index import entry_name_of
 from launcher.urls import READY_PATH
 
 log = logging.getLogger("hpc_serve.gateway")
@@ -53,20 +54,21 @@ def _final(mark: Path) -> bool:
 
 
 def draining_jobs(target: Target) -> dict[str, bool]:
-    """Jobs of the deployment that take no new requests → whether even when no other replica serves (ending for
-    good: stopping, or a renewer's `final` mark) or only while another does (handed over to a successor)."""
+    """Jobs of the deployment that take no new requests (by entry name, `33@twin`, as replica keys name them: job
+    ids are per cluster) → whether even when no other replica serves (ending for good: stopping, or a renewer's
+    `final` mark) or only while another does (handed over to a successor)."""
     found: dict[str, bool] = {}
     for paths in job_folders(target):
         if paths.stopping_marks() or (paths.draining.exists() and _final(paths.draining)):
-            found[paths.job_id] = True
+            found[entry_name_of(paths)] = True
         elif paths.draining.exists():
-            found[paths.job_id] = False
+            found[entry_name_of(paths)] = False
     return found
 
 
 def mark_draining(replicas: list[Replica], draining: Mapping[str, bool]) -> None:
     """Set each replica's `draining` from its job's (see `draining_jobs`)."""
-    job = {r.key: r.key.split("/", 1)[0] for r in replicas}
+    job = {r.key: job_of_key(r.key) for r in replicas}
     open_ = any(job[r.key] not in draining for r in replicas)
     for replica in replicas:
         replica.draining = job[replica.key] in draining and (open_ or draining[job[replica.key]])
@@ -133,8 +135,9 @@ class Discovery:
         return self.slow_checks[replica.key] <= SLOW_CHECKS_KEPT
 
     def token_for(self, replica: Replica) -> str | None:
-        """The token `replica`'s tritonserver requires: its job folder's (keys are `<job id>/<replica>`)."""
-        return self.replica_tokens.for_job(replica.key.split("/", 1)[0])
+        """The token `replica`'s tritonserver requires: its job folder's (keys are `<job>/<replica>`, the job as
+        its index entry names it: hpc.routing.deployment `replica_key`)."""
+        return self.replica_tokens.for_job(job_of_key(replica.key))
 
     async def run(self) -> None:
         """Refresh forever (cancelled at shutdown); a failed refresh keeps the previous view."""

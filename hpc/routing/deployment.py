@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from hpc.routing.balancer import Replica
-from launcher.job_index import entries, index_dir
+from launcher.job_index import entries, entry_name, index_dir
 from launcher.layout import SPEC_NAME, Deployment, JobPaths
 from launcher.records import EndpointRecord, read_endpoints
 
@@ -208,5 +208,17 @@ def published(target: Target) -> Iterator[EndpointRecord]:
             yield from read_endpoints(paths)
 
 
+def replica_key(record: EndpointRecord) -> str:
+    """`<job>/<replica>`, the job named as its index entry is (`33@twin/0`; a local job's id alone: `local-1a2b/0`):
+    job ids are unique per Slurm cluster only, and one deployment's folders may hold job 33 of two clusters."""
+    return f"{entry_name(record.job_id, record.cluster)}/{record.replica}"
+
+
+def job_of_key(key: str) -> str:
+    """The job of a replica key (`33@twin/0` → `33@twin`): what draining and tokens are keyed by
+    (job_index.entry_name_of its folder)."""
+    return key.rsplit("/", 1)[0]
+
+
 def as_replica(record: EndpointRecord) -> Replica:
-    return Replica(key=f"{record.job_id}/{record.replica}", http_url=record.http_url, grpc_url=record.grpc_url)
+    return Replica(key=replica_key(record), http_url=record.http_url, grpc_url=record.grpc_url)
