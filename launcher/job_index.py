@@ -30,16 +30,20 @@ CLUSTER_SEP = "@"
 #: set by Slurm in a job's environment (batch script and steps): the cluster the job runs on
 CLUSTER_ENV = "SLURM_CLUSTER_NAME"
 
-#: What every `.sub` runs at job start, with $JOB_ID and $JOB_DIR set: record the job's cluster in its folder
-#: (atomically: a reader must never take an empty file for "no cluster") and point the index entry at it. Outside
-#: Slurm (the local executor runs gateway.sub and build.sub with $HPC_SERVE_JOB_ID) there is no cluster.
+#: What every `.sub` runs at job start, with $JOB_DIR (`D/jobs/<job_id>`) set: record the job's cluster in its
+#: folder (atomically: a reader must never take an empty file for "no cluster") and point the index entry at it.
+#: Outside Slurm (the local executor runs gateway.sub and build.sub with $HPC_SERVE_JOB_ID) there is no cluster.
+#: Its shell variables are `HPC_SERVE_`'s: the .sub runs in the user's environment, where a site may export
+#: CLUSTER, INDEX or JOB_ID for its own tools (and the steps inherit what the script sets).
 INDEX_JOB_SHELL = f"""\
-CLUSTER="${{SLURM_JOB_ID:+${{{CLUSTER_ENV}:-}}}}"
-if [ -n "$CLUSTER" ] && [ "$(cat "$JOB_DIR/{CLUSTER_NAME}" 2>/dev/null)" != "$CLUSTER" ]; then
-  {{ printf '%s\\n' "$CLUSTER" >"$JOB_DIR/.{CLUSTER_NAME}.$$" && mv -f "$JOB_DIR/.{CLUSTER_NAME}.$$" "$JOB_DIR/{CLUSTER_NAME}"; }} || true
+HPC_SERVE_CLUSTER="${{SLURM_JOB_ID:+${{{CLUSTER_ENV}:-}}}}"
+if [ -n "$HPC_SERVE_CLUSTER" ] && [ "$(cat "$JOB_DIR/{CLUSTER_NAME}" 2>/dev/null)" != "$HPC_SERVE_CLUSTER" ]; then
+  {{ printf '%s\\n' "$HPC_SERVE_CLUSTER" >"$JOB_DIR/.{CLUSTER_NAME}.$$" && mv -f "$JOB_DIR/.{CLUSTER_NAME}.$$" "$JOB_DIR/{CLUSTER_NAME}"; }} || true
 fi
-INDEX="{INDEX_DIR_SHELL}"
-if mkdir -p "$INDEX"; then ln -sfn "$JOB_DIR" "$INDEX/$JOB_ID${{CLUSTER:+{CLUSTER_SEP}$CLUSTER}}" || true; fi"""
+HPC_SERVE_INDEX="{INDEX_DIR_SHELL}"
+if mkdir -p "$HPC_SERVE_INDEX"; then
+  ln -sfn "$JOB_DIR" "$HPC_SERVE_INDEX/${{JOB_DIR##*/}}${{HPC_SERVE_CLUSTER:+{CLUSTER_SEP}$HPC_SERVE_CLUSTER}}" || true
+fi"""
 
 
 def index_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -424,7 +424,7 @@ def check_scripts(w: World) -> None:
     assert w.calls("sbatch") == []
     job = JobPaths(w.deploy, "1")
     assert job.endpoints_dir.is_dir() and job.ranks_dir.is_dir()
-    assert (w.home / ".hpc-serve" / "jobs" / "1").resolve() == job.folder, "the .sub's INDEX= default"
+    assert (w.home / ".hpc-serve" / "jobs" / "1").resolve() == job.folder, "the .sub's HPC_SERVE_INDEX= default"
 
 
 def assert_not_pwned(w: World) -> None:

@@ -68,6 +68,22 @@ def test_the_subs_lines_make_the_entry_link_index_makes(home, slurm_env, tmp_pat
     assert [p.name for p in job_dir.iterdir() if p.name.startswith(".")] == [], "no temporary left behind"
 
 
+def test_the_subs_lines_leave_a_sites_variables_alone(tmp_path, monkeypatch) -> None:
+    """A site's environment may export CLUSTER, INDEX or JOB_ID for its own tools, and the `.sub`'s steps inherit
+    what its lines set: they set only HPC_SERVE_ variables, and take the job's id from its folder."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    site = {"CLUSTER": "site-cluster", "INDEX": "/site/index", "JOB_ID": "site-job"}
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_CLUSTER_NAME": "twin", **site}
+    job_dir = job_folder(tmp_path, "7")
+    env["JOB_DIR"] = str(job_dir)
+    script = f"set -euo pipefail\n{job_index.INDEX_JOB_SHELL}\nenv\n"
+    out = subprocess.run(["bash", "-c", script], env=env, check=True, capture_output=True, text=True).stdout
+    exported = dict(line.partition("=")[::2] for line in out.splitlines())
+    assert {name: exported.get(name) for name in site} == site
+    assert (job_index.index_dir(env) / "7@twin").resolve() == job_dir.resolve()
+    assert [p.name for p in job_index.index_dir(env).iterdir()] == ["7@twin"]
+
+
 def test_link_index_records_the_cluster_and_keys_the_entry(tmp_path, hpc_home) -> None:
     first, second = job_folder(tmp_path, "33", "a"), job_folder(tmp_path, "33", "b")
     register("33", first, "hpcserve")
