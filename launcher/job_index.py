@@ -34,7 +34,9 @@ CLUSTER_ENV = "SLURM_CLUSTER_NAME"
 #: folder (atomically: a reader must never take an empty file for "no cluster") and point the index entry at it.
 #: Outside Slurm (the local executor runs gateway.sub and build.sub with $HPC_SERVE_JOB_ID) there is no cluster.
 #: Its shell variables are `HPC_SERVE_`'s: the .sub runs in the user's environment, where a site may export
-#: CLUSTER, INDEX or JOB_ID for its own tools (and the steps inherit what the script sets).
+#: CLUSTER, INDEX or JOB_ID for its own tools (and the steps inherit what the script sets). An entry without the
+#: cluster that points at this job's folder (`submit` made it while Slurm could not say its cluster) is removed
+#: once the entry with it is made: one job, one entry (`link_index` does the same).
 INDEX_JOB_SHELL = f"""\
 HPC_SERVE_CLUSTER="${{SLURM_JOB_ID:+${{{CLUSTER_ENV}:-}}}}"
 if [ -n "$HPC_SERVE_CLUSTER" ] && [ "$(cat "$JOB_DIR/{CLUSTER_NAME}" 2>/dev/null)" != "$HPC_SERVE_CLUSTER" ]; then
@@ -43,6 +45,9 @@ fi
 HPC_SERVE_INDEX="{INDEX_DIR_SHELL}"
 if mkdir -p "$HPC_SERVE_INDEX"; then
   ln -sfn "$JOB_DIR" "$HPC_SERVE_INDEX/${{JOB_DIR##*/}}${{HPC_SERVE_CLUSTER:+{CLUSTER_SEP}$HPC_SERVE_CLUSTER}}" || true
+  if [ -n "$HPC_SERVE_CLUSTER" ] && [ "$HPC_SERVE_INDEX/${{JOB_DIR##*/}}" -ef "$JOB_DIR" ]; then
+    rm -f "$HPC_SERVE_INDEX/${{JOB_DIR##*/}}" || true
+  fi
 fi"""
 
 
@@ -83,12 +88,20 @@ def link_index(job_id: str, job_dir: Path, cluster: str | None = None) -> Path:
         tmp.unlink()
     tmp.symlink_to(job_dir)
     os.replace(tmp, index / name)
+    if cluster:  # the entry `submit` made while Slurm could not say the job's cluster: the same job
+        plain = index / job_id
+        try:
+            if plain.is_symlink() and plain.samefile(job_dir):
+                plain.unlink()
+        except OSError:
+            pass  # its folder is gone (nothing lists it), or another process removed it first
     return index / name
 
 
 def entries(text: str) -> dict[str | None, Path]:
     """The index entries a job id names, by cluster (None: an entry without one): `33` → every `33@<cluster>`
-    and a plain `33`; `33@twin` → that entry only. Only live links (their folder exists) count."""
+    and a plain `33` (unless it is one of those: `_one_per_job`); `33@twin` → that entry only. Only live links
+    (their folder exists) count."""
     index = index_dir()
     if os.sep in text or not text or text.startswith(".") or not index.is_dir():
         return {}
@@ -97,8 +110,8 @@ def entries(text: str) -> dict[str | None, Path]:
         names = [text]
     else:
         names = [job_id] + [p.name for p in index.glob(f"{job_id}{CLUSTER_SEP}*")]
-    found = {parse_entry(name)[1]: index / name for name in names}
-    return {key: link for key, link in found.items() if link.exists()}
+    links = _one_per_job([index / name for name in names if (index / name).exists()])
+    return {parse_entry(link.name)[1]: link for link in links}
 
 
 def all_entries() -> list[Path]:
@@ -110,7 +123,15 @@ def all_entries() -> list[Path]:
         return []
     links = [p for p in index.iterdir() if not p.name.startswith(".") and p.exists()]
     links.sort(key=lambda p: p.lstat().st_mtime, reverse=True)
-    return links
+    return _one_per_job(links)
+
+
+def _one_per_job(links: list[Path]) -> list[Path]:
+    """`links` without an entry that has no cluster when an entry with one points at the same job folder: the same
+    job, indexed by `submit` while Slurm could not say its cluster, and by the `.sub` with it (an older `.sub`
+    left the first). Entries of two clusters at one folder stay two (one folder submitted on both)."""
+    clustered = {link.resolve() for link in links if parse_entry(link.name)[1] is not None}
+    return [link for link in links if parse_entry(link.name)[1] is not None or link.resolve() not in clustered]
 
 
 def entry_name_of(job: JobPaths) -> str:

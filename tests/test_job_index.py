@@ -361,3 +361,26 @@ def test_the_gateway_tells_the_replicas_of_two_clusters_jobs_of_one_id_apart(tmp
     assert [discovery.token_for(r) for r in replicas] == list(tokens.values())
     local = EndpointRecord(job_id="local-1a2b", address="127.0.0.1", http_port=9000)
     assert as_replica(local).key == "local-1a2b/0"
+
+
+def test_a_job_indexed_without_its_cluster_and_then_with_it_is_one_job(tmp_path, hpc_home, monkeypatch) -> None:
+    """`submit` indexed job 33 as `33` (Slurm could not say its cluster then), the `.sub` at job start as
+    `33@hpcserve`, both at one folder: `list` shows it once, with its cluster, and `33` finds it; the `.sub`'s
+    lines and link_index remove such a plain entry, never one at another folder (a job 34 of before clusters)."""
+    monkeypatch.setattr(slurm.default, "cluster_name", lambda: None)
+    index = job_index.index_dir()
+    folder = job_folder(tmp_path, "33")
+    register("33", folder)
+    (index / "33@hpcserve").symlink_to(folder)  # as an older `.sub` left them
+    assert [(ref.job_id, ref.cluster, ref.job_dir) for ref in list_jobs()] == [("33", "hpcserve", folder)]
+    assert find_job("33").cluster == "hpcserve" and list(job_index.entries("33")) == ["hpcserve"]
+    (index / "33@hpcserve").unlink()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HPC_SERVE_HOME": str(hpc_home), "JOB_DIR": str(folder)}
+    env |= {"SLURM_JOB_ID": "33", "SLURM_CLUSTER_NAME": "hpcserve"}
+    subprocess.run(["bash", "-c", f"set -euo pipefail\n{job_index.INDEX_JOB_SHELL}\n"], env=env, check=True)
+    assert sorted(p.name for p in index.iterdir()) == ["33@hpcserve"]
+    register("34", job_folder(tmp_path, "34", "old"))  # indexed before clusters were recorded: another job
+    register("34", job_folder(tmp_path, "34", "new"), "hpcserve")
+    register("35", job_folder(tmp_path, "35"))
+    register("35", job_folder(tmp_path, "35"), "hpcserve")
+    assert sorted(p.name for p in index.iterdir()) == ["33@hpcserve", "34", "34@hpcserve", "35@hpcserve"]
