@@ -14,6 +14,7 @@ the `.sub`s run the shell form (`INDEX_JOB_SHELL`) at job start, so a hand-run s
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -109,7 +110,8 @@ def entries(text: str) -> dict[str | None, Path]:
     if cluster is not None:
         names = [text]
     else:
-        names = [job_id] + [p.name for p in index.glob(f"{job_id}{CLUSTER_SEP}*")]
+        # the id is the user's text: `status '*'` must name no job, let alone every one
+        names = [job_id] + [p.name for p in index.glob(f"{glob.escape(job_id)}{CLUSTER_SEP}*")]
     links = _one_per_job([index / name for name in names if (index / name).exists()])
     return {parse_entry(link.name)[1]: link for link in links}
 

@@ -24,7 +24,7 @@ from hpc.executors import SlurmExecutor, watch
 from hpc.gateway.discovery import Discovery, draining_jobs, mark_draining
 from hpc.jobs import JobNotFound, find_job, list_jobs, register
 from hpc.routing.balancer import Balancer
-from hpc.routing.deployment import Target, as_replica, deployment_folders, published
+from hpc.routing.deployment import Target, as_replica, deployment_folders, names_indexed_job, published
 from hpc.slurm import Result, Slurm, SlurmError
 from hpc.slurm_watch import SlurmWatcher
 from hpc.submit import cancel
@@ -384,3 +384,13 @@ def test_a_job_indexed_without_its_cluster_and_then_with_it_is_one_job(tmp_path,
     register("35", job_folder(tmp_path, "35"))
     register("35", job_folder(tmp_path, "35"), "hpcserve")
     assert sorted(p.name for p in index.iterdir()) == ["33@hpcserve", "34", "34@hpcserve", "35@hpcserve"]
+
+
+def test_an_id_with_glob_characters_names_no_other_job(tmp_path, hpc_home) -> None:
+    """`hpc-serve status '*'` (or `3?`, `[3]3`): the id is looked up as typed, never as a pattern."""
+    register("33", job_folder(tmp_path, "33"), "hpcserve")
+    register("34", job_folder(tmp_path, "34"))
+    for text in ("*", "3*", "3?", "[3]3", "*@hpcserve"):
+        assert job_index.entries(text) == {}, text
+        assert not names_indexed_job(text), text
+    assert list(job_index.entries("33")) == ["hpcserve"]
