@@ -28,6 +28,7 @@ from hpc.placement import replica_steps, step_options
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
 from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.files import is_script_safe_path
+from launcher import job_index
 from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.command import shm_glob_shell
 from launcher.config import RENEW_NOTICE_S, STOP_ACK_S, STOP_LEAD_S, default_env
@@ -216,6 +217,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         "site_profile": site_profile(spec),
         **replica_context(spec, gres is not None),
         **template_values(deploy_dir),  # every name and path in the folder (launcher/layout.py)
+        **job_index.template_values(),  # the lines that index the job (launcher/job_index.py)
     }
     scripts = {
         SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),

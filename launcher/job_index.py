@@ -148,5 +148,6 @@ def entry_of(job: JobPaths) -> Path:
 
 
 def template_values() -> dict[str, str]:
-    """What the `.sub` templates write to index their job (hpc/render.py merges it with layout.template_values)."""
+    """What the `.sub` templates write to index their job: hpc/render.py and hpc/engine_build/script.py pass it
+    beside layout.template_values (this module imports layout, never the other way)."""
     return {"index_job_shell": INDEX_JOB_SHELL}

@@ -376,10 +376,8 @@ def building_markers(output_root: Path, key: str) -> list[Path]:
 def template_values(deploy_dir: Path) -> dict[str, str]:
     """The names and paths the `.sub`/`.sh` templates write, so the templates re-type none of them. Paths inside
     the job folder are relative to the shell variables the `.sub` sets (`$DEPLOY_DIR`, `$JOB_DIR`)."""
-    from .job_index import template_values as index_values  # job_index imports this module: not at the top
-
     dep = Deployment(deploy_dir)
-    return index_values() | {
+    return {
         "sub_path": str(dep.sub),
         "sh_path": str(dep.sh),
         "sh_name": SH_NAME,

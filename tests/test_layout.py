@@ -6,6 +6,7 @@ older version (no `version` key, fields missing) and of a newer one (fields this
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -96,4 +97,14 @@ def test_readers_skip_partial_and_temporary_files(tmp_path: Path) -> None:
 def test_template_values_name_the_folder(tmp_path: Path) -> None:
     values = layout.template_values(tmp_path)
     assert values["sub_path"] == str(tmp_path / "tensorrt_llm_triton.sub")
-    assert values["restart_count_name"] == "restart_count" and values["index_job_shell"] == job_index.INDEX_JOB_SHELL
+    assert values["restart_count_name"] == "restart_count"
+    assert job_index.template_values() == {"index_job_shell": job_index.INDEX_JOB_SHELL}
+
+
+def test_layout_does_not_import_the_job_index() -> None:
+    """The job index builds on layout (JobPaths, the folder names), never the other way: no import cycle, hidden
+    or not."""
+    tree = ast.parse(Path(layout.__file__).read_text())
+    imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert not [name for name in imported if "job_index" in name], imported

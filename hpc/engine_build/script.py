@@ -24,6 +24,7 @@ from hpc.engine_build.plan import BuildPlan
 from hpc.render import _environment, _srun_and_wrapper, ship_packages
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node
+from launcher import job_index
 from launcher.layout import (
     BUILD_STAGING_NAME,
     BUILD_SUB_NAME,
@@ -148,6 +149,7 @@ def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates
         "steps": build_steps(spec, plan, deploy_dir),
         "runtime_name": RUNTIME_NAME,
         **template_values(deploy_dir),
+        **job_index.template_values(),
     }
     return env.get_template(BUILD_SUB_NAME + ".j2").render(context)
 
