@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +23,15 @@ from tests.e2e import CLI, private_job_index, wait_for, write_spec
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
-FIRST = "/etc/slurm/slurm.conf"  # ci/cluster/up.sh's cluster, `hpcserve`
-TWIN = "/etc/slurm-twin/slurm.conf"
+TWIN = "/etc/slurm-twin/slurm.conf"  # ci/cluster/twin.sh's (its default name, twin)
+
+
+def first_cluster() -> tuple[str, str]:
+    """(SLURM_CONF, ClusterName) of the test cluster (ci/cluster/up.sh) as this environment reaches it, in Slurm's
+    own words (`scontrol show config`), rather than copies of ci/cluster/common.sh's defaults."""
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60, check=True)
+    config = dict(re.findall(r"^(\S+)\s*=\s*(.*?)\s*$", out.stdout, re.MULTILINE))
+    return config["SLURM_CONF"], config["ClusterName"]
 
 
 def hs(conf: str, *args: str, check: bool = True, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -44,24 +52,26 @@ def listing(conf: str) -> dict[str, dict]:
     return {row["job_dir"]: row for row in json.loads(hs(conf, "list", "--json").stdout)}
 
 
-def ended_on_twin(job: str) -> bool:
+def ended_on_twin(first_conf: str, job: str) -> bool:
     """twin's controller lists the job no more (or as ended, not COMPLETING): none of its processes is left."""
-    state = slurm(FIRST, "squeue", "-M", "twin", "-h", "-j", job, "-o", "%T").strip()
+    state = slurm(first_conf, "squeue", "-M", "twin", "-h", "-j", job, "-o", "%T").strip()
     return state not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING")
 
 
 @pytest.fixture(scope="module")
 def two(slurm_cluster, tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
-    """{"job": the shared id, "first_dir"/"twin_dir": each cluster's job folder, "home": the job index}: the
-    test cluster's job held (PENDING, JobHeldUser), twin's the same id READY, started by a hand-run sbatch."""
+    """{"job": the shared id, "first_dir"/"twin_dir": each cluster's job folder, "home": the job index,
+    "first_conf"/"first": the test cluster's SLURM_CONF and name}: the test cluster's job held (PENDING,
+    JobHeldUser), twin's the same id READY, started by a hand-run sbatch."""
     if os.geteuid() != 0:
         pytest.skip("ci/cluster/twin.sh starts daemons: root only")
+    first_conf, first = first_cluster()
     folder = tmp_path_factory.mktemp("two-clusters")
     job = ""
     with private_job_index(folder) as home:
         try:
             held = write_spec(folder, "first", tiny_gpt2, slurm={"sbatch_args": ["--hold"]})
-            out = hs(FIRST, "submit", str(held)).stdout.split()
+            out = hs(first_conf, "submit", str(held)).stdout.split()
             job, first_dir = out[0], Path(out[1])
             subprocess.run(["bash", str(ROOT / "ci/cluster/twin.sh"), "up", job], check=True, timeout=120)
             deploy = folder / "twin-deploy"
@@ -71,39 +81,46 @@ def two(slurm_cluster, tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[di
             # the .sub indexes it at job start (a hand-run sbatch: nothing else does), then it serves
             wait_for(lambda: (home / "jobs" / f"{job}@twin").exists(), 120, "twin's job to start and index itself")
             hs(TWIN, "wait", f"{job}@twin", "--timeout", "180", timeout=240)
-            yield {"job": job, "first_dir": first_dir, "twin_dir": deploy / "jobs" / job, "home": home}
+            yield {
+                "job": job,
+                "first_dir": first_dir,
+                "twin_dir": deploy / "jobs" / job,
+                "home": home,
+                "first_conf": first_conf,
+                "first": first,
+            }
         finally:
             if job:
-                subprocess.run(["scancel", job], capture_output=True, env={**os.environ, "SLURM_CONF": FIRST})
+                subprocess.run(["scancel", job], capture_output=True, env={**os.environ, "SLURM_CONF": first_conf})
                 subprocess.run(["scancel", "-M", "twin", job], capture_output=True)
-                wait_for(lambda: ended_on_twin(job), 90, f"twin's job {job} to end before twin stops")
+                wait_for(lambda: ended_on_twin(first_conf, job), 90, f"twin's job {job} to end before twin stops")
             subprocess.run(["bash", str(ROOT / "ci/cluster/twin.sh"), "down"], check=False, timeout=120)
 
 
 def test_each_cluster_sees_each_job_with_its_own_state(two) -> None:
     """The index holds both jobs `<id>` (one per cluster); every folder records its cluster; at either cluster
     `list` shows the held job PENDING (JobHeldUser) and twin's READY, never one job's state for the other."""
-    job, home = two["job"], two["home"]
-    assert sorted(p.name for p in (home / "jobs").iterdir()) == [f"{job}@hpcserve", f"{job}@twin"]
-    assert (two["first_dir"] / "cluster").read_text().strip() == "hpcserve"  # by submit: it has not started
+    job, home, first_conf, name = two["job"], two["home"], two["first_conf"], two["first"]
+    assert sorted(p.name for p in (home / "jobs").iterdir()) == sorted([f"{job}@{name}", f"{job}@twin"])
+    assert (two["first_dir"] / "cluster").read_text().strip() == name  # by submit: it has not started
     assert (two["twin_dir"] / "cluster").read_text().strip() == "twin"  # by the .sub at job start
-    for conf, here in ((FIRST, "hpcserve"), (TWIN, "twin")):
+    for conf, here in ((first_conf, name), (TWIN, "twin")):
         rows = listing(conf)
         first, second = rows[str(two["first_dir"])], rows[str(two["twin_dir"])]
-        assert (first["state"], first["reason"], first["cluster"]) == ("PENDING", "JobHeldUser", "hpcserve"), first
+        assert (first["state"], first["reason"], first["cluster"]) == ("PENDING", "JobHeldUser", name), first
         assert (second["state"], second["cluster"]) == ("READY", "twin"), second
-        assert first["other_cluster"] == (here != "hpcserve") and second["other_cluster"] == (here != "twin")
+        assert first["other_cluster"] == (here != name) and second["other_cluster"] == (here != "twin")
         (endpoint,) = second["endpoints"]
         assert endpoint["cluster"] == "twin" and endpoint["job_id"] == job
         text = hs(conf, "list").stdout
         print(f"\nhpc-serve list with SLURM_CONF={conf}:\n{text}")
-        other = f"{job}@twin" if here == "hpcserve" else f"{job}@hpcserve"
+        other = f"{job}@twin" if here == name else f"{job}@{name}"
         assert other in text, text
     # a bare id means the current cluster's job; `<id>@<cluster>` the other's
     assert hs(TWIN, "status", job).stdout.startswith(f"{job} READY")
-    assert hs(TWIN, "status", f"{job}@hpcserve").stdout.startswith(f"{job}@hpcserve PENDING (JobHeldUser)")
-    assert hs(FIRST, "status", job).stdout.startswith(f"{job} PENDING (JobHeldUser)")
-    assert hs(FIRST, "status", f"{job}@twin").stdout.startswith(f"{job}@twin READY")
+    assert hs(TWIN, "status", f"{job}@{name}").stdout.startswith(f"{job}@{name} PENDING (JobHeldUser)")
+    assert hs(first_conf, "status", job).stdout.startswith(f"{job} PENDING (JobHeldUser)")
+    assert hs(first_conf, "status", f"{job}@twin").stdout.startswith(f"{job}@twin READY")
 
 
 def test_a_job_of_a_cluster_that_cannot_be_asked_says_whose_it_is(two) -> None:
@@ -129,12 +146,12 @@ def test_a_job_of_a_cluster_that_cannot_be_asked_says_whose_it_is(two) -> None:
 
 
 def test_cancel_reaches_the_jobs_own_cluster_only(two) -> None:
-    """At twin, `cancel <id>@hpcserve` cancels the test cluster's job (scancel -M) and leaves twin's job of the
+    """At twin, `cancel <id>@<test cluster>` cancels the test cluster's job (scancel -M) and leaves twin's job of the
     same id serving; then twin's own job, which the test cluster sees CANCELLED through -M."""
-    job = two["job"]
-    assert "CANCELLED" in hs(TWIN, "cancel", f"{job}@hpcserve").stdout
-    assert slurm(FIRST, "sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[0] == "CANCELLED"
+    job, first_conf, name = two["job"], two["first_conf"], two["first"]
+    assert "CANCELLED" in hs(TWIN, "cancel", f"{job}@{name}").stdout
+    assert slurm(first_conf, "sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[0] == "CANCELLED"
     assert hs(TWIN, "status", job).stdout.startswith(f"{job} READY")
     assert hs(TWIN, "cancel", job, timeout=180).stdout.startswith(f"{job} CANCELLED")
-    assert hs(FIRST, "status", f"{job}@twin").stdout.startswith(f"{job}@twin CANCELLED")
-    assert hs(FIRST, "status", job).stdout.startswith(f"{job} CANCELLED")
+    assert hs(first_conf, "status", f"{job}@twin").stdout.startswith(f"{job}@twin CANCELLED")
+    assert hs(first_conf, "status", job).stdout.startswith(f"{job} CANCELLED")

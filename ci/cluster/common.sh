@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by ci/cluster/up.sh and ci/cluster/down.sh (sourced, not run).
+# Shared by ci/cluster/up.sh, down.sh and twin.sh (sourced, not run).
 # shellcheck disable=SC2034  # the variables are used by the scripts that source this file
 
 CLUSTER_NAME=${HPC_CLUSTER_NAME:-hpcserve}
@@ -13,6 +13,8 @@ MYSQL_SOCK=/run/mysqld/mysqld.sock
 MARIADB_LOG=$LOG_DIR/mariadb.log
 SLURMDBD_PID=$RUN_DIR/slurmdbd.pid
 SLURMCTLD_PID=$RUN_DIR/slurmctld.pid
+SLURMCTLD_PORT=6817
+SLURMDBD_PORT=6819                       # every cluster of this machine registers in the one slurmdbd (twin.sh)
 
 _T0_US=${EPOCHREALTIME/./}
 elapsed() { local d=$(( ${EPOCHREALTIME/./} - _T0_US )); printf '%d.%01d' $((d / 1000000)) $((d % 1000000 / 100000)); }

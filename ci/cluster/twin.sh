@@ -64,7 +64,7 @@ up)
     # Fresh controller state, so FirstJobId holds (a controller with state goes on from its last id).
     rm -rf "$TWIN_STATE" && mkdir -p "$TWIN_STATE"
     sed -e "s|@CLUSTER@|$TWIN|g" -e "s|@HOST@|$HOST|g" -e "s|@ADDR@|$ADDR|g" \
-        -e "s|@SLURMCTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMDBD_PORT@|6819|g" \
+        -e "s|@SLURMCTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMDBD_PORT@|$SLURMDBD_PORT|g" \
         -e "s|^StateSaveLocation=.*|StateSaveLocation=$TWIN_STATE|" \
         -e "s|^SlurmctldPidFile=.*|SlurmctldPidFile=$CTLD_PID|" \
         -e "s|^SlurmctldLogFile=.*|SlurmctldLogFile=$CTLD_LOG|" \

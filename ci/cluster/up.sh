@@ -17,8 +17,6 @@ HOST=$(hostname -s)
 ADDR=${HPC_CLUSTER_ADDR:-127.0.0.1}
 PYTHON=${PYTHON:-python3}
 TIMEOUT=${HPC_CLUSTER_TIMEOUT:-60}
-SLURMCTLD_PORT=6817
-SLURMDBD_PORT=6819
 declare -A NODE_PORT=([node1]=17001 [node2]=17002)
 declare -A NODE_GPUS=([node1]="0 1 2 3" [node2]="4 5 6 7")
 DB_NAME=slurm_acct_db
