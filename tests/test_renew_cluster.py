@@ -94,10 +94,11 @@ def _clients(url: str, token: str | None, name: str, stop: threading.Event, outc
     return [threading.Thread(target=loop, args=(stream,), daemon=True) for stream in (False, True)]
 
 
-def _queued() -> str:
-    """squeue's ids of the jobs of both deployments (pending or running)."""
+def _queued() -> str | None:
+    """squeue's ids of the jobs of both deployments (pending or running); None when squeue failed, which says
+    nothing about what is queued (an empty answer of a failed squeue is not "none")."""
     out = subprocess.run(["squeue", "-h", "-n", "renew,renewq", "-o", "%i"], capture_output=True, text=True)
-    return out.stdout.strip()
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def _sacct(jobs: list[str]) -> dict[str, tuple[str, float]]:
@@ -183,7 +184,9 @@ def run(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Run:
             result.cancel_text = cli("cancel", str(spec)).stdout
             # nothing can submit a job any more once no process of either deployment is left (a renewer runs in
             # its job's batch script) and no job of theirs is queued: then the folders are final
-            wait_for(lambda: not processes_under(folder) and not _queued(), 120, "every job of both deployments to end")
+            wait_for(
+                lambda: not processes_under(folder) and _queued() == "", 120, "every job of both deployments to end"
+            )
             result.after_cancel = _folders(folder)
             result.sacct = _sacct(result.jobs + [first_q, result.pending["successor"]])
             yield result
