@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpc.jobs import find_job
+from launcher.job_index import entry_name_of
 from tests.e2e import cli, gateway_process, module_job, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -76,7 +78,9 @@ def test_metrics_of_a_job_counts_the_requests_and_watches_rates(local_job, monke
 
 
 @pytest.mark.cluster
-def test_bench_and_metrics_over_two_replicas_on_the_cluster(slurm_cluster, tritonserver, tiny_gpt2, tmp_path, hpc_home):
+def test_bench_and_metrics_over_two_replicas_on_the_cluster(
+    slurm_cluster, tritonserver, tiny_gpt2, tmp_path, hpc_home, monkeypatch
+):
     path = write_spec(tmp_path, "bench2", tiny_gpt2, nodes=2, ntasks_per_node=1, auth="none")
     data = yaml.safe_load(path.read_text())
     data["replicas"] = 2
@@ -93,10 +97,12 @@ def test_bench_and_metrics_over_two_replicas_on_the_cluster(slurm_cluster, trito
             for s in samples
             if s["name"] == "nv_inference_request_success_total" and s["labels"]["model"] == "ensemble"
         }
-        assert set(served) == {f"{job}/0", f"{job}/1"} and all(v >= 1 for v in served.values()), served
+        name = entry_name_of(find_job(job).paths)  # a Slurm job's replicas are named by its cluster too: 33@hpcserve/0
+        assert set(served) == {f"{name}/0", f"{name}/1"} and all(v >= 1 for v in served.values()), served
         assert sum(served.values()) >= 41  # the 40 and the warm-up, spread by the balancer
+        monkeypatch.setenv("COLUMNS", "200")  # a terminal wide enough for the replicas' names, each one line
         table = cli("metrics", job).stdout
-        assert f"{job}/0" in table and f"{job}/1" in table and "total" in table
+        assert f"{name}/0" in table and f"{name}/1" in table and "total" in table
     finally:
         if job:
             subprocess.run(["scancel", job], capture_output=True, check=False)
