@@ -30,7 +30,7 @@ from tests.e2e import (
     wait_for,
     write_spec,
 )
-from tests.steps import engine_counters
+from tests.steps import GPU_PACE_MS, engine_counters
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -176,13 +176,12 @@ def test_a_full_replica_is_429_with_retry_after_and_the_access_log_says_so(serve
 @pytest.fixture(scope="module")
 def two_replicas(gateway, tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
     """A second deployment: one job of 2 replicas whose queues hold a single request (max_queue_size 1, batch
-    size 1), so a burst fills them. {"job", "spec", "token", "model"}."""
+    size 1), so a burst fills them; at a GPU's pace (tests/steps.py). {"job", "spec", "token", "model"}."""
     from hpc.local import job_processes
 
     folder = tmp_path_factory.mktemp("gateway-queue")
-    spec = write_spec(
-        folder, "gwq", tiny_gpt2, ntasks_per_node=2, triton={"max_queue_size": 1, "triton_max_batch_size": 1}
-    )
+    triton = {"max_queue_size": 1, "triton_max_batch_size": 1, "parameters": {"min_step_ms": GPU_PACE_MS}}
+    spec = write_spec(folder, "gwq", tiny_gpt2, ntasks_per_node=2, triton=triton)
     data = yaml.safe_load(spec.read_text())
     spec.write_text(yaml.safe_dump({**data, "replicas": 2}))
     job, job_dir = submit(spec, "--executor", "local")
@@ -208,12 +207,14 @@ def test_a_shared_prefix_stays_on_one_replica(serve_app, two_replicas):
 
 def test_a_full_triton_queue_is_tried_on_another_replica_then_429(serve_app, two_replicas):
     """Triton's own refusal ("Exceeds maximum queue size") is no failure: the request goes to the other replica,
-    and when that one is full too, the client gets 429 with Retry-After; no 5xx, no replica benched."""
+    and when that one is full too, the client gets 429 with Retry-After; no 5xx, no replica benched. The engines
+    run at a GPU's pace, so a request takes 2 s (100 steps of at least 20 ms): at the tiny model's own pace a burst
+    of 24 sent by a starved client came in so spread out that each found a free slot (24 of 24 served)."""
     url = serve_app(two_replicas["job"], max_outstanding=None)
     headers = {"Authorization": f"Bearer {two_replicas['token']}"}
 
     async def burst() -> list[httpx.Response]:
-        body = {"model": "gwq", "prompt": "Once upon a time", "max_tokens": 30}
+        body = {"model": "gwq", "prompt": "Once upon a time", "max_tokens": 100}
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as http:
             return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(24)))
 
