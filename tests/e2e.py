@@ -375,6 +375,21 @@ def ensemble_clients(endpoint: dict, count: int, stop: Any, endings: list[tuple[
     return threads
 
 
+def join_clients(threads: list[Any], timeout: float) -> None:
+    """Join every client thread within ``timeout`` seconds in all; a thread still alive fails the test with its
+    stack, so a stream that never ended says where it waits (the client library, the server, the test)."""
+    import sys
+    import traceback
+
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    alive = [t for t in threads if t.is_alive()]
+    frames = sys._current_frames()
+    stacks = ["".join(traceback.format_stack(frames[t.ident])) for t in alive if t.ident in frames]
+    assert not alive, "a client stream never ended:\n" + "\n".join(stacks)
+
+
 def assert_streams_ended_clearly(endings: list[tuple[float, float, str]], stop_at: float) -> None:
     """What an ordered stop under `ensemble_clients` load must leave: no stream hung, every stream that did not
     end with its final response ended with an error a client can act on (CLEAR_STOP_ERRORS), some stream was in

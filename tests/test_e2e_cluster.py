@@ -20,6 +20,7 @@ from tests.e2e import (
     cli,
     core_model_stream,
     ensemble_clients,
+    join_clients,
     kill_quietly,
     processes_under,
     rank_records,
@@ -293,8 +294,7 @@ def test_time_limit_under_load_is_an_ordered_stop_and_the_job_completes(jobs, tm
         "the job to reach its time limit",
     )
     stop.set()
-    for client in clients:
-        client.join(40)
+    join_clients(clients, 60)
     paths = JobPaths.of_folder(job_dir)
     logs = "".join(p.read_text(errors="replace") for p in paths.rank_logs("err"))
     assert st["state"] == "COMPLETED", (st, logs[-3000:])
@@ -305,5 +305,4 @@ def test_time_limit_under_load_is_an_ordered_stop_and_the_job_completes(jobs, tm
     assert "sending SIGKILL" not in logs
     stopped_at = json.loads(paths.stopping(0).read_text())["at"] - time.time() + time.monotonic()
     assert_streams_ended_clearly(endings, stop_at=stopped_at)
-    assert not any(t.is_alive() for t in clients), "a client stream never ended"
     _assert_no_server_left(job_dir.parent.parent)
