@@ -58,7 +58,7 @@ def _wait_and_report(ref, timeout: float | None) -> int:
     from hpc.engine_build.cli import print_builds  # the build a serving job waited for (or that failed)
 
     print_builds(ref, file=sys.stderr)
-    if status.state not in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED"):
+    if not status.done:
         print(f"hpc-serve: gave up waiting after {timeout}s; the job is still {status.state}", file=sys.stderr)
     return EXIT_JOB_FAILED
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc.executors import executor_of
 from hpc.jobs import JobRef
-from hpc.slurm import STATE_CLASS
+from hpc.slurm import TERMINAL, state_class
 from launcher.job_index import entry_name
 from launcher.records import (
     EndpointRecord,
@@ -62,7 +62,6 @@ if TYPE_CHECKING:
     from hpc.gateway.record import GatewayLine  # imported when a gateway is asked for: `status` stays light
 
 ACTIVE = ("PENDING", "STARTING", "READY", "CANCELLING", "STOPPING")
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 UNKNOWN_GIVE_UP_S = 120.0
 #: `wait`'s back-off: 1 s after a change, growing with the time since (an eighth of it) up to 5 s. Only the
 #: job folder is read that often; the scheduler is asked at the watcher's own pace (hpc/slurm_watch.py).
@@ -292,7 +291,7 @@ def _status(ref: JobRef) -> JobStatus:
 
 def _serving_status(ref: JobRef) -> JobStatus:
     raw, reason = executor_of(ref).scheduler_state(ref)
-    state = STATE_CLASS.get(raw, raw)
+    state = state_class(raw)
     try:
         plan = ref.launch_plan()
         replicas, per_replica = int(plan["replicas"]), int(plan["world_size_per_replica"])

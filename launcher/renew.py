@@ -1,7 +1,8 @@
 """``python -m launcher.renew D``: keeps a deployment serving past its job's time limit (the spec's ``renew:``).
 
 The `.sub` starts it in the background of the batch shell, one per job. Standard library only, and it calls
-`sbatch`, `squeue` and `scancel` itself: the batch node may have no hpc-serve installed (it runs from the
+`sbatch`, `squeue` and `scancel` itself (through launcher/slurm.py, as `hpc` does): the batch node may have no
+hpc-serve installed (it runs from the
 copy render put in ``D/python``), and a job submitted by hand with ``sbatch D/tensorrt_llm_triton.sub`` must
 renew the same way as one `hpc-serve submit` started. On the job's own clock (Slurm's end time, read from
 ``squeue -o %e`` and again every minute, since an admin may extend it) it:
@@ -32,7 +33,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -43,7 +43,8 @@ from .config import STOP_ACK_S
 from .job_index import job_cluster, link_index
 from .layout import Deployment, JobPaths
 from .records import ChainRecord, read_chain, read_endpoints, write_json_atomic
-from .renew_plan import RenewPlan, active_requests, chain_place, format_time, parse_slurm_time, successor_env
+from .renew_plan import RenewPlan, active_requests, chain_place, format_time, successor_env
+from .slurm import Slurm, SlurmError, ended
 from .stop import stop_acknowledged
 from .urls import open_direct
 
@@ -54,20 +55,16 @@ END_REFRESH_S = 60.0
 SUCCESSOR_STATE_S = 5.0
 #: a failed sbatch is tried again this long after
 SBATCH_RETRY_S = 30.0
-COMMAND_TIMEOUT_S = 30.0
+#: sbatch's one try: one that timed out may have queued the successor, so it is not repeated (launcher/slurm.py)
+SBATCH_TIMEOUT_S = 30.0
+#: each try of a question or a signal: with the retries of transient trouble (1 s, 2 s apart), one call stays
+#: within about SBATCH_TIMEOUT_S, so that the loop still starts the ordered stop on time
+QUERY_TIMEOUT_S = 10.0
 METRICS_TIMEOUT_S = 2.0
-#: squeue's states of a job that has ended (squeue -j lists those for MinJobAge)
-_ENDED = (
-    "COMPLETED",
-    "CANCELLED",
-    "FAILED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "OUT_OF_MEMORY",
-)
+#: job_state's word for a job squeue no longer lists (it ended more than MinJobAge ago, or never was)
+NOT_LISTED = "GONE"
+#: the renewer's Slurm commands
+SLURM = Slurm(timeout_s=QUERY_TIMEOUT_S)
 
 
 def log(msg: str) -> None:
@@ -75,56 +72,42 @@ def log(msg: str) -> None:
     print(f"[hpc-serve renew {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def slurm(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> str | None:
-    """stdout of a Slurm command, or None when it failed (logged with its words)."""
-    try:
-        proc = subprocess.run(
-            list(argv),
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-            env=None if env is None else dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        log(f"`{' '.join(argv)}` failed: {exc}")
-        return None
-    if proc.returncode != 0:
-        log(f"`{' '.join(argv)}` exited {proc.returncode}: {proc.stderr.strip()}")
-        return None
-    return proc.stdout
-
-
 def job_times(job_id: str) -> tuple[float | None, float | None]:
-    """(start, end) of a job as Slurm says now; None for what it cannot tell."""
-    out = slurm(["squeue", "-h", "-j", job_id, "-o", "%S|%e"])
-    parts = (out or "").strip().splitlines()[0].split("|") if (out or "").strip() else []
-    if len(parts) != 2:
+    """(start, end) of a job as Slurm says now; None for what it cannot tell (a failure is logged)."""
+    try:
+        return SLURM.job_times(job_id)
+    except SlurmError as exc:
+        log(str(exc))
         return None, None
-    return parse_slurm_time(parts[0]), parse_slurm_time(parts[1])
 
 
 def job_state(job_id: str) -> tuple[str, str]:
-    """(state, reason) as squeue says; ("", "") when it could not be asked, ("GONE", "") when it no longer
-    knows the job."""
+    """(state, reason) as squeue says; ("", "") when it could not be asked, (NOT_LISTED, "") when it no longer
+    lists the job."""
     try:
-        proc = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T|%r"],
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
+        listed = SLURM.squeue([job_id])
+    except SlurmError:
         return "", ""
-    if proc.returncode != 0:
-        return ("GONE", "") if "Invalid job id" in proc.stderr else ("", "")
-    line = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
-    state, _, reason = line.partition("|")
-    return (state, reason) if state else ("GONE", "")
+    state, reason = listed.get(job_id, (NOT_LISTED, None))
+    return state, reason or ""
+
+
+def gone_or_ended(state: tuple[str, str]) -> bool:
+    """Whether a job_state says the job will not serve: squeue no longer lists it, or lists it in an end state."""
+    return state[0] == NOT_LISTED or ended(state[0])
+
+
+def described(state: tuple[str, str]) -> str:
+    """`PENDING (Resources)`: a job_state as the log and chain.json's note say it."""
+    return state[0] + (f" ({state[1]})" if state[1] else "")
+
+
+def scancel(job_id: str, sig: str | None = None) -> None:
+    """Cancel (or signal) a job of this cluster; a failure is logged, a job that has ended is no failure."""
+    try:
+        SLURM.scancel(job_id, signal=sig)
+    except SlurmError as exc:
+        log(str(exc))
 
 
 def in_flight(paths: JobPaths) -> int | None:
@@ -195,10 +178,13 @@ class Renewer:
     def submit(self) -> str | None:
         """sbatch the same `.sub`; the successor's folder and index entry; its id, or None when sbatch failed."""
         env = successor_env(self.environ, self.job_id, self.record.index, str(self.deployment.runtime))
-        out = slurm(["sbatch", "--parsable", str(self.deployment.sub)], env=env, cwd=str(self.deployment.root))
-        if out is None or not out.strip():
+        try:
+            successor = SLURM.sbatch(
+                self.deployment.sub, env=env, cwd=str(self.deployment.root), timeout_s=SBATCH_TIMEOUT_S
+            )
+        except SlurmError as exc:
+            log(str(exc))
             return None
-        successor = out.strip().split(";")[0]
         folder = JobPaths(self.deployment.root, successor).create().folder
         try:
             # `hpc-serve status <id>` finds it while it is still pending; it is queued on this job's cluster
@@ -208,7 +194,7 @@ class Renewer:
         self.save(successor=successor, submitted_at=time.time())
         stopped = self.chain_stopped()  # a cancel that came while sbatch ran did not see this successor yet
         if stopped:
-            slurm(["scancel", successor])
+            scancel(successor)
             self.save(note=f"{stopped}: successor {successor} cancelled at once")
             log(f"{stopped}; cancelled the successor {successor} it had just submitted")
             return None
@@ -226,7 +212,7 @@ class Renewer:
         write_json_atomic(self.paths.stop_request, {"at": time.time(), "by": "renewer", "note": note})
         if not stop_acknowledged(self.paths):
             log(f"no leader started its stop within {STOP_ACK_S:g} s; scancel --signal=TERM")
-            slurm(["scancel", "--signal=TERM", self.job_id])
+            scancel(self.job_id, sig="TERM")
         return 0
 
     def run(self) -> int:
@@ -281,8 +267,8 @@ class Renewer:
                 new = job_state(successor)
                 if new != state and new[0]:
                     state = new
-                    log(f"successor {successor}: {new[0]}" + (f" ({new[1]})" if new[1] and new[1] != "None" else ""))
-                if new[0] == "GONE" or new[0] in _ENDED:
+                    log(f"successor {successor}: {described(new)}")
+                if gone_or_ended(new):
                     self.save(note=f"successor {successor} ended ({new[0]}) before it was READY")
                     phase = "serve"
             elif phase == "draining" and now >= self.plan.idle_from(marked_at):
@@ -298,7 +284,7 @@ class Renewer:
                 log(f"no successor serves yet: no new requests from now on; ordered stop in {self.plan.notice_s:g} s")
             if now >= self.plan.stop_at(self.end):
                 if phase == "successor":
-                    why = f"{state[0]} ({state[1]})" if state[0] else "not READY"
+                    why = described(state) if state[0] else "not READY"
                     return self.stop(
                         f"successor {successor} still {why} at this job's end; it takes over when it starts"
                     )

@@ -3,8 +3,8 @@
 Kept apart from the loop that acts on them (launcher/renew.py) so that every rule is unit-tested with plain
 numbers: when the successor is submitted, when not (and the words `status` shows for it), when the
 predecessor is marked draining, how long its in-flight requests may run, and when it stops at the latest.
-Also the small parsers of what Slurm and tritonserver say (an end time, the engine's active requests) and the
-environment a successor is submitted with. Standard library only.
+Also the small parser of what tritonserver says (the engine's active requests; Slurm's times: launcher/slurm.py)
+and the environment a successor is submitted with. Standard library only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 
 from .config import RENEW_DRAIN_S, RENEW_NOTICE_S
 
@@ -105,15 +104,6 @@ class RenewPlan:
 def format_time(epoch: float) -> str:
     """Local time, to the second: how Slurm shows times."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
-
-
-def parse_slurm_time(text: str) -> float | None:
-    """Epoch seconds of a time as squeue prints it (`2026-11-23T02:28:59`, the cluster's local time); None for
-    what is no time (`N/A`, `Unknown`, `NONE`: not started, or no limit)."""
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        return None
 
 
 def active_requests(metrics_text: str) -> int | None:

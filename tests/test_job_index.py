@@ -149,7 +149,7 @@ class TwoClusters:
         self.config_error = ""  # `scontrol show config`'s stderr while it fails ("": it answers)
         self.commands: list[list[str]] = []
 
-    def __call__(self, argv: Sequence[str], timeout: float) -> Result:
+    def __call__(self, argv: Sequence[str], timeout: float, **_: object) -> Result:
         argv = list(argv)
         self.commands.append(argv)
         cluster = argv[argv.index("-M") + 1] if "-M" in argv else "hpcserve"

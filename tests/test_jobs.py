@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from hpc import slurm
 from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
 from hpc.jobs import JobNotFound, JobRef, find_job, index_dir, list_jobs, register
 from launcher.layout import LAUNCH_NAME, SUB_NAME, JobPaths
@@ -29,9 +29,9 @@ def make_job_dir(root: Path, job_id: str, *, replicas: int = 1, world_per_replic
 @pytest.fixture
 def no_scheduler(monkeypatch):
     """Hide scontrol and sacct from hpc.jobs: only the index and paths are left."""
-    real_which = slurm.shutil.which
+    real_which = shutil.which
     monkeypatch.setattr(
-        slurm.shutil,
+        shutil,
         "which",
         lambda name, *a, **k: None if name in ("scontrol", "sacct") else real_which(name, *a, **k),
     )
@@ -219,8 +219,8 @@ def test_hand_submitted_with_a_relative_path_is_found(cancel_after, hpc_home, tm
         60,
         "sacct to record the cancelled job's submit line",
     )
-    real_which = slurm.shutil.which
-    monkeypatch.setattr(slurm.shutil, "which", lambda name, *a, **k: None if name == "scontrol" else real_which(name))
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "scontrol" else real_which(name))
     assert find_job(job).job_dir == JobPaths(deploy, job).folder  # sacct: SubmitLine + WorkDir
 
 

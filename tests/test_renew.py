@@ -22,6 +22,7 @@ from hpc.spec import SpecError, load_spec
 from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.renew import duration_seconds, format_duration
 from hpc.track import JobStatus
+from launcher import renew
 from launcher.config import RENEW_NOTICE_S, RENEW_STARTUP_S, STOP_LEAD_S
 from launcher.layout import Deployment, JobPaths
 from launcher.records import ChainRecord, read_chain, write_json_atomic
@@ -32,9 +33,10 @@ from launcher.renew_plan import (
     RenewPlan,
     active_requests,
     chain_place,
-    parse_slurm_time,
     successor_env,
 )
+from launcher.slurm import Slurm, parse_slurm_time
+from tests.test_slurm import fake_command
 
 
 def _spec(tmp_path: Path, time_limit: str = "00:02:00", **extra) -> Path:
@@ -214,6 +216,43 @@ def test_the_successor_gets_the_submitters_environment_not_this_jobs():
     assert chain_place(env) == ("7", 3)
     assert chain_place({}) == ("", 1) and chain_place({ENV_CHAIN_INDEX: "x"}) == ("", 1)
     assert "PYTHONPATH" not in successor_env({"PYTHONPATH": "/D/python"}, "7", 1, "/D/python")
+
+
+# ------------------------------------------------------------------------------------------------ Slurm
+@pytest.fixture
+def renew_slurm(tmp_path, monkeypatch) -> Path:
+    """The renewer's Slurm gateway without its back-off sleeps, and a folder on PATH for fake commands."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(renew, "SLURM", Slurm(timeout_s=renew.QUERY_TIMEOUT_S, sleep=lambda s: None))
+    return bin_dir
+
+
+def test_the_renewer_retries_a_busy_controller(renew_slurm):
+    """It used to take one failed squeue as "not known" for that round; now the gateway's retries hold."""
+    fake_command(
+        renew_slurm,
+        "squeue",
+        'if [ "$COUNT" -lt 2 ]; then echo "slurm_load_jobs error: Socket timed out" >&2; exit 1; fi\n'
+        'echo "9|PENDING|Resources"',
+    )
+    assert renew.job_state("9") == ("PENDING", "Resources") and renew.SLURM.calls["squeue"] == 3
+
+
+def test_the_renewer_logs_what_failed_and_reads_a_job_gone(renew_slurm, capsys):
+    fake_command(renew_slurm, "squeue", 'echo "squeue: error: Invalid user for SlurmUser" >&2; exit 1')
+    fake_command(
+        renew_slurm,
+        "scancel",
+        'echo "scancel: error: Kill job error on job id 9: Invalid job id specified" >&2; exit 1',
+    )
+    assert renew.job_state("9") == ("", "") and renew.job_times("9") == (None, None)
+    renew.scancel("9")  # it has ended: nothing to say
+    err = capsys.readouterr().err
+    assert "`squeue -h -j 9 -o %S|%e` exited with 1: squeue: error: Invalid user" in err and "scancel" not in err
+    fake_command(renew_slurm, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1')
+    assert renew.job_state("9") == (renew.NOT_LISTED, "") and renew.gone_or_ended(renew.job_state("9"))
 
 
 # ------------------------------------------------------------------------------------------------ markers, records

@@ -27,7 +27,7 @@ from hpc.routing.deployment import job_of_key
 from launcher.job_index import parse_entry
 from launcher.layout import JobPaths
 from launcher.records import read_chain, read_endpoints
-from launcher.renew_plan import parse_slurm_time
+from launcher.slurm import parse_slurm_time
 from tests.e2e import (
     cli,
     gateway_process,

@@ -1,4 +1,5 @@
-"""hpc/slurm.py (the gateway for Slurm commands) and hpc/slurm_watch.py (polite, shared polling).
+"""launcher/slurm.py and hpc/slurm.py (the gateway for Slurm commands, both sides) and hpc/slurm_watch.py (polite,
+shared polling). The end states every reader shares: tests/test_slurm_states.py.
 
 The gateway is tested with fake commands on PATH (timeouts, errors, retries); the watcher with a fake command
 runner and a fake clock: a minute of watching 20 jobs takes no real minute, and every scheduler call is
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
@@ -138,6 +140,37 @@ def test_a_job_slurm_does_not_know_is_an_answer_not_an_error(bin_dir):
     assert gateway.calls == {"squeue": 1, "scancel": 1}, "not retried"
 
 
+def test_sbatch_runs_in_the_environment_and_folder_it_is_given(bin_dir, tmp_path):
+    """The renewer submits its successor with its own job's variables taken out, from the deployment folder."""
+    seen = tmp_path / "seen"
+    fake_command(bin_dir, "sbatch", f'echo "$HPC_SERVE_PREDECESSOR $PWD" > {seen}; echo "12;hpcserve"')
+    env = {"PATH": os.environ["PATH"], "HPC_SERVE_PREDECESSOR": "7"}
+    assert Slurm().sbatch(Path("job.sub"), env=env, cwd=str(tmp_path)) == "12"
+    assert seen.read_text().split() == ["7", str(tmp_path)]
+
+
+def test_sbatch_that_names_no_job_fails(bin_dir):
+    fake_command(bin_dir, "sbatch", "exit 0")
+    with pytest.raises(SlurmError, match="printed no job id"):
+        Slurm(sleep=Sleeps()).sbatch(Path("job.sub"))
+
+
+def test_a_jobs_start_and_end_and_none_for_a_job_gone(bin_dir):
+    fake_command(
+        bin_dir,
+        "squeue",
+        """case "$3" in
+  7) echo "2031-05-01T12:00:00|2031-05-01T14:00:00";;
+  8) echo "N/A|2031-05-01T14:00:00";;
+  *) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1;;
+esac""",
+    )
+    start, end = datetime(2031, 5, 1, 12).timestamp(), datetime(2031, 5, 1, 14).timestamp()
+    gateway = Slurm(sleep=Sleeps())
+    assert gateway.job_times("7") == (start, end) and gateway.job_times("8") == (None, end)
+    assert gateway.job_times("9") == (None, None) and gateway.calls["squeue"] == 3, "a job gone is not retried"
+
+
 def test_a_missing_command_says_so(bin_dir, monkeypatch):
     monkeypatch.setenv("PATH", str(bin_dir))
     with pytest.raises(SlurmNotInstalled, match="`sacct .*` failed: not found on PATH"):
@@ -170,7 +203,7 @@ class FakeCluster:
     def count(self, name: str) -> int:
         return sum(1 for argv in self.commands if argv[0] == name)
 
-    def __call__(self, argv: Sequence[str], timeout: float) -> Result:
+    def __call__(self, argv: Sequence[str], timeout: float, **_: object) -> Result:
         self.commands.append(list(argv))
         if argv[0] == "sacct":
             ids = argv[argv.index("-j") + 1].split(",")
@@ -299,7 +332,7 @@ def test_squeue_failing_for_a_moment_keeps_the_last_answer(tmp_path, cluster, mo
     watcher = slurm_watch.watcher()
     assert watcher.state("7") == ("PENDING", "Priority")
 
-    def away(argv: Sequence[str], timeout: float) -> Result:
+    def away(argv: Sequence[str], timeout: float, **_: object) -> Result:
         if argv[0] == "squeue":
             return Result(1, "", "squeue: error: Unable to contact slurm controller (connect failure)")
         return fake(argv, timeout)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -604,11 +605,9 @@ def test_slurm_state_held_released_cancelled(held_job):
 @pytest.mark.cluster
 def test_slurm_state_without_sacct_uses_squeue_then_scontrol(held_job, monkeypatch):
     job, job_dir = held_job
-    from hpc import slurm
-
-    real_which = slurm.shutil.which
+    real_which = shutil.which
     hidden: set[str] = {"sacct"}
-    monkeypatch.setattr(slurm.shutil, "which", lambda name, *a, **k: None if name in hidden else real_which(name))
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name in hidden else real_which(name))
     assert slurm_state(job) == ("PENDING", "JobHeldUser")  # squeue -o %T|%r
     hidden.add("squeue")
     assert slurm_state(job) == ("PENDING", "JobHeldUser")  # scontrol show job

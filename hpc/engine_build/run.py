@@ -23,7 +23,7 @@ from hpc.engine_build.plan import BuildPlan, plan_build, served_spec
 from hpc.engine_build.script import write_build
 from hpc.executors import Executor, LocalExecutor, executor_of
 from hpc.jobs import JobRef
-from hpc.slurm import STATE_CLASS
+from hpc.slurm import TERMINAL, state_class
 from hpc.spec import Spec
 from launcher.layout import Deployment, JobPaths, building_marker, building_markers
 
@@ -117,7 +117,7 @@ def build_jobs(deploy_dir: Path) -> list[JobRef]:
 def build_status(ref: JobRef) -> tuple[str, str | None, str]:
     """(state, reason or what it built or why it failed, Slurm's raw state) of a build job."""
     raw, reason = executor_of(ref).scheduler_state(ref)
-    state = STATE_CLASS.get(raw.split()[0] if raw else "", raw)
+    state = state_class(raw)
     paths = ref.paths
     if paths.build_failure.exists():  # recorded by the script before Slurm has seen the job end
         return "FAILED", describe_build_failure(ref), raw
@@ -125,7 +125,7 @@ def build_status(ref: JobRef) -> tuple[str, str | None, str]:
         return "BUILDING", _current_step(paths), raw
     if state == "COMPLETED":
         return state, _built(ref), raw
-    if state in ("FAILED", "TIMEOUT", "CANCELLED"):
+    if state in TERMINAL:  # COMPLETED, above: what it built
         return state, (reason or "") + _tail_text(paths), raw
     return state, reason, raw
 

@@ -22,7 +22,7 @@ from hpc.executors import Executor
 from hpc.gateway.record import GatewayLine, answers, live_gateway, record_path, withdraw_job
 from hpc.jobs import JobRef
 from hpc.routing.deployment import Target, job_folders, target_of_folder
-from hpc.slurm import STATE_CLASS
+from hpc.slurm import state_class
 from launcher.layout import JobPaths, gateway_lock
 from launcher.records import read_gateway
 
@@ -71,7 +71,7 @@ def gateway_job_state(ref: JobRef, target: Target | None = None) -> tuple[str, s
     from hpc.executors import executor_of
 
     raw, reason = executor_of(ref).scheduler_state(ref)
-    state = STATE_CLASS.get(raw, raw)
+    state = state_class(raw)
     target = target or target_of_folder(ref.deploy_dir)
     url = None
     if state == "RUNNING":

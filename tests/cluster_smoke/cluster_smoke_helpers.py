@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from launcher.slurm import ended
+
 REPO = Path(__file__).resolve().parents[2]
 ENV_SH = REPO / "ci" / "cluster" / "env.sh"
 PARTITION = os.environ.get("HPC_CLUSTER_PARTITION", "debug")
@@ -41,26 +43,13 @@ def sacct_state(job_id: str) -> str:
     return lines[0].split()[0] if lines else ""
 
 
-TERMINAL = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-}
-
-
 def wait_sacct(job_id: str, timeout: float = 120) -> str:
     """Poll sacct until the job reaches a terminal state; return it."""
     deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
         state = sacct_state(job_id)
-        if state in TERMINAL:
+        if ended(state):
             return state
         time.sleep(0.3)
     raise AssertionError(f"job {job_id} not finished after {timeout}s (sacct State={state!r})")

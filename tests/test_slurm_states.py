@@ -1,0 +1,116 @@
+"""One set of end states, read by every user (launcher/slurm.py: `TERMINAL_RAW`, Slurm's words, and `TERMINAL`,
+hpc-serve's). Five lists used to say it, and the renewer's lacked REVOKED: a successor Slurm revoked kept its
+predecessor waiting for it until the time limit. Here every reader is asked about every end state: a serving,
+build and gateway job's status, the watcher's cache, the renewer's successor check and the cluster tests'
+wait; and no other module may spell one of Slurm's own end words."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpc import slurm, slurm_watch
+from hpc.executors import SlurmExecutor
+from hpc.jobs import JobRef
+from hpc.slurm_watch import SlurmWatcher
+from hpc.track import job_status
+from launcher import renew
+from launcher.layout import JobPaths
+from launcher.slurm import STATE_CLASS, TERMINAL, TERMINAL_RAW, Result, Slurm, ended, state_class
+from tests.cluster_smoke import cluster_smoke_helpers
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parent.parent
+END_STATES = sorted(TERMINAL_RAW)
+#: Slurm's end words that are no hpc-serve state: only launcher/slurm.py may name them
+SLURM_ONLY = sorted(TERMINAL_RAW - set(TERMINAL))
+
+
+def test_what_the_end_states_are():
+    assert {"REVOKED", "NODE_FAIL", "PREEMPTED", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL"} <= TERMINAL_RAW
+    assert ended("CANCELLED by 0") and state_class("CANCELLED by 0") == "CANCELLED"
+    for waiting in ("PENDING", "SUSPENDED", "REQUEUE_HOLD", "CONFIGURING", "RUNNING", "COMPLETING", "UNKNOWN", ""):
+        assert not ended(waiting), waiting
+    assert state_class("UNKNOWN") == "UNKNOWN" and state_class("") == ""
+
+
+def _job(tmp_path: Path, marker: str | None = None) -> JobRef:
+    """A job folder of a deployment whose spec loads (a gateway job's state reads it), with a kind's marker."""
+    deploy = tmp_path / "deploy"
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir(exist_ok=True)
+    spec = {"name": "st", "workdir": str(tmp_path), "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint)}}
+    paths = JobPaths(deploy, "4242").create()
+    (deploy / "spec.yaml").write_text(yaml.safe_dump(spec))
+    (deploy / "launch.json").write_text(json.dumps({"replicas": 1, "world_size_per_replica": 1}))
+    if marker:
+        getattr(paths, marker).touch()
+    return JobRef("4242", paths.folder)
+
+
+@pytest.mark.parametrize("marker", [None, "build_marker", "gateway_marker"], ids=["serving", "build", "gateway"])
+@pytest.mark.parametrize("raw", END_STATES)
+def test_a_job_in_an_end_state_is_done(tmp_path, monkeypatch, marker, raw):
+    """`status`, `wait` and the API stop at it, whatever the job's kind."""
+    monkeypatch.setattr(SlurmExecutor, "scheduler_state", lambda self, ref: (raw, None))
+    status = job_status(_job(tmp_path, marker))
+    assert status.done and status.state == STATE_CLASS[raw], (status.state, status.reason)
+
+
+@pytest.mark.parametrize("raw", END_STATES)
+def test_the_watcher_asks_no_more_about_a_job_in_an_end_state(raw):
+    asked: list[list[str]] = []
+
+    def cluster(argv, timeout, **_):  # sacct knows job 7 (ended) and 8 (running); squeue lists neither
+        asked.append(list(argv))
+        if argv[0] != "sacct":
+            return Result(1, "", "slurm_load_jobs error: Invalid job id specified")
+        ids = argv[argv.index("-j") + 1].split(",")
+        return Result(0, "".join(f"{j}|{ {'7': raw, '8': 'RUNNING'}[j] }\n" for j in ids), "")
+
+    watcher = SlurmWatcher(slurm.Slurm(runner=cluster), clock=lambda: 0.0)
+    watcher.watch("7", "8")
+    assert watcher.state("7")[0] == raw
+    assert any("7" in argv for argv in asked)
+    del asked[:]
+    watcher.arm("8")
+    assert watcher.state("8")[0] == "RUNNING"
+    assert asked and not any("7" in ",".join(argv) for argv in asked), asked
+
+
+@pytest.mark.parametrize("raw", END_STATES)
+def test_the_renewer_gives_up_on_a_successor_in_an_end_state(tmp_path, monkeypatch, raw):
+    """squeue lists a job for MinJobAge after its end: the successor will not serve, the job serves to its end."""
+    squeue = tmp_path / "squeue"
+    squeue.write_text(f'#!/bin/bash\necho "9|{raw}|None"\n')
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    state = renew.job_state("9")
+    assert state == (raw, "") and renew.gone_or_ended(state)
+    assert not renew.gone_or_ended(("PENDING", "Resources"))
+
+
+def test_the_cluster_tests_wait_for_the_same_end_states():
+    assert cluster_smoke_helpers.ended is ended
+
+
+def test_no_other_module_names_a_slurm_end_state():
+    """A list of end states written anywhere else would be a sixth one, free to miss a word again."""
+    word = re.compile(r"\b(" + "|".join(SLURM_ONLY) + r")\b")
+    found = []
+    for folder in ("hpc", "launcher", "backend", "tests/cluster_smoke"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".j2", ".sh") and path != ROOT / "launcher" / "slurm.py":
+                found += [f"{path.relative_to(ROOT)}: {m.group(1)}" for m in word.finditer(path.read_text())]
+    assert found == []
+
+
+def test_renewer_and_login_side_share_the_gateway():
+    """hpc.slurm's gateway is the launcher's, with the cluster's name on top: one retry and job-gone rule."""
+    assert issubclass(slurm.Slurm, Slurm) and slurm.ended is ended and slurm.TERMINAL is TERMINAL
+    assert isinstance(renew.SLURM, Slurm) and slurm_watch.ended is ended
