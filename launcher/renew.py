@@ -49,11 +49,12 @@ from .stop import stop_acknowledged
 from .urls import open_direct
 
 POLL_S = 0.5
-#: how often the job's end is read again (a time limit an admin changed is picked up within this)
+#: how often the job's end is read again (a time limit an admin changed is picked up within this); the gateway's
+#: renewer too (hpc/gateway/renewal.py)
 END_REFRESH_S = 60.0
 #: how often the successor's scheduler state is asked for while it is not READY
 SUCCESSOR_STATE_S = 5.0
-#: a failed sbatch is tried again this long after
+#: a failed sbatch is tried again this long after (the gateway's renewer too)
 SBATCH_RETRY_S = 30.0
 #: sbatch's one try: one that timed out may have queued the successor, so it is not repeated (launcher/slurm.py)
 SBATCH_TIMEOUT_S = 30.0

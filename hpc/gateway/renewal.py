@@ -34,17 +34,13 @@ from hpc.gateway.record import record_path
 from hpc.routing.deployment import Target, job_folders
 from launcher.layout import Deployment, JobPaths
 from launcher.records import GatewayRecord, read_gateway, write_json_atomic
-from launcher.renew import job_times
+from launcher.renew import END_REFRESH_S, SBATCH_RETRY_S, job_times
 from launcher.renew_plan import RenewPlan
 
 log = logging.getLogger("hpc_serve.gateway")
 
 #: how often the record is read for the successor's, once one was submitted
 RECORD_POLL_S = 1.0
-#: how often the job's end is read again (an admin may extend a time limit)
-END_REFRESH_S = 60.0
-#: a refused sbatch is tried again this long after
-SUBMIT_RETRY_S = 30.0
 
 
 def takes_over_from(target: Target, live: GatewayRecord, job_id: str) -> bool:
@@ -140,7 +136,7 @@ class GatewayRenewer:
                         log.info("gateway job %s: submitted its successor %s", self.job_id, self.successor)
                     except SlurmError as exc:
                         log.warning("gateway job %s: sbatch of its successor failed: %s", self.job_id, exc)
-                        submit_at = now + SUBMIT_RETRY_S
+                        submit_at = now + SBATCH_RETRY_S
             if self.successor is not None and self.replaced():
                 log.info("gateway job %s: its successor %s serves; stopping", self.job_id, self.successor)
                 server.should_exit = True
