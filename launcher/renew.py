@@ -35,7 +35,6 @@ import os
 import signal
 import sys
 import time
-import urllib.error
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -43,10 +42,9 @@ from .config import STOP_ACK_S
 from .job_index import job_cluster, link_index
 from .layout import Deployment, JobPaths
 from .records import ChainRecord, read_chain, read_endpoints, write_json_atomic
-from .renew_plan import RenewPlan, active_requests, chain_place, format_time, successor_env
+from .renew_plan import RenewPlan, chain_place, format_time, successor_env
 from .slurm import Slurm, SlurmError, ended
-from .stop import stop_acknowledged
-from .urls import open_direct
+from .stop import metrics_in_flight, stop_acknowledged
 
 POLL_S = 0.5
 #: how often the job's end is read again (a time limit an admin changed is picked up within this); the gateway's
@@ -115,11 +113,7 @@ def in_flight(paths: JobPaths) -> int | None:
     """Requests in the engines of a job's replicas now; None when a replica does not say."""
     total = 0
     for endpoint in read_endpoints(paths):
-        try:
-            with open_direct(endpoint.metrics_url, timeout=METRICS_TIMEOUT_S) as response:
-                active = active_requests(response.read().decode("utf-8", "replace"))
-        except (urllib.error.URLError, OSError, ValueError):
-            return None
+        active = metrics_in_flight(endpoint.metrics_url, METRICS_TIMEOUT_S)()
         if active is None:
             return None
         total += active

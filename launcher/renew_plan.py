@@ -3,8 +3,8 @@
 Kept apart from the loop that acts on them (launcher/renew.py) so that every rule is unit-tested with plain
 numbers: when the successor is submitted, when not (and the words `status` shows for it), when the
 predecessor is marked draining, how long its in-flight requests may run, and when it stops at the latest.
-Also the small parser of what tritonserver says (the engine's active requests; Slurm's times: launcher/slurm.py)
-and the environment a successor is submitted with. Standard library only.
+Also the reading of what tritonserver says (the engine's active requests, from its metrics page: the one parser,
+launcher/prometheus.py) and the environment a successor is submitted with. Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .config import RENEW_DRAIN_S, RENEW_NOTICE_S
+from .prometheus import samples
 
 #: the environment a renewer submits its successor with: its own job id, and the successor's place in the chain
 ENV_PREDECESSOR = "HPC_SERVE_PREDECESSOR"
@@ -26,9 +27,9 @@ ENV_CHAIN_INDEX = "HPC_SERVE_CHAIN_INDEX"
 _JOB_ONLY = re.compile(r"^SLURM_")
 _KEEP = ("SLURM_CONF",)
 #: the engine's requests in flight, as the CPU engine and TensorRT-LLM's backend export them on the metrics port
-_ACTIVE = re.compile(r'^nv_trt_llm_request_metrics\{[^}]*request_type="(active|waiting)"[^}]*\}\s+(\S+)', re.M)
+ENGINE_REQUESTS, IN_FLIGHT = "nv_trt_llm_request_metrics", ("active", "waiting")
 #: requests tritonserver itself holds in a model's queue, not handed to the model yet (any model, any backend)
-_PENDING = re.compile(r"^nv_inference_pending_request_count\{[^}]*\}\s+(\S+)", re.M)
+QUEUED = "nv_inference_pending_request_count"
 
 
 @dataclass(frozen=True)
@@ -109,14 +110,14 @@ def format_time(epoch: float) -> str:
 def active_requests(metrics_text: str) -> int | None:
     """Requests in flight (the engine's active + waiting, and those still in tritonserver's queues), from
     tritonserver's metrics page; None when the page has no engine line (a backend that does not export them:
-    the drain then runs its whole timeout). One reading for the renewer and a stopping leader (launcher/stop.py
-    `metrics_in_flight`)."""
-    found = _ACTIVE.findall(metrics_text)
-    if not found:
-        return None
+    the drain then runs its whole timeout, as it does for a page it cannot read). One reading for the renewer
+    and a stopping leader (launcher/stop.py `metrics_in_flight`)."""
     try:
-        return int(sum(float(value) for _, value in found) + sum(float(v) for v in _PENDING.findall(metrics_text)))
-    except ValueError:
+        page = list(samples(metrics_text))
+        engine = [s.value for s in page if s.name == ENGINE_REQUESTS and s.labels.get("request_type") in IN_FLIGHT]
+        queued = [s.value for s in page if s.name == QUEUED]
+        return int(sum(engine) + sum(queued)) if engine else None
+    except (ValueError, OverflowError):  # not a page, or NaN / Inf in it
         return None
 
 

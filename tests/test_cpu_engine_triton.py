@@ -28,11 +28,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from backend.cpu_engine.engine import Engine
 from backend.cpu_engine.init_model import create_checkpoint
 from backend.cpu_engine.scheduler import GenerationRequest
 from backend.cpu_engine.triton_io import encode_words_list
+from hpc.metrics import parse
+from launcher.prometheus import samples
+from launcher.renew_plan import active_requests
 from tests._env import unavailable
 from tests.steps import GPU_PACE_MS
 
@@ -247,14 +251,17 @@ def _ids(result) -> list[int]:
 
 def _metrics(port: int, family: str, model: str = "tensorrt_llm") -> dict[str, float]:
     """``{type label: value}`` of one nv_trt_llm metric family for one model, from the metrics port."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out = {}
-    for labels, value in re.findall(rf"^{family}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE):
-        d = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if d.pop("model") == model and d.pop("version") == "1":
-            (kind,) = d.values()
-            out[kind] = float(value)
+    for sample in samples(_page(port)):
+        labels = dict(sample.labels)
+        if sample.name == family and labels.pop("model") == model and labels.pop("version") == "1":
+            (kind,) = labels.values()
+            out[kind] = sample.value
     return out
+
+
+def _page(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
 
 
 def _kv_used_drops_to_zero(port: int, timeout: float = 60, model: str = "tensorrt_llm") -> bool:
@@ -458,6 +465,24 @@ def test_inflight_batcher_and_general_metrics(server) -> None:
         "paused_requests",
     }
     assert set(_metrics(server.metrics, "nv_trt_llm_general_metrics")) == {"iteration_counter", "timestamp"}
+
+
+def test_the_page_reads_as_prometheus_client_reads_it(server, stream) -> None:
+    """The one parser (launcher/prometheus.py, stdlib: the drain reads the page on a node without
+    prometheus_client) on a real tritonserver's page, against prometheus_client's own parser."""
+    stream.send("m3", PROMPT, 3)
+    stream.until_final("m3")
+    text = _page(server.metrics)
+    theirs = [(s.name, s.labels, float(s.value)) for f in text_string_to_metric_families(text) for s in f.samples]
+    ours = [(s.name, s.labels, s.value) for s in parse(text, prefixes=(), hide_zero_failures=False)]
+    assert ours == theirs and len(ours) > 20
+    in_flight = [
+        v
+        for n, labels, v in theirs
+        if n == "nv_trt_llm_request_metrics" and labels["request_type"] in ("active", "waiting")
+    ]
+    queued = [v for n, _, v in theirs if n == "nv_inference_pending_request_count"]
+    assert in_flight and queued and active_requests(text) == int(sum(in_flight) + sum(queued))
 
 
 # ------------------------------------------------------------------------------------------------ not decoupled

@@ -1,6 +1,11 @@
-"""hpc.metrics: the parser view of a Triton metrics page (prometheus_client's parser, real exposition text)."""
+"""hpc.metrics and launcher/prometheus.py: the one parser of a Triton metrics page (real exposition text), its view
+in `hpc-serve metrics`, and the requests in flight the drain reads from it."""
+
+import pytest
 
 from hpc.metrics import parse
+from launcher.prometheus import samples
+from launcher.renew_plan import active_requests
 
 PAGE = """# HELP nv_inference_request_success Number of successful inference requests
 # TYPE nv_inference_request_success counter
@@ -35,3 +40,62 @@ def test_all_families_and_zero_failures_on_request():
     samples = parse(PAGE, prefixes=(), hide_zero_failures=False)
     assert any(s.name == "nv_cpu_utilization" for s in samples)
     assert any(s.labels.get("reason") == "BACKEND" for s in samples)
+
+
+# ------------------------------------------------------------------------------------------------ the one parser
+#: what tritonserver's page may hold beyond PAGE: escapes in label values, a brace and a comma in one, a
+#: timestamp, a histogram, NaN/Inf, a family with HELP only, comments that are neither HELP nor TYPE
+ODD_PAGE = (
+    PAGE
+    + r"""# a comment
+# TYPE nv_llm_output_token_len histogram
+nv_llm_output_token_len_bucket{model="tensorrt_llm",version="1",le="10"} 1
+nv_llm_output_token_len_bucket{model="tensorrt_llm",version="1",le="+Inf"} 2
+nv_llm_output_token_len_sum{model="tensorrt_llm",version="1"} 12
+nv_llm_output_token_len_count{model="tensorrt_llm",version="1"} 2
+# HELP nv_inference_count Number of inferences performed
+# TYPE nv_inference_count counter
+nv_inference_count{model="a \"quoted\" \\ name,}",version="1"} 7 1700000000000
+# TYPE nv_energy_consumption_total counter
+nv_energy_consumption_total{gpu_uuid="GPU-1"} 3.5e3
+# HELP nv_help_only only help
+nv_help_only{a="1",} NaN
+nv_untyped +Inf
+"""
+)
+
+
+def test_the_parser_reads_a_page_as_prometheus_client_does():
+    """The launcher's stdlib parser, in hpc.metrics' view, against the library hpc-serve used to parse with."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def key(name: str, labels: dict, value: float) -> tuple:
+        return name, labels, "nan" if value != value else value
+
+    theirs = [
+        key(s.name, dict(s.labels), float(s.value)) for f in text_string_to_metric_families(ODD_PAGE) for s in f.samples
+    ]
+    assert [key(s.name, s.labels, s.value) for s in parse(ODD_PAGE, prefixes=(), hide_zero_failures=False)] == theirs
+    assert ("nv_inference_count_total", {"model": 'a "quoted" \\ name,}', "version": "1"}, 7.0) in theirs
+
+
+def test_a_line_that_is_no_sample_is_named_by_its_number():
+    with pytest.raises(ValueError, match="metrics line 3: "):
+        list(samples('# TYPE x gauge\nx 1\nx{a="1" 2\n'))
+    with pytest.raises(ValueError, match="metrics line 1: "):
+        list(samples("x{a=1} 2\n"))
+
+
+def test_requests_in_flight_read_from_any_label_order_and_value():
+    page = (
+        "# HELP nv_trt_llm_request_metrics TRT LLM request metrics\n"
+        "# TYPE nv_trt_llm_request_metrics gauge\n"
+        'nv_trt_llm_request_metrics{request_type="waiting",model="a}b",version="1"} 1\n'
+        'nv_trt_llm_request_metrics{model="a}b",request_type="active",version="1"} 2\n'
+        'nv_trt_llm_request_metrics{model="a}b",request_type="max",version="1"} 64\n'
+        "# TYPE nv_inference_pending_request_count gauge\n"
+        'nv_inference_pending_request_count{model="ensemble",version="1"} 4\n'
+    )
+    assert active_requests(page) == 7, "a brace inside a label value hid the line from the old regex"
+    assert active_requests(page + "nv_trt_llm_request_metrics{broken 1\n") is None, "a page it cannot read"
+    assert active_requests(page.replace("} 2\n", "} NaN\n")) is None

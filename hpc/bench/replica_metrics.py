@@ -1,5 +1,5 @@
-"""`hpc-serve metrics TARGET`: every replica's Prometheus page (its endpoint record's `metrics_url`), parsed with
-prometheus_client's parser (hpc/metrics.py), per replica and summed; and the rates `--watch` shows.
+"""`hpc-serve metrics TARGET`: every replica's Prometheus page (its endpoint record's `metrics_url`), parsed by
+hpc/metrics.py (launcher/prometheus.py's parser), per replica and summed; and the rates `--watch` shows.
 
 The names are upstream's: the TensorRT-LLM backend's `nv_trt_llm_*` gauges (request_metrics by request_type:
 active/scheduled/waiting/context/max/completed; kv_cache_block_metrics by kv_cache_block_type: used/free/max/
@@ -33,8 +33,8 @@ NOT_SUMMED = frozenset({"tokens_per", "timestamp", "micro_batch_id", "iteration_
 
 
 def key_of(name: str, labels: dict[str, str]) -> str:
-    """`name{label=value,…}` without `version` (always 1 here) and without the `_total` prometheus_client's
-    parser adds to a counter's samples: one row of the table, the same name as on the page."""
+    """`name{label=value,…}` without `version` (always 1 here) and without the `_total` hpc/metrics.py names a
+    counter's samples with (as prometheus_client did): one row of the table, the same name as on the page."""
     name = name.removesuffix("_total")
     shown = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "version")
     return f"{name}{{{shown}}}" if shown else name
@@ -51,7 +51,7 @@ class Snapshot:
     samples: dict[str, list[Sample]] = field(default_factory=dict)
 
     def to_json(self) -> list[dict]:
-        """Every sample as prometheus_client parsed it, with its replica (`job/replica`)."""
+        """Every sample as hpc/metrics.py parsed it, with its replica (`job/replica`)."""
         return [{"replica": r, **vars(s)} for r, found in sorted(self.samples.items()) for s in found]
 
     def total(self, key: str) -> float | None:
