@@ -31,7 +31,7 @@ from hpc.spec.files import is_script_safe_path
 from launcher import job_index
 from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.command import shm_glob_shell
-from launcher.config import RENEW_NOTICE_S, STOP_ACK_S, STOP_LEAD_S, default_env
+from launcher.config import STOP_ACK_S, STOP_LEAD_S, default_env, renew_notice_s
 from launcher.gpu import bound_parameters
 
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
@@ -118,7 +118,8 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
 
 def renew_plan(spec: Spec) -> dict[str, Any]:
     """launch.json's `renew` block: what the job's renewer (launcher/renew.py, launcher/renew_plan.py) acts on.
-    `notice_s`: how long until every client has seen a draining mark (their discovery's refresh, plus 2 s)."""
+    `notice_s`: how long until every client has seen a draining mark (their discovery's refresh, plus
+    `NOTICE_MARGIN_S`)."""
     r = spec.renew
     assert r is not None
     refresh = spec.gateway.refresh_s if spec.gateway is not None and spec.gateway.enabled else 0.0
@@ -129,7 +130,7 @@ def renew_plan(spec: Spec) -> dict[str, Any]:
         "max_jobs": r.max_jobs,
         "until": r.until_epoch,
         "drain_s": r.drain_s,
-        "notice_s": max(RENEW_NOTICE_S, refresh + 2.0),
+        "notice_s": renew_notice_s(refresh),
     }
 
 

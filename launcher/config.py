@@ -52,9 +52,23 @@ DEFAULT_WARMUP_TIMEOUT_S = 120.0
 RENEW_STARTUP_S = 30.0
 #: How long in-flight requests may still run on a predecessor once its successor serves (``renew.drain``).
 RENEW_DRAIN_S = 60.0
-#: How long after a draining mark every client has seen it: the gateway and ``hpc.client`` look for new and
-#: draining replicas every 5 s (their ``refresh_s``); a spec's ``gateway.refresh_s`` + 2 when that is longer.
-RENEW_NOTICE_S = 7.0
+#: Seconds between a discovery's looks for new, lost and draining replicas: the gateway's (spec
+#: ``gateway.refresh_s``, ``hpc-serve gateway --refresh``) and ``hpc.client``'s (``refresh_s``). Defined here, not
+#: beside the discovery (hpc/gateway/discovery.py), because the renewer's notice below derives from it and the
+#: launcher imports stdlib and its own package only.
+DISCOVERY_REFRESH_S = 5.0
+#: What a draining mark's notice adds to a discovery's refresh: the look itself (its health checks) takes time.
+NOTICE_MARGIN_S = 2.0
+#: How long after a draining mark every client has seen it: the gateway and ``hpc.client`` look again every
+#: ``DISCOVERY_REFRESH_S`` (their ``refresh_s``); a spec's longer ``gateway.refresh_s``: ``renew_notice_s``.
+RENEW_NOTICE_S = DISCOVERY_REFRESH_S + NOTICE_MARGIN_S
+
+
+def renew_notice_s(refresh_s: float) -> float:
+    """launch.json's ``renew.notice_s`` for a gateway that looks every ``refresh_s`` (0: no gateway job): every
+    client, the gateway and ``hpc.client`` at ``DISCOVERY_REFRESH_S``, has looked again by then."""
+    return max(RENEW_NOTICE_S, refresh_s + NOTICE_MARGIN_S)
+
 
 #: Environment of every rank's tritonserver: Open MPI inside the python backend stubs needs the hash GDS under
 #: PMIx (tensorrtllm_backend#553).

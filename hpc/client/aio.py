@@ -38,6 +38,7 @@ from hpc.jobs import JobRef
 from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.routing.deployment import Target, as_replica
 from hpc.routing.retry import stream_with_retry, taken_whole
+from launcher.config import DISCOVERY_REFRESH_S
 from launcher.records import EndpointRecord, GatewayRecord
 
 from .discovery import job_replica, newest_token, resolve
@@ -46,7 +47,6 @@ from .transport import GatewayUnavailable, Sampling, gateway_stream, generate_pa
 
 log = logging.getLogger("hpc_serve.client")
 
-REFRESH_S = 5.0
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_CONCURRENCY = 8
 
@@ -72,7 +72,7 @@ class AsyncClient:
         token: str | None = None,
         gateway: bool | None = None,
         timeout_s: float = 300.0,
-        refresh_s: float = REFRESH_S,
+        refresh_s: float = DISCOVERY_REFRESH_S,
     ) -> None:
         self.model, self.timeout_s, self.refresh_s = model, timeout_s, refresh_s
         self._token = token
