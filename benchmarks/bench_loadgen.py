@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
+from launcher.job_index import HOME_ENV  # noqa: E402
+
 CLI = [sys.executable, "-m", "hpc.cli"]
 
 
@@ -133,7 +135,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
-    os.environ["HPC_SERVE_HOME"] = str(work / "hpc-home")
+    os.environ[HOME_ENV] = str(work / "hpc-home")
     prompt = "Once upon a time"
     job = ""
     try:

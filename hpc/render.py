@@ -21,6 +21,7 @@ from typing import Any
 
 import jinja2
 
+import launcher.rank
 from hpc import __version__
 from hpc.auth import ensure_deployment_token
 from hpc.gpu_binding import gpu_decision
@@ -48,7 +49,6 @@ from launcher.layout import (
     gateway_record,
     template_values,
 )
-from launcher.rank import STEP_REPLICA_ENV
 
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
 
@@ -219,6 +219,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         **replica_context(spec, gres is not None),
         **template_values(deploy_dir),  # every name and path in the folder (launcher/layout.py)
         **job_index.template_values(),  # the lines that index the job (launcher/job_index.py)
+        **launcher.rank.template_values(),  # the variables the scripts set for a rank or read (launcher/rank.py)
     }
     scripts = {
         SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),
@@ -257,7 +258,6 @@ def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
             for step in steps
         ],
         "step_cpus": any(step.shares_node for step in steps) and not spec.slurm.cpus_per_task,
-        "step_replica_env": STEP_REPLICA_ENV,
         "fail_job": spec.replica_policy == "fail-job",
     }
 

@@ -21,6 +21,7 @@ from hpc import render as R
 from hpc.spec import Spec, load_spec, parse_spec
 from launcher import config as launcher_config
 from launcher.layout import JobPaths
+from launcher.rank import STEP_REPLICA_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
@@ -85,7 +86,7 @@ def srun_argv(sub: str) -> list[str]:
     lines = [line.strip() for line in joined.splitlines() if "srun --mpi=pmix" in line]
     assert len(lines) == 1, lines
     argv = shlex.split(lines[0])
-    assert argv[0] == "HPC_SERVE_STEP_REPLICA=$replica", "each step's ranks learn their replica (launcher/rank.py)"
+    assert argv[0] == f"{STEP_REPLICA_ENV}=$replica", "each step's ranks learn their replica (launcher/rank.py)"
     assert argv[-1] == "&", "srun runs in the background so the .sub's traps can act (ordered stop)"
     return [arg for arg in argv[1:-1] if arg != "$@"]
 

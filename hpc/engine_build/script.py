@@ -19,12 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import launcher.rank
 from hpc import __version__
 from hpc.engine_build.plan import BuildPlan
 from hpc.render import _environment, _srun_and_wrapper, ship_packages
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node
 from launcher import job_index
+from launcher.build_record import BUILD_STARTED_ENV
 from launcher.layout import (
     BUILD_STAGING_NAME,
     BUILD_SUB_NAME,
@@ -148,8 +150,10 @@ def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates
         "wrapper": wrapper,
         "steps": build_steps(spec, plan, deploy_dir),
         "runtime_name": RUNTIME_NAME,
+        "build_started_env": BUILD_STARTED_ENV,
         **template_values(deploy_dir),
         **job_index.template_values(),
+        **launcher.rank.template_values(),
     }
     return env.get_template(BUILD_SUB_NAME + ".j2").render(context)
 
