@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
+from launcher import model_names  # noqa: E402
 from launcher.job_index import HOME_ENV  # noqa: E402
 from launcher.records import EndpointRecord  # noqa: E402
 
@@ -207,7 +208,7 @@ def run_bare(deploy_dir: Path, n: int) -> dict:
                 pass
             time.sleep(POLL_S)
         t_ready = time.time()
-        send(Warmup("ensemble", 60), ports.http)  # the bare server has no token: nothing to send
+        send(Warmup(model_names.ENSEMBLE, 60), ports.http)  # the bare server has no token: nothing to send
         t_token = time.time()
     finally:
         try:

@@ -29,7 +29,7 @@ from hpc.placement import replica_steps, step_options
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
 from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.files import is_script_safe_path
-from launcher import job_index
+from launcher import job_index, model_names
 from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.command import shm_glob_shell
 from launcher.config import STOP_ACK_S, STOP_LEAD_S, default_env, renew_notice_s
@@ -80,7 +80,7 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
             "logits_datatype": "TYPE_FP32",
             "encoder_input_features_data_type": "TYPE_FP16",
             "accumulate_tokens": False,
-            "tensorrt_llm_model_name": "tensorrt_llm",
+            "tensorrt_llm_model_name": model_names.TENSORRT_LLM,
         }
     )
     if m.backend == "cpu":
@@ -104,7 +104,7 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "mode": spec.mode,
         "tritonserver": spec.triton.server,
         "ports": spec.triton.ports.model_dump(),
-        "follower_models": ["tensorrt_llm"],
+        "follower_models": [model_names.TENSORRT_LLM],
         "server_args": [f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args],
         "ready_timeout_s": spec.triton.ready_timeout_s,
         "warmup_timeout_s": spec.triton.warmup_timeout_s,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import model_names
 from .auth import MODES as AUTH_MODES
 
 
@@ -106,7 +107,7 @@ class LaunchPlan:
     mode: str = "leader"
     tritonserver: str | None = None
     ports: dict = field(default_factory=lambda: {"http": "auto", "grpc": "auto", "metrics": "auto"})
-    follower_models: tuple[str, ...] = ("tensorrt_llm",)
+    follower_models: tuple[str, ...] = (model_names.TENSORRT_LLM,)
     server_args: tuple[str, ...] = ()
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     #: how long the leader's warm-up request may take (launcher/warmup.py); optional key ``warmup_timeout_s``
@@ -199,7 +200,7 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
         mode=mode,
         tritonserver=data.get("tritonserver") or None,
         ports=dict(data.get("ports") or {}),
-        follower_models=tuple(data.get("follower_models") or ("tensorrt_llm",)),
+        follower_models=tuple(data.get("follower_models") or (model_names.TENSORRT_LLM,)),
         server_args=tuple(str(a) for a in data.get("server_args") or ()),
         ready_timeout_s=num("ready_timeout_s", DEFAULT_READY_TIMEOUT_S, float),
         warmup_timeout_s=num("warmup_timeout_s", DEFAULT_WARMUP_TIMEOUT_S, float),
