@@ -158,9 +158,10 @@ def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates
     return env.get_template(BUILD_SUB_NAME + ".j2").render(context)
 
 
-def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path) -> Path:
+def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path | None = None) -> Path:
     """Write `D/build.sub` and `D/build_request.json` (and the shipped packages, when `render` has not) into an
-    existing or new deployment folder; the script's path. Creates no checkpoint and no engine."""
+    existing or new deployment folder; the script's path. Creates no checkpoint and no engine. `templates`: a
+    site's folder that overrides hpc/templates/ (`hpc-serve render --templates`), as for the other scripts."""
     dep = Deployment(deploy_dir)
     deploy_dir.mkdir(parents=True, exist_ok=True)
     dep.logs_dir.mkdir(exist_ok=True)
@@ -172,6 +173,6 @@ def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path) -> Path:
         "steps": [{"name": s["name"], "command": " ".join(_sh(a) for a in s["argv"])} for s in steps]
     }
     dep.build_request.write_text(json.dumps(request, indent=2) + "\n")
-    dep.build_sub.write_text(render_build_script(spec, plan, deploy_dir))
+    dep.build_sub.write_text(render_build_script(spec, plan, deploy_dir, templates))
     dep.build_sub.chmod(0o755)
     return dep.build_sub
