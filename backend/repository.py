@@ -40,12 +40,13 @@ from backend.parameters import (  # re-exported: the repository's callers import
 )
 from backend.templates.table_types import ModelTable, Tensor
 from backend.templates.tables import MODELS
+from launcher import model_names
 
 # Which python module each python model's `1/model.py` shim re-exports `TritonPythonModel` from.
 PYTHON_MODEL_MODULES: dict[str, str] = {
-    "preprocessing": "backend.models.preprocessing",
-    "postprocessing": "backend.models.postprocessing",
-    "tensorrt_llm_bls": "backend.models.bls",
+    model_names.PREPROCESSING: "backend.models.preprocessing",
+    model_names.POSTPROCESSING: "backend.models.postprocessing",
+    model_names.TENSORRT_LLM_BLS: "backend.models.bls",
 }
 CPU_ENGINE_MODULE = "backend.models.tensorrt_llm_cpu"
 MARKER_FILE = ".hpc-serve-repository.json"
@@ -174,7 +175,7 @@ def render_repository(backend: Backend, params: Mapping[str, object]) -> dict[st
     for model in MODELS:
         module = PYTHON_MODEL_MODULES.get(model.name)
         overrides: dict[str, str] = {}
-        if model.name == "tensorrt_llm" and backend == "cpu":
+        if model.name == model_names.TENSORRT_LLM and backend == "cpu":
             module = CPU_ENGINE_MODULE
             # A python model must be handed CPU tensors (upstream's "no" is for the GPU python backend).
             overrides["FORCE_CPU_ONLY_INPUT_TENSORS"] = "yes"

@@ -65,6 +65,8 @@ from gateway_sides import (  # noqa: E402
     throughput,
 )
 
+from launcher.job_index import HOME_ENV  # noqa: E402
+
 
 async def part1(
     args: argparse.Namespace,
@@ -199,7 +201,7 @@ def main() -> int:
     from launcher.records import read_endpoints
 
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    os.environ["HPC_SERVE_HOME"] = str(work / "hpc-home")
+    os.environ[HOME_ENV] = str(work / "hpc-home")
     checkpoint = args.checkpoint
     if checkpoint is None:
         from backend.cpu_engine.init_model import create_checkpoint

@@ -36,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
+from launcher import model_names  # noqa: E402
+from launcher.job_index import HOME_ENV  # noqa: E402
+
 CLI = [sys.executable, "-m", "hpc.cli"]
 
 
@@ -83,7 +86,7 @@ def plain_loop(grpc_url: str, prompt: str, count: int) -> float:
     try:
         start = time.perf_counter()
         for _ in range(count):
-            client.async_stream_infer("ensemble", tensors, enable_empty_final_response=True)
+            client.async_stream_infer(model_names.ENSEMBLE, tensors, enable_empty_final_response=True)
             while True:
                 result, error = answers.get(timeout=60)
                 if error is not None:
@@ -133,7 +136,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
-    os.environ["HPC_SERVE_HOME"] = str(work / "hpc-home")
+    os.environ[HOME_ENV] = str(work / "hpc-home")
     prompt = "Once upon a time"
     job = ""
     try:

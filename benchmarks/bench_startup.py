@@ -47,6 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
+from launcher import model_names  # noqa: E402
+from launcher.job_index import HOME_ENV  # noqa: E402
 from launcher.records import EndpointRecord  # noqa: E402
 
 POLL_S = 0.002
@@ -206,7 +208,7 @@ def run_bare(deploy_dir: Path, n: int) -> dict:
                 pass
             time.sleep(POLL_S)
         t_ready = time.time()
-        send(Warmup("ensemble", 60), ports.http)  # the bare server has no token: nothing to send
+        send(Warmup(model_names.ENSEMBLE, 60), ports.http)  # the bare server has no token: nothing to send
         t_token = time.time()
     finally:
         try:
@@ -244,7 +246,7 @@ def main() -> int:
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-startup-"))
     work.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("HPC_SERVE_HOME", str(work / "hpc-home"))
+    os.environ.setdefault(HOME_ENV, str(work / "hpc-home"))
     checkpoint = args.checkpoint
     if checkpoint is None:
         from backend.cpu_engine.init_model import create_checkpoint

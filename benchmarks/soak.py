@@ -52,6 +52,7 @@ import httpx  # noqa: E402
 import yaml  # noqa: E402
 from soak_jobs import Memory, job_servers, rank_ends, sacct  # noqa: E402
 
+from launcher.job_index import HOME_ENV  # noqa: E402
 from launcher.layout import JobPaths  # noqa: E402
 from launcher.records import read_chain, read_endpoints  # noqa: E402
 
@@ -258,7 +259,7 @@ def main() -> int:
     if not shutil.which("sbatch"):
         raise SystemExit("needs the Slurm test cluster: bash ci/cluster/up.sh && source ci/cluster/env.sh")
     folder = Path(tempfile.mkdtemp(prefix="hpc-serve-soak-"))
-    os.environ["HPC_SERVE_HOME"] = str(folder / "hpc-home")  # a private job index
+    os.environ[HOME_ENV] = str(folder / "hpc-home")  # a private job index
     if args.checkpoint is None:
         from backend.cpu_engine.init_model import create_checkpoint
 

@@ -17,6 +17,7 @@ from hpc.client import Client, Endpoint, job_endpoints
 from hpc.executors import watch
 from hpc.jobs import JobRef, find_job
 from hpc.track import JobStatus, job_status, wait
+from launcher import model_names
 from launcher.config import CANCEL_GRACE_S
 
 
@@ -52,7 +53,7 @@ class Job:
     def endpoints(self) -> list[Endpoint]:
         return job_endpoints(self.ref)
 
-    def client(self, replica: int | None = None, model: str = "ensemble") -> Client:
+    def client(self, replica: int | None = None, model: str = model_names.ENSEMBLE) -> Client:
         """A client of the job's deployment (its gateway, or every ready replica); `replica`: only that one."""
         return Client.from_job(self.ref, replica=replica, model=model)
 

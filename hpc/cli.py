@@ -58,7 +58,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     spec = load_spec_or_exit(args.spec, preview=True)
     if args.templates and not Path(args.templates).is_dir():
-        _err(f"--templates {args.templates}: no such folder (it should hold tensorrt_llm_triton.sub.j2 and/or .sh.j2)")
+        _err(f"--templates {args.templates}: no such folder (it should hold some of hpc/templates/, e.g. _sbatch.j2)")
         return EXIT_USAGE
     prepared = None
     if spec.build is not None:  # the deployment serves the engine the build makes (hpc/engine_build/): both scripts
@@ -66,8 +66,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
         prepared = prepare(spec)
         spec = prepared.served
+    templates = Path(args.templates) if args.templates else None
     try:
-        out = render(spec, args.output, templates=Path(args.templates) if args.templates else None)
+        out = render(spec, args.output, templates=templates)
     except ValueError as exc:
         _err(str(exc))
         return EXIT_USAGE
@@ -75,7 +76,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if prepared is not None and prepared.plan.cached is None:
         from hpc.engine_build.script import write_build
 
-        build_sub = write_build(prepared.spec, prepared.plan, out.deploy_dir)
+        build_sub = write_build(prepared.spec, prepared.plan, out.deploy_dir, templates)
     print(f"rendered {out.deploy_dir}")
     from hpc.gpu_binding import describe
 

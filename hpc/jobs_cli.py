@@ -24,6 +24,7 @@ from hpc.cli_support import (
     load_spec_or_exit,
 )
 from hpc.query_cli import cmd_endpoints, cmd_list, cmd_logs, cmd_status, print_endpoints_or_exit
+from launcher import model_names
 from launcher.config import CANCEL_GRACE_S
 
 
@@ -282,6 +283,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     p.add_argument("--concurrency", type=int, default=8, help="with --file: requests in flight at once")
     p.add_argument("--direct", action="store_true", help="go to the replicas even when a gateway runs")
-    p.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls (bls: replicas only)")
+    p.add_argument(
+        "--model",
+        default=model_names.ENSEMBLE,
+        help=f"{model_names.ENSEMBLE} or {model_names.TENSORRT_LLM_BLS} (bls: replicas only)",
+    )
     p.add_argument("--replica", type=int, help="only this replica of the job TARGET (no balancing)")
     p.set_defaults(func=cmd_generate)

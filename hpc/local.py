@@ -19,6 +19,7 @@ from hpc.jobs import JobRef, register
 from launcher.config import CANCEL_GRACE_S
 from launcher.job_index import index_dir
 from launcher.layout import JobPaths, with_source_root
+from launcher.rank import JOB_ID_ENV
 
 #: every local job id starts with it: how `hpc.executors.executor_of` tells a local job from a Slurm one
 JOB_ID_PREFIX = "local-"
@@ -96,7 +97,7 @@ def processes_mentioning(text: str) -> list[tuple[int, str]]:
 def job_processes(job_id: str) -> list[int]:
     """Pids of every process started for a local job (they all carry HPC_SERVE_JOB_ID in their environment):
     the sweep that makes sure `cancel` leaves no tritonserver or python stub behind."""
-    marker = f"HPC_SERVE_JOB_ID={job_id}".encode()
+    marker = f"{JOB_ID_ENV}={job_id}".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():

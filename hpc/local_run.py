@@ -22,7 +22,7 @@ from pathlib import Path
 # The folder's names from launcher/layout.py (stdlib, cheap), not from hpc/render.py: that import pulls in
 # pydantic, jinja2 and the spec (~0.14 s), all on the critical path between a local job's start and its ranks'.
 from launcher.layout import Deployment, JobPaths, rank_log_name
-from launcher.rank import STEP_REPLICA_ENV
+from launcher.rank import JOB_ID_ENV, STEP_REPLICA_ENV
 
 # Each rank's output goes to its own files, named by its rank in the job as under Slurm: $1 the job folder, $2 the
 # job id, $3 the replica's first rank in the job; the rank in the replica from mpirun (0 without one).
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
     deploy_dir, job_id = Path(argv[0]), argv[1]
     job_dir = JobPaths(deploy_dir, job_id).folder
     script = {"gateway": Deployment(deploy_dir).gateway_sub, "build": Deployment(deploy_dir).build_sub}
-    env = dict(os.environ, HPC_SERVE_JOB_ID=job_id, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = {**os.environ, JOB_ID_ENV: job_id, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     fail_job = True
     if argv[2:3] and argv[2] in script:  # the gateway or build script: one process (the gateway's execs it)
         world, steps = 1, [subprocess.Popen(["bash", str(script[argv[2]])], env=env)]

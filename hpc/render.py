@@ -21,6 +21,7 @@ from typing import Any
 
 import jinja2
 
+import launcher.rank
 from hpc import __version__
 from hpc.auth import ensure_deployment_token
 from hpc.gpu_binding import gpu_decision
@@ -28,10 +29,10 @@ from hpc.placement import replica_steps, step_options
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
 from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.files import is_script_safe_path
-from launcher import job_index
+from launcher import job_index, model_names
 from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.command import shm_glob_shell
-from launcher.config import RENEW_NOTICE_S, STOP_ACK_S, STOP_LEAD_S, default_env
+from launcher.config import STOP_ACK_S, STOP_LEAD_S, default_env, renew_notice_s
 from launcher.gpu import bound_parameters
 
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
@@ -48,7 +49,6 @@ from launcher.layout import (
     gateway_record,
     template_values,
 )
-from launcher.rank import STEP_REPLICA_ENV
 
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
 
@@ -80,7 +80,7 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
             "logits_datatype": "TYPE_FP32",
             "encoder_input_features_data_type": "TYPE_FP16",
             "accumulate_tokens": False,
-            "tensorrt_llm_model_name": "tensorrt_llm",
+            "tensorrt_llm_model_name": model_names.TENSORRT_LLM,
         }
     )
     if m.backend == "cpu":
@@ -104,7 +104,7 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "mode": spec.mode,
         "tritonserver": spec.triton.server,
         "ports": spec.triton.ports.model_dump(),
-        "follower_models": ["tensorrt_llm"],
+        "follower_models": [model_names.TENSORRT_LLM],
         "server_args": [f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args],
         "ready_timeout_s": spec.triton.ready_timeout_s,
         "warmup_timeout_s": spec.triton.warmup_timeout_s,
@@ -118,7 +118,8 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
 
 def renew_plan(spec: Spec) -> dict[str, Any]:
     """launch.json's `renew` block: what the job's renewer (launcher/renew.py, launcher/renew_plan.py) acts on.
-    `notice_s`: how long until every client has seen a draining mark (their discovery's refresh, plus 2 s)."""
+    `notice_s`: how long until every client has seen a draining mark (their discovery's refresh, plus
+    `NOTICE_MARGIN_S`)."""
     r = spec.renew
     assert r is not None
     refresh = spec.gateway.refresh_s if spec.gateway is not None and spec.gateway.enabled else 0.0
@@ -129,7 +130,7 @@ def renew_plan(spec: Spec) -> dict[str, Any]:
         "max_jobs": r.max_jobs,
         "until": r.until_epoch,
         "drain_s": r.drain_s,
-        "notice_s": max(RENEW_NOTICE_S, refresh + 2.0),
+        "notice_s": renew_notice_s(refresh),
     }
 
 
@@ -218,6 +219,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         **replica_context(spec, gres is not None),
         **template_values(deploy_dir),  # every name and path in the folder (launcher/layout.py)
         **job_index.template_values(),  # the lines that index the job (launcher/job_index.py)
+        **launcher.rank.template_values(),  # the variables the scripts set for a rank or read (launcher/rank.py)
     }
     scripts = {
         SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),
@@ -256,7 +258,6 @@ def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
             for step in steps
         ],
         "step_cpus": any(step.shares_node for step in steps) and not spec.slurm.cpus_per_task,
-        "step_replica_env": STEP_REPLICA_ENV,
         "fail_job": spec.replica_policy == "fail-job",
     }
 

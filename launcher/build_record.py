@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from launcher.layout import BUILD_RECORD_NAME
+from launcher.rank import given_job_id
 
 RECORD_VERSION = 1
+#: the epoch second the build job's script started its steps (build.sub sets it: render passes this name)
+BUILD_STARTED_ENV = "HPC_SERVE_BUILD_STARTED"
 
 
 def checkpoint_identity(folder: Path) -> dict[str, Any]:
@@ -81,9 +84,9 @@ def finish(request_file: Path, staging: Path) -> Path:
         "init": request.get("init"),
         "source": str(source),
         "tool_version": tool_version(request["request"].get("backend", "")),
-        "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("HPC_SERVE_JOB_ID"),
+        "job_id": given_job_id(),
         "built_at": time.time(),
-        "started_at": float(os.environ.get("HPC_SERVE_BUILD_STARTED", "0") or 0) or None,
+        "started_at": float(os.environ.get(BUILD_STARTED_ENV, "0") or 0) or None,
     }
     (staging / BUILD_RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
     if (engine_dir / BUILD_RECORD_NAME).exists():  # a build of the same request got there first: keep it

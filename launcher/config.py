@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import model_names
 from .auth import MODES as AUTH_MODES
 
 
@@ -52,9 +53,23 @@ DEFAULT_WARMUP_TIMEOUT_S = 120.0
 RENEW_STARTUP_S = 30.0
 #: How long in-flight requests may still run on a predecessor once its successor serves (``renew.drain``).
 RENEW_DRAIN_S = 60.0
-#: How long after a draining mark every client has seen it: the gateway and ``hpc.client`` look for new and
-#: draining replicas every 5 s (their ``refresh_s``); a spec's ``gateway.refresh_s`` + 2 when that is longer.
-RENEW_NOTICE_S = 7.0
+#: Seconds between a discovery's looks for new, lost and draining replicas: the gateway's (spec
+#: ``gateway.refresh_s``, ``hpc-serve gateway --refresh``) and ``hpc.client``'s (``refresh_s``). Defined here, not
+#: beside the discovery (hpc/gateway/discovery.py), because the renewer's notice below derives from it and the
+#: launcher imports stdlib and its own package only.
+DISCOVERY_REFRESH_S = 5.0
+#: What a draining mark's notice adds to a discovery's refresh: the look itself (its health checks) takes time.
+NOTICE_MARGIN_S = 2.0
+#: How long after a draining mark every client has seen it: the gateway and ``hpc.client`` look again every
+#: ``DISCOVERY_REFRESH_S`` (their ``refresh_s``); a spec's longer ``gateway.refresh_s``: ``renew_notice_s``.
+RENEW_NOTICE_S = DISCOVERY_REFRESH_S + NOTICE_MARGIN_S
+
+
+def renew_notice_s(refresh_s: float) -> float:
+    """launch.json's ``renew.notice_s`` for a gateway that looks every ``refresh_s`` (0: no gateway job): every
+    client, the gateway and ``hpc.client`` at ``DISCOVERY_REFRESH_S``, has looked again by then."""
+    return max(RENEW_NOTICE_S, refresh_s + NOTICE_MARGIN_S)
+
 
 #: Environment of every rank's tritonserver: Open MPI inside the python backend stubs needs the hash GDS under
 #: PMIx (tensorrtllm_backend#553).
@@ -92,7 +107,7 @@ class LaunchPlan:
     mode: str = "leader"
     tritonserver: str | None = None
     ports: dict = field(default_factory=lambda: {"http": "auto", "grpc": "auto", "metrics": "auto"})
-    follower_models: tuple[str, ...] = ("tensorrt_llm",)
+    follower_models: tuple[str, ...] = (model_names.TENSORRT_LLM,)
     server_args: tuple[str, ...] = ()
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     #: how long the leader's warm-up request may take (launcher/warmup.py); optional key ``warmup_timeout_s``
@@ -185,7 +200,7 @@ def load(path: str | os.PathLike[str]) -> LaunchPlan:
         mode=mode,
         tritonserver=data.get("tritonserver") or None,
         ports=dict(data.get("ports") or {}),
-        follower_models=tuple(data.get("follower_models") or ("tensorrt_llm",)),
+        follower_models=tuple(data.get("follower_models") or (model_names.TENSORRT_LLM,)),
         server_args=tuple(str(a) for a in data.get("server_args") or ()),
         ready_timeout_s=num("ready_timeout_s", DEFAULT_READY_TIMEOUT_S, float),
         warmup_timeout_s=num("warmup_timeout_s", DEFAULT_WARMUP_TIMEOUT_S, float),

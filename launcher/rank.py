@@ -72,12 +72,25 @@ def _int(env: Mapping[str, str], *names: str) -> int | None:
     return None
 
 
-def job_id_from_env(env: Mapping[str, str] | None = None) -> str:
-    """``$SLURM_JOB_ID`` under Slurm, ``$HPC_SERVE_JOB_ID`` under the local executor; under a bare ``mpirun``
-    ``local-`` and the MPI job's namespace (the same on every rank, so all ranks agree on one folder); else
-    ``local-<pid>`` (a single process)."""
+def template_values() -> dict[str, str]:
+    """The variables the `.sub` templates set or read (hpc/render.py and hpc/engine_build/script.py pass them
+    beside layout.template_values), so no template re-types one: a replica step's, and the job id the local
+    executor hands a script that runs without Slurm."""
+    return {"step_replica_env": STEP_REPLICA_ENV, "job_id_env": JOB_ID_ENV}
+
+
+def given_job_id(env: Mapping[str, str] | None = None) -> str | None:
+    """The job id this process was started under: ``$SLURM_JOB_ID`` under Slurm, ``$HPC_SERVE_JOB_ID`` under the
+    local executor; None under neither."""
     env = os.environ if env is None else env
-    explicit = env.get("SLURM_JOB_ID") or env.get(JOB_ID_ENV)
+    return env.get("SLURM_JOB_ID") or env.get(JOB_ID_ENV) or None
+
+
+def job_id_from_env(env: Mapping[str, str] | None = None) -> str:
+    """``given_job_id``; under a bare ``mpirun`` ``local-`` and the MPI job's namespace (the same on every rank,
+    so all ranks agree on one folder); else ``local-<pid>`` (a single process)."""
+    env = os.environ if env is None else env
+    explicit = given_job_id(env)
     if explicit:
         return explicit
     namespace = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid")

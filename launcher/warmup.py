@@ -31,13 +31,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import model_names
 from .auth import HEADER, bearer
 from .supervise import Child, Supervisor
 from .urls import http_url, open_direct
 
 #: the models a warm-up may go through, first found wins: what our clients send to (the ensemble), else the BLS
 #: model; a repository with neither (not one hpc-serve wrote) is READY on its health check alone
-MODELS = ("ensemble", "tensorrt_llm_bls")
+MODELS = (model_names.ENSEMBLE, model_names.TENSORRT_LLM_BLS)
 PROMPT = "Hello"
 #: the output a successful answer carries (both models' text; the token may be part of a character, so "")
 OUTPUT = "text_output"

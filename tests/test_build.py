@@ -24,6 +24,7 @@ from hpc.spec import SpecError, load_spec
 from hpc.spec.files import context_length
 from launcher.build_record import checkpoint_identity, finish
 from launcher.layout import BUILD_RECORD_NAME, Deployment
+from launcher.rank import JOB_ID_ENV
 
 
 def write(folder: Path, body: str, name: str = "spec.yaml") -> Path:
@@ -504,7 +505,7 @@ def test_launch_spec_serves_the_built_engine_or_says_to_build_it(tmp_path, monke
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
-    monkeypatch.setenv("HPC_SERVE_JOB_ID", "local-launch")
+    monkeypatch.setenv(JOB_ID_ENV, "local-launch")
     path = write(tmp_path, CPU.replace("ckpt", str(tiny_gpt2)).replace(", init: {family: gpt2}", ""))
     with pytest.raises(SystemExit, match="is not built yet .* hpc-serve build .* --wait"):
         deployment_for_spec(path)

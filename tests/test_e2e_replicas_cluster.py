@@ -25,6 +25,7 @@ import yaml
 from hpc.jobs import find_job
 from hpc.track import job_status
 from launcher.layout import JobPaths
+from launcher.rank import STEP_REPLICA_ENV
 from tests.e2e import cli, private_job_index, processes_under, rank_records, status, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -74,7 +75,7 @@ def _environ(pid: int) -> bytes:
 
 def replica_processes(deploy_dir: Path, replica: int) -> list[tuple[int, str]]:
     """The launchers, tritonservers and stubs of one replica: its step's environment names it."""
-    marker = f"HPC_SERVE_STEP_REPLICA={replica}".encode()
+    marker = f"{STEP_REPLICA_ENV}={replica}".encode()
     return [(pid, cmd) for pid, cmd in processes_under(deploy_dir) if marker in _environ(pid).split(b"\0")]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import hpc.launch as launch
-from launcher.rank import job_id_from_env, step_name
+from launcher.rank import JOB_ID_ENV, job_id_from_env, step_name
 from tests.e2e import write_spec
 
 ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "4294967290", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
@@ -37,7 +37,7 @@ def _use_env(monkeypatch, env: dict[str, str]) -> None:
         "OMPI_COMM_WORLD_RANK",
         "OMPI_COMM_WORLD_SIZE",
         "PMIX_NAMESPACE",
-        "HPC_SERVE_JOB_ID",
+        JOB_ID_ENV,
     ):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
@@ -64,4 +64,4 @@ def test_every_rank_of_a_bare_mpirun_agrees_on_the_job_id() -> None:
     ids = {job_id_from_env({k: v for k, v in _mpirun_rank(r).items() if not k.startswith("SLURM")}) for r in (0, 1)}
     assert ids == {"local-prterun-login-4242-1"}
     assert step_name(_mpirun_rank(1)) == "77.4294967290"
-    assert step_name({"HPC_SERVE_JOB_ID": "local-abc"}) == "local-abc"
+    assert step_name({JOB_ID_ENV: "local-abc"}) == "local-abc"

@@ -15,7 +15,7 @@ from launcher import config, records
 from launcher.command import build_argv, shm_prefix
 from launcher.layout import SOURCE_ROOT, JobPaths
 from launcher.ports import PortError, Ports, allocate, check_fixed, free_ports, taken
-from launcher.rank import RankInfo, WorldSizeError, detect, role
+from launcher.rank import JOB_ID_ENV, RankInfo, WorldSizeError, detect, role
 from launcher.server import ServerBinary, ServerNotFound, merge_env, prepare_backends, resolve
 from launcher.server_env import child_env
 from launcher.supervise import exit_code, signal_name
@@ -59,8 +59,8 @@ def test_rank_single_process_and_job_ids() -> None:
     assert (info.rank, info.local_rank, info.world_size, info.source) == (0, 0, 1, "single")
     assert info.job_id == f"local-{os.getpid()}"
     assert info.node == socket.gethostname()
-    assert detect({"HPC_SERVE_JOB_ID": "local-7"}).job_id == "local-7"
-    assert detect({"HPC_SERVE_JOB_ID": "local-7", "SLURM_JOB_ID": "42"}).job_id == "42"
+    assert detect({JOB_ID_ENV: "local-7"}).job_id == "local-7"
+    assert detect({JOB_ID_ENV: "local-7", "SLURM_JOB_ID": "42"}).job_id == "42"
 
 
 def test_pmix_rank_alone_is_not_a_world() -> None:
@@ -418,7 +418,7 @@ def test_dry_run_prints_the_follower_command(
         monkeypatch.delenv(k)
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    monkeypatch.setenv("HPC_SERVE_JOB_ID", "local-3")
+    monkeypatch.setenv(JOB_ID_ENV, "local-3")
     assert launcher.main([str(tmp_path), "--dry-run"]) == 0
     assert capsys.readouterr().out.split() == [
         exe,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from launcher.layout import JobPaths
+from launcher.rank import JOB_ID_ENV
 from launcher.server import ServerNotFound, resolve
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +117,7 @@ class Launcher:
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "launcher", str(deployment)],
-            env=clean_env(HPC_SERVE_JOB_ID=job_id, **env),
+            env=clean_env(**{JOB_ID_ENV: job_id}, **env),
             stdout=self.out.open("wb"),
             stderr=self.err.open("wb"),
             cwd=deployment,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher import config
+from launcher.rank import STOP_FILE_ENV
 from launcher.stop import KILL, TERM, WAIT, FollowerStop, LeaderDrain
 
 
@@ -148,7 +149,7 @@ def test_drain_deadline_is_what_the_launcher_announced(tmp_path: Path) -> None:
     from backend.cpu_engine.parallel import drain_deadline
 
     stop = tmp_path / "rank-0.stopping"
-    env = {"HPC_SERVE_STOP_FILE": str(stop)}
+    env = {STOP_FILE_ENV: str(stop)}
     assert drain_deadline({}) is None and drain_deadline(env) is None  # not stopping
     stop.write_text(json.dumps({"signal": "SIGTERM", "at": 5.0, "drain_until": 15.0}))
     assert drain_deadline(env) == 15.0

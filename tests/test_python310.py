@@ -25,6 +25,7 @@ import pytest
 
 from hpc.render import ship_packages
 from launcher.layout import SHIPPED_PACKAGES
+from launcher.rank import JOB_ID_ENV
 from tests._pythons import find_python, where_looked
 
 PYTHON310 = find_python(3, 10)
@@ -117,7 +118,7 @@ def test_the_launcher_runs_under_310(shipped: Path, tmp_path: Path) -> None:
     usage = _run310("-m", "launcher", "--help", env=env, cwd=tmp_path)
     assert usage.returncode == 0 and "--dry-run" in usage.stdout, usage.stderr
     deployment = _plan(tmp_path)
-    rank = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "HPC_SERVE_JOB_ID": "local-3"}
+    rank = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", JOB_ID_ENV: "local-3"}
     dry = _run310("-m", "launcher", str(deployment), "--dry-run", env={**env, **rank}, cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     here = subprocess.run(

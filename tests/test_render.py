@@ -20,7 +20,8 @@ import backend.repository
 from hpc import render as R
 from hpc.spec import Spec, load_spec, parse_spec
 from launcher import config as launcher_config
-from launcher.layout import JobPaths
+from launcher.layout import BUILD_SUB_NAME, JobPaths
+from launcher.rank import STEP_REPLICA_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
@@ -85,7 +86,7 @@ def srun_argv(sub: str) -> list[str]:
     lines = [line.strip() for line in joined.splitlines() if "srun --mpi=pmix" in line]
     assert len(lines) == 1, lines
     argv = shlex.split(lines[0])
-    assert argv[0] == "HPC_SERVE_STEP_REPLICA=$replica", "each step's ranks learn their replica (launcher/rank.py)"
+    assert argv[0] == f"{STEP_REPLICA_ENV}=$replica", "each step's ranks learn their replica (launcher/rank.py)"
     assert argv[-1] == "&", "srun runs in the background so the .sub's traps can act (ordered stop)"
     return [arg for arg in argv[1:-1] if arg != "$@"]
 
@@ -505,6 +506,30 @@ def test_cli_render_with_site_template(tmp_path):
     # without --templates the default per-rank script comes back
     assert _cli("render", "spec.yaml", "-o", "d", cwd=tmp_path).returncode == 0
     assert "SITE TEMPLATE" not in (tmp_path / "d" / "tensorrt_llm_triton.sh").read_text()
+
+
+def test_a_site_sbatch_header_shapes_every_job_script(tmp_path):
+    """The three job scripts take their #SBATCH lines from one macro (hpc/templates/_sbatch.j2): a site's copy
+    of that file with one more line changes the serving, gateway and build scripts alike."""
+    (tmp_path / "spec.yaml").write_text(
+        "name: site\nslurm: {nodes: 1}\nmodel: {backend: cpu, checkpoint_dir: ckpt, init: {family: gpt2}}\n"
+        "gateway: {}\nbuild: {output_dir: engines}\n"
+    )
+    site = tmp_path / "site"
+    site.mkdir()
+    default = (R.DEFAULT_TEMPLATES / "_sbatch.j2").read_text()
+    name_line = "#SBATCH -J {{ job_name }}\n"
+    assert default.count(name_line) == 1
+    (site / "_sbatch.j2").write_text(default.replace(name_line, name_line + "#SBATCH --comment=site-header\n"))
+    scripts = (R.SUB_NAME, R.GATEWAY_SUB_NAME, BUILD_SUB_NAME)
+    result = _cli("render", "spec.yaml", "-o", "d", "--templates", str(site), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for name in scripts:
+        lines = (tmp_path / "d" / name).read_text().splitlines()
+        assert lines[lines.index("#SBATCH --comment=site-header") - 1].startswith("#SBATCH -J site"), name
+    assert _cli("render", "spec.yaml", "-o", "d", cwd=tmp_path).returncode == 0
+    for name in scripts:
+        assert "site-header" not in (tmp_path / "d" / name).read_text(), name
 
 
 def test_cli_render_bad_spec_and_bad_folder_exit_2(tmp_path):

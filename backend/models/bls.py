@@ -25,6 +25,7 @@ import numpy as np
 from backend.models import model_parameter, parse_bool
 from backend.templates.engine_tables import PASSTHROUGH_OUTPUTS, PREPROCESSING
 from backend.templates.tables import BLS_INPUTS, LLM_FROM_CLIENT, LLM_FROM_PREPROCESSING, PREPROCESSING_INPUT_MAP
+from launcher import model_names
 
 #: (model name, inputs, requested output names, decoupled, request id) → responses as {output name: array}
 ModelCaller = Callable[[str, Mapping[str, np.ndarray], Sequence[str], bool, str], Iterator[dict[str, np.ndarray]]]
@@ -85,7 +86,7 @@ class BlsPipeline:
         *,
         decoupled: bool,
         accumulate_tokens: bool = False,
-        llm_model_name: str = "tensorrt_llm",
+        llm_model_name: str = model_names.TENSORRT_LLM,
     ) -> None:
         self.call = call
         self.decoupled = decoupled
@@ -101,17 +102,21 @@ class BlsPipeline:
     def _check(self, inputs: Mapping[str, np.ndarray], stream: bool) -> None:
         given = [n for n in UNSUPPORTED_INPUTS if inputs.get(n) is not None]
         if given:
-            raise ValueError(f"multimodal inputs {given} are not supported by hpc-serve's tensorrt_llm_bls")
+            raise ValueError(
+                f"multimodal inputs {given} are not supported by hpc-serve's {model_names.TENSORRT_LLM_BLS}"
+            )
         draft = inputs.get("num_draft_tokens")
         if (draft is not None and np.asarray(draft).size and int(np.asarray(draft).reshape(-1)[0]) > 0) or _flag(
             inputs, "use_draft_logits"
         ):
             raise ValueError(
                 "speculative decoding with a draft model (num_draft_tokens, use_draft_logits) "
-                "is not supported by hpc-serve's tensorrt_llm_bls"
+                f"is not supported by hpc-serve's {model_names.TENSORRT_LLM_BLS}"
             )
         if stream and not self.decoupled:
-            raise ValueError("stream=true needs decoupled_mode=true (this tensorrt_llm_bls is not decoupled)")
+            raise ValueError(
+                f"stream=true needs decoupled_mode=true (this {model_names.TENSORRT_LLM_BLS} is not decoupled)"
+            )
         if inputs.get("text_input") is None or inputs.get("max_tokens") is None:
             raise ValueError("inputs text_input and max_tokens are required")
 
@@ -122,7 +127,7 @@ class BlsPipeline:
         stream = _flag(inputs, "stream")
         self._check(inputs, stream)
         pre_inputs = {dst: inputs[src] for dst, src in PREPROCESSING_INPUT_MAP if inputs.get(src) is not None}
-        pre = self._single("preprocessing", pre_inputs, PREPROCESSING_OUTPUTS)
+        pre = self._single(model_names.PREPROCESSING, pre_inputs, PREPROCESSING_OUTPUTS)
         llm_inputs = {dst: pre[src] for dst, src in LLM_FROM_PREPROCESSING if pre.get(src) is not None}
         llm_inputs.update({dst: inputs[src] for dst, src in LLM_FROM_CLIENT if inputs.get(src) is not None})
         accumulator = _Accumulator() if stream else None
@@ -154,7 +159,7 @@ class BlsPipeline:
 
     def _postprocess(self, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         post = self._single(
-            "postprocessing",
+            model_names.POSTPROCESSING,
             {
                 "TOKENS_BATCH": np.asarray(tokens, dtype=np.int32),
                 "SEQUENCE_LENGTH": np.asarray(lengths, dtype=np.int32),
@@ -196,7 +201,7 @@ class TritonPythonModel:
         for key in ("tensorrt_llm_draft_model_name", "multimodal_encoders_name"):
             if model_parameter(config, key):
                 raise ValueError(
-                    f"tensorrt_llm_bls: parameter {key} is set, but hpc-serve's BLS supports "
+                    f"{model_names.TENSORRT_LLM_BLS}: parameter {key} is set, but hpc-serve's BLS supports "
                     "neither draft models nor multimodal encoders"
                 )
         self.decoupled = bool(pb_utils.using_decoupled_model_transaction_policy(config))
@@ -204,7 +209,7 @@ class TritonPythonModel:
             self._call,
             decoupled=self.decoupled,
             accumulate_tokens=parse_bool(model_parameter(config, "accumulate_tokens"), False, "accumulate_tokens"),
-            llm_model_name=model_parameter(config, "tensorrt_llm_model_name") or "tensorrt_llm",
+            llm_model_name=model_parameter(config, "tensorrt_llm_model_name") or model_names.TENSORRT_LLM,
         )
 
     def _call(
@@ -235,7 +240,9 @@ class TritonPythonModel:
         return self._pb.InferenceResponse(output_tensors=[self._pb.Tensor(k, np.asarray(v)) for k, v in out.items()])
 
     def _error(self, exc: BaseException) -> Any:
-        return self._pb.InferenceResponse(output_tensors=[], error=self._pb.TritonError(f"tensorrt_llm_bls: {exc}"))
+        return self._pb.InferenceResponse(
+            output_tensors=[], error=self._pb.TritonError(f"{model_names.TENSORRT_LLM_BLS}: {exc}")
+        )
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         pb = self._pb

@@ -24,6 +24,7 @@ import numpy as np
 from backend.models import model_parameter, parse_bool
 from backend.models.detokenize import STREAM_REQUEST_PREFIX, StreamTable
 from backend.models.tokenizer import TextTokenizer, tokenizer_from_config
+from launcher import model_names
 
 
 def split_sequences(tokens: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
@@ -92,7 +93,7 @@ class TritonPythonModel:
         self.skip_special_tokens = parse_bool(
             model_parameter(config, "skip_special_tokens"), True, "skip_special_tokens"
         )
-        self.tokenizer = tokenizer_from_config(config, "postprocessing")
+        self.tokenizer = tokenizer_from_config(config, model_names.POSTPROCESSING)
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
         self.streaming = StreamingDecoder(self.tokenizer, self.skip_special_tokens) if instances == 1 else None
 
@@ -135,7 +136,7 @@ class TritonPythonModel:
                 except Exception as one:  # noqa: BLE001
                     results[i] = one if str(one) else exc
         return [
-            pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"postprocessing: {r}"))
+            pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"{model_names.POSTPROCESSING}: {r}"))
             if isinstance(r, Exception)
             else pb.InferenceResponse(output_tensors=[pb.Tensor("OUTPUT", r)])
             for r in results

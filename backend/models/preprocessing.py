@@ -16,6 +16,7 @@ import numpy as np
 
 from backend.models import model_parameter, parse_bool
 from backend.models.tokenizer import TextTokenizer, tokenizer_from_config
+from launcher import model_names
 
 INPUT_NAMES: tuple[str, ...] = (
     "QUERY",
@@ -131,7 +132,7 @@ class Preprocessor:
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         given = [n for n in MULTIMODAL_INPUTS if inputs.get(n) is not None]
         if given:
-            raise ValueError(f"multimodal inputs {given} are not supported by hpc-serve's preprocessing")
+            raise ValueError(f"multimodal inputs {given} are not supported by hpc-serve's {model_names.PREPROCESSING}")
         if inputs.get("QUERY") is None:
             raise ValueError("input QUERY is required")
         if inputs.get("REQUEST_OUTPUT_LEN") is None:
@@ -184,7 +185,9 @@ class TritonPythonModel:
         self._pb = pb_utils
         config = json.loads(args["model_config"])
         add_special = parse_bool(model_parameter(config, "add_special_tokens"), True, "add_special_tokens")
-        self.preprocessor = Preprocessor(tokenizer_from_config(config, "preprocessing"), add_special_tokens=add_special)
+        self.preprocessor = Preprocessor(
+            tokenizer_from_config(config, model_names.PREPROCESSING), add_special_tokens=add_special
+        )
 
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = self._pb
@@ -199,7 +202,9 @@ class TritonPythonModel:
                 outputs = self.preprocessor(inputs)
                 responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in outputs.items()]))
             except Exception as exc:  # noqa: BLE001 - every failure becomes this request's error
-                responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"preprocessing: {exc}")))
+                responses.append(
+                    pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"{model_names.PREPROCESSING}: {exc}"))
+                )
         return responses
 
     def finalize(self) -> None:

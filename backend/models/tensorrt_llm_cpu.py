@@ -28,6 +28,7 @@ from backend.cpu_engine.parallel import SingleComm, replica_comm
 from backend.cpu_engine.scheduler import GenerationOutput
 from backend.cpu_engine.triton_io import InputError, RequestOptions, merge_rows, output_arrays, parse_inputs
 from backend.models.engine_metrics import EngineMetrics
+from launcher import model_names
 from launcher.rank import placement
 
 pb_utils: Any = None  # set in initialize()
@@ -150,7 +151,7 @@ class TritonPythonModel:
         _log_to_triton()
         cfg = json.loads(args["model_config"])
         params = cfg.get("parameters", {}) or {}
-        self.model_name = args.get("model_name", cfg.get("name", "tensorrt_llm"))
+        self.model_name = args.get("model_name", cfg.get("name", model_names.TENSORRT_LLM))
         self.model_version = str(args.get("model_version", "1"))
         self.decoupled = bool(pb_utils.using_decoupled_model_transaction_policy(cfg))
         self.input_names = [i["name"] for i in cfg.get("input", [])]

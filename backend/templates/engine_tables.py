@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from backend.templates.table_types import ModelTable, Param, Tensor
 from backend.templates.table_types import tensor as _t
+from launcher import model_names
 
 # --------------------------------------------------------------------------------------------- tensorrt_llm
 # The 16 statistics/extra outputs that ensemble and BLS pass through unchanged (tensorrt_llm has them all,
@@ -162,7 +163,7 @@ LLM_PARAMETERS: tuple[Param, ...] = (
 )
 
 TENSORRT_LLM = ModelTable(
-    name="tensorrt_llm",
+    name=model_names.TENSORRT_LLM,
     kind="llm",
     inputs=LLM_INPUTS,
     outputs=LLM_OUTPUTS,
@@ -174,7 +175,7 @@ TENSORRT_LLM = ModelTable(
 
 # ------------------------------------------------------------------------------------------- preprocessing
 PREPROCESSING = ModelTable(
-    name="preprocessing",
+    name=model_names.PREPROCESSING,
     kind="python",
     inputs=(
         _t("QUERY", "STRING", [1]),
@@ -226,7 +227,7 @@ PREPROCESSING = ModelTable(
 
 # ------------------------------------------------------------------------------------------ postprocessing
 POSTPROCESSING = ModelTable(
-    name="postprocessing",
+    name=model_names.POSTPROCESSING,
     kind="python",
     inputs=(
         _t("TOKENS_BATCH", "INT32", [-1, -1]),

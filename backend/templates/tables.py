@@ -14,6 +14,7 @@ from __future__ import annotations
 from backend.templates.engine_tables import PASSTHROUGH_OUTPUTS, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM
 from backend.templates.table_types import ModelTable, Param, Step, Tensor
 from backend.templates.table_types import tensor as _t
+from launcher import model_names
 
 # ---------------------------------------------------------------------------------------- ensemble and BLS
 # Client-facing sampling inputs shared by ensemble and BLS (same names, dtypes and dims in both).
@@ -135,20 +136,20 @@ LLM_FROM_CLIENT: tuple[tuple[str, str], ...] = (
 _PRE_OUT = dict(PREPROCESSING_OUTPUT_MAP)
 
 ENSEMBLE = ModelTable(
-    name="ensemble",
+    name=model_names.ENSEMBLE,
     kind="ensemble",
     inputs=ENSEMBLE_INPUTS,
     outputs=TEXT_OUTPUTS,
     steps=(
-        Step("preprocessing", PREPROCESSING_INPUT_MAP, PREPROCESSING_OUTPUT_MAP),
+        Step(model_names.PREPROCESSING, PREPROCESSING_INPUT_MAP, PREPROCESSING_OUTPUT_MAP),
         Step(
-            "tensorrt_llm",
+            model_names.TENSORRT_LLM,
             tuple((dst, _PRE_OUT[src]) for dst, src in LLM_FROM_PREPROCESSING) + LLM_FROM_CLIENT,
             (("output_ids", "_TOKENS_BATCH"), ("sequence_length", "_SEQUENCE_LENGTH"))
             + tuple((t.name, t.name) for t in PASSTHROUGH_OUTPUTS),
         ),
         Step(
-            "postprocessing",
+            model_names.POSTPROCESSING,
             (("TOKENS_BATCH", "_TOKENS_BATCH"), ("SEQUENCE_LENGTH", "_SEQUENCE_LENGTH")),
             (("OUTPUT", "text_output"),),
         ),
@@ -188,7 +189,7 @@ BLS_INPUTS: tuple[Tensor, ...] = (
 )
 
 TENSORRT_LLM_BLS = ModelTable(
-    name="tensorrt_llm_bls",
+    name=model_names.TENSORRT_LLM_BLS,
     kind="python",
     inputs=BLS_INPUTS,
     outputs=TEXT_OUTPUTS,

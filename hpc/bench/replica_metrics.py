@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from backend.models.engine_metrics import KV_CACHE, REQUEST
 from hpc.metrics import DEFAULT_PREFIXES, Sample, parse, scrape
 from hpc.routing.deployment import replica_key  # the gateway's keys: `33@twin/0` (job ids are per cluster)
+from launcher import model_names
 from launcher.records import EndpointRecord
 
 #: upstream's output-token histogram (name without _sum / _count)
@@ -91,11 +92,11 @@ def _value(values: dict[str, float], name: str, **labels: str) -> float | None:
 
 def _model_counter(values: dict[str, float], name: str) -> float | None:
     """A per-model counter of the ensemble, else of tensorrt_llm (a deployment serving the BLS model)."""
-    for model in ("ensemble", "tensorrt_llm"):
+    for model in (model_names.ENSEMBLE, model_names.TENSORRT_LLM):
         found = _value(values, name, model=model)
         if found:
             return found
-    return _value(values, name, model="ensemble")
+    return _value(values, name, model=model_names.ENSEMBLE)
 
 
 def token_count(values: dict[str, float]) -> tuple[float | None, str]:
@@ -103,7 +104,8 @@ def token_count(values: dict[str, float]) -> tuple[float | None, str]:
     histogram = [v for k, v in values.items() if k.startswith(f"{TOKEN_HISTOGRAM}_sum")]
     if histogram:
         return sum(histogram), TOKEN_HISTOGRAM
-    return _value(values, "nv_inference_count", model="postprocessing"), "postprocessing responses"
+    responses = _value(values, "nv_inference_count", model=model_names.POSTPROCESSING)
+    return responses, f"{model_names.POSTPROCESSING} responses"
 
 
 @dataclass(frozen=True)
@@ -125,26 +127,27 @@ def _delta(now: float | None, before: float | None) -> float | None:
     return None if now is None or before is None else max(0.0, now - before)
 
 
+def _ensemble_failures(values: dict[str, float]) -> float:
+    """The ensemble's failed requests, every reason's summed."""
+    label = f"model={model_names.ENSEMBLE}"
+    return sum(v for k, v in values.items() if k.startswith("nv_inference_request_failure{") and label in k)
+
+
 def rates(now: dict[str, float], before: dict[str, float], seconds: float) -> Rates:
     """Rates of one replica's (or the summed) values between `before` and `now`, `seconds` apart."""
     done = _delta(
         _model_counter(now, "nv_inference_request_success"), _model_counter(before, "nv_inference_request_success")
     )
-    failed_now = sum(
-        v for k, v in now.items() if k.startswith("nv_inference_request_failure{") and "model=ensemble" in k
-    )
-    failed_before = sum(
-        v for k, v in before.items() if k.startswith("nv_inference_request_failure{") and "model=ensemble" in k
-    )
+    failed_now, failed_before = _ensemble_failures(now), _ensemble_failures(before)
     tokens_now, source = token_count(now)
     tokens = _delta(tokens_now, token_count(before)[0])
     queue = _delta(
-        _value(now, "nv_inference_queue_duration_us", model="tensorrt_llm"),
-        _value(before, "nv_inference_queue_duration_us", model="tensorrt_llm"),
+        _value(now, "nv_inference_queue_duration_us", model=model_names.TENSORRT_LLM),
+        _value(before, "nv_inference_queue_duration_us", model=model_names.TENSORRT_LLM),
     )
     finished = _delta(
-        _value(now, "nv_inference_request_success", model="tensorrt_llm"),
-        _value(before, "nv_inference_request_success", model="tensorrt_llm"),
+        _value(now, "nv_inference_request_success", model=model_names.TENSORRT_LLM),
+        _value(before, "nv_inference_request_success", model=model_names.TENSORRT_LLM),
     )
 
     def per_s(amount: float | None) -> float | None:
@@ -155,10 +158,10 @@ def rates(now: dict[str, float], before: dict[str, float], seconds: float) -> Ra
         failures_per_s=per_s(max(0.0, failed_now - failed_before)),
         tokens_per_s=per_s(tokens),
         queue_ms=(queue / finished / 1000) if queue is not None and finished else None,
-        active=_value(now, REQUEST, model="tensorrt_llm", request_type="active"),
-        waiting=_value(now, REQUEST, model="tensorrt_llm", request_type="waiting"),
-        kv_used=_value(now, KV_CACHE, kv_cache_block_type="used", model="tensorrt_llm"),
-        kv_max=_value(now, KV_CACHE, kv_cache_block_type="max", model="tensorrt_llm"),
+        active=_value(now, REQUEST, model=model_names.TENSORRT_LLM, request_type="active"),
+        waiting=_value(now, REQUEST, model=model_names.TENSORRT_LLM, request_type="waiting"),
+        kv_used=_value(now, KV_CACHE, kv_cache_block_type="used", model=model_names.TENSORRT_LLM),
+        kv_max=_value(now, KV_CACHE, kv_cache_block_type="max", model=model_names.TENSORRT_LLM),
         token_source=source,
     )
 

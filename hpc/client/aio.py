@@ -25,7 +25,6 @@ from hpc.gateway.discovery import Discovery
 from hpc.gateway.record import live_gateway
 from hpc.gateway.text import StopStream
 from hpc.gateway.triton import (
-    MODEL,
     Chunk,
     GenerateParams,
     ModelError,
@@ -38,6 +37,8 @@ from hpc.jobs import JobRef
 from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.routing.deployment import Target, as_replica
 from hpc.routing.retry import stream_with_retry, taken_whole
+from launcher import model_names
+from launcher.config import DISCOVERY_REFRESH_S
 from launcher.records import EndpointRecord, GatewayRecord
 
 from .discovery import job_replica, newest_token, resolve
@@ -46,7 +47,6 @@ from .transport import GatewayUnavailable, Sampling, gateway_stream, generate_pa
 
 log = logging.getLogger("hpc_serve.client")
 
-REFRESH_S = 5.0
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_CONCURRENCY = 8
 
@@ -68,11 +68,11 @@ class AsyncClient:
         self,
         target: TargetLike,
         *,
-        model: str = MODEL,
+        model: str = model_names.ENSEMBLE,
         token: str | None = None,
         gateway: bool | None = None,
         timeout_s: float = 300.0,
-        refresh_s: float = REFRESH_S,
+        refresh_s: float = DISCOVERY_REFRESH_S,
     ) -> None:
         self.model, self.timeout_s, self.refresh_s = model, timeout_s, refresh_s
         self._token = token
@@ -84,9 +84,9 @@ class AsyncClient:
             self._use_gateway: bool | None = False
         else:
             self.target = resolve(target)
-            self._use_gateway = False if model != MODEL else gateway
+            self._use_gateway = False if model != model_names.ENSEMBLE else gateway
         if gateway and not self._use_gateway:
-            raise ValueError("gateway=True needs a deployment TARGET and model='ensemble'")
+            raise ValueError(f"gateway=True needs a deployment TARGET and model={model_names.ENSEMBLE!r}")
         self._gateway_token: str | None = None
         self._gateway: GatewayRecord | None = None
         self._checked_at = self._skip_gateway_until = -float("inf")

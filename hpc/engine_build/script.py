@@ -19,12 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import launcher.rank
 from hpc import __version__
 from hpc.engine_build.plan import BuildPlan
 from hpc.render import _environment, _srun_and_wrapper, ship_packages
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node
 from launcher import job_index
+from launcher.build_record import BUILD_STARTED_ENV
 from launcher.layout import (
     BUILD_STAGING_NAME,
     BUILD_SUB_NAME,
@@ -148,15 +150,18 @@ def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates
         "wrapper": wrapper,
         "steps": build_steps(spec, plan, deploy_dir),
         "runtime_name": RUNTIME_NAME,
+        "build_started_env": BUILD_STARTED_ENV,
         **template_values(deploy_dir),
         **job_index.template_values(),
+        **launcher.rank.template_values(),
     }
     return env.get_template(BUILD_SUB_NAME + ".j2").render(context)
 
 
-def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path) -> Path:
+def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path | None = None) -> Path:
     """Write `D/build.sub` and `D/build_request.json` (and the shipped packages, when `render` has not) into an
-    existing or new deployment folder; the script's path. Creates no checkpoint and no engine."""
+    existing or new deployment folder; the script's path. Creates no checkpoint and no engine. `templates`: a
+    site's folder that overrides hpc/templates/ (`hpc-serve render --templates`), as for the other scripts."""
     dep = Deployment(deploy_dir)
     deploy_dir.mkdir(parents=True, exist_ok=True)
     dep.logs_dir.mkdir(exist_ok=True)
@@ -168,6 +173,6 @@ def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path) -> Path:
         "steps": [{"name": s["name"], "command": " ".join(_sh(a) for a in s["argv"])} for s in steps]
     }
     dep.build_request.write_text(json.dumps(request, indent=2) + "\n")
-    dep.build_sub.write_text(render_build_script(spec, plan, deploy_dir))
+    dep.build_sub.write_text(render_build_script(spec, plan, deploy_dir, templates))
     dep.build_sub.chmod(0o755)
     return dep.build_sub

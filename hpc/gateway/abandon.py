@@ -37,8 +37,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc._utils import _get_inference_request
 
-#: the engine model a stop request goes to (backend/repository.py's name for it)
-ENGINE_MODEL = "tensorrt_llm"
+from launcher import model_names
+
 #: how long an abandoned stream's stop and end may take before its call is cancelled after all
 ABANDON_S = 30.0
 #: a stop that may have come before its request is sent again after this long, then at doubling intervals
@@ -126,7 +126,7 @@ def stop_tensors() -> list[grpcclient.InferInput]:
 
 async def stop_generation(client: Any, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
     """Ask the replica's engine model to stop the generation of `request_id` (answered at once; module docstring)."""
-    request = stream_request(ENGINE_MODEL, stop_tensors(), request_id)
+    request = stream_request(model_names.TENSORRT_LLM, stop_tensors(), request_id)  # the engine model
 
     async def one():
         yield request

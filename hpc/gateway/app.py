@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from hpc.gateway import liveness, metrics, openai_api, passthrough
 from hpc.gateway.accesslog import AccessLog
 from hpc.gateway.bodylimit import BodyLimit
-from hpc.gateway.discovery import REFRESH_S, Discovery
+from hpc.gateway.discovery import Discovery
 from hpc.gateway.errors import (
     APIError,
     api_error_handler,
@@ -37,11 +37,12 @@ from hpc.gateway.text import ChatTemplate
 from hpc.gateway.triton import TritonEngine
 from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS, Balancer, Replica
 from hpc.routing.deployment import Target
+from launcher.config import DISCOVERY_REFRESH_S
 
 
 def create_app(
     target: Target,
-    refresh_s: float = REFRESH_S,
+    refresh_s: float = DISCOVERY_REFRESH_S,
     max_outstanding: int | None = MAX_OUTSTANDING,
     prefix_chars: int = PREFIX_CHARS,
     fast_path: bool = True,

@@ -13,6 +13,7 @@ from pathlib import Path
 from hpc.cli_support import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, err
 from hpc.gateway.limits import MAX_BODY_MB
 from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
+from launcher.config import DISCOVERY_REFRESH_S
 
 DEFAULT_PORT = 9000
 TARGET_HELP = "a spec file, a deployment folder or name, or job ids of the deployment"
@@ -118,7 +119,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("target", nargs="+", metavar="TARGET", help=TARGET_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; auto: a free one")
-    p.add_argument("--refresh", type=float, default=5.0, help="seconds between looks for new or lost replicas")
+    p.add_argument(
+        "--refresh", type=float, default=DISCOVERY_REFRESH_S, help="seconds between looks for new or lost replicas"
+    )
     p.add_argument(
         "--max-outstanding",
         type=_count,

@@ -30,12 +30,12 @@ import httpx
 from hpc.auth import Tokens, read_tokens
 from hpc.routing.balancer import Balancer, Replica
 from hpc.routing.deployment import Target, as_replica, deployment_folders, job_folders, job_of_key, published
+from launcher.config import DISCOVERY_REFRESH_S
 from launcher.job_index import entry_name_of
 from launcher.urls import READY_PATH
 
 log = logging.getLogger("hpc_serve.gateway")
 
-REFRESH_S = 5.0
 HEALTH_TIMEOUT_S = 2.0
 #: the headers of every HTTP request to a replica: its connection closes after the answer. Why: an idle
 #: keep-alive connection makes the replica's tritonserver, at its ordered stop, wait for it to close ("Found 1 HTTP
@@ -81,7 +81,7 @@ class Discovery:
     target: Target
     balancer: Balancer
     http: httpx.AsyncClient
-    refresh_s: float = REFRESH_S
+    refresh_s: float = DISCOVERY_REFRESH_S
     tokens: set[str] = field(default_factory=set)
     #: what each job's tritonserver requires (auth: token), sent with every request to its replicas
     replica_tokens: Tokens = field(default_factory=Tokens)

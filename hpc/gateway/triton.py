@@ -34,8 +34,8 @@ from backend.refusals import BUSY_MARKERS, CONTEXT_MARKERS, STOPPING_MARKERS
 from hpc.auth import grpc_headers
 from hpc.gateway.abandon import Reader, abandon, infer_inputs, stop_generation, stream_request
 from hpc.gateway.idle import run_deferred
+from launcher import model_names
 
-MODEL = "ensemble"
 #: how long a finished stream is given to end by itself before it is cancelled (see `_end`)
 STREAM_END_S = 2.0
 #: how long the token check after a stream's lost status may take (`TritonEngine._refuses`)
@@ -175,7 +175,9 @@ class TritonEngine:
     """One asyncio gRPC client per replica, reused across requests (a channel is costly to open), on channels
     made with `channel_args` (default: never through a proxy)."""
 
-    def __init__(self, model: str = MODEL, channel_args: Sequence[tuple[str, Any]] = CHANNEL_ARGS) -> None:
+    def __init__(
+        self, model: str = model_names.ENSEMBLE, channel_args: Sequence[tuple[str, Any]] = CHANNEL_ARGS
+    ) -> None:
         self.model = model
         self.channel_args = list(channel_args)
         self._clients: dict[str, aiogrpc.InferenceServerClient] = {}

@@ -18,6 +18,7 @@ from hpc.spec.checks import (
     _single_options,
     _tcp_port,
 )
+from launcher.config import DISCOVERY_REFRESH_S
 
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-]*$|^[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*$")
 
@@ -38,7 +39,9 @@ class GatewaySpec(_Section):
     mem: SlurmMem | None = Field("2G", description="--mem of the gateway job (e.g. 2G); null: the cluster's default")
     nodelist: str | None = Field(None, description="pin the gateway to a node (-w), e.g. a service node")
     sbatch_args: list[str] = Field(default_factory=list, description="extra #SBATCH directives for the gateway job")
-    refresh_s: float = Field(5.0, gt=0, le=300, description="seconds between looks for new or lost replicas")
+    refresh_s: float = Field(
+        DISCOVERY_REFRESH_S, gt=0, le=300, description="seconds between looks for new or lost replicas"
+    )
     max_outstanding: int = Field(
         MAX_OUTSTANDING, ge=0, description="requests in flight per replica before the gateway answers 429 (0: no bound)"
     )
