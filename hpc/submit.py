@@ -12,13 +12,15 @@ from pathlib import Path
 
 from hpc.executors import executor_named, executor_of, unreachable
 from hpc.gateway.job import after_cancel, ensure_gateway
+from hpc.job_kinds import ServingJob, job_class_of
+from hpc.job_status import JobStatus
 from hpc.jobs import JobRef
 from hpc.model_init import ensure_model
 from hpc.render import render
 from hpc.slurm import SlurmError, on_cluster
 from hpc.spec import Spec
 from hpc.spec.site import profile_summary
-from hpc.track import JobStatus, job_status, wait
+from hpc.track import job_status, wait
 from launcher.config import CANCEL_GRACE_S
 
 
@@ -67,7 +69,7 @@ def submit(
             build = start(prepared, runner, rendered.deploy_dir, note)
         if rendered.gateway_sub is not None:  # first: a gateway job sbatch refuses leaves no serving job behind
             gateway = ensure_gateway(rendered.deploy_dir, runner)
-        return runner.submit(rendered.deploy_dir, after=build)
+        return runner.submit(ServingJob, rendered.deploy_dir, after=build)
     except SlurmError as exc:
         if gateway is not None and gateway.job is not None:  # made for this submission only
             runner.cancel(gateway.job, 0, stoppable=False)
@@ -90,9 +92,9 @@ def cancel(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
     why = unreachable(ref)
     if why is not None:  # of another cluster that cannot be asked: nor can it be told (nothing is written)
         raise SlurmError(["scancel", *on_cluster(ref.cluster), ref.job_id], f"not sent: {why}")
-    # before the marker changes it; a gateway job has no ranks to stop in order (it stops on scancel's SIGTERM),
-    # nor is its state asked (that probes the gateway)
-    stoppable = not ref.is_gateway and job_status(ref).state in ("STARTING", "READY", "CANCELLING")
+    # before the marker changes it; a job without ranks (a gateway's, a build's) stops on scancel's SIGTERM, and its
+    # state is not asked (a gateway's probes the gateway)
+    stoppable = job_class_of(ref.job_dir).stoppable and job_status(ref).state in ("STARTING", "READY", "CANCELLING")
     ref.cancel_marker.write_text(json.dumps({"at": time.time()}))
     executor_of(ref).cancel(ref, grace_s, stoppable)
     status = wait(ref, until=(), timeout=grace_s + 60)
