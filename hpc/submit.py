@@ -116,11 +116,20 @@ def submit(
     try:
         return submit_jobs(jobs, folder, runner, started, note)
     except SlurmError as exc:
-        for ref in reversed(started):
-            runner.cancel(ref, 0, stoppable=False)
+        undo(started, runner)
         if deploy_dir is None:  # a folder made for this submission only: nothing half-done is left behind
             shutil.rmtree(folder, ignore_errors=True)
         raise SubmitError(str(exc)) from exc
+
+
+def undo(started: list[JobRef], runner: Executor) -> None:
+    """Cancel the jobs a submission made before sbatch refused one (the last first), and wait for their end: one
+    that had started would otherwise write into its folder (its script makes its job folder) after that folder
+    was removed."""
+    for ref in reversed(started):
+        runner.cancel(ref, 0, stoppable=False)
+    for ref in started:
+        wait(ref, until=(), timeout=CANCEL_GRACE_S)
 
 
 def cancel(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> JobStatus:

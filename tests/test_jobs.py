@@ -245,10 +245,12 @@ def test_refused_submission_leaves_no_deployment_folder(slurm_cluster, hpc_home,
     assert not runs.exists() or not any(runs.iterdir())
 
 
+@pytest.mark.cluster
 def test_a_refused_serving_job_cancels_the_gateway_job_made_for_it(slurm_cluster, hpc_home, tmp_path, tiny_gpt2):
     """`submit` starts the gateway before the serving job (hpc/submit.py `submit_jobs`); when sbatch then refuses
     the serving job (an unknown partition, the gateway's own being a real one), the gateway job this submission
-    made is cancelled, not left to hold a node, and no rendered folder remains."""
+    made is cancelled, not left to hold a node, and no rendered folder remains, not even when the gateway job had
+    started (its script makes its job folder) before the cancel reached it."""
     import yaml
 
     from hpc import slurm
