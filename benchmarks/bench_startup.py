@@ -3,7 +3,7 @@
 Each round renders a fresh deployment (timed, reported separately: it happens before a job exists), then runs
 both, alternating which goes first:
 
-  hpc-serve  t0 = the call of `hpc.local.submit_local(D)` (local executor) on the rendered D; READY = the moment
+  hpc-serve  t0 = the call of `hpc.local.submit_local(D, ServingJob)` (local executor) on the rendered D; READY = the moment
              `D/jobs/<id>/endpoints/replica-0.json` exists (polled every 2 ms). Everything hpc-serve puts between
              a job start and a usable endpoint is inside: the detached supervisor, bash, the per-rank script,
              `python -m launcher` (plan, tritonserver resolution, ports, address), tritonserver itself, the
@@ -114,10 +114,11 @@ def poll_file(path: Path, timeout: float, alive=lambda: True) -> float:
 
 
 def run_hpc_local(deploy_dir: Path) -> dict:
+    from hpc.job_kinds import ServingJob
     from hpc.local import cancel_local, submit_local
 
     t0 = time.time()
-    ref = submit_local(deploy_dir)
+    ref = submit_local(deploy_dir, ServingJob)
     t_returned = time.time()
     endpoint = ref.paths.endpoint(0)
     t_ready = poll_file(endpoint, 300, alive=lambda: not list(ref.ranks_dir.glob("*.json")))
@@ -139,10 +140,11 @@ def run_hpc_local(deploy_dir: Path) -> dict:
 def run_hpc_slurm(deploy_dir: Path) -> dict:
     from hpc import slurm
     from hpc.executors import SlurmExecutor
+    from hpc.job_kinds import ServingJob
     from hpc.submit import cancel
 
     t_submit = time.time()
-    ref = SlurmExecutor().submit(deploy_dir)
+    ref = SlurmExecutor().submit(ServingJob, deploy_dir)
     job_id = ref.job_id
     endpoint = ref.paths.endpoint(0)
     t_ready = poll_file(endpoint, 300, alive=lambda: not list(ref.ranks_dir.glob("*.json")))

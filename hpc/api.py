@@ -15,8 +15,9 @@ from pathlib import Path
 
 from hpc.client import Client, Endpoint, job_endpoints
 from hpc.executors import watch
+from hpc.job_status import JobStatus
 from hpc.jobs import JobRef, find_job
-from hpc.track import JobStatus, job_status, wait
+from hpc.track import job_status, wait
 from launcher import model_names
 from launcher.config import CANCEL_GRACE_S
 

@@ -18,10 +18,11 @@ from typing import Any
 
 from hpc.executors import watch
 from hpc.gateway.job import serving_jobs
+from hpc.job_status import JobStatus
 from hpc.jobs import JobRef
 from hpc.routing.deployment import Target, deployment_folders
 from hpc.slurm import SlurmError
-from hpc.track import JobStatus, job_status
+from hpc.track import job_status
 from launcher.config import CANCEL_GRACE_S
 from launcher.job_index import entry_of
 from launcher.layout import Deployment

@@ -21,7 +21,7 @@ import shutil
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from hpc import slurm
 from hpc.jobs import JobRef, register
@@ -30,6 +30,9 @@ from hpc.slurm_watch import watcher
 from launcher.layout import Deployment, JobPaths
 from launcher.records import read_rank_records
 from launcher.stop import stop_acknowledged
+
+if TYPE_CHECKING:
+    from hpc.job_kinds import JobKind  # which imports this module: what a kind is, not how it runs
 
 #: how often a cancel looks for the ranks' exit records (files; the scheduler is asked at the watcher's pace)
 CANCEL_POLL_S = 0.25
@@ -41,17 +44,9 @@ class Executor(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def submit(self, deploy_dir: Path, after: JobRef | None = None) -> JobRef:
-        """Start the deployment's job (once job `after` completed, if given); return once it has an id and a
-        registered job folder."""
-
-    @abstractmethod
-    def submit_build(self, deploy_dir: Path) -> JobRef:
-        """Start the deployment's engine build (`D/build.sub`, hpc/engine_build/) as a job of its own, marked as one."""
-
-    @abstractmethod
-    def submit_gateway(self, deploy_dir: Path) -> JobRef:
-        """Start the deployment's gateway as a job of its own (`D/gateway.sub`), marked as the gateway's."""
+    def submit(self, job_kind: type[JobKind], deploy_dir: Path, after: JobRef | None = None) -> JobRef:
+        """Start a job of `job_kind` from the deployment folder (its script, hpc/job_kinds.py), once job `after`
+        completed if given; return once it has an id and a job folder marked as that kind's, indexed."""
 
     @abstractmethod
     def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
@@ -69,26 +64,14 @@ class Executor(ABC):
 class SlurmExecutor(Executor):
     name = "slurm"
 
-    def submit(self, deploy_dir: Path, after: JobRef | None = None) -> JobRef:
-        """sbatch the `.sub` as it is (raises hpc.slurm.SlurmError with sbatch's words), then index the job. After a
-        build job: only once it completed, and cancelled by Slurm if it did not (instead of pending forever)."""
+    def submit(self, job_kind: type[JobKind], deploy_dir: Path, after: JobRef | None = None) -> JobRef:
+        """sbatch the kind's script as it is (raises hpc.slurm.SlurmError with sbatch's words), mark and index the
+        job. After a build job: only once it completed, and cancelled by Slurm if it did not (instead of pending
+        forever)."""
         chain = [f"--dependency=afterok:{after.job_id}", "--kill-on-invalid-dep=yes"] if after is not None else []
-        job_id = slurm.default.sbatch(Deployment(deploy_dir).sub, chain)
-        job_dir = JobPaths(deploy_dir, job_id).create().folder
-        return self._indexed(job_id, job_dir)
-
-    def submit_gateway(self, deploy_dir: Path) -> JobRef:
-        job_id = slurm.default.sbatch(Deployment(deploy_dir).gateway_sub)
-        paths = JobPaths(deploy_dir, job_id)
-        paths.folder.mkdir(parents=True, exist_ok=True)
-        paths.gateway_marker.touch()  # `status` knows it for the gateway's while it is still pending
-        return self._indexed(job_id, paths.folder)
-
-    def submit_build(self, deploy_dir: Path) -> JobRef:
-        job_id = slurm.default.sbatch(Deployment(deploy_dir).build_sub)
-        paths = JobPaths(deploy_dir, job_id)
-        paths.folder.mkdir(parents=True, exist_ok=True)
-        paths.build_marker.touch()  # `status` knows it for a build job while it is still pending
+        job_id = slurm.default.sbatch(Deployment(deploy_dir).root / job_kind.script, chain)
+        paths = JobPaths(deploy_dir, job_id).create()
+        job_kind.mark(paths)  # `status` knows its kind while it is still pending
         return self._indexed(job_id, paths.folder)
 
     @staticmethod
@@ -145,15 +128,9 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def submit(self, deploy_dir: Path, after: JobRef | None = None) -> JobRef:
+    def submit(self, job_kind: type[JobKind], deploy_dir: Path, after: JobRef | None = None) -> JobRef:
         """`after` must have completed already: local jobs cannot wait for each other (hpc/engine_build/run.py waits)."""
-        return submit_local(deploy_dir)
-
-    def submit_build(self, deploy_dir: Path) -> JobRef:
-        return submit_local(deploy_dir, kind="build")
-
-    def submit_gateway(self, deploy_dir: Path) -> JobRef:
-        return submit_local(deploy_dir, kind="gateway")
+        return submit_local(deploy_dir, job_kind)
 
     def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
         return local_state(ref.job_dir)

@@ -61,16 +61,6 @@ class JobRef:
     def cancel_marker(self) -> Path:
         return self.paths.cancel_marker
 
-    @property
-    def is_gateway(self) -> bool:
-        """The deployment's gateway job (`gateway:` in the spec), not a serving job: no ranks, no replicas."""
-        return self.paths.gateway_marker.exists()
-
-    @property
-    def is_build(self) -> bool:
-        """An engine build job (`build:` in the spec, hpc/engine_build/): no ranks, no replicas; its steps' state."""
-        return self.paths.build_marker.exists()
-
     def launch_plan(self) -> dict:
         return json.loads(self.paths.deployment.launch.read_text())
 

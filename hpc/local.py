@@ -14,12 +14,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpc.jobs import JobRef, register
 from launcher.config import CANCEL_GRACE_S
 from launcher.job_index import index_dir
 from launcher.layout import JobPaths, with_source_root
 from launcher.rank import JOB_ID_ENV
+
+if TYPE_CHECKING:
+    from hpc.job_kinds import JobKind
 
 #: every local job id starts with it: how `hpc.executors.executor_of` tells a local job from a Slurm one
 JOB_ID_PREFIX = "local-"
@@ -32,20 +36,18 @@ def new_job_id() -> str:
             return job_id
 
 
-def submit_local(deploy_dir: Path, kind: str = "serving") -> JobRef:
-    """Start the deployment's ranks (or, kind `gateway` / `build`, its gateway or build script) in the background;
-    return at once."""
+def submit_local(deploy_dir: Path, job_kind: type[JobKind]) -> JobRef:
+    """Start a job of `job_kind` in the background: the deployment's ranks (a kind whose ranks stop in order), else
+    the kind's script as one process (the gateway's, a build's); return at once."""
     job_id = new_job_id()
     paths = JobPaths(deploy_dir, job_id).create()
     job_dir = paths.folder
-    if kind == "gateway":
-        paths.gateway_marker.touch()
-    elif kind == "build":
-        paths.build_marker.touch()
+    job_kind.mark(paths)
     register(job_id, job_dir)
     log = open(paths.deployment.sbatch_log("out", job_id), "ab")
+    script = [] if job_kind.stoppable else [job_kind.script]
     subprocess.Popen(
-        [sys.executable, "-m", "hpc.local_run", str(deploy_dir), job_id, *([kind] if kind != "serving" else [])],
+        [sys.executable, "-m", "hpc.local_run", str(deploy_dir), job_id, *script],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -5,7 +5,8 @@ leader mode takes MPI_COMM_WORLD as the model's world, so a replica must be an M
 The local executor gives laptops and CI the same job folder as Slurm: per-rank logs named
 `<job>_<rank>_log.out|err`, endpoint and rank records from the launcher, and a `local.json` that plays
 the part of `sacct` (state, exit code). It runs detached (its own session) so the submitting shell can go.
-Usage (by hpc/local.py): python -m hpc.local_run DEPLOY_DIR JOB_ID [gateway|build]
+Usage (by hpc/local.py): python -m hpc.local_run DEPLOY_DIR JOB_ID [SCRIPT]: the ranks, or SCRIPT of the
+deployment folder as one process (a gateway's or a build's: hpc/job_kinds.py `script`).
 """
 
 from __future__ import annotations
@@ -82,11 +83,10 @@ def stop_targets(child_pid: int, world: int) -> list[int]:
 def main(argv: list[str]) -> int:
     deploy_dir, job_id = Path(argv[0]), argv[1]
     job_dir = JobPaths(deploy_dir, job_id).folder
-    script = {"gateway": Deployment(deploy_dir).gateway_sub, "build": Deployment(deploy_dir).build_sub}
     env = {**os.environ, JOB_ID_ENV: job_id, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     fail_job = True
-    if argv[2:3] and argv[2] in script:  # the gateway or build script: one process (the gateway's execs it)
-        world, steps = 1, [subprocess.Popen(["bash", str(script[argv[2]])], env=env)]
+    if argv[2:3]:  # the gateway or build script: one process (the gateway's execs it)
+        world, steps = 1, [subprocess.Popen(["bash", str(Deployment(deploy_dir).root / argv[2])], env=env)]
     else:  # one step per replica, started together (the .sub's start_replica)
         plan = json.loads(Deployment(deploy_dir).launch.read_text())
         world = int(plan["world_size_per_replica"])

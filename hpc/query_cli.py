@@ -111,9 +111,12 @@ def _current_job(target: str) -> JobRef:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from hpc.job_kinds import BuildJob, job_class_of
+
     ref = _current_job(args.target)
     # a build job has one log, its steps' output (hpc/engine_build/)
-    path = ref.paths.build_log if ref.is_build else ref.rank_log(args.rank, "err" if args.err else "out")
+    is_build = job_class_of(ref.job_dir) is BuildJob
+    path = ref.paths.build_log if is_build else ref.rank_log(args.rank, "err" if args.err else "out")
     while not path.exists():
         if not args.follow:
             print(f"hpc-serve: no log yet at {path}", file=sys.stderr)

@@ -33,7 +33,6 @@ from launcher import job_index, model_names
 from launcher.auth import TOKEN as AUTH_TOKEN
 from launcher.command import shm_glob_shell
 from launcher.config import STOP_ACK_S, STOP_LEAD_S, default_env, renew_notice_s
-from launcher.gpu import bound_parameters
 
 # the folder's names live in launcher/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.layout import (
@@ -85,7 +84,7 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
     )
     if m.backend == "cpu":
         params["tp_size"] = m.tp_size
-    params.update(bound_parameters(gpu_decision(spec).binding, m.tp_size, m.pp_size))
+    params.update(gpu_decision(spec).parameters)  # what TensorRT-LLM needs to agree with the binding
     params.update(t.parameters)
     return params
 

@@ -1,5 +1,13 @@
-"""Submit a spec: render it into a fresh deployment folder, then hand it to an executor (hpc/executors.py:
-exactly that `.sub` to sbatch, or the local executor). Also `cancel`, the other end of a job's life."""
+"""Submit a spec: plan its jobs, render them into a fresh deployment folder, then hand them to an executor
+(hpc/executors.py: exactly their scripts to sbatch, or the local executor) in dependency order. Also `cancel`, the
+other end of a job's life.
+
+A submission is up to three jobs, one of each kind (hpc/job_kinds.py): the engine build (a `build:` section whose
+engine is not built yet), the deployment's gateway (an enabled `gateway:` section), and the serving job, which
+runs after the build. Each of the first two may turn out not to need a job of this submission: an engine built
+already, or being built by another submission, is served or waited for; a gateway that runs or is on its way
+is reused.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +15,26 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hpc.executors import executor_named, executor_of, unreachable
+from hpc.executors import Executor, executor_named, executor_of, unreachable
 from hpc.gateway.job import after_cancel, ensure_gateway
+from hpc.job_kinds import ServingJob, job_class_of
+from hpc.job_status import JobStatus
 from hpc.jobs import JobRef
 from hpc.model_init import ensure_model
 from hpc.render import render
 from hpc.slurm import SlurmError, on_cluster
 from hpc.spec import Spec
 from hpc.spec.site import profile_summary
-from hpc.track import JobStatus, job_status, wait
+from hpc.track import job_status, wait
 from launcher.config import CANCEL_GRACE_S
+
+if TYPE_CHECKING:
+    from hpc.engine_build.run import PreparedBuild
 
 
 class SubmitError(RuntimeError):
@@ -38,44 +53,83 @@ def new_deployment_dir(spec: Spec) -> Path:
     return candidate
 
 
+@dataclass(frozen=True)
+class JobsPlan:
+    """What one submission of a spec runs: the spec the serving job serves, and the jobs before it."""
+
+    served: Spec  # a build's engine in place of the spec's `build:` section (hpc/engine_build/plan.py served_spec)
+    build: PreparedBuild | None = None  # the engine to build first (BuildJob); None: no `build:` section
+    gateway: bool = False  # the deployment's gateway job (GatewayJob), unless one runs or is on its way
+
+
+def plan_jobs(spec: Spec) -> JobsPlan:
+    """The jobs `spec` needs. Also creates the model `model.init` asks for (the explicit step render leaves out),
+    the one input of the serving job that no job makes: with a `build:` section the build job creates it."""
+    gateway = spec.gateway is not None and spec.gateway.enabled
+    if spec.build is None:
+        ensure_model(spec)
+        return JobsPlan(spec, gateway=gateway)
+    from hpc.engine_build.run import prepare
+
+    prepared = prepare(spec)
+    return JobsPlan(prepared.served, prepared, gateway)
+
+
+def submit_jobs(
+    jobs: JobsPlan, deploy_dir: Path, runner: Executor, started: list[JobRef], note: Callable[[str], object]
+) -> JobRef:
+    """Each job in dependency order: the build first (nothing is served from an engine that will not be there), the
+    gateway next (a gateway job sbatch refuses leaves no serving job behind), the serving job last, after the build.
+    A build job renders its script as it is submitted (hpc/engine_build/run.py `start`: none when the engine is
+    cached or another submission builds it). `started` gets each job made for this submission; the serving job is
+    returned."""
+    after = None
+    if jobs.build is not None:
+        from hpc.engine_build.run import start
+
+        after = start(jobs.build, runner, deploy_dir, note)
+        if after is not None and after.deploy_dir == deploy_dir:  # not another submission's build
+            started.append(after)
+    if jobs.gateway:
+        gateway = ensure_gateway(deploy_dir, runner)
+        if gateway.job is not None:
+            started.append(gateway.job)
+    return runner.submit(ServingJob, deploy_dir, after=after)
+
+
 def submit(
     spec: Spec,
     executor: str | None = None,
     deploy_dir: Path | None = None,
     note: Callable[[str], object] = lambda _: None,
 ) -> JobRef:
-    """Create the model `model.init` asks for (the explicit step render leaves out), render, then submit.
-    Nothing is submitted if either fails. With a `build:` section the build job makes the model and the engine
-    instead, and the serving job runs after it (hpc/engine_build/run.py); `note` hears which site profile the
-    spec was merged with (the scripts hold its values) and what the build does."""
+    """Plan the spec's jobs, render them, submit them; the serving job. Nothing is submitted if planning or
+    rendering fails, and what a refused sbatch interrupts is undone: the jobs made for this submission are
+    cancelled and a folder made for it removed. `note` hears which site profile the spec was merged with (the
+    scripts hold its values) and what the build does."""
     runner = executor_named(executor)  # ValueError for an unknown name, before anything is written
     note(profile_summary(spec, explained=True))
-    prepared = None
-    if spec.build is not None:
-        from hpc.engine_build.run import prepare
-
-        prepared = prepare(spec)
-        spec = prepared.served
-    else:
-        ensure_model(spec)
-    rendered = render(spec, deploy_dir or new_deployment_dir(spec))
-    gateway = build = None
+    jobs = plan_jobs(spec)
+    # the serving job's scripts, launch.json and model repository, and the gateway's script: one folder
+    folder = render(jobs.served, deploy_dir or new_deployment_dir(jobs.served)).deploy_dir
+    started: list[JobRef] = []
     try:
-        if prepared is not None:  # first: nothing is served from an engine that will not be there
-            from hpc.engine_build.run import start
-
-            build = start(prepared, runner, rendered.deploy_dir, note)
-        if rendered.gateway_sub is not None:  # first: a gateway job sbatch refuses leaves no serving job behind
-            gateway = ensure_gateway(rendered.deploy_dir, runner)
-        return runner.submit(rendered.deploy_dir, after=build)
+        return submit_jobs(jobs, folder, runner, started, note)
     except SlurmError as exc:
-        if gateway is not None and gateway.job is not None:  # made for this submission only
-            runner.cancel(gateway.job, 0, stoppable=False)
-        if build is not None and build.deploy_dir == rendered.deploy_dir:
-            runner.cancel(build, 0, stoppable=False)
+        undo(started, runner)
         if deploy_dir is None:  # a folder made for this submission only: nothing half-done is left behind
-            shutil.rmtree(rendered.deploy_dir, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
         raise SubmitError(str(exc)) from exc
+
+
+def undo(started: list[JobRef], runner: Executor) -> None:
+    """Cancel the jobs a submission made before sbatch refused one (the last first), and wait for their end: one
+    that had started would otherwise write into its folder (its script makes its job folder) after that folder
+    was removed."""
+    for ref in reversed(started):
+        runner.cancel(ref, 0, stoppable=False)
+    for ref in started:
+        wait(ref, until=(), timeout=CANCEL_GRACE_S)
 
 
 def cancel(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
@@ -90,9 +144,9 @@ def cancel(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
     why = unreachable(ref)
     if why is not None:  # of another cluster that cannot be asked: nor can it be told (nothing is written)
         raise SlurmError(["scancel", *on_cluster(ref.cluster), ref.job_id], f"not sent: {why}")
-    # before the marker changes it; a gateway job has no ranks to stop in order (it stops on scancel's SIGTERM),
-    # nor is its state asked (that probes the gateway)
-    stoppable = not ref.is_gateway and job_status(ref).state in ("STARTING", "READY", "CANCELLING")
+    # before the marker changes it; a job without ranks (a gateway's, a build's) stops on scancel's SIGTERM, and its
+    # state is not asked (a gateway's probes the gateway)
+    stoppable = job_class_of(ref.job_dir).stoppable and job_status(ref).state in ("STARTING", "READY", "CANCELLING")
     ref.cancel_marker.write_text(json.dumps({"at": time.time()}))
     executor_of(ref).cancel(ref, grace_s, stoppable)
     status = wait(ref, until=(), timeout=grace_s + 60)

@@ -16,9 +16,11 @@ from hpc.chain import ChainLink, chain_lines, chain_links
 from hpc.executors import watch
 from hpc.gateway.job import deployment_gateway, serving_jobs
 from hpc.gateway.record import GatewayLine, live_gateway
+from hpc.job_kinds import GatewayJob, job_class_of
+from hpc.job_status import JobStatus
 from hpc.jobs import JobRef
 from hpc.routing.deployment import Target
-from hpc.track import JobStatus, job_status
+from hpc.track import job_status
 from launcher.records import EndpointRecord, GatewayRecord, read_endpoints
 
 
@@ -67,7 +69,7 @@ def ready_endpoints(target: Target, refs: Sequence[JobRef] = ()) -> list[Endpoin
     """The replicas of the jobs named (as published), or of every job of the deployment that is READY now (a
     job that ended may have left its records behind)."""
     if refs:
-        return [e for ref in refs if not ref.is_gateway for e in read_endpoints(ref.paths)]
+        return [e for ref in refs if job_class_of(ref.job_dir) is not GatewayJob for e in read_endpoints(ref.paths)]
     jobs = serving_jobs(target)
     watch(jobs)
     return [e for ref in jobs for e in job_status(ref).endpoints]

@@ -281,19 +281,9 @@ class JobPaths:
         return self.folder / STOP_REQUEST_NAME
 
     @property
-    def gateway_marker(self) -> Path:
-        """Present in a gateway job's folder: its state comes from the gateway record, not from replicas."""
-        return self.folder / GATEWAY_JOB_MARKER_NAME
-
-    @property
     def gateway_successor(self) -> Path:
         """A renewing gateway job's successor (its job id), written once it was submitted."""
         return self.folder / GATEWAY_SUCCESSOR_NAME
-
-    @property
-    def build_marker(self) -> Path:
-        """Present in an engine build job's folder: its state is its steps', it has no ranks or endpoints."""
-        return self.folder / BUILD_JOB_MARKER_NAME
 
     @property
     def build_log(self) -> Path:

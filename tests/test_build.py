@@ -468,6 +468,7 @@ def test_stale_building_markers_are_removed_and_a_live_one_is_waited_on(tmp_path
     """A marker whose job ended without removing it (cancelled while pending), whose folder is gone, that is
     broken, or that has the name of builds rendered before: removed by the next reader. A building job's stays."""
     from hpc.engine_build.run import _build_under_way
+    from hpc.job_kinds import BuildJob
     from launcher.layout import OLD_BUILDING_MARKER_NAME, JobPaths, building_marker
 
     plan = plan_build(load_spec(write(tmp_path, CPU.replace("build: {}", "build: {output_dir: engines}"))))
@@ -476,7 +477,7 @@ def test_stale_building_markers_are_removed_and_a_live_one_is_waited_on(tmp_path
 
     def job(job_id: str, state: str) -> JobPaths:
         paths = JobPaths(tmp_path / "d", job_id).create()
-        paths.build_marker.touch()
+        BuildJob.mark(paths)
         paths.local_state.write_text(json.dumps({"state": state, "pid": os.getpid(), "exit_code": 1}))
         building_marker(root, plan.key, job_id).write_text(json.dumps({"job_id": job_id, "job_dir": str(paths.folder)}))
         return paths
@@ -527,14 +528,16 @@ def test_the_older_paged_kv_cache_flag_replaces_kv_cache_type(gpu_dir):
 
 def test_build_job_status_lines(tmp_path, hpc_home):
     """What `status` says of a build job, from its folder: the failed step with its command and last lines."""
+    from hpc.job_kinds import BuildJob
+    from hpc.job_status import JobStatus
     from hpc.jobs import JobRef
-    from hpc.track import JobStatus, job_status
+    from hpc.track import job_status
     from launcher.layout import JobPaths
 
     assert JobStatus("812", "PENDING", "Resources", kind="build").summary() == "812 PENDING (build; Resources)"
     deploy = tmp_path / "d"
     paths = JobPaths(deploy, "local-b1").create()
-    paths.build_marker.touch()
+    BuildJob.mark(paths)
     paths.local_state.write_text(json.dumps({"state": "FAILED", "exit_code": 1, "pid": 1}))
     Deployment(deploy).build_request.write_text(
         json.dumps(

@@ -327,18 +327,19 @@ def test_a_record_answered_by_another_deployment_is_stale(hpc_home, tmp_path, ti
 
 @pytest.mark.slow
 def test_the_gateway_as_a_local_job(hpc_home, tmp_path, tiny_gpt2):
-    """`submit_gateway` with the local executor: status READY with the URL once the record answers; cancel by
+    """A `GatewayJob` with the local executor: status READY with the URL once the record answers; cancel by
     its id stops it and the record goes (the Slurm side: tests/test_gateway_job_cluster.py)."""
     from hpc.executors import LocalExecutor
+    from hpc.job_kinds import GatewayJob, job_class_of
     from hpc.submit import cancel
     from hpc.track import job_status
 
     runs = tmp_path / "runs"
     spec = parse_spec(spec_text("svc", tiny_gpt2, runs, gateway={"host": "127.0.0.1"}))
     deploy = R.render(spec, runs / "svc-1").deploy_dir
-    ref = LocalExecutor().submit_gateway(deploy)
+    ref = LocalExecutor().submit(GatewayJob, deploy)
     try:
-        assert ref.is_gateway and job_status(ref).kind == "gateway"
+        assert job_class_of(ref.job_dir) is GatewayJob and job_status(ref).kind == "gateway"
         ready = wait_for(lambda: (s := job_status(ref)).state == "READY" and s, 60, "the gateway job to be READY")
         record = read_gateway(gateway_record(runs, "svc"))
         assert record is not None and record.job_id == ref.job_id and ready.url == record.url
@@ -346,7 +347,7 @@ def test_the_gateway_as_a_local_job(hpc_home, tmp_path, tiny_gpt2):
         shown = json.loads(cli("status", "svc", "--json").stdout)
         assert shown["gateway"]["job_id"] == ref.job_id and shown["gateway"]["state"] == "READY"
         # a second gateway job (two submits at once): it finds the first one live, and says so as it fails
-        second = LocalExecutor().submit_gateway(deploy)
+        second = LocalExecutor().submit(GatewayJob, deploy)
         failed = wait_for(lambda: (s := job_status(second)).done and s, 60, "the second gateway job to end")
         assert failed.state == "FAILED" and f"already runs at {record.url}" in (failed.reason or ""), failed
         assert read_gateway(gateway_record(runs, "svc")) == record

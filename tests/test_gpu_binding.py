@@ -1,5 +1,5 @@
-"""One GPU per rank (launcher/gpu.py): the mapping for each Slurm style, the auto policy, and the rendered side
-that must agree with it (launch.json `gpu_binding`, tensorrt_llm `gpu_device_ids` / `num_nodes`).
+"""One GPU per rank: the mapping for each Slurm style (launcher/gpu.py), the auto policy (hpc/gpu_binding.py), and
+the rendered side that must agree with it (launch.json `gpu_binding`, tensorrt_llm `gpu_device_ids` / `num_nodes`).
 The device proof (two real ranks on two GPUs) is scripts/gpu/prove_gpu_binding.sh."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import pytest
 
 from hpc import render as R
-from hpc.gpu_binding import describe, gpu_decision
+from hpc.gpu_binding import bound_parameters, decide, describe, gpu_decision
 from hpc.spec import SpecError
 from launcher import config
-from launcher.gpu import NONE, PER_RANK, GpuBindingError, bound_parameters, decide, node_gpu_count, rank_gpus
+from launcher.gpu import NONE, PER_RANK, GpuBindingError, node_gpu_count, rank_gpus
 from launcher.rank import RankInfo, Role
 from launcher.server import ServerBinary
 from launcher.server_env import child_env
@@ -122,8 +122,9 @@ def test_forced_per_rank_with_peers_on_a_node_warns():
 
 
 def test_bound_parameters_make_tensorrt_llm_agree():
-    assert bound_parameters(PER_RANK, 2, 2) == {"gpu_device_ids": "0", "num_nodes": "4"}
-    assert bound_parameters(NONE, 2, 2) == {}
+    assert bound_parameters(4) == {"gpu_device_ids": "0", "num_nodes": "4"}
+    assert decide("per-rank", 2, 4, 1).parameters == bound_parameters(4)
+    assert decide("auto", 8, 2, 8).parameters == decide("none", 8, 1, 1).parameters == {}
 
 
 # ----------------------------------------------------------------------------------------------- rendered

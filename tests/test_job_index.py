@@ -22,13 +22,15 @@ from hpc.auth import Tokens
 from hpc.cli_support import EXIT_JOB_FAILED
 from hpc.executors import SlurmExecutor, watch
 from hpc.gateway.discovery import Discovery, draining_jobs, mark_draining
+from hpc.job_kinds import GatewayJob
+from hpc.job_status import JobStatus
 from hpc.jobs import JobNotFound, find_job, list_jobs, register
 from hpc.routing.balancer import Balancer
 from hpc.routing.deployment import Target, as_replica, deployment_folders, names_indexed_job, published
 from hpc.slurm import Result, Slurm, SlurmError
 from hpc.slurm_watch import SlurmWatcher
 from hpc.submit import cancel
-from hpc.track import JobStatus, job_status, wait
+from hpc.track import job_status, wait
 from launcher import job_index
 from launcher.layout import LAUNCH_NAME, JobPaths
 from launcher.records import ChainRecord, EndpointRecord, GatewayRecord, StartupRecord, write_json_atomic
@@ -322,7 +324,7 @@ def test_cancel_of_a_gateway_job_asks_no_state_first(tmp_path, hpc_home, cluster
     clusters.states.update({("hpcserve", "35"): "RUNNING", ("twin", "36"): "RUNNING"})
     for job, cluster in (("35", "hpcserve"), ("36", "twin")):
         folder = job_folder(tmp_path, job)
-        JobPaths.of_folder(folder).gateway_marker.touch()
+        GatewayJob.mark(JobPaths.of_folder(folder))
         register(job, folder, cluster)
         assert cancel(find_job(job), grace_s=1) is waited
     assert asked == []

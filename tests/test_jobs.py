@@ -243,3 +243,32 @@ def test_refused_submission_leaves_no_deployment_folder(slurm_cluster, hpc_home,
     assert "sbatch refused the job" in proc.stderr and "partition" in proc.stderr.lower()
     runs = tmp_path / "runs"
     assert not runs.exists() or not any(runs.iterdir())
+
+
+@pytest.mark.cluster
+def test_a_refused_serving_job_cancels_the_gateway_job_made_for_it(slurm_cluster, hpc_home, tmp_path, tiny_gpt2):
+    """`submit` starts the gateway before the serving job (hpc/submit.py `submit_jobs`); when sbatch then refuses
+    the serving job (an unknown partition, the gateway's own being a real one), the gateway job this submission
+    made is cancelled, not left to hold a node, and no rendered folder remains, not even when the gateway job had
+    started (its script makes its job folder) before the cancel reached it."""
+    import yaml
+
+    from hpc import slurm
+    from launcher.job_index import parse_entry
+    from tests.e2e import cli, write_spec
+
+    spec = write_spec(tmp_path, "halfway", tiny_gpt2, slurm={"partition": "nosuchpartition"})
+    data = yaml.safe_load(spec.read_text())
+    data["gateway"] = {"cpus": 1, "mem": "1G", "time": "00:05:00", "partition": "debug"}
+    spec.write_text(yaml.safe_dump(data))
+    proc = cli("submit", str(spec), check=False)
+    assert proc.returncode == 2 and "sbatch refused the job" in proc.stderr, proc.stderr
+    # the gateway job was indexed at its sbatch; its folder went with the deployment's
+    (gateway,) = [parse_entry(entry.name)[0] for entry in index_dir().iterdir()]
+    cancelled = lambda: slurm.default.sacct_states([gateway]).get(gateway) == "CANCELLED"
+    try:
+        wait_for(cancelled, 60, f"the gateway job {gateway} to be CANCELLED")
+    finally:
+        subprocess.run(["scancel", gateway], capture_output=True, check=False)  # if not: it holds a node no more
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not [p for p in runs.iterdir() if p.is_dir()]

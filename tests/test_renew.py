@@ -15,13 +15,13 @@ import yaml
 
 from hpc.chain import chain_lines, chain_links
 from hpc.gateway.discovery import draining_jobs, mark_draining
+from hpc.job_status import JobStatus
 from hpc.render import render
 from hpc.routing.balancer import Replica
 from hpc.routing.deployment import Target
 from hpc.spec import SpecError, load_spec
 from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.renew import duration_seconds, format_duration
-from hpc.track import JobStatus
 from launcher import renew
 from launcher.config import RENEW_NOTICE_S, RENEW_STARTUP_S, STOP_LEAD_S
 from launcher.layout import Deployment, JobPaths

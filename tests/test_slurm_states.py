@@ -16,6 +16,7 @@ import yaml
 
 from hpc import slurm, slurm_watch
 from hpc.executors import SlurmExecutor
+from hpc.job_kinds import KINDS, JobKind
 from hpc.jobs import JobRef
 from hpc.slurm_watch import SlurmWatcher
 from hpc.track import job_status
@@ -39,8 +40,8 @@ def test_what_the_end_states_are():
     assert state_class("UNKNOWN") == "UNKNOWN" and state_class("") == ""
 
 
-def _job(tmp_path: Path, marker: str | None = None) -> JobRef:
-    """A job folder of a deployment whose spec loads (a gateway job's state reads it), with a kind's marker."""
+def _job(tmp_path: Path, kind: type[JobKind]) -> JobRef:
+    """A job folder of a deployment whose spec loads (a gateway job's state reads it), marked as `kind`'s."""
     deploy = tmp_path / "deploy"
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir(exist_ok=True)
@@ -48,17 +49,16 @@ def _job(tmp_path: Path, marker: str | None = None) -> JobRef:
     paths = JobPaths(deploy, "4242").create()
     (deploy / "spec.yaml").write_text(yaml.safe_dump(spec))
     (deploy / "launch.json").write_text(json.dumps({"replicas": 1, "world_size_per_replica": 1}))
-    if marker:
-        getattr(paths, marker).touch()
+    kind.mark(paths)
     return JobRef("4242", paths.folder)
 
 
-@pytest.mark.parametrize("marker", [None, "build_marker", "gateway_marker"], ids=["serving", "build", "gateway"])
+@pytest.mark.parametrize("kind", KINDS, ids=[kind.kind for kind in KINDS])
 @pytest.mark.parametrize("raw", END_STATES)
-def test_a_job_in_an_end_state_is_done(tmp_path, monkeypatch, marker, raw):
+def test_a_job_in_an_end_state_is_done(tmp_path, monkeypatch, kind, raw):
     """`status`, `wait` and the API stop at it, whatever the job's kind."""
     monkeypatch.setattr(SlurmExecutor, "scheduler_state", lambda self, ref: (raw, None))
-    status = job_status(_job(tmp_path, marker))
+    status = job_status(_job(tmp_path, kind))
     assert status.done and status.state == STATE_CLASS[raw], (status.state, status.reason)
 
 

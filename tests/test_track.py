@@ -15,17 +15,21 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from hpc import track
 from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
+from hpc.job_kinds import KINDS, BuildJob, GatewayJob, ServingJob, job_class_of
+from hpc.job_status import JobStatus
 from hpc.jobs import JobRef
+from hpc.routing.deployment import Target
 from hpc.slurm_watch import SlurmWatcher
-from hpc.track import JobStatus, job_status, wait
-from launcher.layout import JobPaths
-from launcher.records import EndpointRecord, RankExitRecord
+from hpc.track import job_status, wait
+from launcher.layout import BUILD_SUB_NAME, Deployment, JobPaths
+from launcher.records import EndpointRecord, RankExitRecord, read_endpoints
 from tests.e2e import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -171,7 +175,7 @@ def test_starting_says_what_each_replica_waits_for(tmp_path, scheduler):
         "replica 1: loading the models for 3 s)"
     )
     assert [r["phase"] for r in st.to_json()["starting"]] == ["warming-up", "loading"]
-    assert track.read_endpoints(ref.paths) == [], "a startup record is never taken for an endpoint"
+    assert read_endpoints(ref.paths) == [], "a startup record is never taken for an endpoint"
     publish(ref, 0)
     assert job_status(ref).summary() == "4242 STARTING (1/2 replicas ready; replica 1: loading the models for 3 s)"
     publish(ref, 1)
@@ -342,6 +346,73 @@ def test_marker_only_explains_the_end_of_a_job_that_was_not_running(tmp_path, sc
 
 
 # ---------------------------------------------------------------------------------------------------------
+# every kind of job (hpc/job_kinds.py): its folder's marker says which, and the stop rules are one
+
+
+def test_a_folder_is_told_by_its_marker(tmp_path):
+    kinds = {}
+    for kind in KINDS:
+        paths = JobPaths(tmp_path, f"{kind.kind}-1").create()
+        kind.mark(paths)
+        kinds[kind] = job_class_of(paths.folder)
+    assert kinds == {kind: kind for kind in KINDS}
+    assert job_class_of(JobPaths(tmp_path, "unmarked").create().folder) is ServingJob
+
+
+def test_a_build_job_being_cancelled_is_cancelling_then_cancelled(tmp_path, scheduler):
+    """The build job had no CANCELLING: cancelled while BUILDING it read BUILDING until Slurm ended it, then FAILED
+    when the step scancel killed had recorded its exit. It now reads as every kind does."""
+    ref = make_job(tmp_path, "811")
+    BuildJob.mark(ref.paths)
+    ref.paths.build_log.write_text("hpc-serve build: step 0 (shard): python3 shard.py\n")
+    scheduler.set("RUNNING")
+    assert job_status(ref).summary() == "811 BUILDING (build) step 0 (shard): python3 shard.py"
+    ref.cancel_marker.write_text("{}")
+    for raw in ("RUNNING", "COMPLETING"):
+        scheduler.set(raw)
+        st = job_status(ref)
+        assert (st.kind, st.state, st.done) == ("build", "CANCELLING", False)
+        assert st.summary() == "811 CANCELLING (build) step 0 (shard): python3 shard.py"
+    ref.paths.build_failure.write_text('{"step": 0, "name": "shard", "exit_code": 143}\n')  # scancel's SIGTERM
+    assert job_status(ref).state == "CANCELLING"
+    scheduler.set("CANCELLED")
+    st = job_status(ref)
+    assert st.state == "CANCELLED" and st.done and st.summary().startswith("811 CANCELLED (build) ; last lines:")
+
+
+def test_a_build_job_ending_is_stopping_and_its_failed_step_still_fails_it(tmp_path, scheduler):
+    ref = make_job(tmp_path, "812")
+    BuildJob.mark(ref.paths)
+    scheduler.set("COMPLETING")
+    assert job_status(ref).state == "STOPPING"
+    ref.paths.build_failure.write_text('{"step": 1, "name": "trtllm-build", "exit_code": 3}\n')
+    st = job_status(ref)
+    assert st.state == "FAILED" and st.summary().startswith("812 FAILED (build) step 1 (trtllm-build) failed")
+
+
+def test_a_gateway_job_follows_the_same_stop_rules(tmp_path, scheduler):
+    """No record names it: STARTING while it runs; the cancel marker and COMPLETING as for every kind; a gateway
+    job that failed says why in its own words (its batch log)."""
+    ref = make_job(tmp_path, "813")
+    GatewayJob.mark(ref.paths)
+    gateway = GatewayJob(ref, Target(tmp_path, "fake", tmp_path))
+    scheduler.set("RUNNING")
+    assert gateway.status().state == "STARTING"
+    scheduler.set("COMPLETING")
+    assert gateway.status().state == "STOPPING"
+    scheduler.set("FAILED")
+    ref.paths.deployment.logs_dir.mkdir()
+    ref.paths.deployment.sbatch_log("err", "813").write_text('{"access": 1}\nhpc-serve: port 8080 is taken\n')
+    st = gateway.status()
+    assert (st.kind, st.state, st.reason) == ("gateway", "FAILED", "hpc-serve: port 8080 is taken")
+    ref.cancel_marker.write_text("{}")
+    assert gateway.status().state == "CANCELLED"
+    scheduler.set("RUNNING")
+    st = gateway.status()
+    assert st.state == "CANCELLING" and st.url is None and st.summary() == "813 CANCELLING (gateway)"
+
+
+# ---------------------------------------------------------------------------------------------------------
 # local jobs: local.json plays sacct
 
 
@@ -414,6 +485,35 @@ def test_local_supervisor_stays_light():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SOURCE_ROOT
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_cancel_of_a_local_build_job_reads_cancelling_until_its_script_has_gone(tmp_path, hpc_home, monkeypatch):
+    """`hpc-serve cancel` of a build job, for real under the local executor: while its script is still stopping
+    (here: held in its TERM trap until the test lets it go) the job is CANCELLING, not BUILDING; then CANCELLED."""
+    from hpc.submit import cancel
+
+    monkeypatch.setattr("hpc.submit.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
+    deploy = tmp_path / "d"
+    Deployment(deploy).logs_dir.mkdir(parents=True)  # as render and the build's script writer make it
+    (deploy / BUILD_SUB_NAME).write_text(
+        "#!/bin/bash\n"
+        'D=$(dirname "$0")\n'
+        'trap \'kill $STEP; touch "$D/stopping"; while [ ! -e "$D/release" ]; do sleep 0.05; done; exit 143\' TERM\n'
+        "sleep 600 & STEP=$!\n"
+        'touch "$D/started"\n'
+        "wait $STEP\n"
+    )
+    ref = LocalExecutor().submit(BuildJob, deploy)
+    wait_for(lambda: (deploy / "started").exists(), 30, "the build script to start")
+    assert job_status(ref).summary() == f"{ref.job_id} BUILDING (build)"
+    with ThreadPoolExecutor(1) as pool:
+        cancelled = pool.submit(cancel, ref, 30)
+        wait_for(lambda: (deploy / "stopping").exists(), 30, "the build script to get the stop")
+        st = job_status(ref)
+        assert (st.state, st.summary()) == ("CANCELLING", f"{ref.job_id} CANCELLING (build)")
+        (deploy / "release").touch()
+        st = cancelled.result(timeout=60)
+    assert (st.state, st.summary()) == ("CANCELLED", f"{ref.job_id} CANCELLED (build)")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -158,8 +158,9 @@ def test_local_job_whose_model_fails_every_request_is_never_ready_and_fails_with
     """The real repository (CPU engine) with a postprocessing model that loads and fails every request, run
     by the local executor: STARTING (loading the models, then warming up), never READY, then FAILED with the
     server's error in `status`; nothing of the job is left."""
+    from hpc.executors import LocalExecutor
+    from hpc.job_kinds import ServingJob
     from hpc.jobs import JobRef
-    from hpc.local import submit_local
     from hpc.track import job_status
     from tests.e2e import cli, processes_under, wait_for, write_spec
 
@@ -167,7 +168,7 @@ def test_local_job_whose_model_fails_every_request_is_never_ready_and_fails_with
     cli("render", str(write_spec(tmp_path, "broken", tiny_gpt2)), "-o", str(deploy))
     shim = deploy / "triton_model_repo" / "postprocessing" / "1" / "model.py"
     shim.write_text(shim.read_text() + BROKEN_POSTPROCESSING)
-    ref: JobRef = submit_local(deploy)
+    ref: JobRef = LocalExecutor().submit(ServingJob, deploy)
     seen: list[str] = []
 
     def ended() -> bool:

@@ -6,8 +6,9 @@ cached one), submits the build job first and the serving job after it with `--de
 engine already built for the same request and inputs is served at once: no build job. A build of the same
 request that is still pending or running (another submission's) is waited on, not started twice.
 
-A build job's state (`hpc-serve status`): PENDING (Slurm's reason) → BUILDING → COMPLETED (the engine folder) |
-FAILED (the step, its command, its exit status and the last lines of its output) | CANCELLED | TIMEOUT.
+A build job's state (`hpc-serve status`; the machine is hpc/job_kinds.py's, `BuildJob`): PENDING (Slurm's reason)
+→ BUILDING (the step) → COMPLETED (the engine folder) | FAILED (the step, its command, its exit status and the last
+lines of its output) | CANCELLED | TIMEOUT; CANCELLING while `hpc-serve cancel` stops it.
 """
 
 from __future__ import annotations
@@ -21,14 +22,18 @@ from pathlib import Path
 
 from hpc.engine_build.plan import BuildPlan, plan_build, served_spec
 from hpc.engine_build.script import write_build
-from hpc.executors import Executor, LocalExecutor, executor_of
+from hpc.executors import Executor, LocalExecutor
+from hpc.job_kinds import BuildJob, job_class_of
 from hpc.jobs import JobRef
-from hpc.slurm import TERMINAL, state_class
+from hpc.slurm import TERMINAL
 from hpc.spec import Spec
 from launcher.layout import Deployment, JobPaths, building_marker, building_markers
 
 #: lines of a failed build's output that `status` shows
 TAIL_LINES = 12
+#: a build in these states makes the engine a second submission needs: that one waits for it instead of building
+#: again (STOPPING: Slurm's COMPLETING, its end not known yet; a build being cancelled is not waited for)
+UNDER_WAY = ("PENDING", "BUILDING", "STOPPING")
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ def start(
         note(f"build {ref.job_id} of {plan.engine_dir} is under way already; serving waits for it")
     else:
         write_build(prepared.spec, plan, deploy_dir)
-        ref = runner.submit_build(deploy_dir)
+        ref = runner.submit(BuildJob, deploy_dir)
         _mark_building(plan, ref)
         note(f"build {ref.job_id} → {plan.engine_dir}")
     if isinstance(runner, LocalExecutor):
@@ -100,7 +105,7 @@ def _build_under_way(plan: BuildPlan) -> JobRef | None:
             continue
         except (ValueError, KeyError, TypeError):
             ref = None
-        if ref is not None and ref.job_dir.is_dir() and build_status(ref)[0] in ("PENDING", "BUILDING"):
+        if ref is not None and ref.job_dir.is_dir() and BuildJob(ref).status().state in UNDER_WAY:
             return ref
         with contextlib.suppress(OSError):  # a cache folder we may not write: the marker is ignored all the same
             marker.unlink()
@@ -108,26 +113,25 @@ def _build_under_way(plan: BuildPlan) -> JobRef | None:
 
 
 def build_jobs(deploy_dir: Path) -> list[JobRef]:
-    """The build jobs submitted into a deployment folder (their job folders carry the build marker)."""
+    """The build jobs submitted into a deployment folder."""
     jobs = Deployment(deploy_dir).jobs_dir
-    found = [JobPaths(deploy_dir, p.name) for p in sorted(jobs.iterdir())] if jobs.is_dir() else []
-    return [JobRef(paths.job_id, paths.folder) for paths in found if paths.build_marker.exists()]
+    found = sorted(jobs.iterdir()) if jobs.is_dir() else []
+    return [JobRef(folder.name, folder) for folder in found if job_class_of(folder) is BuildJob]
 
 
-def build_status(ref: JobRef) -> tuple[str, str | None, str]:
-    """(state, reason or what it built or why it failed, Slurm's raw state) of a build job."""
-    raw, reason = executor_of(ref).scheduler_state(ref)
-    state = state_class(raw)
+def build_reason(ref: JobRef, state: str, reason: str | None) -> str | None:
+    """What `status` says beside a build job's state (hpc/job_kinds.py `BuildJob`): the step it is at (or that a
+    stop interrupts), the engine it built, the step that failed with its command, or Slurm's reason."""
     paths = ref.paths
-    if paths.build_failure.exists():  # recorded by the script before Slurm has seen the job end
-        return "FAILED", describe_build_failure(ref), raw
-    if state == "RUNNING":
-        return "BUILDING", _current_step(paths), raw
+    if state == "FAILED" and paths.build_failure.exists():
+        return describe_build_failure(ref)
+    if state in ("BUILDING", "CANCELLING", "STOPPING"):
+        return _current_step(paths)
     if state == "COMPLETED":
-        return state, _built(ref), raw
+        return _built(ref)
     if state in TERMINAL:  # COMPLETED, above: what it built
-        return state, (reason or "") + _tail_text(paths), raw
-    return state, reason, raw
+        return (reason or "") + _tail_text(paths)
+    return reason
 
 
 def _request(ref: JobRef) -> dict:

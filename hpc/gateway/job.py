@@ -20,82 +20,33 @@ from pathlib import Path
 
 from hpc.executors import Executor
 from hpc.gateway.record import GatewayLine, answers, live_gateway, record_path, withdraw_job
+from hpc.job_kinds import GatewayJob, job_class_of
 from hpc.jobs import JobRef
 from hpc.routing.deployment import Target, job_folders, target_of_folder
-from hpc.slurm import state_class
-from launcher.layout import JobPaths, gateway_lock
+from launcher.layout import gateway_lock
 from launcher.records import read_gateway
 
-#: job states in which a gateway job serves or will serve (hpc/track.py's words)
+#: job states in which a gateway job serves or will serve (hpc/job_kinds.py's words)
 UNDER_WAY = ("PENDING", "STARTING", "READY")
-
-
-def _marked_at(paths: JobPaths) -> float:
-    try:
-        return paths.gateway_marker.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def gateway_jobs(target: Target) -> list[JobRef]:
     """The deployment's gateway jobs, oldest first: by their marker (made at submit, again when the job starts),
     since job ids do not sort by time (local ids are random, Slurm's compare as text)."""
-    marked = [p for p in job_folders(target) if p.gateway_marker.exists()]
-    return [JobRef(p.job_id, p.folder) for p in sorted(marked, key=_marked_at)]
+    marked = [p.folder for p in job_folders(target) if job_class_of(p.folder) is GatewayJob]
+    return [JobRef(folder.name, folder) for folder in sorted(marked, key=GatewayJob.marked_at)]
 
 
 def serving_jobs(target: Target) -> list[JobRef]:
-    """The deployment's serving jobs, oldest first."""
-    return [JobRef(p.job_id, p.folder) for p in job_folders(target) if not p.gateway_marker.exists()]
-
-
-def _log_reason(ref: JobRef) -> str | None:
-    """Why a gateway job failed, in its own words: the last `hpc-serve: …` line of its batch log, else its last
-    line that is not an access-log entry (those are JSON lines on the same stderr)."""
-    deployment = ref.paths.deployment
-    for stream in ("err", "out"):  # Slurm: -e has it; the local executor writes both streams to .out
-        try:
-            text = deployment.sbatch_log(stream, ref.job_id).read_text(errors="replace")
-        except OSError:
-            continue
-        lines = [line for line in text.splitlines() if line.strip() and not line.startswith("{")]
-        ours = [line for line in lines if line.startswith("hpc-serve:")]
-        if ours or lines:
-            return (ours or lines)[-1][:400]
-    return None
-
-
-def gateway_job_state(ref: JobRef, target: Target | None = None) -> tuple[str, str | None, str | None, str]:
-    """(state, reason, URL, raw scheduler state) of a gateway job: READY once its record answers, STARTING
-    while it runs without one; CANCELLING / CANCELLED as for serving jobs (hpc/track.py)."""
-    from hpc.executors import executor_of
-
-    raw, reason = executor_of(ref).scheduler_state(ref)
-    state = state_class(raw)
-    target = target or target_of_folder(ref.deploy_dir)
-    url = None
-    if state == "RUNNING":
-        record = read_gateway(record_path(target))
-        if record is not None and record.job_id == ref.job_id and answers(record, target):
-            state, url = "READY", record.url
-        else:
-            state = "STARTING"
-    cancelled = ref.cancel_marker.exists()
-    if cancelled and state in ("STARTING", "READY"):
-        state, url = "CANCELLING", None
-    elif raw == "COMPLETING" and state in ("STARTING", "READY"):
-        state, url = "STOPPING", None
-    elif cancelled and state in ("COMPLETED", "FAILED"):
-        state = "CANCELLED"
-    if state == "FAILED":
-        reason = _log_reason(ref) or reason
-    return state, reason, url, raw
+    """The deployment's jobs other than its gateway's, oldest first: its serving jobs, and the engine builds
+    submitted from its folders (`cancel` of the deployment stops those too)."""
+    return [JobRef(p.job_id, p.folder) for p in job_folders(target) if job_class_of(p.folder) is not GatewayJob]
 
 
 def job_line(ref: JobRef, target: Target) -> GatewayLine:
     """A gateway job as `status` shows it."""
-    state, reason, url, _ = gateway_job_state(ref, target)
-    return GatewayLine(state, job_id=ref.job_id, url=url or "", reason=reason)
+    status = GatewayJob(ref, target).status()
+    return GatewayLine(status.state, job_id=ref.job_id, url=status.url or "", reason=status.reason)
 
 
 def deployment_gateway(target: Target) -> GatewayLine | None:
@@ -154,7 +105,7 @@ def _ensure_gateway(deploy_dir: Path, runner: Executor, target: Target) -> Gatew
         line = job_line(ref, target)
         if line.state in UNDER_WAY:
             return GatewayStart(line)
-    job = runner.submit_gateway(deploy_dir)
+    job = runner.submit(GatewayJob, deploy_dir)
     return GatewayStart(GatewayLine("PENDING", job_id=job.job_id), job)
 
 
@@ -168,7 +119,7 @@ def after_cancel(ref: JobRef, grace_s: float) -> GatewayLine | None:
     from hpc.track import job_status
 
     target = target_of_folder(ref.deploy_dir)
-    if ref.is_gateway:
+    if job_class_of(ref.job_dir) is GatewayJob:
         withdraw_job(target, ref.job_id)
         return job_line(ref, target)
     others = [job for job in serving_jobs(target) if job.job_id != ref.job_id]
@@ -178,7 +129,7 @@ def after_cancel(ref: JobRef, grace_s: float) -> GatewayLine | None:
     ended = [
         cancel(job, grace_s)  # which comes back here for the record
         for job in gateway_jobs(target)
-        if gateway_job_state(job, target)[0] in (*UNDER_WAY, "CANCELLING")
+        if GatewayJob(job, target).status().state in (*UNDER_WAY, "CANCELLING")
     ]
     if ended:  # what became of the gateway this cancel stopped (not an older one that ended before)
         return GatewayLine(ended[-1].state, job_id=ended[-1].job_id, reason=ended[-1].reason)

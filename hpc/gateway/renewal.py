@@ -7,8 +7,8 @@ deployment was cancelled), more simply, since a gateway holds no model and no re
 of draining:
 
 1. at `end - before`, while a serving job of the deployment is still under way, it submits `D/gateway.sub`
-   again (`Executor.submit_gateway`: the successor's folder, marker and index entry) and names the successor in
-   `jobs/<id>/gateway_successor`;
+   again (`Executor.submit` of a `GatewayJob`: the successor's folder, marker and index entry) and names the
+   successor in `jobs/<id>/gateway_successor`;
 2. the successor starts, finds the live record is its predecessor's, which names it, and publishes its own
    record (hpc/gateway/serve.py). The same address when `gateway.port` is fixed and it lands on the same node
    (`gateway.nodelist`): both gateways listen with SO_REUSEPORT, so the kernel hands new connections to both
@@ -99,8 +99,9 @@ class GatewayRenewer:
     def submit(self) -> str:
         """sbatch `D/gateway.sub` again; the successor's id, written where it will look (raises SlurmError)."""
         from hpc.executors import SlurmExecutor
+        from hpc.job_kinds import GatewayJob
 
-        ref = SlurmExecutor().submit_gateway(self.deploy_dir)
+        ref = SlurmExecutor().submit(GatewayJob, self.deploy_dir)
         write_json_atomic(self.paths.gateway_successor, {"job_id": ref.job_id, "at": time.time()})
         return ref.job_id
 

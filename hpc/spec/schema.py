@@ -78,7 +78,7 @@ class SlurmSpec(_Section):
     gpu_binding: Literal[GPU_POLICIES] = Field(  # type: ignore[valid-type]
         "auto",
         description="per-rank: each rank sees only its own GPU (CUDA_VISIBLE_DEVICES); none: every GPU of its node; "
-        "auto: per-rank unless ranks of one replica share a node (launcher/gpu.py says why)",
+        "auto: per-rank unless ranks of one replica share a node (hpc/gpu_binding.py says why)",
     )
 
     _names = field_validator("partition", "account", "qos", "reservation", "gres")(_check(_SLURM_WORD, "Slurm name"))
