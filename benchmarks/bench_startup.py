@@ -169,15 +169,15 @@ def run_hpc_slurm(deploy_dir: Path) -> dict:
 
 
 def run_bare(deploy_dir: Path, n: int) -> dict:
-    from launcher import config
     from launcher.command import build_argv
+    from launcher.plan import LaunchPlan
     from launcher.ports import allocate
     from launcher.server import resolve
     from launcher.server_env import child_env
     from launcher.urls import READY_PATH, http_url, open_direct
     from launcher.warmup import Warmup, send
 
-    plan = config.load(deploy_dir)
+    plan = LaunchPlan.read(deploy_dir)
     server = resolve(plan.tritonserver)
     ports = allocate(plan.ports)[0]
     argv = build_argv(

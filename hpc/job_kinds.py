@@ -28,7 +28,9 @@ Where each transition is observed:
   Slurm still says RUNNING (the step is being torn down). With `replica_policy: keep-serving` a failed rank
   ends only its replica: the job stays READY (or STARTING) on the others, listing the dead replicas, and is
   FAILED once every replica is dead. A job the scheduler calls FAILED whose ranks left no record names the ranks
-  without one (hpc/job_status.py `failure_without_record`).
+  without one (hpc/job_status.py `failure_without_record`). A launch.json that cannot be read (launcher/plan.py
+  `PlanError`: the file and the key) is never read as "1 replica of 1 rank": a running job is FAILED for it, a
+  pending or ended one keeps its state, the error added to its reason.
 - Restarts: a job Slurm requeued runs again under its id; the `.sub` writes `$SLURM_RESTART_COUNT`
   (`restart_count`) and puts the last run's records aside, so only this run's are read.
 - Gateway: no ranks; STARTING while it runs, READY once the deployment's address record names it and answers.
@@ -60,6 +62,7 @@ from launcher.layout import (
     SUB_NAME,
     JobPaths,
 )
+from launcher.plan import KEEP_SERVING, PlanError
 from launcher.records import (
     RankExitRecord,
     StartupRecord,
@@ -153,7 +156,9 @@ class ServingJob(JobKind):
     stoppable = True
     live = ("STARTING", "READY")
 
-    # what `observe` read that `explain` needs: the rank records, the job's world size, the startup records
+    # what `observe` read that `explain` needs: why the plan could not be read, the rank records, the job's world
+    # size, the startup records
+    _plan_error: PlanError | None
     _ranks: list[RankExitRecord]
     _world: int
     _starting: list[StartupRecord]
@@ -163,10 +168,12 @@ class ServingJob(JobKind):
         ref = self.ref
         try:
             plan = ref.launch_plan()
-            replicas, per_replica = int(plan["replicas"]), int(plan["world_size_per_replica"])
-            keep_serving = plan.get("replica_policy") == "keep-serving"
-        except (OSError, ValueError, KeyError):
-            replicas, per_replica, keep_serving = 1, 1, False
+        except PlanError as exc:
+            self._without_plan(status, exc)
+            return
+        self._plan_error = None
+        replicas, per_replica = plan.replicas, plan.world_size_per_replica
+        keep_serving = plan.replica_policy == KEEP_SERVING
         running = status.state == "RUNNING"
         endpoints = read_endpoints(ref.paths) if running else []
         ranks = read_rank_records(ref.paths)
@@ -189,9 +196,20 @@ class ServingJob(JobKind):
         self._ranks, self._world = ranks, replicas * per_replica
         self._starting = read_startups(ref.paths) if running else []
 
+    def _without_plan(self, status: JobStatus, error: PlanError) -> None:
+        """A job whose launch.json cannot be read (the error names the file and the key): never taken as "1 replica
+        of 1 rank". Its ranks refuse the same plan (the launcher exits 2), so a job that runs is FAILED for that
+        reason; a pending or ended one keeps the scheduler's state, the error added to its reason."""
+        if status.state == "RUNNING":
+            status.state = "FAILED"
+        status.reason = "; ".join(filter(None, (status.reason, str(error))))
+        status.restarts = self._restarts()
+        self._plan_error, self._ranks, self._world, self._starting = error, [], 0, []
+
     def explain(self, status: JobStatus) -> None:
-        """FAILED names a rank (else the ranks without a record); STARTING what the replicas not ready wait for."""
-        if status.state == "FAILED" and status.failed_rank is None:
+        """FAILED names a rank (else the ranks without a record; none when the plan that says how many there are
+        cannot be read); STARTING what the replicas not ready wait for."""
+        if status.state == "FAILED" and status.failed_rank is None and self._plan_error is None:
             status.failed_rank = failure_without_record(self.ref, self._ranks, self._world)
         if status.state not in ACTIVE:
             status.dead_replicas = {}

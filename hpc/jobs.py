@@ -11,7 +11,6 @@ clusters means the current cluster's job (SLURM_CONF's), or is refused as ambigu
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from hpc import slurm
 from launcher.job_index import all_entries, entries, entry_name, index_dir, link_index, parse_entry
 from launcher.layout import LAUNCH_NAME, SUB_NAME, JobPaths
+from launcher.plan import LaunchPlan
 
 
 class JobNotFound(LookupError):
@@ -61,13 +61,13 @@ class JobRef:
     def cancel_marker(self) -> Path:
         return self.paths.cancel_marker
 
-    def launch_plan(self) -> dict:
-        return json.loads(self.paths.deployment.launch.read_text())
+    def launch_plan(self) -> LaunchPlan:
+        """The deployment's launch plan (launcher/plan.py); PlanError names the file and key when it is unusable."""
+        return LaunchPlan.read(self.paths.deployment.launch)
 
     @property
     def world_size(self) -> int:
-        plan = self.launch_plan()
-        return int(plan["world_size_per_replica"]) * int(plan["replicas"])
+        return self.launch_plan().world_size
 
     def rank_log(self, rank: int, stream: str = "out") -> Path:
         """Per-rank log, in submitit's naming (launcher/layout.py rank_log_name)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 # The folder's names from launcher/layout.py (stdlib, cheap), not from hpc/render.py: that import pulls in
 # pydantic, jinja2 and the spec (~0.14 s), all on the critical path between a local job's start and its ranks'.
 from launcher.layout import Deployment, JobPaths, rank_log_name
+from launcher.plan import FAIL_JOB, LaunchPlan
 from launcher.rank import JOB_ID_ENV, STEP_REPLICA_ENV
 
 # Each rank's output goes to its own files, named by its rank in the job as under Slurm: $1 the job folder, $2 the
@@ -88,14 +89,14 @@ def main(argv: list[str]) -> int:
     if argv[2:3]:  # the gateway or build script: one process (the gateway's execs it)
         world, steps = 1, [subprocess.Popen(["bash", str(Deployment(deploy_dir).root / argv[2])], env=env)]
     else:  # one step per replica, started together (the .sub's start_replica)
-        plan = json.loads(Deployment(deploy_dir).launch.read_text())
-        world = int(plan["world_size_per_replica"])
-        fail_job = plan.get("replica_policy", "fail-job") == "fail-job"
+        plan = LaunchPlan.read(deploy_dir)
+        world = plan.world_size_per_replica
+        fail_job = plan.replica_policy == FAIL_JOB
         steps = [
             subprocess.Popen(
                 rank_command(deploy_dir, job_dir, job_id, world, k * world), env={**env, STEP_REPLICA_ENV: str(k)}
             )
-            for k in range(int(plan["replicas"]))
+            for k in range(plan.replicas)
         ]
     write_state(
         job_dir,

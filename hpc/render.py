@@ -8,7 +8,6 @@ launch plan the per-rank launcher reads. Every user string that reaches a script
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -48,6 +47,8 @@ from launcher.layout import (
     gateway_record,
     template_values,
 )
+from launcher.plan import FAIL_JOB, LaunchPlan
+from launcher.renew_plan import RenewPlan
 
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
 
@@ -89,48 +90,47 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
     return params
 
 
-def launch_plan(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
+def launch_plan(spec: Spec, deploy_dir: Path) -> LaunchPlan:
     """The launcher's only input (DEVELOPERS.md, "launch.json"): what every rank needs and nothing else."""
-    return {
-        "version": 1,
-        "name": spec.name,
-        "deployment_dir": str(deploy_dir),
-        "model_repository": str(Deployment(deploy_dir).model_repository),
-        "tp_size": spec.model.tp_size,
-        "pp_size": spec.model.pp_size,
-        "replicas": spec.replicas,
-        "world_size_per_replica": spec.world_size_per_replica,
-        "mode": spec.mode,
-        "tritonserver": spec.triton.server,
-        "ports": spec.triton.ports.model_dump(),
-        "follower_models": [model_names.TENSORRT_LLM],
-        "server_args": [f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args],
-        "ready_timeout_s": spec.triton.ready_timeout_s,
-        "warmup_timeout_s": spec.triton.warmup_timeout_s,
-        "env": default_env(spec.mode),
-        "auth": spec.auth,
-        "gpu_binding": gpu_decision(spec).binding,
-        "replica_policy": spec.replica_policy,
-        **({"renew": renew_plan(spec)} if spec.renew is not None else {}),
-    }
+    return LaunchPlan(
+        name=spec.name,
+        deployment_dir=deploy_dir,
+        model_repository=str(Deployment(deploy_dir).model_repository),
+        tp_size=spec.model.tp_size,
+        pp_size=spec.model.pp_size,
+        replicas=spec.replicas,
+        world_size_per_replica=spec.world_size_per_replica,
+        mode=spec.mode,
+        tritonserver=spec.triton.server,
+        ports=spec.triton.ports.model_dump(),
+        follower_models=(model_names.TENSORRT_LLM,),
+        server_args=(f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args),
+        ready_timeout_s=spec.triton.ready_timeout_s,
+        warmup_timeout_s=spec.triton.warmup_timeout_s,
+        env=default_env(spec.mode),
+        auth=spec.auth,
+        gpu_binding=gpu_decision(spec).binding,
+        replica_policy=spec.replica_policy,
+        renew=renew_plan(spec) if spec.renew is not None else None,
+    )
 
 
-def renew_plan(spec: Spec) -> dict[str, Any]:
+def renew_plan(spec: Spec) -> RenewPlan:
     """launch.json's `renew` block: what the job's renewer (launcher/renew.py, launcher/renew_plan.py) acts on.
     `notice_s`: how long until every client has seen a draining mark (their discovery's refresh, plus
     `NOTICE_MARGIN_S`)."""
     r = spec.renew
     assert r is not None
     refresh = spec.gateway.refresh_s if spec.gateway is not None and spec.gateway.enabled else 0.0
-    return {
-        "before_s": r.before_s,
-        "stop_lead_s": STOP_LEAD_S,
-        "time_limit_s": slurm_time_seconds(spec.slurm.time),
-        "max_jobs": r.max_jobs,
-        "until": r.until_epoch,
-        "drain_s": r.drain_s,
-        "notice_s": renew_notice_s(refresh),
-    }
+    return RenewPlan(
+        before_s=r.before_s,
+        stop_lead_s=STOP_LEAD_S,
+        time_limit_s=slurm_time_seconds(spec.slurm.time),
+        max_jobs=r.max_jobs,
+        until=r.until_epoch,
+        drain_s=r.drain_s,
+        notice_s=renew_notice_s(refresh),
+    )
 
 
 def _container_mounts(spec: Spec, deploy_dir: Path, paths: Sequence[Path | None] | None = None) -> list[str]:
@@ -257,7 +257,7 @@ def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
             for step in steps
         ],
         "step_cpus": any(step.shares_node for step in steps) and not spec.slurm.cpus_per_task,
-        "fail_job": spec.replica_policy == "fail-job",
+        "fail_job": spec.replica_policy == FAIL_JOB,
     }
 
 
@@ -319,7 +319,7 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
         for name, text in scripts.items():
             (staging / name).write_text(text)
             (staging / name).chmod(0o755)
-        staged.launch.write_text(json.dumps(launch_plan(spec, deploy_dir), indent=2) + "\n")
+        launch_plan(spec, deploy_dir).write(staged.launch)
         staged.spec.write_text(dump_spec(spec))
         deploy_dir.mkdir(exist_ok=True)
         dep.logs_dir.mkdir(exist_ok=True)

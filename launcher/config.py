@@ -1,20 +1,7 @@
-"""launch.json → LaunchPlan.  The plan is written by ``hpc/render.py``; see DEVELOPERS.md for the contract."""
+"""The defaults of launch.json's optional keys and of the stop and renewal timings (DEVELOPERS.md, "Shared
+contracts"). The plan itself, and how it is read and written, is launcher/plan.py."""
 
 from __future__ import annotations
-
-import json
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-from . import model_names
-from .auth import MODES as AUTH_MODES
-
-
-class PlanError(ValueError):
-    """launch.json is missing or malformed."""
-
 
 #: Seconds a stopping leader drains in-flight requests (launch.json ``drain_s``); the .sub asks Slurm for its
 #: time-limit warning this much (plus the release and unload time) before the end (hpc/render.py).
@@ -71,144 +58,18 @@ def renew_notice_s(refresh_s: float) -> float:
     return max(RENEW_NOTICE_S, refresh_s + NOTICE_MARGIN_S)
 
 
+#: launch.json's ``mode``: every rank runs tritonserver and a replica's leader serves, or TensorRT-LLM's
+#: orchestrator spawns its own workers (the spec's ``mode``)
+LEADER, ORCHESTRATOR = "leader", "orchestrator"
+MODES = (LEADER, ORCHESTRATOR)
 #: Environment of every rank's tritonserver: Open MPI inside the python backend stubs needs the hash GDS under
 #: PMIx (tensorrtllm_backend#553).
 BASE_ENV = {"PMIX_MCA_gds": "hash"}
-#: ... and in orchestrator mode, TensorRT-LLM's orchestrator spawns its own workers.
+#: ... and in orchestrator mode, TensorRT-LLM's orchestrator is told to spawn them.
 ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
 
 
 def default_env(mode: str) -> dict[str, str]:
     """What launch.json's ``env`` holds for ``mode`` (render writes it; the launcher applies it as defaults
     under a plan that lacks it, e.g. one written by hand)."""
-    return {**BASE_ENV, **(ORCHESTRATOR_ENV if mode == "orchestrator" else {})}
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """The launcher's only input.  Optional keys beyond DEVELOPERS.md, the bounds of an ordered stop:
-
-    - ``drain_s`` (default 10): the leader's tritonserver gets ``--exit-timeout-secs`` from it: on SIGTERM it stops
-      taking requests, waits at most this long for those in flight, unloads (the CPU engine's finalize releases
-      the followers) and exits, whatever is still running. A ``--exit-timeout-secs`` in ``server_args`` wins.
-    - ``release_wait_s`` (default drain + 10): how long a follower waits after a stop signal for its leader's
-      release before ending its tritonserver itself (launcher/stop.py).
-    - ``stop_grace_s`` (default drain + 3): SIGTERM → SIGKILL of the leader's tritonserver group, a backstop: it
-      exits by itself within the drain time, unless its model never finishes unloading (tritonserver then
-      hangs in its own teardown after "Exit timeout expired").
-    """
-
-    deployment_dir: Path
-    model_repository: str
-    tp_size: int = 1
-    pp_size: int = 1
-    replicas: int = 1
-    world_size_per_replica: int | None = None
-    mode: str = "leader"
-    tritonserver: str | None = None
-    ports: dict = field(default_factory=lambda: {"http": "auto", "grpc": "auto", "metrics": "auto"})
-    follower_models: tuple[str, ...] = (model_names.TENSORRT_LLM,)
-    server_args: tuple[str, ...] = ()
-    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
-    #: how long the leader's warm-up request may take (launcher/warmup.py); optional key ``warmup_timeout_s``
-    warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S
-    env: dict = field(default_factory=dict)
-    stop_grace_s: float | None = None
-    name: str = ""
-    drain_s: float = DEFAULT_DRAIN_S
-    release_wait_s: float | None = None
-    #: "token": the leader's tritonserver requires the deployment's token (launcher/auth.py); a plan written
-    #: without the key (by hand, or before there was one) serves without
-    auth: str = "none"
-    #: "per-rank": each rank's tritonserver sees only its own GPU (launcher/gpu.py); render resolves the spec's
-    #: slurm.gpu_binding into it; a plan without the key leaves CUDA_VISIBLE_DEVICES alone
-    gpu_binding: str = "none"
-
-    @property
-    def exit_timeout_s(self) -> float:
-        """tritonserver's effective exit timeout: the last ``--exit-timeout-secs`` of server_args, else drain_s."""
-        value = self.drain_s
-        args = list(self.server_args)
-        for i, arg in enumerate(args):
-            if arg == "--exit-timeout-secs" and i + 1 < len(args):
-                arg = f"--exit-timeout-secs={args[i + 1]}"
-            if arg.startswith("--exit-timeout-secs="):
-                try:
-                    value = float(arg.split("=", 1)[1])
-                except ValueError:
-                    pass
-        return value
-
-    @property
-    def grace_s(self) -> float:
-        """SIGTERM → SIGKILL of the leader's tritonserver group (``stop_grace_s``, default exit timeout + 3)."""
-        return self.stop_grace_s if self.stop_grace_s is not None else self.exit_timeout_s + STOP_GRACE_AFTER_DRAIN_S
-
-    @property
-    def follower_wait_s(self) -> float:
-        """How long a follower waits for its leader's release after a stop signal (see launcher/stop.py)."""
-        return (
-            self.release_wait_s if self.release_wait_s is not None else self.exit_timeout_s + RELEASE_WAIT_AFTER_DRAIN_S
-        )
-
-
-def load(path: str | os.PathLike[str]) -> LaunchPlan:
-    """Read ``DIR/launch.json`` (or a launch.json path).  Records go under the directory actually given, which
-    is the same as ``deployment_dir`` unless the folder is mounted elsewhere (e.g. inside a container)."""
-    p = Path(path).expanduser().absolute()
-    file = p if p.is_file() else p / "launch.json"
-    if not file.is_file():
-        raise PlanError(f"{file} not found: `python -m launcher DIR` needs a rendered deployment folder")
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{file}: invalid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("version", 1) != 1:
-        raise PlanError(f"{file}: expected a version 1 launch plan object")
-    root = file.parent
-    repo = data.get("model_repository")
-    if not repo:
-        raise PlanError(f"{file}: model_repository is required")
-    repo_path = Path(repo) if os.path.isabs(repo) else root / repo
-    mode = data.get("mode", "leader") or "leader"
-    if mode not in ("leader", "orchestrator"):
-        raise PlanError(f'{file}: mode must be "leader" or "orchestrator", got {mode!r}')
-    auth = data.get("auth", "none") or "none"
-    if auth not in AUTH_MODES:
-        raise PlanError(f"{file}: auth must be one of {', '.join(AUTH_MODES)}, got {auth!r}")
-    gpu_binding = data.get("gpu_binding", "none") or "none"
-    if gpu_binding not in ("per-rank", "none"):
-        raise PlanError(f'{file}: gpu_binding must be "per-rank" or "none", got {gpu_binding!r}')
-
-    def num(key: str, default: float | None, kind: type = int) -> Any:
-        value = data.get(key)
-        if value is None:
-            return default
-        try:
-            return kind(value)
-        except (TypeError, ValueError):
-            raise PlanError(f"{file}: {key} must be a number, got {value!r}") from None
-
-    wpr = data.get("world_size_per_replica")
-    return LaunchPlan(
-        deployment_dir=root,
-        model_repository=str(repo_path),
-        tp_size=num("tp_size", 1),
-        pp_size=num("pp_size", 1),
-        replicas=num("replicas", 1),
-        world_size_per_replica=int(wpr) if wpr is not None else None,
-        mode=mode,
-        tritonserver=data.get("tritonserver") or None,
-        ports=dict(data.get("ports") or {}),
-        follower_models=tuple(data.get("follower_models") or (model_names.TENSORRT_LLM,)),
-        server_args=tuple(str(a) for a in data.get("server_args") or ()),
-        ready_timeout_s=num("ready_timeout_s", DEFAULT_READY_TIMEOUT_S, float),
-        warmup_timeout_s=num("warmup_timeout_s", DEFAULT_WARMUP_TIMEOUT_S, float),
-        env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
-        stop_grace_s=num("stop_grace_s", None, float),
-        drain_s=num("drain_s", DEFAULT_DRAIN_S, float),
-        release_wait_s=num("release_wait_s", None, float),
-        name=str(data.get("name") or ""),
-        auth=auth,
-        gpu_binding=gpu_binding,
-    )
+    return {**BASE_ENV, **(ORCHESTRATOR_ENV if mode == ORCHESTRATOR else {})}

@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import auth, config, records
+from . import auth, records
 from .job_index import job_cluster
 from .layout import JobPaths
+from .plan import LaunchPlan
 from .rank import RankInfo, Role
 from .supervise import Child, Supervisor, log, wait_ready
 from .warmup import MODELS, choose, warm_up
@@ -72,7 +73,7 @@ def clear_phase(paths: JobPaths, me: Role) -> None:
 
 
 def become_ready(
-    plan: config.LaunchPlan,
+    plan: LaunchPlan,
     paths: JobPaths,
     info: RankInfo,
     me: Role,

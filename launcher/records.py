@@ -30,13 +30,13 @@ from .urls import grpc_target, http_url, metrics_url
 VERSION = 1
 
 
-def write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, object], indent: int = 1) -> None:
     """Write ``data`` as JSON to ``path`` atomically (tmp file in the same dir + fsync + os.replace)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1)
+            json.dump(data, fh, indent=indent)
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())

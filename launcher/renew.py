@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import signal
 import sys
@@ -41,6 +40,7 @@ from pathlib import Path
 from .config import STOP_ACK_S
 from .job_index import job_cluster, link_index
 from .layout import Deployment, JobPaths
+from .plan import LaunchPlan, PlanError
 from .records import ChainRecord, read_chain, read_endpoints, write_json_atomic
 from .renew_plan import RenewPlan, chain_place, format_time, successor_env
 from .slurm import Slurm, SlurmError, ended
@@ -302,14 +302,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     deployment = Deployment(Path(args.deployment).absolute())
     try:
-        data = json.loads(deployment.launch.read_text())
-        plan = RenewPlan.of_launch(data)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log(f"cannot read the renew plan of {deployment.launch}: {exc}; this job does not renew")
+        launch = LaunchPlan.read(deployment.launch)
+    except PlanError as exc:
+        log(f"cannot read the renew plan: {exc}; this job does not renew")
         return 2
-    if plan is None:
+    if launch.renew is None:
         return 0
-    return Renewer(deployment.root, job_id, plan, int(data.get("replicas") or 1), os.environ).run()
+    return Renewer(deployment.root, job_id, launch.renew, launch.replicas, os.environ).run()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ launcher/prometheus.py) and the environment a successor is submitted with. Stand
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -45,23 +46,31 @@ class RenewPlan:
     drain_s: float = RENEW_DRAIN_S  # in-flight requests may run this long once the successor serves
     notice_s: float = RENEW_NOTICE_S  # every client has seen a draining mark this long after it was written
 
+    def to_dict(self) -> dict[str, float | int | None]:
+        """launch.json's ``renew`` object."""
+        return dataclasses.asdict(self)
+
     @classmethod
-    def of_launch(cls, data: Mapping[str, object]) -> RenewPlan | None:
-        """The plan of a launch.json object, None without a ``renew`` block (ValueError when it is malformed)."""
-        block = data.get("renew")
-        if not block:
-            return None
-        if not isinstance(block, Mapping):
-            raise ValueError(f"launch.json renew must be an object, got {block!r}")
+    def from_dict(cls, block: Mapping[str, object]) -> RenewPlan:
+        """The plan of launch.json's ``renew`` object (ValueError naming the key when one is missing or malformed;
+        launcher/plan.py adds the file)."""
 
         def num(key: str, default: float | None = None) -> float | None:
             value = block.get(key, default)
-            return None if value is None else float(value)
+            if value is None:
+                return None
+            try:
+                return float(value)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise ValueError(f"{key} must be a number, got {value!r}") from None
 
-        max_jobs = block.get("max_jobs")
+        for key in ("before_s", "stop_lead_s"):
+            if block.get(key) is None:
+                raise ValueError(f"{key} is required")
+        max_jobs = num("max_jobs")
         return cls(
-            before_s=float(block["before_s"]),
-            stop_lead_s=float(block["stop_lead_s"]),
+            before_s=num("before_s") or 0.0,
+            stop_lead_s=num("stop_lead_s") or 0.0,
             time_limit_s=num("time_limit_s"),
             max_jobs=None if max_jobs is None else int(max_jobs),
             until=num("until"),

@@ -14,6 +14,7 @@ from .command import build_argv, remove_shm_regions
 from .gpu import GpuBindingError, node_gpu_count, rank_gpus
 from .job_index import job_cluster
 from .layout import Deployment
+from .plan import LaunchPlan, PlanError
 from .ports import PortError, Ports, allocate, check_fixed, taken
 from .rank import RankInfo, Role, WorldSizeError, detect, role
 from .rank_output import log_to_rank_files
@@ -33,7 +34,7 @@ GAVE_UP = {READY_TIMEOUT: EXIT_READY_TIMEOUT, AUTH_FAILED: EXIT_CONFIG, WARMUP_F
 PORT_ATTEMPTS = 5
 
 
-def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> LeaderDrain:
+def _announce_stop(plan: LaunchPlan, info: RankInfo, signum: int) -> LeaderDrain:
     """Write the stop file; the model answers in ``drain_file`` (``draining``, then ``drained``), and tritonserver
     gets its SIGTERM only once it drained (launcher/stop.py LeaderDrain says why)."""
     now = time.time()
@@ -51,7 +52,7 @@ def _announce_stop(plan: config.LaunchPlan, info: RankInfo, signum: int) -> Lead
     return LeaderDrain(drain_file, until, ack_s=config.DRAIN_ACK_S, in_flight=probe)
 
 
-def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
+def supervisor(plan: LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
     """A leader's supervisor forwards stop signals; a follower's waits (bounded) for its leader's release,
     and gives up early once the leader's rank record shows the leader ended (launcher/stop.py)."""
     if me.leader:
@@ -60,8 +61,7 @@ def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
             on_stop=lambda signum: _announce_stop(plan, info, signum),
             unload_s=config.UNLOAD_AFTER_DRAIN_S,
         )
-    per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
-    leader = job_paths(plan, info).rank_record(me.replica * per_replica)
+    leader = job_paths(plan, info).rank_record(me.replica * plan.world_size_per_replica)
     try:  # the model writes the release file there; a hand-run launcher has no ranks/ folder yet
         release_path(plan, info).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -69,16 +69,16 @@ def supervisor(plan: config.LaunchPlan, info: RankInfo, me: Role) -> Supervisor:
     return Supervisor(plan.grace_s, FollowerStop(plan.follower_wait_s, release_path(plan, info), leader))
 
 
-def rank_watch(plan: config.LaunchPlan, info: RankInfo, me: Role) -> RankWatch:
+def rank_watch(plan: LaunchPlan, info: RankInfo, me: Role) -> RankWatch:
     """Fail-fast (launcher/watch.py): the exit records of the other ranks of this rank's replica."""
-    per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
+    per_replica = plan.world_size_per_replica
     first = me.replica * per_replica
     paths = job_paths(plan, info)
     peers = {r: paths.rank_record(r) for r in range(first, first + per_replica) if r != info.job_rank}
     return RankWatch(PeerWatch(me.replica, peers))
 
 
-def _argv(plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, ports: Ports | None) -> list[str]:
+def _argv(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, ports: Ports | None) -> list[str]:
     return build_argv(
         server.argv0,
         model_repository=plan.model_repository,
@@ -98,7 +98,7 @@ def _single_node(env: dict[str, str] | os._Environ) -> bool:
     return nodes is None or nodes.strip() == "1"
 
 
-def _record_failure(plan: config.LaunchPlan, info: RankInfo, code: int, message: str, tail: Sequence[str] = ()) -> None:
+def _record_failure(plan: LaunchPlan, info: RankInfo, code: int, message: str, tail: Sequence[str] = ()) -> None:
     """The launcher gave up before (or instead of) running tritonserver: say why in the rank's exit record."""
     record = records.RankExitRecord(
         rank=info.job_rank,
@@ -116,7 +116,7 @@ def _record_failure(plan: config.LaunchPlan, info: RankInfo, code: int, message:
 
 
 def _finish(
-    plan: config.LaunchPlan,
+    plan: LaunchPlan,
     info: RankInfo,
     sup: Supervisor,
     child: Child,
@@ -174,9 +174,7 @@ def _finish(
     return exit_code(rc)
 
 
-def serve(
-    plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup: Supervisor | None = None
-) -> int:
+def serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup: Supervisor | None = None) -> int:
     """Start tritonserver for this rank and supervise it until it exits; return the launcher's exit code."""
     sup = sup or supervisor(plan, info, me)
     watch = rank_watch(plan, info, me)
@@ -188,9 +186,7 @@ def serve(
         watch.close()
 
 
-def _serve(
-    plan: config.LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup: Supervisor, watch: RankWatch
-) -> int:
+def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup: Supervisor, watch: RankWatch) -> int:
     env = child_env(plan, server, info=info, me=me)
     guard: auth.Guard | None = None
     if me.leader and plan.auth == auth.TOKEN:  # followers listen on no port
@@ -215,7 +211,7 @@ def _serve(
                 _record_failure(plan, info, EXIT_PORT, str(exc))
                 return EXIT_PORT
         argv = _argv(plan, info, me, server, ports)
-        ranks = (plan.world_size_per_replica or plan.tp_size * plan.pp_size) * plan.replicas
+        ranks = plan.world_size
         print(
             f"[hpc-serve] rank {info.job_rank}/{ranks} on {info.node}: replica {me.replica}, "
             f"{'leader' if me.leader else 'follower'}, cmd: {describe(argv)}",
@@ -302,8 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        plan = config.load(args.deployment)
-    except config.PlanError as exc:
+        plan = LaunchPlan.read(args.deployment)
+    except PlanError as exc:
         log(str(exc))
         return EXIT_CONFIG
     info = detect()

@@ -12,21 +12,22 @@ from pathlib import Path
 from . import config
 from .gpu import node_gpu_count, rank_gpus
 from .layout import Deployment, JobPaths, with_source_root
+from .plan import LaunchPlan
 from .rank import RankInfo, Role, placement_env
 from .server import ServerBinary, merge_env
 
 
-def job_paths(plan: config.LaunchPlan, info: RankInfo) -> JobPaths:
+def job_paths(plan: LaunchPlan, info: RankInfo) -> JobPaths:
     """This job's folder under the deployment folder actually given (it may be mounted elsewhere)."""
     return JobPaths(plan.deployment_dir, info.job_id)
 
 
-def release_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
+def release_path(plan: LaunchPlan, info: RankInfo) -> Path:
     """File a follower's model touches when its leader told it to stop: its exit is then a clean one."""
     return job_paths(plan, info).released(info.job_rank)
 
 
-def stop_path(plan: config.LaunchPlan, info: RankInfo) -> Path:
+def stop_path(plan: LaunchPlan, info: RankInfo) -> Path:
     """File a leader's launcher writes on its first stop signal, for the model (``HPC_SERVE_STOP_FILE``): when
     the stop began and until when in-flight requests may drain (``drain_until``, epoch seconds; tritonserver
     gives up then), so the engine can finish or fail its work in time for its finalize to release the
@@ -75,7 +76,7 @@ def usable_cores() -> int:
 
 
 def child_env(
-    plan: config.LaunchPlan,
+    plan: LaunchPlan,
     server: ServerBinary,
     base: dict[str, str] | None = None,
     info: RankInfo | None = None,
@@ -92,7 +93,7 @@ def child_env(
     env = merge_env(env, server.env)
     env["PYTHONPATH"] = with_source_root(env.get("PYTHONPATH"), Deployment(Path(plan.deployment_dir)).runtime_root)
     if info is not None and me is not None:
-        per_replica = plan.world_size_per_replica or plan.tp_size * plan.pp_size
+        per_replica = plan.world_size_per_replica
         side_file = stop_path(plan, info) if me.leader else release_path(plan, info)
         env.update(placement_env(info, me, per_replica, str(side_file)))
         threads = threads_per_rank(env)

@@ -15,8 +15,9 @@ import yaml
 from hpc import render as R
 from hpc.auth import Tokens, deployment_token, ensure_deployment_token, ensure_token, grpc_headers, http_headers
 from hpc.spec import SpecError, parse_spec
-from launcher import auth, config
+from launcher import auth
 from launcher.layout import Deployment
+from launcher.plan import LaunchPlan, PlanError
 
 
 def _spec(tmp: Path, **extra):
@@ -86,12 +87,12 @@ def test_headers_each_job_its_folders_token(tmp_path):
 
 
 def test_launch_json_auth_is_checked(tmp_path):
-    plan = {"version": 1, "model_repository": "repo"}
+    plan = {"version": 1, "model_repository": "repo", "replicas": 1, "world_size_per_replica": 1}
     (tmp_path / "launch.json").write_text(json.dumps(plan))
-    assert config.load(tmp_path).auth == "none", "a plan without the key (hand-written, older) serves without"
+    assert LaunchPlan.read(tmp_path).auth == "none", "a plan without the key (hand-written, older) serves without"
     (tmp_path / "launch.json").write_text(json.dumps(plan | {"auth": "yes"}))
-    with pytest.raises(config.PlanError, match="auth must be one of token, none"):
-        config.load(tmp_path)
+    with pytest.raises(PlanError, match="auth must be one of token, none"):
+        LaunchPlan.read(tmp_path)
 
 
 def test_the_launcher_refuses_a_token_file_others_may_read_or_a_bad_token(tmp_path):

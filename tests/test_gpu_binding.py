@@ -11,8 +11,8 @@ import pytest
 from hpc import render as R
 from hpc.gpu_binding import bound_parameters, decide, describe, gpu_decision
 from hpc.spec import SpecError
-from launcher import config
 from launcher.gpu import NONE, PER_RANK, GpuBindingError, node_gpu_count, rank_gpus
+from launcher.plan import LaunchPlan, PlanError
 from launcher.rank import RankInfo, Role
 from launcher.server import ServerBinary
 from launcher.server_env import child_env
@@ -87,16 +87,19 @@ def test_more_ranks_than_gpus_on_a_node_is_refused_with_the_fix():
 
 
 def test_the_launcher_gives_tritonserver_the_ranks_gpu(tmp_path):
-    plan = config.LaunchPlan(deployment_dir=tmp_path, model_repository="m", replicas=2, gpu_binding=PER_RANK)
+    plan = LaunchPlan(
+        deployment_dir=tmp_path, model_repository="m", replicas=2, world_size_per_replica=1, gpu_binding=PER_RANK
+    )
     info = RankInfo(rank=1, local_rank=1, world_size=2, node="n", job_id="7", source="slurm")
     env = child_env(plan, ServerBinary("tritonserver"), {"CUDA_VISIBLE_DEVICES": "0,1"}, info, Role(1, 0, True))
     assert env["CUDA_VISIBLE_DEVICES"] == "1"
 
 
 def test_launch_json_gpu_binding_is_checked(tmp_path):
-    (tmp_path / "launch.json").write_text(json.dumps({"version": 1, "model_repository": "m", "gpu_binding": "auto"}))
-    with pytest.raises(config.PlanError, match='gpu_binding must be "per-rank" or "none"'):
-        config.load(tmp_path)
+    plan = {"version": 1, "model_repository": "m", "replicas": 1, "world_size_per_replica": 1, "gpu_binding": "auto"}
+    (tmp_path / "launch.json").write_text(json.dumps(plan))
+    with pytest.raises(PlanError, match="gpu_binding must be one of per-rank, none, got 'auto'"):
+        LaunchPlan.read(tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------- the policy

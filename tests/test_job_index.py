@@ -10,7 +10,6 @@ tests/test_two_clusters.py.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,8 +31,9 @@ from hpc.slurm_watch import SlurmWatcher
 from hpc.submit import cancel
 from hpc.track import job_status, wait
 from launcher import job_index
-from launcher.layout import LAUNCH_NAME, JobPaths
+from launcher.layout import JobPaths
 from launcher.records import ChainRecord, EndpointRecord, GatewayRecord, StartupRecord, write_json_atomic
+from tests.plans import write_plan
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.timeout(60)
 def job_folder(root: Path, job_id: str, name: str = "deploy") -> Path:
     deploy = root / f"{name}-{job_id}"
     deploy.mkdir(parents=True, exist_ok=True)
-    (deploy / LAUNCH_NAME).write_text(json.dumps({"replicas": 1, "world_size_per_replica": 1}))
+    write_plan(deploy)
     return JobPaths(deploy, job_id).create().folder
 
 

@@ -3,7 +3,6 @@ by hand with `sbatch tensorrt_llm_triton.sub` on the real cluster (mark `cluster
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -13,8 +12,9 @@ import pytest
 
 from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
 from hpc.jobs import JobNotFound, JobRef, find_job, index_dir, list_jobs, register
-from launcher.layout import LAUNCH_NAME, SUB_NAME, JobPaths
+from launcher.layout import SUB_NAME, JobPaths
 from tests.e2e import wait_for
+from tests.plans import write_plan
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 def make_job_dir(root: Path, job_id: str, *, replicas: int = 1, world_per_replica: int = 2) -> Path:
     deploy = root / f"deploy-{job_id}"
     deploy.mkdir(parents=True, exist_ok=True)
-    (deploy / LAUNCH_NAME).write_text(json.dumps({"replicas": replicas, "world_size_per_replica": world_per_replica}))
+    write_plan(deploy, replicas=replicas, world_size_per_replica=world_per_replica)
     return JobPaths(deploy, job_id).create().folder
 
 
@@ -117,7 +117,7 @@ def test_jobref_paths(tmp_path):
     job_dir = make_job_dir(tmp_path, "4242", replicas=3, world_per_replica=4)
     ref = JobRef("4242", job_dir)
     assert ref.endpoints_dir == job_dir / "endpoints" and ref.ranks_dir == job_dir / "ranks"
-    assert ref.world_size == 12 and ref.launch_plan()["replicas"] == 3
+    assert ref.world_size == 12 and ref.launch_plan().replicas == 3
     assert ref.rank_log(5) == job_dir / "4242_5_log.out"
     assert ref.rank_log(0, "err") == job_dir / "4242_0_log.err"
     from submitit.core.utils import JobPaths as SubmititPaths  # the naming submitit's SlurmJob reads
@@ -169,7 +169,7 @@ def test_list_jobs_order_is_not_changed_by_activity_in_an_old_job(hpc_home, tmp_
 def _hand_deployment(root: Path) -> Path:
     deploy = root / "by-hand"
     deploy.mkdir()
-    (deploy / LAUNCH_NAME).write_text(json.dumps({"replicas": 1, "world_size_per_replica": 1}))
+    write_plan(deploy)
     (deploy / SUB_NAME).write_text("#!/bin/bash\nsleep 30\n")
     return deploy
 

@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher import config, records
+from launcher import records
 from launcher.command import build_argv, shm_prefix
 from launcher.layout import SOURCE_ROOT, JobPaths
+from launcher.plan import LaunchPlan, PlanError
 from launcher.ports import PortError, Ports, allocate, check_fixed, free_ports, taken
 from launcher.rank import JOB_ID_ENV, RankInfo, WorldSizeError, detect, role
 from launcher.server import ServerBinary, ServerNotFound, merge_env, prepare_backends, resolve
 from launcher.server_env import child_env
 from launcher.supervise import exit_code, signal_name
+from tests.plans import make_plan
 
 
 # --- rank.py ---------------------------------------------------------------------------------------------------
@@ -202,7 +204,7 @@ def test_env_merging_prepends_paths() -> None:
 
 
 def test_child_env(tmp_path: Path) -> None:
-    plan = config.LaunchPlan(deployment_dir=tmp_path, model_repository="/r", env={"PMIX_MCA_gds": "hash"})
+    plan = make_plan(tmp_path, model_repository="/r", env={"PMIX_MCA_gds": "hash"})
     env = child_env(plan, ServerBinary("/ts", {"LD_LIBRARY_PATH": "/libs"}), base={"PYTHONPATH": "/u"})
     assert env["PMIX_MCA_gds"] == "hash"
     assert env["LD_LIBRARY_PATH"] == "/libs"
@@ -214,7 +216,7 @@ def test_child_env_hands_the_model_its_place(tmp_path: Path) -> None:
     """The launcher decides world size, replica and ranks per replica; the model reads only that."""
     from launcher.rank import placement
 
-    plan = config.LaunchPlan(deployment_dir=tmp_path, model_repository="/r", tp_size=2, replicas=2)
+    plan = make_plan(tmp_path, model_repository="/r", tp_size=2, replicas=2, world_size_per_replica=2)
     info = RankInfo(rank=3, local_rank=1, world_size=4, node="n", job_id="9", source="slurm")
     me = role(info, 2, 1, 2)
     env = child_env(plan, ServerBinary("/ts", {}), base={}, info=info, me=me)
@@ -231,9 +233,10 @@ def test_blas_threads_stay_within_the_cores_the_rank_may_use(tmp_path: Path) -> 
 
     code = (
         "import os, sys; from pathlib import Path; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
-        "from launcher import config; from launcher.rank import RankInfo, role; from launcher.server_env import child_env;"
-        "from launcher.server import ServerBinary;"
-        f"plan = config.LaunchPlan(deployment_dir=Path({str(tmp_path)!r}), model_repository='/r');"
+        "from launcher.plan import LaunchPlan; from launcher.rank import RankInfo, role;"
+        "from launcher.server_env import child_env; from launcher.server import ServerBinary;"
+        f"plan = LaunchPlan(deployment_dir=Path({str(tmp_path)!r}), model_repository='/r', replicas=1,"
+        " world_size_per_replica=1);"
         "info = RankInfo(rank=0, local_rank=0, world_size=1, node='n', job_id='9', source='slurm');"
         "env = child_env(plan, ServerBinary('/ts', {}), base={}, info=info, me=role(info, 1, 1, 1));"
         "print(env['OPENBLAS_NUM_THREADS'], env['OMP_NUM_THREADS'])"
@@ -246,7 +249,7 @@ def test_blas_threads_stay_within_the_cores_the_rank_may_use(tmp_path: Path) -> 
 def test_blas_threads_share_the_jobs_cores_on_the_node(tmp_path: Path, on_node: str, per_node: str, threads: str):
     """Slurm's SLURM_CPUS_ON_NODE (the job's cores there, which a cgroup enforces) shared by the node's ranks,
     not the node's core count."""
-    plan = config.LaunchPlan(deployment_dir=tmp_path, model_repository="/r")
+    plan = make_plan(tmp_path, model_repository="/r")
     info = RankInfo(rank=0, local_rank=0, world_size=1, node="n", job_id="9", source="slurm")
     base = {"SLURM_CPUS_ON_NODE": on_node, "SLURM_TASKS_PER_NODE": per_node}
     env = child_env(plan, ServerBinary("/ts", {}), base=base, info=info, me=role(info, 1, 1, 1))
@@ -358,10 +361,11 @@ def test_exit_codes() -> None:
 
 
 def test_plan_loading(tmp_path: Path) -> None:
-    with pytest.raises(config.PlanError, match="not found"):
-        config.load(tmp_path)
-    (tmp_path / "launch.json").write_text(json.dumps({"version": 1, "model_repository": "repo", "tp_size": 2}))
-    plan = config.load(tmp_path)
+    with pytest.raises(PlanError, match="not found"):
+        LaunchPlan.read(tmp_path)
+    shape = {"replicas": 1, "world_size_per_replica": 2}
+    (tmp_path / "launch.json").write_text(json.dumps({"version": 1, "model_repository": "repo", "tp_size": 2, **shape}))
+    plan = LaunchPlan.read(tmp_path)
     assert plan.model_repository == str(tmp_path / "repo") and plan.tp_size == 2 and plan.replicas == 1
 
 
@@ -371,7 +375,16 @@ def test_main_refuses_wrong_world_and_writes_rank_record(
     import launcher
 
     (tmp_path / "launch.json").write_text(
-        json.dumps({"version": 1, "model_repository": "repo", "tp_size": 2, "pp_size": 1, "replicas": 2})
+        json.dumps(
+            {
+                "version": 1,
+                "model_repository": "repo",
+                "tp_size": 2,
+                "pp_size": 1,
+                "replicas": 2,
+                "world_size_per_replica": 2,
+            }
+        )
     )
     for k in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_", "PMI"))]:
         monkeypatch.delenv(k)
@@ -408,6 +421,8 @@ def test_dry_run_prints_the_follower_command(
                 "version": 1,
                 "model_repository": "repo",
                 "tp_size": 2,
+                "replicas": 1,
+                "world_size_per_replica": 2,
                 "tritonserver": exe,
                 "follower_models": ["tensorrt_llm"],
                 "server_args": ["--log-verbose=1"],

@@ -285,7 +285,8 @@ def test_two_deployments_on_one_node_get_different_ports(tmp_path: Path, launche
 def test_auto_port_collision_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process grabs the port between our probe and tritonserver's bind: tritonserver fails with
     "already in use", the launcher retries with new ports (in-process, with the probe rigged)."""
-    from launcher import config, ports, rank, run
+    from launcher import ports, rank, run
+    from launcher.plan import LaunchPlan
 
     dep = make_deployment(tmp_path / "dep", {"identity": IDENTITY})
     holder = socket.socket()
@@ -303,7 +304,7 @@ def test_auto_port_collision_is_retried(tmp_path: Path, monkeypatch: pytest.Monk
         return picked
 
     monkeypatch.setattr(ports, "free_ports", rigged)
-    plan = config.load(dep)
+    plan = LaunchPlan.read(dep)
     info = rank.RankInfo(0, 0, 1, socket.gethostname(), "t1", "single")
     result: dict = {}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import config
+from launcher.plan import LaunchPlan, PlanError
 from launcher.rank import STOP_FILE_ENV
 from launcher.stop import KILL, TERM, WAIT, FollowerStop, LeaderDrain
 
@@ -92,9 +92,10 @@ def test_a_second_signal_never_extends_the_wait_and_the_launcher_can_cut_it(tmp_
 
 
 def test_plan_stop_bounds(tmp_path: Path) -> None:
-    def plan(**keys: object) -> config.LaunchPlan:
-        (tmp_path / "launch.json").write_text(json.dumps({"version": 1, "model_repository": "r", **keys}))
-        return config.load(tmp_path)
+    def plan(**keys: object) -> LaunchPlan:
+        shape = {"replicas": 1, "world_size_per_replica": 2}
+        (tmp_path / "launch.json").write_text(json.dumps({"version": 1, "model_repository": "r", **shape, **keys}))
+        return LaunchPlan.read(tmp_path)
 
     default = plan()
     assert (default.drain_s, default.exit_timeout_s, default.grace_s, default.follower_wait_s) == (10, 10, 13, 20)
@@ -103,7 +104,7 @@ def test_plan_stop_bounds(tmp_path: Path) -> None:
     # the user's own --exit-timeout-secs is what tritonserver uses, so the follower waits for that one
     assert plan(server_args=["--exit-timeout-secs=30"]).follower_wait_s == 40
     assert plan(server_args=["--exit-timeout-secs", "2"]).exit_timeout_s == 2
-    with pytest.raises(config.PlanError, match="drain_s"):
+    with pytest.raises(PlanError, match="drain_s"):
         plan(drain_s="soon")
 
 

@@ -105,8 +105,8 @@ def _plan(folder: Path) -> Path:
     exe = folder / "tritonserver"
     exe.write_text("#!/bin/sh\nexit 0\n")
     exe.chmod(0o755)
-    plan = {"version": 1, "model_repository": "repo", "tp_size": 2, "tritonserver": str(exe),
-            "follower_models": ["tensorrt_llm"], "server_args": ["--log-verbose=1"]}  # fmt: skip
+    plan = {"version": 1, "model_repository": "repo", "tp_size": 2, "replicas": 1, "world_size_per_replica": 2,
+            "tritonserver": str(exe), "follower_models": ["tensorrt_llm"], "server_args": ["--log-verbose=1"]}  # fmt: skip
     (folder / "launch.json").write_text(json.dumps(plan))
     return folder
 

@@ -19,8 +19,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 import backend.repository
 from hpc import render as R
 from hpc.spec import Spec, load_spec, parse_spec
-from launcher import config as launcher_config
 from launcher.layout import BUILD_SUB_NAME, JobPaths
+from launcher.plan import LaunchPlan
 from launcher.rank import STEP_REPLICA_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,7 +147,7 @@ def test_launch_json_contract(tmp_path):
     )
     R.render(spec, tmp_path / "d")
     plan = json.loads((tmp_path / "d" / "launch.json").read_text())
-    loaded = launcher_config.load(tmp_path / "d" / "launch.json")
+    loaded = LaunchPlan.read(tmp_path / "d" / "launch.json")
     assert (loaded.ready_timeout_s, loaded.warmup_timeout_s) == (60, 30), "what the launcher reads of it"
     assert plan == {
         "version": 1,
@@ -169,7 +169,9 @@ def test_launch_json_contract(tmp_path):
         "auth": "token",
         "gpu_binding": "none",
         "replica_policy": "fail-job",
+        "drain_s": 10.0,
     }
+    assert LaunchPlan.from_dict(plan) == loaded, "render writes what the plan's schema reads back"
 
 
 def test_launch_json_fixed_ports_server_and_orchestrator(tmp_path):
@@ -181,19 +183,19 @@ def test_launch_json_fixed_ports_server_and_orchestrator(tmp_path):
         triton={"ports": {"http": 9000, "grpc": 9001, "metrics": "auto"}, "server": "/opt/ts"},
     )
     plan = R.launch_plan(spec, tmp_path / "d")
-    assert plan["ports"] == {"http": 9000, "grpc": 9001, "metrics": "auto"}
-    assert plan["tritonserver"] == "/opt/ts"
-    assert plan["world_size_per_replica"] == 1 and plan["tp_size"] == 2 and plan["mode"] == "orchestrator"
-    assert plan["env"]["PMIX_MCA_gds"] == "hash" and plan["env"]["TRTLLM_ORCHESTRATOR"] == "1"
+    assert plan.ports == {"http": 9000, "grpc": 9001, "metrics": "auto"}
+    assert plan.tritonserver == "/opt/ts"
+    assert plan.world_size_per_replica == 1 and plan.tp_size == 2 and plan.mode == "orchestrator"
+    assert plan.env["PMIX_MCA_gds"] == "hash" and plan.env["TRTLLM_ORCHESTRATOR"] == "1"
 
 
 def test_ranks_other_than_the_leader_load_only_tensorrt_llm(tmp_path):
-    from launcher import command, config, rank
+    from launcher import command, rank
     from launcher.ports import Ports
 
     spec = cpu_spec(tmp_path, replicas=2, model={"tp_size": 2}, slurm={"ntasks_per_node": 4})
     R.render(spec, tmp_path / "d")
-    plan = config.load(tmp_path / "d")
+    plan = LaunchPlan.read(tmp_path / "d")
     assert plan.follower_models == ("tensorrt_llm",)
     leaders = []
     for r in range(4):

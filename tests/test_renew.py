@@ -25,6 +25,7 @@ from hpc.spec.renew import duration_seconds, format_duration
 from launcher import renew
 from launcher.config import RENEW_NOTICE_S, RENEW_STARTUP_S, STOP_LEAD_S
 from launcher.layout import Deployment, JobPaths
+from launcher.plan import LaunchPlan
 from launcher.records import ChainRecord, read_chain, write_json_atomic
 from launcher.renew import Renewer
 from launcher.renew_plan import (
@@ -131,7 +132,7 @@ def test_render_writes_the_renew_plan_and_the_renewer_line(tmp_path):
     gateway = {"time": "7-00:00:00", "refresh_s": 9}
     spec = load_spec(_spec(tmp_path, renew={"before": "1m", "max_jobs": 4}, gateway=gateway), check_files=False)
     rendered = render(spec, tmp_path / "D")
-    plan = RenewPlan.of_launch(json.loads(rendered.launch.read_text()))
+    plan = LaunchPlan.read(rendered.launch).renew
     assert plan == RenewPlan(
         before_s=60, stop_lead_s=STOP_LEAD_S, time_limit_s=120, max_jobs=4, until=None, drain_s=60, notice_s=11.0
     )
@@ -178,11 +179,13 @@ def test_why_no_successor():
 
 
 def test_plan_of_launch_json():
-    assert RenewPlan.of_launch({}) is None
-    plan = RenewPlan.of_launch({"renew": {"before_s": 60, "stop_lead_s": 30}})
+    plan = RenewPlan.from_dict({"before_s": 60, "stop_lead_s": 30})
     assert plan == RenewPlan(before_s=60, stop_lead_s=30, notice_s=RENEW_NOTICE_S)
-    with pytest.raises(ValueError):
-        RenewPlan.of_launch({"renew": [60]})
+    assert RenewPlan.from_dict(plan.to_dict()) == plan
+    with pytest.raises(ValueError, match="stop_lead_s is required"):
+        RenewPlan.from_dict({"before_s": 60})
+    with pytest.raises(ValueError, match="before_s must be a number"):
+        RenewPlan.from_dict({"before_s": "soon", "stop_lead_s": 30})
 
 
 def test_slurm_times_and_active_requests_are_parsed():

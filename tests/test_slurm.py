@@ -8,7 +8,6 @@ counted.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from datetime import datetime
@@ -24,6 +23,7 @@ from hpc.slurm import Result, Slurm, SlurmError, SlurmNotInstalled, SlurmTimeout
 from hpc.slurm_watch import SlurmWatcher
 from hpc.track import job_status, wait
 from launcher.layout import JobPaths
+from tests.plans import write_plan
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -231,7 +231,7 @@ def cluster(monkeypatch) -> tuple[FakeCluster, Clock]:
 def make_job(root: Path, job_id: str) -> JobRef:
     deploy = root / f"deploy-{job_id}"
     JobPaths(deploy, job_id).create()
-    (deploy / "launch.json").write_text(json.dumps({"replicas": 1, "world_size_per_replica": 2}))
+    write_plan(deploy, world_size_per_replica=2)
     return JobRef(job_id, JobPaths(deploy, job_id).folder)
 
 

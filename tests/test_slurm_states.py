@@ -6,7 +6,6 @@ wait; and no other module may spell one of Slurm's own end words."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -24,6 +23,7 @@ from launcher import renew
 from launcher.layout import JobPaths
 from launcher.slurm import STATE_CLASS, TERMINAL, TERMINAL_RAW, Result, Slurm, ended, state_class
 from tests.cluster_smoke import cluster_smoke_helpers
+from tests.plans import write_plan
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def _job(tmp_path: Path, kind: type[JobKind]) -> JobRef:
     spec = {"name": "st", "workdir": str(tmp_path), "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint)}}
     paths = JobPaths(deploy, "4242").create()
     (deploy / "spec.yaml").write_text(yaml.safe_dump(spec))
-    (deploy / "launch.json").write_text(json.dumps({"replicas": 1, "world_size_per_replica": 1}))
+    write_plan(deploy)
     kind.mark(paths)
     return JobRef("4242", paths.folder)
 

@@ -31,6 +31,7 @@ from hpc.track import job_status, wait
 from launcher.layout import BUILD_SUB_NAME, Deployment, JobPaths
 from launcher.records import EndpointRecord, RankExitRecord, read_endpoints
 from tests.e2e import wait_for
+from tests.plans import write_plan
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,19 +42,8 @@ pytestmark = pytest.mark.timeout(120)
 
 def make_job(tmp_path: Path, job_id: str = "4242", *, replicas: int = 1, world_per_replica: int = 2) -> JobRef:
     deploy = tmp_path / "deploy"
-    deploy.mkdir(exist_ok=True)
-    (deploy / "launch.json").write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "name": "fake",
-                "deployment_dir": str(deploy),
-                "replicas": replicas,
-                "world_size_per_replica": world_per_replica,
-                "tp_size": world_per_replica,
-                "pp_size": 1,
-            }
-        )
+    write_plan(
+        deploy, name="fake", replicas=replicas, world_size_per_replica=world_per_replica, tp_size=world_per_replica
     )
     return JobRef(job_id, JobPaths(deploy, job_id).create().folder)
 
@@ -144,6 +134,26 @@ def test_other_waiting_slurm_states_are_pending(tmp_path, scheduler, raw):
     scheduler.set(raw, "BeginTime")
     st = job_status(ref)
     assert st.state == "PENDING" and st.scheduler_state == raw
+
+
+def test_a_plan_without_its_shape_is_an_error_not_one_rank(tmp_path, scheduler):
+    """A launch.json without world_size_per_replica was once read here as "1 replica of 1 rank", while the launcher
+    took tp × pp: now both refuse it, and `status` says which file and which key."""
+    ref = make_job(tmp_path, replicas=2)
+    launch = ref.paths.deployment.launch
+    data = json.loads(launch.read_text())
+    del data["world_size_per_replica"]
+    launch.write_text(json.dumps(data))
+    error = f"{launch}: world_size_per_replica is required"
+    scheduler.set("RUNNING")
+    st = job_status(ref)
+    assert st.state == "FAILED" and st.reason is not None and st.reason.startswith(error), st.reason
+    assert st.summary() == f"4242 FAILED ({st.reason})"
+    scheduler.set("PENDING", "Resources")
+    st = job_status(ref)
+    assert st.state == "PENDING" and st.reason is not None and st.reason.startswith(f"Resources; {error}"), (
+        "a pending job keeps its state and Slurm's reason, and says what will fail"
+    )
 
 
 def test_running_without_endpoint_is_starting(tmp_path, scheduler):
@@ -676,6 +686,7 @@ def _sacct_state(job: str) -> str:
 
 @pytest.fixture
 def held_job(slurm_cluster, tmp_path):
+    write_plan(tmp_path)  # a serving job's deployment: one replica of one rank
     job = _sbatch_held(tmp_path)
     yield job, JobPaths(tmp_path, job).folder
     subprocess.run(["scancel", job], capture_output=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import CLI, private_job_index, wait_for, write_spec
+from tests.plans import write_plan
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -129,7 +130,7 @@ def test_a_job_of_a_cluster_that_cannot_be_asked_says_whose_it_is(two) -> None:
     job, home = two["job"], two["home"]
     ghost = two["twin_dir"].parent.parent.parent / "ghost-deploy" / "jobs" / job
     ghost.mkdir(parents=True)
-    (ghost.parent.parent / "launch.json").write_text(json.dumps({"replicas": 1, "world_size_per_replica": 1}))
+    write_plan(ghost.parent.parent)
     (ghost / "cluster").write_text("ghost\n")
     (home / "jobs" / f"{job}@ghost").symlink_to(ghost)
     try:

@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import functools
 import ipaddress
-import json
 import logging
 import os
 import socket
@@ -27,8 +26,8 @@ from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 from hpc.routing.deployment import Target
 from launcher.job_index import job_cluster
 from launcher.layout import Deployment
+from launcher.plan import LaunchPlan
 from launcher.records import GatewayRecord, advertised_address
-from launcher.renew_plan import RenewPlan
 from launcher.urls import http_url
 
 log = logging.getLogger("hpc_serve.gateway")
@@ -78,7 +77,7 @@ def _renewer(target: Target, job_id: str, renew_from: Path | None) -> GatewayRen
     """The renewal of a gateway job whose deployment renews (launch.json's `renew`), else None."""
     if not job_id or renew_from is None:
         return None
-    plan = RenewPlan.of_launch(json.loads(Deployment(renew_from).launch.read_text()))
+    plan = LaunchPlan.read(Deployment(renew_from).launch).renew
     return GatewayRenewer(renew_from, target, job_id, plan) if plan is not None else None
 
 

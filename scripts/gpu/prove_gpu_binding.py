@@ -89,6 +89,7 @@ def deployment(root: Path, binding: str) -> Path:
         "tp_size": 1,
         "pp_size": 1,
         "replicas": 2,
+        "world_size_per_replica": 1,
         "follower_models": [],
         "ready_timeout_s": 180,
         "gpu_binding": binding,
