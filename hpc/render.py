@@ -49,6 +49,7 @@ from launcher.layout import (
 )
 from launcher.plan import FAIL_JOB, LaunchPlan
 from launcher.renew_plan import RenewPlan
+from launcher.stop_records import stop_request_format
 
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
 
@@ -211,6 +212,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         # Slurm's time-limit warning: early enough for an ordered stop (DEVELOPERS.md "Stopping")
         "stop_lead_s": STOP_LEAD_S,
         "stop_ack_s": STOP_ACK_S,  # the stop request unanswered this long: scancel --signal=TERM (the .sub's trap)
+        "stop_request_format": stop_request_format(),  # what the trap writes (launcher/stop_records.py StopRequest)
         # renewal (launcher/renew.py): run on the batch node with this install's interpreter, as gateway.sub is
         "renew": spec.renew is not None,
         "renew_python": sys.executable,

@@ -11,7 +11,6 @@ is reused.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from hpc.spec import Spec
 from hpc.spec.site import profile_summary
 from hpc.track import job_status, wait
 from launcher.config import CANCEL_GRACE_S
+from launcher.stop_records import BY_CANCEL, StopRequest
 
 if TYPE_CHECKING:
     from hpc.engine_build.run import PreparedBuild
@@ -147,7 +147,7 @@ def cancel(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
     # before the marker changes it; a job without ranks (a gateway's, a build's) stops on scancel's SIGTERM, and its
     # state is not asked (a gateway's probes the gateway)
     stoppable = job_class_of(ref.job_dir).stoppable and job_status(ref).state in ("STARTING", "READY", "CANCELLING")
-    ref.cancel_marker.write_text(json.dumps({"at": time.time()}))
+    StopRequest(at=time.time(), by=BY_CANCEL).write(ref.cancel_marker)
     executor_of(ref).cancel(ref, grace_s, stoppable)
     status = wait(ref, until=(), timeout=grace_s + 60)
     status.gateway = after_cancel(ref, grace_s)  # the gateway goes with the deployment's last job (hpc/gateway/job.py)

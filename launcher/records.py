@@ -16,7 +16,7 @@ import os
 import socket
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -91,11 +91,12 @@ def advertised_address(node: str, single_node: bool, env: Mapping[str, str] | No
     return "127.0.0.1" if single_node else node
 
 
-_R = TypeVar("_R", bound="_Record")
+_R = TypeVar("_R", bound="Record")
 
 
-class _Record:
-    """to/from dict for the record dataclasses below: unknown keys are ignored, missing ones take defaults."""
+class Record:
+    """to/from dict for the record dataclasses below (and launcher/stop_records.py, launcher/build_step.py):
+    unknown keys are ignored, missing ones take defaults; ``write`` and ``read`` a record's file whole."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -106,9 +107,40 @@ class _Record:
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         return cls(**{k: v for k, v in data.items() if k in names})
 
+    def write(self, path: Path) -> None:
+        """Write the record to ``path`` atomically: a reader sees the old one or this one, never half."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def read(cls: type[_R], path: Path) -> _R | None:
+        """The record at ``path``, or None: none there, being replaced right now, or not one of these."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return cls.from_dict(data)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+
+    @classmethod
+    def shell_format(cls, args: Sequence[str], **values: Any) -> str:
+        """A printf(1) format that writes this record as JSON, for a bash script that must write one: the fields
+        in ``args`` (in the fields' order) come from printf's arguments (``%d`` an int, ``%s`` a float, ``"%s"`` a
+        str: no quote or backslash in it), those in ``values`` are fixed, the others take their defaults. So the
+        file's format is typed once, here, for the script as for python (render passes the format in)."""
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        if list(args) != [name for name in names if name in args]:
+            raise ValueError(f"{cls.__name__}.shell_format: {list(args)} are not fields in the fields' order {names}")
+        marks = {name: f"@{name}@" for name in args}
+        text = json.dumps(cls(**values, **marks).to_dict())
+        text = text.replace("\\", "\\\\").replace("%", "%%")
+        types = {f.name: str(f.type) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        for name in args:
+            kind = types[name].split("|")[0].strip()
+            text = text.replace(f'"@{name}@"', {"int": "%d", "float": "%s"}.get(kind, '"%s"'))
+        return text + "\\n"
+
 
 @dataclass(frozen=True, kw_only=True)
-class EndpointRecord(_Record):
+class EndpointRecord(Record):
     """Where a replica serves, published by its leader once ``/v2/health/ready`` answered 200."""
 
     version: int = VERSION
@@ -154,7 +186,7 @@ class EndpointRecord(_Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankExitRecord(_Record):
+class RankExitRecord(Record):
     """How a rank ended: written by its launcher when tritonserver exits, or when the launcher itself gave up
     (``error`` says why: world size, port, ready timeout, a python stub that died). ``cause_rank``: the launcher
     ended this rank because that rank of its replica failed (launcher/watch.py); the cause is that rank's record."""
@@ -202,7 +234,7 @@ PHASE_TEXT = {LOADING: "loading the models", WARMING_UP: "warming up"}
 
 
 @dataclass(frozen=True, kw_only=True)
-class StartupRecord(_Record):
+class StartupRecord(Record):
     """What a replica's leader is waiting for before it publishes its endpoint (``phase``: LOADING, then
     WARMING_UP), since when (``since``, epoch seconds), and in words (``detail``: the request it sent). Written
     by the leader's launcher at each phase, removed once the endpoint is published or the rank ends: a replica
@@ -255,7 +287,7 @@ def read_rank_records(job: JobPaths) -> list[RankExitRecord]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChainRecord(_Record):
+class ChainRecord(Record):
     """A job's place in its renewal chain (``jobs/<id>/chain.json``, launcher/renew.py): the jobs of one deployment
     folder, each submitted by its predecessor's renewer before the time limit. Written only by the job's own
     renewer; the link is both ways (``predecessor`` from the environment its predecessor submitted it with,
@@ -296,7 +328,7 @@ def read_chain(job: JobPaths) -> ChainRecord | None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatewayRecord(_Record):
+class GatewayRecord(Record):
     """Where the gateway of a deployment listens (layout.gateway_record), written when it starts serving and
     removed when it stops; clients (`hpc.client`, `hpc-serve endpoints`) go through it when it answers.
     `job_id` is set when the gateway runs as a Slurm job of its own, else empty (login node, workstation)."""

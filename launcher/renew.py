@@ -45,6 +45,7 @@ from .records import ChainRecord, read_chain, read_endpoints, write_json_atomic
 from .renew_plan import RenewPlan, chain_place, format_time, successor_env
 from .slurm import Slurm, SlurmError, ended
 from .stop import metrics_in_flight, stop_acknowledged
+from .stop_records import BY_RENEWER, DrainingMark, StopRequest
 
 POLL_S = 0.5
 #: how often the job's end is read again (a time limit an admin changed is picked up within this); the gateway's
@@ -204,7 +205,7 @@ class Renewer:
         --signal=TERM` to the steps only when no leader started its stop within STOP_ACK_S."""
         self.save(stopped_at=time.time(), note=note)
         log(f"{note}; ordered stop of job {self.job_id}")
-        write_json_atomic(self.paths.stop_request, {"at": time.time(), "by": "renewer", "note": note})
+        StopRequest(at=time.time(), by=BY_RENEWER, note=note).write(self.paths.stop_request)
         if not stop_acknowledged(self.paths):
             log(f"no leader started its stop within {STOP_ACK_S:g} s; scancel --signal=TERM")
             scancel(self.job_id, sig="TERM")
@@ -253,7 +254,7 @@ class Renewer:
                     retry_at = now + SBATCH_RETRY_S
             elif phase == "successor" and self.successor_ready(successor):
                 marked_at = now
-                write_json_atomic(self.paths.draining, {"at": now, "successor": successor})
+                DrainingMark(at=now, successor=successor).write(self.paths.draining)
                 self.save(handover_at=now, note=f"successor {successor} READY: draining")
                 log(f"successor {successor} is READY: this job takes no new requests, stops once idle")
                 phase = "draining"
@@ -275,7 +276,7 @@ class Renewer:
                     return self.stop(f"handed over to {successor}: drain timeout with {left} requests in flight")
             if phase in ("serve", "successor") and not final and now >= self.plan.final_drain_at(self.end):
                 final = True
-                write_json_atomic(self.paths.draining, {"at": now, "successor": "", "final": True})
+                DrainingMark(at=now, final=True).write(self.paths.draining)
                 log(f"no successor serves yet: no new requests from now on; ordered stop in {self.plan.notice_s:g} s")
             if now >= self.plan.stop_at(self.end):
                 if phase == "successor":

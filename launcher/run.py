@@ -22,6 +22,7 @@ from .ready import AUTH_FAILED, READY_TIMEOUT, WARMUP_FAILED, become_ready, clea
 from .server import ServerBinary, ServerNotFound, cache_dir, resolve
 from .server_env import child_env, job_paths, release_path, stop_path
 from .stop import DRAIN_BY_METRICS_ENV, FOLLOWER_IGNORES, LEADER_IGNORES, FollowerStop, LeaderDrain, metrics_in_flight
+from .stop_records import StopNotice
 from .supervise import LOG_TAIL, Child, Supervisor, describe, exit_code, log, signal_name
 from .watch import PeerWatch, RankWatch
 
@@ -42,10 +43,12 @@ def _announce_stop(plan: LaunchPlan, info: RankInfo, signum: int) -> LeaderDrain
     drain_file = paths.drain(info.job_rank)
     drain_file.unlink(missing_ok=True)
     until = now + plan.exit_timeout_s
-    stop = {"signal": signal.Signals(signum).name, "at": now, "drain_until": until, "drain_file": str(drain_file)}
-    if os.environ.get(DRAIN_BY_METRICS_ENV) == "1":  # the model is not asked to report: as TensorRT-LLM's backend
-        del stop["drain_file"]
-    records.write_json_atomic(stop_path(plan, info), stop)
+    # a model that is not asked to report (as TensorRT-LLM's backend) gets no drain_file
+    reports = os.environ.get(DRAIN_BY_METRICS_ENV) != "1"
+    notice = StopNotice(
+        signal=signal.Signals(signum).name, at=now, drain_until=until, drain_file=str(drain_file) if reports else None
+    )
+    notice.write(stop_path(plan, info))
     # a model that reports no drain (TensorRT-LLM) is drained by its server's metrics: this rank's endpoint says where
     mine = [e for e in records.read_endpoints(paths) if e.rank == info.job_rank and e.metrics_port]
     probe = metrics_in_flight(mine[0].metrics_url) if mine else None

@@ -16,7 +16,6 @@ Pure logic with an injectable clock, so the bounds are unit-tested without sleep
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from .config import STOP_ACK_S
 from .layout import JobPaths
+from .stop_records import DRAINED, DrainReport
 
 #: stop signals that Slurm may send to every process of a step; a follower's tritonserver ignores them all
 FOLLOWER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -176,10 +176,8 @@ class LeaderDrain:
         self._idle_since: float | None = None  # when the metrics last began to read 0
 
     def state(self) -> str | None:
-        try:
-            return str(json.loads(self.drain_file.read_text(encoding="utf-8"))["state"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        report = DrainReport.read(self.drain_file)
+        return None if report is None else str(report.state)
 
     def _idle(self, now: float) -> str | None:
         """Why the SIGTERM is due for a model that does not report its drain, or None to wait on."""
@@ -206,7 +204,7 @@ class LeaderDrain:
         if self.released:
             return False
         state, now = self.state(), self.clock()
-        if state == "drained":
+        if state == DRAINED:
             self.reason = "the model drained"
         elif state is None and now >= self.ack_by and (idle := self._idle(now)):
             self.reason = idle

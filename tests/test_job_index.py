@@ -33,6 +33,7 @@ from hpc.track import job_status, wait
 from launcher import job_index
 from launcher.layout import JobPaths
 from launcher.records import ChainRecord, EndpointRecord, GatewayRecord, StartupRecord, write_json_atomic
+from launcher.stop_records import DrainingMark
 from tests.plans import write_plan
 
 pytestmark = pytest.mark.timeout(60)
@@ -347,7 +348,7 @@ def test_the_gateway_tells_the_replicas_of_two_clusters_jobs_of_one_id_apart(tmp
         record = EndpointRecord(job_id="33", cluster=cluster, address="10.0.0.1", http_port=port, grpc_port=port + 1)
         write_json_atomic(paths.endpoint(0), record.to_dict())
         if cluster == "twin":
-            paths.draining.write_text('{"successor": "34"}')
+            DrainingMark(at=1.0, successor="34").write(paths.draining)
     target = Target(tmp_path, "dep", tmp_path)
     replicas = sorted((as_replica(r) for r in published(target)), key=lambda r: r.key)
     assert [(r.key, r.http_url) for r in replicas] == [

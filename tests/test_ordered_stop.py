@@ -12,6 +12,7 @@ import pytest
 from launcher.plan import LaunchPlan, PlanError
 from launcher.rank import STOP_FILE_ENV
 from launcher.stop import KILL, TERM, WAIT, FollowerStop, LeaderDrain
+from launcher.stop_records import DRAINED, DRAINING, DrainReport, StopNotice
 
 
 class Clock:
@@ -152,7 +153,7 @@ def test_drain_deadline_is_what_the_launcher_announced(tmp_path: Path) -> None:
     stop = tmp_path / "rank-0.stopping"
     env = {STOP_FILE_ENV: str(stop)}
     assert drain_deadline({}) is None and drain_deadline(env) is None  # not stopping
-    stop.write_text(json.dumps({"signal": "SIGTERM", "at": 5.0, "drain_until": 15.0}))
+    StopNotice(signal="SIGTERM", at=5.0, drain_until=15.0).write(stop)
     assert drain_deadline(env) == 15.0
     stop.write_text("{half")
     assert drain_deadline(env) is None
@@ -185,10 +186,10 @@ def test_leader_holds_sigterm_until_its_model_drained(tmp_path: Path) -> None:
     drain_file = tmp_path / "rank-0.drain"
     drain = LeaderDrain(drain_file, clock() + 10.0, ack_s=1.5, clock=clock)
     assert not drain.release()
-    drain_file.write_text(json.dumps({"state": "draining"}))
+    DrainReport(state=DRAINING).write(drain_file)
     clock.sleep(5.0)  # past ack_s, but draining
     assert not drain.release()
-    drain_file.write_text(json.dumps({"state": "drained"}))
+    DrainReport(state=DRAINED).write(drain_file)
     assert drain.release() and drain.reason == "the model drained"
     assert not drain.release()  # once only
 
@@ -198,7 +199,7 @@ def test_leader_holds_sigterm_until_its_model_drained(tmp_path: Path) -> None:
     assert silent.release() and silent.reason == "the model does not drain itself"
 
     stuck = LeaderDrain(drain_file, clock() + 10.0, ack_s=1.5, clock=clock)
-    drain_file.write_text(json.dumps({"state": "draining"}))
+    DrainReport(state=DRAINING).write(drain_file)
     clock.sleep(9.9)
     assert not stuck.release()
     clock.sleep(0.1)

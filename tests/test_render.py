@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from hpc.spec import Spec, load_spec, parse_spec
 from launcher.layout import BUILD_SUB_NAME, JobPaths
 from launcher.plan import LaunchPlan
 from launcher.rank import STEP_REPLICA_ENV
+from launcher.stop_records import BY_TIME_LIMIT, StopNotice, StopRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
@@ -716,7 +718,7 @@ def test_the_subs_stop_asks_the_launchers_first(tmp_path):
     def stop(job: str, leader_stops: bool) -> subprocess.Popen:
         paths = JobPaths(tmp_path / "d", job).create()
         if leader_stops:  # the leader's launcher answers the request at once
-            paths.stopping(0).write_text("{}")
+            StopNotice(signal="SIGTERM", at=time.time(), drain_until=time.time() + 10).write(paths.stopping(0))
         script = f"set -euo pipefail\nJOB_DIR={shlex.quote(str(paths.folder))}\n{function.group(0)}stop_job\nwait\n"
         env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID=job)
         env["SCANCEL_LOG"] = str(tmp_path / f"scancel-{job}")
@@ -725,7 +727,8 @@ def test_the_subs_stop_asks_the_launchers_first(tmp_path):
     answered, silent = stop("7", leader_stops=True), stop("8", leader_stops=False)
     assert answered.wait(STOP_ACK_S + 10) == 0 and silent.wait(STOP_ACK_S + 10) == 0
     for job in ("7", "8"):
-        assert JobPaths(tmp_path / "d", job).stop_request.is_file()
+        request = StopRequest.read(JobPaths(tmp_path / "d", job).stop_request)  # the record, as the trap wrote it
+        assert request is not None and request.by == BY_TIME_LIMIT and time.time() - 60 < request.at <= time.time()
         assert not JobPaths(tmp_path / "d", job).cancel_marker.exists()  # the job was not cancelled: COMPLETED
     assert not (tmp_path / "scancel-7").exists()
     assert (tmp_path / "scancel-8").read_text().split() == ["--signal=TERM", "8"]

@@ -37,6 +37,7 @@ from launcher.renew_plan import (
     successor_env,
 )
 from launcher.slurm import Slurm, parse_slurm_time
+from launcher.stop_records import BY_CANCEL, DrainingMark, StopNotice, StopRequest
 from tests.test_slurm import fake_command
 
 
@@ -271,7 +272,7 @@ def test_a_cancel_stops_renewals_of_jobs_started_before_it_only(tmp_path):
     renewer.start = time.time() + 60  # submitted by hand again after that cancel: it renews
     assert renewer.chain_stopped() is None
     renewer.paths.create()
-    renewer.paths.cancel_marker.write_text("{}")
+    StopRequest(at=time.time(), by=BY_CANCEL).write(renewer.paths.cancel_marker)
     assert renewer.chain_stopped() == "this job was cancelled (hpc-serve cancel)"
 
 
@@ -312,9 +313,9 @@ def test_discovery_drains_a_handed_over_or_stopping_job_only_while_another_serve
     target, deploy = _deployment(tmp_path)
     for job in ("1", "2", "3", "4"):
         JobPaths(deploy, job).create()
-    JobPaths(deploy, "1").draining.write_text('{"successor": "3"}')
-    JobPaths(deploy, "2").stopping(0).write_text("{}")
-    JobPaths(deploy, "4").draining.write_text('{"successor": "", "final": true}')
+    DrainingMark(at=1.0, successor="3").write(JobPaths(deploy, "1").draining)
+    StopNotice(signal="SIGTERM", at=1.0, drain_until=11.0).write(JobPaths(deploy, "2").stopping(0))
+    DrainingMark(at=1.0, final=True).write(JobPaths(deploy, "4").draining)
     draining = draining_jobs(target)
     assert draining == {"1": False, "2": True, "4": True}
 

@@ -30,6 +30,7 @@ from hpc.slurm_watch import SlurmWatcher
 from hpc.track import job_status, wait
 from launcher.layout import BUILD_SUB_NAME, Deployment, JobPaths
 from launcher.records import EndpointRecord, RankExitRecord, read_endpoints
+from launcher.stop_records import BY_CANCEL, StopRequest
 from tests.e2e import wait_for
 from tests.plans import write_plan
 
@@ -307,7 +308,7 @@ def test_cancel_marker_makes_a_stopped_job_cancelled(tmp_path, scheduler):
     read as COMPLETED or FAILED once the job has ended."""
 
     ref = make_job(tmp_path)
-    ref.cancel_marker.write_text("{}")
+    StopRequest(at=time.time(), by=BY_CANCEL).write(ref.cancel_marker)
     scheduler.set("COMPLETED")
     rank_exit(ref, 0, 0, ended_at=1.0)
     assert job_status(ref).state == "CANCELLED"
@@ -325,7 +326,7 @@ def test_cancelled_job_whose_ranks_are_still_stopping_is_cancelling(tmp_path, sc
 
     ref = make_job(tmp_path)
     publish(ref, 0)
-    ref.cancel_marker.write_text("{}")
+    StopRequest(at=time.time(), by=BY_CANCEL).write(ref.cancel_marker)
     scheduler.set(raw)
     st = job_status(ref)
     assert st.state == "CANCELLING" and not st.done and st.endpoints == []
@@ -348,7 +349,7 @@ def test_completing_job_is_stopping_not_ready(tmp_path, scheduler):
 
 def test_marker_only_explains_the_end_of_a_job_that_was_not_running(tmp_path, scheduler):
     ref = make_job(tmp_path)
-    ref.cancel_marker.write_text("{}")
+    StopRequest(at=time.time(), by=BY_CANCEL).write(ref.cancel_marker)
     scheduler.set("PENDING", "Priority")
     assert job_status(ref).state == "PENDING"
     scheduler.set("TIMEOUT")
@@ -377,7 +378,7 @@ def test_a_build_job_being_cancelled_is_cancelling_then_cancelled(tmp_path, sche
     ref.paths.build_log.write_text("hpc-serve build: step 0 (shard): python3 shard.py\n")
     scheduler.set("RUNNING")
     assert job_status(ref).summary() == "811 BUILDING (build) step 0 (shard): python3 shard.py"
-    ref.cancel_marker.write_text("{}")
+    StopRequest(at=time.time(), by=BY_CANCEL).write(ref.cancel_marker)
     for raw in ("RUNNING", "COMPLETING"):
         scheduler.set(raw)
         st = job_status(ref)
@@ -415,7 +416,7 @@ def test_a_gateway_job_follows_the_same_stop_rules(tmp_path, scheduler):
     ref.paths.deployment.sbatch_log("err", "813").write_text('{"access": 1}\nhpc-serve: port 8080 is taken\n')
     st = gateway.status()
     assert (st.kind, st.state, st.reason) == ("gateway", "FAILED", "hpc-serve: port 8080 is taken")
-    ref.cancel_marker.write_text("{}")
+    StopRequest(at=time.time(), by=BY_CANCEL).write(ref.cancel_marker)
     assert gateway.status().state == "CANCELLED"
     scheduler.set("RUNNING")
     st = gateway.status()

@@ -12,10 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from launcher.stop_records import DRAINED, DRAINING
+
 from ..refusals import CPU_STOPPING
 
 DRAIN_CHECK_S = 0.25  # how often the loop looks at the stop file (cheap: a stat and a small read)
 DRAIN_MARGIN_S = 2.0  # fail what is left this long before the drain deadline: the unload and release need it
+#: the drain's own state between DRAINING and DRAINED (the launcher is told those two: launcher/stop_records.py)
+FAILED = "failed"
 
 STOPPING = f"{CPU_STOPPING}; retry on another replica or job"
 RAN_OUT = f"{CPU_STOPPING} (its drain time ran out); retry on another replica or job"
@@ -31,16 +35,16 @@ class Drain:
     def advance(self, deadline: float | None, now_epoch: float, in_flight: Callable[[], int]) -> list[str]:
         """What changed at this check, in order: "draining" (refuse from now on, tell the launcher), "failed"
         (fail everything now), "drained" (tell the launcher). Empty while serving or once drained."""
-        if self.state == "drained" or deadline is None:
+        if self.state == DRAINED or deadline is None:
             return []
         changes = []
         if not self.state:
-            self.state = "draining"
-            changes.append("draining")
-        if self.state == "draining" and now_epoch >= deadline - DRAIN_MARGIN_S:
-            self.state = "failed"
-            changes.append("failed")
+            self.state = DRAINING
+            changes.append(DRAINING)
+        if self.state == DRAINING and now_epoch >= deadline - DRAIN_MARGIN_S:
+            self.state = FAILED
+            changes.append(FAILED)
         if not in_flight():
-            self.state = "drained"
-            changes.append("drained")
+            self.state = DRAINED
+            changes.append(DRAINED)
         return changes

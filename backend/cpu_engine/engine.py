@@ -21,8 +21,10 @@ from typing import cast
 
 import numpy as np
 
+from launcher.stop_records import DRAINED, DRAINING
+
 from .checkpoint import ModelConfig
-from .drain import DRAIN_CHECK_S, RAN_OUT, STOPPING, Drain
+from .drain import DRAIN_CHECK_S, FAILED, RAN_OUT, STOPPING, Drain
 from .follower import PING, STOP, load_shard
 from .lockstep import StepFailed
 from .model import StepPlan, TransformerShard
@@ -212,20 +214,20 @@ class Engine:
 
     def _enforce_drain(self, now_epoch: float) -> None:
         """Apply the drain's rules (drain.py) once the launcher's stop file says the rank is stopping."""
-        deadline = self.drain_deadline() if self.drain_deadline is not None and self._drain.state != "drained" else None
+        deadline = self.drain_deadline() if self.drain_deadline is not None and self._drain.state != DRAINED else None
         for change in self._drain.advance(deadline, now_epoch, self._in_flight):
-            if change == "draining":
+            if change == DRAINING:
                 self._refusing = self._refusing or STOPPING
                 log.info(
                     "stopping: refusing new requests, draining %d in flight until %.1f", self._in_flight(), deadline
                 )
-            elif change == "failed":
+            elif change == FAILED:
                 self._refusing = RAN_OUT
                 log.warning(
                     "drain time ends at %.1f: failing %d queued/running request(s)", deadline, self._in_flight()
                 )
                 self._fail_all(self._refusing)
-            if change in ("draining", "drained"):
+            if change in (DRAINING, DRAINED):
                 self.report_drain(change)
 
     def _in_flight(self) -> int:

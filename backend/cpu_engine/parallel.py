@@ -11,9 +11,13 @@ import os
 import pickle
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from launcher.stop_records import StopNotice
 
 SPIN_S = 0.005  # poll back to back this long (a step's message arrives within microseconds)...
 NAP_S = 0.001  # ...then sleep this long between polls (an idle follower heartbeats once a second)
@@ -177,18 +181,8 @@ def drain_deadline(environ: dict[str, str] | None = None) -> float | None:
     every request has had its final response, and gives up at its exit timeout; requests still running then
     would leave the followers waiting and the job ending by SIGKILL instead of an ordered stop.
     """
-    import json
-
-    from launcher.rank import STOP_FILE_ENV
-
-    path = (os.environ if environ is None else environ).get(STOP_FILE_ENV)
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return float(json.load(f)["drain_until"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    notice = _stop_notice(environ)
+    return None if notice is None else notice.drain_until
 
 
 def report_drain(state: str, environ: dict[str, str] | None = None) -> None:
@@ -196,22 +190,24 @@ def report_drain(state: str, environ: dict[str, str] | None = None) -> None:
     requests; ``"drained"``: nothing in flight any more), in the ``drain_file`` its stop file names: the launcher
     sends tritonserver SIGTERM only once drained (launcher/stop.py LeaderDrain says why). A no-op when not
     stopping or without a launcher."""
-    import json
+    from launcher.stop_records import DrainReport
 
-    from launcher.rank import STOP_FILE_ENV
-
-    path = (os.environ if environ is None else environ).get(STOP_FILE_ENV)
-    if not path:
+    notice = _stop_notice(environ)
+    if notice is None or not notice.drain_file:
         return
     try:
-        with open(path, encoding="utf-8") as f:
-            target = str(json.load(f)["drain_file"])
-        tmp = f"{target}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"state": state, "at": time.time()}, f)
-        os.replace(tmp, target)
-    except (OSError, ValueError, KeyError, TypeError):
+        DrainReport(state=state, at=time.time()).write(Path(notice.drain_file))
+    except OSError:
         return
+
+
+def _stop_notice(environ: dict[str, str] | None) -> StopNotice | None:
+    """The stop file the leader's launcher wrote (``$HPC_SERVE_STOP_FILE``: launcher/stop_records.py), or None."""
+    from launcher.rank import STOP_FILE_ENV
+    from launcher.stop_records import StopNotice
+
+    path = (os.environ if environ is None else environ).get(STOP_FILE_ENV)
+    return StopNotice.read(Path(path)) if path else None
 
 
 def replica_comm(world: int, per_replica: int) -> Communicator:

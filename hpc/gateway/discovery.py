@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 
 import httpx
@@ -32,6 +30,7 @@ from hpc.routing.balancer import Balancer, Replica
 from hpc.routing.deployment import Target, as_replica, deployment_folders, job_folders, job_of_key, published
 from launcher.config import DISCOVERY_REFRESH_S
 from launcher.job_index import entry_name_of
+from launcher.stop_records import is_final
 from launcher.urls import READY_PATH
 
 log = logging.getLogger("hpc_serve.gateway")
@@ -46,20 +45,13 @@ CLOSED_AFTER: Mapping[str, str] = MappingProxyType({"Connection": "close"})
 SLOW_CHECKS_KEPT = 2
 
 
-def _final(mark: Path) -> bool:
-    try:
-        return bool(json.loads(mark.read_text()).get("final"))
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def draining_jobs(target: Target) -> dict[str, bool]:
     """Jobs of the deployment that take no new requests (by entry name, `33@twin`, as replica keys name them: job
     ids are per cluster) → whether even when no other replica serves (ending for good: stopping, or a renewer's
     `final` mark) or only while another does (handed over to a successor)."""
     found: dict[str, bool] = {}
     for paths in job_folders(target):
-        if paths.stopping_marks() or (paths.draining.exists() and _final(paths.draining)):
+        if paths.stopping_marks() or is_final(paths.draining):
             found[entry_name_of(paths)] = True
         elif paths.draining.exists():
             found[entry_name_of(paths)] = False
