@@ -34,8 +34,9 @@ Where each transition is observed:
 - Restarts: a job Slurm requeued runs again under its id; the `.sub` writes `$SLURM_RESTART_COUNT`
   (`restart_count`) and puts the last run's records aside, so only this run's are read.
 - Gateway: no ranks; STARTING while it runs, READY once the deployment's address record names it and answers.
-- Build: BUILDING while it runs (its current step), FAILED as soon as its script recorded a failed step
-  (`build_failed.json`), COMPLETED with the engine it built.
+- Build: BUILDING while it runs (its current step, `build_step.json`), FAILED as soon as its script recorded a
+  failed step (`build_failed.json`; both launcher/build_step.py `BuildStep` records), COMPLETED with the engine it
+  built.
 - Every kind: CANCELLING while the user's stop (the cancel marker) is under way and the scheduler still runs the
   job (squeue's COMPLETING counts as running); CANCELLED only once the scheduler says it has ended *and* no longer
   lists it as COMPLETING, i.e. no process of it is left (Slurm reports a job's end state while its processes are

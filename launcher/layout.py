@@ -45,10 +45,11 @@ GATEWAY_JOB_MARKER_NAME = "gateway_job"
 #: limit (hpc/gateway/renewal.py); the successor may replace a live record of the job that names it here
 GATEWAY_SUCCESSOR_NAME = "gateway_successor"
 #: a spec's `build:` section: the engine build job's sbatch script (hpc/engine_build/), and in its job folder the mark that
-#: it is a build job, and what it records when a step fails (the step's name, command and exit status)
+#: it is a build job, the step it runs, and the step that failed (launcher/build_step.py's BuildStep, each)
 BUILD_SUB_NAME = "build.sub"
 BUILD_JOB_MARKER_NAME = "build_job"
 BUILD_FAILURE_NAME = "build_failed.json"
+BUILD_STEP_NAME = "build_step.json"
 #: in the build job's folder: every step's output; in the deployment folder: what the job builds (its steps'
 #: command lines, the engine folder, the request that names it; read by the job's last step and by `status`)
 BUILD_LOG_NAME = "build.log"
@@ -292,8 +293,13 @@ class JobPaths:
 
     @property
     def build_failure(self) -> Path:
-        """Written by the build script when a step fails: which command, its exit status (hpc/engine_build/status.py)."""
+        """Written by the build script when a step fails: which step, its exit status (launcher/build_step.py)."""
         return self.folder / BUILD_FAILURE_NAME
+
+    @property
+    def build_step(self) -> Path:
+        """Written by the build script as each step starts: the step it runs (launcher/build_step.py)."""
+        return self.folder / BUILD_STEP_NAME
 
     @property
     def local_state(self) -> Path:
@@ -386,6 +392,7 @@ def template_values(deploy_dir: Path) -> dict[str, str]:
         "build_sub_path": str(dep.build_sub),
         "build_marker_name": BUILD_JOB_MARKER_NAME,
         "build_failure_name": BUILD_FAILURE_NAME,
+        "build_step_name": BUILD_STEP_NAME,
         "build_record_name": BUILD_RECORD_NAME,
         "build_log_name": BUILD_LOG_NAME,
         "build_request_path": str(dep.build_request),

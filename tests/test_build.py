@@ -23,6 +23,7 @@ from hpc.engine_build.script import build_steps, write_build
 from hpc.spec import SpecError, load_spec
 from hpc.spec.files import context_length
 from launcher.build_record import checkpoint_identity, finish
+from launcher.build_step import BuildStep
 from launcher.layout import BUILD_RECORD_NAME, Deployment
 from launcher.rank import JOB_ID_ENV
 
@@ -550,7 +551,7 @@ def test_build_job_status_lines(tmp_path, hpc_home):
         )
     )
     paths.build_log.write_text("".join(f"line {i}\n" for i in range(30)))
-    paths.build_failure.write_text('{"step": 1, "name": "trtllm-build", "exit_code": 3}\n')
+    BuildStep(step=1, name="trtllm-build", exit_code=3).write(paths.build_failure)
     status = job_status(JobRef("local-b1", paths.folder))
     assert status.kind == "build" and status.state == "FAILED"
     lines = status.summary().splitlines()
@@ -559,3 +560,46 @@ def test_build_job_status_lines(tmp_path, hpc_home):
         == "local-b1 FAILED (build) step 1 (trtllm-build) failed with exit status 3: trtllm-build --x; last lines:"
     )
     assert lines[1:] == [f"  | line {i}" for i in range(18, 30)]
+
+
+def test_a_running_build_names_its_step_from_the_record_not_the_log(tmp_path, hpc_home):
+    """BUILDING says the step the script's record names (launcher/build_step.py), with its command from the build
+    request; what the log says is only shown, never read as state."""
+    from hpc.job_kinds import BuildJob
+    from hpc.jobs import JobRef
+    from hpc.track import job_status
+    from launcher.layout import JobPaths
+
+    paths = JobPaths(tmp_path / "d", "local-b2").create()
+    BuildJob.mark(paths)
+    paths.local_state.write_text(json.dumps({"state": "RUNNING", "pid": os.getpid()}))
+    steps = [{"name": "convert", "command": "python3 convert.py"}, {"name": "trtllm-build", "command": "trtllm-build"}]
+    Deployment(tmp_path / "d").build_request.write_text(json.dumps({"steps": steps}))
+    paths.build_log.write_text("hpc-serve build: step 7 (made-up): a line of output that looks like a step\n")
+    ref = JobRef("local-b2", paths.folder)
+    assert job_status(ref).summary() == "local-b2 BUILDING (build)", "no record yet: no step"
+    BuildStep(step=1, name="trtllm-build").write(paths.build_step)
+    assert job_status(ref).summary() == "local-b2 BUILDING (build) step 1 (trtllm-build): trtllm-build"
+
+
+def test_the_build_scripts_steps_write_their_records(tmp_path):
+    """The rendered script's `step` function, run by bash: each step's record as it starts, the failed one's with
+    its exit status, in the records' own format (render passes it in: launcher/build_step.py)."""
+    import re
+
+    from hpc.engine_build.script import render_build_script
+    from launcher.layout import JobPaths
+
+    spec = load_spec(write(tmp_path, CPU))
+    script = render_build_script(spec, plan_build(spec), tmp_path / "deploy")
+    function = re.search(r"^step\(\) \{.*?^\}\n", script, re.M | re.S)
+    assert function is not None, script
+    paths = JobPaths(tmp_path / "deploy", "9").create()
+    run = f'JOB_DIR={paths.folder}\nLOG={paths.build_log}\nrun() {{ "$@"; }}\n{function.group(0)}'
+    done = subprocess.run(["bash", "-c", run + "step 0 shard true"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert BuildStep.read(paths.build_step) == BuildStep(step=0, name="shard") and not paths.build_failure.exists()
+    failed = subprocess.run(["bash", "-c", run + "step 1 record sh -c 'exit 3'"], capture_output=True, text=True)
+    assert failed.returncode == 3
+    assert BuildStep.read(paths.build_step) == BuildStep(step=1, name="record")
+    assert BuildStep.read(paths.build_failure) == BuildStep(step=1, name="record", exit_code=3)

@@ -28,6 +28,7 @@ from hpc.jobs import JobRef
 from hpc.routing.deployment import Target
 from hpc.slurm_watch import SlurmWatcher
 from hpc.track import job_status, wait
+from launcher.build_step import BuildStep
 from launcher.layout import BUILD_SUB_NAME, Deployment, JobPaths
 from launcher.records import EndpointRecord, RankExitRecord, read_endpoints
 from launcher.stop_records import BY_CANCEL, StopRequest
@@ -375,6 +376,10 @@ def test_a_build_job_being_cancelled_is_cancelling_then_cancelled(tmp_path, sche
     when the step scancel killed had recorded its exit. It now reads as every kind does."""
     ref = make_job(tmp_path, "811")
     BuildJob.mark(ref.paths)
+    Deployment(ref.deploy_dir).build_request.write_text(
+        json.dumps({"steps": [{"name": "shard", "command": "python3 shard.py"}]})
+    )
+    BuildStep(step=0, name="shard").write(ref.paths.build_step)  # the step the script runs (its log is only shown)
     ref.paths.build_log.write_text("hpc-serve build: step 0 (shard): python3 shard.py\n")
     scheduler.set("RUNNING")
     assert job_status(ref).summary() == "811 BUILDING (build) step 0 (shard): python3 shard.py"
@@ -384,7 +389,7 @@ def test_a_build_job_being_cancelled_is_cancelling_then_cancelled(tmp_path, sche
         st = job_status(ref)
         assert (st.kind, st.state, st.done) == ("build", "CANCELLING", False)
         assert st.summary() == "811 CANCELLING (build) step 0 (shard): python3 shard.py"
-    ref.paths.build_failure.write_text('{"step": 0, "name": "shard", "exit_code": 143}\n')  # scancel's SIGTERM
+    BuildStep(step=0, name="shard", exit_code=143).write(ref.paths.build_failure)  # scancel's SIGTERM
     assert job_status(ref).state == "CANCELLING"
     scheduler.set("CANCELLED")
     st = job_status(ref)
@@ -396,7 +401,7 @@ def test_a_build_job_ending_is_stopping_and_its_failed_step_still_fails_it(tmp_p
     BuildJob.mark(ref.paths)
     scheduler.set("COMPLETING")
     assert job_status(ref).state == "STOPPING"
-    ref.paths.build_failure.write_text('{"step": 1, "name": "trtllm-build", "exit_code": 3}\n')
+    BuildStep(step=1, name="trtllm-build", exit_code=3).write(ref.paths.build_failure)
     st = job_status(ref)
     assert st.state == "FAILED" and st.summary().startswith("812 FAILED (build) step 1 (trtllm-build) failed")
 

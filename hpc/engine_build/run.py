@@ -27,6 +27,7 @@ from hpc.job_kinds import BuildJob, job_class_of
 from hpc.jobs import JobRef
 from hpc.slurm import TERMINAL
 from hpc.spec import Spec
+from launcher.build_step import BuildStep
 from launcher.layout import Deployment, JobPaths, building_marker, building_markers
 
 #: lines of a failed build's output that `status` shows
@@ -126,7 +127,7 @@ def build_reason(ref: JobRef, state: str, reason: str | None) -> str | None:
     if state == "FAILED" and paths.build_failure.exists():
         return describe_build_failure(ref)
     if state in ("BUILDING", "CANCELLING", "STOPPING"):
-        return _current_step(paths)
+        return _current_step(ref)
     if state == "COMPLETED":
         return _built(ref)
     if state in TERMINAL:  # COMPLETED, above: what it built
@@ -154,12 +155,20 @@ def _built(ref: JobRef) -> str | None:
     return f"engine {engine}" + (f" (built in {took:.0f} s)" if record.get("started_at") else "")
 
 
-def _current_step(paths: JobPaths) -> str | None:
-    try:
-        lines = [line for line in paths.build_log.read_text().splitlines() if line.startswith("hpc-serve build: step")]
-    except OSError:
+def _current_step(ref: JobRef) -> str | None:
+    """`step 1 (trtllm-build): <its command>`: the step the job's script runs now, from its record (never from the
+    log's text: launcher/build_step.py); None before the first."""
+    step = BuildStep.read(ref.paths.build_step)
+    if step is None:
         return None
-    return lines[-1].removeprefix("hpc-serve build: ") if lines else None
+    command = _command(ref, step.step)
+    return step.describe() + (f": {command}" if command else "")
+
+
+def _command(ref: JobRef, number: int) -> str | None:
+    """Step `number`'s command line, as the build request lists it."""
+    steps = _request(ref).get("steps", [])
+    return steps[number]["command"] if 0 <= number < len(steps) else None
 
 
 def _tail(paths: JobPaths) -> list[str]:
@@ -176,12 +185,9 @@ def _tail_text(paths: JobPaths) -> str:
 
 def describe_build_failure(ref: JobRef) -> str:
     """`step 1 (trtllm-build) failed with exit status 1: <command>` and the last lines of the steps' output."""
-    try:
-        failure = json.loads(ref.paths.build_failure.read_text())
-    except (OSError, ValueError):
-        failure = {}
-    number, name = failure.get("step"), failure.get("name", "?")
-    steps = _request(ref).get("steps", [])
-    command = steps[number]["command"] if isinstance(number, int) and number < len(steps) else None
-    text = f"step {number} ({name}) failed with exit status {failure.get('exit_code', '?')}"
+    failure = BuildStep.read(ref.paths.build_failure)
+    if failure is None:  # there, but no record of a step (written by hand?): its output may say more
+        return "a step failed" + _tail_text(ref.paths)
+    command = _command(ref, failure.step)
+    text = f"{failure.describe()} failed with exit status {failure.exit_code}"
     return text + (f": {command}" if command else "") + _tail_text(ref.paths)

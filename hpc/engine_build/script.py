@@ -27,6 +27,7 @@ from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node
 from launcher import job_index
 from launcher.build_record import BUILD_STARTED_ENV
+from launcher.build_step import FAILURE_FORMAT, STEP_FORMAT
 from launcher.layout import (
     BUILD_STAGING_NAME,
     BUILD_SUB_NAME,
@@ -151,6 +152,9 @@ def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates
         "steps": build_steps(spec, plan, deploy_dir),
         "runtime_name": RUNTIME_NAME,
         "build_started_env": BUILD_STARTED_ENV,
+        # how the steps record themselves (launcher/build_step.py): `status` reads those records, not the log
+        "build_step_format": STEP_FORMAT,
+        "build_failure_format": FAILURE_FORMAT,
         **template_values(deploy_dir),
         **job_index.template_values(),
         **launcher.rank.template_values(),
