@@ -5,7 +5,6 @@ Every test drives the real CLI, the real sbatch/srun, the real tritonserver and 
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import time
@@ -14,6 +13,7 @@ import pytest
 
 from launcher.config import STOP_LEAD_S
 from launcher.layout import JobPaths
+from launcher.stop_records import BY_TIME_LIMIT, StopNotice, StopRequest
 from tests.e2e import (
     CLI,
     assert_streams_ended_clearly,
@@ -251,7 +251,9 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_the_stop_lead(
     watcher.join(30)
     for request in requests:
         request.join(30)
-    stopped_at = json.loads(JobPaths.of_folder(job_dir).stopping(0).read_text())["at"]  # the leader's SIGTERM
+    notice = StopNotice.read(JobPaths.of_folder(job_dir).stopping(0))
+    assert notice is not None
+    stopped_at = notice.at  # the leader's SIGTERM
     print(
         f"\ncancel returned after {returned:.1f} s, no process left after {gone:.1f} s; status seen: {seen}; "
         f"requests (tokens, error, s after the leader's SIGTERM): "
@@ -300,9 +302,12 @@ def test_time_limit_under_load_is_an_ordered_stop_and_the_job_completes(jobs, tm
     assert st["state"] == "COMPLETED", (st, logs[-3000:])
     ranks = rank_records(job_dir)
     assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks
-    assert paths.stop_request.exists() and not paths.cancel_marker.exists()
+    request = StopRequest.read(paths.stop_request)  # the .sub's trap wrote it: Slurm's time-limit warning
+    assert request is not None and request.by == BY_TIME_LIMIT and not paths.cancel_marker.exists()
     assert "stop requested (stop_requested)" in logs and "the model drained" in logs, logs[-3000:]
     assert "sending SIGKILL" not in logs
-    stopped_at = json.loads(paths.stopping(0).read_text())["at"] - time.time() + time.monotonic()
+    notice = StopNotice.read(paths.stopping(0))
+    assert notice is not None
+    stopped_at = notice.at - time.time() + time.monotonic()
     assert_streams_ended_clearly(endings, stop_at=stopped_at)
     _assert_no_server_left(job_dir.parent.parent)

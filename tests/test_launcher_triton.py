@@ -22,6 +22,7 @@ import pytest
 from launcher.layout import JobPaths
 from launcher.rank import JOB_ID_ENV
 from launcher.server import ServerNotFound, resolve
+from launcher.stop_records import StopNotice
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -261,8 +262,8 @@ def test_leader_publishes_endpoint_and_stops_cleanly_on_sigterm(tmp_path: Path, 
     record = json.loads(run.paths.rank_record(0).read_text())
     assert record["exit_code"] == 0 and record["signal"] is None and record["rank"] == 0
     # the model was told when the stop began and until when its in-flight requests may drain (drain_s 10)
-    stop = json.loads(run.paths.stopping(0).read_text())
-    assert stop["signal"] == "SIGTERM" and t0 <= stop["at"] and stop["drain_until"] == stop["at"] + 10
+    stop = StopNotice.read(run.paths.stopping(0))
+    assert stop is not None and stop.signal == "SIGTERM" and t0 <= stop.at and stop.drain_until == stop.at + 10
     assert "--exit-timeout-secs=10" in first
     assert record["log_tail"] and len(record["log_tail"]) <= 21
     assert not run.paths.endpoint(0).exists()
