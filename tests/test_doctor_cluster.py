@@ -298,7 +298,11 @@ def test_ctrl_c_cancels_the_probe(slurm_cluster, tmp_path):
         assert line, f"doctor ended before submitting its probe:\n{seen}"
         seen += line
     proc.send_signal(signal.SIGINT)
-    out = proc.communicate(timeout=60)[0]
+    try:
+        out = proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"doctor still ran 60 s after Ctrl-C:\n{seen}{proc.communicate()[0]}") from None
     assert proc.returncode == 130, out
     assert f"probe job {job.group(1)} cancelled" in out
     state = subprocess.run(["scontrol", "-o", "show", "job", job.group(1)], capture_output=True, text=True).stdout
