@@ -1,6 +1,6 @@
 """How a model's refusal of a request reads, where a client must tell its kind from its text: Triton's python
 models and TensorRT-LLM report errors as messages, not codes, so the CPU engine writes these phrases and the
-gateway (hpc/gateway/triton.py `model_error`) matches them, along with the words of Triton and TensorRT-LLM.
+gateway (hpc/serving/triton.py `model_error`) matches them, along with the words of Triton and TensorRT-LLM.
 
 Why a module of its own: the engine and the gateway must agree on the words, and the gateway must not import
 the engine (numpy, its model code) to learn them. Standard library only.

@@ -40,7 +40,7 @@ from backend.parameters import (  # re-exported: the repository's callers import
 )
 from backend.templates.table_types import ModelTable, Tensor
 from backend.templates.tables import MODELS
-from launcher import model_names
+from launcher.contracts import model_names
 
 # Which python module each python model's `1/model.py` shim re-exports `TritonPythonModel` from.
 PYTHON_MODEL_MODULES: dict[str, str] = {

@@ -9,7 +9,7 @@ process) in front of it. The same generation (prompt, `max_tokens`, greedy) two 
   gw_aiohttp  the same request with aiohttp as the client (when installed): what of the gateway side is the
            HTTP client's own cost (httpx, which the openai package uses, spends ~4x aiohttp's CPU per request)
   direct   the ensemble over Triton's gRPC streaming API to the replica the gateway uses (tritonclient's
-           asyncio client, through hpc.gateway.triton.TritonEngine: the very request the gateway sends)
+           asyncio client, through hpc.serving.triton.TritonEngine: the very request the gateway sends)
 
   latency      one stream at a time, the sides taking turns request by request: p50 / p99 of the whole
                request and of the time to the first token; the ratio and the milliseconds the gateway adds
@@ -65,7 +65,7 @@ from gateway_sides import (  # noqa: E402
     throughput,
 )
 
-from launcher.job_index import HOME_ENV  # noqa: E402
+from launcher.contracts.job_index import HOME_ENV  # noqa: E402
 
 
 async def part1(
@@ -197,8 +197,8 @@ def main() -> int:
     args = parser.parse_args()
     CPUS.update(args.cpus or {})
 
-    from launcher.layout import JobPaths
-    from launcher.records import read_endpoints
+    from launcher.contracts.layout import JobPaths
+    from launcher.contracts.records import read_endpoints
 
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     os.environ[HOME_ENV] = str(work / "hpc-home")

@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
-from launcher import model_names  # noqa: E402
-from launcher.job_index import HOME_ENV  # noqa: E402
+from launcher.contracts import model_names
+from launcher.contracts.job_index import HOME_ENV  # noqa: E402
 
-CLI = [sys.executable, "-m", "hpc.cli"]
+CLI = [sys.executable, "-m", "hpc.cli.main"]
 
 
 def cli(*args: str) -> str:
@@ -77,7 +77,7 @@ def plain_loop(grpc_url: str, prompt: str, count: int) -> float:
     """Requests per second of one thread sending the ensemble request after request over one gRPC stream."""
     import tritonclient.grpc as grpcclient
 
-    from hpc.gateway.triton import GenerateParams
+    from hpc.serving.triton import GenerateParams
 
     tensors = GenerateParams(prompt=prompt, max_tokens=1).tensors()
     answers: queue.Queue = queue.Queue()

@@ -3,7 +3,7 @@
 Each round renders a fresh deployment (timed, reported separately: it happens before a job exists), then runs
 both, alternating which goes first:
 
-  hpc-serve  t0 = the call of `hpc.local.submit_local(D, ServingJob)` (local executor) on the rendered D; READY = the moment
+  hpc-serve  t0 = the call of `hpc.jobs.local.submit_local(D, ServingJob)` (local executor) on the rendered D; READY = the moment
              `D/jobs/<id>/endpoints/replica-0.json` exists (polled every 2 ms). Everything hpc-serve puts between
              a job start and a usable endpoint is inside: the detached supervisor, bash, the per-rank script,
              `python -m launcher` (plan, tritonserver resolution, ports, address), tritonserver itself, the
@@ -13,11 +13,11 @@ both, alternating which goes first:
              falling back to `scontrol show job` StartTime (1 s resolution) if the file was written to.
              sbatch → start (queueing, scheduling) is the cluster's, not ours, and is printed on its own.
   bare       the same tritonserver binary, environment and backends directory the launcher would use
-             (`launcher.server.resolve`, `launcher.server_env.child_env`), the same argv (`launcher.command.build_argv`:
+             (`launcher.node.server.resolve`, `launcher.node.server_env.child_env`), the same argv (`launcher.node.command.build_argv`:
              same repository, `--disable-auto-complete-config`, python shm prefix, fresh ports), started with
              Popen; t0 = just before Popen; READY = the first 200 from /v2/health/ready (polled every 2 ms) and
              then the same first request hpc-serve's READY includes (one token through the ensemble,
-             launcher/warmup.py), so both sides mean "a token came back".
+             launcher/node/warmup.py), so both sides mean "a token came back".
 
 Both are stopped and every process is gone before the next measurement starts. Printed: every round, the
 medians, and the ratio median(hpc-serve) / median(bare); for hpc-serve also where its time went
@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
-from launcher import model_names  # noqa: E402
-from launcher.job_index import HOME_ENV  # noqa: E402
-from launcher.records import EndpointRecord  # noqa: E402
+from launcher.contracts import model_names
+from launcher.contracts.job_index import HOME_ENV  # noqa: E402
+from launcher.contracts.records import EndpointRecord  # noqa: E402
 
 POLL_S = 0.002
 
@@ -73,7 +73,7 @@ def write_spec(folder: Path, checkpoint: Path, *, partition: str | None = None) 
 
 
 def wait_gone(text: str, timeout: float = 90) -> None:
-    from hpc.local import processes_mentioning
+    from hpc.jobs.local import processes_mentioning
 
     deadline = time.monotonic() + timeout
     while processes_mentioning(text):
@@ -114,8 +114,8 @@ def poll_file(path: Path, timeout: float, alive=lambda: True) -> float:
 
 
 def run_hpc_local(deploy_dir: Path) -> dict:
-    from hpc.job_kinds import ServingJob
-    from hpc.local import cancel_local, submit_local
+    from hpc.jobs.kinds import ServingJob
+    from hpc.jobs.local import cancel_local, submit_local
 
     t0 = time.time()
     ref = submit_local(deploy_dir, ServingJob)
@@ -138,10 +138,10 @@ def run_hpc_local(deploy_dir: Path) -> dict:
 
 
 def run_hpc_slurm(deploy_dir: Path) -> dict:
-    from hpc import slurm
-    from hpc.executors import SlurmExecutor
-    from hpc.job_kinds import ServingJob
-    from hpc.submit import cancel
+    from hpc.jobs.executors import SlurmExecutor
+    from hpc.jobs.kinds import ServingJob
+    from hpc.jobs.submit import cancel
+    from hpc.scheduler import slurm
 
     t_submit = time.time()
     ref = SlurmExecutor().submit(ServingJob, deploy_dir)
@@ -169,13 +169,13 @@ def run_hpc_slurm(deploy_dir: Path) -> dict:
 
 
 def run_bare(deploy_dir: Path, n: int) -> dict:
-    from launcher.command import build_argv
-    from launcher.plan import LaunchPlan
-    from launcher.ports import allocate
-    from launcher.server import resolve
-    from launcher.server_env import child_env
-    from launcher.urls import READY_PATH, http_url, open_direct
-    from launcher.warmup import Warmup, send
+    from launcher.contracts.plan import LaunchPlan
+    from launcher.contracts.urls import READY_PATH, http_url, open_direct
+    from launcher.node.command import build_argv
+    from launcher.node.ports import allocate
+    from launcher.node.server import resolve
+    from launcher.node.server_env import child_env
+    from launcher.node.warmup import Warmup, send
 
     plan = LaunchPlan.read(deploy_dir)
     server = resolve(plan.tritonserver)
@@ -242,9 +242,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the deployments")
     args = parser.parse_args()
 
-    from hpc.render import render
+    from hpc.render.jobfiles import render
     from hpc.spec import load_spec
-    from launcher.server import resolve
+    from launcher.node.server import resolve
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-startup-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hpc.gateway.triton import Chunk, GenerateParams  # noqa: E402
+from hpc.serving.triton import Chunk, GenerateParams  # noqa: E402
 
 App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
@@ -54,8 +54,8 @@ class FakeEngine:
 
     async def stream(self, grpc_url: str, params: GenerateParams, token: str | None = None) -> AsyncIterator[Chunk]:
         Clock.called = time.perf_counter()
-        try:  # as TritonEngine does once the request was written (hpc/gateway/idle.py), where the tree has it
-            from hpc.gateway.idle import run_deferred
+        try:  # as TritonEngine does once the request was written (hpc/serving/idle.py), where the tree has it
+            from hpc.serving.idle import run_deferred
         except ImportError:
             pass
         else:
@@ -114,9 +114,9 @@ async def gateway_app(engine: FakeEngine, work: Path) -> tuple[App, Any]:
     """The gateway's app (hpc.gateway.app.create_app) after its startup, with `engine` and one replica."""
     from backend.cpu_engine.init_model import create_checkpoint
     from hpc.gateway.app import create_app
-    from hpc.gateway.discovery import Discovery
-    from hpc.routing.balancer import Replica
-    from hpc.routing.deployment import Target
+    from hpc.serving.balancer import Replica
+    from hpc.serving.deployment import Target
+    from hpc.serving.discovery import Discovery
 
     async def no_look(self: Discovery) -> None:  # no deployment folder to look at: the replica is set below
         return None
@@ -138,7 +138,7 @@ def floor_app(engine: FakeEngine) -> App:
     """benchmarks/minimal_relay.py's raw ASGI relay, on `engine`."""
     import minimal_relay
 
-    from hpc.gateway import triton
+    from hpc.serving import triton
 
     triton.TritonEngine.stream = engine.stream  # type: ignore[method-assign,assignment]
     return minimal_relay.make_app("replica", None)

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-CLI = [sys.executable, "-m", "hpc.cli"]
+CLI = [sys.executable, "-m", "hpc.cli.main"]
 #: aiohttp is the client of the relays and of the other gateways (an extra, not a dependency)
 AIOHTTP = importlib.util.find_spec("aiohttp") is not None
 
@@ -155,7 +155,7 @@ def baseline(job_id: str, work: Path, source: Path | None) -> Iterator[str]:
 def gateway_beside(job_id: str, work: Path, source: Path | None = None) -> Iterator[str]:
     """One more gateway of the job, started before the measured one (its URL): one gateway per deployment, so its
     address record goes, and the next gateway starts beside it."""
-    from launcher.layout import gateway_record
+    from launcher.contracts.layout import gateway_record
 
     if not AIOHTTP:  # its client is aiohttp's, as gw_aiohttp's
         yield ""

@@ -26,7 +26,7 @@ def engine_steps(metrics_url: str) -> float:
     generated tokens per step tell whether a side's lower rate is the engine stepping slower or its batch
     holding fewer rows (requests spending their time outside the engine, in the client or the gateway)."""
     from backend.models.engine_metrics import GENERAL
-    from hpc.metrics import parse, scrape
+    from hpc.serving.metrics import parse, scrape
 
     for sample in parse(scrape(metrics_url), prefixes=(GENERAL,)):
         if sample.labels.get("general_type") == "iteration_counter":
@@ -93,7 +93,7 @@ class Sides:
     """One request, either way: (seconds to the first text, seconds in all, tokens generated)."""
 
     def __init__(self, url: str, token: str | None, grpc_url: str, model: str, max_tokens: int) -> None:
-        from hpc.gateway.triton import TritonEngine
+        from hpc.serving.triton import TritonEngine
 
         self.url, self.token, self.grpc_url, self.model, self.max_tokens = url, token, grpc_url, model, max_tokens
         self.engine = TritonEngine()
@@ -180,7 +180,7 @@ class Sides:
         return first or 0.0, time.perf_counter() - t0, tokens
 
     async def direct(self) -> tuple[float, float, int]:
-        from hpc.gateway.triton import GenerateParams
+        from hpc.serving.triton import GenerateParams
 
         t0 = time.perf_counter()
         first, tokens = None, 0

@@ -2,7 +2,7 @@
 
 A raw ASGI app on the gateway's own server settings (uvicorn, httptools, uvloop), nothing else: no FastAPI, no
 validation, no routing, no balancer, no access log or metrics, no OpenAI envelope (one `data: {"text": ...}`
-event per piece, then a usage event and `[DONE]`), the same gRPC stream to the replica (hpc.gateway.triton's
+event per piece, then a usage event and `[DONE]`), the same gRPC stream to the replica (hpc.serving.triton's
 TritonEngine). bench_gateway.py measures it as the `floor` side beside the real gateway: what the gateway adds
 beyond this floor is its own code; what the floor adds over direct gRPC is the price of any HTTP hop in Python.
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import uvicorn  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from hpc.gateway.triton import GenerateParams, TritonEngine  # noqa: E402
+from hpc.serving.triton import GenerateParams, TritonEngine  # noqa: E402
 
 HEADERS = [(b"content-type", b"text/event-stream")]
 

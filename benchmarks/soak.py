@@ -52,11 +52,11 @@ import httpx  # noqa: E402
 import yaml  # noqa: E402
 from soak_jobs import Memory, job_servers, rank_ends, sacct  # noqa: E402
 
-from launcher.job_index import HOME_ENV  # noqa: E402
-from launcher.layout import JobPaths  # noqa: E402
-from launcher.records import read_chain, read_endpoints  # noqa: E402
+from launcher.contracts.job_index import HOME_ENV  # noqa: E402
+from launcher.contracts.layout import JobPaths  # noqa: E402
+from launcher.contracts.records import read_chain, read_endpoints  # noqa: E402
 
-CLI = [sys.executable, "-m", "hpc.cli"]
+CLI = [sys.executable, "-m", "hpc.cli.main"]
 NAME = "soak"
 #: kind → (weight, streamed, max_tokens); "cancelled" kinds are closed by the client after CANCEL_AFTER events;
 #: "pt-" kinds go through the gateway's Triton passthrough (`/v2/models/ensemble/generate_stream`)
@@ -276,8 +276,8 @@ def main() -> int:
     )
     result: dict[str, Any] = {"minutes": args.minutes, "concurrency": args.concurrency, "seed": args.seed}
     try:
-        from hpc.gateway.record import live_gateway
-        from hpc.routing.deployment import resolve_target
+        from hpc.serving.deployment import resolve_target
+        from hpc.serving.gateway_record import live_gateway
 
         target = resolve_target(str(spec))
         deadline = time.monotonic() + 60

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from launcher.layout import JobPaths
-from launcher.records import read_endpoints, read_rank_records
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.records import read_endpoints, read_rank_records
 
 
 def _environ_has(pid: int, marker: bytes) -> bool:

@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpc.client import Client, Endpoint, job_endpoints
-from hpc.executors import watch
-from hpc.job_status import JobStatus
-from hpc.jobs import JobRef, find_job
-from hpc.track import job_status, wait
-from launcher import model_names
-from launcher.config import CANCEL_GRACE_S
+from hpc.jobs.executors import watch
+from hpc.jobs.status import JobStatus
+from hpc.jobs.track import job_status, wait
+from hpc.scheduler.index import JobRef, find_job
+from launcher.contracts import model_names
+from launcher.contracts.config import CANCEL_GRACE_S
 
 
 class JobFailed(RuntimeError):
@@ -59,8 +59,8 @@ class Job:
         return Client.from_job(self.ref, replica=replica, model=model)
 
     def cancel(self, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
-        """Ordered stop, then scancel, then wait for the end: the same `hpc.submit.cancel` as the CLI's."""
-        from hpc.submit import cancel
+        """Ordered stop, then scancel, then wait for the end: the same `hpc.jobs.submit.cancel` as the CLI's."""
+        from hpc.jobs.submit import cancel
 
         return cancel(self.ref, grace_s)
 
@@ -70,7 +70,7 @@ class Job:
 
 def submit(spec: str | Path, executor: str | None = None) -> Job:
     """Validate, render and submit a spec file (raises hpc.spec.SpecError listing every problem)."""
+    from hpc.jobs.submit import submit as submit_spec
     from hpc.spec import load_spec
-    from hpc.submit import submit as submit_spec
 
     return Job(submit_spec(load_spec(spec), executor=executor))

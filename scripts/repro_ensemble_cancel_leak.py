@@ -1,6 +1,6 @@
 """tritonserver 2.51 never releases an ensemble request whose gRPC stream was cancelled while a step's request
 waited: a two-model toy ensemble, none of hpc-serve's models. Why it is kept: the gateway stops abandoned
-streams by request id instead of cancelling them (hpc/gateway/abandon.py), and this is the evidence that the
+streams by request id instead of cancelling them (hpc/serving/abandon.py), and this is the evidence that the
 leak is tritonserver's, not our models' (and what to send upstream).
 
 The toy: `gen` (python, decoupled) sends 200 responses 10 ms apart, ignoring cancellation as an engine busy on a

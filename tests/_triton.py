@@ -84,7 +84,7 @@ def post_json(
     host: str, port: int, path: str, body: dict | bytes, timeout: float = 60, headers: dict[str, str] | None = None
 ) -> tuple[int, dict]:
     """POST a JSON body (or raw bytes, to send malformed ones) → (HTTP status, parsed reply or {"raw": text});
-    `headers` adds to Content-Type (e.g. a job's access token, hpc.auth.http_headers)."""
+    `headers` adds to Content-Type (e.g. a job's access token, hpc.serving.auth.http_headers)."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()

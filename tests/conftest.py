@@ -49,9 +49,9 @@ def tiny_gpt2(shared_tmp) -> Path:
 def tritonserver() -> str:
     """Skip (or fail on CI) when no tritonserver can be found the way the launcher finds one."""
     try:
-        from launcher.server import resolve as resolve_server
+        from launcher.node.server import resolve as resolve_server
     except ImportError as exc:  # pragma: no cover - the launcher is part of the package
-        pytest.fail(f"launcher.server: {exc}")
+        pytest.fail(f"launcher.node.server: {exc}")
     try:
         resolved = resolve_server(None)
     except Exception as exc:  # noqa: BLE001 - the launcher's own message says what was tried
@@ -147,7 +147,7 @@ def serve_app(gateway) -> Iterator[Callable[..., str]]:
     import uvicorn
 
     from hpc.gateway.app import create_app
-    from hpc.routing.deployment import resolve_target
+    from hpc.serving.deployment import resolve_target
     from tests.e2e import free_port, gateway_ready, wait_for
 
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []

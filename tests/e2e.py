@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from launcher.layout import JobPaths
-from launcher.records import RankExitRecord, read_rank_records
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.records import RankExitRecord, read_rank_records
 
-CLI = [sys.executable, "-m", "hpc.cli"]
+CLI = [sys.executable, "-m", "hpc.cli.main"]
 
 
 def write_spec(
@@ -89,7 +89,7 @@ def status(job: str) -> dict:
 
 def processes_under(path: Path) -> list[tuple[int, str]]:
     """Live processes whose command line mentions `path` (tritonserver, python stubs, launchers)."""
-    from hpc.local import processes_mentioning
+    from hpc.jobs.local import processes_mentioning
 
     return processes_mentioning(str(path))
 
@@ -168,8 +168,8 @@ def module_job(
 
 def job_token(job_id: str) -> str | None:
     """The access token a job's tritonserver requires (its deployment folder's; None with auth: none)."""
-    from hpc.auth import read_token
-    from hpc.jobs import find_job
+    from hpc.scheduler.index import find_job
+    from hpc.serving.auth import read_token
 
     return read_token(find_job(job_id).deploy_dir)
 
@@ -188,7 +188,7 @@ def core_model_stream(
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from hpc.auth import grpc_headers
+    from hpc.serving.auth import grpc_headers
 
     ids = np.array([prompt_ids], dtype=np.int32)
     arrays = {
@@ -233,8 +233,8 @@ def core_model_stream(
 def gateway_process(target: str, log: Path, *extra: str) -> Iterator[tuple[subprocess.Popen, Any]]:
     """`hpc-serve gateway TARGET --port auto` as a process of its own → (the process, its GatewayRecord) once
     it answers at the address it published; stopped (SIGTERM, then SIGKILL) at the end, unless a test did."""
-    from hpc.gateway.record import live_gateway
-    from hpc.routing.deployment import resolve_target
+    from hpc.serving.deployment import resolve_target
+    from hpc.serving.gateway_record import live_gateway
 
     deployment = resolve_target(target)
     with log.open("w") as out:
@@ -290,7 +290,7 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
 def local_jobs(folder: Path, spec: Path, count: int) -> Iterator[list[tuple[str, Path]]]:
     """`count` READY local jobs of `spec` ([(job id, job folder)]) under a private job index in `folder`; every
     process of theirs killed at the end (what a test killed already is skipped)."""
-    from hpc.local import job_processes
+    from hpc.jobs.local import job_processes
 
     jobs: list[tuple[str, Path]] = []
     with private_job_index(folder):
@@ -360,7 +360,7 @@ def ensemble_clients(endpoint: dict, count: int, stop: Any, endings: list[tuple[
     the server is going away, a real client would retry elsewhere."""
     import threading
 
-    from hpc.auth import grpc_headers
+    from hpc.serving.auth import grpc_headers
 
     url, headers = f"{endpoint['address']}:{endpoint['grpc_port']}", grpc_headers(job_token(endpoint["job_id"]))
 

@@ -1,4 +1,4 @@
-"""A deployment's launch plan for tests that fake one: made through its one schema (launcher/plan.py), never as a
+"""A deployment's launch plan for tests that fake one: made through its one schema (launcher/contracts/plan.py), never as a
 hand-typed dict that could drift from what render writes."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launcher.layout import Deployment
-from launcher.plan import LaunchPlan
+from launcher.contracts.layout import Deployment
+from launcher.contracts.plan import LaunchPlan
 
 
 def make_plan(deploy: Path, *, replicas: int = 1, world_size_per_replica: int = 1, **keys: Any) -> LaunchPlan:

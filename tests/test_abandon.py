@@ -1,4 +1,4 @@
-"""hpc/gateway/abandon.py `stop_until` on its own: the stops of a request whose client left, sent until the engine
+"""hpc/serving/abandon.py `stop_until` on its own: the stops of a request whose client left, sent until the engine
 holds it, without a replica (a stop here is a coroutine the test controls). End to end: tests/test_gateway_abandon.py
 and tests/test_gateway_e2e_replicas.py."""
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from hpc.compat import timeout
-from hpc.gateway import abandon
-from hpc.gateway.abandon import STOPS_IN_FLIGHT, stop_until
+from hpc.serving import abandon
+from hpc.serving.abandon import STOPS_IN_FLIGHT, stop_until
 
 
 class Stops:

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc import render as R
-from hpc.auth import Tokens, deployment_token, ensure_deployment_token, ensure_token, grpc_headers, http_headers
+from hpc.render import jobfiles as R
+from hpc.serving.auth import Tokens, deployment_token, ensure_deployment_token, ensure_token, grpc_headers, http_headers
 from hpc.spec import SpecError, parse_spec
-from launcher import auth
-from launcher.layout import Deployment
-from launcher.plan import LaunchPlan, PlanError
+from launcher.contracts import auth
+from launcher.contracts.layout import Deployment
+from launcher.contracts.plan import LaunchPlan, PlanError
 
 
 def _spec(tmp: Path, **extra):

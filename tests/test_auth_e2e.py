@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc.auth import grpc_headers, http_headers
-from launcher.layout import Deployment
+from hpc.serving.auth import grpc_headers, http_headers
+from launcher.contracts.layout import Deployment
 from tests.e2e import cli, core_model_stream, job_token, module_job, processes_under, status
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(400)]
@@ -108,7 +108,7 @@ def test_the_gateways_engine_tells_a_refused_token_from_a_broken_replica_under_c
     as INTERNAL "Internal error from Core" (its status lost: 193 of 300 did before the engine checked): each of
     these concurrent refusals must still read as TokenRefused (the gateway's 502, replica not benched), never as
     ReplicaUnavailable, and the right token is served alongside."""
-    from hpc.gateway.triton import GenerateParams, ReplicaUnavailable, TokenRefused, TritonEngine
+    from hpc.serving.triton import GenerateParams, ReplicaUnavailable, TokenRefused, TritonEngine
 
     job, endpoint, _ = served
     url, token = f"{endpoint['address']}:{endpoint['grpc_port']}", job_token(job)

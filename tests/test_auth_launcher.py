@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc.auth import ensure_token, http_headers
-from launcher import auth
+from hpc.serving.auth import ensure_token, http_headers
+from launcher.contracts import auth
 from tests.test_launcher_triton import (  # noqa: F401 - launchers: the fixture that stops them
     IDENTITY,
     SERVER,

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from hpc.auth import grpc_headers, http_headers
+from hpc.serving.auth import grpc_headers, http_headers
 from tests._triton import post_json
 from tests.e2e import cli, job_token, module_job, status
 

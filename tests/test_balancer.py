@@ -1,4 +1,4 @@
-"""The routing policy (hpc/routing/balancer.py), pure: least outstanding, prefix affinity with bounded load,
+"""The routing policy (hpc/serving/balancer.py), pure: least outstanding, prefix affinity with bounded load,
 draining replicas, the admission bound. Shared by the gateway and the Python client."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
+from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
 
 
 def _replicas(*keys: str) -> list[Replica]:

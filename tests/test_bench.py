@@ -220,7 +220,7 @@ nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="tokens_per",model="tenso
 
 
 def _values(**numbers: float) -> dict[str, float]:
-    from hpc.metrics import parse
+    from hpc.serving.metrics import parse
 
     return {key_of(s.name, s.labels): s.value for s in parse(PAGE.format(**numbers), prefixes=())}
 
@@ -244,7 +244,7 @@ def test_metrics_rates_and_sums_over_replicas():
 
 
 def test_bench_refuses_bad_input_naming_the_option(tmp_path, hpc_home):
-    from hpc.cli import main
+    from hpc.cli.main import main
 
     with pytest.raises(SystemExit):
         main(["bench", "x", "--sweep", "speed=1,2"])

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc.jobs import find_job
-from launcher.job_index import entry_name_of
+from hpc.scheduler.index import find_job
+from launcher.contracts.job_index import entry_name_of
 from tests.e2e import cli, gateway_process, module_job, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

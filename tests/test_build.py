@@ -1,5 +1,5 @@
-"""The `build:` section (hpc/spec/build.py), the build plan and its cache (hpc/engine_build/plan.py,
-launcher/build_record.py), sharded CPU checkpoints (backend/cpu_engine/shards.py) and the engine checks of
+"""The `build:` section (hpc/spec/build.py), the build plan and its cache (hpc/jobs/build_plan.py,
+launcher/jobscript/build_record.py), sharded CPU checkpoints (backend/cpu_engine/shards.py) and the engine checks of
 `validate` (hpc/spec/files.py engine_limit_conflicts). The build job itself runs in tests/test_build_cluster.py."""
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import yaml
 from backend.cpu_engine.checkpoint import CheckpointError, load_config, load_weights
 from backend.cpu_engine.model import TransformerShard
 from backend.cpu_engine.shards import ShardedWeights, _Place, write_sharded
-from hpc.engine_build.plan import plan_build, served_spec
-from hpc.engine_build.script import build_steps, write_build
+from hpc.jobs.build_plan import plan_build, served_spec
+from hpc.jobs.build_script import build_steps, write_build
 from hpc.spec import SpecError, load_spec
 from hpc.spec.files import context_length
-from launcher.build_record import checkpoint_identity, finish
-from launcher.build_step import BuildStep
-from launcher.layout import BUILD_RECORD_NAME, Deployment
-from launcher.rank import JOB_ID_ENV
+from launcher.contracts.build_step import BuildStep
+from launcher.contracts.layout import BUILD_RECORD_NAME, Deployment
+from launcher.contracts.rank import JOB_ID_ENV
+from launcher.jobscript.build_record import checkpoint_identity, finish
 
 
 def write(folder: Path, body: str, name: str = "spec.yaml") -> Path:
@@ -199,7 +199,7 @@ def test_tensorrtllm_request_changes_with_every_engine_argument(gpu_dir):
 def test_render_writes_the_build_script_and_creates_nothing(tmp_path, hpc_home):
     path = write(tmp_path, CPU)
     out = subprocess.run(
-        [sys.executable, "-m", "hpc.cli", "render", str(path), "-o", str(tmp_path / "deploy")],
+        [sys.executable, "-m", "hpc.cli.main", "render", str(path), "-o", str(tmp_path / "deploy")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -443,7 +443,7 @@ def test_local_build_then_cache_hit_and_a_failed_step(tmp_path, hpc_home):
 
     def build() -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "hpc.cli", "build", str(path), "--executor", "local"],
+            [sys.executable, "-m", "hpc.cli.main", "build", str(path), "--executor", "local"],
             capture_output=True,
             text=True,
             timeout=240,
@@ -468,9 +468,9 @@ def test_local_build_then_cache_hit_and_a_failed_step(tmp_path, hpc_home):
 def test_stale_building_markers_are_removed_and_a_live_one_is_waited_on(tmp_path, hpc_home):
     """A marker whose job ended without removing it (cancelled while pending), whose folder is gone, that is
     broken, or that has the name of builds rendered before: removed by the next reader. A building job's stays."""
-    from hpc.engine_build.run import _build_under_way
-    from hpc.job_kinds import BuildJob
-    from launcher.layout import OLD_BUILDING_MARKER_NAME, JobPaths, building_marker
+    from hpc.jobs.build import _build_under_way
+    from hpc.jobs.kinds import BuildJob
+    from launcher.contracts.layout import OLD_BUILDING_MARKER_NAME, JobPaths, building_marker
 
     plan = plan_build(load_spec(write(tmp_path, CPU.replace("build: {}", "build: {output_dir: engines}"))))
     root = plan.engine_dir.parent
@@ -501,7 +501,7 @@ def test_stale_building_markers_are_removed_and_a_live_one_is_waited_on(tmp_path
 
 def test_launch_spec_serves_the_built_engine_or_says_to_build_it(tmp_path, monkeypatch, tiny_gpt2):
     """`hpc-serve launch SPEC` inside an allocation: rank 0 renders the served engine, never an unbuilt one."""
-    from hpc.launch import deployment_for_spec
+    from hpc.cli.launch import deployment_for_spec
 
     for name in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK", "PMIX_RANK"):
         monkeypatch.delenv(name, raising=False)
@@ -529,11 +529,11 @@ def test_the_older_paged_kv_cache_flag_replaces_kv_cache_type(gpu_dir):
 
 def test_build_job_status_lines(tmp_path, hpc_home):
     """What `status` says of a build job, from its folder: the failed step with its command and last lines."""
-    from hpc.job_kinds import BuildJob
-    from hpc.job_status import JobStatus
-    from hpc.jobs import JobRef
-    from hpc.track import job_status
-    from launcher.layout import JobPaths
+    from hpc.jobs.kinds import BuildJob
+    from hpc.jobs.status import JobStatus
+    from hpc.jobs.track import job_status
+    from hpc.scheduler.index import JobRef
+    from launcher.contracts.layout import JobPaths
 
     assert JobStatus("812", "PENDING", "Resources", kind="build").summary() == "812 PENDING (build; Resources)"
     deploy = tmp_path / "d"
@@ -563,12 +563,12 @@ def test_build_job_status_lines(tmp_path, hpc_home):
 
 
 def test_a_running_build_names_its_step_from_the_record_not_the_log(tmp_path, hpc_home):
-    """BUILDING says the step the script's record names (launcher/build_step.py), with its command from the build
+    """BUILDING says the step the script's record names (launcher/contracts/build_step.py), with its command from the build
     request; what the log says is only shown, never read as state."""
-    from hpc.job_kinds import BuildJob
-    from hpc.jobs import JobRef
-    from hpc.track import job_status
-    from launcher.layout import JobPaths
+    from hpc.jobs.kinds import BuildJob
+    from hpc.jobs.track import job_status
+    from hpc.scheduler.index import JobRef
+    from launcher.contracts.layout import JobPaths
 
     paths = JobPaths(tmp_path / "d", "local-b2").create()
     BuildJob.mark(paths)
@@ -584,11 +584,11 @@ def test_a_running_build_names_its_step_from_the_record_not_the_log(tmp_path, hp
 
 def test_the_build_scripts_steps_write_their_records(tmp_path):
     """The rendered script's `step` function, run by bash: each step's record as it starts, the failed one's with
-    its exit status, in the records' own format (render passes it in: launcher/build_step.py)."""
+    its exit status, in the records' own format (render passes it in: launcher/contracts/build_step.py)."""
     import re
 
-    from hpc.engine_build.script import render_build_script
-    from launcher.layout import JobPaths
+    from hpc.jobs.build_script import render_build_script
+    from launcher.contracts.layout import JobPaths
 
     spec = load_spec(write(tmp_path, CPU))
     script = render_build_script(spec, plan_build(spec), tmp_path / "deploy")

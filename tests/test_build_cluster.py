@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.layout import BUILD_RECORD_NAME
+from launcher.contracts.layout import BUILD_RECORD_NAME
 from tests.e2e import cli, status, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]

@@ -1,4 +1,4 @@
-"""hpc.client without a server: the shared retry rule (hpc/routing/retry.py), the sampling parameters, how the
+"""hpc.client without a server: the shared retry rule (hpc/serving/retry.py), the sampling parameters, how the
 gateway's answers become exceptions, and TARGETs that name nothing ready. tests/test_client_e2e.py runs it
 against real jobs and a real gateway."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from hpc.client import AsyncClient, AuthError, Busy, Client, NotReady, RequestError, ServerError, TargetError
 from hpc.client.transport import _refusal, generate_params
-from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated
-from hpc.routing.retry import stream_with_retry, taken_whole
+from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated
+from hpc.serving.retry import stream_with_retry, taken_whole
 from tests.e2e import write_spec
 
 pytestmark = pytest.mark.timeout(60)

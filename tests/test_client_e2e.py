@@ -17,13 +17,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from hpc.auth import read_token
 from hpc.client import AsyncClient, AuthError, Client, RequestError, ServerError
-from hpc.gateway.record import record_path
-from hpc.metrics import parse, scrape
-from hpc.routing.deployment import resolve_target
-from launcher.layout import JobPaths
-from launcher.records import EndpointRecord, read_endpoints
+from hpc.serving.auth import read_token
+from hpc.serving.deployment import resolve_target
+from hpc.serving.gateway_record import record_path
+from hpc.serving.metrics import parse, scrape
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.records import EndpointRecord, read_endpoints
 from tests.e2e import cli, gateway_process, local_jobs, wait_for, write_spec
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]

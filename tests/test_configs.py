@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc import render as R
+from hpc.render import jobfiles as R
 from hpc.spec import load_spec
 from tests import _golden
 from tests._golden import check_script
@@ -74,7 +74,7 @@ def test_there_are_configs():
 def validate(config: Path, cwd: Path) -> subprocess.CompletedProcess:
     """`hpc-serve validate CONFIG` in a process of its own, with this checkout and this test's environment."""
     return subprocess.run(
-        [sys.executable, "-m", "hpc.cli", "validate", str(config)],
+        [sys.executable, "-m", "hpc.cli.main", "validate", str(config)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -144,7 +144,7 @@ def fresh_machine(tmp: Path) -> dict[str, str]:
 
 def cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hpc.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+        [sys.executable, "-m", "hpc.cli.main", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
     )
 
 

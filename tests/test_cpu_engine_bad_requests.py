@@ -188,7 +188,7 @@ def test_a_stopping_engine_with_time_to_spare_still_serves_what_it_has(gpt2: Pat
 def test_a_stopping_engine_refuses_new_requests_and_finishes_those_in_flight(gpt2: Path) -> None:
     """Told to stop with time to spare: a request in flight streams to its end, a new one is refused at once
     naming the stop, and the engine reports "draining" then "drained" (its launcher SIGTERMs tritonserver only
-    then: launcher/stop.py LeaderDrain)."""
+    then: launcher/node/stop.py LeaderDrain)."""
     engine = Engine(str(gpt2), max_batch_size=2)
     reports: list[str] = []
     engine.report_drain = reports.append

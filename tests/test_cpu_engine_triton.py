@@ -34,9 +34,9 @@ from backend.cpu_engine.engine import Engine
 from backend.cpu_engine.init_model import create_checkpoint
 from backend.cpu_engine.scheduler import GenerationRequest
 from backend.cpu_engine.triton_io import encode_words_list
-from hpc.metrics import parse
-from launcher.prometheus import samples
-from launcher.renew_plan import active_requests
+from hpc.serving.metrics import parse
+from launcher.contracts.prometheus import samples
+from launcher.contracts.renew_plan import active_requests
 from tests._env import unavailable
 from tests.steps import GPU_PACE_MS
 
@@ -54,7 +54,7 @@ VARIANTS: dict[str, dict[str, object]] = {  # model name -> repository parameter
 
 
 def _server():
-    from launcher.server import ServerNotFound, merge_env, resolve
+    from launcher.node.server import ServerNotFound, merge_env, resolve
 
     try:
         return resolve(None), merge_env
@@ -108,7 +108,7 @@ class Triton:
 def _start(
     tmp: Path, repo: Path, tp: int = 1, load: tuple[str, ...] = ("tensorrt_llm",), env: dict[str, str] | None = None
 ) -> Triton:
-    from launcher.ports import free_ports
+    from launcher.node.ports import free_ports
 
     server, merge_env = _server()
     http, grpc, metrics = free_ports(3)
@@ -468,7 +468,7 @@ def test_inflight_batcher_and_general_metrics(server) -> None:
 
 
 def test_the_page_reads_as_prometheus_client_reads_it(server, stream) -> None:
-    """The one parser (launcher/prometheus.py, stdlib: the drain reads the page on a node without
+    """The one parser (launcher/contracts/prometheus.py, stdlib: the drain reads the page on a node without
     prometheus_client) on a real tritonserver's page, against prometheus_client's own parser."""
     stream.send("m3", PROMPT, 3)
     stream.until_final("m3")
@@ -529,7 +529,7 @@ def test_world_size_must_equal_tp_size(server) -> None:
 
 
 def test_replicas_need_a_whole_number_of_tp_groups(tmp_path, repo) -> None:
-    from launcher.rank import RANKS_PER_REPLICA_ENV, WORLD_SIZE_ENV
+    from launcher.contracts.rank import RANKS_PER_REPLICA_ENV, WORLD_SIZE_ENV
 
     triton = _start(tmp_path, repo, load=(), env={WORLD_SIZE_ENV: "3", RANKS_PER_REPLICA_ENV: "2"})  # as launched
     try:

@@ -16,7 +16,7 @@ from hpc.doctor.probe import ProbeJob, verdicts, write_probe
 from hpc.doctor.profile import profile_values
 from hpc.doctor.report import Check, exit_code, fail, ok
 from hpc.spec import Spec
-from launcher.layout import SHIPPED_PACKAGES, SOURCE_ROOT
+from launcher.contracts.layout import SHIPPED_PACKAGES, SOURCE_ROOT
 
 PARTITIONS = (
     "PartitionName=debug AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A "

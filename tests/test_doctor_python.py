@@ -17,7 +17,7 @@ import pytest
 
 from hpc.doctor.probe import ProbeJob, node_bundle, verdicts
 from hpc.spec import Spec
-from launcher.layout import SOURCE_ROOT
+from launcher.contracts.layout import SOURCE_ROOT
 from tests._pythons import find_python, where_looked
 
 
@@ -36,7 +36,7 @@ def test_verdicts_of_the_python_that_runs_the_ranks(tmp_path):
         "version": "3.8.10",
         "detail": "python3 in the container is 3.8.10 (/usr/bin/python3); hpc-serve's rank-side code needs >= 3.10",
     }
-    server = {"ok": False, "skip": True, "detail": "not checked: Python 3.8.10 cannot import launcher.server"}
+    server = {"ok": False, "skip": True, "detail": "not checked: Python 3.8.10 cannot import launcher.node.server"}
     job = ProbeJob("11", state="FAILED", exit_code=32, node="n1", saw_node_file=True,
                    results={"node": "n1", "python": old, "tritonserver": server})  # fmt: skip
     checks = {c.name: c for c in verdicts(s, job, tmp_path)}

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from launcher.config import STOP_LEAD_S
-from launcher.layout import JobPaths
-from launcher.stop_records import BY_TIME_LIMIT, StopNotice, StopRequest
+from launcher.contracts.config import STOP_LEAD_S
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.stop_records import BY_TIME_LIMIT, StopNotice, StopRequest
 from tests.e2e import (
     CLI,
     assert_streams_ended_clearly,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.layout import Deployment, JobPaths
-from launcher.records import read_endpoints
+from launcher.contracts.layout import Deployment, JobPaths
+from launcher.contracts.records import read_endpoints
 from tests.e2e import cli, kill_quietly, processes_under, rank_records, status, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
 @pytest.fixture
 def local_jobs(hpc_home, tritonserver):
     """Deployment folders a test started; whatever the outcome, nothing of theirs survives the test."""
-    from hpc.local import job_processes
+    from hpc.jobs.local import job_processes
 
     started: list[tuple[str, Path]] = []
     yield started

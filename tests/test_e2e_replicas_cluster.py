@@ -1,7 +1,7 @@
 """Replicas, fail-fast and requeue on the real Slurm test cluster: 2 replicas × tp 2 across node1/node2, each
-replica its own `srun --mpi=pmix` step (hpc/placement.py), the CPU engine over MPI.
+replica its own `srun --mpi=pmix` step (hpc/spec/placement.py), the CPU engine over MPI.
 
-Fail-fast (launcher/watch.py, DEVELOPERS.md "Fail-fast"): a leader's tritonserver, a follower's tritonserver
+Fail-fast (launcher/node/watch.py, DEVELOPERS.md "Fail-fast"): a leader's tritonserver, a follower's tritonserver
 and a leader's python stub are SIGKILLed, each in a job of its own (replica_policy fail-job): the job is FAILED
 within FAIL_FAST_S naming the rank and the signal, its peer says it stopped for that rank (the watch acted, not
 srun or Slurm), the dead replica's processes are gone within FAIL_FAST_S, and then no process and no /dev/shm
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc.jobs import find_job
-from hpc.track import job_status
-from launcher.layout import JobPaths
-from launcher.rank import STEP_REPLICA_ENV
+from hpc.jobs.track import job_status
+from hpc.scheduler.index import find_job
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.rank import STEP_REPLICA_ENV
 from tests.e2e import cli, private_job_index, processes_under, rank_records, status, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -1,6 +1,6 @@
-"""Replica steps and fail-fast, without Slurm: a rank's place in a one-replica step (launcher/rank.py), the
-placement of the steps (hpc/placement.py), the stub and peer watches (launcher/watch.py) on real processes,
-and the removal of a rank's shared-memory regions (launcher/command.py). The cluster runs them for real in
+"""Replica steps and fail-fast, without Slurm: a rank's place in a one-replica step (launcher/contracts/rank.py), the
+placement of the steps (hpc/spec/placement.py), the stub and peer watches (launcher/node/watch.py) on real processes,
+and the removal of a rank's shared-memory regions (launcher/node/command.py). The cluster runs them for real in
 tests/test_e2e_replicas_cluster.py."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc.placement import PlacementError, replica_steps
-from launcher import records
-from launcher.command import remove_shm_regions, shm_glob_shell, shm_prefix
-from launcher.rank import STEP_REPLICA_ENV, RankInfo, WorldSizeError, detect, role
-from launcher.watch import PeerWatch, StubWatch, group_stubs, zombie_returncode
+from hpc.spec.placement import PlacementError, replica_steps
+from launcher.contracts import records
+from launcher.contracts.rank import STEP_REPLICA_ENV, RankInfo, WorldSizeError, detect, role
+from launcher.node.command import remove_shm_regions, shm_glob_shell, shm_prefix
+from launcher.node.watch import PeerWatch, StubWatch, group_stubs, zombie_returncode
 
 
 # ------------------------------------------------------------------------------------------- rank and place

@@ -7,11 +7,11 @@ import stat
 
 import pytest
 
-from hpc.auth import Tokens, ensure_token, read_tokens
 from hpc.gateway.auth import authorized
 from hpc.gateway.passthrough import PASSTHROUGH_ID_PREFIX, HiddenId, _parsed, _request_id
-from hpc.gateway.text import FALLBACK_TEMPLATE, ChatTemplate, StopStream, cut_at_stop
-from hpc.routing.balancer import Balancer, Replica
+from hpc.serving.auth import Tokens, ensure_token, read_tokens
+from hpc.serving.balancer import Balancer, Replica
+from hpc.serving.text import FALLBACK_TEMPLATE, ChatTemplate, StopStream, cut_at_stop
 
 
 def test_chat_template_from_tokenizer_config(tmp_path):
@@ -106,14 +106,14 @@ class FakeEngine:
         self.tokens: list[str | None] = []
 
     async def stream(self, grpc_url, params, token=None):
-        from hpc.gateway.triton import Chunk, ReplicaUnavailable
+        from hpc.serving.triton import Chunk, ReplicaUnavailable
 
         self.calls.append(grpc_url)
         self.tokens.append(token)
         if grpc_url == "dead":
             raise ReplicaUnavailable("dead: UNAVAILABLE")
         if grpc_url == "locked":
-            from hpc.gateway.triton import TokenRefused
+            from hpc.serving.triton import TokenRefused
 
             raise TokenRefused("locked: UNAVAILABLE: This protocol is restricted, expecting header 'authorization'")
         yield Chunk("a", 1)
@@ -127,8 +127,8 @@ def _replicas(*keys: str) -> list[Replica]:
 
 
 def _gateway(*keys: str):
-    from hpc.gateway.discovery import Discovery
     from hpc.gateway.state import Gateway
+    from hpc.serving.discovery import Discovery
 
     balancer = Balancer()
     balancer.update(_replicas(*keys))
@@ -140,7 +140,7 @@ def _gateway(*keys: str):
 
 async def _collect(gw) -> str:
     """As the routes take a generation: its first piece with `first` (the answers when none is left), then the rest."""
-    from hpc.gateway.triton import GenerateParams
+    from hpc.serving.triton import GenerateParams
 
     pieces = gw.generate(GenerateParams(prompt="x", max_tokens=2))
     first = await gw.first(pieces)
@@ -164,7 +164,7 @@ def test_an_answer_taken_whole_is_retried_even_after_the_replica_sent_pieces():
     """A request not streamed (`whole`): nothing reached the client, so a replica lost half-way is retried."""
     import asyncio
 
-    from hpc.gateway.triton import GenerateParams
+    from hpc.serving.triton import GenerateParams
 
     gw, engine = _gateway("flaky", "z-live")
 
@@ -180,7 +180,7 @@ def test_a_refused_token_is_not_retried_nor_benched_and_the_access_record_names_
     import asyncio
 
     from hpc.gateway.accesslog import RequestRecord
-    from hpc.gateway.triton import GenerateParams, TokenRefused, is_auth_refusal
+    from hpc.serving.triton import GenerateParams, TokenRefused, is_auth_refusal
 
     assert is_auth_refusal(RuntimeError("UNAVAILABLE: This protocol is restricted, expecting header 'x'"))
     assert not is_auth_refusal(RuntimeError("UNAVAILABLE: failed to connect to all addresses"))
@@ -202,7 +202,7 @@ def test_a_failure_after_the_first_chunk_reaches_the_client_and_none_left_is_503
     import asyncio
 
     from hpc.gateway.errors import APIError
-    from hpc.gateway.triton import ReplicaUnavailable
+    from hpc.serving.triton import ReplicaUnavailable
 
     gw, engine = _gateway("flaky", "z-live")
     with pytest.raises(ReplicaUnavailable):
@@ -219,7 +219,7 @@ def test_no_replica_is_503_and_missing_fields_are_400(tmp_path, tiny_gpt2):
     from fastapi.testclient import TestClient
 
     from hpc.gateway.app import create_app
-    from hpc.routing.deployment import Target
+    from hpc.serving.deployment import Target
 
     app = create_app(Target(tmp_path / "runs", "nothing", tiny_gpt2))
     with TestClient(app) as http:
@@ -238,9 +238,9 @@ def test_no_replica_is_503_and_missing_fields_are_400(tmp_path, tiny_gpt2):
 def test_a_spec_file_names_every_folder_of_its_deployment_and_nothing_else(tmp_path, tiny_gpt2):
     import yaml
 
-    from hpc.routing.deployment import deployment_folders, published, resolve_target
-    from launcher.layout import JobPaths
-    from launcher.records import EndpointRecord, write_json_atomic
+    from hpc.serving.deployment import deployment_folders, published, resolve_target
+    from launcher.contracts.layout import JobPaths
+    from launcher.contracts.records import EndpointRecord, write_json_atomic
     from tests.e2e import write_spec
 
     target = resolve_target(str(write_spec(tmp_path, "gw", tiny_gpt2)))
@@ -261,9 +261,9 @@ def test_a_spec_file_names_every_folder_of_its_deployment_and_nothing_else(tmp_p
 def test_a_replica_in_use_survives_two_health_checks_that_time_out_not_a_refusal(tmp_path):
     """A busy server answers health late: its replica stays for SLOW_CHECKS_KEPT timed-out checks (its load
     would otherwise become 503s), while a refused connection or a non-200 drops it at once."""
-    from hpc.gateway.discovery import SLOW_CHECKS_KEPT, Discovery
-    from hpc.routing.balancer import Balancer, Replica
-    from hpc.routing.deployment import Target
+    from hpc.serving.balancer import Balancer, Replica
+    from hpc.serving.deployment import Target
+    from hpc.serving.discovery import SLOW_CHECKS_KEPT, Discovery
 
     balancer = Balancer()
     replica = Replica(key="1/0", http_url="http://a:1", grpc_url="a:2")
@@ -295,7 +295,7 @@ def _response(texts: list[bytes], logprobs: list[float] | None):
 def test_a_responses_text_and_logprobs_are_read_from_the_raw_tensors_as_tritonclient_reads_them():
     import tritonclient.grpc as grpcclient
 
-    from hpc.gateway.triton import text_and_logprobs
+    from hpc.serving.triton import text_and_logprobs
 
     texts = [b"ab", "é✓".encode(), b"", "\U0001f642".encode()[:3]]  # a character split, as streams split them
     response = _response(texts, [-0.5, -1.25, 0.0, -3.0])
@@ -309,7 +309,7 @@ def test_a_responses_text_and_logprobs_are_read_from_the_raw_tensors_as_tritoncl
 def test_a_response_without_text_is_none():
     from tritonclient.grpc import service_pb2
 
-    from hpc.gateway.triton import bytes_elements, text_and_logprobs
+    from hpc.serving.triton import bytes_elements, text_and_logprobs
 
     assert text_and_logprobs(service_pb2.ModelInferResponse(model_name="ensemble"), logprobs=True) is None
     assert bytes_elements(b"") == []

@@ -1,4 +1,4 @@
-"""A client that closes its stream mid-way leaves nothing in flight in tritonserver (hpc/gateway/abandon.py).
+"""A client that closes its stream mid-way leaves nothing in flight in tritonserver (hpc/serving/abandon.py).
 
 tritonserver 2.51 never releases an ensemble request whose gRPC stream was cancelled while it generated; a
 server whose clients closed streams early then waited out its exit timeout at its stop, exited 1, and the job
@@ -21,8 +21,8 @@ import httpx
 import numpy as np
 import pytest
 
-from launcher.layout import JobPaths
-from launcher.records import read_endpoints
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.records import read_endpoints
 from tests._triton import tritonserver as triton_server
 from tests.e2e import (
     cli,
@@ -46,7 +46,7 @@ def _completed(job_dir: Path) -> float:
 
 
 def test_streams_closed_early_leave_nothing_in_flight(tmp_path: Path, tiny_gpt2, hpc_home, tritonserver) -> None:
-    from hpc.local import job_processes
+    from hpc.jobs.local import job_processes
 
     spec = write_spec(tmp_path, "abandon", tiny_gpt2, triton={"decoupled": True})
     job, job_dir = submit(spec, "--executor", "local", timeout=240)
@@ -102,9 +102,9 @@ def test_the_passthrough_leaves_no_connection_that_holds_up_a_replicas_stop(
 ) -> None:
     """Triton passthrough requests, then the job stopped at once, the gateway still running: tritonserver's
     ordered stop waits for every open HTTP connection, so the gateway's kept-alive connection from the last
-    request made it wait out its exit timeout and exit 1 (`cancel` took 11.3 s; hpc/gateway/discovery.py
+    request made it wait out its exit timeout and exit 1 (`cancel` took 11.3 s; hpc/serving/discovery.py
     `CLOSED_AFTER`)."""
-    from hpc.local import job_processes
+    from hpc.jobs.local import job_processes
 
     spec = write_spec(tmp_path, "keepalive", tiny_gpt2, triton={"decoupled": True})
     job, job_dir = submit(spec, "--executor", "local", timeout=240)
@@ -135,8 +135,8 @@ async def _stop_before_the_request(grpc_url: str, log: Path) -> int:
     made for it."""
     import tritonclient.grpc.aio as aiogrpc
 
-    from hpc.gateway.abandon import Reader, abandon, infer_inputs, stop_generation, stream_request
-    from hpc.gateway.triton import CHANNEL_ARGS
+    from hpc.serving.abandon import Reader, abandon, infer_inputs, stop_generation, stream_request
+    from hpc.serving.triton import CHANNEL_ARGS
 
     request_id = "stopped-before-it-came"
     prompt = np.array([[1, 50, 51, 52, 53, 54, 55, 56, 57]], dtype=np.int32)

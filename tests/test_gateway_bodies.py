@@ -52,7 +52,7 @@ def tokenizer(tiny_gpt2):
 def app(request, tiny_gpt2, tokenizer):
     """The gateway's app (with its fast path, or every request through FastAPI) on one replica, "a"."""
     from hpc.gateway.app import create_app
-    from hpc.routing.deployment import Target
+    from hpc.serving.deployment import Target
 
     target = Target(tiny_gpt2.parent, "m", tiny_gpt2)
     app = create_app(target, fast_path=request.param)

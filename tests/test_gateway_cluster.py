@@ -21,10 +21,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hpc.auth import new_token
-from launcher.job_index import entry_name_of
-from launcher.layout import Deployment, JobPaths
-from launcher.records import read_endpoints
+from hpc.serving.auth import new_token
+from launcher.contracts.job_index import entry_name_of
+from launcher.contracts.layout import Deployment, JobPaths
+from launcher.contracts.records import read_endpoints
 from tests.e2e import gateway_process, job_token, private_job_index, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(420)]

@@ -157,7 +157,7 @@ def test_the_gateways_408s_are_in_its_metrics_and_access_log(tmp_path, tiny_gpt2
 
     from hpc.gateway.accesslog import observe_head_timeout
     from hpc.gateway.app import create_app
-    from hpc.routing.deployment import Target
+    from hpc.serving.deployment import Target
 
     app = create_app(Target(tmp_path / "runs", "nothing", tiny_gpt2))
     protocol = HeadTimeoutProtocol.reporting(functools.partial(observe_head_timeout, app.state.metrics), DEADLINE_S)

@@ -19,14 +19,14 @@ import httpx
 import pytest
 import yaml
 
-from hpc import render as R
-from hpc.gateway.record import answers, publish, record_path, withdraw
 from hpc.gateway.serve import advertised, listen
-from hpc.jobs import register
-from hpc.routing.deployment import Target, TargetError, resolve, resolve_target
+from hpc.render import jobfiles as R
+from hpc.scheduler.index import register
+from hpc.serving.deployment import Target, TargetError, resolve, resolve_target
+from hpc.serving.gateway_record import answers, publish, record_path, withdraw
 from hpc.spec import SpecError, dump_spec, parse_spec
-from launcher.layout import GATEWAY_SUB_NAME, Deployment, JobPaths, gateway_record
-from launcher.records import GatewayRecord, read_gateway
+from launcher.contracts.layout import GATEWAY_SUB_NAME, Deployment, JobPaths, gateway_record
+from launcher.contracts.records import GatewayRecord, read_gateway
 from tests.e2e import CLI, cli, wait_for
 
 
@@ -329,10 +329,10 @@ def test_a_record_answered_by_another_deployment_is_stale(hpc_home, tmp_path, ti
 def test_the_gateway_as_a_local_job(hpc_home, tmp_path, tiny_gpt2):
     """A `GatewayJob` with the local executor: status READY with the URL once the record answers; cancel by
     its id stops it and the record goes (the Slurm side: tests/test_gateway_job_cluster.py)."""
-    from hpc.executors import LocalExecutor
-    from hpc.job_kinds import GatewayJob, job_class_of
-    from hpc.submit import cancel
-    from hpc.track import job_status
+    from hpc.jobs.executors import LocalExecutor
+    from hpc.jobs.kinds import GatewayJob, job_class_of
+    from hpc.jobs.submit import cancel
+    from hpc.jobs.track import job_status
 
     runs = tmp_path / "runs"
     spec = parse_spec(spec_text("svc", tiny_gpt2, runs, gateway={"host": "127.0.0.1"}))
@@ -370,10 +370,10 @@ def test_two_submits_at_once_start_one_gateway_job(hpc_home, tmp_path, tiny_gpt2
     the gateway job and the other finds it under way (without the lock both saw none and submitted one each)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from hpc.executors import LocalExecutor
-    from hpc.gateway.job import ensure_gateway, gateway_jobs
-    from hpc.routing.deployment import target_of_folder
-    from hpc.submit import cancel
+    from hpc.jobs.executors import LocalExecutor
+    from hpc.jobs.gateway import ensure_gateway, gateway_jobs
+    from hpc.jobs.submit import cancel
+    from hpc.serving.deployment import target_of_folder
 
     runs = tmp_path / "runs"
     spec = parse_spec(spec_text("duo", tiny_gpt2, runs, gateway={"host": "127.0.0.1"}))

@@ -211,7 +211,7 @@ def test_a_body_over_the_bound_is_413_unread_or_cut_off_and_the_gateway_serves_o
     the fast path, on FastAPI's routes (the Triton passthrough) and before the token is looked at, whether its
     length is declared (refused unread) or it comes in chunks (refused once it passes the bound); the `openai`
     package gets it as an APIStatusError; the gateway serves on."""
-    from hpc.gateway.limits import MAX_BODY_MB
+    from hpc.spec.limits import MAX_BODY_MB
 
     url, headers = gateway["url"], {"Authorization": f"Bearer {gateway['token']}", "Content-Type": "application/json"}
     prompt = "x" * (MAX_BODY_MB * 2**20 + 1)

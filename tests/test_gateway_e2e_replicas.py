@@ -19,8 +19,8 @@ import httpx
 import pytest
 import yaml
 
-from launcher.layout import JobPaths
-from launcher.records import read_endpoints
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.records import read_endpoints
 from tests.e2e import (
     cli,
     kill_quietly,
@@ -64,7 +64,7 @@ def test_a_client_gone_before_its_generate_answer_ends_the_replicas_generation(g
     """Triton's `generate` (through the gateway's passthrough) answers only once the whole text is made, so a
     client that leaves meanwhile (curl's --max-time, a client timeout) was seen only then, after the replica had
     made every token for no one. Now the gateway stops the request by its id when its client leaves (and again
-    until the answer comes: hpc/gateway/abandon.py `stop_until`): the engine makes a part of the tokens asked.
+    until the answer comes: hpc/serving/abandon.py `stop_until`): the engine makes a part of the tokens asked.
     The bound, half of them, leaves the stop ~2 s at the engine's GPU pace (DEVELOPERS.md: the gateway's process was
     seen unscheduled for 430 ms under two busy loops); CI saw 200 of 200 at the tiny model's own pace."""
     (job, job_dir) = gateway["jobs"][0]
@@ -95,7 +95,7 @@ def test_a_client_gone_before_its_generate_answer_ends_the_replicas_generation(g
 def test_a_client_gone_mid_stream_ends_the_replicas_generation(gateway, path):
     """A client that closes its connection after the first event stops the replica's generation at once (the
     gateway's watcher for `http.disconnect`, hpc/gateway/streaming.py, and the stop by request id,
-    hpc/gateway/abandon.py): the engine makes a few of the tokens asked, not all of them, and the gateway's
+    hpc/serving/abandon.py): the engine makes a few of the tokens asked, not all of them, and the gateway's
     count of the replica's requests in flight returns to 0. A full stream of the same request first shows how
     many it would be. The bound, as in the test before: half of them. At the tiny model's own pace the engine
     made every token before the first had been through postprocessing and the gateway. On the OpenAI route and
@@ -177,7 +177,7 @@ def test_a_full_replica_is_429_with_retry_after_and_the_access_log_says_so(serve
 def two_replicas(gateway, tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
     """A second deployment: one job of 2 replicas whose queues hold a single request (max_queue_size 1, batch
     size 1), so a burst fills them; at a GPU's pace (tests/steps.py). {"job", "spec", "token", "model"}."""
-    from hpc.local import job_processes
+    from hpc.jobs.local import job_processes
 
     folder = tmp_path_factory.mktemp("gateway-queue")
     triton = {"max_queue_size": 1, "triton_max_batch_size": 1, "parameters": {"min_step_ms": GPU_PACE_MS}}

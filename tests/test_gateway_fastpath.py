@@ -57,7 +57,7 @@ class Behind:
 def served(tiny_gpt2):
     """(post(path, headers, content) → response, the app behind, the records the access log would get)."""
     from backend.models.tokenizer import load_tokenizer
-    from hpc.routing.deployment import Target
+    from hpc.serving.deployment import Target
 
     gw, _ = _gateway("a")
     gw.target = Target(tiny_gpt2.parent, "m", tiny_gpt2)

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from launcher.layout import gateway_record
-from launcher.records import GatewayRecord, read_gateway
+from launcher.contracts.layout import gateway_record
+from launcher.contracts.records import GatewayRecord, read_gateway
 from tests.e2e import cli, private_job_index, status, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]

@@ -1,4 +1,4 @@
-"""A gateway job renews itself (hpc/gateway/renewal.py) on the real test cluster: with `renew:` and a gateway
+"""A gateway job renews itself (hpc/jobs/renewal.py) on the real test cluster: with `renew:` and a gateway
 job of 2 minutes on a fixed port on node1, the job submits its successor a minute before its limit, the
 successor listens on the same port beside it and publishes its record, the predecessor stops taking connections
 and ends COMPLETED, and a client of the `openai` package sending requests all along to the one address sees no
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from launcher.layout import gateway_record
-from launcher.records import read_gateway
+from launcher.contracts.layout import gateway_record
+from launcher.contracts.records import read_gateway
 from tests.e2e import cli, free_port, private_job_index, status, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(420)]

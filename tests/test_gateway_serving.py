@@ -16,7 +16,8 @@ from backend.cpu_engine.drain import RAN_OUT, STOPPING
 from backend.cpu_engine.scheduler import GenerationRequest, KVBudget, Scheduler
 from hpc.gateway.errors import APIError
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
-from hpc.gateway.triton import (
+from hpc.serving.balancer import Balancer, Replica
+from hpc.serving.triton import (
     Chunk,
     ContextTooLong,
     GenerateParams,
@@ -25,7 +26,6 @@ from hpc.gateway.triton import (
     ReplicaStopping,
     model_error,
 )
-from hpc.routing.balancer import Balancer, Replica
 
 
 class Engine:
@@ -46,10 +46,10 @@ class Engine:
 
 
 def _gateway(*keys: str, max_outstanding: int | None = None):
-    from hpc.gateway.discovery import Discovery
     from hpc.gateway.metrics import Metrics
     from hpc.gateway.state import Gateway
-    from hpc.gateway.text import ChatTemplate
+    from hpc.serving.discovery import Discovery
+    from hpc.serving.text import ChatTemplate
 
     balancer = Balancer(max_outstanding=max_outstanding)
     balancer.update([Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in keys])
@@ -198,7 +198,7 @@ def test_metrics_and_access_log_of_an_app_without_replicas(tmp_path, tiny_gpt2, 
     from fastapi.testclient import TestClient
 
     from hpc.gateway.app import create_app
-    from hpc.routing.deployment import Target
+    from hpc.serving.deployment import Target
 
     app = create_app(Target(tmp_path / "runs", "nothing", tiny_gpt2))
     caplog.set_level(logging.INFO, logger="hpc_serve.gateway.access")

@@ -1,4 +1,4 @@
-"""One GPU per rank: the mapping for each Slurm style (launcher/gpu.py), the auto policy (hpc/gpu_binding.py), and
+"""One GPU per rank: the mapping for each Slurm style (launcher/contracts/gpu.py), the auto policy (hpc/render/gpu_binding.py), and
 the rendered side that must agree with it (launch.json `gpu_binding`, tensorrt_llm `gpu_device_ids` / `num_nodes`).
 The device proof (two real ranks on two GPUs) is scripts/gpu/prove_gpu_binding.sh."""
 
@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from hpc import render as R
-from hpc.gpu_binding import bound_parameters, decide, describe, gpu_decision
+from hpc.render import jobfiles as R
+from hpc.render.gpu_binding import bound_parameters, decide, describe, gpu_decision
 from hpc.spec import SpecError
-from launcher.gpu import NONE, PER_RANK, GpuBindingError, node_gpu_count, rank_gpus
-from launcher.plan import LaunchPlan, PlanError
-from launcher.rank import RankInfo, Role
-from launcher.server import ServerBinary
-from launcher.server_env import child_env
+from launcher.contracts.gpu import NONE, PER_RANK, GpuBindingError, node_gpu_count, rank_gpus
+from launcher.contracts.plan import LaunchPlan, PlanError
+from launcher.contracts.rank import RankInfo, Role
+from launcher.node.server import ServerBinary
+from launcher.node.server_env import child_env
 from tests.test_render import cpu_spec, gpu_spec
 
 
@@ -36,7 +36,7 @@ def test_gpus_per_task_of_several_takes_the_tasks_first():
     ("visible", "local", "want"),
     [
         ("0,1,2,3", 2, "2"),
-        ("2,3", 1, "3"),  # a step sharing the node (hpc/placement.py --gres=gpu:2): entries, not ordinals
+        ("2,3", 1, "3"),  # a step sharing the node (hpc/spec/placement.py --gres=gpu:2): entries, not ordinals
         ("GPU-aaa,GPU-bbb", 0, "GPU-aaa"),
     ],
 )

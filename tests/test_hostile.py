@@ -26,9 +26,9 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hpc import render as R
+from hpc.render import jobfiles as R
 from hpc.spec import SpecError, load_spec
-from launcher.layout import JobPaths
+from launcher.contracts.layout import JobPaths
 
 HOSTILE = [
     "$(touch PWNED)",

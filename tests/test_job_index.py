@@ -1,4 +1,4 @@
-"""launcher/job_index.py and what reads it: job ids are unique per Slurm cluster only, and clusters share $HOME.
+"""launcher/contracts/job_index.py and what reads it: job ids are unique per Slurm cluster only, and clusters share $HOME.
 
 Unit tests, no scheduler: the `.sub`'s shell lines and `link_index` make the same entry and cluster record; a job
 id held for two clusters finds the current cluster's; a job of another cluster is asked about and cancelled with
@@ -16,24 +16,26 @@ from pathlib import Path
 
 import pytest
 
-from hpc import jobs_cli, slurm, slurm_watch
-from hpc.auth import Tokens
-from hpc.cli_support import EXIT_JOB_FAILED
-from hpc.executors import SlurmExecutor, watch
-from hpc.gateway.discovery import Discovery, draining_jobs, mark_draining
-from hpc.job_kinds import GatewayJob
-from hpc.job_status import JobStatus
-from hpc.jobs import JobNotFound, find_job, list_jobs, register
-from hpc.routing.balancer import Balancer
-from hpc.routing.deployment import Target, as_replica, deployment_folders, names_indexed_job, published
-from hpc.slurm import Result, Slurm, SlurmError
-from hpc.slurm_watch import SlurmWatcher
-from hpc.submit import cancel
-from hpc.track import job_status, wait
-from launcher import job_index
-from launcher.layout import JobPaths
-from launcher.records import ChainRecord, EndpointRecord, GatewayRecord, StartupRecord, write_json_atomic
-from launcher.stop_records import DrainingMark
+from hpc.cli import jobs as jobs_cli
+from hpc.cli.support import EXIT_JOB_FAILED
+from hpc.jobs.executors import SlurmExecutor, watch
+from hpc.jobs.kinds import GatewayJob
+from hpc.jobs.status import JobStatus
+from hpc.jobs.submit import cancel
+from hpc.jobs.track import job_status, wait
+from hpc.scheduler import slurm
+from hpc.scheduler import watch as slurm_watch
+from hpc.scheduler.index import JobNotFound, find_job, list_jobs, register
+from hpc.scheduler.slurm import Result, Slurm, SlurmError
+from hpc.scheduler.watch import SlurmWatcher
+from hpc.serving.auth import Tokens
+from hpc.serving.balancer import Balancer
+from hpc.serving.deployment import Target, as_replica, deployment_folders, names_indexed_job, published
+from hpc.serving.discovery import Discovery, draining_jobs, mark_draining
+from launcher.contracts import job_index
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.records import ChainRecord, EndpointRecord, GatewayRecord, StartupRecord, write_json_atomic
+from launcher.contracts.stop_records import DrainingMark
 from tests.plans import write_plan
 
 pytestmark = pytest.mark.timeout(60)
@@ -229,7 +231,7 @@ def test_a_job_of_an_unreachable_cluster_says_whose_it_is(tmp_path, hpc_home, cl
 
 
 def test_cancel_of_another_clusters_job_goes_to_that_cluster(tmp_path, hpc_home, clusters, monkeypatch) -> None:
-    monkeypatch.setattr("hpc.submit.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
+    monkeypatch.setattr("hpc.jobs.submit.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
     clusters.states.update({("hpcserve", "33"): "RUNNING", ("twin", "33"): "PENDING"})
     register("33", job_folder(tmp_path, "33"), "twin")
     ref = find_job("33")
@@ -279,7 +281,7 @@ def test_cancel_of_a_deployment_goes_past_a_job_it_cannot_cancel(tmp_path, hpc_h
     """A deployment whose jobs are of three clusters, one that cannot be asked (`ghost`): `cancel` of the
     deployment names that job, its cluster and why, cancels every other one on its own cluster (two of them job
     33, in two folders: told apart by folder, not by id), and exits non-zero."""
-    monkeypatch.setattr("hpc.submit.after_cancel", lambda ref, grace_s: None)  # no gateway here
+    monkeypatch.setattr("hpc.jobs.submit.after_cancel", lambda ref, grace_s: None)  # no gateway here
     clusters.away.add("ghost")
     clusters.states.update({("hpcserve", "33"): "PENDING", ("twin", "33"): "PENDING", ("hpcserve", "34"): "PENDING"})
     for name, job, cluster in (("dep-a", "33", "ghost"), ("dep-b", "33", "hpcserve"), ("dep-c", "33", "twin")):
@@ -312,16 +314,16 @@ def test_cancel_of_a_deployment_goes_past_a_job_it_cannot_cancel(tmp_path, hpc_h
 def test_cancel_of_a_gateway_job_asks_no_state_first(tmp_path, hpc_home, clusters, monkeypatch) -> None:
     """A gateway job has no ranks to stop in order, so `cancel` does not ask its state before the scancel (that
     probes the gateway); whether its cluster can be asked is the scheduler's answer alone."""
-    monkeypatch.setattr("hpc.submit.after_cancel", lambda ref, grace_s: None)
+    monkeypatch.setattr("hpc.jobs.submit.after_cancel", lambda ref, grace_s: None)
     waited = JobStatus("35", "CANCELLED")
-    monkeypatch.setattr("hpc.submit.wait", lambda ref, until, timeout: waited)
+    monkeypatch.setattr("hpc.jobs.submit.wait", lambda ref, until, timeout: waited)
     asked: list[str] = []
 
     def job_status(ref, with_gateway=False) -> JobStatus:
         asked.append(ref.job_id)
         return JobStatus(ref.job_id, "READY")
 
-    monkeypatch.setattr("hpc.submit.job_status", job_status)
+    monkeypatch.setattr("hpc.jobs.submit.job_status", job_status)
     clusters.states.update({("hpcserve", "35"): "RUNNING", ("twin", "36"): "RUNNING"})
     for job, cluster in (("35", "hpcserve"), ("36", "twin")):
         folder = job_folder(tmp_path, job)

@@ -1,4 +1,4 @@
-"""hpc/jobs.py: the job index (register/find/list), job folder paths, JobNotFound, and finding a job submitted
+"""hpc/scheduler/index.py: the job index (register/find/list), job folder paths, JobNotFound, and finding a job submitted
 by hand with `sbatch tensorrt_llm_triton.sub` on the real cluster (mark `cluster`) through scontrol and sacct."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
-from hpc.jobs import JobNotFound, JobRef, find_job, index_dir, list_jobs, register
-from launcher.layout import SUB_NAME, JobPaths
+from hpc.jobs.executors import LocalExecutor, SlurmExecutor, executor_of
+from hpc.scheduler.index import JobNotFound, JobRef, find_job, index_dir, list_jobs, register
+from launcher.contracts.layout import SUB_NAME, JobPaths
 from tests.e2e import wait_for
 from tests.plans import write_plan
 
@@ -28,7 +28,7 @@ def make_job_dir(root: Path, job_id: str, *, replicas: int = 1, world_per_replic
 
 @pytest.fixture
 def no_scheduler(monkeypatch):
-    """Hide scontrol and sacct from hpc.jobs: only the index and paths are left."""
+    """Hide scontrol and sacct from hpc.scheduler.index: only the index and paths are left."""
     real_which = shutil.which
     monkeypatch.setattr(
         shutil,
@@ -189,7 +189,7 @@ def cancel_after(slurm_cluster):
 
 @pytest.mark.cluster
 def test_hand_submitted_pending_job_is_found_through_scontrol(cancel_after, hpc_home, tmp_path):
-    from hpc.track import job_status
+    from hpc.jobs.track import job_status
 
     deploy = _hand_deployment(tmp_path)
     job = _sbatch(["--hold", "-o", f"{tmp_path}/%j.out", str(deploy / SUB_NAME)], cwd=tmp_path)
@@ -247,14 +247,14 @@ def test_refused_submission_leaves_no_deployment_folder(slurm_cluster, hpc_home,
 
 @pytest.mark.cluster
 def test_a_refused_serving_job_cancels_the_gateway_job_made_for_it(slurm_cluster, hpc_home, tmp_path, tiny_gpt2):
-    """`submit` starts the gateway before the serving job (hpc/submit.py `submit_jobs`); when sbatch then refuses
+    """`submit` starts the gateway before the serving job (hpc/jobs/submit.py `submit_jobs`); when sbatch then refuses
     the serving job (an unknown partition, the gateway's own being a real one), the gateway job this submission
     made is cancelled, not left to hold a node, and no rendered folder remains, not even when the gateway job had
     started (its script makes its job folder) before the cancel reached it."""
     import yaml
 
-    from hpc import slurm
-    from launcher.job_index import parse_entry
+    from hpc.scheduler import slurm
+    from launcher.contracts.job_index import parse_entry
     from tests.e2e import cli, write_spec
 
     spec = write_spec(tmp_path, "halfway", tiny_gpt2, slurm={"partition": "nosuchpartition"})

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import hpc.launch as launch
-from launcher.rank import JOB_ID_ENV, job_id_from_env, step_name
+import hpc.cli.launch as launch
+from launcher.contracts.rank import JOB_ID_ENV, job_id_from_env, step_name
 from tests.e2e import write_spec
 
 ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "4294967290", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
@@ -55,7 +55,7 @@ def test_mpirun_inside_an_allocation_renders_once_on_rank_0(tmp_path: Path, monk
         launch.deployment_for_spec(spec)
     assert not (tmp_path / "runs").exists(), "rank 1 must wait for rank 0, not render"
     _use_env(monkeypatch, {**_mpirun_rank(0), "SLURM_PROCID": "1"})
-    monkeypatch.setattr("hpc.model_init.ensure_model", lambda spec: None)
+    monkeypatch.setattr("hpc.jobs.model_init.ensure_model", lambda spec: None)
     deploy = launch.deployment_for_spec(spec)
     assert (deploy / "launch.json").is_file() and deploy.name == "interactive-77.4294967290"
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher import records
-from launcher.command import build_argv, shm_prefix
-from launcher.layout import SOURCE_ROOT, JobPaths
-from launcher.plan import LaunchPlan, PlanError
-from launcher.ports import PortError, Ports, allocate, check_fixed, free_ports, taken
-from launcher.rank import JOB_ID_ENV, RankInfo, WorldSizeError, detect, role
-from launcher.server import ServerBinary, ServerNotFound, merge_env, prepare_backends, resolve
-from launcher.server_env import child_env
-from launcher.supervise import exit_code, signal_name
+from launcher.contracts import records
+from launcher.contracts.layout import SOURCE_ROOT, JobPaths
+from launcher.contracts.plan import LaunchPlan, PlanError
+from launcher.contracts.rank import JOB_ID_ENV, RankInfo, WorldSizeError, detect, role
+from launcher.node.command import build_argv, shm_prefix
+from launcher.node.ports import PortError, Ports, allocate, check_fixed, free_ports, taken
+from launcher.node.server import ServerBinary, ServerNotFound, merge_env, prepare_backends, resolve
+from launcher.node.server_env import child_env
+from launcher.node.supervise import exit_code, signal_name
 from tests.plans import make_plan
 
 
@@ -173,14 +173,14 @@ def test_resolution_order(tmp_path: Path) -> None:
 
 
 def test_resolution_falls_back_to_wheel_or_explains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("launcher.server.NGC_TRITONSERVER", str(tmp_path / "opt-missing"))
-    monkeypatch.setattr("launcher.server._pytriton_root", lambda: None)
+    monkeypatch.setattr("launcher.node.server.NGC_TRITONSERVER", str(tmp_path / "opt-missing"))
+    monkeypatch.setattr("launcher.node.server._pytriton_root", lambda: None)
     with pytest.raises(ServerNotFound) as err:
         resolve(None, {})
     msg = str(err.value)
     assert "launch.json tritonserver: not set" in msg and "$TRITONSERVER: not set" in msg
     assert "opt-missing" in msg and "nvidia-pytriton" in msg
-    monkeypatch.setattr("launcher.server.NGC_TRITONSERVER", _fake_exe(tmp_path / "ngc"))
+    monkeypatch.setattr("launcher.node.server.NGC_TRITONSERVER", _fake_exe(tmp_path / "ngc"))
     assert resolve(None, {}).source == "NGC default"
 
 
@@ -214,7 +214,7 @@ def test_child_env(tmp_path: Path) -> None:
 
 def test_child_env_hands_the_model_its_place(tmp_path: Path) -> None:
     """The launcher decides world size, replica and ranks per replica; the model reads only that."""
-    from launcher.rank import placement
+    from launcher.contracts.rank import placement
 
     plan = make_plan(tmp_path, model_repository="/r", tp_size=2, replicas=2, world_size_per_replica=2)
     info = RankInfo(rank=3, local_rank=1, world_size=4, node="n", job_id="9", source="slurm")
@@ -233,8 +233,8 @@ def test_blas_threads_stay_within_the_cores_the_rank_may_use(tmp_path: Path) -> 
 
     code = (
         "import os, sys; from pathlib import Path; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
-        "from launcher.plan import LaunchPlan; from launcher.rank import RankInfo, role;"
-        "from launcher.server_env import child_env; from launcher.server import ServerBinary;"
+        "from launcher.contracts.plan import LaunchPlan; from launcher.contracts.rank import RankInfo, role;"
+        "from launcher.node.server_env import child_env; from launcher.node.server import ServerBinary;"
         f"plan = LaunchPlan(deployment_dir=Path({str(tmp_path)!r}), model_repository='/r', replicas=1,"
         " world_size_per_replica=1);"
         "info = RankInfo(rank=0, local_rank=0, world_size=1, node='n', job_id='9', source='slurm');"
@@ -268,13 +268,13 @@ def test_blas_threads_share_the_jobs_cores_on_the_node(tmp_path: Path, on_node: 
     ],
 )
 def test_ranks_on_this_node_read_slurms_per_node_counts_at_this_nodes_index(env: dict, ranks: int) -> None:
-    from launcher.server_env import ranks_on_this_node
+    from launcher.node.server_env import ranks_on_this_node
 
     assert ranks_on_this_node(env) == ranks
 
 
 def test_placement_without_a_launcher_reads_the_starter_like_the_launcher() -> None:
-    from launcher.rank import placement
+    from launcher.contracts.rank import placement
 
     assert placement({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3"}).ranks_per_replica == 3
     assert placement({"PMIX_SIZE": "4", "SLURM_NTASKS": "4"}).world_size == 1, "not a world size (rank.py)"
@@ -319,7 +319,7 @@ def test_fixed_port_taken_is_a_clear_error() -> None:
 
 
 def test_taken_ports_are_told_by_binding_them_not_by_log_text() -> None:
-    """A collision is a port another process holds now (launcher/ports.py `taken`), whatever a log says."""
+    """A collision is a port another process holds now (launcher/node/ports.py `taken`), whatever a log says."""
     with socket.socket() as holder:
         holder.bind(("", 0))
         holder.listen()
@@ -403,7 +403,7 @@ def test_stdlib_only() -> None:
 
     code = (
         "import sys; sys.path=[p for p in sys.path if 'site-packages' not in p]; "
-        "import launcher, launcher.run, launcher.server, launcher.server_env, launcher.supervise; print('ok')"
+        "import launcher, launcher.node.run, launcher.node.server, launcher.node.server_env, launcher.node.supervise; print('ok')"
     )
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=SOURCE_ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr

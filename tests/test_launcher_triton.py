@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.layout import JobPaths
-from launcher.rank import JOB_ID_ENV
-from launcher.server import ServerNotFound, resolve
-from launcher.stop_records import StopNotice
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.rank import JOB_ID_ENV
+from launcher.contracts.stop_records import StopNotice
+from launcher.node.server import ServerNotFound, resolve
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,7 +160,7 @@ def launchers():
     started: list[Launcher] = []
     yield started
     for launcher in started:
-        launcher.stop()
+        launcher.node.stop()
 
 
 def pids_matching(text: str) -> list[int]:
@@ -286,8 +286,9 @@ def test_two_deployments_on_one_node_get_different_ports(tmp_path: Path, launche
 def test_auto_port_collision_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process grabs the port between our probe and tritonserver's bind: tritonserver fails with
     "already in use", the launcher retries with new ports (in-process, with the probe rigged)."""
-    from launcher import ports, rank, run
-    from launcher.plan import LaunchPlan
+    from launcher.contracts import rank
+    from launcher.contracts.plan import LaunchPlan
+    from launcher.node import ports, run
 
     dep = make_deployment(tmp_path / "dep", {"identity": IDENTITY})
     holder = socket.socket()

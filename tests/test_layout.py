@@ -1,4 +1,4 @@
-"""launcher/layout.py and launcher/records.py: the deployment folder's names, and the records both sides share.
+"""launcher/contracts/layout.py and launcher/contracts/records.py: the deployment folder's names, and the records both sides share.
 
 The launcher writes, `hpc` reads, possibly different versions of hpc-serve on the two sides: records of an
 older version (no `version` key, fields missing) and of a newer one (fields this one does not know) are read.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import job_index, layout, records
-from launcher.layout import Deployment, JobPaths
-from launcher.records import EndpointRecord, RankExitRecord, read_endpoints, read_rank_records
+from launcher.contracts import job_index, layout, records
+from launcher.contracts.layout import Deployment, JobPaths
+from launcher.contracts.records import EndpointRecord, RankExitRecord, read_endpoints, read_rank_records
 
 
 def test_job_paths_match_developers_md(tmp_path: Path) -> None:

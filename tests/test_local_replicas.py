@@ -1,6 +1,6 @@
 """The local executor runs a job's replicas as the `.sub` does on Slurm: one step per replica, started together,
 each its own MPI world (`mpirun -n TP×PP`), because TensorRT-LLM's leader mode takes MPI_COMM_WORLD as the
-model's world (hpc/placement.py). Before, one `mpirun -n TP×PP×replicas` held every replica, which only the CPU
+model's world (hpc/spec/placement.py). Before, one `mpirun -n TP×PP×replicas` held every replica, which only the CPU
 engine could split.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.layout import JobPaths
-from launcher.records import read_endpoints
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.records import read_endpoints
 from tests.e2e import cli, kill_quietly, processes_under, rank_records, status, submit, write_spec
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -32,7 +32,7 @@ def _ancestors(pid: int) -> list[int]:
 
 
 def test_each_replica_is_an_mpi_world_of_its_own(tmp_path: Path, tiny_gpt2, hpc_home, tritonserver) -> None:
-    from hpc.local import job_processes
+    from hpc.jobs.local import job_processes
 
     spec = write_spec(tmp_path, "localrep", tiny_gpt2, tp=2, ntasks_per_node=4)
     spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "replicas": 2}))

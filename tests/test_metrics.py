@@ -1,11 +1,11 @@
-"""hpc.metrics and launcher/prometheus.py: the one parser of a Triton metrics page (real exposition text), its view
+"""hpc.serving.metrics and launcher/contracts/prometheus.py: the one parser of a Triton metrics page (real exposition text), its view
 in `hpc-serve metrics`, and the requests in flight the drain reads from it."""
 
 import pytest
 
-from hpc.metrics import parse
-from launcher.prometheus import samples
-from launcher.renew_plan import active_requests
+from hpc.serving.metrics import parse
+from launcher.contracts.prometheus import samples
+from launcher.contracts.renew_plan import active_requests
 
 PAGE = """# HELP nv_inference_request_success Number of successful inference requests
 # TYPE nv_inference_request_success counter
@@ -66,7 +66,7 @@ nv_untyped +Inf
 
 
 def test_the_parser_reads_a_page_as_prometheus_client_does():
-    """The launcher's stdlib parser, in hpc.metrics' view, against the library hpc-serve used to parse with."""
+    """The launcher's stdlib parser, in hpc.serving.metrics' view, against the library hpc-serve used to parse with."""
     from prometheus_client.parser import text_string_to_metric_families
 
     def key(name: str, labels: dict, value: float) -> tuple:

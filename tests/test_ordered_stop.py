@@ -1,5 +1,5 @@
 """The bounds of an ordered stop, with a fake clock (no sleeping, no MPI, no tritonserver):
-a follower's wait for its leader's release (launcher/stop.py), the launch.json keys that set the bounds, and
+a follower's wait for its leader's release (launcher/node/stop.py), the launch.json keys that set the bounds, and
 the bounded, non-spinning wait for an MPI request (backend/cpu_engine/parallel.py)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan import LaunchPlan, PlanError
-from launcher.rank import STOP_FILE_ENV
-from launcher.stop import KILL, TERM, WAIT, FollowerStop, LeaderDrain
-from launcher.stop_records import DRAINED, DRAINING, DrainReport, StopNotice
+from launcher.contracts.plan import LaunchPlan, PlanError
+from launcher.contracts.rank import STOP_FILE_ENV
+from launcher.contracts.stop_records import DRAINED, DRAINING, DrainReport, StopNotice
+from launcher.node.stop import KILL, TERM, WAIT, FollowerStop, LeaderDrain
 
 
 class Clock:
@@ -166,7 +166,7 @@ def test_a_group_of_zombies_is_not_alive() -> None:
     import signal
     import subprocess
 
-    from launcher.supervise import group_alive
+    from launcher.node.supervise import group_alive
 
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
@@ -242,7 +242,7 @@ def test_leader_without_a_drain_report_waits_for_the_servers_metrics(tmp_path: P
 def test_in_flight_reads_the_engine_and_tritonservers_queues() -> None:
     """One reading for the renewer and a stopping leader: the engine's active + waiting, plus what tritonserver
     still holds in its queues; None for a page without the engine's lines."""
-    from launcher.renew_plan import active_requests
+    from launcher.contracts.renew_plan import active_requests
 
     page = (
         'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} 2\n'

@@ -1,4 +1,4 @@
-"""launch.json's one schema (launcher/plan.py): what render writes reads back as the same plan, and a plan that
+"""launch.json's one schema (launcher/contracts/plan.py): what render writes reads back as the same plan, and a plan that
 lacks what every reader needs is refused naming the file and the key, never read with a made-up default."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import DEFAULT_DRAIN_S, DEFAULT_READY_TIMEOUT_S
-from launcher.plan import KEEP_SERVING, REQUIRED, VERSION, LaunchPlan, PlanError
-from launcher.renew_plan import RenewPlan
+from launcher.contracts.config import DEFAULT_DRAIN_S, DEFAULT_READY_TIMEOUT_S
+from launcher.contracts.plan import KEEP_SERVING, REQUIRED, VERSION, LaunchPlan, PlanError
+from launcher.contracts.renew_plan import RenewPlan
 from tests.plans import make_plan
 
 pytestmark = pytest.mark.timeout(30)

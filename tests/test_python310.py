@@ -2,7 +2,7 @@
 
 Ranks run the container's python3: the launcher, and the python models inside tritonserver's stub. NGC's
 tritonserver images are Ubuntu 22.04 with Python 3.10, and pyproject.toml claims `requires-python >= 3.10`,
-so one name new in 3.11 (`typing.Self` in launcher/records.py, once) kills every rank at import. mypy at
+so one name new in 3.11 (`typing.Self` in launcher/contracts/records.py, once) kills every rank at import. mypy at
 3.10 (scripts/test.sh) catches the names typeshed knows; these tests run the code itself, exactly as render
 ships it into `D/python`: every module of launcher/ and backend/ compiled and imported, and the launcher's
 own command line run, by a real 3.10 interpreter. Skipped, saying where it looked, when there is none.
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc.render import ship_packages
-from launcher.layout import SHIPPED_PACKAGES
-from launcher.rank import JOB_ID_ENV
+from hpc.render.jobfiles import ship_packages
+from launcher.contracts.layout import SHIPPED_PACKAGES
+from launcher.contracts.rank import JOB_ID_ENV
 from tests._pythons import find_python, where_looked
 
 PYTHON310 = find_python(3, 10)
@@ -96,7 +96,7 @@ def test_every_rank_side_module_imports_under_310(shipped: Path) -> None:
         ".".join(p.relative_to(shipped).with_suffix("").parts).removesuffix(".__init__") for p in _sources(shipped)
     }
     assert set(found["modules"]) == expected  # every module was tried, none skipped
-    assert {"launcher.records", "launcher.run", "backend.models.preprocessing"} <= expected
+    assert {"launcher.contracts.records", "launcher.node.run", "backend.models.preprocessing"} <= expected
     assert set(found["stood_in"]) <= {"numpy"}
 
 

@@ -1,4 +1,4 @@
-"""hpc/render.py: the deployment folder (DEVELOPERS.md), launch.json, the #SBATCH header and srun line of the
+"""hpc/render/jobfiles.py: the deployment folder (DEVELOPERS.md), launch.json, the #SBATCH header and srun line of the
 .sub, container flags, re-render and failed-render behaviour, site templates, model repository configs."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 import backend.repository
-from hpc import render as R
+from hpc.render import jobfiles as R
 from hpc.spec import Spec, load_spec, parse_spec
-from launcher.layout import BUILD_SUB_NAME, JobPaths
-from launcher.plan import LaunchPlan
-from launcher.rank import STEP_REPLICA_ENV
-from launcher.stop_records import BY_TIME_LIMIT, StopNotice, StopRequest
+from launcher.contracts.layout import BUILD_SUB_NAME, JobPaths
+from launcher.contracts.plan import LaunchPlan
+from launcher.contracts.rank import STEP_REPLICA_ENV
+from launcher.contracts.stop_records import BY_TIME_LIMIT, StopNotice, StopRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
@@ -88,13 +88,15 @@ def srun_argv(sub: str) -> list[str]:
     lines = [line.strip() for line in joined.splitlines() if "srun --mpi=pmix" in line]
     assert len(lines) == 1, lines
     argv = shlex.split(lines[0])
-    assert argv[0] == f"{STEP_REPLICA_ENV}=$replica", "each step's ranks learn their replica (launcher/rank.py)"
+    assert argv[0] == f"{STEP_REPLICA_ENV}=$replica", (
+        "each step's ranks learn their replica (launcher/contracts/rank.py)"
+    )
     assert argv[-1] == "&", "srun runs in the background so the .sub's traps can act (ordered stop)"
     return [arg for arg in argv[1:-1] if arg != "$@"]
 
 
 def replica_starts(sub: str) -> list[list[str]]:
-    """Each `start_replica K OPTIONS` line of the .sub, split: one srun step per replica (hpc/placement.py)."""
+    """Each `start_replica K OPTIONS` line of the .sub, split: one srun step per replica (hpc/spec/placement.py)."""
     return [shlex.split(line)[1:] for line in sub.splitlines() if line.startswith("start_replica ")]
 
 
@@ -192,8 +194,9 @@ def test_launch_json_fixed_ports_server_and_orchestrator(tmp_path):
 
 
 def test_ranks_other_than_the_leader_load_only_tensorrt_llm(tmp_path):
-    from launcher import command, rank
-    from launcher.ports import Ports
+    from launcher.contracts import rank
+    from launcher.node import command
+    from launcher.node.ports import Ports
 
     spec = cpu_spec(tmp_path, replicas=2, model={"tp_size": 2}, slurm={"ntasks_per_node": 4})
     R.render(spec, tmp_path / "d")
@@ -489,7 +492,7 @@ def test_deployment_folder_with_a_trailing_newline_is_refused(tmp_path):
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "hpc.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=60
+        [sys.executable, "-m", "hpc.cli.main", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=60
     )
 
 
@@ -513,7 +516,7 @@ def test_cli_render_with_site_template(tmp_path):
 
 
 def test_a_site_sbatch_header_shapes_every_job_script(tmp_path):
-    """The three job scripts take their #SBATCH lines from one macro (hpc/templates/_sbatch.j2): a site's copy
+    """The three job scripts take their #SBATCH lines from one macro (hpc/render/templates/_sbatch.j2): a site's copy
     of that file with one more line changes the serving, gateway and build scripts alike."""
     (tmp_path / "spec.yaml").write_text(
         "name: site\nslurm: {nodes: 1}\nmodel: {backend: cpu, checkpoint_dir: ckpt, init: {family: gpt2}}\n"
@@ -605,7 +608,7 @@ def test_submit_dry_run_prints_the_scripts_and_writes_nothing(tmp_path, monkeypa
     spec.write_text(f"name: dry\nworkdir: {tmp_path}/runs\nmodel:\n  backend: cpu\n  checkpoint_dir: {ckpt}\n")
     home = tmp_path / "home"
     proc = subprocess.run(
-        [sys.executable, "-m", "hpc.cli", "submit", str(spec), "--dry-run"],
+        [sys.executable, "-m", "hpc.cli.main", "submit", str(spec), "--dry-run"],
         capture_output=True,
         text=True,
         env={**os.environ, "HPC_SERVE_HOME": str(home)},
@@ -644,7 +647,7 @@ def test_render_writes_the_scripts_but_creates_no_checkpoint(tmp_path):
 
 def _hpc_serve(*args: str, env: dict, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hpc.cli", *args],
+        [sys.executable, "-m", "hpc.cli.main", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -676,7 +679,7 @@ def test_cli_render_and_dry_run_create_nothing_and_say_what_will(tmp_path):
 
 
 def test_submit_creates_the_checkpoint_then_submits(tmp_path, monkeypatch):
-    from hpc.submit import submit
+    from hpc.jobs.submit import submit
 
     env, calls = fake_sbatch(tmp_path)
     for name in ("PATH", "HPC_SERVE_HOME"):
@@ -701,11 +704,11 @@ def test_cli_render_previews_a_spec_whose_model_folders_do_not_exist_yet(tmp_pat
 
 def test_the_subs_stop_asks_the_launchers_first(tmp_path):
     """The .sub's ordered stop (Slurm's time-limit USR1, a TERM to the batch shell, a failed replica under
-    fail-job) writes the job's stop request, the file every launcher watches (launcher/layout.py's name), and
+    fail-job) writes the job's stop request, the file every launcher watches (launcher/contracts/layout.py's name), and
     signals the steps with `scancel --signal=TERM` only when no leader started its stop within STOP_ACK_S: a
     signal from Slurm reaches tritonserver itself before its model drained. Run for real in bash, with a
     `scancel` on PATH that records its arguments."""
-    from launcher.config import STOP_ACK_S
+    from launcher.contracts.config import STOP_ACK_S
 
     sub = R.render_scripts(cpu_spec(tmp_path), tmp_path / "d")[R.SUB_NAME]
     function = re.search(r"^stop_job\(\) \{\n.*?^\}\n", sub, re.M | re.S)

@@ -1,5 +1,5 @@
 """Renewal without a cluster: the `renew:` section and its checks, what render writes for it, the renewer's timing
-rules and parsers (launcher/renew_plan.py), the chain marker rules, the chain view, and discovery's draining."""
+rules and parsers (launcher/contracts/renew_plan.py), the chain marker rules, the chain view, and discovery's draining."""
 
 from __future__ import annotations
 
@@ -13,22 +13,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc.chain import chain_lines, chain_links
-from hpc.gateway.discovery import draining_jobs, mark_draining
-from hpc.job_status import JobStatus
-from hpc.render import render
-from hpc.routing.balancer import Replica
-from hpc.routing.deployment import Target
+from hpc.jobs.chain import chain_lines, chain_links
+from hpc.jobs.status import JobStatus
+from hpc.render.jobfiles import render
+from hpc.serving.balancer import Replica
+from hpc.serving.deployment import Target
+from hpc.serving.discovery import draining_jobs, mark_draining
 from hpc.spec import SpecError, load_spec
 from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.renew import duration_seconds, format_duration
-from launcher import renew
-from launcher.config import RENEW_NOTICE_S, RENEW_STARTUP_S, STOP_LEAD_S
-from launcher.layout import Deployment, JobPaths
-from launcher.plan import LaunchPlan
-from launcher.records import ChainRecord, read_chain, write_json_atomic
-from launcher.renew import Renewer
-from launcher.renew_plan import (
+from launcher.contracts.config import RENEW_NOTICE_S, RENEW_STARTUP_S, STOP_LEAD_S
+from launcher.contracts.layout import Deployment, JobPaths
+from launcher.contracts.plan import LaunchPlan
+from launcher.contracts.records import ChainRecord, read_chain, write_json_atomic
+from launcher.contracts.renew_plan import (
     ENV_CHAIN_INDEX,
     ENV_PREDECESSOR,
     RenewPlan,
@@ -36,8 +34,10 @@ from launcher.renew_plan import (
     chain_place,
     successor_env,
 )
-from launcher.slurm import Slurm, parse_slurm_time
-from launcher.stop_records import BY_CANCEL, DrainingMark, StopNotice, StopRequest
+from launcher.contracts.slurm import Slurm, parse_slurm_time
+from launcher.contracts.stop_records import BY_CANCEL, DrainingMark, StopNotice, StopRequest
+from launcher.jobscript import renew
+from launcher.jobscript.renew import Renewer
 from tests.test_slurm import fake_command
 
 
@@ -140,7 +140,7 @@ def test_render_writes_the_renew_plan_and_the_renewer_line(tmp_path):
     sub = rendered.sub.read_text()
     assert f"#SBATCH --signal=B:USR1@{STOP_LEAD_S}" in sub
     renewer = f"PYTHONPATH={Deployment(rendered.deploy_dir).runtime} "
-    assert renewer in sub and '-m launcher.renew "$DEPLOY_DIR" & RENEWER=$!' in sub
+    assert renewer in sub and '-m launcher.jobscript.renew "$DEPLOY_DIR" & RENEWER=$!' in sub
     # the renewer's USR1 trap comes after the ordered stop's, so it is the one in force
     assert sub.index("trap 'kill -USR1 \"$RENEWER\" 2>/dev/null || stop_job' USR1") > sub.index(
         "trap stop_job USR1 TERM"

@@ -1,4 +1,4 @@
-"""Renewal on the real Slurm test cluster (spec `renew:`, launcher/renew.py): 2-minute jobs, a 1-minute lead.
+"""Renewal on the real Slurm test cluster (spec `renew:`, launcher/jobscript/renew.py): 2-minute jobs, a 1-minute lead.
 
 It takes minutes (Slurm's time limits are whole minutes), so one module-scoped run does everything once, and
 the tests below each assert a part of it:
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc.jobs import find_job
-from hpc.routing.deployment import job_of_key
-from launcher.job_index import parse_entry
-from launcher.layout import JobPaths
-from launcher.records import read_chain, read_endpoints
-from launcher.slurm import parse_slurm_time
+from hpc.scheduler.index import find_job
+from hpc.serving.deployment import job_of_key
+from launcher.contracts.job_index import parse_entry
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.records import read_chain, read_endpoints
+from launcher.contracts.slurm import parse_slurm_time
 from tests.e2e import (
     cli,
     gateway_process,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc import render as R
+from hpc.render import jobfiles as R
 from hpc.spec import SpecError, load_spec, provenance
 from hpc.spec.site import SITE_ENV, current_profile, explain, find_profile, write_profile
 
@@ -37,7 +37,7 @@ def cpu_spec(folder: Path, body: str = "") -> Path:
 def cli(args: list[str], site_file: Path | str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), SITE_ENV: str(site_file)}
     return subprocess.run(
-        [sys.executable, "-m", "hpc.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+        [sys.executable, "-m", "hpc.cli.main", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
     )
 
 
@@ -271,7 +271,7 @@ def test_the_rendered_folder_needs_no_profile(tmp_path):
 def test_submit_says_which_profile_it_used(tmp_path, tiny_gpt2, tritonserver, monkeypatch):
     """`submit` names the site profile on stderr (stdout stays `JOB FOLDER` for scripts): a real local job,
     cancelled at once."""
-    from hpc.local import job_processes
+    from hpc.jobs.local import job_processes
     from tests.e2e import kill_quietly, processes_under
 
     monkeypatch.setenv("HPC_SERVE_HOME", str(tmp_path / "home"))

@@ -1,4 +1,4 @@
-"""launcher/slurm.py and hpc/slurm.py (the gateway for Slurm commands, both sides) and hpc/slurm_watch.py (polite,
+"""launcher/contracts/slurm.py and hpc/scheduler/slurm.py (the gateway for Slurm commands, both sides) and hpc/scheduler/watch.py (polite,
 shared polling). The end states every reader shares: tests/test_slurm_states.py.
 
 The gateway is tested with fake commands on PATH (timeouts, errors, retries); the watcher with a fake command
@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from hpc import slurm, slurm_watch, track
-from hpc.executors import watch
-from hpc.jobs import JobRef
-from hpc.slurm import Result, Slurm, SlurmError, SlurmNotInstalled, SlurmTimeout
-from hpc.slurm_watch import SlurmWatcher
-from hpc.track import job_status, wait
-from launcher.layout import JobPaths
+from hpc.jobs import track
+from hpc.jobs.executors import watch
+from hpc.jobs.track import job_status, wait
+from hpc.scheduler import slurm
+from hpc.scheduler import watch as slurm_watch
+from hpc.scheduler.index import JobRef
+from hpc.scheduler.slurm import Result, Slurm, SlurmError, SlurmNotInstalled, SlurmTimeout
+from hpc.scheduler.watch import SlurmWatcher
+from launcher.contracts.layout import JobPaths
 from tests.plans import write_plan
 
 pytestmark = pytest.mark.timeout(60)
@@ -220,7 +222,7 @@ class FakeCluster:
 
 @pytest.fixture
 def cluster(monkeypatch) -> tuple[FakeCluster, Clock]:
-    """The fake cluster behind `hpc.slurm.default`, and a fresh process watcher on a fake clock."""
+    """The fake cluster behind `hpc.scheduler.slurm.default`, and a fresh process watcher on a fake clock."""
     fake, clock = FakeCluster(), Clock()
     monkeypatch.setattr(slurm, "default", Slurm(runner=fake, sleep=clock.sleep))
     monkeypatch.setattr(slurm_watch, "shared", SlurmWatcher(clock=clock.monotonic))

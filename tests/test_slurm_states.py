@@ -1,4 +1,4 @@
-"""One set of end states, read by every user (launcher/slurm.py: `TERMINAL_RAW`, Slurm's words, and `TERMINAL`,
+"""One set of end states, read by every user (launcher/contracts/slurm.py: `TERMINAL_RAW`, Slurm's words, and `TERMINAL`,
 hpc-serve's). Five lists used to say it, and the renewer's lacked REVOKED: a successor Slurm revoked kept its
 predecessor waiting for it until the time limit. Here every reader is asked about every end state: a serving,
 build and gateway job's status, the watcher's cache, the renewer's successor check and the cluster tests'
@@ -13,22 +13,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc import slurm, slurm_watch
-from hpc.executors import SlurmExecutor
-from hpc.job_kinds import KINDS, JobKind
-from hpc.jobs import JobRef
-from hpc.slurm_watch import SlurmWatcher
-from hpc.track import job_status
-from launcher import renew
-from launcher.layout import JobPaths
-from launcher.slurm import STATE_CLASS, TERMINAL, TERMINAL_RAW, Result, Slurm, ended, state_class
+from hpc.jobs.executors import SlurmExecutor
+from hpc.jobs.kinds import KINDS, JobKind
+from hpc.jobs.track import job_status
+from hpc.scheduler import slurm
+from hpc.scheduler import watch as slurm_watch
+from hpc.scheduler.index import JobRef
+from hpc.scheduler.watch import SlurmWatcher
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.slurm import STATE_CLASS, TERMINAL, TERMINAL_RAW, Result, Slurm, ended, state_class
+from launcher.jobscript import renew
 from tests.cluster_smoke import cluster_smoke_helpers
 from tests.plans import write_plan
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parent.parent
 END_STATES = sorted(TERMINAL_RAW)
-#: Slurm's end words that are no hpc-serve state: only launcher/slurm.py may name them
+#: Slurm's end words that are no hpc-serve state: only launcher/contracts/slurm.py may name them
 SLURM_ONLY = sorted(TERMINAL_RAW - set(TERMINAL))
 
 
@@ -111,6 +112,6 @@ def test_no_other_module_names_a_slurm_end_state():
 
 
 def test_renewer_and_login_side_share_the_gateway():
-    """hpc.slurm's gateway is the launcher's, with the cluster's name on top: one retry and job-gone rule."""
+    """hpc.scheduler.slurm's gateway is the launcher's, with the cluster's name on top: one retry and job-gone rule."""
     assert issubclass(slurm.Slurm, Slurm) and slurm.ended is ended and slurm.TERMINAL is TERMINAL
     assert isinstance(renew.SLURM, Slurm) and slurm_watch.ended is ended

@@ -66,7 +66,7 @@ def one(path: Path, field: str) -> Problem:
 def validate_cli(spec: Path, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "hpc.cli", "validate", str(spec)],
+        [sys.executable, "-m", "hpc.cli.main", "validate", str(spec)],
         capture_output=True,
         text=True,
         cwd=cwd or spec.parent,
@@ -326,7 +326,7 @@ def test_replicas_count_in_the_fit(tmp_path):
 
 
 def test_tensorrtllm_replicas_each_get_a_step(gpu_dir):
-    """One srun step per replica (hpc/placement.py) gives each TensorRT-LLM replica its own MPI world."""
+    """One srun step per replica (hpc/spec/placement.py) gives each TensorRT-LLM replica its own MPI world."""
     spec = write(gpu_dir, GPU_SPEC.replace("nodes: 1", "nodes: 2") + "replicas: 2\nreplica_policy: keep-serving\n")
     loaded = load_spec(spec)
     assert (loaded.world_size, loaded.replica_policy, loaded.requeue) == (4, "keep-serving", False)

@@ -1,4 +1,4 @@
-"""The files of an ordered stop as typed records (launcher/stop_records.py): each written by its one writer and
+"""The files of an ordered stop as typed records (launcher/contracts/stop_records.py): each written by its one writer and
 read by its one reader through the same definition, a bash script's included (its printf format comes from the
 record: `Record.shell_format`)."""
 
@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from backend.cpu_engine.parallel import drain_deadline, report_drain
-from launcher.records import VERSION, Record
-from launcher.stop import LeaderDrain
-from launcher.stop_records import (
+from launcher.contracts.records import VERSION, Record
+from launcher.contracts.stop_records import (
     BY_TIME_LIMIT,
     DRAINED,
     DRAINING,
@@ -27,6 +26,7 @@ from launcher.stop_records import (
     is_final,
     stop_request_format,
 )
+from launcher.node.stop import LeaderDrain
 
 pytestmark = pytest.mark.timeout(30)
 

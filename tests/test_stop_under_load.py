@@ -2,7 +2,7 @@
 tritonserver and CPU engine): `hpc-serve cancel` while 4 clients keep streaming must end the job CANCELLED with
 the rank's tritonserver exiting 0, and every client stream must end, with its final response or a clear error.
 
-Before the drain came ahead of the SIGTERM (launcher/stop.py LeaderDrain), tritonserver's own stop refused the
+Before the drain came ahead of the SIGTERM (launcher/node/stop.py LeaderDrain), tritonserver's own stop refused the
 next `postprocessing` step of each streaming ensemble, the ensemble stayed "in flight" until the exit timeout,
 and tritonserver exited 1 (or was SIGKILLed): the stop took ~18 s and the job read FAILED.
 """
@@ -40,8 +40,8 @@ def test_cancel_under_streaming_load_is_clean(
 ) -> None:
     """`drain_by` metrics: the launcher does not ask the model to report its drain (no drain file), so the
     SIGTERM waits for tritonserver's metrics to read nothing in flight: the path TensorRT-LLM's backend takes."""
-    from hpc.local import job_processes
-    from launcher.stop import DRAIN_BY_METRICS_ENV
+    from hpc.jobs.local import job_processes
+    from launcher.node.stop import DRAIN_BY_METRICS_ENV
 
     if drain_by == "metrics":
         monkeypatch.setenv(DRAIN_BY_METRICS_ENV, "1")  # the local job's ranks inherit it

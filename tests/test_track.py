@@ -1,4 +1,4 @@
-"""hpc/track.py: the job state machine, from fake job folders (no scheduler), and the Slurm watcher's
+"""hpc/jobs/track.py: the job state machine, from fake job folders (no scheduler), and the Slurm watcher's
 sacct/squeue/scontrol parsing against the real test cluster (mark `cluster`; with fake commands:
 tests/test_slurm.py).
 
@@ -20,18 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from hpc import track
-from hpc.executors import LocalExecutor, SlurmExecutor, executor_of
-from hpc.job_kinds import KINDS, BuildJob, GatewayJob, ServingJob, job_class_of
-from hpc.job_status import JobStatus
-from hpc.jobs import JobRef
-from hpc.routing.deployment import Target
-from hpc.slurm_watch import SlurmWatcher
-from hpc.track import job_status, wait
-from launcher.build_step import BuildStep
-from launcher.layout import BUILD_SUB_NAME, Deployment, JobPaths
-from launcher.records import EndpointRecord, RankExitRecord, read_endpoints
-from launcher.stop_records import BY_CANCEL, StopRequest
+from hpc.jobs import track
+from hpc.jobs.executors import LocalExecutor, SlurmExecutor, executor_of
+from hpc.jobs.kinds import KINDS, BuildJob, GatewayJob, ServingJob, job_class_of
+from hpc.jobs.status import JobStatus
+from hpc.jobs.track import job_status, wait
+from hpc.scheduler.index import JobRef
+from hpc.scheduler.watch import SlurmWatcher
+from hpc.serving.deployment import Target
+from launcher.contracts.build_step import BuildStep
+from launcher.contracts.layout import BUILD_SUB_NAME, Deployment, JobPaths
+from launcher.contracts.records import EndpointRecord, RankExitRecord, read_endpoints
+from launcher.contracts.stop_records import BY_CANCEL, StopRequest
 from tests.e2e import wait_for
 from tests.plans import write_plan
 
@@ -171,9 +171,9 @@ def test_running_without_endpoint_is_starting(tmp_path, scheduler):
 
 
 def test_starting_says_what_each_replica_waits_for(tmp_path, scheduler):
-    """The leaders' startup records (launcher/ready.py): loading, then warming up; a published replica's and a
+    """The leaders' startup records (launcher/node/ready.py): loading, then warming up; a published replica's and a
     dead one's are not shown, and READY shows none."""
-    from launcher.records import LOADING, WARMING_UP, StartupRecord, write_json_atomic
+    from launcher.contracts.records import LOADING, WARMING_UP, StartupRecord, write_json_atomic
 
     ref = make_job(tmp_path, replicas=2)
     scheduler.set("RUNNING")
@@ -305,7 +305,7 @@ def test_ranks_killed_by_scancel_or_time_limit_are_not_a_failure(tmp_path, sched
 
 
 def test_cancel_marker_makes_a_stopped_job_cancelled(tmp_path, scheduler):
-    """`hpc.submit.cancel` writes the marker, then SIGTERMs every rank: ranks ending (cleanly or not) must not
+    """`hpc.jobs.submit.cancel` writes the marker, then SIGTERMs every rank: ranks ending (cleanly or not) must not
     read as COMPLETED or FAILED once the job has ended."""
 
     ref = make_job(tmp_path)
@@ -358,7 +358,7 @@ def test_marker_only_explains_the_end_of_a_job_that_was_not_running(tmp_path, sc
 
 
 # ---------------------------------------------------------------------------------------------------------
-# every kind of job (hpc/job_kinds.py): its folder's marker says which, and the stop rules are one
+# every kind of job (hpc/jobs/kinds.py): its folder's marker says which, and the stop rules are one
 
 
 def test_a_folder_is_told_by_its_marker(tmp_path):
@@ -490,13 +490,11 @@ def test_local_never_started_is_unknown(tmp_path):
 
 
 def test_local_supervisor_stays_light():
-    """hpc.local_run (the detached supervisor) takes the folder's names from launcher.layout, so that starting it
+    """hpc.jobs.local_run (the detached supervisor) takes the folder's names from launcher.contracts.layout, so that starting it
     does not import pydantic/jinja2/the spec before the ranks start."""
-    from launcher.layout import SOURCE_ROOT
+    from launcher.contracts.layout import SOURCE_ROOT
 
-    code = (
-        "import sys, hpc.local_run; print(sorted({'pydantic', 'jinja2', 'hpc.spec', 'hpc.render'} & set(sys.modules)))"
-    )
+    code = "import sys, hpc.jobs.local_run; print(sorted({'pydantic', 'jinja2', 'hpc.spec', 'hpc.render.jobfiles'} & set(sys.modules)))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SOURCE_ROOT
     ).stdout
@@ -506,9 +504,9 @@ def test_local_supervisor_stays_light():
 def test_cancel_of_a_local_build_job_reads_cancelling_until_its_script_has_gone(tmp_path, hpc_home, monkeypatch):
     """`hpc-serve cancel` of a build job, for real under the local executor: while its script is still stopping
     (here: held in its TERM trap until the test lets it go) the job is CANCELLING, not BUILDING; then CANCELLED."""
-    from hpc.submit import cancel
+    from hpc.jobs.submit import cancel
 
-    monkeypatch.setattr("hpc.submit.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
+    monkeypatch.setattr("hpc.jobs.submit.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
     deploy = tmp_path / "d"
     Deployment(deploy).logs_dir.mkdir(parents=True)  # as render and the build's script writer make it
     (deploy / BUILD_SUB_NAME).write_text(
@@ -588,7 +586,7 @@ def test_wait_gives_up_on_unknown(tmp_path, scheduler, monkeypatch):
 
 
 class FakeClock:
-    """Stands in for `time` in hpc.track: sleep() advances monotonic() exactly, so timing rules are exact."""
+    """Stands in for `time` in hpc.jobs.track: sleep() advances monotonic() exactly, so timing rules are exact."""
 
     def __init__(self):
         self.now = 1000.0

@@ -1,4 +1,4 @@
-"""launcher/warmup.py and launcher/ready.py: the warm-up request and what READY waits for, against a small
+"""launcher/node/warmup.py and launcher/node/ready.py: the warm-up request and what READY waits for, against a small
 HTTP server that answers as tritonserver 2.51 does (its bodies copied from a real one: tests/test_warmup_e2e.py
 runs the real thing), and a real child process under a real Supervisor."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import records
-from launcher.layout import JobPaths
-from launcher.supervise import Supervisor
-from launcher.warmup import MODELS, Warmup, WarmupFailed, choose, first_event, send, warm_up
+from launcher.contracts import records
+from launcher.contracts.layout import JobPaths
+from launcher.node.supervise import Supervisor
+from launcher.node.warmup import MODELS, Warmup, WarmupFailed, choose, first_event, send, warm_up
 
 pytestmark = pytest.mark.timeout(60)
 

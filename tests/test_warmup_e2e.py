@@ -158,10 +158,10 @@ def test_local_job_whose_model_fails_every_request_is_never_ready_and_fails_with
     """The real repository (CPU engine) with a postprocessing model that loads and fails every request, run
     by the local executor: STARTING (loading the models, then warming up), never READY, then FAILED with the
     server's error in `status`; nothing of the job is left."""
-    from hpc.executors import LocalExecutor
-    from hpc.job_kinds import ServingJob
-    from hpc.jobs import JobRef
-    from hpc.track import job_status
+    from hpc.jobs.executors import LocalExecutor
+    from hpc.jobs.kinds import ServingJob
+    from hpc.jobs.track import job_status
+    from hpc.scheduler.index import JobRef
     from tests.e2e import cli, processes_under, wait_for, write_spec
 
     deploy = tmp_path / "broken"
@@ -202,9 +202,9 @@ def test_cluster_tp2_job_whose_model_fails_every_request_fails_with_the_reason(
     0 and the server's error, never READY, and no process of it is left."""
     import subprocess
 
-    from hpc.jobs import JobRef
-    from hpc.track import job_status
-    from launcher.layout import JobPaths
+    from hpc.jobs.track import job_status
+    from hpc.scheduler.index import JobRef
+    from launcher.contracts.layout import JobPaths
     from tests.e2e import cli, processes_under, rank_records, wait_for, write_spec
 
     deploy = tmp_path / "broken-tp2"

@@ -113,6 +113,6 @@ def test_a_wheel_install_ships_only_its_own_packages_to_the_ranks(
 
 
 def _pids_mentioning(path: str) -> list[int]:
-    from hpc.local import processes_mentioning
+    from hpc.jobs.local import processes_mentioning
 
     return [pid for pid, _ in processes_mentioning(path)]

@@ -3,7 +3,7 @@
 Once its launcher wrote the stop file (``drain_deadline()`` turns from None into epoch seconds), the engine
 refuses new requests at once (a clear error: the client retries elsewhere), lets those in flight finish, fails
 what is left ``DRAIN_MARGIN_S`` before the deadline, and says "drained" once nothing is in flight: only then does
-the launcher SIGTERM tritonserver (launcher/stop.py LeaderDrain: a SIGTERM during a streaming ensemble leaves it
+the launcher SIGTERM tritonserver (launcher/node/stop.py LeaderDrain: a SIGTERM during a streaming ensemble leaves it
 hanging), whose unload then releases the followers while the ranks are still allowed to stop in order.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.stop_records import DRAINED, DRAINING
+from launcher.contracts.stop_records import DRAINED, DRAINING
 
 from ..refusals import CPU_STOPPING
 
 DRAIN_CHECK_S = 0.25  # how often the loop looks at the stop file (cheap: a stat and a small read)
 DRAIN_MARGIN_S = 2.0  # fail what is left this long before the drain deadline: the unload and release need it
-#: the drain's own state between DRAINING and DRAINED (the launcher is told those two: launcher/stop_records.py)
+#: the drain's own state between DRAINING and DRAINED (the launcher is told those two: launcher/contracts/stop_records.py)
 FAILED = "failed"
 
 STOPPING = f"{CPU_STOPPING}; retry on another replica or job"

@@ -21,7 +21,7 @@ from typing import cast
 
 import numpy as np
 
-from launcher.stop_records import DRAINED, DRAINING
+from launcher.contracts.stop_records import DRAINED, DRAINING
 
 from .checkpoint import ModelConfig
 from .drain import DRAIN_CHECK_S, FAILED, RAN_OUT, STOPPING, Drain

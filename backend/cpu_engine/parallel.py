@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from launcher.stop_records import StopNotice
+    from launcher.contracts.stop_records import StopNotice
 
 SPIN_S = 0.005  # poll back to back this long (a step's message arrives within microseconds)...
 NAP_S = 0.001  # ...then sleep this long between polls (an idle follower heartbeats once a second)
@@ -188,9 +188,9 @@ def drain_deadline(environ: dict[str, str] | None = None) -> float | None:
 def report_drain(state: str, environ: dict[str, str] | None = None) -> None:
     """Tell the stopping leader's launcher how the drain goes (``"draining"``: seen the stop, refusing new
     requests; ``"drained"``: nothing in flight any more), in the ``drain_file`` its stop file names: the launcher
-    sends tritonserver SIGTERM only once drained (launcher/stop.py LeaderDrain says why). A no-op when not
+    sends tritonserver SIGTERM only once drained (launcher/node/stop.py LeaderDrain says why). A no-op when not
     stopping or without a launcher."""
-    from launcher.stop_records import DrainReport
+    from launcher.contracts.stop_records import DrainReport
 
     notice = _stop_notice(environ)
     if notice is None or not notice.drain_file:
@@ -202,9 +202,9 @@ def report_drain(state: str, environ: dict[str, str] | None = None) -> None:
 
 
 def _stop_notice(environ: dict[str, str] | None) -> StopNotice | None:
-    """The stop file the leader's launcher wrote (``$HPC_SERVE_STOP_FILE``: launcher/stop_records.py), or None."""
-    from launcher.rank import STOP_FILE_ENV
-    from launcher.stop_records import StopNotice
+    """The stop file the leader's launcher wrote (``$HPC_SERVE_STOP_FILE``: launcher/contracts/stop_records.py), or None."""
+    from launcher.contracts.rank import STOP_FILE_ENV
+    from launcher.contracts.stop_records import StopNotice
 
     path = (os.environ if environ is None else environ).get(STOP_FILE_ENV)
     return StopNotice.read(Path(path)) if path else None

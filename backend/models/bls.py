@@ -25,7 +25,7 @@ import numpy as np
 from backend.models import model_parameter, parse_bool
 from backend.templates.engine_tables import PASSTHROUGH_OUTPUTS, PREPROCESSING
 from backend.templates.tables import BLS_INPUTS, LLM_FROM_CLIENT, LLM_FROM_PREPROCESSING, PREPROCESSING_INPUT_MAP
-from launcher import model_names
+from launcher.contracts import model_names
 
 #: (model name, inputs, requested output names, decoupled, request id) → responses as {output name: array}
 ModelCaller = Callable[[str, Mapping[str, np.ndarray], Sequence[str], bool, str], Iterator[dict[str, np.ndarray]]]
@@ -122,7 +122,7 @@ class BlsPipeline:
 
     def run(self, inputs: Mapping[str, np.ndarray], request_id: str = "") -> Iterator[dict[str, np.ndarray]]:
         """The request's outputs. `request_id`, the client's request's id, goes to its `tensorrt_llm` request as
-        the ensemble gives its id to its steps: a stop by that id (hpc/gateway/abandon.py, a client's own `stop`
+        the ensemble gives its id to its steps: a stop by that id (hpc/serving/abandon.py, a client's own `stop`
         request) then reaches the generation; without it a stop matched nothing and the engine made every token."""
         stream = _flag(inputs, "stream")
         self._check(inputs, stream)

@@ -24,7 +24,7 @@ import numpy as np
 from backend.models import model_parameter, parse_bool
 from backend.models.detokenize import STREAM_REQUEST_PREFIX, StreamTable
 from backend.models.tokenizer import TextTokenizer, tokenizer_from_config
-from launcher import model_names
+from launcher.contracts import model_names
 
 
 def split_sequences(tokens: np.ndarray, lengths: np.ndarray) -> list[list[int]]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from backend.models import model_parameter, parse_bool
 from backend.models.tokenizer import TextTokenizer, tokenizer_from_config
-from launcher import model_names
+from launcher.contracts import model_names
 
 INPUT_NAMES: tuple[str, ...] = (
     "QUERY",

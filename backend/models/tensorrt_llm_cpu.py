@@ -28,8 +28,8 @@ from backend.cpu_engine.parallel import SingleComm, replica_comm
 from backend.cpu_engine.scheduler import GenerationOutput
 from backend.cpu_engine.triton_io import InputError, RequestOptions, merge_rows, output_arrays, parse_inputs
 from backend.models.engine_metrics import EngineMetrics
-from launcher import model_names
-from launcher.rank import placement
+from launcher.contracts import model_names
+from launcher.contracts.rank import placement
 
 pb_utils: Any = None  # set in initialize()
 
@@ -64,7 +64,7 @@ def _end_follower_process() -> None:
 
     Order matters. MPI first: meeting the leader in a bounded MPI_Finalize (see ``_finalize_mpi``) is what
     shows the leader really released us, not merely fell silent. Then the release file, which makes the
-    launcher report this rank's end as a clean one (launcher/run.py release_path); it is not written when the
+    launcher report this rank's end as a clean one (launcher/node/run.py release_path); it is not written when the
     leader is gone. Last the parent tritonserver: it is still loading this model (never ready, no ports) and
     the launcher started it ignoring the stop signals (so that Slurm's SIGTERM, sent to every process of the
     step at once, cannot end a follower before its leader released it), hence SIGKILL; exiting the stub alone
@@ -172,7 +172,7 @@ class TritonPythonModel:
         self.default_exclude = (_param(params, "exclude_input_in_output") or "false").lower() in _TRUE
         logger = pb_utils.Logger
 
-        place = placement()  # what the launcher decided (launcher/rank.py), not the starter's variables
+        place = placement()  # what the launcher decided (launcher/contracts/rank.py), not the starter's variables
         world, per_replica = place.world_size, place.ranks_per_replica
         if per_replica != tp_size or world % per_replica:
             raise ValueError(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from backend.templates.table_types import ModelTable, Param, Tensor
 from backend.templates.table_types import tensor as _t
-from launcher import model_names
+from launcher.contracts import model_names
 
 # --------------------------------------------------------------------------------------------- tensorrt_llm
 # The 16 statistics/extra outputs that ensemble and BLS pass through unchanged (tensorrt_llm has them all,

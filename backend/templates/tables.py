@@ -14,7 +14,7 @@ from __future__ import annotations
 from backend.templates.engine_tables import PASSTHROUGH_OUTPUTS, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM
 from backend.templates.table_types import ModelTable, Param, Step, Tensor
 from backend.templates.table_types import tensor as _t
-from launcher import model_names
+from launcher.contracts import model_names
 
 # ---------------------------------------------------------------------------------------- ensemble and BLS
 # Client-facing sampling inputs shared by ensemble and BLS (same names, dtypes and dims in both).

@@ -24,11 +24,10 @@ from typing import Any
 
 import httpx
 
+from hpc.bench.stats import RequestRecord
+from hpc.bench.workloads import BenchRequest, Tokenizer
 from hpc.client.transport import Sampling, gateway_stream, generate_params
 from hpc.compat import TIMEOUT_ERRORS
-
-from .stats import RequestRecord
-from .workloads import BenchRequest, Tokenizer
 
 #: sends one request and yields its text piece by piece
 Sender = Callable[[BenchRequest], AsyncIterator[str]]

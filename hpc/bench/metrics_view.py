@@ -12,21 +12,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from launcher.records import EndpointRecord
-
-from .replica_metrics import Rates, Snapshot, rates, summable, summed, take
-
-
-def endpoints_or_exit(targets: Sequence[str]) -> list[EndpointRecord]:
-    """Every published replica of the jobs TARGET names, or of every job of the deployment it names."""
-    from hpc.client import job_endpoints
-    from hpc.gateway.cli import resolve_or_exit
-    from hpc.routing.deployment import published
-
-    target, refs = resolve_or_exit(list(targets))
-    if refs:
-        return [e for ref in refs for e in job_endpoints(ref)]
-    return list(published(target))
+from hpc.bench.replica_metrics import Rates, Snapshot, rates, summable, summed, take
+from launcher.contracts.records import EndpointRecord
 
 
 def _num(value: float | None, fmt: str | None = None) -> str:

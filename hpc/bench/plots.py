@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .stats import RequestRecord
+from hpc.bench.stats import RequestRecord
 
 
 def _pyplot():

@@ -1,5 +1,5 @@
 """`hpc-serve metrics TARGET`: every replica's Prometheus page (its endpoint record's `metrics_url`), parsed by
-hpc/metrics.py (launcher/prometheus.py's parser), per replica and summed; and the rates `--watch` shows.
+hpc/serving/metrics.py (launcher/contracts/prometheus.py's parser), per replica and summed; and the rates `--watch` shows.
 
 The names are upstream's: the TensorRT-LLM backend's `nv_trt_llm_*` gauges (request_metrics by request_type:
 active/scheduled/waiting/context/max/completed; kv_cache_block_metrics by kv_cache_block_type: used/free/max/
@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from backend.models.engine_metrics import KV_CACHE, REQUEST
-from hpc.metrics import DEFAULT_PREFIXES, Sample, parse, scrape
-from hpc.routing.deployment import replica_key  # the gateway's keys: `33@twin/0` (job ids are per cluster)
-from launcher import model_names
-from launcher.records import EndpointRecord
+from hpc.serving.deployment import replica_key  # the gateway's keys: `33@twin/0` (job ids are per cluster)
+from hpc.serving.metrics import DEFAULT_PREFIXES, Sample, parse, scrape
+from launcher.contracts import model_names
+from launcher.contracts.records import EndpointRecord
 
 #: upstream's output-token histogram (name without _sum / _count)
 TOKEN_HISTOGRAM = "nv_llm_output_token_len"
@@ -34,7 +34,7 @@ NOT_SUMMED = frozenset({"tokens_per", "timestamp", "micro_batch_id", "iteration_
 
 
 def key_of(name: str, labels: dict[str, str]) -> str:
-    """`name{label=value,…}` without `version` (always 1 here) and without the `_total` hpc/metrics.py names a
+    """`name{label=value,…}` without `version` (always 1 here) and without the `_total` hpc/serving/metrics.py names a
     counter's samples with (as prometheus_client did): one row of the table, the same name as on the page."""
     name = name.removesuffix("_total")
     shown = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "version")
@@ -52,7 +52,7 @@ class Snapshot:
     samples: dict[str, list[Sample]] = field(default_factory=dict)
 
     def to_json(self) -> list[dict]:
-        """Every sample as hpc/metrics.py parsed it, with its replica (`job/replica`)."""
+        """Every sample as hpc/serving/metrics.py parsed it, with its replica (`job/replica`)."""
         return [{"replica": r, **vars(s)} for r, found in sorted(self.samples.items()) for s in found]
 
     def total(self, key: str) -> float | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.table import Table
 
-from .stats import PERCENTILES, RequestRecord
+from hpc.bench.stats import PERCENTILES, RequestRecord
 
 
 def _ms(value: float | None) -> str:

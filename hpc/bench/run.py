@@ -16,12 +16,11 @@ from typing import Any
 
 import httpx
 
+from hpc.bench.arrivals import arrival_times
+from hpc.bench.loadgen import LoadSpec, Sender, client_sender, gateway_sender, run_load
+from hpc.bench.stats import RequestRecord, summarize
+from hpc.bench.workloads import Tokenizer, WordTokenizer, WorkloadSpec, make_requests
 from hpc.client.transport import Sampling, auth_headers
-
-from .arrivals import arrival_times
-from .loadgen import LoadSpec, Sender, client_sender, gateway_sender, run_load
-from .stats import RequestRecord, summarize
-from .workloads import Tokenizer, WordTokenizer, WorkloadSpec, make_requests
 
 #: more distinct prompts than this are not made: a longer run cycles through them (making them costs time)
 MAX_DISTINCT = 2048
@@ -151,8 +150,8 @@ def bench(settings: BenchSettings, output_dir: Path | None, progress: ProgressHo
     points = asyncio.run(run_bench(settings, tokenizer, progress))
     written: list[Path] = []
     if output_dir is not None:
-        from . import plots
-        from .report import write_outputs
+        from hpc.bench import plots
+        from hpc.bench.report import write_outputs
 
         written = write_outputs(output_dir, {**settings.to_json(), "tokenizer_used": described}, points)
         for i, (label, _, records) in enumerate(points):

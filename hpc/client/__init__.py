@@ -23,17 +23,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from launcher.records import EndpointRecord
-
-from .discovery import job_endpoints
-from .errors import AuthError, Busy, ClientError, NotReady, RequestError, ServerError, TargetError
+from hpc.client.discovery import job_endpoints
+from hpc.client.errors import AuthError, Busy, ClientError, NotReady, RequestError, ServerError, TargetError
+from launcher.contracts.records import EndpointRecord
 
 if TYPE_CHECKING:
-    from .aio import AsyncClient
-    from .sync import Client
-    from .transport import Sampling
+    from hpc.client.aio import AsyncClient
+    from hpc.client.sync import Client
+    from hpc.client.transport import Sampling
 
-#: One replica's published endpoint record (launcher/records.py, DEVELOPERS.md): address, ports and URLs.
+#: One replica's published endpoint record (launcher/contracts/records.py, DEVELOPERS.md): address, ports and URLs.
 Endpoint = EndpointRecord
 
 __all__ = [
@@ -54,15 +53,15 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "AsyncClient":
-        from .aio import AsyncClient
+        from hpc.client.aio import AsyncClient
 
         return AsyncClient
     if name == "Client":
-        from .sync import Client
+        from hpc.client.sync import Client
 
         return Client
     if name == "Sampling":
-        from .transport import Sampling
+        from hpc.client.transport import Sampling
 
         return Sampling
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

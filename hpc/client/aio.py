@@ -20,11 +20,18 @@ from pathlib import Path
 
 import httpx
 
+from hpc.client.discovery import job_replica, newest_token, resolve
+from hpc.client.errors import AuthError, Busy, NotReady, RequestError, ServerError
+from hpc.client.transport import GatewayUnavailable, Sampling, gateway_stream, generate_params
 from hpc.compat import Self, Unpack, timeout
-from hpc.gateway.discovery import Discovery
-from hpc.gateway.record import live_gateway
-from hpc.gateway.text import StopStream
-from hpc.gateway.triton import (
+from hpc.scheduler.index import JobRef
+from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
+from hpc.serving.deployment import Target, as_replica
+from hpc.serving.discovery import Discovery
+from hpc.serving.gateway_record import live_gateway
+from hpc.serving.retry import stream_with_retry, taken_whole
+from hpc.serving.text import StopStream
+from hpc.serving.triton import (
     Chunk,
     GenerateParams,
     ModelError,
@@ -33,17 +40,9 @@ from hpc.gateway.triton import (
     TokenRefused,
     TritonEngine,
 )
-from hpc.jobs import JobRef
-from hpc.routing.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
-from hpc.routing.deployment import Target, as_replica
-from hpc.routing.retry import stream_with_retry, taken_whole
-from launcher import model_names
-from launcher.config import DISCOVERY_REFRESH_S
-from launcher.records import EndpointRecord, GatewayRecord
-
-from .discovery import job_replica, newest_token, resolve
-from .errors import AuthError, Busy, NotReady, RequestError, ServerError
-from .transport import GatewayUnavailable, Sampling, gateway_stream, generate_params
+from launcher.contracts import model_names
+from launcher.contracts.config import DISCOVERY_REFRESH_S
+from launcher.contracts.records import EndpointRecord, GatewayRecord
 
 log = logging.getLogger("hpc_serve.client")
 
@@ -109,7 +108,7 @@ class AsyncClient:
 
     def _connections(self) -> tuple[httpx.AsyncClient, TritonEngine]:
         if self._http is None or self._engine is None:
-            # trust_env=False: nodes are never behind the user's $http_proxy (launcher/urls.py)
+            # trust_env=False: nodes are never behind the user's $http_proxy (launcher/contracts/urls.py)
             self._http = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(self.timeout_s, connect=10.0))
             self._engine = TritonEngine(self.model)  # its channels never go through $http_proxy
             self._lock = asyncio.Lock()

@@ -1,5 +1,5 @@
-"""Where a client's requests go: TARGET → the deployment (hpc.routing.deployment), one pinned replica, and the
-access token the gateway is sent (hpc.auth; each replica's comes from the gateway's Discovery).
+"""Where a client's requests go: TARGET → the deployment (hpc.serving.deployment), one pinned replica, and the
+access token the gateway is sent (hpc.serving.auth; each replica's comes from the gateway's Discovery).
 
 Why files only and no network here: resolving happens once, in the caller's thread, when a client is made (a
 wrong TARGET fails at once, naming what was tried); whether the gateway answers and which replicas are ready is
@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpc.auth import Tokens, read_token
-from hpc.jobs import JobRef, find_job
-from hpc.routing.balancer import Replica
-from hpc.routing.deployment import Target, as_replica, deployment_folders, resolve_target, target_of_folder
-from launcher.records import EndpointRecord, read_endpoints
-
-from .errors import NotReady, TargetError
+from hpc.client.errors import NotReady, TargetError
+from hpc.scheduler.index import JobRef, find_job
+from hpc.serving.auth import Tokens, read_token
+from hpc.serving.balancer import Replica
+from hpc.serving.deployment import Target, as_replica, deployment_folders, resolve_target, target_of_folder
+from launcher.contracts.records import EndpointRecord, read_endpoints
 
 
 def resolve(target: str | Path | JobRef | Target) -> Target:
-    """A spec file, a deployment folder, a deployment's name, a job id or job folder (hpc.routing.deployment's
+    """A spec file, a deployment folder, a deployment's name, a job id or job folder (hpc.serving.deployment's
     TARGET, as every command reads it) → the deployment. Raises TargetError with what was tried; a spec file
     with problems raises hpc.spec.SpecError."""
     if isinstance(target, Target):
@@ -29,7 +28,7 @@ def resolve(target: str | Path | JobRef | Target) -> Target:
         if isinstance(target, JobRef):
             return target_of_folder(target.deploy_dir)
         return resolve_target(str(target))
-    except LookupError as exc:  # the routing's TargetError, hpc.jobs.JobNotFound
+    except LookupError as exc:  # the routing's TargetError, hpc.scheduler.index.JobNotFound
         raise TargetError(str(exc)) from None
 
 

@@ -15,12 +15,11 @@ import threading
 from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
+from hpc.client.aio import DEFAULT_CONCURRENCY, DEFAULT_MAX_TOKENS, AsyncClient, TargetLike
+from hpc.client.transport import Sampling
 from hpc.compat import Self, Unpack
-from hpc.jobs import JobRef
-from hpc.routing.deployment import Target
-
-from .aio import DEFAULT_CONCURRENCY, DEFAULT_MAX_TOKENS, AsyncClient, TargetLike
-from .transport import Sampling
+from hpc.scheduler.index import JobRef
+from hpc.serving.deployment import Target
 
 T = TypeVar("T")
 

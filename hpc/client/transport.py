@@ -15,9 +15,8 @@ from typing import Any, TypedDict
 
 import httpx
 
-from hpc.gateway.triton import GenerateParams
-
-from .errors import AuthError, Busy, NotReady, RequestError, ServerError
+from hpc.client.errors import AuthError, Busy, NotReady, RequestError, ServerError
+from hpc.serving.triton import GenerateParams
 
 
 class Sampling(TypedDict, total=False):

@@ -4,7 +4,7 @@ time limit, beside the serving job's.
 Why apart from the serving job's: the gateway is a Slurm job of its own (`D/gateway.sub`, submitted before the
 serving job) with its own `gateway.partition` and `gateway.time` (often a service partition and a long time,
 since it outlives the serving jobs), so a spec whose serving job fits can still have a gateway job Slurm refuses
-or never starts. Its values default to the serving job's (hpc/render.py `gateway_context`): the checks say which
+or never starts. Its values default to the serving job's (hpc/render/jobfiles.py `gateway_context`): the checks say which
 one applied, and each fix names the `gateway.` field that overrides it.
 """
 

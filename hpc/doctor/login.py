@@ -1,6 +1,6 @@
 """The doctor's checks from the login node: what Slurm says about itself, before anything is submitted.
 
-Every command goes through `hpc.slurm.default` (timeouts, errors naming the command, retries), never a
+Every command goes through `hpc.scheduler.slurm.default` (timeouts, errors naming the command, retries), never a
 subprocess of its own. `Facts` keeps what was found, for `--write-profile` (hpc/doctor/profile.py).
 """
 
@@ -12,7 +12,6 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc import slurm
 from hpc.doctor.parse import (
     SINFO_NODE_FORMAT,
     NodeInfo,
@@ -25,6 +24,7 @@ from hpc.doctor.parse import (
     slurm_version,
 )
 from hpc.doctor.report import Check, fail, ok, skip, warn
+from hpc.scheduler import slurm
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds
 

@@ -6,7 +6,7 @@ container at the same path) and runs `python node.py RESULTS [--server S] [--gpu
 [--import MODULE]...` in the job, the way a rank runs: through the same srun flags and container wrapper, with
 the python that runs the ranks. That python must import the rank-side code (the launcher, and the python models
 tritonserver's stub loads), so its version and those imports are checked first. tritonserver is found by
-`launcher.server.resolve`, the one place that decides which binary a rank starts, so what passes here is what
+`launcher.node.server.resolve`, the one place that decides which binary a rank starts, so what passes here is what
 the job will run.
 
 It writes RESULTS (JSON, one entry per check: ok, detail) and exits with a bit per failed check (2:
@@ -80,9 +80,9 @@ def check_server(configured: str | None) -> dict:
     """Resolve tritonserver as the launcher does and run `--help` (it prints its usage, exit code 1 or 0).
     Not checked (`skip`) when this python cannot import the launcher: the python check says why."""
     try:
-        from launcher.server import ServerNotFound, merge_env, resolve
+        from launcher.node.server import ServerNotFound, merge_env, resolve
     except Exception as exc:  # noqa: BLE001 - a python too old for the launcher's code
-        detail = f"not checked: Python {_version()} cannot import launcher.server ({type(exc).__name__})"
+        detail = f"not checked: Python {_version()} cannot import launcher.node.server ({type(exc).__name__})"
         return {"ok": False, "skip": True, "detail": detail}
     try:
         server = resolve(configured)

@@ -1,7 +1,7 @@
 """`hpc-serve doctor --probe`: a tiny job on the spec's partition that checks what only a compute node can tell.
 
 The job (one node, one task, a couple of minutes) runs the spec's modules, setup lines and environment, then
-one srun step with the spec's srun flags and container wrapper (hpc/render.py's, so it is the job's own), in
+one srun step with the spec's srun flags and container wrapper (hpc/render/jobfiles.py's, so it is the job's own), in
 which `node.py` (carried in the script itself with the rank-side code, and unpacked into a node-local folder,
 so it runs whether or not the workdir is shared) checks that the python that runs the ranks is new enough and
 imports the launcher and the python models, resolves tritonserver as the launcher does and runs `--help`, counts
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
-from hpc import slurm
 from hpc.doctor import node
 from hpc.doctor.login import Facts, sbatch_options
 from hpc.doctor.report import Check, fail, ok, skip
-from hpc.render import _srun_and_wrapper
+from hpc.render.jobfiles import _srun_and_wrapper
+from hpc.scheduler import slurm
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds
-from launcher.layout import SHIPPED_PACKAGES, SOURCE_ROOT
+from launcher.contracts.layout import SHIPPED_PACKAGES, SOURCE_ROOT
 
 PROBE_TIME_S = 120
 WORKDIR_BIT, STEP_BIT = 1, 16

@@ -21,7 +21,6 @@ from starlette.requests import ClientDisconnect
 from hpc.gateway import liveness, metrics, openai_api, passthrough
 from hpc.gateway.accesslog import AccessLog
 from hpc.gateway.bodylimit import BodyLimit
-from hpc.gateway.discovery import Discovery
 from hpc.gateway.errors import (
     APIError,
     api_error_handler,
@@ -30,14 +29,15 @@ from hpc.gateway.errors import (
     validation_error_handler,
 )
 from hpc.gateway.fastpath import FastPath
-from hpc.gateway.limits import MAX_BODY_MB
 from hpc.gateway.metrics import Metrics
 from hpc.gateway.state import Gateway
-from hpc.gateway.text import ChatTemplate
-from hpc.gateway.triton import TritonEngine
-from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS, Balancer, Replica
-from hpc.routing.deployment import Target
-from launcher.config import DISCOVERY_REFRESH_S
+from hpc.serving.balancer import Balancer, Replica
+from hpc.serving.deployment import Target
+from hpc.serving.discovery import Discovery
+from hpc.serving.text import ChatTemplate
+from hpc.serving.triton import TritonEngine
+from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
+from launcher.contracts.config import DISCOVERY_REFRESH_S
 
 
 def create_app(
@@ -48,11 +48,11 @@ def create_app(
     fast_path: bool = True,
     max_body_mb: int = MAX_BODY_MB,
 ) -> FastAPI:
-    """The gateway for `target` (hpc.routing.deployment.resolve_target). `max_outstanding`: requests in flight
+    """The gateway for `target` (hpc.serving.deployment.resolve_target). `max_outstanding`: requests in flight
     per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off);
     `fast_path`: serve the two generation routes around FastAPI's machinery (hpc/gateway/fastpath.py; off, every
     request takes FastAPI's way: the same answers, which the tests compare, and what the benchmark measures it
-    against); `max_body_mb`: the largest request body taken (hpc/gateway/limits.py; 0: no bound)."""
+    against); `max_body_mb`: the largest request body taken (hpc/spec/limits.py; 0: no bound)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,7 +60,7 @@ def create_app(
 
         tokenizer = await asyncio.to_thread(load_tokenizer, target.tokenizer_dir)
         balancer = Balancer(max_outstanding=max_outstanding)
-        # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/urls.py)
+        # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/contracts/urls.py)
         async with httpx.AsyncClient(trust_env=False) as http:
             engine = TritonEngine()
 

@@ -1,4 +1,4 @@
-"""The gateway's check of `Authorization: Bearer <token>` against the deployment's tokens (hpc/auth.py keeps
+"""The gateway's check of `Authorization: Bearer <token>` against the deployment's tokens (hpc/serving/auth.py keeps
 them; discovery re-reads them on every refresh, so a folder made after the gateway started counts)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`BodyLimit`: a request body larger than the gateway takes (hpc/gateway/limits.py) is refused with 413 before it
+"""`BodyLimit`: a request body larger than the gateway takes (hpc/spec/limits.py) is refused with 413 before it
 is read whole.
 
 Why: uvicorn reads whatever body a client sends, and the gateway's routes hold a request's body in memory (and

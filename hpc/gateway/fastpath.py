@@ -12,7 +12,7 @@ token (401), a body that does not parse or validate (400 with the field), a cont
 any other method or path: those requests are handed on with their body replayed, as if this path were not there.
 It sits inside the access log (hpc/gateway/accesslog.py), which still records every request; it names the
 route as FastAPI would, so the metrics' `route` labels are the same either way. Once the request has left for the
-replica (hpc/gateway/idle.py), a client that leaves is watched for (hpc/gateway/streaming.py `Watch`): one gone
+replica (hpc/serving/idle.py), a client that leaves is watched for (hpc/gateway/streaming.py `Watch`): one gone
 before its first token ends its request there, not at the first piece.
 """
 
@@ -27,7 +27,6 @@ from pydantic import BaseModel, ValidationError
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hpc.gateway import idle
 from hpc.gateway.accesslog import RequestRecord
 from hpc.gateway.auth import authorized
 from hpc.gateway.bodies import ChatRequest, CompletionRequest
@@ -35,6 +34,7 @@ from hpc.gateway.errors import APIError
 from hpc.gateway.openai_api import CHAT_PATH, COMPLETIONS_PATH, chat_complete, complete
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import watching
+from hpc.serving import idle
 
 
 @dataclass(frozen=True)

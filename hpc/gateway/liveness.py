@@ -10,8 +10,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from hpc.gateway.openai_api import gateway_of
-from hpc.gateway.record import health_body
-from launcher.urls import GATEWAY_HEALTH_PATH
+from hpc.serving.gateway_record import health_body
+from launcher.contracts.urls import GATEWAY_HEALTH_PATH
 
 router = APIRouter()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpc.gateway.triton import Chunk
+from hpc.serving.triton import Chunk
 
 
 @dataclass(frozen=True)

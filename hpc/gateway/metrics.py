@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hpc.routing.balancer import Balancer
+from hpc.serving.balancer import Balancer
 
 PREFIX = "hpc_serve_gateway"
 #: whole requests: a short completion on a small model to minutes of generation

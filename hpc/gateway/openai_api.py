@@ -21,7 +21,6 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from hpc.gateway import idle
 from hpc.gateway.accesslog import RequestRecord, record_of
 from hpc.gateway.auth import authorized
 from hpc.gateway.bodies import ChatRequest, CompletionRequest, Sampling
@@ -29,8 +28,9 @@ from hpc.gateway.errors import APIError, bad_request, unauthorized
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import EventStream
-from hpc.gateway.text import StopStream, cut_at_stop
-from hpc.gateway.triton import (
+from hpc.serving import idle
+from hpc.serving.text import StopStream, cut_at_stop
+from hpc.serving.triton import (
     Chunk,
     ContextTooLong,
     GenerateParams,
@@ -94,7 +94,7 @@ def _params(req: Sampling, prompt: str, max_tokens: int, logprobs: bool) -> Gene
     )
 
 
-#: a replica refused the token the gateway sent it: its deployment folder's `access_token` file (hpc/auth.py), which
+#: a replica refused the token the gateway sent it: its deployment folder's `access_token` file (hpc/serving/auth.py), which
 #: is not what its tritonserver read at start (the file was replaced since, or the job is not auth: token's)
 _TOKEN_REFUSED = (
     "replica {replica} refused the access token the gateway sent it, its deployment folder's `access_token` "

@@ -9,7 +9,7 @@ gateway itself runs; both answer without a token, so a load balancer's probe nee
 lists the replicas in use with their counters.
 
 A client that leaves is never cut off from the replica mid-answer (tritonserver 2.51 then keeps the ensemble's
-request in flight for good, hpc/gateway/abandon.py): its request is stopped by its id, one the gateway writes
+request in flight for good, hpc/serving/abandon.py): its request is stopped by its id, one the gateway writes
 into a body that has none and takes back out of the answer. Each request's connection to the replica closes
 after its answer (`CLOSED_AFTER`: a kept-alive one holds up the replica's ordered stop).
 """
@@ -29,14 +29,14 @@ import httpx
 from fastapi import APIRouter, Depends, Request, Response
 from starlette.types import Receive
 
-from hpc.auth import http_headers
-from hpc.gateway.abandon import ABANDON_S, Reader, Stop, abandon, keep, stop_until
 from hpc.gateway.accesslog import record_of
-from hpc.gateway.discovery import CLOSED_AFTER
 from hpc.gateway.openai_api import REPLICA_HEADER, gateway_of, require_token
 from hpc.gateway.streaming import EventStream, disconnected
-from hpc.gateway.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, model_error
-from hpc.routing.balancer import Replica
+from hpc.serving.abandon import ABANDON_S, Reader, Stop, abandon, keep, stop_until
+from hpc.serving.auth import http_headers
+from hpc.serving.balancer import Replica
+from hpc.serving.discovery import CLOSED_AFTER
+from hpc.serving.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, model_error
 
 #: the id the gateway gives a generate request that has none (not the OpenAI routes' prefix: the
 #: postprocessing model detokenizes those incrementally, and the passthrough's events are Triton's own)
@@ -126,7 +126,7 @@ def _prompt(data: dict | None) -> str | None:
 
 
 def _request_id(data: dict | None, body: bytes) -> tuple[str | None, HiddenId | None, bytes]:
-    """The id a generate request is stopped by when its client leaves (hpc/gateway/abandon.py), the id the
+    """The id a generate request is stopped by when its client leaves (hpc/serving/abandon.py), the id the
     gateway gave it to hide again (the client sent none, and Triton echoes it in its answer), and the body
     to send: with that id first in its object, written into the bytes as they came (not parsed and written
     again: a body may be megabytes, and the event loop relays every other stream meanwhile)."""
@@ -142,7 +142,7 @@ def _request_id(data: dict | None, body: bytes) -> tuple[str | None, HiddenId | 
 
 def _refusal(content: bytes) -> ReplicaBusy | ReplicaStopping | None:
     """An error answer that means "my queue is full" (tritonserver's generate endpoint says so with a 400) or "I am
-    stopping": the request is tried on another replica, as over gRPC (hpc/gateway/triton.py `model_error`)."""
+    stopping": the request is tried on another replica, as over gRPC (hpc/serving/triton.py `model_error`)."""
     refusal = model_error(content.decode(errors="replace"))
     return refusal if isinstance(refusal, ReplicaBusy | ReplicaStopping) else None
 
@@ -222,7 +222,7 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
 class _StopWhenGone:
     """Until a request's answer starts: when its client leaves, stop the request by its id, again and again until
     the answer comes (`stop_until`: a stop that came before the engine held the request is dropped,
-    hpc/gateway/abandon.py). Why: a `generate` answer starts only once it is whole, so a client gone meanwhile was
+    hpc/serving/abandon.py). Why: a `generate` answer starts only once it is whole, so a client gone meanwhile was
     seen only then, after the replica made every token of it for no one (a stream's client is watched from its
     first event on, hpc/gateway/streaming.py). The request is not cut off: its answer, the shorter for the stop,
     comes back and goes to no one."""
@@ -251,7 +251,7 @@ class _StopWhenGone:
 
 async def _let_go(upstream: httpx.Response, reader: Reader | None, stop: Stop | None) -> None:
     """Done with a replica's answer. One left before its end (`reader`: its client went away) with an id to stop
-    it by is stopped and read to its end in the background (hpc/gateway/abandon.py), not cut off. Why:
+    it by is stopped and read to its end in the background (hpc/serving/abandon.py), not cut off. Why:
     tritonserver 2.51 never releases an ensemble request whose HTTP stream was closed while it generated, as over
     gRPC (5 `generate_stream`s closed early left "5 in-flight inferences" at the replica's stop, which waited out
     its exit timeout and exited 1)."""

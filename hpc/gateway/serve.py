@@ -19,16 +19,15 @@ import socket
 import time
 from pathlib import Path
 
-from hpc.gateway.limits import MAX_BODY_MB
-from hpc.gateway.record import live_gateway, node_name, publish, record_path, withdraw
-from hpc.gateway.renewal import GatewayRenewer, takes_over_from
-from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
-from hpc.routing.deployment import Target
-from launcher.job_index import job_cluster
-from launcher.layout import Deployment
-from launcher.plan import LaunchPlan
-from launcher.records import GatewayRecord, advertised_address
-from launcher.urls import http_url
+from hpc.jobs.renewal import GatewayRenewer, takes_over_from
+from hpc.serving.deployment import Target
+from hpc.serving.gateway_record import live_gateway, node_name, publish, record_path, withdraw
+from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
+from launcher.contracts.job_index import job_cluster
+from launcher.contracts.layout import Deployment
+from launcher.contracts.plan import LaunchPlan
+from launcher.contracts.records import GatewayRecord, advertised_address
+from launcher.contracts.urls import http_url
 
 log = logging.getLogger("hpc_serve.gateway")
 
@@ -42,7 +41,7 @@ class GatewayRunning(RuntimeError):
 
 def advertised(host: str) -> str:
     """The address others use to reach a gateway listening on `host`: a cluster-side address of this node when
-    it listens on every interface (launcher.records.advertised_address, as replicas do), loopback for loopback."""
+    it listens on every interface (launcher.contracts.records.advertised_address, as replicas do), loopback for loopback."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -57,7 +56,7 @@ def advertised(host: str) -> str:
 def listen(host: str, port: int, shared: bool = False) -> socket.socket:
     """A bound socket (`port` 0: any free one); OSError (e.g. EADDRINUSE) as the caller's error to report.
     `shared`: SO_REUSEPORT, so that a renewing gateway job's successor can listen on the same port beside it
-    (hpc/gateway/renewal.py); only such jobs ask for it, so no other gateway shares a port by accident."""
+    (hpc/jobs/renewal.py); only such jobs ask for it, so no other gateway shares a port by accident."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named explicitly: asyncio turns Nagle off (TCP_NODELAY) on accepted connections only when
     # the listening socket says it is TCP; without it every response with a body waited ~40 ms for an ACK
@@ -84,7 +83,7 @@ def _renewer(target: Target, job_id: str, renew_from: Path | None) -> GatewayRen
 def refuse_if_running(target: Target, job_id: str = "") -> None:
     """GatewayRunning naming the live gateway; a stale record (nothing answers as this deployment) is left for
     this gateway's own record to replace, and so is the live record of the gateway job that submitted this one
-    (`job_id`) as its successor (hpc/gateway/renewal.py)."""
+    (`job_id`) as its successor (hpc/jobs/renewal.py)."""
     live = live_gateway(target)
     if live is None:
         return
@@ -110,7 +109,7 @@ def run(
     max_body_mb: int = MAX_BODY_MB,
 ) -> None:
     """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`, `max_body_mb`: hpc.gateway.app.create_app's). A gateway
-    job (`job_id`) whose deployment folder `renew_from` has a renew plan renews itself (hpc/gateway/renewal.py)
+    job (`job_id`) whose deployment folder `renew_from` has a renew plan renews itself (hpc/jobs/renewal.py)
     and ends once its successor serves. Raises GatewayRunning, OSError (the port)."""
     import uvicorn
 

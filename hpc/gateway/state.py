@@ -1,5 +1,5 @@
 """What every route shares: the deployment, its replicas, the engine, the tokenizer; and how a request goes to
-a replica: `routed` runs the one retry rule (hpc/routing/retry.py, which the Python client runs too), `generate`
+a replica: `routed` runs the one retry rule (hpc/serving/retry.py, which the Python client runs too), `generate`
 sends a generation over it.
 
 Why the retry rule is not written here: the gateway and the client must balance and retry alike, and one
@@ -21,15 +21,16 @@ import httpx
 
 from backend.models.tokenizer import RELEASE_GIL_CHARS
 from hpc.gateway.accesslog import RequestRecord
-from hpc.gateway.discovery import Discovery
 from hpc.gateway.errors import no_replica, saturated
 from hpc.gateway.metrics import Metrics
-from hpc.gateway.text import ChatTemplate
-from hpc.gateway.triton import Chunk, GenerateParams, ReplicaBusy, ReplicaStopping, ReplicaUnavailable, TritonEngine
-from hpc.routing.balancer import PREFIX_CHARS, Balancer, NoReplica, Replica, Saturated, prefix_key
-from hpc.routing.deployment import Target
-from hpc.routing.retry import stream_with_retry, taken_whole
+from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
+from hpc.serving.deployment import Target
+from hpc.serving.discovery import Discovery
+from hpc.serving.retry import stream_with_retry, taken_whole
+from hpc.serving.text import ChatTemplate
+from hpc.serving.triton import Chunk, GenerateParams, ReplicaBusy, ReplicaStopping, ReplicaUnavailable, TritonEngine
 from hpc.spec.files import context_length
+from hpc.spec.limits import PREFIX_CHARS
 
 T = TypeVar("T")
 

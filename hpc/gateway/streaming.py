@@ -11,13 +11,13 @@ iterator's `finally` ends the replica's stream), and the cancellation is absorbe
 (a send raises OSError after a disconnect) take Starlette's own path.
 
 The watch starts before the answer does: hpc/gateway/fastpath.py has a `Watch` started as soon as the request has
-left for the replica (hpc/gateway/idle.py: while the replica works, not on the way to it), and the stream takes it
+left for the replica (hpc/serving/idle.py: while the replica works, not on the way to it), and the stream takes it
 over (`WATCH` in the scope's state). Why: a client that leaves before its first token
 (or before a whole answer that is not streamed) was otherwise seen only once the first piece came, so its request
 waited in the replica's queue, was prefilled and made its first token for nobody, counted as outstanding all that
 while, and was logged as a 200 (measured: the disconnect seen 40-360 ms after uvicorn's `connection_lost`, at the
 first piece, on the loaded 2-core CI machine). Now its task is cancelled where it waits (the replica's stream ends
-by its id, hpc/gateway/abandon.py, which stops a request still queued in the engine), nothing is sent, and the
+by its id, hpc/serving/abandon.py, which stops a request still queued in the engine), nothing is sent, and the
 access log records 499.
 """
 

@@ -1,9 +1,9 @@
-"""The spec's `build:` section: the engine is built by a Slurm job of its own before serving (hpc/engine_build/).
+"""The spec's `build:` section: the engine is built by a Slurm job of its own before serving (hpc/jobs/).
 
 For `backend: tensorrtllm` the job runs upstream's tools: `convert_checkpoint.py` (or `quantize.py --qformat`
 when `quantization` is set) with the spec's tp/pp, then `trtllm-build` with the plugin flags and limits. For
 `backend: cpu` it creates the checkpoint `model.init` asks for and shards it per tensor-parallel rank. Either
-way the engine goes to a folder of its own under `output_dir`, named by what built it (hpc/engine_build/plan.py).
+way the engine goes to a folder of its own under `output_dir`, named by what built it (hpc/jobs/build_plan.py).
 
 How the section must fit the rest of the spec (backend, tp/pp, GPUs per node) needs the whole spec, so
 `check_build` is called from `Spec`'s own validator (hpc/spec/schema.py); the limits it builds are what

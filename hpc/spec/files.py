@@ -82,7 +82,7 @@ def conflicts(spec: Spec) -> list[Finding]:
                 )
             )
     if spec.container.type != "none":
-        # Model folders are mounted at their own path as SRC:SRC in a comma-separated list (hpc/render.py).
+        # Model folders are mounted at their own path as SRC:SRC in a comma-separated list (hpc/render/jobfiles.py).
         for field in ("engine_dir", "checkpoint_dir", "tokenizer_dir"):
             value = getattr(spec.model, field)
             if value is not None and ("," in str(value) or ":" in str(value)):

@@ -1,4 +1,4 @@
-"""The spec's `gateway:` section: `hpc-serve gateway` as a small Slurm job of its own (hpc/gateway/job.py)."""
+"""The spec's `gateway:` section: `hpc-serve gateway` as a small Slurm job of its own (hpc/jobs/gateway.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import re
 
 from pydantic import Field, field_validator
 
-from hpc.gateway.limits import MAX_BODY_MB
-from hpc.routing.balancer import MAX_OUTSTANDING, PREFIX_CHARS
 from hpc.spec.checks import (
     _SLURM_WORD,
     Port,
@@ -18,7 +16,8 @@ from hpc.spec.checks import (
     _single_options,
     _tcp_port,
 )
-from launcher.config import DISCOVERY_REFRESH_S
+from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
+from launcher.contracts.config import DISCOVERY_REFRESH_S
 
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-]*$|^[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*$")
 

@@ -13,7 +13,7 @@ from backend.repository import normalize_parameter
 if TYPE_CHECKING:
     from hpc.spec.schema import Spec
 
-#: `triton:` field → the repository parameter it sets (hpc/render.py maps the spec with this table).
+#: `triton:` field → the repository parameter it sets (hpc/render/jobfiles.py maps the spec with this table).
 NAMED_PARAMETERS: dict[str, str] = {
     "triton_max_batch_size": "triton_max_batch_size",
     "decoupled": "decoupled_mode",

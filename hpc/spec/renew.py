@@ -1,4 +1,4 @@
-"""The spec's `renew:` section: a deployment that outlives its job's time limit (launcher/renew.py does it).
+"""The spec's `renew:` section: a deployment that outlives its job's time limit (launcher/jobscript/renew.py does it).
 
 Each job submits its successor `before` its time limit, hands over once the successor is READY, and ends with
 an ordered stop; `max_jobs` and `until` bound the chain. How `before` must fit the job's `slurm.time` is

@@ -22,7 +22,6 @@ from pydantic import (
 )
 
 from backend.repository import KNOWN_PARAMETERS, choices
-from hpc.placement import PlacementError, replica_steps
 from hpc.spec.build import BuildSpec, check_build
 from hpc.spec.checks import (
     _CONSTRAINT,
@@ -41,11 +40,12 @@ from hpc.spec.checks import (
     slurm_time_seconds,
 )
 from hpc.spec.gateway import GatewaySpec
+from hpc.spec.placement import PlacementError, replica_steps
 from hpc.spec.renew import RenewSpec, format_duration
-from launcher.auth import MODES as AUTH_MODES
-from launcher.auth import TOKEN as AUTH_TOKEN
-from launcher.config import DEFAULT_READY_TIMEOUT_S, DEFAULT_WARMUP_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
-from launcher.gpu import POLICIES as GPU_POLICIES
+from launcher.contracts.auth import MODES as AUTH_MODES
+from launcher.contracts.auth import TOKEN as AUTH_TOKEN
+from launcher.contracts.config import DEFAULT_READY_TIMEOUT_S, DEFAULT_WARMUP_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
+from launcher.contracts.gpu import POLICIES as GPU_POLICIES
 
 
 class SlurmSpec(_Section):
@@ -78,7 +78,7 @@ class SlurmSpec(_Section):
     gpu_binding: Literal[GPU_POLICIES] = Field(  # type: ignore[valid-type]
         "auto",
         description="per-rank: each rank sees only its own GPU (CUDA_VISIBLE_DEVICES); none: every GPU of its node; "
-        "auto: per-rank unless ranks of one replica share a node (hpc/gpu_binding.py says why)",
+        "auto: per-rank unless ranks of one replica share a node (hpc/render/gpu_binding.py says why)",
     )
 
     _names = field_validator("partition", "account", "qos", "reservation", "gres")(_check(_SLURM_WORD, "Slurm name"))
@@ -325,7 +325,7 @@ class Spec(_Section):
                 f"but slurm.nodes {s.nodes} × ntasks_per_node {self.tasks_per_node} = {tasks} tasks; "
                 "make them equal"
             )
-        try:  # one srun step per replica (hpc/placement.py): its ranks fill whole nodes, or replicas fill a node
+        try:  # one srun step per replica (hpc/spec/placement.py): its ranks fill whole nodes, or replicas fill a node
             replica_steps(self.replicas, self.world_size_per_replica, s.nodes, self.tasks_per_node)
         except PlacementError as exc:
             raise ValueError(f"@replicas: {exc}") from None
@@ -376,7 +376,7 @@ class Spec(_Section):
                 + "a longer slurm.time"
             )
         if self.gateway is not None and self.gateway.enabled and self.gateway.time is not None:
-            # the gateway job renews itself by the same `before` (hpc/gateway/renewal.py)
+            # the gateway job renews itself by the same `before` (hpc/jobs/renewal.py)
             gateway_limit = slurm_time_seconds(self.gateway.time)
             if gateway_limit is not None and before > gateway_limit - RENEW_STARTUP_S:
                 raise ValueError(

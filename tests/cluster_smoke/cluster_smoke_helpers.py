@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from launcher.slurm import ended
+from launcher.contracts.slurm import ended
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_SH = REPO / "ci" / "cluster" / "env.sh"

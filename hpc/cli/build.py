@@ -1,0 +1,91 @@
+"""`hpc-serve build SPEC [--wait]`: build the spec's engine as a job of its own, or say that it is built already."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from hpc.cli.support import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, load_spec_or_exit
+
+if TYPE_CHECKING:
+    from hpc.scheduler.index import JobRef
+    from hpc.spec import Spec
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from hpc.jobs.build import BuildFailed, prepare, start
+    from hpc.jobs.executors import executor_named
+    from hpc.jobs.submit import new_deployment_dir
+    from hpc.scheduler.slurm import SlurmError
+
+    spec = load_spec_or_exit(args.spec)
+    if spec.build is None:
+        print(f"hpc-serve: {args.spec} has no build: section; nothing to build", file=sys.stderr)
+        return EXIT_USAGE
+    from hpc.spec.site import profile_summary
+
+    print(profile_summary(spec, explained=True), file=sys.stderr)  # the build job's script holds its values
+    started = time.monotonic()
+    try:
+        runner = executor_named(args.executor)
+        prepared = prepare(spec)
+        if prepared.plan.cached is not None:
+            print(f"{prepared.plan.cached} is built already for this spec: nothing to build")
+            return EXIT_OK
+        notes: list[str] = []
+        ref = start(prepared, runner, new_deployment_dir(spec), notes.append)
+    except BuildFailed as exc:  # the local executor waits for its build
+        print(f"hpc-serve: the build failed: {exc}", file=sys.stderr)
+        return EXIT_JOB_FAILED
+    except (SlurmError, ValueError) as exc:
+        print(f"hpc-serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in notes:
+        print(line, file=sys.stderr)
+    if ref is None:  # local: built already, in the foreground
+        print(f"{prepared.plan.engine_dir} built in {time.monotonic() - started:.1f} s")
+        return EXIT_OK
+    print(f"{ref.job_id} {ref.job_dir}")
+    if not args.wait:
+        return EXIT_OK
+    from hpc.jobs.track import wait
+
+    status = wait(ref, until=(), timeout=args.timeout, on_change=lambda s: print(s.summary(), file=sys.stderr))
+    print(status.summary())
+    return EXIT_OK if status.state == "COMPLETED" else EXIT_JOB_FAILED
+
+
+def build_scripts(spec: Spec, deploy_dir: Path) -> tuple[Spec, dict[str, str]]:
+    """`submit --dry-run`: the spec that serves (the built engine in place of `build:`) and, when the engine is
+    not built yet, the build job's script, by name."""
+    if spec.build is None:
+        return spec, {}
+    from hpc.jobs.build import prepare
+    from hpc.jobs.build_script import render_build_script
+    from launcher.contracts.layout import BUILD_SUB_NAME
+
+    prepared = prepare(spec)
+    if prepared.plan.cached is not None:
+        return prepared.served, {}
+    return prepared.served, {BUILD_SUB_NAME: render_build_script(spec, prepared.plan, deploy_dir)}
+
+
+def print_builds(ref: JobRef, file: TextIO | None = None) -> None:
+    """A serving job not (yet) READY: the engine build job of its folder, waited for or failed (its status)."""
+    from hpc.jobs.build import build_jobs
+    from hpc.jobs.track import job_status
+
+    for build in build_jobs(ref.deploy_dir):
+        print(job_status(build).summary(), file=file)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("build", help="build the spec's engine (build: section) as a job of its own, unless built")
+    p.add_argument("spec")
+    p.add_argument("--wait", action="store_true", help="wait for the build's end; exit 1 if it failed")
+    p.add_argument("--timeout", type=float, default=None, help="seconds to wait at most")
+    p.add_argument("--executor", choices=["slurm", "local"], help="default: slurm where sbatch exists")
+    p.set_defaults(func=cmd_build)

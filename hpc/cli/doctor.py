@@ -1,0 +1,97 @@
+"""`hpc-serve doctor [SPEC] [--probe] [--write-profile [PATH]]`: is this cluster ready for the spec?
+
+Exit 0 when every check passes (warnings allowed), 1 when one fails, 2 for a spec with problems. Without a
+SPEC the checks are those of hpc-serve in general: the schema's defaults (the default partition, pmix, no
+container, no GPUs, workdir ./runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpc.cli.support import EXIT_USAGE, err, load_spec_or_exit
+
+if TYPE_CHECKING:
+    from hpc.spec import Spec
+
+
+def general_spec() -> Spec:
+    """What hpc-serve needs in general: the schema's defaults, workdir ./runs."""
+    from hpc.spec import Spec
+
+    return Spec.model_validate(
+        {"name": "doctor", "workdir": str(Path.cwd() / "runs"), "model": {"backend": "cpu", "checkpoint_dir": "."}}
+    )
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from hpc.doctor.login import login_checks
+    from hpc.doctor.report import exit_code, print_report, skip
+
+    console = Console()
+    spec = load_spec_or_exit(args.spec, preview=True) if args.spec else general_spec()
+    source = args.spec or "hpc-serve's defaults (no SPEC)"
+    checks, facts = login_checks(spec)
+    folder = None
+    if args.probe:
+        if any(c.status == "fail" for c in checks):
+            checks.append(skip("probe", "not submitted: fix the failures above first"))
+        else:
+            from hpc.doctor.probe import run_probe
+
+            probe_checks, folder = run_probe(spec, facts, args.probe_timeout, say=console.print)
+            checks += probe_checks
+    title = f"hpc-serve doctor: {source}" + (f" (Slurm {facts.slurm_version})" if facts.slurm_version else "")
+    print_report(checks, title, console)
+    code = exit_code(checks)
+    if folder is not None:
+        if code == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                folder.parent.rmdir()  # <workdir>/.doctor, when no other probe is in it
+        else:
+            console.print(f"probe folder kept for a look: {folder}", markup=False, highlight=False)
+    if args.write_profile is not None:
+        from hpc.doctor.profile import write_doctor_profile
+        from hpc.spec import SpecError
+
+        try:
+            path = write_doctor_profile(args.write_profile or None, spec, facts, checks, source)
+        except FileExistsError as exc:
+            err(f"--write-profile: {exc}")
+            return EXIT_USAGE
+        except SpecError as exc:
+            for problem in exc.problems:
+                err(f"--write-profile: {problem}")
+            return EXIT_USAGE
+        console.print(f"wrote site profile {path}", markup=False, highlight=False)
+    return code
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="check this cluster against a spec (or hpc-serve's needs): a table of checks with fixes; exit 1 on a failure",
+    )
+    p.add_argument("spec", nargs="?", help="the spec to check for (default: what hpc-serve needs in general)")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="also submit a tiny job: shared workdir, tritonserver starts, GPUs, TensorRT-LLM version on a node",
+    )
+    p.add_argument("--probe-timeout", type=float, default=180.0, metavar="S", help="wait for the probe job (180 s)")
+    p.add_argument(
+        "--write-profile",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="write a starting site profile from what was found (default ~/.config/hpc-serve/site.yaml)",
+    )
+    p.set_defaults(func=cmd_doctor)

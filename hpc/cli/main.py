@@ -1,0 +1,189 @@
+"""`hpc-serve` command line. Each sub-command is a thin shell over a module that does the work.
+
+Exit codes: hpc/cli/support.py (0 ok, 1 the job failed / was cancelled / timed out, 2 bad input, 3 not found).
+Imports are lazy so `hpc-serve --help` and `validate` stay fast on a login node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpc.cli.support import EXIT_OK, EXIT_USAGE, load_spec_or_exit
+from hpc.cli.support import err as _err
+
+if TYPE_CHECKING:
+    from hpc.spec import Spec
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from hpc.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_USAGE
+    print(
+        f"{args.spec}: ok — {spec.name}: backend {spec.model.backend}, tp {spec.model.tp_size} × pp "
+        f"{spec.model.pp_size} × replicas {spec.replicas} = {spec.world_size} ranks on {spec.slurm.nodes} node(s)"
+    )
+    from hpc.render.gpu_binding import describe
+
+    print(describe(spec))
+    if spec.build is not None:  # what `submit` would do about the engine (hpc/jobs/build_plan.py)
+        from hpc.jobs.build_plan import plan_build
+
+        plan = plan_build(spec)
+        print(f"  build: {plan.cached} is built already" if plan.cached else f"  build: a job builds {plan.engine_dir}")
+    _explain(spec, args.explain)
+    return EXIT_OK
+
+
+def _explain(spec: Spec, everything: bool) -> None:
+    """The site profile, and where values came from: every value with `everything` (--explain), else those the
+    profile gave or the spec took over from it (hpc/spec/site.py)."""
+    from hpc.spec.site import explain, profile_summary
+
+    print(profile_summary(spec, explained=everything))
+    for line in explain(spec, everything=everything):
+        print(f"  {line}")
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from hpc.render.jobfiles import render
+
+    spec = load_spec_or_exit(args.spec, preview=True)
+    if args.templates and not Path(args.templates).is_dir():
+        _err(
+            f"--templates {args.templates}: no such folder (it should hold some of hpc/render/templates/, e.g. _sbatch.j2)"
+        )
+        return EXIT_USAGE
+    prepared = None
+    if spec.build is not None:  # the deployment serves the engine the build makes (hpc/jobs/): both scripts
+        from hpc.jobs.build import prepare
+
+        prepared = prepare(spec)
+        spec = prepared.served
+    templates = Path(args.templates) if args.templates else None
+    try:
+        out = render(spec, args.output, templates=templates)
+    except ValueError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    build_sub = None
+    if prepared is not None and prepared.plan.cached is None:
+        from hpc.jobs.build_script import write_build
+
+        build_sub = write_build(prepared.spec, prepared.plan, out.deploy_dir, templates)
+    print(f"rendered {out.deploy_dir}")
+    from hpc.render.gpu_binding import describe
+
+    print(describe(spec))
+    for path in (out.sub, out.sh, out.model_repository, out.launch):
+        print(f"  {path}")
+    if out.gateway_sub is not None:
+        print(f"  {out.gateway_sub}  (the gateway's own job: one per deployment, it serves every job of it)")
+    from hpc.jobs.model_init import init_command
+
+    first = init_command(spec)
+    if prepared is not None and build_sub is None:
+        print(f"  (engine {prepared.plan.cached}: built already for this spec, no build job)")
+    if build_sub is not None:  # the engine build first, serving after it (hpc/jobs/)
+        print(f"  {build_sub}  (the engine build → {prepared.plan.engine_dir})")  # type: ignore[union-attr]
+        print(
+            f"submit with: BUILD=$(sbatch --parsable {build_sub}) && "
+            f"sbatch --dependency=afterok:$BUILD --kill-on-invalid-dep=yes {out.sub}"
+        )
+    else:
+        print(f"submit with: {first + ' && ' if first else ''}sbatch {out.sub}")
+    if out.gateway_sub is not None:
+        print(f"gateway: sbatch {out.gateway_sub}  (unless the deployment's gateway already runs: hpc-serve status)")
+    _explain(spec, args.explain)
+    return EXIT_OK
+
+
+def cmd_init_model(args: argparse.Namespace) -> int:
+    from backend.cpu_engine.init_model import create_checkpoint
+
+    out = Path(args.dir).expanduser()
+    if (out / "config.json").exists() and not args.force:
+        _err(f"{out} already holds a checkpoint; pass --force to replace it")
+        return EXIT_USAGE
+    create_checkpoint(out, family=args.family, size=args.size, seed=args.seed, overwrite=args.force)
+    print(f"wrote a random-weight {args.family} ({args.size}) checkpoint and tokenizer to {out}")
+    return EXIT_OK
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from hpc.cli.launch import launch
+
+    return launch(args.target)
+
+
+_EXPLAIN = "list every value and where it came from: spec FILE:LINE, site profile FILE:LINE, or default"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpc-serve",
+        description="Serve TensorRT-LLM models with Triton Inference Server on Slurm clusters.",
+    )
+    from hpc import __version__
+
+    parser.add_argument("--version", action="version", version=f"hpc-serve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a spec; list every problem as FILE:LINE: field: message")
+    p.add_argument("spec")
+    p.add_argument("--explain", action="store_true", help=_EXPLAIN)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("render", help="write the sbatch script, per-rank script and model repository")
+    p.add_argument("spec")
+    p.add_argument("-o", "--output", required=True, help="deployment folder to write (on a shared filesystem)")
+    p.add_argument("--templates", help="a folder of site templates overriding hpc/render/templates/")
+    p.add_argument("--explain", action="store_true", help=_EXPLAIN)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("init-model", help="write a small random-weight checkpoint and tokenizer (no internet)")
+    p.add_argument("dir")
+    p.add_argument("--family", choices=["gpt2", "llama"], default="gpt2")
+    p.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace an existing checkpoint")
+    p.set_defaults(func=cmd_init_model)
+
+    p = sub.add_parser("launch", help="per-rank entry point: run under srun --mpi=pmix (DIR or SPEC)")
+    p.add_argument("target", help="a rendered deployment folder, or a spec (rank 0 renders it first)")
+    p.set_defaults(func=cmd_launch)
+
+    from hpc.cli import bench as bench_cli
+    from hpc.cli import doctor as doctor_cli
+    from hpc.cli import gateway as gateway_cli
+    from hpc.cli import jobs as jobs_cli
+
+    jobs_cli.add_commands(sub)
+    from hpc.cli import build as build_cli
+
+    build_cli.add_commands(sub)
+    gateway_cli.add_commands(sub)
+    bench_cli.add_commands(sub)
+    doctor_cli.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

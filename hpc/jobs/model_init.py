@@ -1,0 +1,44 @@
+"""Creating the random-weight checkpoint a spec's `model.init` asks for: an explicit step, never a side effect
+of `render` or `submit --dry-run` (those are previews; training a tokenizer is not something a preview does).
+
+Who calls `ensure_model`: `hpc-serve submit` (and `hpc.api.submit`) and `hpc-serve launch SPEC`, just before
+they render the folder that will run. By hand: `hpc-serve init-model DIR ...`, the command `init_command` gives.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from hpc.spec import ModelInit, Spec
+
+
+def model_to_create(spec: Spec) -> tuple[Path, ModelInit] | None:
+    """The checkpoint folder `model.init` asks for and how, when it does not hold a checkpoint yet; else None."""
+    m = spec.model
+    if m.backend != "cpu" or m.init is None or m.checkpoint_dir is None or spec.build is not None:
+        return None  # with a build: section the build job creates it (hpc/jobs/build_script.py)
+    return None if (m.checkpoint_dir / "config.json").exists() else (m.checkpoint_dir, m.init)
+
+
+def init_command(spec: Spec) -> str | None:
+    """`hpc-serve init-model ...` that creates exactly what `ensure_model` would, or None if nothing is due."""
+    due = model_to_create(spec)
+    if due is None:
+        return None
+    target, init = due
+    return (
+        f"hpc-serve init-model {shlex.quote(str(target))} --family {init.family} --size {init.size} --seed {init.seed}"
+    )
+
+
+def ensure_model(spec: Spec) -> Path | None:
+    """Create the checkpoint and tokenizer `model.init` asks for if they are missing; the folder created, or None."""
+    due = model_to_create(spec)
+    if due is None:
+        return None
+    from backend.cpu_engine.init_model import create_checkpoint
+
+    target, init = due
+    create_checkpoint(target, family=init.family, size=init.size, seed=init.seed)
+    return target

@@ -1,0 +1,145 @@
+"""A gateway job that outlives its time limit (a spec with both `gateway:` and `renew:`).
+
+The serving jobs renew themselves (launcher/jobscript/renew.py); a gateway job that did not would take the deployment's
+one address down at its own time limit, days before the chain behind it ends. So the gateway process renews its
+job by the same clock rule (launch.json's renew plan: `before` the end, never after `until`, never once the
+deployment was cancelled), more simply, since a gateway holds no model and no request outlives a few seconds
+of draining:
+
+1. at `end - before`, while a serving job of the deployment is still under way, it submits `D/gateway.sub`
+   again (`Executor.submit` of a `GatewayJob`: the successor's folder, marker and index entry) and names the
+   successor in `jobs/<id>/gateway_successor`;
+2. the successor starts, finds the live record is its predecessor's, which names it, and publishes its own
+   record (hpc/gateway/serve.py). The same address when `gateway.port` is fixed and it lands on the same node
+   (`gateway.nodelist`): both gateways listen with SO_REUSEPORT, so the kernel hands new connections to both
+   while the predecessor goes, and the address never refuses a connection;
+3. the predecessor sees the record name its successor and stops as uvicorn stops: no new connections, requests
+   in flight finish (serve.GRACEFUL_STOP_S), exit 0: the job ends COMPLETED.
+A successor that has not started by the time limit takes over whenever it starts (Slurm's SIGTERM stops the
+predecessor as before). `max_jobs` bounds the serving chain, not its gateway: the gateway renews while a
+serving job is under way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc.serving.deployment import Target, job_folders
+from hpc.serving.gateway_record import record_path
+from launcher.contracts.layout import Deployment, JobPaths
+from launcher.contracts.records import GatewayRecord, read_gateway, write_json_atomic
+from launcher.contracts.renew_plan import RenewPlan
+from launcher.jobscript.renew import END_REFRESH_S, SBATCH_RETRY_S, job_times
+
+log = logging.getLogger("hpc_serve.gateway")
+
+#: how often the record is read for the successor's, once one was submitted
+RECORD_POLL_S = 1.0
+
+
+def takes_over_from(target: Target, live: GatewayRecord, job_id: str) -> bool:
+    """Whether gateway job `job_id` is the successor the live gateway (a job) submitted to take over from it."""
+    if not (live.job_id and job_id):
+        return False
+    for paths in job_folders(target):
+        if paths.job_id == live.job_id:
+            try:
+                return json.loads(paths.gateway_successor.read_text()).get("job_id") == job_id
+            except (OSError, ValueError, AttributeError):
+                return False
+    return False
+
+
+@dataclass
+class GatewayRenewer:
+    """The renewal of one gateway job (module docstring); `run(server)` is a task beside uvicorn's server."""
+
+    deploy_dir: Path
+    target: Target
+    job_id: str
+    plan: RenewPlan
+    started: float = field(default_factory=time.time)
+    successor: str | None = None
+    _said: str | None = None
+
+    @property
+    def paths(self) -> JobPaths:
+        return JobPaths(self.deploy_dir, self.job_id)
+
+    def why_not(self, now: float) -> str | None:
+        """Why no successor is submitted now, or None: submit it."""
+        if self.paths.cancel_marker.exists():
+            return "this gateway job was cancelled"
+        try:
+            stopped_at: float | None = Deployment(self.deploy_dir).renew_stop.stat().st_mtime
+        except OSError:
+            stopped_at = None
+        if stopped_at is not None and stopped_at >= self.started - 1:
+            return "the deployment was cancelled (hpc-serve cancel)"
+        why = self.plan.why_not(0, now)  # index 0: max_jobs counts the serving chain only
+        if why is not None:
+            return why
+        return None if self._serving() else "no serving job of the deployment is under way"
+
+    def _serving(self) -> bool:
+        from hpc.jobs.executors import watch
+        from hpc.jobs.gateway import UNDER_WAY, serving_jobs
+        from hpc.jobs.track import job_status
+
+        refs = serving_jobs(self.target)
+        watch(refs)
+        return any(job_status(ref).state in UNDER_WAY for ref in refs)
+
+    def submit(self) -> str:
+        """sbatch `D/gateway.sub` again; the successor's id, written where it will look (raises SlurmError)."""
+        from hpc.jobs.executors import SlurmExecutor
+        from hpc.jobs.kinds import GatewayJob
+
+        ref = SlurmExecutor().submit(GatewayJob, self.deploy_dir)
+        write_json_atomic(self.paths.gateway_successor, {"job_id": ref.job_id, "at": time.time()})
+        return ref.job_id
+
+    def replaced(self) -> bool:
+        """The record names the successor: it serves now."""
+        record = read_gateway(record_path(self.target))
+        return record is not None and self.successor is not None and record.job_id == self.successor
+
+    def _say(self, why: str) -> None:
+        if why != self._said:
+            log.info("gateway job %s: no successor: %s", self.job_id, why)
+            self._said = why
+
+    async def run(self, server: Any) -> None:
+        """Until the successor serves (then `server.should_exit`), or the server stops."""
+        from hpc.scheduler.slurm import SlurmError
+
+        end: float | None = None
+        read_end_at = submit_at = 0.0
+        while not server.should_exit:
+            now = time.time()
+            if now >= read_end_at:
+                _, end = await asyncio.to_thread(job_times, self.job_id)
+                read_end_at = now + END_REFRESH_S
+            if self.successor is None and end is not None and now >= max(self.plan.renew_at(end), submit_at):
+                why = await asyncio.to_thread(self.why_not, now)
+                if why is not None:
+                    self._say(why)
+                    submit_at = now + END_REFRESH_S
+                else:
+                    try:
+                        self.successor = await asyncio.to_thread(self.submit)
+                        log.info("gateway job %s: submitted its successor %s", self.job_id, self.successor)
+                    except SlurmError as exc:
+                        log.warning("gateway job %s: sbatch of its successor failed: %s", self.job_id, exc)
+                        submit_at = now + SBATCH_RETRY_S
+            if self.successor is not None and self.replaced():
+                log.info("gateway job %s: its successor %s serves; stopping", self.job_id, self.successor)
+                server.should_exit = True
+                return
+            await asyncio.sleep(RECORD_POLL_S)

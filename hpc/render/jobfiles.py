@@ -1,0 +1,348 @@
+"""Spec → deployment folder: the sbatch script, the per-rank script, the launch plan and the model repository.
+
+This is the one place where the spec is turned into things that run: the `#SBATCH` lines, the srun line
+and its container flags, the per-rank environment, the upstream model-repository parameters, and the
+launch plan the per-rank launcher reads. Every user string that reaches a script is shell-quoted here
+(the `q` filter) or was rejected by the spec.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+import launcher.contracts.rank
+from hpc import __version__
+from hpc.render.gpu_binding import gpu_decision
+from hpc.serving.auth import ensure_deployment_token
+from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
+from hpc.spec.checks import slurm_time_seconds
+from hpc.spec.files import is_script_safe_path
+from hpc.spec.placement import replica_steps, step_options
+from launcher.contracts import job_index, model_names
+from launcher.contracts.auth import TOKEN as AUTH_TOKEN
+from launcher.contracts.config import STOP_ACK_S, STOP_LEAD_S, default_env, renew_notice_s
+
+# the folder's names live in launcher/contracts/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
+from launcher.contracts.layout import (
+    ENDPOINT_NAME,
+    ENDPOINTS_NAME,
+    GATEWAY_SUB_NAME,
+    LAUNCH_NAME,
+    SH_NAME,
+    SHIPPED_PACKAGES,
+    SOURCE_ROOT,
+    SUB_NAME,
+    Deployment,
+    gateway_record,
+    template_values,
+)
+from launcher.contracts.plan import FAIL_JOB, LaunchPlan
+from launcher.contracts.renew_plan import RenewPlan
+from launcher.contracts.stop_records import stop_request_format
+from launcher.node.command import shm_glob_shell
+
+DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """Where `render` put things."""
+
+    deploy_dir: Path
+    sub: Path
+    sh: Path
+    model_repository: Path
+    launch: Path
+    gateway_sub: Path | None = None  # only for a spec with an enabled `gateway:` section
+
+
+def repository_parameters(spec: Spec) -> dict[str, Any]:
+    """The upstream fill_template parameters for the five models, from the spec (the one place this mapping is
+    decided). `triton.parameters` entries override or add to them."""
+    t, m = spec.triton, spec.model
+    params: dict[str, Any] = {
+        param: getattr(t, field) for field, param in NAMED_PARAMETERS.items() if getattr(t, field) is not None
+    }
+    params.update(
+        {
+            "engine_dir": str(m.source_dir),
+            "tokenizer_dir": str(m.tokenizer),
+            "max_beam_width": 1,
+            "logits_datatype": "TYPE_FP32",
+            "encoder_input_features_data_type": "TYPE_FP16",
+            "accumulate_tokens": False,
+            "tensorrt_llm_model_name": model_names.TENSORRT_LLM,
+        }
+    )
+    if m.backend == "cpu":
+        params["tp_size"] = m.tp_size
+    params.update(gpu_decision(spec).parameters)  # what TensorRT-LLM needs to agree with the binding
+    params.update(t.parameters)
+    return params
+
+
+def launch_plan(spec: Spec, deploy_dir: Path) -> LaunchPlan:
+    """The launcher's only input (DEVELOPERS.md, "launch.json"): what every rank needs and nothing else."""
+    return LaunchPlan(
+        name=spec.name,
+        deployment_dir=deploy_dir,
+        model_repository=str(Deployment(deploy_dir).model_repository),
+        tp_size=spec.model.tp_size,
+        pp_size=spec.model.pp_size,
+        replicas=spec.replicas,
+        world_size_per_replica=spec.world_size_per_replica,
+        mode=spec.mode,
+        tritonserver=spec.triton.server,
+        ports=spec.triton.ports.model_dump(),
+        follower_models=(model_names.TENSORRT_LLM,),
+        server_args=(f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args),
+        ready_timeout_s=spec.triton.ready_timeout_s,
+        warmup_timeout_s=spec.triton.warmup_timeout_s,
+        env=default_env(spec.mode),
+        auth=spec.auth,
+        gpu_binding=gpu_decision(spec).binding,
+        replica_policy=spec.replica_policy,
+        renew=renew_plan(spec) if spec.renew is not None else None,
+    )
+
+
+def renew_plan(spec: Spec) -> RenewPlan:
+    """launch.json's `renew` block: what the job's renewer (launcher/jobscript/renew.py, launcher/contracts/renew_plan.py) acts on.
+    `notice_s`: how long until every client has seen a draining mark (their discovery's refresh, plus
+    `NOTICE_MARGIN_S`)."""
+    r = spec.renew
+    assert r is not None
+    refresh = spec.gateway.refresh_s if spec.gateway is not None and spec.gateway.enabled else 0.0
+    return RenewPlan(
+        before_s=r.before_s,
+        stop_lead_s=STOP_LEAD_S,
+        time_limit_s=slurm_time_seconds(spec.slurm.time),
+        max_jobs=r.max_jobs,
+        until=r.until_epoch,
+        drain_s=r.drain_s,
+        notice_s=renew_notice_s(refresh),
+    )
+
+
+def _container_mounts(spec: Spec, deploy_dir: Path, paths: Sequence[Path | None] | None = None) -> list[str]:
+    """User mounts plus what every rank must see at the same path: the deployment folder, the hpc-serve
+    source, the model folders (`paths`: other folders instead, e.g. a build's source and output). A path already
+    visible at its own path (under a SRC:SRC mount) is not mounted again."""
+    mounts = list(spec.container.mounts)
+
+    def same_path_roots() -> list[Path]:
+        roots = []
+        for mount in mounts:
+            parts = mount.split(":")
+            if len(parts) == 1 or parts[0] == parts[1]:
+                roots.append(Path(parts[0]))
+        return roots
+
+    if paths is None:
+        paths = (spec.model.source_dir, spec.model.tokenizer)
+    for path in (deploy_dir, *paths):  # the code ships inside deploy_dir
+        if path is not None and not any(path == root or root in path.parents for root in same_path_roots()):
+            mounts.append(f"{path}:{path}")
+    return mounts
+
+
+def _srun_and_wrapper(
+    spec: Spec, deploy_dir: Path, paths: Sequence[Path | None] | None = None
+) -> tuple[list[str], list[str]]:
+    """srun flags and the command prefix that wraps `bash tensorrt_llm_triton.sh` for the container kind (`paths`:
+    the folders to mount besides the deployment, default the model's; hpc/jobs/build_script.py passes its own)."""
+    c = spec.container
+    srun = list(spec.slurm.srun_args)
+    wrapper: list[str] = []
+    if c.type == "pyxis":
+        mounts = ",".join(_container_mounts(spec, deploy_dir, paths))
+        srun += [f"--container-image={c.image}", f"--container-mounts={mounts}"]
+        if c.workdir:
+            srun.append(f"--container-workdir={c.workdir}")
+        if c.name:
+            srun.append(f"--container-name={c.name}")
+    elif c.type == "apptainer":
+        wrapper = ["apptainer", "exec", "--nv"]
+        for mount in _container_mounts(spec, deploy_dir, paths):
+            wrapper += ["-B", mount]
+        if c.workdir:
+            wrapper += ["--pwd", c.workdir]
+        wrapper.append(str(c.image))
+    return srun, wrapper
+
+
+def _environment(templates: Path | None) -> jinja2.Environment:
+    search = [str(templates)] if templates else []
+    search.append(str(DEFAULT_TEMPLATES))
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(search),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) -> dict[str, str]:
+    """The text of the two scripts, without touching the disk (what `job_script()` shows)."""
+    env = _environment(templates)
+    srun, wrapper = _srun_and_wrapper(spec, deploy_dir)
+    gres = spec.slurm.gres or (f"gpu:{spec.slurm.gpus_per_node}" if spec.slurm.gpus_per_node else None)
+    python = sys.executable if spec.container.type == "none" else spec.container.python
+    context = {
+        "spec": spec,
+        "version": __version__,
+        "deploy_dir": str(deploy_dir),
+        "gres": gres,
+        "srun_args": srun,
+        "wrapper": wrapper,
+        "python": python,
+        "source_root": str(Deployment(deploy_dir).runtime),
+        # Slurm's time-limit warning: early enough for an ordered stop (DEVELOPERS.md "Stopping")
+        "stop_lead_s": STOP_LEAD_S,
+        "stop_ack_s": STOP_ACK_S,  # the stop request unanswered this long: scancel --signal=TERM (the .sub's trap)
+        "stop_request_format": stop_request_format(),  # what the trap writes (launcher/contracts/stop_records.py StopRequest)
+        # renewal (launcher/jobscript/renew.py): run on the batch node with this install's interpreter, as gateway.sub is
+        "renew": spec.renew is not None,
+        "renew_python": sys.executable,
+        "site_profile": site_profile(spec),
+        **replica_context(spec, gres is not None),
+        **template_values(deploy_dir),  # every name and path in the folder (launcher/contracts/layout.py)
+        **job_index.template_values(),  # the lines that index the job (launcher/contracts/job_index.py)
+        **launcher.contracts.rank.template_values(),  # the variables the scripts set for a rank or read (launcher/contracts/rank.py)
+    }
+    scripts = {
+        SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),
+        SH_NAME: env.get_template(SH_NAME + ".j2").render(context),
+    }
+    if spec.gateway is not None and spec.gateway.enabled:
+        scripts[GATEWAY_SUB_NAME] = env.get_template(GATEWAY_SUB_NAME + ".j2").render(
+            context | gateway_context(spec, deploy_dir)
+        )
+    return scripts
+
+
+def site_profile(spec: Spec) -> str | None:
+    """The site profile the spec was merged with, as an absolute path for the script's header (the script holds
+    its values; nothing reads the profile at run time)."""
+    origin = provenance(spec)
+    if origin is None or origin.profile is None:
+        return None
+    return " ".join(str(Path(origin.profile).resolve()).splitlines())
+
+
+def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
+    """What the `.sub` needs to run one srun step per replica (hpc/spec/placement.py) and to clean up after one: each
+    step's placement options, and the nodes and shared-memory regions of its ranks."""
+    steps = replica_steps(spec.replicas, spec.world_size_per_replica, spec.slurm.nodes, spec.tasks_per_node)
+    return {
+        "steps": [
+            {
+                "replica": step.replica,
+                "options": step_options(step, spec.slurm.cpus_per_task, gpus),
+                # one task on each of the step's nodes, beside whatever still runs there
+                "cleanup": [f"--nodes={step.nodes}", f"--ntasks={step.nodes}", f"--relative={step.relative}"],
+                "shm": [shm_glob_shell(rank) for rank in step.ranks()],
+                "endpoint": f"{ENDPOINTS_NAME}/{ENDPOINT_NAME.format(replica=step.replica)}",
+            }
+            for step in steps
+        ],
+        "step_cpus": any(step.shares_node for step in steps) and not spec.slurm.cpus_per_task,
+        "fail_job": spec.replica_policy == FAIL_JOB,
+    }
+
+
+def gateway_context(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
+    """What the gateway's own script adds: its job's Slurm settings (the serving job's account, partition, qos
+    and time unless `gateway:` says otherwise), and the interpreter and source of this hpc-serve install (the
+    gateway is `hpc/` code, never run in the serving job's container)."""
+    g, s = spec.gateway, spec.slurm
+    assert g is not None
+    return {
+        "gateway": g,
+        "workdir": str(deploy_dir.parent),
+        "record_path": str(gateway_record(deploy_dir.parent, spec.name)),
+        "account": g.account or s.account,
+        "partition": g.partition or s.partition,
+        "qos": g.qos or s.qos,
+        "time": g.time or s.time,
+        "python": sys.executable,
+        "source_root": str(SOURCE_ROOT),
+        "renew": spec.renew is not None,  # the gateway job renews itself too (hpc/jobs/renewal.py)
+    }
+
+
+def ship_packages(dest: Path) -> None:
+    """Copy hpc-serve's rank-side packages (launcher/, backend/) into `dest` (`D/python`): the ranks import
+    exactly the code that rendered the folder, and nothing else of the environment it was installed into."""
+    for name in SHIPPED_PACKAGES:
+        shutil.copytree(SOURCE_ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Rendered:
+    """Write the deployment folder. Files are written to a temporary sibling first and moved into place, so a
+    failure leaves no half-written deployment behind; an existing folder's job records are kept.
+
+    Render is a preview: it writes into `out_dir` only and never creates the model a spec's `model.init` asks
+    for (hpc/jobs/model_init.py does, from `submit`, `launch SPEC` or `hpc-serve init-model`)."""
+    from backend.repository import check_replaceable, write_model_repository
+
+    deploy_dir = Path(out_dir).expanduser().resolve()
+    if not is_script_safe_path(deploy_dir):
+        raise ValueError(
+            f"{deploy_dir}: the deployment folder's path must not contain spaces, quotes or shell characters "
+            "(Slurm's #SBATCH -o cannot quote them)"
+        )
+    if spec.container.type != "none" and ("," in str(deploy_dir) or ":" in str(deploy_dir)):
+        raise ValueError(
+            f"{deploy_dir}: with container.type {spec.container.type} the deployment folder is mounted as SRC:DST "
+            "in a comma-separated list, so its path must not contain ',' or ':'"
+        )
+    scripts = render_scripts(spec, deploy_dir, templates)
+    dep = Deployment(deploy_dir)
+    check_replaceable(dep.model_repository)  # before anything is written: nothing half-done
+    deploy_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{deploy_dir.name}.", dir=deploy_dir.parent))
+    staged = Deployment(staging)
+    try:
+        write_model_repository(staged.model_repository, spec.model.backend, repository_parameters(spec))
+        ship_packages(staged.runtime)
+        for name, text in scripts.items():
+            (staging / name).write_text(text)
+            (staging / name).chmod(0o755)
+        launch_plan(spec, deploy_dir).write(staged.launch)
+        staged.spec.write_text(dump_spec(spec))
+        deploy_dir.mkdir(exist_ok=True)
+        dep.logs_dir.mkdir(exist_ok=True)
+        dep.jobs_dir.mkdir(exist_ok=True)
+        if spec.auth == AUTH_TOKEN:  # before launch.json: a rank that sees it reads the token
+            ensure_deployment_token(deploy_dir, spec.workdir, spec.name)
+        # launch.json goes last: ranks of `hpc-serve launch SPEC` wait for it as the sign that all is in place.
+        for entry in sorted(staging.iterdir(), key=lambda e: e.name == LAUNCH_NAME):
+            target = deploy_dir / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+        if GATEWAY_SUB_NAME not in scripts:
+            dep.gateway_sub.unlink(missing_ok=True)  # a re-render without the gateway leaves no stale script
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Rendered(
+        deploy_dir=deploy_dir,
+        sub=dep.sub,
+        sh=dep.sh,
+        model_repository=dep.model_repository,
+        launch=dep.launch,
+        gateway_sub=dep.gateway_sub if GATEWAY_SUB_NAME in scripts else None,
+    )

@@ -1,0 +1,190 @@
+"""Which replica gets a request: least outstanding, prefix affinity with bounded load, draining, admission.
+Pure logic, no I/O, so it is unit-tested on its own and shared by the gateway and the Python client.
+
+Why least outstanding and not round-robin: generation requests differ in length by orders of magnitude, so
+the replica with the fewest requests in flight is the best cheap guess at the least busy one.
+
+Why prefix affinity: with `enable_kv_cache_reuse` a replica that already computed the KV blocks of a prompt's
+beginning skips that prefill; requests that share a prefix (a system prompt, few-shot examples, a document
+asked several questions) should meet on one replica. The prefix's replicas are ranked by rendezvous hashing
+(highest `hash(prefix, replica)` first: adding or losing a replica moves only the prefixes that were or are now
+its own), and the first of them whose load stays within `load_factor` × the mean load (consistent hashing with
+bounded loads, Mirrokni et al. 2018) gets the request. The bound is relative to the *mean* and not to the least
+loaded replica: it is the one with the guarantee (no replica above `load_factor` × the mean, so affinity can
+never pile a hot prefix onto one replica), and a freshly joined idle replica does not make every prefix spill.
+
+Why the key is the prompt's first `PREFIX_CHARS` characters and not tokens: routing must not tokenize (the
+Python client that shares this policy may have no tokenizer, and tokenizing every prompt on the gateway's
+event loop would cost more than the rest of its routing); 256 characters are ~50-70 tokens of English, one or
+two KV-cache blocks, the least a shared prefix must cover for reuse to pay. A shorter key would lump together
+every chat of a template whose boilerplate is that long; a longer one would separate requests that share a
+system prompt of just that length. Prompts shorter than that get no key: they hold no reusable block.
+
+Draining replicas (their job is stopping) and benched ones (failed a request before its first byte; back after
+`cooldown_s`, or dropped by discovery) get no new requests while another replica takes them. When every replica
+left is benched, they are tried anyway (Envoy's "panic" routing): one failure that may have been a passing one
+(a lost status, a node briefly overloaded) must not turn the whole cooldown into 503s for a deployment whose
+other replicas are gone, and a replica that is really dead fails such a request fast (its connection refused),
+which then gets the same 503, and discovery drops it at its next look. A replica with `max_outstanding` requests in flight
+takes no more: when every ready one is full, `Saturated` (the gateway's 429) instead of a queue that grows
+without bound on the replicas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from hpc.spec.limits import PREFIX_CHARS
+
+#: a prefix's replica takes it while its load stays within this many times the mean load
+LOAD_FACTOR = 1.25
+
+
+@dataclass
+class Replica:
+    """One replica as the balancer sees it. `key` is `job_id/replica`, unique across the deployment's jobs."""
+
+    key: str
+    http_url: str
+    grpc_url: str
+    outstanding: int = 0
+    served: int = 0
+    failures: int = 0
+    refusals: int = 0  # requests it refused because its queue was full (not a failure: it is healthy)
+    benched_until: float = 0.0
+    last_pick: int = 0  # the balancer's pick count when it last chose this replica
+    draining: bool = False  # its job is stopping: requests in flight finish, new ones go elsewhere
+
+
+class NoReplica(RuntimeError):
+    """No replica is ready (or every one was tried for this request)."""
+
+
+class Saturated(NoReplica):
+    """Replicas are ready, but each one is at `max_outstanding` (or refused the request: its queue is full)."""
+
+
+def prefix_key(prompt: str, chars: int = PREFIX_CHARS) -> str | None:
+    """The affinity key of a prompt: its first `chars` characters; None when shorter (or `chars` is 0: off)."""
+    return prompt[:chars] if chars > 0 and len(prompt) >= chars else None
+
+
+def _rank(key: str, replica: Replica) -> bytes:
+    """Rendezvous score of `replica` for `key` (stable across processes, unlike `hash`)."""
+    return hashlib.blake2b(f"{replica.key}\0{key}".encode(), digest_size=8).digest()
+
+
+class Balancer:
+    """Which replica gets the next request. Not thread-safe: the gateway uses it from one event loop."""
+
+    def __init__(
+        self,
+        cooldown_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_outstanding: int | None = None,
+        load_factor: float = LOAD_FACTOR,
+    ) -> None:
+        if load_factor < 1.0:
+            raise ValueError(f"load_factor must be at least 1 (a bound below the mean load), not {load_factor}")
+        self.cooldown_s = cooldown_s
+        self.max_outstanding = max_outstanding
+        self.load_factor = load_factor
+        self._clock = clock
+        self._replicas: dict[str, Replica] = {}
+        self._picks = 0
+        #: how picks went: "least" (no prefix key), "home" (the prefix's first replica), "spilled" (a later one)
+        self.outcomes: Counter[str] = Counter()
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas.values())
+
+    def update(self, found: Iterable[Replica]) -> None:
+        """Make the set of replicas `found` (discovery's latest view); counters of those kept survive, their
+        `draining` flag is the new view's."""
+        fresh = {r.key: r for r in found}
+        for key, replica in fresh.items():
+            old = self._replicas.get(key)
+            if old is not None and (old.http_url, old.grpc_url) == (replica.http_url, replica.grpc_url):
+                old.draining = replica.draining
+                fresh[key] = old
+        self._replicas = fresh
+
+    def set_draining(self, key: str, draining: bool = True) -> None:
+        """Mark a replica draining (no new requests) or not; unknown keys are ignored (already gone)."""
+        if key in self._replicas:
+            self._replicas[key].draining = draining
+
+    def healthy(self) -> list[Replica]:
+        """Replicas not benched (draining ones included: they still serve what they have)."""
+        now = self._clock()
+        return [r for r in self._replicas.values() if r.benched_until <= now]
+
+    def available(self) -> list[Replica]:
+        """Replicas that take new requests: healthy and not draining (full ones included)."""
+        return [r for r in self.healthy() if not r.draining]
+
+    def takers(self, exclude: Iterable[str] = ()) -> list[Replica]:
+        """The replicas outside `exclude` that a new request may go to: the available ones, or when none is, the
+        benched ones that are not draining (see the module docstring). What readiness answers by, too."""
+        skip = set(exclude)
+        open_ = [r for r in self.available() if r.key not in skip]
+        return open_ or [r for r in self._replicas.values() if not r.draining and r.key not in skip]
+
+    def pick(self, exclude: Iterable[str] = (), prefix_key: str | None = None) -> Replica:
+        """The replica for the next request. Without `prefix_key`: the one with the fewest requests in flight,
+        ties to the one chosen longest ago (round robin among equals, so a replica that just joined gets its
+        share at once). With one: the first replica in the key's rendezvous order whose load after this request
+        stays within `load_factor` × the mean; benched replicas only when no other is left (`takers`). Raises
+        NoReplica when none takes new requests outside `exclude`, and Saturated when those left are all at
+        `max_outstanding`."""
+        open_ = self.takers(exclude)
+        if not open_:
+            raise NoReplica("no replica is ready")
+        bound = self.max_outstanding
+        candidates = [r for r in open_ if bound is None or r.outstanding < bound]
+        if not candidates:
+            raise Saturated(f"every ready replica has {bound} requests in flight")
+        if prefix_key is None:
+            chosen = min(candidates, key=lambda r: (r.outstanding, r.last_pick, r.key))
+            self.outcomes["least"] += 1
+        else:
+            chosen = self._by_prefix(candidates, prefix_key)
+            home = max(self.available() or open_, key=lambda r: _rank(prefix_key, r))
+            self.outcomes["home" if chosen is home else "spilled"] += 1
+        self._picks += 1
+        chosen.last_pick = self._picks
+        return chosen
+
+    def _by_prefix(self, candidates: list[Replica], key: str) -> Replica:
+        """Consistent hashing with bounded loads over `candidates`: the first in the key's rendezvous order
+        whose load after this request is within the bound (one always is: the least loaded is at most the mean)."""
+        load = sum(r.outstanding for r in candidates) + 1  # this request included
+        cap = math.ceil(self.load_factor * load / len(candidates))
+        ranked = sorted(candidates, key=lambda r: _rank(key, r), reverse=True)
+        return next((r for r in ranked if r.outstanding + 1 <= cap), ranked[0])
+
+    def mark_failed(self, replica: Replica) -> None:
+        """The replica failed before the first byte: no new requests until the cooldown has passed."""
+        replica.failures += 1
+        replica.benched_until = self._clock() + self.cooldown_s
+
+    def mark_refused(self, replica: Replica) -> None:
+        """The replica refused the request, its queue full: try another, but it is not benched (it is healthy)."""
+        replica.refusals += 1
+
+    @contextmanager
+    def track(self, replica: Replica) -> Iterator[Replica]:
+        """Count a request as outstanding on `replica` while the block runs."""
+        replica.outstanding += 1
+        try:
+            yield replica
+        finally:
+            replica.outstanding -= 1
+            replica.served += 1

@@ -1,0 +1,309 @@
+"""The thin engine interface: one generation request streamed to a replica's ensemble over Triton's gRPC
+bidirectional streaming API (tritonclient's asyncio client), yielding text pieces.
+
+Why always the streaming API, even for a non-streaming OpenAI request: the deployments serve a decoupled
+ensemble (one request, many responses), which only the streaming RPC can call, and one code path means one
+set of failure modes. Why not a thread per request (tritonclient's sync stream): the gateway holds hundreds
+of requests open; one event loop does. The request id has hpc-serve's stream prefix
+(backend/models/detokenize.py) so the ensemble's postprocessing never splits a character across responses.
+
+tritonclient's asyncio `stream_infer` refuses the reserved `triton_enable_empty_final_response` parameter,
+without which the end of a decoupled response stream cannot be told; so the request is built with
+tritonclient's own builder and sent on the client's stub (`_client_stub`), the one private name used here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import functools
+import struct
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aiogrpc
+from tritonclient.utils import InferenceServerException
+
+from backend.models.detokenize import STREAM_REQUEST_PREFIX
+from backend.refusals import BUSY_MARKERS, CONTEXT_MARKERS, STOPPING_MARKERS
+from hpc.serving.abandon import Reader, abandon, infer_inputs, stop_generation, stream_request
+from hpc.serving.auth import grpc_headers
+from hpc.serving.idle import run_deferred
+from launcher.contracts import model_names
+
+#: how long a finished stream is given to end by itself before it is cancelled (see `_end`)
+STREAM_END_S = 2.0
+#: how long the token check after a stream's lost status may take (`TritonEngine._refuses`)
+PROBE_TIMEOUT_S = 5.0
+
+
+class ReplicaUnavailable(RuntimeError):
+    """The replica could not be reached or broke the stream: retry elsewhere if nothing was sent yet."""
+
+
+class TokenRefused(RuntimeError):
+    """The replica refused the access token sent with the request (missing or not its job's): the replica is
+    fine, so it is neither benched nor is the request tried elsewhere; the caller's answer names the token."""
+
+
+#: how tritonserver refuses a gRPC call without the restricted protocol's header (status UNAVAILABLE), lower case
+RESTRICTED_MARKER = "protocol is restricted"
+
+
+def is_auth_refusal(exc: BaseException) -> bool:
+    """tritonserver's "This protocol is restricted" answer: the token is missing or wrong, the replica is fine
+    (it answers UNAVAILABLE, as an unreachable replica would)."""
+    return RESTRICTED_MARKER in str(exc).lower()
+
+
+#: what grpc's asyncio client reads instead of the server's status when the server ended a bidirectional call
+#: while the client was still sending on it (grpc's `set_internal_error`)
+LOST_STATUS = "Internal error from Core"
+
+
+def lost_status(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether the call's real status was lost (see `LOST_STATUS`). tritonserver refuses a call without the right
+    token as soon as it reads the call's headers, so a refused stream often ends this way: 193 of 300
+    concurrent streams with a wrong token did (tritonserver 2.51, grpcio 1.85), the other 107 read UNAVAILABLE
+    "This protocol is restricted"."""
+    return exc.code() == grpc.StatusCode.INTERNAL and exc.details() == LOST_STATUS
+
+
+class ModelError(RuntimeError):
+    """The model refused or failed the request (its own words): the client's answer, no retry."""
+
+
+class ReplicaBusy(ModelError):
+    """The replica refused the request because its queue is full (Triton's "Exceeds maximum queue size",
+    TensorRT-LLM's "Maximum queue size ... reached"): another replica may take it; it is not a failure."""
+
+
+class ContextTooLong(ModelError):
+    """The model refused the request because its prompt leaves no room in the model's context (more new tokens than
+    fit are cut, not refused): the client's to fix, an OpenAI 400 `context_length_exceeded`."""
+
+
+class ReplicaStopping(ReplicaUnavailable):
+    """The replica refused the request because it is stopping (its engine drains, or tritonserver unloads its
+    models): nothing was generated, so the request goes to another replica, as for one unreachable."""
+
+
+def model_error(message: str) -> ModelError | ReplicaStopping:
+    """The error for a refusal in the stream: ReplicaBusy for a full queue, ReplicaStopping for a replica whose
+    stop has begun, ContextTooLong for a request longer than the model's context (backend/refusals.py),
+    ModelError otherwise."""
+    lowered = message.lower()
+    if any(m in lowered for m in BUSY_MARKERS):
+        return ReplicaBusy(message)
+    if any(m in lowered for m in STOPPING_MARKERS):
+        return ReplicaStopping(message)
+    return (ContextTooLong if any(m in lowered for m in CONTEXT_MARKERS) else ModelError)(message)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one response of the stream brought: its text (maybe empty: a character held back until its last
+    byte comes), how many tokens it carried (one per response of a streaming engine step), and their log
+    probabilities when asked for (`output_log_probs`: a streaming response carries the new tokens' only)."""
+
+    text: str
+    tokens: int
+    logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """What the ensemble is asked for; `None` leaves the model's default."""
+
+    prompt: str
+    max_tokens: int
+    stop: Sequence[str] = field(default_factory=tuple)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool = False  # ask for `output_log_probs` (the ensemble's `return_log_probs`)
+
+    def tensors(self) -> list[grpcclient.InferInput]:
+        arrays: dict[str, tuple[np.ndarray, str]] = {
+            "text_input": (np.array([[self.prompt.encode()]], dtype=object), "BYTES"),
+            "max_tokens": (np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
+            "stream": (np.array([[True]], dtype=bool), "BOOL"),
+            "exclude_input_in_output": (np.array([[True]], dtype=bool), "BOOL"),
+        }
+        if self.stop:
+            arrays["stop_words"] = (np.array([[s.encode() for s in self.stop]], dtype=object), "BYTES")
+        if self.temperature is not None:
+            arrays["temperature"] = (np.array([[self.temperature]], dtype=np.float32), "FP32")
+        if self.top_p is not None:
+            arrays["top_p"] = (np.array([[self.top_p]], dtype=np.float32), "FP32")
+        if self.top_k is not None:
+            arrays["top_k"] = (np.array([[self.top_k]], dtype=np.int32), "INT32")
+        if self.seed is not None:
+            arrays["seed"] = (np.array([[self.seed]], dtype=np.uint64), "UINT64")
+        for name in ("presence_penalty", "frequency_penalty"):  # the ensemble's inputs of OpenAI's names
+            if (value := getattr(self, name)) is not None:
+                arrays[name] = (np.array([[value]], dtype=np.float32), "FP32")
+        if self.logprobs:
+            arrays["return_log_probs"] = (np.array([[True]], dtype=bool), "BOOL")
+        return infer_inputs(arrays)
+
+
+_KEEPALIVE = grpcclient.KeepAliveOptions()
+#: tritonclient's own channel defaults, and no proxy: gRPC, like urllib, sends a channel through `$http_proxy`
+#: (or `$grpc_proxy`) unless told not to, and replicas are cluster nodes a user's proxy cannot reach
+#: (launcher/contracts/urls.py)
+CHANNEL_ARGS: tuple[tuple[str, int], ...] = (
+    ("grpc.enable_http_proxy", 0),
+    ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.keepalive_time_ms", _KEEPALIVE.keepalive_time_ms),
+    ("grpc.keepalive_timeout_ms", _KEEPALIVE.keepalive_timeout_ms),
+    ("grpc.keepalive_permit_without_calls", _KEEPALIVE.keepalive_permit_without_calls),
+    ("grpc.http2.max_pings_without_data", _KEEPALIVE.http2_max_pings_without_data),
+)
+
+
+class TritonEngine:
+    """One asyncio gRPC client per replica, reused across requests (a channel is costly to open), on channels
+    made with `channel_args` (default: never through a proxy)."""
+
+    def __init__(
+        self, model: str = model_names.ENSEMBLE, channel_args: Sequence[tuple[str, Any]] = CHANNEL_ARGS
+    ) -> None:
+        self.model = model
+        self.channel_args = list(channel_args)
+        self._clients: dict[str, aiogrpc.InferenceServerClient] = {}
+        self._in_flight: dict[str, int] = {}
+
+    def _client(self, grpc_url: str) -> aiogrpc.InferenceServerClient:
+        if grpc_url not in self._clients:
+            self._clients[grpc_url] = aiogrpc.InferenceServerClient(grpc_url, channel_args=self.channel_args)
+        return self._clients[grpc_url]
+
+    async def retain(self, grpc_urls: set[str]) -> None:
+        """Close the channels of replicas discovery no longer lists (a long-lived gateway sees many jobs come
+        and go); one with a stream still open is closed at a later call."""
+        for url in [u for u in self._clients if u not in grpc_urls and not self._in_flight.get(u)]:
+            await self._clients.pop(url).close()
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+
+    async def stream(self, grpc_url: str, params: GenerateParams, token: str | None = None) -> AsyncIterator[Chunk]:
+        """Text pieces as the replica produces them, with their token counts. ReplicaUnavailable for transport
+        trouble, TokenRefused for a missing or wrong token, ModelError for the model's own refusal."""
+        request_id = f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}"
+        request = stream_request(self.model, params.tensors(), request_id)
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        finished = asyncio.Event()
+
+        async def requests():
+            yield request
+            run_deferred()  # the request was written: what could wait for that runs while the replica works
+            await finished.wait()  # half-close only once the last response arrived
+
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        metadata = tuple(grpc_headers(token).items())  # the replica's access token (auth: token)
+        client = self._client(grpc_url)
+        call = client._client_stub.ModelStreamInfer(requests(), metadata=metadata)
+        # read on a task of its own: a client gone does not cancel the call (hpc/serving/abandon.py)
+        reader = Reader(call, call.cancel)
+        self._in_flight[grpc_url] = self._in_flight.get(grpc_url, 0) + 1
+        ended = False
+        try:
+            while (response := await reader.next()) is not None:
+                if response.error_message:
+                    raise model_error(response.error_message)
+                piece = text_and_logprobs(response.infer_response, params.logprobs)
+                if piece is not None:
+                    yield Chunk(utf8.decode(piece[0]), 1, piece[1])
+                final = response.infer_response.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    tail = utf8.decode(b"", final=True)
+                    if tail:
+                        yield Chunk(tail, 0)
+                    ended = True
+                    return
+            raise ReplicaUnavailable(f"{grpc_url}: the stream ended before the final response")
+        except grpc.aio.AioRpcError as exc:
+            refused = is_auth_refusal(exc) or (lost_status(exc) and await self._refuses(client, metadata))
+            error = TokenRefused if refused else ReplicaUnavailable
+            raise error(f"{grpc_url}: {exc.code().name}: {exc.details()}") from None
+        finally:
+            self._in_flight[grpc_url] -= 1
+            finished.set()  # half-close: the server ends the stream once its last response is out
+            if ended:
+                await _end(call, ended)
+            else:  # left mid-way: stop the generation by its id, never cancel the call (tritonserver would leak it)
+                abandon(reader, functools.partial(stop_generation, client, request_id, metadata))
+
+    async def stop(self, grpc_url: str, request_id: str, token: str | None = None) -> None:
+        """Stop the generation of `request_id` on the replica at `grpc_url` (hpc/serving/abandon.py: a stream
+        whose client left is ended so, never cut off: the Triton passthrough's too)."""
+        await stop_generation(self._client(grpc_url), request_id, tuple(grpc_headers(token).items()))
+
+    async def _refuses(self, client: aiogrpc.InferenceServerClient, metadata: tuple[tuple[str, str], ...]) -> bool:
+        """Whether the replica refuses `metadata`'s token, asked with a one-message call (the model's config, a
+        restricted API) that cannot lose its status the way a stream does: a stream that ended with its status
+        lost (`lost_status`) is told apart from a replica in trouble before it is benched for it."""
+        try:
+            await client.get_model_config(self.model, headers=dict(metadata), client_timeout=PROBE_TIMEOUT_S)
+        except InferenceServerException as exc:
+            return is_auth_refusal(exc)
+        return False
+
+
+def text_and_logprobs(infer_response: Any, logprobs: bool) -> tuple[bytes, tuple[float, ...]] | None:
+    """A response's `text_output` bytes and (when asked) `output_log_probs`, or None without text (the empty
+    final response). Read from the raw bytes Triton sent. Why not tritonclient's InferResult and `as_numpy`:
+    per streamed token that built numpy object arrays to join them again, ~0.07 ms of the gateway's CPU per
+    token in a profile (a 32-token answer: more than 2 ms). The layout is the one tritonclient reads too: one
+    `raw_output_contents` entry per output, in order (it reads nothing else of an output either)."""
+    named = dict(zip((out.name for out in infer_response.outputs), infer_response.raw_output_contents, strict=True))
+    if "text_output" not in named:
+        return None
+    values = fp32_values(named.get("output_log_probs", b"")) if logprobs else ()
+    return b"".join(bytes_elements(named["text_output"])), values
+
+
+def bytes_elements(raw: bytes) -> list[bytes]:
+    """The elements of a serialized BYTES tensor: each a 4-byte little-endian length, then that many bytes
+    (what tritonclient's `deserialize_bytes_tensor` reads)."""
+    out, at = [], 0
+    while at + 4 <= len(raw):
+        (size,) = _LENGTH.unpack_from(raw, at)
+        out.append(raw[at + 4 : at + 4 + size])
+        at += 4 + size
+    return out
+
+
+def fp32_values(raw: bytes) -> tuple[float, ...]:
+    """The values of a serialized FP32 tensor (little-endian, as Triton sends them)."""
+    return tuple(float(v) for v in np.frombuffer(raw, dtype="<f4"))
+
+
+_LENGTH = struct.Struct("<I")
+
+
+async def _end(call: Any, ended: bool) -> None:
+    """A stream whose final response came is let end by the server (half-closed, then awaited briefly); only one
+    left mid-way (the client went away) is cancelled. Why: tritonserver (2.51) keeps a reference to the ensemble
+    of a stream cancelled right after its final response, so its ordered stop later waits for that model to
+    unload until the exit timeout and exits 1 (a renewed job's predecessor would end FAILED, not COMPLETED)."""
+    if ended:
+        try:
+            await asyncio.wait_for(call.code(), STREAM_END_S)
+            return
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+            pass
+    call.cancel()

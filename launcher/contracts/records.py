@@ -1,0 +1,352 @@
+"""The records other processes read: ``endpoints/replica-<k>.json``, ``endpoints/replica-<k>.starting``,
+``ranks/rank-<r>.json``, ``chain.json`` and the gateway's address record (paths: layout.py).
+
+Defined once, as typed records with a version, for both sides: the launcher writes them, ``hpc`` (track, client)
+reads them, on other nodes over a shared filesystem. Readers must never see a half-written file, so every
+write goes to a temporary sibling and is ``os.replace``d into place; and a reader takes a record of an older
+version (fields it lacks get defaults) or a newer one (fields it does not know are ignored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import os
+import socket
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from launcher.contracts.layout import ENDPOINT_GLOB, RANK_RECORD_GLOB, JobPaths
+from launcher.contracts.urls import grpc_target, http_url, metrics_url
+
+#: version 1: the first with a version key in the endpoint record; rank records had none before it. The
+#: records of a job (endpoint, startup, chain, gateway) gained an optional ``cluster`` within version 1: the Slurm
+#: cluster of their job (job ids are per cluster); "" in a record written before it, or for a job of no cluster.
+VERSION = 1
+
+
+def write_json_atomic(path: Path, data: Mapping[str, object], indent: int = 1) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (tmp file in the same dir + fsync + os.replace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=indent)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _usable(addr: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    return not (ip.is_loopback or ip.is_unspecified or ip.is_link_local)
+
+
+def advertised_address(node: str, single_node: bool, env: Mapping[str, str] | None = None) -> str:
+    """An IPv4 address of this node that other nodes can reach (never 127.x unless the job is single-node).
+
+    ``$HPC_SERVE_ADVERTISE_ADDRESS`` wins; then the source address of the route to ``$HPC_SERVE_ROUTE_PROBE`` (a
+    UDP connect sends no packet; default 10.255.255.255, i.e. the cluster-side interface on typical private
+    networks); then the node name's DNS addresses; then ``hostname -I``; then the node name itself.
+    """
+    env = os.environ if env is None else env
+    if env.get("HPC_SERVE_ADVERTISE_ADDRESS"):
+        return env["HPC_SERVE_ADVERTISE_ADDRESS"]
+    candidates: list[str] = []
+    for probe in (env.get("HPC_SERVE_ROUTE_PROBE") or "10.255.255.255", "192.0.2.1"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.connect((probe, 9))
+                candidates.append(sock.getsockname()[0])
+        except OSError:
+            pass
+    try:
+        candidates += [str(info[4][0]) for info in socket.getaddrinfo(node, None, socket.AF_INET)]
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
+        candidates += out.split()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for addr in candidates:
+        if _usable(addr) and ":" not in addr:
+            return addr
+    return "127.0.0.1" if single_node else node
+
+
+_R = TypeVar("_R", bound="Record")
+
+
+class Record:
+    """to/from dict for the record dataclasses below (and launcher/contracts/stop_records.py, launcher/contracts/build_step.py):
+    unknown keys are ignored, missing ones take defaults; ``write`` and ``read`` a record's file whole."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[_R], data: Mapping[str, Any]) -> _R:
+        # type[_R] -> _R rather than typing.Self (3.11+): ranks import this with the container's python3 (3.10)
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def write(self, path: Path) -> None:
+        """Write the record to ``path`` atomically: a reader sees the old one or this one, never half."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def read(cls: type[_R], path: Path) -> _R | None:
+        """The record at ``path``, or None: none there, being replaced right now, or not one of these."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return cls.from_dict(data)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+
+    @classmethod
+    def shell_format(cls, args: Sequence[str], **values: Any) -> str:
+        """A printf(1) format that writes this record as JSON, for a bash script that must write one: the fields
+        in ``args`` (in the fields' order) come from printf's arguments (``%d`` an int, ``%s`` a float, ``"%s"`` a
+        str: no quote or backslash in it), those in ``values`` are fixed, the others take their defaults. So the
+        file's format is typed once, here, for the script as for python (render passes the format in)."""
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        if list(args) != [name for name in names if name in args]:
+            raise ValueError(f"{cls.__name__}.shell_format: {list(args)} are not fields in the fields' order {names}")
+        marks = {name: f"@{name}@" for name in args}
+        text = json.dumps(cls(**values, **marks).to_dict())
+        text = text.replace("\\", "\\\\").replace("%", "%%")
+        types = {f.name: str(f.type) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        for name in args:
+            kind = types[name].split("|")[0].strip()
+            text = text.replace(f'"@{name}@"', {"int": "%d", "float": "%s"}.get(kind, '"%s"'))
+        return text + "\\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointRecord(Record):
+    """Where a replica serves, published by its leader once ``/v2/health/ready`` answered 200."""
+
+    version: int = VERSION
+    job_id: str = ""
+    cluster: str = ""  # the job's Slurm cluster ($SLURM_CLUSTER_NAME); "" for a local job or an older record
+    replica: int = 0
+    rank: int = 0
+    host: str = ""
+    address: str
+    http_port: int
+    grpc_port: int = 0
+    metrics_port: int = 0
+    pid: int = 0
+    started_at: float = 0.0
+    ready_at: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EndpointRecord:
+        record = super().from_dict(data)
+        return dataclasses.replace(  # JSON written by hand or by another tool may quote numbers
+            record,
+            job_id=str(record.job_id),
+            cluster=str(record.cluster or ""),
+            replica=int(record.replica),
+            rank=int(record.rank),
+            http_port=int(record.http_port),
+            grpc_port=int(record.grpc_port),
+            metrics_port=int(record.metrics_port),
+            pid=int(record.pid),
+        )
+
+    @property
+    def http_url(self) -> str:
+        return http_url(self.address, self.http_port)
+
+    @property
+    def grpc_url(self) -> str:
+        return grpc_target(self.address, self.grpc_port)
+
+    @property
+    def metrics_url(self) -> str:
+        return metrics_url(self.address, self.metrics_port)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankExitRecord(Record):
+    """How a rank ended: written by its launcher when tritonserver exits, or when the launcher itself gave up
+    (``error`` says why: world size, port, ready timeout, a python stub that died). ``cause_rank``: the launcher
+    ended this rank because that rank of its replica failed (launcher/node/watch.py); the cause is that rank's record."""
+
+    version: int = VERSION
+    rank: int
+    host: str = "?"
+    exit_code: int | None = None
+    signal: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    ended_at: float = 0.0
+    error: str | None = None
+    cause_rank: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code not in (0, None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        for key in ("error", "cause_rank"):
+            if data[key] is None:
+                del data[key]  # present only when the launcher gave up, or ended the rank for a peer
+        return data
+
+
+def _read(folder: Path, pattern: str, kind: type[_R]) -> list[_R]:
+    found = []
+    for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
+        try:
+            found.append(kind.from_dict(json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # a record being replaced right now (or a hand-written partial one); the next poll sees it
+    return found
+
+
+#: A replica leader's startup phases (StartupRecord.phase), in order: tritonserver loads its models until
+#: ``/v2/health/ready`` answers 200, then one real request must come back (launcher/node/warmup.py) before the
+#: endpoint record is published; ``status`` says which one a STARTING replica is in.
+LOADING = "loading"
+WARMING_UP = "warming-up"
+PHASES = (LOADING, WARMING_UP)
+#: what ``status`` says a replica in each phase is waiting for
+PHASE_TEXT = {LOADING: "loading the models", WARMING_UP: "warming up"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartupRecord(Record):
+    """What a replica's leader is waiting for before it publishes its endpoint (``phase``: LOADING, then
+    WARMING_UP), since when (``since``, epoch seconds), and in words (``detail``: the request it sent). Written
+    by the leader's launcher at each phase, removed once the endpoint is published or the rank ends: a replica
+    with neither record has not started its leader yet."""
+
+    version: int = VERSION
+    job_id: str = ""
+    cluster: str = ""  # as in EndpointRecord
+    replica: int = 0
+    rank: int = 0
+    host: str = ""
+    phase: str = LOADING
+    since: float = 0.0
+    started_at: float = 0.0
+    detail: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StartupRecord:
+        record = super().from_dict(data)
+        return dataclasses.replace(
+            record, job_id=str(record.job_id), cluster=str(record.cluster or ""), replica=int(record.replica)
+        )
+
+    def describe(self, now: float) -> str:
+        """`replica 0: warming up (ensemble, 1 token) for 0.4 s`: what `status` shows of a STARTING replica."""
+        what = PHASE_TEXT.get(self.phase, self.phase)
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"replica {self.replica}: {what}{detail} for {max(0.0, now - self.since):.0f} s"
+
+
+def read_startups(job: JobPaths) -> list[StartupRecord]:
+    """Every replica leader's startup record of a job, by replica (replicas not yet ready or ended)."""
+    found = []
+    for path in job.starting_records():
+        try:
+            found.append(StartupRecord.from_dict(json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # being replaced right now: the next poll sees it
+    return sorted(found, key=lambda r: r.replica)
+
+
+def read_endpoints(job: JobPaths) -> list[EndpointRecord]:
+    """Every published replica endpoint of a job, by replica number."""
+    return sorted(_read(job.endpoints_dir, ENDPOINT_GLOB, EndpointRecord), key=lambda r: r.replica)
+
+
+def read_rank_records(job: JobPaths) -> list[RankExitRecord]:
+    """Every rank exit record of a job, by rank."""
+    return sorted(_read(job.ranks_dir, RANK_RECORD_GLOB, RankExitRecord), key=lambda r: r.rank)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainRecord(Record):
+    """A job's place in its renewal chain (``jobs/<id>/chain.json``, launcher/jobscript/renew.py): the jobs of one deployment
+    folder, each submitted by its predecessor's renewer before the time limit. Written only by the job's own
+    renewer; the link is both ways (``predecessor`` from the environment its predecessor submitted it with,
+    ``successor`` once it submitted one). Times are epoch seconds, 0 for "not yet"."""
+
+    version: int = VERSION
+    job_id: str
+    cluster: str = ""  # the chain's jobs' Slurm cluster: a successor is queued where its predecessor runs
+    index: int = 1  # 1 for the job that started the chain (by `hpc-serve submit` or a hand-run sbatch)
+    predecessor: str = ""
+    successor: str = ""
+    started_at: float = 0.0
+    ends_at: float = 0.0  # the time limit as Slurm last said it
+    renew_at: float = 0.0  # when it submits its successor (ends_at - renew.before)
+    submitted_at: float = 0.0  # the successor's sbatch
+    handover_at: float = 0.0  # the successor was READY: this job was marked draining
+    stopped_at: float = 0.0  # its renewer started the ordered stop
+    note: str = ""  # why it has no successor, or how it ended its service
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChainRecord:
+        record = super().from_dict(data)
+        return dataclasses.replace(  # job ids are text, whatever wrote them
+            record,
+            job_id=str(record.job_id),
+            cluster=str(record.cluster or ""),
+            predecessor=str(record.predecessor or ""),
+            successor=str(record.successor or ""),
+        )
+
+
+def read_chain(job: JobPaths) -> ChainRecord | None:
+    """The job's chain record, or None (no renewal, not started yet, or being replaced right now)."""
+    try:
+        return ChainRecord.from_dict(json.loads(job.chain.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayRecord(Record):
+    """Where the gateway of a deployment listens (layout.gateway_record), written when it starts serving and
+    removed when it stops; clients (`hpc.client`, `hpc-serve endpoints`) go through it when it answers.
+    `job_id` is set when the gateway runs as a Slurm job of its own, else empty (login node, workstation)."""
+
+    version: int = VERSION
+    name: str
+    url: str  # http://<address>:<port>, the base of /v1 and /v2
+    host: str = ""
+    pid: int = 0
+    job_id: str = ""
+    cluster: str = ""  # the gateway job's Slurm cluster; "" for a gateway started by hand (or an older record)
+    started_at: float = 0.0
+    auth: bool = True
+
+
+def read_gateway(path: Path) -> GatewayRecord | None:
+    """The gateway record at `path`, or None when there is none (or it is being replaced right now)."""
+    try:
+        return GatewayRecord.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None

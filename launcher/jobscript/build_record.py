@@ -1,0 +1,110 @@
+"""What built an engine folder: the record a build job leaves in it, and the identity of a checkpoint.
+
+Why here (stdlib, shipped to the compute nodes): the build job writes the record on the node, after its steps,
+with the identity of the checkpoint *as it was read* (a checkpoint `model.init` created in the same job
+included), and `hpc-serve build/submit` reads the same records on the login side to decide whether a spec's
+engine is already built (hpc/jobs/build_plan.py). One definition of "the same inputs" for both.
+
+Identity of a checkpoint folder: every file's relative path, size and modification time (what `make` trusts,
+cheap for a 100 GB checkpoint), plus the SHA-256 of its config.json (a config edited in place within one mtime
+tick still counts). Usage in a build job: ``python -m launcher.jobscript.build_record finish REQUEST STAGING`` — write
+the record into STAGING, then move STAGING to the engine folder REQUEST names; an engine folder that is already
+there (another build of the same request finished first) is kept, never overwritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.contracts.layout import BUILD_RECORD_NAME
+from launcher.contracts.rank import given_job_id
+
+RECORD_VERSION = 1
+#: the epoch second the build job's script started its steps (build.sub sets it: render passes this name)
+BUILD_STARTED_ENV = "HPC_SERVE_BUILD_STARTED"
+
+
+def checkpoint_identity(folder: Path) -> dict[str, Any]:
+    """{"files": [[path, size, mtime_ns], ...], "config_sha256": ...} of a checkpoint folder (hidden entries,
+    such as a staging folder of ours, left out)."""
+    files: list[list[Any]] = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            if name.startswith("."):
+                continue
+            path = Path(root) / name
+            stat = path.stat()
+            files.append([str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns])
+    config = folder / "config.json"
+    digest = hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
+    return {"files": files, "config_sha256": digest}
+
+
+def read_record(engine_dir: Path) -> dict[str, Any] | None:
+    """The build record of an engine folder, or None (not built by hpc-serve, or unreadable)."""
+    try:
+        record = json.loads((engine_dir / BUILD_RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def tool_version(backend: str) -> str | None:
+    """The version of the tool that built the engine, as installed where the job ran (None if unknown)."""
+    if backend != "tensorrtllm":
+        return None
+    from importlib import metadata
+
+    for name in ("tensorrt_llm", "tensorrt-llm"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def finish(request_file: Path, staging: Path) -> Path:
+    """Record what built `staging` and move it to its engine folder; the engine folder that serves."""
+    request = json.loads(request_file.read_text())
+    engine_dir = Path(request["engine_dir"])
+    source = Path(request["source"])
+    record = {
+        "version": RECORD_VERSION,
+        "key": request["key"],
+        "request": request["request"],
+        "inputs": checkpoint_identity(source),
+        "init": request.get("init"),
+        "source": str(source),
+        "tool_version": tool_version(request["request"].get("backend", "")),
+        "job_id": given_job_id(),
+        "built_at": time.time(),
+        "started_at": float(os.environ.get(BUILD_STARTED_ENV, "0") or 0) or None,
+    }
+    (staging / BUILD_RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
+    if (engine_dir / BUILD_RECORD_NAME).exists():  # a build of the same request got there first: keep it
+        shutil.rmtree(staging, ignore_errors=True)
+        return engine_dir
+    engine_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(staging, engine_dir)  # atomic on one filesystem; the staging folder is a sibling
+    return engine_dir
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] != "finish":
+        print("usage: python -m launcher.jobscript.build_record finish REQUEST_JSON STAGING_DIR", file=sys.stderr)
+        return 2
+    engine = finish(Path(argv[1]), Path(argv[2]))
+    print(f"hpc-serve build: engine {engine}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,92 @@
+"""The tritonserver argv of one rank: a pure function, so it can be unit-tested and printed before running; and
+the names of the python backend's shared-memory regions it asks for, so the rank can remove them."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from launcher.node.ports import Ports
+
+#: where the python backend's shared-memory regions live (POSIX shm_open)
+SHM_DIR = Path("/dev/shm")
+
+
+def shm_prefix(rank: int | str, job_id: str) -> str:
+    """``prefix<rank>_<job>_``: upstream's ``prefix<rank>_`` shape (#684), plus the job id so two deployments
+    sharing a node's /dev/shm never collide (newer python_backend also randomises region names, PR #351; the prefix is cheap insurance).
+    Job ids keep letters, digits and '-' only, so no rank's prefix starts another's (`prefix1_7_` vs `prefix1_70_`)."""
+    return _prefix(rank, re.sub(r"[^A-Za-z0-9-]", "-", job_id))
+
+
+def _prefix(rank: int | str, job: str) -> str:
+    return f"prefix{rank}_{job}_"
+
+
+def shm_glob_shell(rank: int, job_variable: str = "${SLURM_JOB_ID}") -> str:
+    """The rank's regions as a shell glob, the job id left to the shell (the `.sub`'s backstop after a replica
+    ended: it removes what a rank killed with its launcher left; Slurm job ids need no sanitising)."""
+    return f"{SHM_DIR}/{_prefix(rank, job_variable)}*"
+
+
+def remove_shm_regions(rank: int, job_id: str, shm_dir: Path = SHM_DIR) -> list[str]:
+    """Remove the rank's python-backend regions: a stub or tritonserver that was killed leaves them behind (only a
+    clean unload removes them). Call it when no process of the rank's tritonserver is left."""
+    prefix = shm_prefix(rank, job_id)
+    removed: list[str] = []
+    try:
+        names = [name for name in os.listdir(shm_dir) if name.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        try:
+            os.unlink(shm_dir / name)
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def build_argv(
+    argv0: str,
+    *,
+    model_repository: str,
+    rank: int,
+    job_id: str,
+    leader: bool,
+    ports: Ports | None = None,
+    follower_models: Sequence[str] = (),
+    backend_dir: str | None = None,
+    server_args: Sequence[str] = (),
+    exit_timeout_s: float | None = None,
+) -> list[str]:
+    """Build the command line.
+
+    Leader: the whole repository (default model control) on ``ports``.  Follower: only ``follower_models`` with
+    explicit model control (the python pre/post/BLS models stay on the leader, as in launch_triton_server.py), and
+    all three endpoints disabled, so even a follower that finishes loading (the root cause of #243) cannot take
+    a port.  ``exit_timeout_s`` bounds tritonserver's own graceful stop (drain in-flight requests, unload), so a
+    cancel ends in a known time (launch.json ``drain_s``).  ``server_args`` come last so a user can override
+    anything.
+    """
+    argv = [argv0, f"--model-repository={model_repository}", "--disable-auto-complete-config"]
+    if backend_dir:
+        argv.append(f"--backend-directory={backend_dir}")
+    argv.append(f"--backend-config=python,shm-region-prefix-name={shm_prefix(rank, job_id)}")
+    if exit_timeout_s is not None:
+        argv.append(f"--exit-timeout-secs={max(0, math.ceil(exit_timeout_s))}")
+    if leader:
+        if ports is None:
+            raise ValueError("a leader needs ports")
+        argv += [f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"]
+    else:
+        if not follower_models:
+            raise ValueError("follower_models is empty: a follower would load nothing and exit")
+        argv.append("--model-control-mode=explicit")
+        argv += [f"--load-model={name}" for name in follower_models]
+        argv += ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+    argv += list(server_args)
+    return argv

@@ -1,0 +1,116 @@
+"""A replica leader's way from a started tritonserver to a published endpoint, in this order:
+
+1. loading: ``/v2/health/ready`` answers 200 (every model loaded), within ``ready_timeout_s``;
+2. with ``auth: token``: tritonserver refuses a restricted request without the token and serves it with
+   (launcher/contracts/auth.py ``Guard.verify``), so an unprotected server is never offered;
+3. the stub watch is armed (launcher/node/watch.py): from here on a dead python stub ends the rank;
+4. warming up: one real request, one generated token through the ensemble, must come back (launcher/node/warmup.py),
+   within ``warmup_timeout_s``.
+
+Only then does run.py publish the endpoint record, so READY (hpc/jobs/track.py) means a token came back. Each phase is
+written to the replica's startup record (records.StartupRecord, ``endpoints/replica-<k>.starting``) so that
+``hpc-serve status`` says what a STARTING replica waits for; the record is removed when the rank publishes or
+ends. Why a module of its own: run.py is the rank's life (ports, processes, records); this is the one sequence
+that decides READY.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.contracts import auth, records
+from launcher.contracts.job_index import job_cluster
+from launcher.contracts.layout import JobPaths
+from launcher.contracts.plan import LaunchPlan
+from launcher.contracts.rank import RankInfo, Role
+from launcher.node.supervise import Child, Supervisor, log, wait_ready
+from launcher.node.warmup import MODELS, choose, warm_up
+from launcher.node.watch import RankWatch
+
+#: Readiness.state values other than "ready" | "exited" | "stopping": the launcher gave up, and why
+READY_TIMEOUT, AUTH_FAILED, WARMUP_FAILED = "ready-timeout", "auth", "warmup"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """``state``: "ready", "exited" (tritonserver ended, or fail-fast ended it), "stopping" (a stop signal came
+    first), or why the launcher gave up (READY_TIMEOUT, AUTH_FAILED, WARMUP_FAILED; ``error`` says it).
+    ``loaded_s``/``warmup_s``: how long loading and the warm-up took (the log line and the measurements)."""
+
+    state: str
+    error: str = ""
+    loaded_s: float = 0.0
+    warmup_s: float = 0.0
+
+
+def write_phase(paths: JobPaths, info: RankInfo, me: Role, child: Child, phase: str, detail: str = "") -> None:
+    """The replica's startup record: which phase, since when. A write that fails is logged, never fatal: it is
+    what `status` shows, not what decides READY."""
+    record = records.StartupRecord(
+        job_id=info.job_id,
+        cluster=job_cluster() or "",
+        replica=me.replica,
+        rank=info.job_rank,
+        host=info.node,
+        phase=phase,
+        since=time.time(),
+        started_at=child.started_at,
+        detail=detail,
+    )
+    try:
+        records.write_json_atomic(paths.starting(me.replica), record.to_dict())
+    except OSError as exc:
+        log(f"could not write the startup record: {exc}")
+
+
+def clear_phase(paths: JobPaths, me: Role) -> None:
+    try:
+        paths.starting(me.replica).unlink()
+    except OSError:  # never written, already removed, or a folder gone with the job
+        pass
+
+
+def become_ready(
+    plan: LaunchPlan,
+    paths: JobPaths,
+    info: RankInfo,
+    me: Role,
+    sup: Supervisor,
+    child: Child,
+    http_port: int,
+    guard: auth.Guard | None,
+    watch: RankWatch,
+) -> Readiness:
+    """Steps 1–4 of the module docstring for a started leader's tritonserver."""
+    write_phase(paths, info, me, child, records.LOADING)
+    start = time.monotonic()
+    state = wait_ready(sup, child, http_port, plan.ready_timeout_s)
+    loaded = time.monotonic() - start
+    if state == "timeout":
+        return Readiness(READY_TIMEOUT, f"not ready after ready_timeout_s={plan.ready_timeout_s:g} s", loaded)
+    if state != "ready":
+        return Readiness(state, loaded_s=loaded)
+    token: str | None = None
+    if guard is not None:
+        try:  # before anything is sent or published: an unprotected server must never be offered
+            guard.verify(http_port)
+            token = auth.read_token(guard.token_file)
+        except auth.AuthSetupError as exc:
+            return Readiness(AUTH_FAILED, str(exc), loaded)
+        log("auth: token: checked that tritonserver refuses requests without the deployment's token")
+    watch.arm_stubs(child.proc.pid)  # from now on a dead stub ends the rank (launcher/node/watch.py)
+    warmup = choose(Path(plan.model_repository), plan.warmup_timeout_s, token)
+    if warmup is None:
+        log(f"no {' or '.join(MODELS)} model in {plan.model_repository}: READY on its health check alone")
+        return Readiness("ready", loaded_s=loaded)
+    write_phase(paths, info, me, child, records.WARMING_UP, warmup.detail)
+    outcome = warm_up(sup, child, warmup, http_port)
+    if outcome.state == "ok":
+        log(f"warm-up: {warmup.detail} came back in {outcome.seconds:.3f} s ({outcome.text!r})")
+        return Readiness("ready", loaded_s=loaded, warmup_s=outcome.seconds)
+    if outcome.state in ("failed", "timeout"):
+        why = f"warm-up request ({warmup.detail}, POST {warmup.path}) failed: {outcome.why}"
+        return Readiness(WARMUP_FAILED, why, loaded, outcome.seconds)
+    return Readiness(outcome.state, loaded_s=loaded, warmup_s=outcome.seconds)
