@@ -35,6 +35,7 @@ from launcher.contracts.config import (
 from launcher.contracts.gpu import NONE as GPU_NONE
 from launcher.contracts.gpu import PER_RANK
 from launcher.contracts.layout import LAUNCH_NAME
+from launcher.contracts.llmapi import ENGINE, LEADER_MODULES, WORKFLOWS
 from launcher.contracts.records import write_json_atomic
 from launcher.contracts.renew_plan import RenewPlan
 
@@ -47,7 +48,7 @@ GPU_BINDINGS = (PER_RANK, GPU_NONE)
 #: the keys a plan must have (see the module's docstring)
 REQUIRED = ("model_repository", "replicas", "world_size_per_replica")
 #: keys written only when set: the ordered stop's bounds default from drain_s; renew only for a renewing spec
-_OMITTED_WHEN_NONE = ("stop_grace_s", "release_wait_s", "renew")
+_OMITTED_WHEN_NONE = ("stop_grace_s", "release_wait_s", "renew", "model_files_from")
 
 
 class PlanError(ValueError):
@@ -106,6 +107,13 @@ class LaunchPlan:
     release_wait_s: float | None = None
     #: the renewer's plan (launcher/jobscript/renew.py), None: the job does not renew
     renew: RenewPlan | None = None
+    #: "engine" (ensemble, C++ backend) or "llmapi" (launcher/contracts/llmapi.py); a plan without it: engine
+    workflow: str = ENGINE
+    #: llmapi: whose leader and worker node processes the ranks run: "tensorrtllm" or "cpu" (llmapi.LEADER_MODULES)
+    backend: str = "tensorrtllm"
+    #: llmapi: the folder in the image holding the model's model.py and helpers.py, copied into
+    #: `<model_repository>/tensorrt_llm/1/` when the replica starts; None: they are in the repository already
+    model_files_from: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -263,4 +271,7 @@ class _Reader:
             stop_grace_s=self.number("stop_grace_s", None),
             release_wait_s=self.number("release_wait_s", None),
             renew=self.renew(),
+            workflow=self.choice("workflow", ENGINE, WORKFLOWS),
+            backend=self.choice("backend", "tensorrtllm", tuple(LEADER_MODULES)),
+            model_files_from=self.value("model_files_from") or None,
         )

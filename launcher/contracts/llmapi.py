@@ -1,0 +1,81 @@
+"""The llmapi workflow's contract: TensorRT-LLM's LLM API model `tensorrt_llm` (all_models/llmapi) and the way
+NVIDIA launches it on Slurm (`srun --mpi=pmix ... trtllm-llmapi-launch tritonserver`). One definition for render,
+the launcher, the CPU engine's stand-in processes and the tests. Standard library only, Python 3.10.
+
+The process layout (reference: ../shared/reference/tensorrt_llm_llmapi.md §4; TensorRT-LLM's
+`tensorrt_llm/llmapi/trtllm-llmapi-launch`): a replica's step has tp × pp tasks. Its rank 0 runs the *leader node*
+(MPI rank 0 of the engine, a session server on a loopback IPC address) and tritonserver, whose `tensorrt_llm`
+model reaches the leader node over that address instead of spawning MPI workers; tritonserver runs with the
+MPI/Slurm job variables removed. Every other rank runs a *worker node*. hpc-serve does these steps itself rather
+than call `trtllm-llmapi-launch`, so that each process is supervised (fail fast with rank, exit code and log
+tail), the IPC port is one of the job's own free ports, and the stop is ordered.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+
+#: the spec's `model.workflow` and launch.json's `workflow`: the LLM API model (TensorRT-LLM 1.x, PyTorch
+#: backend, Hugging Face checkpoints) or the TensorRT-engine path (ensemble, C++ backend; TensorRT-LLM <= 1.2.x)
+LLMAPI, ENGINE = "llmapi", "engine"
+WORKFLOWS = (LLMAPI, ENGINE)
+
+#: the modules rank 0 (leader node) and ranks > 0 (worker node) run, per spec `model.backend`: TensorRT-LLM's,
+#: or the CPU engine's stand-ins, which keep the same process layout (backend/cpu_engine/llmapi/)
+LEADER_MODULES = {"tensorrtllm": "tensorrt_llm.llmapi.mgmn_leader_node", "cpu": "backend.cpu_engine.llmapi.leader_node"}
+WORKER_MODULES = {"tensorrtllm": "tensorrt_llm.llmapi.mgmn_worker_node", "cpu": "backend.cpu_engine.llmapi.worker_node"}
+
+#: what TensorRT-LLM reads to connect the LLM inside tritonserver to the leader node (tensorrt_llm/executor/utils.py)
+SPAWN_PROXY_VAR = "TLLM_SPAWN_PROXY_PROCESS"
+IPC_ADDR_VAR = "TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR"
+#: hex (TensorRT-LLM does bytes.fromhex); HMAC-signs every message on the IPC address
+IPC_HMAC_KEY_VAR = "TLLM_SPAWN_PROXY_PROCESS_IPC_HMAC_KEY"
+
+#: removed from tritonserver's environment, as trtllm-llmapi-launch does: an MPI process must not spawn a child
+#: that shares its MPI job (a second MPI_Init in the child is undefined behaviour)
+MPI_ENV_PREFIXES = (
+    "OMPI_",
+    "PMIX_",
+    "PMI_",
+    "SLURM_",
+    "MPI_",
+    "UCX_",
+    "I_MPI_",
+    "HYDRA_",
+    "KMP_",
+    "MPICH_",
+    "MV2_",
+    "CRAY_",
+)
+
+#: the model's config file in `<repo>/tensorrt_llm/1/` (LLM_CONFIG_PATH overrides it upstream)
+MODEL_YAML = "model.yaml"
+LLM_CONFIG_PATH_VAR = "LLM_CONFIG_PATH"
+#: the files that must match the image's TensorRT-LLM: copied at job start into `<repo>/tensorrt_llm/1/`
+MODEL_FILES = ("model.py", "helpers.py")
+#: where NGC `tritonserver:*-trtllm-python-py3` images keep them (tensorrtllm_backend's Dockerfile copies
+#: triton_backend/all_models to /app/all_models)
+IMAGE_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"
+#: model.yaml's `triton_config.cancellation_check_period_ms` default upstream: how often a cancelled call is seen
+CANCELLATION_CHECK_PERIOD_MS = 100
+
+
+def ipc_address(port: int) -> str:
+    """The leader node's address: loopback, since tritonserver and the leader node share rank 0's node."""
+    return f"tcp://127.0.0.1:{port}"
+
+
+def new_hmac_key() -> str:
+    """A fresh key per replica start, handed to the leader node and tritonserver through their environments only."""
+    return secrets.token_hex(32)
+
+
+def proxy_env(port: int, key: str) -> dict[str, str]:
+    """The variables both the leader node and tritonserver get."""
+    return {SPAWN_PROXY_VAR: "1", IPC_ADDR_VAR: ipc_address(port), IPC_HMAC_KEY_VAR: key}
+
+
+def without_mpi(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` less every MPI/Slurm job variable: tritonserver's environment on this workflow."""
+    return {k: v for k, v in env.items() if not k.startswith(MPI_ENV_PREFIXES)}
