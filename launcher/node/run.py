@@ -13,10 +13,12 @@ from launcher.contracts import auth, config, records
 from launcher.contracts.gpu import GpuBindingError, node_gpu_count, rank_gpus
 from launcher.contracts.job_index import job_cluster
 from launcher.contracts.layout import Deployment
+from launcher.contracts.llmapi import LLMAPI
 from launcher.contracts.plan import LaunchPlan, PlanError
 from launcher.contracts.rank import RankInfo, Role, WorldSizeError, detect, role
 from launcher.contracts.stop_records import StopNotice
 from launcher.node.command import build_argv, remove_shm_regions
+from launcher.node.llmapi import LeaderNode, ModelFilesMissing, combined_watch, copy_model_files, worker_node_argv
 from launcher.node.ports import PortError, Ports, allocate, check_fixed, taken
 from launcher.node.rank_output import log_to_rank_files
 from launcher.node.ready import AUTH_FAILED, READY_TIMEOUT, WARMUP_FAILED, become_ready, clear_phase
@@ -50,8 +52,9 @@ def _announce_stop(plan: LaunchPlan, info: RankInfo, signum: int) -> LeaderDrain
     drain_file = paths.drain(info.job_rank)
     drain_file.unlink(missing_ok=True)
     until = now + plan.exit_timeout_s
-    # a model that is not asked to report (as TensorRT-LLM's backend) gets no drain_file
-    reports = os.environ.get(DRAIN_BY_METRICS_ENV) != "1"
+    # a model that is not asked to report (TensorRT-LLM's backend, the llmapi model: upstream's writes no drain
+    # file, and the CPU engine's stand-in of it speaks the same contract) gets no drain_file
+    reports = plan.workflow != LLMAPI and os.environ.get(DRAIN_BY_METRICS_ENV) != "1"
     notice = StopNotice(
         signal=signal.Signals(signum).name, at=now, drain_until=until, drain_file=str(drain_file) if reports else None
     )
@@ -197,7 +200,15 @@ def serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup:
 
 
 def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup: Supervisor, watch: RankWatch) -> int:
-    env = child_env(plan, server, info=info, me=me)
+    env = rank_env = child_env(plan, server, info=info, me=me)  # rank_env: without the token guard's preload
+    llmapi = plan.workflow == LLMAPI
+    if llmapi and me.leader:
+        try:
+            copy_model_files(plan)
+        except (ModelFilesMissing, OSError) as exc:
+            log(str(exc))
+            _record_failure(plan, info, EXIT_CONFIG, str(exc))
+            return EXIT_CONFIG
     guard: auth.Guard | None = None
     if me.leader and plan.auth == auth.TOKEN:  # followers listen on no port
         try:
@@ -220,7 +231,7 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
                 log(str(exc))
                 _record_failure(plan, info, EXIT_PORT, str(exc))
                 return EXIT_PORT
-        argv = _argv(plan, info, me, server, ports)
+        argv = _argv(plan, info, me, server, ports) if me.leader or not llmapi else worker_node_argv(plan)
         ranks = plan.world_size
         print(
             f"[hpc-serve] rank {info.job_rank}/{ranks} on {info.node}: replica {me.replica}, "
@@ -230,73 +241,83 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
         if sup.stopping:
             log("stop requested before tritonserver started")
             return exit_code(-(sup.stop_signal or signal.SIGTERM))
-        child = sup.spawn(argv, env, ignore=LEADER_IGNORES if me.leader else FOLLOWER_IGNORES)
-        if not me.leader:
-            return _finish(plan, info, sup, child, sup.wait(child))
-
-        assert ports is not None
-        readiness = become_ready(plan, job_paths(plan, info), info, me, sup, child, ports.http, guard, watch)
-        state = readiness.state
-        if state in GAVE_UP:
-            log(f"{readiness.error}; stopping tritonserver")
-            sup.stop(child)
-            clear_phase(job_paths(plan, info), me)
-            _finish(plan, info, sup, child, child.proc.returncode, readiness.error, gave_up=GAVE_UP[state])
-            return GAVE_UP[state]
-        if state == "exited":
-            clear_phase(job_paths(plan, info), me)
-            rc = child.proc.returncode
-            sup.reap_group(child)
-            collided = taken(ports) if not sup.stopping and sup.failure is None else {}
-            fixed = {name: port for name, port in collided.items() if name not in auto}
-            if fixed:  # a fact, not a log line: the port cannot be bound now (launcher/node/ports.py `taken`)
-                name, port = next(iter(fixed.items()))
-                msg = (
-                    f"tritonserver could not bind the {name} port {port} fixed in launch.json ports "
-                    f'(already in use on {info.node}); choose another port or "auto"'
-                )
-                log(msg)
-                _finish(plan, info, sup, child, rc, error=msg, gave_up=EXIT_PORT)
-                return EXIT_PORT
-            if collided and attempt < PORT_ATTEMPTS:
-                log(
-                    f"tritonserver exited and its port(s) {collided} are taken by another process "
-                    f"(attempt {attempt}/{PORT_ATTEMPTS}); retrying with other ports"
-                )
-                avoid |= set(ports.as_dict().values())
-                continue
-            return _finish(plan, info, sup, child, rc)
-        if state == "ready":
-            ready_at = time.time()
-            record = records.EndpointRecord(
-                job_id=info.job_id,
-                cluster=job_cluster() or "",
-                replica=me.replica,
-                rank=info.job_rank,
-                host=info.node,
-                address=records.advertised_address(info.node, _single_node(os.environ)),
-                http_port=ports.http,
-                grpc_port=ports.grpc,
-                metrics_port=ports.metrics,
-                pid=child.proc.pid,
-                started_at=child.started_at,
-                ready_at=ready_at,
-            )
-            records.write_json_atomic(endpoint, record.to_dict())
-            clear_phase(job_paths(plan, info), me)
-            log(
-                f"replica {me.replica} ready in {ready_at - child.started_at:.2f} s (loaded in "
-                f"{readiness.loaded_s:.2f} s, warm-up {readiness.warmup_s:.3f} s): {record.http_url} (record {endpoint})"
-            )
-        clear_phase(job_paths(plan, info), me)  # stopping before ready: nothing more to wait for
+        node = LeaderNode(plan, rank_env) if llmapi and me.leader else None
+        server_env, ring = env, None
+        if node is not None:  # the engine's rank 0 first: tritonserver's model connects to it
+            node.start()
+            server_env, ring = node.server_env(env), node.ring
+            sup.watch = combined_watch(watch.check, node)
+        child = sup.spawn(argv, server_env, ignore=LEADER_IGNORES if me.leader else FOLLOWER_IGNORES, ring=ring)
         try:
-            rc = sup.wait(child)
-        finally:
+            if not me.leader:
+                return _finish(plan, info, sup, child, sup.wait(child))
+
+            assert ports is not None
+            readiness = become_ready(plan, job_paths(plan, info), info, me, sup, child, ports.http, guard, watch)
+            state = readiness.state
+            if state in GAVE_UP:
+                log(f"{readiness.error}; stopping tritonserver")
+                sup.stop(child)
+                clear_phase(job_paths(plan, info), me)
+                _finish(plan, info, sup, child, child.proc.returncode, readiness.error, gave_up=GAVE_UP[state])
+                return GAVE_UP[state]
+            if state == "exited":
+                clear_phase(job_paths(plan, info), me)
+                rc = child.proc.returncode
+                sup.reap_group(child)
+                collided = taken(ports) if not sup.stopping and sup.failure is None else {}
+                fixed = {name: port for name, port in collided.items() if name not in auto}
+                if fixed:  # a fact, not a log line: the port cannot be bound now (launcher/node/ports.py `taken`)
+                    name, port = next(iter(fixed.items()))
+                    msg = (
+                        f"tritonserver could not bind the {name} port {port} fixed in launch.json ports "
+                        f'(already in use on {info.node}); choose another port or "auto"'
+                    )
+                    log(msg)
+                    _finish(plan, info, sup, child, rc, error=msg, gave_up=EXIT_PORT)
+                    return EXIT_PORT
+                if collided and attempt < PORT_ATTEMPTS:
+                    log(
+                        f"tritonserver exited and its port(s) {collided} are taken by another process "
+                        f"(attempt {attempt}/{PORT_ATTEMPTS}); retrying with other ports"
+                    )
+                    avoid |= set(ports.as_dict().values())
+                    continue
+                return _finish(plan, info, sup, child, rc)
+            if state == "ready":
+                ready_at = time.time()
+                record = records.EndpointRecord(
+                    job_id=info.job_id,
+                    cluster=job_cluster() or "",
+                    replica=me.replica,
+                    rank=info.job_rank,
+                    host=info.node,
+                    address=records.advertised_address(info.node, _single_node(os.environ)),
+                    http_port=ports.http,
+                    grpc_port=ports.grpc,
+                    metrics_port=ports.metrics,
+                    pid=child.proc.pid,
+                    started_at=child.started_at,
+                    ready_at=ready_at,
+                )
+                records.write_json_atomic(endpoint, record.to_dict())
+                clear_phase(job_paths(plan, info), me)
+                log(
+                    f"replica {me.replica} ready in {ready_at - child.started_at:.2f} s (loaded in "
+                    f"{readiness.loaded_s:.2f} s, warm-up {readiness.warmup_s:.3f} s): {record.http_url} (record {endpoint})"
+                )
+            clear_phase(job_paths(plan, info), me)  # stopping before ready: nothing more to wait for
             try:
-                endpoint.unlink()
-            except FileNotFoundError:
-                pass
-        return _finish(plan, info, sup, child, rc)
+                rc = sup.wait(child)
+            finally:
+                try:
+                    endpoint.unlink()
+                except FileNotFoundError:
+                    pass
+            return _finish(plan, info, sup, child, rc)
+        finally:
+            if node is not None:
+                node.end()
     raise AssertionError("unreachable")
 
 

@@ -89,6 +89,10 @@ def _pdeathsig_preexec(ignore: Sequence[int] = ()) -> Callable[[], None]:
     return preexec
 
 
+#: lines of a rank's processes' output kept for the exit record (its log tail is the last LOG_TAIL of them)
+LOG_RING = 400
+
+
 class Tee:
     """Copy a child's pipe to one of our streams line by line, keeping recent lines for the exit record: text
     shown to the user, never read to decide a state (a port collision is told by binding the port, ports.py)."""
@@ -124,6 +128,26 @@ class Child:
     def finish_output(self, timeout: float = 2.0) -> None:
         for tee in self.tees:
             tee.thread.join(timeout)
+
+
+def start_process(
+    argv: Sequence[str], env: dict[str, str], ring: collections.deque[str], ignore: Sequence[int] = ()
+) -> Child:
+    """A child in its own process group, killed if the launcher dies, its output teed into ``ring`` (shared by the
+    processes of one rank, so the exit record's log tail shows whichever of them spoke last)."""
+    proc = subprocess.Popen(
+        list(argv),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_pdeathsig_preexec(ignore),
+        close_fds=True,
+    )
+    child = Child(proc, ring, started_at=time.time())
+    assert proc.stdout is not None and proc.stderr is not None  # both are pipes (see Popen above)
+    child.tees = [Tee(proc.stdout, sys.stdout, ring), Tee(proc.stderr, sys.stderr, ring)]
+    return child
 
 
 class Supervisor:
@@ -210,25 +234,18 @@ class Supervisor:
 
     # -- process -----------------------------------------------------------------------------------------------
     def spawn(
-        self, argv: Sequence[str], env: dict[str, str], tail_lines: int = 400, ignore: Sequence[int] = ()
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        ignore: Sequence[int] = (),
+        ring: collections.deque[str] | None = None,
     ) -> Child:
-        """Start tritonserver in its own process group with the signals in ``ignore`` ignored."""
-        ring: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        proc = subprocess.Popen(
-            list(argv),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            preexec_fn=_pdeathsig_preexec(ignore),
-            close_fds=True,
-        )
-        child = Child(proc, ring, started_at=time.time())
-        assert proc.stdout is not None and proc.stderr is not None  # both are pipes (see Popen above)
-        child.tees = [Tee(proc.stdout, sys.stdout, ring), Tee(proc.stderr, sys.stderr, ring)]
+        """Start tritonserver in its own process group with the signals in ``ignore`` ignored; its output goes to
+        ``ring`` when given (a ring the rank's other process writes too), else to a new one."""
+        child = start_process(argv, env, collections.deque(maxlen=LOG_RING) if ring is None else ring, ignore)
         self.child = child
         if self.stopping and self.follower is None:  # a signal arrived while we were starting: stop right away
-            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(child.proc.pid, signal.SIGTERM)
         return child
 
     def poll(self, child: Child) -> int | None:

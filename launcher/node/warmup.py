@@ -28,11 +28,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.contracts import model_names
 from launcher.contracts.auth import HEADER, bearer
+from launcher.contracts.llmapi import MODEL_YAML
 from launcher.contracts.urls import http_url, open_direct
 from launcher.node.supervise import Child, Supervisor
 
@@ -40,6 +42,9 @@ from launcher.node.supervise import Child, Supervisor
 #: model; a repository with neither (not one hpc-serve wrote) is READY on its health check alone
 MODELS = (model_names.ENSEMBLE, model_names.TENSORRT_LLM_BLS)
 PROMPT = "Hello"
+ENSEMBLE_BODY = {"text_input": PROMPT, "max_tokens": 1}
+#: the llmapi model (launcher/contracts/llmapi.py): upstream's input names; not streamed, so one response
+LLMAPI_BODY = {"text_input": PROMPT, "sampling_param_max_tokens": 1}
 #: the output a successful answer carries (both models' text; the token may be part of a character, so "")
 OUTPUT = "text_output"
 #: the server's error text is cut to this many characters in the record and the log
@@ -57,6 +62,8 @@ class Warmup:
     model: str
     timeout_s: float
     token: str | None = None
+    #: the request: the ensemble's and BLS model's inputs, or the llmapi model's (LLMAPI_BODY)
+    body: Mapping[str, object] = field(default_factory=lambda: dict(ENSEMBLE_BODY))
 
     @property
     def path(self) -> str:
@@ -68,7 +75,7 @@ class Warmup:
         return f"one token through {self.model}"
 
     def request(self, port: int, host: str = "127.0.0.1") -> urllib.request.Request:
-        body = json.dumps({"text_input": PROMPT, "max_tokens": 1}).encode()
+        body = json.dumps(self.body).encode()
         request = urllib.request.Request(http_url(host, port, self.path), data=body, method="POST")
         request.add_header("Content-Type", "application/json")
         if self.token is not None:
@@ -77,10 +84,13 @@ class Warmup:
 
 
 def choose(repository: Path, timeout_s: float, token: str | None = None) -> Warmup | None:
-    """The warm-up for a model repository (the first of MODELS it holds), or None when it holds neither."""
+    """The warm-up for a model repository (the first of MODELS it holds, else the llmapi model), or None when it
+    holds none of them."""
     for model in MODELS:
         if (repository / model / "config.pbtxt").is_file():
             return Warmup(model, timeout_s, token)
+    if (repository / model_names.TENSORRT_LLM / "1" / MODEL_YAML).is_file():
+        return Warmup(model_names.TENSORRT_LLM, timeout_s, token, LLMAPI_BODY)
     return None
 
 

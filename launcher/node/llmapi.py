@@ -1,0 +1,160 @@
+"""A rank's processes on the llmapi workflow (launcher/contracts/llmapi.py says why hpc-serve does these steps itself
+rather than run `trtllm-llmapi-launch`).
+
+Rank 0 of a replica runs two processes: the *leader node* (the engine's MPI rank 0, started first, with the MPI job
+variables intact) and tritonserver (without them), joined by a loopback IPC address of the job's own and a fresh
+HMAC key that only their environments carry. Ranks > 0 run a *worker node* in place of tritonserver. The leader
+node is watched like a peer: if it ends while tritonserver serves, the rank fails at once with its exit code and
+its last log lines (they share the rank's log ring); after tritonserver ends, the leader node gets a bounded time
+to end by itself (the model's finalize stops it), then SIGTERM, then SIGKILL, so nothing outlives the rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.contracts import model_names
+from launcher.contracts.llmapi import (
+    LEADER_MODULES,
+    MODEL_FILES,
+    WORKER_MODULES,
+    new_hmac_key,
+    proxy_env,
+    without_mpi,
+)
+from launcher.contracts.plan import LaunchPlan
+from launcher.node.ports import free_ports
+from launcher.node.stop import FOLLOWER_IGNORES
+from launcher.node.supervise import LOG_RING, Child, Supervisor, log, signal_name, start_process
+from launcher.node.watch import Failure
+
+#: after tritonserver ended (its model unloaded and told the leader node to stop): how long the leader node may
+#: take to end by itself, and then after SIGTERM, before SIGKILL
+LEADER_NODE_EXIT_S = 10.0
+LEADER_NODE_TERM_S = 3.0
+
+
+class ModelFilesMissing(RuntimeError):
+    """The image lacks the llmapi model's files that launch.json names: the replica cannot serve."""
+
+
+def leader_node_argv(plan: LaunchPlan) -> list[str]:
+    """Rank 0's engine process: this interpreter (the container's python3) on the backend's leader-node module."""
+    return [sys.executable, "-m", LEADER_MODULES[plan.backend]]
+
+
+def worker_node_argv(plan: LaunchPlan) -> list[str]:
+    """A rank > 0's only process: the backend's worker-node module."""
+    return [sys.executable, "-m", WORKER_MODULES[plan.backend]]
+
+
+def model_version_dir(plan: LaunchPlan) -> Path:
+    """`<repository>/tensorrt_llm/1/`: where model.yaml is and the image's model files go."""
+    return Path(plan.model_repository) / model_names.TENSORRT_LLM / "1"
+
+
+def copy_model_files(plan: LaunchPlan) -> list[Path]:
+    """Copy the image's model.py and helpers.py (launch.json `model_files_from`) into the repository, each moved
+    into place whole (the replicas of a job start together and share the repository); the paths written.
+    Nothing to do when the plan names no source (the CPU backend's model is in the repository already)."""
+    if not plan.model_files_from:
+        return []
+    source = Path(plan.model_files_from)
+    missing = [name for name in MODEL_FILES if not (source / name).is_file()]
+    if missing:
+        raise ModelFilesMissing(
+            f"{', '.join(str(source / m) for m in missing)} not found: the image's TensorRT-LLM llmapi model "
+            f"(launch.json model_files_from); use an image that has it, or name the folder that holds "
+            f"{' and '.join(MODEL_FILES)} in the spec"
+        )
+    target = model_version_dir(plan)
+    written = []
+    for name in MODEL_FILES:
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=target)
+        os.close(fd)
+        shutil.copyfile(source / name, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target / name)
+        written.append(target / name)
+    return written
+
+
+class LeaderNode:
+    """Rank 0's engine process beside tritonserver: started before it, watched while it serves, ended after it."""
+
+    def __init__(self, plan: LaunchPlan, env: dict[str, str]) -> None:
+        self.argv = leader_node_argv(plan)
+        self.port = free_ports(1)[0]
+        self.proxy = proxy_env(self.port, new_hmac_key())
+        self.env = {**env, **self.proxy}
+        self.child: Child | None = None
+        #: the rank's log ring: tritonserver's output joins it (run.py passes it to the supervisor's spawn)
+        self.ring: collections.deque[str] = collections.deque(maxlen=LOG_RING)
+        #: (to end by itself, after SIGTERM) before SIGKILL: see LEADER_NODE_EXIT_S
+        self.end_patience = (LEADER_NODE_EXIT_S, LEADER_NODE_TERM_S)
+
+    def server_env(self, env: dict[str, str]) -> dict[str, str]:
+        """tritonserver's environment: the MPI/Slurm job variables removed, the proxy's added."""
+        return {**without_mpi(env), **self.proxy}
+
+    def start(self) -> Child:
+        """Start it, with the stop signals Slurm sends every process of the step ignored: it ends when the model
+        stops it, or by the launcher (``end``), never before tritonserver has drained."""
+        log(f"leader node on 127.0.0.1:{self.port}: {' '.join(self.argv)}")
+        self.child = start_process(self.argv, self.env, self.ring, FOLLOWER_IGNORES)
+        return self.child
+
+    def death(self) -> Failure | None:
+        """A Failure once the leader node has ended (any exit while tritonserver runs is one: the engine is gone)."""
+        rc = self.child.proc.poll() if self.child is not None else None
+        if rc is None:
+            return None
+        how = f"signal {signal_name(rc)}" if signal_name(rc) else f"exit code {rc}"
+        return Failure(
+            f"the leader node ({' '.join(self.argv[1:])}) ended ({how}) while tritonserver served",
+            signal=signal_name(rc),
+            exit_code=rc if rc >= 0 else None,
+        )
+
+    def end(self) -> int | None:
+        """After tritonserver: wait for it to end by itself, then SIGTERM, then SIGKILL its group; its return code."""
+        child = self.child
+        if child is None:
+            return None
+        waits = ((None, self.end_patience[0]), (signal.SIGTERM, self.end_patience[1]), (signal.SIGKILL, 5.0))
+        for sig, patience in waits:
+            if sig is not None and child.proc.poll() is None:
+                log(f"leader node pid {child.proc.pid} still running; sending {signal.Signals(sig).name} to its group")
+                Supervisor.kill_group(child, sig)
+            if _wait(child, patience):
+                break
+        Supervisor.kill_group(child, signal.SIGKILL)  # whatever it left in its group
+        child.finish_output()
+        return child.proc.returncode
+
+
+def _wait(child: Child, patience: float) -> bool:
+    deadline = time.monotonic() + patience
+    while child.proc.poll() is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def combined_watch(ranks: Callable[[bool], Failure | None], leader: LeaderNode) -> Callable[[bool], Failure | None]:
+    """The supervisor's fail-fast question on rank 0: a failed peer or stub (launcher/node/watch.py), else a dead
+    leader node (while not stopping: in an ordered stop the leader node may end first)."""
+
+    def check(stopping: bool) -> Failure | None:
+        return ranks(stopping) or (None if stopping else leader.death())
+
+    return check

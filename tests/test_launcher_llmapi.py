@@ -1,0 +1,94 @@
+"""The launcher's llmapi pieces that need no engine (launcher/node/llmapi.py): the image's model files copied into
+the repository or a clear refusal, tritonserver's environment without the MPI job, the leader node's end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.contracts.llmapi import IPC_ADDR_VAR, IPC_HMAC_KEY_VAR, MODEL_FILES, SPAWN_PROXY_VAR, without_mpi
+from launcher.contracts.plan import LaunchPlan
+from launcher.node.llmapi import LeaderNode, ModelFilesMissing, copy_model_files, model_version_dir
+from launcher.node.warmup import LLMAPI_BODY, choose
+from launcher.node.watch import _stat_fields
+from tests.plans import make_plan
+
+
+def _plan(tmp_path: Path, **keys) -> LaunchPlan:
+    repo = tmp_path / "repo"
+    (repo / "tensorrt_llm" / "1").mkdir(parents=True, exist_ok=True)
+    return make_plan(tmp_path, model_repository=str(repo), workflow="llmapi", **keys)
+
+
+def test_the_images_model_files_are_copied_into_the_repository(tmp_path):
+    image = tmp_path / "app"
+    image.mkdir()
+    for name in MODEL_FILES:
+        (image / name).write_text(f"# {name} of the image\n")
+    plan = _plan(tmp_path, model_files_from=str(image))
+    written = copy_model_files(plan)
+    assert [p.name for p in written] == list(MODEL_FILES)
+    for name in MODEL_FILES:
+        assert (model_version_dir(plan) / name).read_text() == f"# {name} of the image\n"
+    assert sorted(p.name for p in model_version_dir(plan).iterdir()) == sorted(MODEL_FILES)  # no temporary left
+
+
+def test_a_missing_model_file_names_it_and_the_fix(tmp_path):
+    image = tmp_path / "app"
+    image.mkdir()
+    (image / "model.py").write_text("")
+    plan = _plan(tmp_path, model_files_from=str(image))
+    with pytest.raises(ModelFilesMissing) as info:
+        copy_model_files(plan)
+    assert str(image / "helpers.py") in str(info.value) and "model_files_from" in str(info.value)
+    assert not (model_version_dir(plan) / "model.py").exists()  # nothing half-done
+
+
+def test_no_source_means_the_model_is_in_the_repository_already(tmp_path):
+    assert copy_model_files(_plan(tmp_path)) == []
+
+
+def test_tritonserver_runs_without_the_mpi_job_and_with_the_proxy(tmp_path):
+    env = {"OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0", "SLURM_PROCID": "0", "PMI_SIZE": "2", "PATH": "/bin"}
+    env |= {"HPC_SERVE_JOB_ID": "7", "UCX_TLS": "tcp", "CUDA_VISIBLE_DEVICES": "0,1"}
+    node = LeaderNode(_plan(tmp_path, backend="cpu"), env)
+    server = node.server_env(env)
+    assert server == without_mpi(env) | node.proxy
+    assert {"PATH", "HPC_SERVE_JOB_ID", "CUDA_VISIBLE_DEVICES"} <= server.keys()
+    assert not any(k.startswith(("OMPI_", "PMIX_", "SLURM_", "PMI_", "UCX_")) for k in server)
+    assert node.env["SLURM_PROCID"] == "0" and node.env[IPC_HMAC_KEY_VAR] == server[IPC_HMAC_KEY_VAR]
+    assert server[SPAWN_PROXY_VAR] == "1" and server[IPC_ADDR_VAR] == f"tcp://127.0.0.1:{node.port}"
+    assert bytes.fromhex(server[IPC_HMAC_KEY_VAR])  # TensorRT-LLM reads it with bytes.fromhex
+    assert LeaderNode(_plan(tmp_path, backend="cpu"), env).proxy[IPC_HMAC_KEY_VAR] != server[IPC_HMAC_KEY_VAR]
+
+
+def test_a_leader_node_that_ignores_sigterm_is_ended_with_its_group(tmp_path):
+    """end(): SIGTERM is ignored by the leader node (Slurm signals every process of a step), so SIGKILL ends it
+    and the child it started, and the rank leaves nothing behind."""
+    node = LeaderNode(_plan(tmp_path, backend="cpu"), dict(os.environ))
+    script = "import subprocess, sys, time; p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True); time.sleep(300)"
+    node.argv = [sys.executable, "-c", script]
+    child = node.start()
+    assert child.proc.stdout is not None
+    while not node.ring:  # its first line: the grandchild's pid
+        assert child.proc.poll() is None
+        time.sleep(0.01)
+    grandchild = int(node.ring[0])
+    node.end_patience = (0.1, 0.2)
+    rc = node.end()
+    assert rc == -signal.SIGKILL
+    while (fields := _stat_fields(grandchild)) is not None and fields[0] != "Z":  # gone, or dead and not yet reaped
+        time.sleep(0.01)
+
+
+def test_the_warmup_of_an_llmapi_repository_speaks_its_contract(tmp_path):
+    plan = _plan(tmp_path)
+    (model_version_dir(plan) / "model.yaml").write_text("backend: pytorch\n")
+    warm = choose(Path(plan.model_repository), 30.0)
+    assert warm is not None and warm.model == "tensorrt_llm" and warm.body == LLMAPI_BODY
+    assert set(LLMAPI_BODY) == {"text_input", "sampling_param_max_tokens"}
