@@ -174,6 +174,8 @@ def test_launch_json_contract(tmp_path):
         "gpu_binding": "none",
         "replica_policy": "fail-job",
         "drain_s": 10.0,
+        "workflow": "engine",
+        "backend": "cpu",
     }
     assert LaunchPlan.from_dict(plan) == loaded, "render writes what the plan's schema reads back"
 

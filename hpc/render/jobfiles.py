@@ -113,6 +113,7 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> LaunchPlan:
         gpu_binding=gpu_decision(spec).binding,
         replica_policy=spec.replica_policy,
         renew=renew_plan(spec) if spec.renew is not None else None,
+        backend=spec.model.backend,
     )
 
 
