@@ -106,6 +106,22 @@ def test_an_unknown_field_nothing_is_near_says_where_the_fields_are_listed(app):
     assert "did you mean" not in error["message"] and "What it serves" in error["message"]
 
 
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_a_body_that_is_not_json_is_400_saying_so_and_where(app, path):
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            return await http.post(
+                path, content=b'{"model": "m", "prompt": x}', headers={"content-type": "application/json"}
+            )
+
+    error = _error(asyncio.run(go()))
+    assert (
+        error["message"]
+        == "the request body is not valid JSON: Expecting value at offset 25 (0 is its first character)"
+    ), error
+    assert error["param"] is None and error["type"] == "invalid_request_error"
+
+
 def test_a_missing_field_names_the_bodys_key_that_is_likely_its_typo(app):
     error = _error(_post(app, COMPLETIONS, {"model": "m", "promt": "x"}))
     assert error["param"] == "prompt" and "'promt': a typo of 'prompt'?" in error["message"]

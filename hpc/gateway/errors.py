@@ -136,6 +136,11 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {}
     ctx = first.get("ctx") or {}
+    if first.get("type") == "json_invalid":  # its loc is the character where parsing stopped, not a field
+        at = first.get("loc", ("body", "?"))[-1]
+        return bad_request(
+            f"the request body is not valid JSON: {ctx.get('error', 'invalid')} at offset {at} (0 is its first character)"
+        ).response()
     path = [p for p in first.get("loc", ()) if p != "body"]
     path += ctx.get("at", [])  # bodies.py's check of the keys names the path from the body to the key
     loc = [str(p) for p in path]
