@@ -276,6 +276,27 @@ def test_triton_passthrough(gateway):
     assert missing.status_code >= 400, "the replica's own answer, passed on"
 
 
+def test_triton_routes_it_does_not_forward_say_so_to_tritonclient(gateway):
+    """tritonclient's infer through the gateway: a Triton-shaped 404 that names what is forwarded and where the
+    rest is served (it was FastAPI's bare "Not Found")."""
+    import numpy as np
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from hpc.gateway.passthrough import NOT_FORWARDED
+
+    headers = {"Authorization": f"Bearer {gateway['token']}"}
+    text = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([["Hi"]], dtype=object))
+    client = httpclient.InferenceServerClient(gateway["url"].removeprefix("http://"))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("preprocessing", [text], headers=dict(headers))  # it adds to the dict it is given
+    assert NOT_FORWARDED.format(path="/v2/models/preprocessing/infer") in str(info.value)
+    assert client.is_server_ready(headers=dict(headers)), "health is forwarded"
+    metadata = httpx.get(gateway["url"] + "/v2/models/ensemble", headers=headers)
+    assert metadata.status_code == 404 and "hpc-serve endpoints TARGET" in metadata.json()["error"]
+
+
 def test_logprobs_of_completions_and_chat(client, gateway):
     """The chosen tokens' log probabilities: one per generated token, their texts make the text, the same
     streamed and whole (greedy), and their sum is the ensemble's own `cum_log_probs`."""

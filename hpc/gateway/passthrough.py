@@ -78,6 +78,22 @@ async def generate_stream(model: str, request: Request) -> Response:
     return await _forward(request, model, "generate_stream")
 
 
+#: what a Triton route the gateway does not forward answers (`infer`, model metadata, the repository API, ...):
+#: Triton's error shape, so tritonclient raises it with these words instead of a bare "Not Found"
+NOT_FORWARDED = (
+    "the hpc-serve gateway forwards Triton's health and generate routes only (/v2/health/live|ready, "
+    "/v2/models/<model>/generate, /v2/models/<model>/generate_stream); for {path} send the request to a replica "
+    "directly: `hpc-serve endpoints TARGET` lists their HTTP and gRPC addresses"
+)
+
+
+@router.api_route("/v2/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
+async def not_forwarded(path: str) -> Response:
+    """Any other Triton route: a 404 that says what the gateway forwards and where the rest is served."""
+    body = {"error": NOT_FORWARDED.format(path=f"/v2/{path}")}
+    return Response(json.dumps(body), status_code=404, media_type="application/json")
+
+
 class HiddenId:
     """Takes the id the gateway gave a `generate_stream` request back out of its events, which Triton writes it
     into (`"id":"<id>",` in each event's JSON): the client sent none, so its events have none, as from the
