@@ -25,7 +25,7 @@ from hpc.spec.renew import duration_seconds, format_duration
 from launcher.contracts.config import RENEW_NOTICE_S, RENEW_STARTUP_S, STOP_LEAD_S
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.plan import LaunchPlan
-from launcher.contracts.records import ChainRecord, read_chain, write_json_atomic
+from launcher.contracts.records import ChainRecord, RenewStop, read_chain, write_json_atomic
 from launcher.contracts.renew_plan import (
     ENV_CHAIN_INDEX,
     ENV_PREDECESSOR,
@@ -146,7 +146,7 @@ def test_render_writes_the_renew_plan_and_the_renewer_line(tmp_path):
         "trap stop_job USR1 TERM"
     )
     assert subprocess.run(["bash", "-n", str(rendered.sub)]).returncode == 0
-    assert (rendered.deploy_dir / "python" / "launcher" / "renew.py").is_file()
+    assert (rendered.deploy_dir / "python" / "launcher" / "jobscript" / "renew.py").is_file()
 
 
 def test_without_renew_nothing_of_it_is_rendered(tmp_path):
@@ -265,8 +265,7 @@ def test_a_cancel_stops_renewals_of_jobs_started_before_it_only(tmp_path):
     renewer = Renewer(deploy, "7", PLAN, 1, {ENV_PREDECESSOR: "6", ENV_CHAIN_INDEX: "2"})
     assert (renewer.record.predecessor, renewer.record.index) == ("6", 2)
     assert renewer.chain_stopped() is None
-    Deployment(deploy).renew_stop.parent.mkdir(parents=True)
-    Deployment(deploy).renew_stop.write_text("{}")
+    RenewStop(at=time.time()).write(Deployment(deploy).renew_stop)  # what `hpc-serve cancel` writes (hpc/jobs/chain.py)
     renewer.start = time.time() - 60
     assert renewer.chain_stopped() == "the deployment was cancelled (hpc-serve cancel)"
     renewer.start = time.time() + 60  # submitted by hand again after that cancel: it renews

@@ -10,7 +10,6 @@ successors first, so that none starts while the others stop.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from hpc.serving.deployment import Target, deployment_folders
 from launcher.contracts.config import CANCEL_GRACE_S
 from launcher.contracts.job_index import entry_of
 from launcher.contracts.layout import Deployment
-from launcher.contracts.records import ChainRecord, read_chain
+from launcher.contracts.records import ChainRecord, RenewStop, read_chain
 
 #: how many rounds `cancel_deployment` makes: a renewer that submitted just before the marker was written has
 #: indexed its successor by the next round (it checks the marker again after its sbatch, launcher/jobscript/renew.py)
@@ -130,7 +129,7 @@ def chain_lines(links: list[ChainLink]) -> list[str]:
 def stop_renewals(target: Target) -> None:
     """The marker no renewer of a job older than it submits after (every folder of the deployment)."""
     for folder in deployment_folders(target):
-        Deployment(folder).renew_stop.write_text(json.dumps({"at": time.time()}) + "\n")
+        RenewStop(at=time.time()).write(Deployment(folder).renew_stop)
 
 
 @dataclass

@@ -23,7 +23,6 @@ serving job is under way.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Any
 from hpc.serving.deployment import Target, job_folders
 from hpc.serving.gateway_record import record_path
 from launcher.contracts.layout import Deployment, JobPaths
-from launcher.contracts.records import GatewayRecord, read_gateway, write_json_atomic
+from launcher.contracts.records import GatewayRecord, RenewStop, SuccessorRecord, read_gateway
 from launcher.contracts.renew_plan import RenewPlan
 from launcher.jobscript.renew import END_REFRESH_S, SBATCH_RETRY_S, job_times
 
@@ -49,10 +48,8 @@ def takes_over_from(target: Target, live: GatewayRecord, job_id: str) -> bool:
         return False
     for paths in job_folders(target):
         if paths.job_id == live.job_id:
-            try:
-                return json.loads(paths.gateway_successor.read_text()).get("job_id") == job_id
-            except (OSError, ValueError, AttributeError):
-                return False
+            successor = SuccessorRecord.read(paths.gateway_successor)
+            return successor is not None and successor.job_id == job_id
     return False
 
 
@@ -76,11 +73,8 @@ class GatewayRenewer:
         """Why no successor is submitted now, or None: submit it."""
         if self.paths.cancel_marker.exists():
             return "this gateway job was cancelled"
-        try:
-            stopped_at: float | None = Deployment(self.deploy_dir).renew_stop.stat().st_mtime
-        except OSError:
-            stopped_at = None
-        if stopped_at is not None and stopped_at >= self.started - 1:
+        stop = RenewStop.read(Deployment(self.deploy_dir).renew_stop)
+        if stop is not None and stop.stops(self.started):
             return "the deployment was cancelled (hpc-serve cancel)"
         why = self.plan.why_not(0, now)  # index 0: max_jobs counts the serving chain only
         if why is not None:
@@ -102,7 +96,7 @@ class GatewayRenewer:
         from hpc.jobs.kinds import GatewayJob
 
         ref = SlurmExecutor().submit(GatewayJob, self.deploy_dir)
-        write_json_atomic(self.paths.gateway_successor, {"job_id": ref.job_id, "at": time.time()})
+        SuccessorRecord(job_id=ref.job_id, at=time.time()).write(self.paths.gateway_successor)
         return ref.job_id
 
     def replaced(self) -> bool:

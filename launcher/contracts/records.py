@@ -350,3 +350,32 @@ def read_gateway(path: Path) -> GatewayRecord | None:
         return GatewayRecord.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuccessorRecord(Record):
+    """``jobs/<id>/gateway_successor``: the gateway job that gateway job ``<id>`` submitted to take over from it
+    before its time limit (hpc/jobs/renewal.py). Written by the live gateway; read by each starting gateway job, to
+    know whether it is that successor (it may then take the address over)."""
+
+    version: int = VERSION
+    job_id: str = ""
+    at: float = 0.0
+
+
+#: a stop and a job's start compared across nodes' clocks: a job that started this close after the stop still stops
+RENEW_STOP_SLACK_S = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenewStop(Record):
+    """``D/renew_stopped``: the deployment was cancelled (`hpc-serve cancel`, hpc/jobs/chain.py) at ``at`` (epoch
+    seconds); the renewer of any job that started before then submits no successor (launcher/jobscript/renew.py for
+    serving jobs, hpc/jobs/renewal.py for the gateway's)."""
+
+    version: int = VERSION
+    at: float = 0.0
+
+    def stops(self, started: float) -> bool:
+        """Whether a job that started at ``started`` renews no more."""
+        return self.at >= started - RENEW_STOP_SLACK_S

@@ -41,7 +41,7 @@ from launcher.contracts.config import STOP_ACK_S
 from launcher.contracts.job_index import job_cluster, link_index
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.plan import LaunchPlan, PlanError
-from launcher.contracts.records import ChainRecord, read_chain, read_endpoints, write_json_atomic
+from launcher.contracts.records import ChainRecord, RenewStop, read_chain, read_endpoints, write_json_atomic
 from launcher.contracts.renew_plan import RenewPlan, chain_place, format_time, successor_env
 from launcher.contracts.slurm import Slurm, SlurmError, ended
 from launcher.contracts.stop_records import BY_RENEWER, DrainingMark, StopRequest
@@ -165,11 +165,8 @@ class Renewer:
         """Why the chain must not go on: this job was cancelled, or its deployment since this job started."""
         if self.paths.cancel_marker.exists():
             return "this job was cancelled (hpc-serve cancel)"
-        try:
-            stopped_at = self.deployment.renew_stop.stat().st_mtime
-        except OSError:
-            return None
-        return "the deployment was cancelled (hpc-serve cancel)" if stopped_at >= self.start - 1 else None
+        stop = RenewStop.read(self.deployment.renew_stop)
+        return "the deployment was cancelled (hpc-serve cancel)" if stop and stop.stops(self.start) else None
 
     def submit(self) -> str | None:
         """sbatch the same `.sub`; the successor's folder and index entry; its id, or None when sbatch failed."""
