@@ -176,7 +176,7 @@ def test_rendered_gateway_script(tmp_path):
     argv = shlex.split(exec_line)
     assert argv[:2] == ["exec", sys.executable], "the gateway runs with the interpreter that rendered it"
     assert argv[2:] == [
-        "-m", "hpc.gateway", "$DEPLOY_DIR", "--host", "0.0.0.0", "--port", "9100", "--refresh", "5.0",
+        "-m", "hpc.cli", "gateway", "$DEPLOY_DIR", "--host", "0.0.0.0", "--port", "9100", "--refresh", "5.0",
         "--max-outstanding", "16", "--prefix-chars", "0", "--max-body-mb", "64", "--job-id", "$JOB_ID",
     ]  # fmt: skip
     assert f"DEPLOY_DIR={deploy}" in lines and str(gateway_record(tmp_path / "runs", "svc")) in script
