@@ -285,11 +285,23 @@ def test_probe_names_a_container_python_too_old_for_the_ranks(slurm_cluster, tmp
     assert f"fix: use an image whose {python38} is Python 3.10 or newer" in fails["python"]
 
 
+def _as_a_terminals_foreground_job() -> None:
+    """SIGINT as a user's Ctrl-C finds it: handled. A test run started in the background of a shell without job
+    control (`cmd &` in a script, CI's runners) has SIGINT ignored, and every process below it inherits that; the
+    doctor under test then never sees the Ctrl-C (a contended run failed so: "doctor still ran 60 s after
+    Ctrl-C", with nothing printed after the probe's submission)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_cancels_the_probe(slurm_cluster, tmp_path):
     """Ctrl-C while the probe job runs (its slurm.setup sleeps) cancels the job before doctor exits."""
     spec = spec_file(tmp_path, "interrupted", slurm={"setup": ["sleep 60"]})
     proc = subprocess.Popen(
-        [*CLI, "doctor", str(spec), "--probe"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*CLI, "doctor", str(spec), "--probe"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_as_a_terminals_foreground_job,
     )
     assert proc.stdout is not None
     seen = ""
