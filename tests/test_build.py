@@ -20,6 +20,7 @@ from backend.cpu_engine.model import TransformerShard
 from backend.cpu_engine.shards import ShardedWeights, _Place, write_sharded
 from hpc.jobs.build_plan import plan_build, served_spec
 from hpc.jobs.build_script import build_steps, write_build
+from hpc.jobs.local_run import LocalState
 from hpc.spec import SpecError, load_spec
 from hpc.spec.files import context_length
 from launcher.contracts.build_step import BuildStep
@@ -479,7 +480,7 @@ def test_stale_building_markers_are_removed_and_a_live_one_is_waited_on(tmp_path
     def job(job_id: str, state: str) -> JobPaths:
         paths = JobPaths(tmp_path / "d", job_id).create()
         BuildJob.mark(paths)
-        paths.local_state.write_text(json.dumps({"state": state, "pid": os.getpid(), "exit_code": 1}))
+        LocalState(state=state, pid=os.getpid(), exit_code=1).write(paths.local_state)
         building_marker(root, plan.key, job_id).write_text(json.dumps({"job_id": job_id, "job_dir": str(paths.folder)}))
         return paths
 

@@ -23,6 +23,7 @@ import pytest
 from hpc.jobs import track
 from hpc.jobs.executors import LocalExecutor, SlurmExecutor, executor_of
 from hpc.jobs.kinds import KINDS, BuildJob, GatewayJob, ServingJob, job_class_of
+from hpc.jobs.local_run import LocalState
 from hpc.jobs.status import JobStatus
 from hpc.jobs.track import job_status, wait
 from hpc.scheduler.index import JobRef
@@ -435,7 +436,7 @@ def test_a_gateway_job_follows_the_same_stop_rules(tmp_path, scheduler):
 def make_local(tmp_path: Path, **state) -> JobRef:
     ref = make_job(tmp_path, "local-abc123", world_per_replica=1)
     if state:
-        ref.paths.local_state.write_text(json.dumps(state))
+        LocalState(**state).write(ref.paths.local_state)
     return ref
 
 

@@ -6,7 +6,6 @@ supervisor (`hpc.jobs.local_run`); its id is `local-<hex>`, so every other comma
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -65,18 +64,25 @@ def submit_local(deploy_dir: Path, job_kind: type[JobKind]) -> JobRef:
 
 def local_state(job_dir: Path) -> tuple[str, str | None]:
     """(state, reason) of a local job from its supervisor's local.json: what sacct is to a Slurm job."""
-    path = JobPaths.of_folder(job_dir).local_state
-    if not path.exists():
+    from hpc.jobs.local_run import LocalState
+
+    record = LocalState.of(job_dir)
+    if record is None:
         return "UNKNOWN", "the local supervisor never started"
-    record = json.loads(path.read_text())
-    state = record.get("state", "UNKNOWN")
-    if state == "RUNNING":
-        try:
-            os.kill(int(record["pid"]), 0)
-        except (ProcessLookupError, KeyError, ValueError):
-            return "FAILED", "the local supervisor died"
-    reason = f"exit code {record['exit_code']}" if state == "FAILED" and "exit_code" in record else None
-    return state, reason
+    if record.state == "RUNNING" and not _alive(record.pid):
+        return "FAILED", "the local supervisor died"
+    failed = record.state == "FAILED" and record.exit_code is not None
+    return record.state, f"exit code {record.exit_code}" if failed else None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def processes_mentioning(text: str) -> list[tuple[int, str]]:
@@ -124,14 +130,16 @@ def _running(pid: int) -> bool:
 def cancel_local(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> None:
     """SIGTERM the supervisor (mpirun passes it to every launcher, which stops tritonserver gracefully), wait
     for the ranks to go, then SIGKILL whatever is left."""
-    from hpc.jobs.local_run import write_state
+    from hpc.jobs.local_run import LocalState, write_state
 
-    state = json.loads(ref.paths.local_state.read_text())
+    state = LocalState.of(ref.job_dir)
+    if state is None or state.pid is None:
+        return  # no supervisor ever ran: nothing to stop
+    supervisor = state.pid
     try:
-        os.kill(int(state["pid"]), signal.SIGTERM)
+        os.kill(supervisor, signal.SIGTERM)
     except ProcessLookupError:
         pass
-    supervisor = int(state["pid"])
     deadline = time.monotonic() + grace_s
     # the supervisor too: it is not marked like the processes it starts, and it exits just after them (a cancel
     # that returned before it did left `hpc.jobs.local_run` running for a moment after CANCELLED)
@@ -142,6 +150,6 @@ def cancel_local(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    state = json.loads(ref.paths.local_state.read_text())
-    if state.get("state") == "RUNNING":
+    state = LocalState.of(ref.job_dir)
+    if state is not None and state.state == "RUNNING":
         write_state(ref.job_dir, state="CANCELLED", ended_at=time.time())

@@ -11,20 +11,22 @@ deployment folder as one process (a gateway's or a build's: hpc/jobs/kinds.py `s
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 # The folder's names from launcher/contracts/layout.py (stdlib, cheap), not from hpc/render/jobfiles.py: that import pulls in
 # pydantic, jinja2 and the spec (~0.14 s), all on the critical path between a local job's start and its ranks'.
 from launcher.contracts.layout import Deployment, JobPaths, rank_log_name
 from launcher.contracts.plan import FAIL_JOB, LaunchPlan
 from launcher.contracts.rank import JOB_ID_ENV, STEP_REPLICA_ENV
+from launcher.contracts.records import VERSION, Record
 
 # Each rank's output goes to its own files, named by its rank in the job as under Slurm: $1 the job folder, $2 the
 # job id, $3 the replica's first rank in the job; the rank in the replica from mpirun (0 without one).
@@ -34,14 +36,31 @@ _RANK_WRAPPER = "R=$(($3 + ${OMPI_COMM_WORLD_RANK:-0})); " + (
 )
 
 
-def write_state(job_dir: Path, **fields: object) -> None:
-    """Atomically update local.json (read by hpc/jobs/local.py local_state, the local executor's sacct)."""
-    path = JobPaths.of_folder(job_dir).local_state
-    state = json.loads(path.read_text()) if path.exists() else {}
-    state.update(fields)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+@dataclass(frozen=True, kw_only=True)
+class LocalState(Record):
+    """`jobs/<id>/local.json`: a local job's state, what sacct is to a Slurm job. Written by its supervisor
+    (this module, `hpc.jobs.local_run`) and by `cancel_local`; read by hpc/jobs/local.py `local_state`."""
+
+    version: int = VERSION
+    #: RUNNING, then COMPLETED, FAILED or CANCELLED (Slurm's words: hpc/jobs/status.py reads them so)
+    state: str = "UNKNOWN"
+    pid: int | None = None  # the supervisor's
+    child_pids: list[int] = field(default_factory=list)  # each replica's step
+    world_size: int = 0
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+
+    @classmethod
+    def of(cls, job_dir: Path) -> LocalState | None:
+        """The job's state, None before its supervisor wrote one."""
+        return cls.read(JobPaths.of_folder(job_dir).local_state)
+
+
+def write_state(job_dir: Path, **fields: Any) -> None:
+    """Update local.json whole (a reader sees the old state or the new one)."""
+    state = replace(LocalState.of(job_dir) or LocalState(), **fields)
+    state.write(JobPaths.of_folder(job_dir).local_state)
 
 
 def rank_command(deploy_dir: Path, job_dir: Path, job_id: str, world: int, first_rank: int = 0) -> list[str]:
@@ -102,7 +121,6 @@ def main(argv: list[str]) -> int:
         job_dir,
         state="RUNNING",
         pid=os.getpid(),
-        child_pid=steps[0].pid,
         child_pids=[step.pid for step in steps],
         world_size=world * len(steps),
         started_at=time.time(),
