@@ -23,7 +23,7 @@ from hpc.jobs.build_script import build_steps, write_build
 from hpc.jobs.local_run import LocalState
 from hpc.spec import SpecError, load_spec
 from hpc.spec.files import context_length
-from launcher.contracts.build_step import BuildStep
+from launcher.contracts.build_records import BuildStep
 from launcher.contracts.layout import BUILD_RECORD_NAME, Deployment
 from launcher.contracts.rank import JOB_ID_ENV
 from launcher.jobscript.build_record import checkpoint_identity, finish
@@ -564,7 +564,7 @@ def test_build_job_status_lines(tmp_path, hpc_home):
 
 
 def test_a_running_build_names_its_step_from_the_record_not_the_log(tmp_path, hpc_home):
-    """BUILDING says the step the script's record names (launcher/contracts/build_step.py), with its command from the build
+    """BUILDING says the step the script's record names (launcher/contracts/build_records.py), with its command from the build
     request; what the log says is only shown, never read as state."""
     from hpc.jobs.kinds import BuildJob
     from hpc.jobs.track import job_status
@@ -585,7 +585,7 @@ def test_a_running_build_names_its_step_from_the_record_not_the_log(tmp_path, hp
 
 def test_the_build_scripts_steps_write_their_records(tmp_path):
     """The rendered script's `step` function, run by bash: each step's record as it starts, the failed one's with
-    its exit status, in the records' own format (render passes it in: launcher/contracts/build_step.py)."""
+    its exit status, in the records' own format (render passes it in: launcher/contracts/build_records.py)."""
     import re
 
     from hpc.jobs.build_script import render_build_script

@@ -29,7 +29,7 @@ from hpc.jobs.track import job_status, wait
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.watch import SlurmWatcher
 from hpc.serving.deployment import Target
-from launcher.contracts.build_step import BuildStep
+from launcher.contracts.build_records import BuildStep
 from launcher.contracts.layout import BUILD_SUB_NAME, Deployment, JobPaths
 from launcher.contracts.records import EndpointRecord, RankExitRecord, read_endpoints
 from launcher.contracts.stop_records import BY_CANCEL, StopRequest

@@ -14,7 +14,6 @@ lines of its output) | CANCELLED | TIMEOUT; CANCELLING while `hpc-serve cancel` 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from hpc.jobs.kinds import BuildJob, job_class_of
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import TERMINAL
 from hpc.spec import Spec
-from launcher.contracts.build_step import BuildStep
+from launcher.contracts.build_records import BuildingMarker, BuildRequest, BuildStep
 from launcher.contracts.layout import Deployment, JobPaths, building_marker, building_markers
 
 #: lines of a failed build's output that `status` shows
@@ -90,22 +89,17 @@ def _mark_building(plan: BuildPlan, ref: JobRef) -> None:
     the marker was written, leaves it: `_build_under_way` removes it."""
     marker = building_marker(plan.engine_dir.parent, plan.key, ref.job_id)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    staging = marker.with_name(marker.name + f".{os.getpid()}.tmp")
-    staging.write_text(json.dumps({"job_id": ref.job_id, "job_dir": str(ref.job_dir)}))
-    os.replace(staging, marker)
+    BuildingMarker(job_id=ref.job_id, job_dir=str(ref.job_dir)).write(marker)
 
 
 def _build_under_way(plan: BuildPlan) -> JobRef | None:
     """The job that builds the plan's engine now (PENDING or BUILDING), named by its marker; the markers of
     jobs that ended (or whose folder is gone, or that cannot be read) are stale: removed on the way."""
     for marker in building_markers(plan.engine_dir.parent, plan.key):
-        try:
-            record = json.loads(marker.read_text())
-            ref = JobRef(str(record["job_id"]), Path(record["job_dir"]))
-        except OSError:  # gone (its job ended just now), or not ours to read: not known to be stale
+        if not os.access(marker, os.R_OK):  # gone (its job ended just now), or not ours to read: not known stale
             continue
-        except (ValueError, KeyError, TypeError):
-            ref = None
+        record = BuildingMarker.read(marker)
+        ref = JobRef(record.job_id, Path(record.job_dir)) if record and record.job_id and record.job_dir else None
         if ref is not None and ref.job_dir.is_dir() and BuildJob(ref).status().state in UNDER_WAY:
             return ref
         with contextlib.suppress(OSError):  # a cache folder we may not write: the marker is ignored all the same
@@ -135,29 +129,24 @@ def build_reason(ref: JobRef, state: str, reason: str | None) -> str | None:
     return reason
 
 
-def _request(ref: JobRef) -> dict:
-    try:
-        return json.loads(Deployment(ref.deploy_dir).build_request.read_text())
-    except (OSError, ValueError):
-        return {}
+def _request(ref: JobRef) -> BuildRequest:
+    return BuildRequest.read(Deployment(ref.deploy_dir).build_request) or BuildRequest()
 
 
 def _built(ref: JobRef) -> str | None:
     from launcher.jobscript.build_record import read_record
 
-    engine = _request(ref).get("engine_dir")
+    engine = _request(ref).engine_dir
     if not engine:
         return None
     record = read_record(Path(engine))
-    if record is None:
-        return f"engine {engine}"
-    took = (record.get("built_at") or 0) - (record.get("started_at") or 0)
-    return f"engine {engine}" + (f" (built in {took:.0f} s)" if record.get("started_at") else "")
+    took = record.took_s if record is not None else None
+    return f"engine {engine}" + (f" (built in {took:.0f} s)" if took is not None else "")
 
 
 def _current_step(ref: JobRef) -> str | None:
     """`step 1 (trtllm-build): <its command>`: the step the job's script runs now, from its record (never from the
-    log's text: launcher/contracts/build_step.py); None before the first."""
+    log's text: launcher/contracts/build_records.py); None before the first."""
     step = BuildStep.read(ref.paths.build_step)
     if step is None:
         return None
@@ -167,8 +156,7 @@ def _current_step(ref: JobRef) -> str | None:
 
 def _command(ref: JobRef, number: int) -> str | None:
     """Step `number`'s command line, as the build request lists it."""
-    steps = _request(ref).get("steps", [])
-    return steps[number]["command"] if 0 <= number < len(steps) else None
+    return _request(ref).command(number)
 
 
 def _tail(paths: JobPaths) -> list[str]:

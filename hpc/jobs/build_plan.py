@@ -24,6 +24,7 @@ from typing import Any
 from backend.cpu_engine.shards import SHARD_FORMAT  # noqa: E402  (numpy + safetensors only, no model code)
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node, source_checkpoint
+from launcher.contracts.build_records import BuildRequest
 from launcher.contracts.layout import BUILD_RECORD_NAME
 from launcher.jobscript.build_record import checkpoint_identity, read_record
 
@@ -45,15 +46,16 @@ class BuildPlan:
         """The folder the serving job reads: the cached engine, or the one the build job will make."""
         return self.cached or self.engine_dir
 
-    def request_file(self) -> dict[str, Any]:
-        """What the build job's last step reads (launcher/jobscript/build_record.py `finish`)."""
-        return {
-            "key": self.key,
-            "engine_dir": str(self.engine_dir),
-            "source": str(self.source),
-            "request": self.request,
-            "init": self.init,
-        }
+    def request_file(self, steps: list[dict[str, str]]) -> BuildRequest:
+        """What the build job's last step reads (launcher/jobscript/build_record.py `finish`), with its `steps`."""
+        return BuildRequest(
+            key=self.key,
+            engine_dir=str(self.engine_dir),
+            source=str(self.source),
+            request=self.request,
+            init=self.init,
+            steps=steps,
+        )
 
 
 def build_request(spec: Spec) -> dict[str, Any]:
@@ -125,12 +127,12 @@ def find_cached(
     found: list[tuple[float, Path]] = []
     for record_path in root.glob(f"*/{BUILD_RECORD_NAME}"):
         record = read_record(record_path.parent)
-        if record is None or record.get("request") != request:
+        if record is None or record.request != request:
             continue
-        same_inputs = record.get("inputs") == inputs
-        same_init = "init" in inputs and init is not None and record.get("init") == init
+        same_inputs = record.inputs == inputs
+        same_init = "init" in inputs and init is not None and record.init == init
         if same_inputs or same_init:
-            found.append((float(record.get("built_at") or 0), record_path.parent))
+            found.append((record.built_at, record_path.parent))
     return max(found)[1] if found else None
 
 

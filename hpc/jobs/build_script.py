@@ -13,7 +13,6 @@ For `backend: cpu`: `model.init`'s checkpoint when it is missing, then one rank 
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from hpc.render.jobfiles import _environment, _srun_and_wrapper, ship_packages
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node
 from launcher.contracts import job_index
-from launcher.contracts.build_step import FAILURE_FORMAT, STEP_FORMAT
+from launcher.contracts.build_records import FAILURE_FORMAT, STEP_FORMAT
 from launcher.contracts.layout import (
     BUILD_STAGING_NAME,
     BUILD_SUB_NAME,
@@ -152,7 +151,7 @@ def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates
         "steps": build_steps(spec, plan, deploy_dir),
         "runtime_name": RUNTIME_NAME,
         "build_started_env": BUILD_STARTED_ENV,
-        # how the steps record themselves (launcher/contracts/build_step.py): `status` reads those records, not the log
+        # how the steps record themselves (launcher/contracts/build_records.py): `status` reads those records, not the log
         "build_step_format": STEP_FORMAT,
         "build_failure_format": FAILURE_FORMAT,
         **template_values(deploy_dir),
@@ -173,10 +172,9 @@ def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path |
     if not (dep.runtime / "launcher").is_dir():
         ship_packages(dep.runtime)
     steps = build_steps(spec, plan, deploy_dir)
-    request = plan.request_file() | {
-        "steps": [{"name": s["name"], "command": " ".join(_sh(a) for a in s["argv"])} for s in steps]
-    }
-    dep.build_request.write_text(json.dumps(request, indent=2) + "\n")
+    plan.request_file([{"name": s["name"], "command": " ".join(_sh(a) for a in s["argv"])} for s in steps]).write(
+        dep.build_request
+    )
     dep.build_sub.write_text(render_build_script(spec, plan, deploy_dir, templates))
     dep.build_sub.chmod(0o755)
     return dep.build_sub

@@ -35,7 +35,7 @@ Where each transition is observed:
   (`restart_count`) and puts the last run's records aside, so only this run's are read.
 - Gateway: no ranks; STARTING while it runs, READY once the deployment's address record names it and answers.
 - Build: BUILDING while it runs (its current step, `build_step.json`), FAILED as soon as its script recorded a
-  failed step (`build_failed.json`; both launcher/contracts/build_step.py `BuildStep` records), COMPLETED with the engine it
+  failed step (`build_failed.json`; both launcher/contracts/build_records.py `BuildStep` records), COMPLETED with the engine it
   built.
 - Every kind: CANCELLING while the user's stop (the cancel marker) is under way and the scheduler still runs the
   job (squeue's COMPLETING counts as running); CANCELLED only once the scheduler says it has ended *and* no longer

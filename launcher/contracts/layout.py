@@ -45,7 +45,7 @@ GATEWAY_JOB_MARKER_NAME = "gateway_job"
 #: limit (hpc/jobs/renewal.py); the successor may replace a live record of the job that names it here
 GATEWAY_SUCCESSOR_NAME = "gateway_successor"
 #: a spec's `build:` section: the engine build job's sbatch script (hpc/jobs/), and in its job folder the mark that
-#: it is a build job, the step it runs, and the step that failed (launcher/contracts/build_step.py's BuildStep, each)
+#: it is a build job, the step it runs, and the step that failed (launcher/contracts/build_records.py's BuildStep, each)
 BUILD_SUB_NAME = "build.sub"
 BUILD_JOB_MARKER_NAME = "build_job"
 BUILD_FAILURE_NAME = "build_failed.json"
@@ -293,12 +293,12 @@ class JobPaths:
 
     @property
     def build_failure(self) -> Path:
-        """Written by the build script when a step fails: which step, its exit status (launcher/contracts/build_step.py)."""
+        """Written by the build script when a step fails: which step, its exit status (launcher/contracts/build_records.py)."""
         return self.folder / BUILD_FAILURE_NAME
 
     @property
     def build_step(self) -> Path:
-        """Written by the build script as each step starts: the step it runs (launcher/contracts/build_step.py)."""
+        """Written by the build script as each step starts: the step it runs (launcher/contracts/build_records.py)."""
         return self.folder / BUILD_STEP_NAME
 
     @property

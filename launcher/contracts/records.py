@@ -95,7 +95,7 @@ _R = TypeVar("_R", bound="Record")
 
 
 class Record:
-    """to/from dict for the record dataclasses below (and launcher/contracts/stop_records.py, launcher/contracts/build_step.py):
+    """to/from dict for the record dataclasses below (and launcher/contracts/stop_records.py, launcher/contracts/build_records.py):
     unknown keys are ignored, missing ones take defaults; ``write`` and ``read`` a record's file whole."""
 
     def to_dict(self) -> dict[str, Any]:

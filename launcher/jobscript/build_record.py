@@ -15,7 +15,6 @@ there (another build of the same request finished first) is kept, never overwrit
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -23,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.contracts.build_records import BuildRecord, BuildRequest
 from launcher.contracts.layout import BUILD_RECORD_NAME
 from launcher.contracts.rank import given_job_id
 
-RECORD_VERSION = 1
 #: the epoch second the build job's script started its steps (build.sub sets it: render passes this name)
 BUILD_STARTED_ENV = "HPC_SERVE_BUILD_STARTED"
 
@@ -48,13 +47,9 @@ def checkpoint_identity(folder: Path) -> dict[str, Any]:
     return {"files": files, "config_sha256": digest}
 
 
-def read_record(engine_dir: Path) -> dict[str, Any] | None:
+def read_record(engine_dir: Path) -> BuildRecord | None:
     """The build record of an engine folder, or None (not built by hpc-serve, or unreadable)."""
-    try:
-        record = json.loads((engine_dir / BUILD_RECORD_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    return BuildRecord.read(engine_dir / BUILD_RECORD_NAME)
 
 
 def tool_version(backend: str) -> str | None:
@@ -73,22 +68,22 @@ def tool_version(backend: str) -> str | None:
 
 def finish(request_file: Path, staging: Path) -> Path:
     """Record what built `staging` and move it to its engine folder; the engine folder that serves."""
-    request = json.loads(request_file.read_text())
-    engine_dir = Path(request["engine_dir"])
-    source = Path(request["source"])
-    record = {
-        "version": RECORD_VERSION,
-        "key": request["key"],
-        "request": request["request"],
-        "inputs": checkpoint_identity(source),
-        "init": request.get("init"),
-        "source": str(source),
-        "tool_version": tool_version(request["request"].get("backend", "")),
-        "job_id": given_job_id(),
-        "built_at": time.time(),
-        "started_at": float(os.environ.get(BUILD_STARTED_ENV, "0") or 0) or None,
-    }
-    (staging / BUILD_RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
+    request = BuildRequest.read(request_file)
+    if request is None or not request.engine_dir:
+        raise SystemExit(f"{request_file}: not a build request (written by hpc-serve build/submit)")
+    engine_dir = Path(request.engine_dir)
+    source = Path(request.source)
+    BuildRecord(
+        key=request.key,
+        request=request.request,
+        inputs=checkpoint_identity(source),
+        init=request.init,
+        source=str(source),
+        tool_version=tool_version(str(request.request.get("backend", ""))),
+        job_id=given_job_id(),
+        built_at=time.time(),
+        started_at=float(os.environ.get(BUILD_STARTED_ENV, "0") or 0) or None,
+    ).write(staging / BUILD_RECORD_NAME)
     if (engine_dir / BUILD_RECORD_NAME).exists():  # a build of the same request got there first: keep it
         shutil.rmtree(staging, ignore_errors=True)
         return engine_dir
