@@ -50,7 +50,7 @@ def spec_file(folder: Path, name: str, **sections) -> Path:
         "name": name,
         "workdir": str(folder / "work"),
         "slurm": {"time": "00:10:00"},
-        "model": {"backend": "cpu", "checkpoint_dir": str(folder / "ckpt")},
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(folder / "ckpt")},
     }
     for key, value in sections.items():
         spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
