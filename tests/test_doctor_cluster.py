@@ -21,7 +21,7 @@ from tests.e2e import CLI, cli
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "configs" / "tiny-cpu.yaml"
+TINY = ROOT / "configs" / "tiny-cpu-ensemble.yaml"  # the engine workflow until the llmapi launcher lands
 
 
 @pytest.fixture(autouse=True)
