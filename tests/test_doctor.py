@@ -163,7 +163,7 @@ def test_probe_script_quotes_everything_from_the_spec(tmp_path):
         f"python/{p.relative_to(SOURCE_ROOT)}" for name in SHIPPED_PACKAGES for p in (SOURCE_ROOT / name).rglob("*.py")
     )
     assert sorted(out) == ["node.py", *shipped]  # node.py, and the rank-side code render ships, to import
-    assert "python/launcher/server.py" in shipped and "python/backend/models/preprocessing.py" in shipped
+    assert "python/launcher/node/server.py" in shipped and "python/backend/models/preprocessing.py" in shipped
 
 
 def test_probe_script_runs_the_container_wrapper(tmp_path):
