@@ -183,12 +183,12 @@ def render_repository(backend: Backend, params: Mapping[str, object]) -> dict[st
         # Every model needs a version directory; TensorRT-LLM's stays empty (engine via gpt_model_path).
         files[f"{model.name}/1/"] = ""
         if module is not None:
-            files[f"{model.name}/1/model.py"] = _shim(model.name, module)
+            files[f"{model.name}/1/model.py"] = shim(model.name, module)
     files[MARKER_FILE] = json.dumps({"backend": backend, "parameters": values}, indent=2, sort_keys=True) + "\n"
     return files
 
 
-def _shim(model_name: str, module: str) -> str:
+def shim(model_name: str, module: str) -> str:
     """The model.py of a python model: it imports the real code from the hpc-serve tree the launcher put on
     PYTHONPATH (the deployment's shipped copy, `D/python`). The python backend's stub embeds Python without
     honouring PYTHONPATH (measured with tritonserver 2.51: the variable is in its environment, not in
@@ -234,7 +234,12 @@ def write_model_repository(out_dir: Path, backend: Backend, params: Mapping[str,
     a half-written repository. An existing `out_dir` is only replaced if it is empty or was written by
     this function (it carries `.hpc-serve-repository.json`) — never someone's unrelated folder.
     """
-    files = render_repository(backend, params)
+    write_repository_files(out_dir, render_repository(backend, params))
+
+
+def write_repository_files(out_dir: Path, files: Mapping[str, str]) -> None:
+    """Write `files` (relative path → text; a path ending in "/" is a folder) as the repository `out_dir`, swapped
+    in whole (see write_model_repository). `files` must hold MARKER_FILE, so the next write may replace it."""
     out_dir = Path(out_dir).absolute()
     check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -299,8 +304,10 @@ __all__ = [
     "normalize_parameter",
     "render_repository",
     "required_parameters",
+    "shim",
     "validate_parameters",
     "write_model_repository",
+    "write_repository_files",
 ]
 
 

@@ -49,7 +49,7 @@ def write_spec(
             "env": {"OMPI_MCA_btl": "self,tcp"},
             **(slurm or {}),
         },
-        "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint), "tp_size": tp},
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(checkpoint), "tp_size": tp},
         "triton": {"triton_max_batch_size": 8, "ready_timeout_s": 120, **(triton or {})},
     }
     if auth is not None:

@@ -33,7 +33,9 @@ def test_invalid_spec_raises_and_submits_nothing(hpc_home, tmp_path):
     from hpc.spec import SpecError
 
     spec = tmp_path / "bad.yaml"
-    spec.write_text("name: bad\nworkdir: runs\nmodel:\n  backend: cpu\n  checkpoint_dir: nowhere\n  tp_sise: 2\n")
+    spec.write_text(
+        "name: bad\nworkdir: runs\nmodel:\n  backend: cpu\n  checkpoint_dir: nowhere\n  workflow: engine\n  tp_sise: 2\n"
+    )
     with pytest.raises(SpecError) as err:
         submit(spec, executor="local")
     assert "model.tp_sise: unknown key 'tp_sise'; did you mean 'tp_size'?" in str(err.value)

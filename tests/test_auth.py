@@ -22,7 +22,12 @@ from launcher.contracts.plan import LaunchPlan, PlanError
 
 def _spec(tmp: Path, **extra):
     (tmp / "ckpt").mkdir(exist_ok=True)
-    data = {"name": "auth-test", "workdir": "runs", "model": {"backend": "cpu", "checkpoint_dir": "ckpt"}, **extra}
+    data = {
+        "name": "auth-test",
+        "workdir": "runs",
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": "ckpt"},
+        **extra,
+    }
     return parse_spec(yaml.safe_dump(data), file="s.yaml", base=tmp)
 
 

@@ -80,7 +80,9 @@ def test_a_build_section_replaces_engine_dir(gpu_dir):
 
 
 def test_tensorrtllm_without_engine_dir_or_build_names_both(gpu_dir):
-    path = write(gpu_dir, GPU.split("build:")[0])
+    path = write(
+        gpu_dir, GPU.split("build:")[0].replace("backend: tensorrtllm,", "backend: tensorrtllm, workflow: engine,")
+    )
     (found,) = problems(path)
     assert found.startswith(f"{path}:{line_of(path, 'model:')}: model.engine_dir: ")
     assert "or a build: section" in found

@@ -31,10 +31,18 @@ UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 # What the engines in configs/ were built for (trtllm-build's config.json), by engine folder.
 ENGINES = {
     "gpt2-medium/engines/tp4": (4, 1),
-    "llama3-70b-instruct/engines/fp16-tp4-pp2": (4, 2),
-    "llama3-8b-instruct/engines/fp16-tp2": (2, 1),
-    "llama3-8b-instruct/engines/awq-int4-tp1": (1, 1),
 }
+# The Hugging Face checkpoints the llmapi configs serve, by folder: (attention heads, layers) of their config.json
+CHECKPOINTS = {"llama3.1-8b-instruct/hf": (32, 32), "llama3.1-70b-instruct/hf": (64, 80)}
+
+
+def make_checkpoint(folder: Path, heads: int, layers: int) -> None:
+    """What the spec's checkpoint checks read (hpc/spec/checkpoint.py): config.json, a weights file, a tokenizer."""
+    folder.mkdir(parents=True)
+    config = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": heads, "num_hidden_layers": layers}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_text("")
+    (folder / "tokenizer.json").write_text("{}")
 
 
 @pytest.fixture()
@@ -47,8 +55,9 @@ def site(tmp_path: Path, monkeypatch) -> Path:
         (models / engine / "config.json").write_text(
             json.dumps({"pretrained_config": {"mapping": {"tp_size": tp, "pp_size": pp, "world_size": tp * pp}}})
         )
-    for hf in ("gpt2-medium/hf", "llama3-70b-instruct/hf", "llama3-8b-instruct/hf"):
-        (models / hf).mkdir(parents=True)
+    (models / "gpt2-medium/hf").mkdir(parents=True)
+    for folder, (heads, layers) in CHECKPOINTS.items():
+        make_checkpoint(models / folder, heads, layers)
     (models / "images").mkdir()
     (models / "images" / "tritonserver-trtllm.sif").write_text("")
     monkeypatch.setenv("HPC_SERVE_MODELS", str(models))
@@ -64,11 +73,20 @@ def normalise(text: str, tmp: Path) -> str:
 def test_there_are_configs():
     assert {c.stem for c in CONFIGS} >= {
         "tiny-cpu",
+        "tiny-cpu-ensemble",
         "gpt2-medium-tp4",
-        "llama3-70b-tp4pp2",
+        "llama3-70b-tp8pp2",
+        "llama3-8b",
         "llama3-8b-apptainer",
-        "llama3-8b-awq",
     }
+
+
+def test_every_example_is_llmapi_but_the_engine_ones():
+    """The issue: llmapi is every example's workflow, the engine workflow kept in the examples that say so."""
+    workflows = {c.stem: load_spec(c, check_files=False).model.workflow for c in CONFIGS}
+    engine = {"tiny-cpu-ensemble", "gpt2-medium-tp4", "gpt2-medium-portable"}
+    assert {name for name, flow in workflows.items() if flow == "engine"} == engine
+    assert workflows["tiny-cpu"] == "llmapi"
 
 
 def validate(config: Path, cwd: Path) -> subprocess.CompletedProcess:

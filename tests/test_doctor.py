@@ -126,7 +126,11 @@ def test_config_version_memory():
 
 
 def spec(tmp_path: Path, **extra) -> Spec:
-    data = {"name": "t", "workdir": str(tmp_path / "work"), "model": {"backend": "cpu", "checkpoint_dir": "."}}
+    data = {
+        "name": "t",
+        "workdir": str(tmp_path / "work"),
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": "."},
+    }
     data.update(extra)
     return Spec.model_validate(data)
 

@@ -22,7 +22,11 @@ from tests._pythons import find_python, where_looked
 
 
 def spec(tmp_path: Path, **extra) -> Spec:
-    data = {"name": "t", "workdir": str(tmp_path / "work"), "model": {"backend": "cpu", "checkpoint_dir": "."}}
+    data = {
+        "name": "t",
+        "workdir": str(tmp_path / "work"),
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": "."},
+    }
     return Spec.model_validate({**data, **extra})
 
 

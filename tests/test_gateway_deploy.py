@@ -35,7 +35,7 @@ def spec_text(name: str, checkpoint: Path, workdir: Path, **extra) -> str:
         "name": name,
         "workdir": str(workdir),
         "slurm": {"nodes": 1, "partition": "debug", "time": "00:20:00"},
-        "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint)},
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(checkpoint)},
         **extra,
     }
     return yaml.safe_dump(data)

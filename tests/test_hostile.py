@@ -129,7 +129,7 @@ def base_spec(w: World, kind: str = "cpu", container: str = "pyxis") -> dict:
     data: dict = {"name": "hostile", "slurm": {"nodes": 1}}
     if kind == "cpu":
         (w.spec_dir / "ckpt").mkdir(exist_ok=True)
-        data["model"] = {"backend": "cpu", "checkpoint_dir": "ckpt"}
+        data["model"] = {"backend": "cpu", "workflow": "engine", "checkpoint_dir": "ckpt"}
     else:
         (w.spec_dir / "engine").mkdir(exist_ok=True)
         (w.spec_dir / "tok").mkdir(exist_ok=True)

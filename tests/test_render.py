@@ -40,7 +40,12 @@ def deep_merge(base: dict, extra: dict) -> dict:
 def cpu_spec(tmp: Path, **extra) -> Spec:
     (tmp / "ckpt").mkdir(parents=True, exist_ok=True)
     data = deep_merge(
-        {"name": "cpu-test", "slurm": {"nodes": 1}, "model": {"backend": "cpu", "checkpoint_dir": "ckpt"}}, extra
+        {
+            "name": "cpu-test",
+            "slurm": {"nodes": 1},
+            "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": "ckpt"},
+        },
+        extra,
     )
     return parse_spec(yaml.safe_dump(data), file="cpu.yaml", base=tmp)
 
@@ -500,7 +505,9 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_cli_render_with_site_template(tmp_path):
     (tmp_path / "ckpt").mkdir()
-    (tmp_path / "spec.yaml").write_text("name: site\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n")
+    (tmp_path / "spec.yaml").write_text(
+        "name: site\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n  workflow: engine\n"
+    )
     site = tmp_path / "site"
     site.mkdir()
     (site / "tensorrt_llm_triton.sh.j2").write_text(
@@ -521,7 +528,7 @@ def test_a_site_sbatch_header_shapes_every_job_script(tmp_path):
     """The three job scripts take their #SBATCH lines from one macro (hpc/render/templates/_sbatch.j2): a site's copy
     of that file with one more line changes the serving, gateway and build scripts alike."""
     (tmp_path / "spec.yaml").write_text(
-        "name: site\nslurm: {nodes: 1}\nmodel: {backend: cpu, checkpoint_dir: ckpt, init: {family: gpt2}}\n"
+        "name: site\nslurm: {nodes: 1}\nmodel: {backend: cpu, workflow: engine, checkpoint_dir: ckpt, init: {family: gpt2}}\n"
         "gateway: {}\nbuild: {output_dir: engines}\n"
     )
     site = tmp_path / "site"
@@ -543,11 +550,13 @@ def test_a_site_sbatch_header_shapes_every_job_script(tmp_path):
 
 def test_cli_render_bad_spec_and_bad_folder_exit_2(tmp_path):
     (tmp_path / "ckpt").mkdir()
-    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n  tp_szie: 2\n")
+    (tmp_path / "spec.yaml").write_text(
+        "name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n  workflow: engine\n  tp_szie: 2\n"
+    )
     bad = _cli("render", "spec.yaml", "-o", "d", cwd=tmp_path)
-    assert bad.returncode == 2 and "spec.yaml:5: model.tp_szie:" in bad.stderr
+    assert bad.returncode == 2 and "spec.yaml:6: model.tp_szie:" in bad.stderr
     assert not (tmp_path / "d").exists()
-    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n")
+    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: ckpt\n  workflow: engine\n")
     spaced = _cli("render", "spec.yaml", "-o", "my d", cwd=tmp_path)
     assert spaced.returncode == 2 and "#SBATCH -o" in spaced.stderr
     assert not (tmp_path / "my d").exists()
@@ -607,7 +616,9 @@ def test_submit_dry_run_prints_the_scripts_and_writes_nothing(tmp_path, monkeypa
     ckpt.mkdir()
     (ckpt / "config.json").write_text('{"num_attention_heads": 4}')
     spec = tmp_path / "s.yaml"
-    spec.write_text(f"name: dry\nworkdir: {tmp_path}/runs\nmodel:\n  backend: cpu\n  checkpoint_dir: {ckpt}\n")
+    spec.write_text(
+        f"name: dry\nworkdir: {tmp_path}/runs\nmodel:\n  backend: cpu\n  checkpoint_dir: {ckpt}\n  workflow: engine\n"
+    )
     home = tmp_path / "home"
     proc = subprocess.run(
         [sys.executable, "-m", "hpc.cli.main", "submit", str(spec), "--dry-run"],
@@ -623,7 +634,7 @@ def test_submit_dry_run_prints_the_scripts_and_writes_nothing(tmp_path, monkeypa
 
 # ------------------------------------------------------------- render is a preview: no model is created
 INIT_SPEC = (
-    "name: init-test\nworkdir: runs\nmodel:\n  backend: cpu\n  checkpoint_dir: models/tiny\n"
+    "name: init-test\nworkdir: runs\nmodel:\n  backend: cpu\n  checkpoint_dir: models/tiny\n  workflow: engine\n"
     "  init: {family: gpt2, size: tiny, seed: 3}\n"
 )
 
@@ -696,7 +707,7 @@ def test_submit_creates_the_checkpoint_then_submits(tmp_path, monkeypatch):
 
 def test_cli_render_previews_a_spec_whose_model_folders_do_not_exist_yet(tmp_path):
     """`render` shows the scripts before the engine is built; validate still refuses the spec."""
-    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: nope\n")
+    (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: nope\n  workflow: engine\n")
     result = _cli("render", "spec.yaml", "-o", "d", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"note: spec.yaml:4: model.checkpoint_dir: {tmp_path / 'nope'} does not exist" in result.stderr

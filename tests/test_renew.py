@@ -48,7 +48,7 @@ def _spec(tmp_path: Path, time_limit: str = "00:02:00", **extra) -> Path:
         "name": "rn",
         "workdir": str(tmp_path / "runs"),
         "slurm": {"time": time_limit},
-        "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint)},
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(checkpoint)},
         **extra,
     }
     path = tmp_path / "rn.yaml"

@@ -29,7 +29,9 @@ def write(path: Path, body: str) -> Path:
 def cpu_spec(folder: Path, body: str = "") -> Path:
     """A CPU spec (its checkpoint folder exists) with `body` appended under its own keys."""
     (folder / "ckpt").mkdir(parents=True, exist_ok=True)
-    text = "name: t\nmodel: {backend: cpu, checkpoint_dir: ckpt}\n" + textwrap.dedent(body).lstrip("\n")
+    text = "name: t\nmodel: {backend: cpu, workflow: engine, checkpoint_dir: ckpt}\n" + textwrap.dedent(body).lstrip(
+        "\n"
+    )
     (folder / "spec.yaml").write_text(text)
     return folder / "spec.yaml"
 
@@ -276,7 +278,9 @@ def test_submit_says_which_profile_it_used(tmp_path, tiny_gpt2, tritonserver, mo
 
     monkeypatch.setenv("HPC_SERVE_HOME", str(tmp_path / "home"))
     profile = write(tmp_path / "site" / "site.yaml", "workdir: runs\nslurm: {env: {FROM_SITE: '1'}}\n")
-    spec_file = write(tmp_path / "spec.yaml", f"name: t\nmodel: {{backend: cpu, checkpoint_dir: {tiny_gpt2}}}\n")
+    spec_file = write(
+        tmp_path / "spec.yaml", f"name: t\nmodel: {{backend: cpu, workflow: engine, checkpoint_dir: {tiny_gpt2}}}\n"
+    )
     proc = cli(["submit", str(spec_file), "--executor", "local"], profile, tmp_path)
     assert proc.returncode == 0, proc.stderr
     job, job_dir = proc.stdout.split()

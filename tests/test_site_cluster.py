@@ -37,7 +37,7 @@ def test_hand_sbatch_serves_with_the_profile_gone(
             {
                 "name": "site-e2e",
                 "workdir": str(tmp_path / "runs"),
-                "model": {"backend": "cpu", "checkpoint_dir": str(tiny_gpt2)},
+                "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(tiny_gpt2)},
                 "triton": {"triton_max_batch_size": 8, "ready_timeout_s": 120},
             }
         )

@@ -46,7 +46,11 @@ def _job(tmp_path: Path, kind: type[JobKind]) -> JobRef:
     deploy = tmp_path / "deploy"
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir(exist_ok=True)
-    spec = {"name": "st", "workdir": str(tmp_path), "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint)}}
+    spec = {
+        "name": "st",
+        "workdir": str(tmp_path),
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(checkpoint)},
+    }
     paths = JobPaths(deploy, "4242").create()
     (deploy / "spec.yaml").write_text(yaml.safe_dump(spec))
     write_plan(deploy)

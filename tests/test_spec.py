@@ -95,6 +95,7 @@ CPU_SPEC = spec_text("""
     model:
       backend: cpu
       checkpoint_dir: ckpt
+      workflow: engine
     """)
 
 
@@ -661,7 +662,7 @@ def test_parameter_types_and_conflicts_are_all_caught_by_validate_with_their_lin
         cpu_dir,
         """
         name: p
-        model: {backend: cpu, checkpoint_dir: ckpt}
+        model: {backend: cpu, workflow: engine, checkpoint_dir: ckpt}
         triton:
           decoupled: false
           parameters:
@@ -693,7 +694,7 @@ def test_spec_choices_are_the_repository_choices(cpu_dir):
                 cpu_dir,
                 f"""
             name: p
-            model: {{backend: cpu, checkpoint_dir: ckpt}}
+            model: {{backend: cpu, workflow: engine, checkpoint_dir: ckpt}}
             triton: {{batch_scheduler_policy: {policy}}}
         """,
             )

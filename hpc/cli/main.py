@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from hpc.cli.support import EXIT_OK, EXIT_USAGE, load_spec_or_exit
 from hpc.cli.support import err as _err
+from launcher.contracts.llmapi import LLMAPI
 
 if TYPE_CHECKING:
     from hpc.spec import Spec
@@ -28,7 +29,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
         return EXIT_USAGE
     print(
-        f"{args.spec}: ok — {spec.name}: backend {spec.model.backend}, tp {spec.model.tp_size} × pp "
+        f"{args.spec}: ok — {spec.name}: backend {spec.model.backend}, workflow {spec.model.workflow}, "
+        f"tp {spec.model.tp_size} × pp "
         f"{spec.model.pp_size} × replicas {spec.replicas} = {spec.world_size} ranks on {spec.slurm.nodes} node(s)"
     )
     from hpc.render.gpu_binding import describe
@@ -85,6 +87,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     print(describe(spec))
     for path in (out.sub, out.sh, out.model_repository, out.launch):
         print(f"  {path}")
+    if spec.model.workflow == LLMAPI:
+        from hpc.render.llmapi import model_files_source
+
+        print(f"  {model_files_source(spec)}")
     if out.gateway_sub is not None:
         print(f"  {out.gateway_sub}  (the gateway's own job: one per deployment, it serves every job of it)")
     from hpc.jobs.model_init import init_command

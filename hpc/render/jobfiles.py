@@ -23,6 +23,7 @@ import jinja2
 import launcher.contracts.rank
 from hpc import __version__
 from hpc.render.gpu_binding import gpu_decision
+from hpc.render.llmapi import model_yaml_text
 from hpc.serving.auth import ensure_deployment_token
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
 from hpc.spec.checks import slurm_time_seconds
@@ -46,6 +47,7 @@ from launcher.contracts.layout import (
     gateway_record,
     template_values,
 )
+from launcher.contracts.llmapi import ENGINE, LLMAPI
 from launcher.contracts.plan import FAIL_JOB, LaunchPlan
 from launcher.contracts.renew_plan import RenewPlan
 from launcher.contracts.stop_records import stop_request_format
@@ -91,6 +93,20 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
     return params
 
 
+def write_repository(spec: Spec, out_dir: Path) -> None:
+    """The model repository of the spec's workflow: llmapi's one `tensorrt_llm` model configured by model.yaml
+    (hpc/render/llmapi.py), or the engine workflow's five models filled with `repository_parameters`."""
+    if spec.model.workflow == LLMAPI:
+        from backend.llmapi_repository import write_llmapi_repository
+
+        cpu = spec.model.backend == "cpu"
+        write_llmapi_repository(out_dir, model_yaml_text(spec), decoupled=spec.triton.decoupled, cpu=cpu)
+    else:
+        from backend.repository import write_model_repository
+
+        write_model_repository(out_dir, spec.model.backend, repository_parameters(spec))
+
+
 def launch_plan(spec: Spec, deploy_dir: Path) -> LaunchPlan:
     """The launcher's only input (DEVELOPERS.md, "launch.json"): what every rank needs and nothing else."""
     return LaunchPlan(
@@ -113,7 +129,9 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> LaunchPlan:
         gpu_binding=gpu_decision(spec).binding,
         replica_policy=spec.replica_policy,
         renew=renew_plan(spec) if spec.renew is not None else None,
+        workflow=spec.model.workflow or ENGINE,  # never None once validated (hpc/spec/schema.py ModelSpec._dirs)
         backend=spec.model.backend,
+        model_files_from=spec.model.model_files_from,
     )
 
 
@@ -297,7 +315,7 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
 
     Render is a preview: it writes into `out_dir` only and never creates the model a spec's `model.init` asks
     for (hpc/jobs/model_init.py does, from `submit`, `launch SPEC` or `hpc-serve init-model`)."""
-    from backend.repository import check_replaceable, write_model_repository
+    from backend.repository import check_replaceable
 
     deploy_dir = Path(out_dir).expanduser().resolve()
     if not is_script_safe_path(deploy_dir):
@@ -317,7 +335,7 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
     staging = Path(tempfile.mkdtemp(prefix=f".{deploy_dir.name}.", dir=deploy_dir.parent))
     staged = Deployment(staging)
     try:
-        write_model_repository(staged.model_repository, spec.model.backend, repository_parameters(spec))
+        write_repository(spec, staged.model_repository)
         ship_packages(staged.runtime)
         for name, text in scripts.items():
             (staging / name).write_text(text)

@@ -16,6 +16,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpc.spec.checkpoint import checkpoint_conflicts, checkpoint_missing
+from launcher.contracts.llmapi import ENGINE
+
 if TYPE_CHECKING:
     from hpc.spec.schema import ModelSpec, Spec
 
@@ -36,12 +39,24 @@ def missing_inputs(spec: Spec) -> list[Finding]:
     m = spec.model
     if m.backend == "tensorrtllm" and m.engine_dir is not None and not m.engine_dir.is_dir():
         found.append((("model", "engine_dir"), f"{m.engine_dir} does not exist; point it at the trtllm-build output"))
-    if m.backend == "cpu" and m.checkpoint_dir is not None and not m.checkpoint_dir.is_dir() and m.init is None:
+    if m.checkpoint_dir is not None and not m.checkpoint_dir.is_dir() and m.init is None:
         found.append(
             (
                 ("model", "checkpoint_dir"),
                 f"{m.checkpoint_dir} does not exist; create one with `hpc-serve init-model {m.checkpoint_dir}` "
-                "or add `init: {family: gpt2}` to have `hpc-serve submit` create it",
+                "or add `init: {family: gpt2}` to have `hpc-serve submit` create it"
+                if m.backend == "cpu"
+                else f"{m.checkpoint_dir} does not exist; point it at a Hugging Face checkpoint folder "
+                "(config.json, *.safetensors, tokenizer files)",
+            )
+        )
+    if m.model_files_from is not None and spec.container.type == "none" and not Path(m.model_files_from).is_dir():
+        found.append(
+            (
+                ("model", "model_files_from"),
+                f"{m.model_files_from} does not exist here, and with container.type none the ranks run here: point "
+                "model.model_files_from at the folder holding TensorRT-LLM's llmapi model.py and helpers.py "
+                "(triton_backend/all_models/llmapi/tensorrt_llm/1 of its source)",
             )
         )
     b = spec.build
@@ -54,6 +69,7 @@ def missing_inputs(spec: Spec) -> list[Finding]:
         )
     if m.tokenizer_dir is not None and not m.tokenizer_dir.is_dir():
         found.append((("model", "tokenizer_dir"), f"{m.tokenizer_dir} does not exist"))
+    found += checkpoint_missing(spec)
     image = spec.container.image
     if spec.container.type == "apptainer" and image and image.endswith(".sif") and not Path(image).exists():
         found.append((("container", "image"), f"{image} does not exist"))
@@ -66,7 +82,7 @@ def missing_inputs(spec: Spec) -> list[Finding]:
 
 def conflicts(spec: Spec) -> list[Finding]:
     """What makes the rendered scripts wrong whatever is created later."""
-    found = _parallelism_conflicts(spec.model) + engine_limit_conflicts(spec)
+    found = _parallelism_conflicts(spec.model) + engine_limit_conflicts(spec) + checkpoint_conflicts(spec)
     workdir = str(spec.workdir)
     if not is_script_safe_path(workdir):
         found.append(
@@ -108,7 +124,7 @@ def _parallelism_conflicts(m: ModelSpec) -> list[Finding]:
                     f"the spec says tp_size {m.tp_size} × pp_size {m.pp_size}; rebuild or change the spec",
                 )
             ]
-    if m.backend == "cpu" and m.checkpoint_dir is not None and m.checkpoint_dir.is_dir():
+    if m.backend == "cpu" and m.workflow == ENGINE and m.checkpoint_dir is not None and m.checkpoint_dir.is_dir():
         heads = _attention_heads(m.checkpoint_dir)
         if heads and any(h % m.tp_size for h in heads):
             return [(("model", "tp_size"), f"tp_size {m.tp_size} does not divide the model's attention heads {heads}")]
@@ -163,7 +179,7 @@ def engine_limit_conflicts(spec: Spec) -> list[Finding]:
     engine's config.json when `model.engine_dir` holds one; with a `build:` section, the build's own arguments
     (hpc/spec/build.py `build_limits`): both refused here, before a GPU hour is spent."""
     m = spec.model
-    if m.backend != "tensorrtllm":
+    if m.backend != "tensorrtllm" or m.workflow != ENGINE:
         return []
     if spec.build is not None:
         from hpc.spec.build import build_limits
@@ -227,7 +243,7 @@ def context_length(model: ModelSpec) -> int | None:
     Why the gateway asks: a request whose new tokens would pass it is cut to the room left (a warning, not an
     error, in TensorRT-LLM and the CPU engine alike), and OpenAI clients read `finish_reason` "length" for a cut."""
     config = _read_config(model.source_dir)
-    if model.backend == "tensorrtllm":
+    if model.backend == "tensorrtllm" and model.workflow == ENGINE:
         limits = engine_limits(config)
         return limits["max_seq_len"] if limits else None
     from backend.cpu_engine.checkpoint import CheckpointError, parse_config

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from hpc.envvars import expand, unset_message
 from hpc.spec.build import BuildSpec
 from hpc.spec.files import conflicts, missing_inputs
+from hpc.spec.llmapi import CudaGraphConfig, KvCacheConfig, LlmApiSpec, workflow_findings
 from hpc.spec.parameters import parameter_findings
 from hpc.spec.schema import (
     ContainerSpec,
@@ -141,6 +142,9 @@ _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
     ("triton", "ports"): PortsSpec,
     ("gateway",): GatewaySpec,
     ("build",): BuildSpec,
+    ("llm_api",): LlmApiSpec,
+    ("llm_api", "kv_cache_config"): KvCacheConfig,
+    ("llm_api", "cuda_graph_config"): CudaGraphConfig,
 }
 
 
@@ -353,7 +357,8 @@ def validated(data: dict, index: Sources, file: str, base: Path) -> tuple[Spec |
         return None, sorted(unique.values(), key=lambda p: (p.line, p.path))
     spec, problems = _resolve_paths(spec, base, file, index)
     problems += [
-        Problem(*_origin(index, loc, file), ".".join(loc), message) for loc, message in parameter_findings(spec)
+        Problem(*_origin(index, loc, file), ".".join(loc), message)
+        for loc, message in parameter_findings(spec) + workflow_findings(spec)
     ]
     return spec, problems
 
@@ -374,7 +379,10 @@ def dump_spec(spec: Spec) -> str:
         header.append(f"# site profile: {' '.join(str(Path(origin.profile).resolve()).splitlines())}")
         given = ", ".join(origin.given_by_profile()) or "nothing (the spec set every key it has)"
         header += textwrap.wrap(given, 110, initial_indent="#   gave: ", subsequent_indent="#   ")
-    body = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    data = spec.model_dump(mode="json")
+    if spec.llm_api is not None:  # only the arguments given: loaded again, the rest stays TensorRT-LLM's default
+        data["llm_api"] = spec.llm_api.arguments()
+    body = yaml.safe_dump(data, sort_keys=False)
     return "\n".join(header) + "\n" + body
 
 

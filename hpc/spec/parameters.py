@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from backend.repository import normalize_parameter
+from launcher.contracts.llmapi import ENGINE
 
 if TYPE_CHECKING:
     from hpc.spec.schema import Spec
@@ -45,6 +46,8 @@ def parameter_findings(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
     """Every `triton.parameters` entry that a named spec field already sets, or whose value has the wrong type
     (the repository's own check, so `validate` catches what `render` would refuse)."""
     findings: list[tuple[tuple[str, ...], str]] = []
+    if spec.model.workflow != ENGINE:  # no repository parameters: hpc/spec/llmapi.py refuses the section
+        return findings
     for key, value in spec.triton.parameters.items():
         loc = ("triton", "parameters", key)
         owner = PARAMETER_OWNERS.get(key)

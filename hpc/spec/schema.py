@@ -40,12 +40,14 @@ from hpc.spec.checks import (
     slurm_time_seconds,
 )
 from hpc.spec.gateway import GatewaySpec
+from hpc.spec.llmapi import WORKFLOW_HELP, LlmApiSpec
 from hpc.spec.placement import PlacementError, replica_steps
 from hpc.spec.renew import RenewSpec, format_duration
 from launcher.contracts.auth import MODES as AUTH_MODES
 from launcher.contracts.auth import TOKEN as AUTH_TOKEN
 from launcher.contracts.config import DEFAULT_READY_TIMEOUT_S, DEFAULT_WARMUP_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
 from launcher.contracts.gpu import POLICIES as GPU_POLICIES
+from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL_DIR, LLMAPI, MODEL_FILES, WORKFLOWS
 
 
 class SlurmSpec(_Section):
@@ -142,22 +144,48 @@ class ModelInit(_Section):
 
 
 class ModelSpec(_Section):
-    """What is served. `tensorrtllm`: an engine from trtllm-build; `cpu`: the embedded reference engine."""
+    """What is served, by which engine (`backend`: TensorRT-LLM, or `cpu`, the embedded reference engine) and
+    which TensorRT-LLM workflow (`workflow`: llmapi serves a Hugging Face checkpoint, engine a trtllm-build
+    engine)."""
 
     backend: Literal["tensorrtllm", "cpu"] = "tensorrtllm"
+    workflow: Literal[WORKFLOWS] | None = Field(None, description=WORKFLOW_HELP)  # type: ignore[valid-type]
     engine_dir: Path | None = None
     checkpoint_dir: Path | None = None
     tokenizer_dir: Path | None = None
     tp_size: int = Field(1, ge=1)
     pp_size: int = Field(1, ge=1)
     init: ModelInit | None = None
+    model_files_from: str | None = Field(
+        None,
+        description=f"llmapi, backend tensorrtllm: the folder holding TensorRT-LLM's llmapi {' and '.join(MODEL_FILES)} "
+        "(the image's own, so they match its TensorRT-LLM), copied into the model repository when a replica "
+        f"starts; default {IMAGE_MODEL_DIR} (NGC images). The CPU backend serves hpc-serve's own model",
+    )
+
+    #: True when `workflow` was left out and inferred (messages say why the spec is on its workflow)
+    _workflow_inferred: bool = PrivateAttr(False)
+
+    @field_validator("model_files_from")
+    @classmethod
+    def _image_path(cls, value: str | None) -> str | None:
+        """A path where the ranks run (usually inside the image), so never made relative to the spec's folder."""
+        if value is not None and not _no_newline(value).startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path (as the ranks see it, inside the container)")
+        return value
 
     @model_validator(mode="after")
     def _dirs(self) -> ModelSpec:
-        if self.backend == "tensorrtllm":  # engine_dir: required unless a build: section makes it (Spec._fits)
+        if self.workflow is None:  # see WORKFLOW_HELP; a build: section makes it engine (Spec._build_is_engine)
+            self.workflow = ENGINE if self.engine_dir is not None else LLMAPI
+            self._workflow_inferred = True
+        if self.workflow == LLMAPI:
+            self._llmapi_dirs()
+        elif self.backend == "tensorrtllm":  # engine_dir: required unless a build: section makes it (Spec._fits)
             if self.checkpoint_dir is not None or self.init is not None:
                 raise ValueError(
-                    "@checkpoint_dir: model.checkpoint_dir and model.init are for backend: cpu; use engine_dir"
+                    "@checkpoint_dir: with model.workflow engine, model.checkpoint_dir and model.init are for "
+                    "backend: cpu; use engine_dir (or model.workflow: llmapi to serve a Hugging Face checkpoint)"
                 )
             if self.tokenizer_dir is None:
                 raise ValueError("@tokenizer_dir: model.backend tensorrtllm needs model.tokenizer_dir")
@@ -170,16 +198,48 @@ class ModelSpec(_Section):
                 raise ValueError(
                     "@engine_dir: model.engine_dir is for backend: tensorrtllm; use checkpoint_dir with backend: cpu"
                 )
-            if self.pp_size != 1:
-                raise ValueError(
-                    "@pp_size: model.pp_size must be 1 with backend: cpu (the CPU engine splits by tensor only)"
-                )
+        if self.workflow == ENGINE and self.model_files_from is not None:
+            raise ValueError("@model_files_from: model.model_files_from is for model.workflow: llmapi")
+        if self.backend == "cpu" and self.pp_size != 1:
+            raise ValueError(
+                "@pp_size: model.pp_size must be 1 with backend: cpu (the CPU engine splits by tensor only)"
+            )
         return self
+
+    def _llmapi_dirs(self) -> None:
+        """A Hugging Face checkpoint and nothing of an engine; where the image's model files are."""
+        if self.engine_dir is not None:
+            raise ValueError(
+                "@engine_dir: model.engine_dir is a trtllm-build engine, for model.workflow: engine; the llmapi "
+                "workflow serves a Hugging Face checkpoint (model.checkpoint_dir), or set model.workflow: engine"
+            )
+        if self.checkpoint_dir is None:
+            raise ValueError(
+                "@checkpoint_dir: model.workflow llmapi needs model.checkpoint_dir (a Hugging Face checkpoint folder: "
+                "config.json, *.safetensors, tokenizer files)"
+            )
+        if self.tokenizer_dir is not None:
+            raise ValueError(
+                "@tokenizer_dir: the llmapi workflow reads the tokenizer from model.checkpoint_dir; "
+                "to use another folder, set llm_api.tokenizer"
+            )
+        if self.init is not None and self.backend != "cpu":
+            raise ValueError("@init: model.init makes a random-weight checkpoint for backend: cpu only")
+        if self.backend == "cpu" and self.model_files_from is not None:
+            raise ValueError(
+                "@model_files_from: backend cpu serves hpc-serve's own llmapi model (backend/models/); "
+                "model.model_files_from is for backend: tensorrtllm"
+            )
+        if self.backend == "tensorrtllm" and self.model_files_from is None:
+            self.model_files_from = IMAGE_MODEL_DIR
 
     @property
     def source_dir(self) -> Path:
-        """The folder the `tensorrt_llm` model reads (`gpt_model_path`)."""
-        return self.engine_dir if self.backend == "tensorrtllm" else self.checkpoint_dir  # type: ignore[return-value]
+        """The folder the model reads: the engine (`gpt_model_path`) of the engine workflow's TensorRT-LLM, the
+        Hugging Face checkpoint otherwise."""
+        if self.backend == "tensorrtllm" and self.workflow == ENGINE:
+            return self.engine_dir  # type: ignore[return-value]
+        return self.checkpoint_dir  # type: ignore[return-value]
 
     @property
     def tokenizer(self) -> Path:
@@ -279,6 +339,9 @@ class Spec(_Section):
     gateway: GatewaySpec | None = Field(None, description="run `hpc-serve gateway` as a Slurm job of its own")
     renew: RenewSpec | None = Field(None, description="a successor job takes over before the time limit")
     build: BuildSpec | None = Field(None, description="build the engine as a job of its own before serving")
+    llm_api: LlmApiSpec | None = Field(
+        None, description="model.workflow llmapi: TensorRT-LLM LLM API arguments, written into model.yaml"
+    )
     auth: Literal[AUTH_MODES] = Field(  # type: ignore[valid-type]
         AUTH_TOKEN,
         description="token: every replica (and the gateway) requires the deployment's token (`hpc-serve token`); "
@@ -306,6 +369,15 @@ class Spec(_Section):
             return self.slurm.gpus_per_node
         return max(1, self.world_size // self.slurm.nodes)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _build_is_engine(cls, data: Any) -> Any:
+        """A build: section makes a TensorRT engine: the workflow is engine unless the spec says otherwise."""
+        if isinstance(data, dict) and data.get("build") is not None and isinstance(data.get("model"), dict):
+            if "workflow" not in data["model"]:
+                data = {**data, "model": {**data["model"], "workflow": ENGINE}}
+        return data
+
     @model_validator(mode="after")
     def _fits(self) -> Spec:
         s, m = self.slurm, self.model
@@ -319,6 +391,11 @@ class Spec(_Section):
                 raise ValueError(
                     "@mode: mode orchestrator needs model.backend tensorrtllm; the CPU engine uses leader mode"
                 )
+            if m.workflow == LLMAPI:
+                raise ValueError(
+                    "@mode: mode orchestrator is the engine workflow's (the C++ backend spawns its ranks); "
+                    "the llmapi workflow runs in leader mode"
+                )
         if tasks != self.world_size:
             raise ValueError(
                 f"@model.tp_size: tp_size {m.tp_size} × pp_size {m.pp_size} × replicas {self.replicas} = {self.world_size} ranks, "
@@ -331,12 +408,12 @@ class Spec(_Section):
             raise ValueError(f"@replicas: {exc}") from None
         if self.renew is not None:
             self._renew_fits()
-        if m.backend == "tensorrtllm" and m.engine_dir is None and self.build is None:
+        if m.workflow == ENGINE and m.backend == "tensorrtllm" and m.engine_dir is None and self.build is None:
             raise ValueError(
                 "@model.engine_dir: model.backend tensorrtllm needs model.engine_dir (the trtllm-build output), "
                 "or a build: section that builds it"
             )
-        if self.build is not None:
+        if self.build is not None and m.workflow == ENGINE:  # on llmapi: a finding (hpc/spec/llmapi.py)
             check_build(self)  # hpc/spec/build.py
         if m.backend == "tensorrtllm" and self.mode == "leader":
             if s.gpus_per_node and self.tasks_per_node > s.gpus_per_node:

@@ -1,0 +1,66 @@
+"""The llmapi workflow's model repository from the spec: model.yaml's content, and where model.py comes from.
+
+model.yaml holds what upstream's `tensorrt_llm` model passes to `LLM(**args)` plus its `triton_config`
+(facts: TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1/model.py reads every key but triton_config
+as an LLM argument). What the spec decides elsewhere is written here, once: the checkpoint (`model`), the
+parallel sizes, `gpus_per_node`; then the `llm_api:` section's keys as given.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from launcher.contracts.llmapi import CANCELLATION_CHECK_PERIOD_MS, MODEL_FILES
+
+if TYPE_CHECKING:
+    from hpc.spec import Spec
+
+#: triton_config.max_batch_size: 0, as upstream's model.yaml: the inputs have no batch dimension, so clients send
+#: `text_input` of shape [1] (tools/llmapi_client.py); batching is the LLM API's own (llm_api.max_batch_size)
+TRITON_MAX_BATCH_SIZE = 0
+
+
+def model_yaml_args(spec: Spec) -> dict[str, Any]:
+    """model.yaml's mapping: the LLM arguments, then triton_config."""
+    m, s = spec.model, spec.slurm
+    args: dict[str, Any] = {
+        "model": str(m.checkpoint_dir),
+        "tensor_parallel_size": m.tp_size,
+        "pipeline_parallel_size": m.pp_size,
+    }
+    if m.backend == "tensorrtllm" and s.gpus_per_node:
+        args["gpus_per_node"] = s.gpus_per_node
+    if spec.llm_api is not None:
+        args.update(spec.llm_api.arguments())
+    args["triton_config"] = {
+        "max_batch_size": TRITON_MAX_BATCH_SIZE,
+        "decoupled": spec.triton.decoupled,
+        "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
+    }
+    return args
+
+
+def model_yaml_text(spec: Spec) -> str:
+    """model.yaml as written into `tensorrt_llm/1/`: a header naming its source, then the mapping."""
+    header = (
+        f"# {spec.name}: TensorRT-LLM LLM API arguments, written by `hpc-serve render` from the spec (model, the\n"
+        "# parallel sizes and gpus_per_node from its model: and slurm: sections, the rest from llm_api:).\n"
+        "# triton_config is read by the tensorrt_llm python model, not by LLM(); edit the spec, not this file.\n"
+    )
+    return header + yaml.safe_dump(model_yaml_args(spec), sort_keys=False)
+
+
+def model_files_source(spec: Spec) -> str:
+    """Where the running model's model.py comes from, for `render`'s output."""
+    from backend.llmapi_repository import CPU_LLMAPI_MODULE
+
+    m = spec.model
+    if m.model_files_from is None:
+        return f"model.py: hpc-serve's CPU llmapi model ({CPU_LLMAPI_MODULE}), a shim in the repository"
+    where = "inside the image" if spec.container.type != "none" else "on each node"
+    return (
+        f"model.py: {' and '.join(MODEL_FILES)} are copied from {m.model_files_from} ({where}) into "
+        "tensorrt_llm/1/ when each replica starts (model.model_files_from); a missing file fails the job"
+    )

@@ -1,6 +1,0 @@
-#!/bin/bash
-# Per-rank script for llama3-8b-awq: `srun --mpi=pmix` runs one copy per rank, and each starts one
-# tritonserver. Inside salloc, by hand:  srun --mpi=pmix bash <TMP>/deploy/llama3-8b-awq/tensorrt_llm_triton.sh
-set -euo pipefail
-export PYTHONPATH=<TMP>/deploy/llama3-8b-awq/python"${PYTHONPATH:+:$PYTHONPATH}"
-exec python3 -m launcher <TMP>/deploy/llama3-8b-awq
