@@ -234,7 +234,12 @@ def write_model_repository(out_dir: Path, backend: Backend, params: Mapping[str,
     a half-written repository. An existing `out_dir` is only replaced if it is empty or was written by
     this function (it carries `.hpc-serve-repository.json`) — never someone's unrelated folder.
     """
-    files = render_repository(backend, params)
+    write_repository_files(out_dir, render_repository(backend, params))
+
+
+def write_repository_files(out_dir: Path, files: Mapping[str, str]) -> None:
+    """Write `files` (relative path → text; a path ending in "/" is a folder) as the repository `out_dir`, built
+    in a temporary sibling and swapped in (see `write_model_repository`); both workflows' repositories go here."""
     out_dir = Path(out_dir).absolute()
     check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -301,6 +306,7 @@ __all__ = [
     "required_parameters",
     "validate_parameters",
     "write_model_repository",
+    "write_repository_files",
 ]
 
 

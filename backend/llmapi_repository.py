@@ -1,0 +1,84 @@
+"""Write the llmapi workflow's model repository: TensorRT-LLM's one python model `tensorrt_llm`, laid out as upstream
+lays out `triton_backend/all_models/llmapi` (reference: /work/notes/issue23-facts.md §1, §6):
+
+    tensorrt_llm/config.pbtxt     backend/templates/llmapi/tensorrt_llm/config.pbtxt (decoupled set in the file)
+    tensorrt_llm/1/model.yaml     the LLM API arguments + `triton_config` (render builds the dict)
+    tensorrt_llm/1/model.py       only for the CPU engine: a shim importing backend.models.llmapi; with TensorRT-LLM
+                                  the image's own model.py and helpers.py are copied here at job start (launcher)
+
+The repository carries the same marker as the engine workflow's, so render may replace one with the other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from backend.repository import MARKER_FILE, _shim, write_repository_files
+from launcher.contracts.llmapi import LLMAPI, MODEL_YAML
+from launcher.contracts.model_names import TENSORRT_LLM
+
+#: the config.pbtxt every llmapi repository gets (upstream's, plus `decoupled: true`)
+TEMPLATE = Path(__file__).parent / "templates" / LLMAPI / TENSORRT_LLM / "config.pbtxt"
+#: what the CPU engine's `1/model.py` shim re-exports `TritonPythonModel` from
+CPU_LLMAPI_MODULE = "backend.models.llmapi"
+#: `model_files` value: write the CPU engine's shim (the other choice, None, leaves `1/` to the launcher's copy)
+CPU_SHIM = "cpu"
+#: model.yaml's section for the Triton model itself (upstream's name); everything else is an LLM API argument
+TRITON_CONFIG = "triton_config"
+
+
+def config_text() -> str:
+    """The `tensorrt_llm/config.pbtxt` text."""
+    return TEMPLATE.read_text(encoding="utf-8")
+
+
+def with_triton_config(model_yaml: Mapping[str, Any]) -> dict[str, Any]:
+    """`model_yaml` with `triton_config` agreeing with config.pbtxt: decoupled (the file sets it; upstream's model
+    reads model.yaml's value again and refuses streaming when it says False) and max_batch_size 0 (no Triton
+    batching: the engine batches). A model.yaml that says otherwise is refused with the fix."""
+    out = dict(model_yaml)
+    triton = dict(out.get(TRITON_CONFIG) or {})
+    if triton.get("decoupled", True) is not True:
+        raise ValueError(
+            f"{MODEL_YAML}: {TRITON_CONFIG}.decoupled must be true: config.pbtxt sets decoupled, and tritonserver "
+            "runs with --disable-auto-complete-config (remove the key or set it to true)"
+        )
+    if int(triton.get("max_batch_size", 0)) != 0:
+        raise ValueError(
+            f"{MODEL_YAML}: {TRITON_CONFIG}.max_batch_size must be 0 (the engine batches; config.pbtxt has no "
+            "max_batch_size); set the LLM API argument max_batch_size instead"
+        )
+    triton.update(decoupled=True, max_batch_size=0)
+    out[TRITON_CONFIG] = triton
+    return out
+
+
+def render_llmapi_repository(
+    model_yaml: Mapping[str, Any], model_files: Literal["cpu"] | None = None
+) -> dict[str, str]:
+    """Relative path → text of the whole repository (no disk access)."""
+    import yaml  # a dependency of hpc-serve; imported here so that the engine workflow's path never needs it
+
+    if model_files not in (CPU_SHIM, None):
+        raise ValueError(f"model_files must be {CPU_SHIM!r} (the CPU engine's shim) or None, got {model_files!r}")
+    version = f"{TENSORRT_LLM}/1/"
+    files = {
+        f"{TENSORRT_LLM}/config.pbtxt": config_text(),
+        version: "",
+        version + MODEL_YAML: yaml.safe_dump(with_triton_config(model_yaml), sort_keys=False),
+    }
+    if model_files == CPU_SHIM:
+        files[version + "model.py"] = _shim(TENSORRT_LLM, CPU_LLMAPI_MODULE)
+    files[MARKER_FILE] = json.dumps({"workflow": LLMAPI, "model_files": model_files}, indent=2, sort_keys=True) + "\n"
+    return files
+
+
+def write_llmapi_repository(
+    out_dir: Path, model_yaml: Mapping[str, Any], model_files: Literal["cpu"] | None = None
+) -> None:
+    """Write the llmapi repository to `out_dir`, replacing a previous hpc-serve repository atomically
+    (backend.repository.write_repository_files: never someone's unrelated folder)."""
+    write_repository_files(Path(out_dir), render_llmapi_repository(model_yaml, model_files))
