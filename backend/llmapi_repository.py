@@ -1,7 +1,7 @@
 """Write the llmapi workflow's model repository: TensorRT-LLM's one python model `tensorrt_llm`, laid out as upstream
 lays out `triton_backend/all_models/llmapi` (reference: /work/notes/issue23-facts.md §1, §6):
 
-    tensorrt_llm/config.pbtxt     backend/templates/llmapi/tensorrt_llm/config.pbtxt (decoupled set in the file)
+    tensorrt_llm/config.pbtxt     backend/templates/llmapi/tensorrt_llm/config.pbtxt, decoupled as model.yaml says
     tensorrt_llm/1/model.yaml     the LLM API arguments + `triton_config` (render builds the dict)
     tensorrt_llm/1/model.py       only for the CPU engine: a shim importing backend.models.llmapi; with TensorRT-LLM
                                   the image's own model.py and helpers.py are copied here at job start (launcher)
@@ -28,30 +28,32 @@ CPU_LLMAPI_MODULE = "backend.models.llmapi"
 CPU_SHIM = "cpu"
 #: model.yaml's section for the Triton model itself (upstream's name); everything else is an LLM API argument
 TRITON_CONFIG = "triton_config"
+#: the template's transaction policy line (rendered false when model.yaml says so)
+DECOUPLED_LINE = "  decoupled: true\n"
 
 
-def config_text() -> str:
-    """The `tensorrt_llm/config.pbtxt` text."""
-    return TEMPLATE.read_text(encoding="utf-8")
+def config_text(decoupled: bool = True) -> str:
+    """The `tensorrt_llm/config.pbtxt` text; `decoupled` is model.yaml's `triton_config.decoupled`, written into
+    the file because tritonserver runs with --disable-auto-complete-config (which ignores model.yaml)."""
+    text = TEMPLATE.read_text(encoding="utf-8")
+    return text if decoupled else text.replace(DECOUPLED_LINE, DECOUPLED_LINE.replace("true", "false"), 1)
 
 
 def with_triton_config(model_yaml: Mapping[str, Any]) -> dict[str, Any]:
-    """`model_yaml` with `triton_config` agreeing with config.pbtxt: decoupled (the file sets it; upstream's model
-    reads model.yaml's value again and refuses streaming when it says False) and max_batch_size 0 (no Triton
-    batching: the engine batches). A model.yaml that says otherwise is refused with the fix."""
+    """`model_yaml` with a complete `triton_config`: decoupled (true unless it says false: streaming needs it;
+    unary gRPC/HTTP `infer` and HTTP `generate` need false, as in upstream's default model.yaml) and
+    max_batch_size 0 (no Triton batching: the engine batches; anything else is refused with the fix)."""
     out = dict(model_yaml)
     triton = dict(out.get(TRITON_CONFIG) or {})
-    if triton.get("decoupled", True) is not True:
-        raise ValueError(
-            f"{MODEL_YAML}: {TRITON_CONFIG}.decoupled must be true: config.pbtxt sets decoupled, and tritonserver "
-            "runs with --disable-auto-complete-config (remove the key or set it to true)"
-        )
+    decoupled = triton.get("decoupled", True)
+    if not isinstance(decoupled, bool):
+        raise ValueError(f"{MODEL_YAML}: {TRITON_CONFIG}.decoupled must be true or false, got {decoupled!r}")
     if int(triton.get("max_batch_size", 0)) != 0:
         raise ValueError(
             f"{MODEL_YAML}: {TRITON_CONFIG}.max_batch_size must be 0 (the engine batches; config.pbtxt has no "
             "max_batch_size); set the LLM API argument max_batch_size instead"
         )
-    triton.update(decoupled=True, max_batch_size=0)
+    triton.update(decoupled=decoupled, max_batch_size=0)
     out[TRITON_CONFIG] = triton
     return out
 
@@ -65,10 +67,11 @@ def render_llmapi_repository(
     if model_files not in (CPU_SHIM, None):
         raise ValueError(f"model_files must be {CPU_SHIM!r} (the CPU engine's shim) or None, got {model_files!r}")
     version = f"{TENSORRT_LLM}/1/"
+    complete = with_triton_config(model_yaml)
     files = {
-        f"{TENSORRT_LLM}/config.pbtxt": config_text(),
+        f"{TENSORRT_LLM}/config.pbtxt": config_text(complete[TRITON_CONFIG]["decoupled"]),
         version: "",
-        version + MODEL_YAML: yaml.safe_dump(with_triton_config(model_yaml), sort_keys=False),
+        version + MODEL_YAML: yaml.safe_dump(complete, sort_keys=False),
     }
     if model_files == CPU_SHIM:
         files[version + "model.py"] = _shim(TENSORRT_LLM, CPU_LLMAPI_MODULE)

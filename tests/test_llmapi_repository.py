@@ -46,9 +46,18 @@ def test_replaces_an_engine_repository(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted([MARKER_FILE, "tensorrt_llm"])
 
 
+def test_decoupled_follows_model_yaml(tmp_path):
+    out = tmp_path / "repo"
+    llmapi.write_llmapi_repository(out, {**ARGS, "triton_config": {"decoupled": False}}, llmapi.CPU_SHIM)
+    assert not parse(out / "tensorrt_llm" / "config.pbtxt").model_transaction_policy.decoupled
+    assert (
+        yaml.safe_load((out / "tensorrt_llm" / "1" / "model.yaml").read_text())["triton_config"]["decoupled"] is False
+    )
+
+
 @pytest.mark.parametrize(
     ("triton_config", "words"),
-    [({"decoupled": False}, "decoupled must be true"), ({"max_batch_size": 8}, "max_batch_size must be 0")],
+    [({"decoupled": "yes"}, "decoupled must be true or false"), ({"max_batch_size": 8}, "max_batch_size must be 0")],
 )
 def test_triton_config_that_disagrees_is_refused(tmp_path, triton_config, words):
     with pytest.raises(ValueError, match=words):

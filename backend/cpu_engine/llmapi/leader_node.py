@@ -14,6 +14,7 @@ loaded the model breaks (tritonserver is gone), or on SIGTERM/SIGINT (the launch
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import signal
 import sys
@@ -70,12 +71,14 @@ class LeaderNode:
         self.load_error: str | None = None
         self._load_lock = threading.Lock()
         self._told_workers = False
+        self._connections = itertools.count(1)
         self.stop = threading.Event()
 
     # ------------------------------------------------------------------ connections
     def serve(self, channel: p.Channel) -> None:
         """Answer one connection until it closes; the model's (the one that loaded) closing stops the node."""
         loaded_here = False
+        scope = f"{next(self._connections)}:"  # engine ids per connection: two models' ids never meet
         try:
             while not self.stop.is_set():
                 message = channel.recv()
@@ -84,10 +87,10 @@ class LeaderNode:
                     loaded_here = loaded_here or isinstance(reply, p.Loaded)
                     channel.send(reply)
                 elif isinstance(message, p.Submit):
-                    self.submit(message, channel)
+                    self.submit(message, channel, scope)
                 elif isinstance(message, p.Abort):
                     if self.engine is not None:
-                        self.engine.cancel(message.request_id)
+                        self.engine.cancel(scope + message.request_id)
                 elif isinstance(message, p.StatsQuery):
                     channel.send(self.stats())
                 elif isinstance(message, p.Shutdown):
@@ -157,7 +160,7 @@ class LeaderNode:
             ignored=args.ignored,
         )
 
-    def submit(self, message: p.Submit, channel: p.Channel) -> None:
+    def submit(self, message: p.Submit, channel: p.Channel, scope: str = "") -> None:
         s = message.sampling
         req = GenerationRequest(
             input_ids=np.asarray(message.prompt_ids, np.int64),
@@ -165,7 +168,7 @@ class LeaderNode:
             end_id=s.end_id,
             stop_words=s.stop_words,
             streaming=message.streaming,
-            request_id=message.request_id,
+            request_id=scope + message.request_id,
             sampling=SamplingParams(
                 temperature=s.temperature,
                 top_k=s.top_k,
@@ -175,7 +178,7 @@ class LeaderNode:
                 frequency_penalty=s.frequency_penalty,
             ),
         )
-        req.on_output = self._sender(channel)
+        req.on_output = self._sender(channel, message.request_id)
         if self.engine is None:
             req.on_output(GenerationOutput(req, [], [], True, "error", "the leader node has no model loaded"))
             return
@@ -185,11 +188,11 @@ class LeaderNode:
             req.on_output(GenerationOutput(req, [], [], True, "error", str(e)))
 
     @staticmethod
-    def _sender(channel: p.Channel):
+    def _sender(channel: p.Channel, request_id: str):
         def on_output(out: GenerationOutput) -> None:
             req = out.request
             message = p.Output(
-                request_id=req.request_id,
+                request_id=request_id,
                 new_tokens=list(out.new_tokens),
                 finished=out.finished,
                 cum_log_prob=float(req.cum_log_prob),

@@ -1,0 +1,416 @@
+"""The CPU engine on the llmapi workflow inside the real tritonserver (2.51, python backend), in TensorRT-LLM's
+process layout: the leader node (`python -m backend.cpu_engine.llmapi.leader_node`, an MPI singleton here) and
+tritonserver, both given the spawn-proxy variables (launcher/contracts/llmapi.py proxy_env), on a repository
+written by backend/llmapi_repository.py.
+
+Two models share the leader node: `tensorrt_llm` (decoupled: streaming) and `tensorrt_llm_unary` (model.yaml
+`decoupled: false`, upstream's default: unary gRPC `infer`, as tools/llmapi_client.py and
+tools/tests/test_llmapi_cancel.py send). Client calls are shaped like those (issue23-facts.md §7). The leader
+runs its steps at a GPU's pace (tests/steps.py) so that a stop's effect is counted in engine steps, read from the
+leader node itself (protocol.StatsQuery), never timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend.cpu_engine.llmapi import protocol as p
+from backend.llmapi_repository import CPU_SHIM, write_llmapi_repository
+from launcher.contracts.llmapi import new_hmac_key, proxy_env
+from tests._triton import Server, find_tritonserver, free_port, post_json, tritonserver
+from tests.steps import GPU_PACE_MS
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+DECOUPLED, UNARY = "tensorrt_llm", "tensorrt_llm_unary"
+PROMPT = "The current time is"  # test_llmapi_cancel.py's prompt
+CANCELLED = "StatusCode.CANCELLED"
+#: a request long enough that a stop clearly lands mid-generation, and the bound on steps made after a stop:
+#: half of it (tests/steps.py GPU_PACE_MS says why that holds for any delay under two seconds)
+LONG, STEPS_AFTER_STOP = 200, 100
+
+
+@dataclass
+class Job:
+    server: Server
+    env: dict[str, str]
+    leader: subprocess.Popen
+
+    def stats(self) -> p.Stats:
+        """The leader node's counters, over a connection of the test's own (it does not stop the node)."""
+        channel = p.connect(p.endpoint(self.env), timeout_s=5)
+        try:
+            channel.send(p.StatsQuery())
+            return channel.recv()
+        finally:
+            channel.close()
+
+    def wait_for(self, what: str, ready: Callable[[p.Stats], bool], timeout: float = 60) -> p.Stats:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            stats = self.stats()
+            if ready(stats):
+                return stats
+            time.sleep(0.01)
+        raise AssertionError(f"the leader node never reached: {what} (last {self.stats()})")
+
+
+def _repository(tmp: Path, checkpoint: str) -> Path:
+    args = {"model": checkpoint, "tensor_parallel_size": 1, "max_batch_size": 4}
+    out = tmp / "repo"
+    write_llmapi_repository(out, {**args, "triton_config": {"cancellation_check_period_ms": 10}}, CPU_SHIM)
+    write_llmapi_repository(tmp / "unary", {**args, "triton_config": {"decoupled": False}}, CPU_SHIM)
+    shutil.move(tmp / "unary" / DECOUPLED, out / UNARY)
+    config = out / UNARY / "config.pbtxt"
+    config.write_text(config.read_text().replace(f'name: "{DECOUPLED}"', f'name: "{UNARY}"', 1))
+    return out
+
+
+@contextlib.contextmanager
+def leader_node(env: dict[str, str], log: Path, argv: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
+    command = [sys.executable, "-m", "backend.cpu_engine.llmapi.leader_node", *argv]
+    full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)  # it stops once tritonserver's model unloaded
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, tiny_gpt2) -> Iterator[Job]:
+    if find_tritonserver() is None:
+        pytest.skip("tritonserver not installed (nvidia-pytriton)")
+    tmp = tmp_path_factory.mktemp("llmapi")
+    env = proxy_env(free_port(), new_hmac_key())
+    repo = _repository(tmp, str(tiny_gpt2))
+    with leader_node(env, tmp / "leader.log", ("--min-step-ms", str(GPU_PACE_MS))) as leader:
+        with tritonserver(repo, tmp, env={**env, "OPENBLAS_NUM_THREADS": "1"}) as server:
+            yield Job(server, env, leader)
+        assert leader.wait(30) == 0, (tmp / "leader.log").read_text()[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------ clients
+def _grpc(job: Job):
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(f"127.0.0.1:{job.server.grpc_port}")
+
+
+def _inputs(text: str | bytes | None = PROMPT, max_tokens: int | None = 16, **extra: np.ndarray) -> list:
+    """llmapi_client.py's inputs (text_input BYTES [1], sampling_param_max_tokens INT32 [1]) plus any others."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    arrays: dict[str, np.ndarray] = {}
+    if text is not None:
+        arrays["text_input"] = np.array([text.encode() if isinstance(text, str) else text], dtype=np.object_)
+    if max_tokens is not None:
+        arrays["sampling_param_max_tokens"] = np.array([max_tokens], np.int32)
+    arrays.update(extra)
+    out = []
+    for name, arr in arrays.items():
+        tensor = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        tensor.set_data_from_numpy(arr)
+        out.append(tensor)
+    return out
+
+
+def _flag(value: bool = True) -> np.ndarray:
+    return np.array([value], dtype=bool)
+
+
+def _stop_inputs() -> list:
+    """llmapi_client.py's stop: text_input = np.empty([1], dtype=np.bytes_) and stop = [True]."""
+    return _inputs(np.empty([1], dtype=np.bytes_)[0], None, stop=_flag())
+
+
+def _text(result) -> str:
+    return result.as_numpy("text_output")[0].decode()
+
+
+def _infer_async(job: Job, model: str, inputs: list, request_id: str) -> queue.Queue:
+    """llmapi_client.py's call: a unary async_infer; the completion (result or error) arrives on the queue."""
+    done: queue.Queue = queue.Queue()
+    client = _grpc(job)
+    future = client.async_infer(
+        model,
+        inputs,
+        lambda result, error: done.put((result, error)),
+        request_id=request_id,
+        parameters={"Streaming": False},
+    )
+    done.future = future  # type: ignore[attr-defined]
+    done.client = client  # type: ignore[attr-defined]
+    return done
+
+
+def _stream(job: Job, inputs: list, request_id: str = "s") -> tuple[object, queue.Queue]:
+    client = _grpc(job)
+    events: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    client.async_stream_infer(DECOUPLED, inputs, request_id=request_id)
+    return client, events
+
+
+def _collect(events: queue.Queue, timeout: float = 60) -> list:
+    """A stream's responses up to the final one (a gRPC stream ends a request with its final response)."""
+    out = []
+    while True:
+        result, error = events.get(timeout=timeout)
+        assert error is None, error
+        out.append(result)
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            return out
+
+
+def _greedy(job: Job, text: str = PROMPT, max_tokens: int = 16, **extra: np.ndarray) -> str:
+    return _text(_grpc(job).infer(UNARY, _inputs(text, max_tokens, **extra), request_id="g"))
+
+
+# ------------------------------------------------------------------------------------------------ tests
+def test_unary_like_llmapi_client(job):
+    """llmapi_client.py: unary gRPC, its default text, request id "1"; without exclude_input_from_output the
+    prompt is echoed."""
+    text = "Born in north-east France, Soyer trained as a"
+    done = _infer_async(job, UNARY, _inputs(text, 16), "1")
+    result, error = done.get(timeout=60)
+    assert error is None, error
+    assert _text(result).startswith(text) and len(_text(result)) > len(text)
+    excluded = _greedy(job, text, sampling_param_exclude_input_from_output=_flag())
+    assert excluded and not excluded.startswith(text)
+
+
+def test_unary_call_on_the_decoupled_model_is_refused_by_triton(job):
+    """Why the repository's decoupled follows model.yaml: tritonserver 2.51 serves no unary gRPC call on a
+    decoupled model (upstream's unary clients need `decoupled: false`, their default)."""
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="doesn't support models with decoupled"):
+        _grpc(job).infer(DECOUPLED, _inputs(), request_id="1")
+
+
+def test_streaming_events_carry_cumulative_text(job):
+    inputs = _inputs(PROMPT, 6, streaming=_flag(), return_finish_reason=_flag(), return_stop_reason=_flag())
+    client, events = _stream(job, inputs)
+    responses = _collect(events)
+    client.stop_stream()
+    texts = [_text(r) for r in responses]
+    reasons = [r.as_numpy("finish_reason")[0].decode() for r in responses]
+    assert len(texts) >= 2 and reasons[:-1] == ["None"] * (len(texts) - 1) and reasons[-1] == "length"
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
+    assert not texts[-1].startswith(PROMPT)  # streamed events carry the generated text only
+    assert responses[-1].as_numpy("stop_reason")[0].decode() == "None"
+    assert texts[-1] == _greedy(job, max_tokens=6, sampling_param_exclude_input_from_output=_flag())
+
+
+def test_cancel_sequence_like_test_llmapi_cancel(job):
+    """tools/tests/test_llmapi_cancel.py's sequence: stop before any request, a request, stop after it, the same
+    request again under another id: the same greedy text."""
+    from tritonclient.utils import InferenceServerException
+
+    client = _grpc(job)
+    inputs = _inputs(PROMPT, 100)
+    for _ in range(2):
+        with pytest.raises(InferenceServerException) as stopped:
+            client.infer(UNARY, _stop_inputs(), request_id="1", parameters={"Streaming": False})
+        assert stopped.value.status() == CANCELLED and "Request cancelled by client" in stopped.value.message()
+        if _ == 0:
+            first = client.infer(UNARY, inputs, request_id="1", parameters={"Streaming": False})
+    second = client.infer(UNARY, inputs, request_id="2", parameters={"Streaming": False})
+    assert np.array_equal(first.as_numpy("text_output"), second.as_numpy("text_output"))
+
+
+def test_stop_without_request_id_is_refused(job):
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="A request id must be provided for request cancellation"):
+        _grpc(job).infer(UNARY, _stop_inputs())
+    assert _greedy(job)  # still serving
+
+
+def _assert_stops_soon(job: Job, before: p.Stats) -> None:
+    after = job.wait_for("nothing in flight", lambda s: s.active_requests == 0 and s.waiting_requests == 0)
+    assert after.iterations - before.iterations <= STEPS_AFTER_STOP, (before, after)
+
+
+def test_stop_mid_generation_like_stop_after_ms(job):
+    """llmapi_client.py --stop-after-ms: a second call with the same request id and `stop`; both end CANCELLED."""
+    from tritonclient.utils import InferenceServerException
+
+    start = job.stats()
+    done = _infer_async(job, UNARY, _inputs(PROMPT, LONG), "7")
+    before = job.wait_for("the request generating", lambda s: s.iterations >= start.iterations + 5)
+    with pytest.raises(InferenceServerException) as stopped:
+        _grpc(job).infer(UNARY, _stop_inputs(), request_id="7", parameters={"Streaming": False})
+    assert stopped.value.status() == CANCELLED
+    _assert_stops_soon(job, before)
+    result, error = done.get(timeout=60)
+    assert result is None and error.status() == CANCELLED
+    assert _greedy(job)
+
+
+def test_request_cancel_like_stop_via_request_cancel(job):
+    """llmapi_client.py --stop-via-request-cancel: the client cancels its gRPC call; the is_cancelled polling
+    aborts the generation."""
+    start = job.stats()
+    done = _infer_async(job, UNARY, _inputs(PROMPT, LONG), "8")
+    before = job.wait_for("the request generating", lambda s: s.iterations >= start.iterations + 5)
+    done.future.cancel()  # type: ignore[attr-defined]
+    _assert_stops_soon(job, before)
+    assert _greedy(job)
+
+
+def test_cancel_a_stream_stops_the_generation(job):
+    client, events = _stream(job, _inputs(PROMPT, LONG, streaming=_flag()), request_id="9")
+    for _ in range(3):
+        _result, error = events.get(timeout=60)
+        assert error is None, error
+    before = job.stats()
+    client.stop_stream(cancel_requests=True)
+    _assert_stops_soon(job, before)
+    assert _greedy(job)
+
+
+def test_http_generate_like_curl(job):
+    """TensorRT-LLM's curl example. Tritonserver 2.51 answers `generate` on the decoupled model too (one
+    response); NVIDIA's docs report 501 for it in other versions."""
+    body = {"text_input": "What is machine learning?", "sampling_param_max_tokens": 10}
+    for model in (UNARY, DECOUPLED):
+        status, reply = post_json("127.0.0.1", job.server.http_port, f"/v2/models/{model}/generate", body)
+        assert status == 200, reply
+        assert reply["text_output"].startswith("What is machine learning?")
+    events = job.server.stream(f"/v2/models/{DECOUPLED}/generate_stream", {**body, "streaming": True})
+    assert len(events) >= 2 and events[-1]["text_output"].startswith(events[0]["text_output"])
+    status, reply = post_json(
+        "127.0.0.1", job.server.http_port, f"/v2/models/{UNARY}/generate", {**body, "streaming": True}
+    )
+    assert status == 400 and "Streaming is only supported in decoupled mode." in reply["error"]
+
+
+def test_reasons_logprob_and_perf_metrics_are_strings(job):
+    result = _grpc(job).infer(
+        UNARY,
+        _inputs(
+            PROMPT,
+            4,
+            return_finish_reason=_flag(),
+            return_stop_reason=_flag(),
+            return_cumulative_logprob=_flag(),
+            sampling_param_return_perf_metrics=_flag(),
+        ),
+        request_id="p",
+    )
+    value = lambda name: result.as_numpy(name)[0].decode()  # noqa: E731
+    assert value("finish_reason") == "length" and value("stop_reason") == "None"
+    assert float(value("cumulative_logprob")) < 0
+    times = [int(value(n)) for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns")]
+    assert times == sorted(times) and int(value("last_token_time_ns")) >= times[-1] > 0
+    assert value("kv_cache_reused_block") == "0" and value("kv_cache_hit_rate") == "0.0"
+    assert int(value("kv_cache_alloc_new_blocks")) == int(value("kv_cache_missed_block")) >= 1
+    assert value("total_draft_tokens") == "0"
+
+
+def test_stop_string_ends_the_text_without_it(job, tiny_gpt2):
+    """A `sampling_param_stop` string: finish_reason "stop", stop_reason the string, the text cut before it
+    (SamplingParams.include_stop_str_in_output is False by default)."""
+    from backend.cpu_engine.engine import Engine
+    from backend.cpu_engine.scheduler import GenerationRequest
+    from backend.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_gpt2)
+    reference = Engine(str(tiny_gpt2)).generate(
+        GenerationRequest(input_ids=tokenizer.encode(PROMPT), max_new_tokens=8, end_id=tokenizer.end_id)
+    )
+    ids = reference.output_ids
+    at = next(i for i in range(1, len(ids)) if tokenizer.encode(tokenizer.decode(ids[i : i + 1]), False) == [ids[i]])
+    stop = tokenizer.decode(ids[at : at + 1])
+    result = _grpc(job).infer(
+        UNARY,
+        _inputs(
+            PROMPT,
+            8,
+            sampling_param_stop=np.array([stop.encode()], dtype=np.object_),
+            sampling_param_exclude_input_from_output=_flag(),
+            return_finish_reason=_flag(),
+            return_stop_reason=_flag(),
+        ),
+        request_id="s",
+    )
+    assert result.as_numpy("finish_reason")[0].decode() == "stop"
+    assert result.as_numpy("stop_reason")[0].decode() == stop
+    assert _text(result) == tokenizer.decode(ids[: ids.index(ids[at])])
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+BAD_INPUTS = {  # name → (inputs, words the error must contain)
+    "missing text_input": (lambda: _inputs(None, 4), "text_input"),
+    "max tokens 0": (lambda: _inputs(PROMPT, 0), "input 'sampling_param_max_tokens' must be at least 1, got 0"),
+    "max tokens < 0": (lambda: _inputs(PROMPT, -3), "input 'sampling_param_max_tokens' must be at least 1"),
+    "wrong dtype": (
+        lambda: _inputs(PROMPT, None, sampling_param_max_tokens=np.array([4], np.int64)),
+        "sampling_param_max_tokens",
+    ),
+    "NaN temperature": (
+        lambda: _inputs(PROMPT, 4, sampling_param_temperature=np.array([np.nan], np.float32)),
+        "input 'sampling_param_temperature' must be a finite number",
+    ),
+    "100k-character prompt": (lambda: _inputs("word " * 20_000, 4), "input 'text_input': the prompt has"),
+    "invalid UTF-8": (lambda: _inputs(b"caf\xc3(", 4), "input 'text_input' is not valid UTF-8"),
+    "2-D text_input": (
+        lambda: _inputs(None, 4, text_input=np.array([[b"a"], [b"b"]], dtype=np.object_)),
+        "text_input",
+    ),
+    "not a scalar": (
+        lambda: _inputs(PROMPT, None, sampling_param_max_tokens=np.array([4, 5], np.int32)),
+        "sampling_param_max_tokens",
+    ),
+    "streaming unary": (
+        lambda: _inputs(PROMPT, 4, streaming=_flag()),
+        "Streaming is only supported in decoupled mode.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_gets_an_error_naming_it_and_the_model_serves_on(job, case):
+    from tritonclient.utils import InferenceServerException
+
+    make, words = BAD_INPUTS[case]
+    with pytest.raises(InferenceServerException) as refused:
+        _grpc(job).infer(UNARY, make(), request_id="bad")
+    assert words in refused.value.message(), refused.value.message()
+    assert _greedy(job, max_tokens=2)
+
+
+def test_max_tokens_past_the_context_are_cut(job):
+    """As TensorRT-LLM's LlmRequest::validate: the new tokens are cut to the room the prompt leaves."""
+    result = _grpc(job).infer(UNARY, _inputs(PROMPT, 100_000, return_finish_reason=_flag()), request_id="c")
+    assert result.as_numpy("finish_reason")[0].decode() == "length"
+
+
+def test_a_peer_without_the_key_is_refused(job):
+    from multiprocessing import AuthenticationError
+
+    wrong = p.endpoint({**job.env, "TLLM_SPAWN_PROXY_PROCESS_IPC_HMAC_KEY": new_hmac_key()})
+    with pytest.raises((AuthenticationError, EOFError, ConnectionError)):
+        p.connect(wrong, timeout_s=5).send(p.Shutdown())
+    assert job.leader.poll() is None and _greedy(job, max_tokens=2)
