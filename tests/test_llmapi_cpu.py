@@ -12,178 +12,46 @@ leader node itself (protocol.StatsQuery), never timed.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import queue
-import shutil
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from backend.cpu_engine.llmapi import protocol as p
-from backend.llmapi_repository import CPU_SHIM, write_llmapi_repository
-from launcher.contracts.llmapi import new_hmac_key, proxy_env
-from tests._triton import Server, find_tritonserver, free_port, post_json, tritonserver
+from launcher.contracts.llmapi import new_hmac_key
+from tests._llmapi import (
+    DECOUPLED,
+    PROMPT,
+    UNARY,
+    Job,
+    collect,
+    flag,
+    grpc,
+    infer_async,
+    inputs,
+    running_job,
+    stop_inputs,
+    stream,
+    text_of,
+)
+from tests._triton import post_json
 from tests.steps import GPU_PACE_MS
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parent.parent
-DECOUPLED, UNARY = "tensorrt_llm", "tensorrt_llm_unary"
-PROMPT = "The current time is"  # test_llmapi_cancel.py's prompt
 CANCELLED = "StatusCode.CANCELLED"
 #: a request long enough that a stop clearly lands mid-generation, and the bound on steps made after a stop:
 #: half of it (tests/steps.py GPU_PACE_MS says why that holds for any delay under two seconds)
 LONG, STEPS_AFTER_STOP = 200, 100
 
 
-@dataclass
-class Job:
-    server: Server
-    env: dict[str, str]
-    leader: subprocess.Popen
-
-    def stats(self) -> p.Stats:
-        """The leader node's counters, over a connection of the test's own (it does not stop the node)."""
-        channel = p.connect(p.endpoint(self.env), timeout_s=5)
-        try:
-            channel.send(p.StatsQuery())
-            return channel.recv()
-        finally:
-            channel.close()
-
-    def wait_for(self, what: str, ready: Callable[[p.Stats], bool], timeout: float = 60) -> p.Stats:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            stats = self.stats()
-            if ready(stats):
-                return stats
-            time.sleep(0.01)
-        raise AssertionError(f"the leader node never reached: {what} (last {self.stats()})")
-
-
-def _repository(tmp: Path, checkpoint: str) -> Path:
-    args = {"model": checkpoint, "tensor_parallel_size": 1, "max_batch_size": 4}
-    out = tmp / "repo"
-    write_llmapi_repository(out, {**args, "triton_config": {"cancellation_check_period_ms": 10}}, CPU_SHIM)
-    write_llmapi_repository(tmp / "unary", {**args, "triton_config": {"decoupled": False}}, CPU_SHIM)
-    shutil.move(tmp / "unary" / DECOUPLED, out / UNARY)
-    config = out / UNARY / "config.pbtxt"
-    config.write_text(config.read_text().replace(f'name: "{DECOUPLED}"', f'name: "{UNARY}"', 1))
-    return out
-
-
-@contextlib.contextmanager
-def leader_node(env: dict[str, str], log: Path, argv: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
-    command = [sys.executable, "-m", "backend.cpu_engine.llmapi.leader_node", *argv]
-    full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(30)  # it stops once tritonserver's model unloaded
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, tiny_gpt2) -> Iterator[Job]:
-    if find_tritonserver() is None:
-        pytest.skip("tritonserver not installed (nvidia-pytriton)")
-    tmp = tmp_path_factory.mktemp("llmapi")
-    env = proxy_env(free_port(), new_hmac_key())
-    repo = _repository(tmp, str(tiny_gpt2))
-    with leader_node(env, tmp / "leader.log", ("--min-step-ms", str(GPU_PACE_MS))) as leader:
-        with tritonserver(repo, tmp, env={**env, "OPENBLAS_NUM_THREADS": "1"}) as server:
-            yield Job(server, env, leader)
-        assert leader.wait(30) == 0, (tmp / "leader.log").read_text()[-3000:]
-
-
-# ------------------------------------------------------------------------------------------------ clients
-def _grpc(job: Job):
-    import tritonclient.grpc as grpcclient
-
-    return grpcclient.InferenceServerClient(f"127.0.0.1:{job.server.grpc_port}")
-
-
-def _inputs(text: str | bytes | None = PROMPT, max_tokens: int | None = 16, **extra: np.ndarray) -> list:
-    """llmapi_client.py's inputs (text_input BYTES [1], sampling_param_max_tokens INT32 [1]) plus any others."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
-
-    arrays: dict[str, np.ndarray] = {}
-    if text is not None:
-        arrays["text_input"] = np.array([text.encode() if isinstance(text, str) else text], dtype=np.object_)
-    if max_tokens is not None:
-        arrays["sampling_param_max_tokens"] = np.array([max_tokens], np.int32)
-    arrays.update(extra)
-    out = []
-    for name, arr in arrays.items():
-        tensor = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-        tensor.set_data_from_numpy(arr)
-        out.append(tensor)
-    return out
-
-
-def _flag(value: bool = True) -> np.ndarray:
-    return np.array([value], dtype=bool)
-
-
-def _stop_inputs() -> list:
-    """llmapi_client.py's stop: text_input = np.empty([1], dtype=np.bytes_) and stop = [True]."""
-    return _inputs(np.empty([1], dtype=np.bytes_)[0], None, stop=_flag())
-
-
-def _text(result) -> str:
-    return result.as_numpy("text_output")[0].decode()
-
-
-def _infer_async(job: Job, model: str, inputs: list, request_id: str) -> queue.Queue:
-    """llmapi_client.py's call: a unary async_infer; the completion (result or error) arrives on the queue."""
-    done: queue.Queue = queue.Queue()
-    client = _grpc(job)
-    future = client.async_infer(
-        model,
-        inputs,
-        lambda result, error: done.put((result, error)),
-        request_id=request_id,
-        parameters={"Streaming": False},
-    )
-    done.future = future  # type: ignore[attr-defined]
-    done.client = client  # type: ignore[attr-defined]
-    return done
-
-
-def _stream(job: Job, inputs: list, request_id: str = "s") -> tuple[object, queue.Queue]:
-    client = _grpc(job)
-    events: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
-    client.async_stream_infer(DECOUPLED, inputs, request_id=request_id)
-    return client, events
-
-
-def _collect(events: queue.Queue, timeout: float = 60) -> list:
-    """A stream's responses up to the final one (a gRPC stream ends a request with its final response)."""
-    out = []
-    while True:
-        result, error = events.get(timeout=timeout)
-        assert error is None, error
-        out.append(result)
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            return out
+    with running_job(tmp_path_factory.mktemp("llmapi"), str(tiny_gpt2), 1, ("--min-step-ms", str(GPU_PACE_MS))) as job:
+        yield job
 
 
 def _greedy(job: Job, text: str = PROMPT, max_tokens: int = 16, **extra: np.ndarray) -> str:
-    return _text(_grpc(job).infer(UNARY, _inputs(text, max_tokens, **extra), request_id="g"))
+    return text_of(grpc(job).infer(UNARY, inputs(text, max_tokens, **extra), request_id="g"))
 
 
 # ------------------------------------------------------------------------------------------------ tests
@@ -191,11 +59,11 @@ def test_unary_like_llmapi_client(job):
     """llmapi_client.py: unary gRPC, its default text, request id "1"; without exclude_input_from_output the
     prompt is echoed."""
     text = "Born in north-east France, Soyer trained as a"
-    done = _infer_async(job, UNARY, _inputs(text, 16), "1")
+    done = infer_async(job, UNARY, inputs(text, 16), "1")
     result, error = done.get(timeout=60)
     assert error is None, error
-    assert _text(result).startswith(text) and len(_text(result)) > len(text)
-    excluded = _greedy(job, text, sampling_param_exclude_input_from_output=_flag())
+    assert text_of(result).startswith(text) and len(text_of(result)) > len(text)
+    excluded = _greedy(job, text, sampling_param_exclude_input_from_output=flag())
     assert excluded and not excluded.startswith(text)
 
 
@@ -205,21 +73,21 @@ def test_unary_call_on_the_decoupled_model_is_refused_by_triton(job):
     from tritonclient.utils import InferenceServerException
 
     with pytest.raises(InferenceServerException, match="doesn't support models with decoupled"):
-        _grpc(job).infer(DECOUPLED, _inputs(), request_id="1")
+        grpc(job).infer(DECOUPLED, inputs(), request_id="1")
 
 
 def test_streaming_events_carry_cumulative_text(job):
-    inputs = _inputs(PROMPT, 6, streaming=_flag(), return_finish_reason=_flag(), return_stop_reason=_flag())
-    client, events = _stream(job, inputs)
-    responses = _collect(events)
+    request = inputs(PROMPT, 6, streaming=flag(), return_finish_reason=flag(), return_stop_reason=flag())
+    client, events = stream(job, request)
+    responses = collect(events)
     client.stop_stream()
-    texts = [_text(r) for r in responses]
+    texts = [text_of(r) for r in responses]
     reasons = [r.as_numpy("finish_reason")[0].decode() for r in responses]
     assert len(texts) >= 2 and reasons[:-1] == ["None"] * (len(texts) - 1) and reasons[-1] == "length"
     assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
     assert not texts[-1].startswith(PROMPT)  # streamed events carry the generated text only
     assert responses[-1].as_numpy("stop_reason")[0].decode() == "None"
-    assert texts[-1] == _greedy(job, max_tokens=6, sampling_param_exclude_input_from_output=_flag())
+    assert texts[-1] == _greedy(job, max_tokens=6, sampling_param_exclude_input_from_output=flag())
 
 
 def test_cancel_sequence_like_test_llmapi_cancel(job):
@@ -227,15 +95,15 @@ def test_cancel_sequence_like_test_llmapi_cancel(job):
     request again under another id: the same greedy text."""
     from tritonclient.utils import InferenceServerException
 
-    client = _grpc(job)
-    inputs = _inputs(PROMPT, 100)
+    client = grpc(job)
+    request = inputs(PROMPT, 100)
     for _ in range(2):
         with pytest.raises(InferenceServerException) as stopped:
-            client.infer(UNARY, _stop_inputs(), request_id="1", parameters={"Streaming": False})
+            client.infer(UNARY, stop_inputs(), request_id="1", parameters={"Streaming": False})
         assert stopped.value.status() == CANCELLED and "Request cancelled by client" in stopped.value.message()
         if _ == 0:
-            first = client.infer(UNARY, inputs, request_id="1", parameters={"Streaming": False})
-    second = client.infer(UNARY, inputs, request_id="2", parameters={"Streaming": False})
+            first = client.infer(UNARY, request, request_id="1", parameters={"Streaming": False})
+    second = client.infer(UNARY, request, request_id="2", parameters={"Streaming": False})
     assert np.array_equal(first.as_numpy("text_output"), second.as_numpy("text_output"))
 
 
@@ -243,7 +111,7 @@ def test_stop_without_request_id_is_refused(job):
     from tritonclient.utils import InferenceServerException
 
     with pytest.raises(InferenceServerException, match="A request id must be provided for request cancellation"):
-        _grpc(job).infer(UNARY, _stop_inputs())
+        grpc(job).infer(UNARY, stop_inputs())
     assert _greedy(job)  # still serving
 
 
@@ -257,10 +125,10 @@ def test_stop_mid_generation_like_stop_after_ms(job):
     from tritonclient.utils import InferenceServerException
 
     start = job.stats()
-    done = _infer_async(job, UNARY, _inputs(PROMPT, LONG), "7")
+    done = infer_async(job, UNARY, inputs(PROMPT, LONG), "7")
     before = job.wait_for("the request generating", lambda s: s.iterations >= start.iterations + 5)
     with pytest.raises(InferenceServerException) as stopped:
-        _grpc(job).infer(UNARY, _stop_inputs(), request_id="7", parameters={"Streaming": False})
+        grpc(job).infer(UNARY, stop_inputs(), request_id="7", parameters={"Streaming": False})
     assert stopped.value.status() == CANCELLED
     _assert_stops_soon(job, before)
     result, error = done.get(timeout=60)
@@ -272,7 +140,7 @@ def test_request_cancel_like_stop_via_request_cancel(job):
     """llmapi_client.py --stop-via-request-cancel: the client cancels its gRPC call; the is_cancelled polling
     aborts the generation."""
     start = job.stats()
-    done = _infer_async(job, UNARY, _inputs(PROMPT, LONG), "8")
+    done = infer_async(job, UNARY, inputs(PROMPT, LONG), "8")
     before = job.wait_for("the request generating", lambda s: s.iterations >= start.iterations + 5)
     done.future.cancel()  # type: ignore[attr-defined]
     _assert_stops_soon(job, before)
@@ -280,7 +148,7 @@ def test_request_cancel_like_stop_via_request_cancel(job):
 
 
 def test_cancel_a_stream_stops_the_generation(job):
-    client, events = _stream(job, _inputs(PROMPT, LONG, streaming=_flag()), request_id="9")
+    client, events = stream(job, inputs(PROMPT, LONG, streaming=flag()), request_id="9")
     for _ in range(3):
         _result, error = events.get(timeout=60)
         assert error is None, error
@@ -307,15 +175,15 @@ def test_http_generate_like_curl(job):
 
 
 def test_reasons_logprob_and_perf_metrics_are_strings(job):
-    result = _grpc(job).infer(
+    result = grpc(job).infer(
         UNARY,
-        _inputs(
+        inputs(
             PROMPT,
             4,
-            return_finish_reason=_flag(),
-            return_stop_reason=_flag(),
-            return_cumulative_logprob=_flag(),
-            sampling_param_return_perf_metrics=_flag(),
+            return_finish_reason=flag(),
+            return_stop_reason=flag(),
+            return_cumulative_logprob=flag(),
+            sampling_param_return_perf_metrics=flag(),
         ),
         request_id="p",
     )
@@ -343,48 +211,48 @@ def test_stop_string_ends_the_text_without_it(job, tiny_gpt2):
     ids = reference.output_ids
     at = next(i for i in range(1, len(ids)) if tokenizer.encode(tokenizer.decode(ids[i : i + 1]), False) == [ids[i]])
     stop = tokenizer.decode(ids[at : at + 1])
-    result = _grpc(job).infer(
+    result = grpc(job).infer(
         UNARY,
-        _inputs(
+        inputs(
             PROMPT,
             8,
             sampling_param_stop=np.array([stop.encode()], dtype=np.object_),
-            sampling_param_exclude_input_from_output=_flag(),
-            return_finish_reason=_flag(),
-            return_stop_reason=_flag(),
+            sampling_param_exclude_input_from_output=flag(),
+            return_finish_reason=flag(),
+            return_stop_reason=flag(),
         ),
         request_id="s",
     )
     assert result.as_numpy("finish_reason")[0].decode() == "stop"
     assert result.as_numpy("stop_reason")[0].decode() == stop
-    assert _text(result) == tokenizer.decode(ids[: ids.index(ids[at])])
+    assert text_of(result) == tokenizer.decode(ids[: ids.index(ids[at])])
 
 
 # ------------------------------------------------------------------------------------------------ bad input
 BAD_INPUTS = {  # name → (inputs, words the error must contain)
-    "missing text_input": (lambda: _inputs(None, 4), "text_input"),
-    "max tokens 0": (lambda: _inputs(PROMPT, 0), "input 'sampling_param_max_tokens' must be at least 1, got 0"),
-    "max tokens < 0": (lambda: _inputs(PROMPT, -3), "input 'sampling_param_max_tokens' must be at least 1"),
+    "missing text_input": (lambda: inputs(None, 4), "text_input"),
+    "max tokens 0": (lambda: inputs(PROMPT, 0), "input 'sampling_param_max_tokens' must be at least 1, got 0"),
+    "max tokens < 0": (lambda: inputs(PROMPT, -3), "input 'sampling_param_max_tokens' must be at least 1"),
     "wrong dtype": (
-        lambda: _inputs(PROMPT, None, sampling_param_max_tokens=np.array([4], np.int64)),
+        lambda: inputs(PROMPT, None, sampling_param_max_tokens=np.array([4], np.int64)),
         "sampling_param_max_tokens",
     ),
     "NaN temperature": (
-        lambda: _inputs(PROMPT, 4, sampling_param_temperature=np.array([np.nan], np.float32)),
+        lambda: inputs(PROMPT, 4, sampling_param_temperature=np.array([np.nan], np.float32)),
         "input 'sampling_param_temperature' must be a finite number",
     ),
-    "100k-character prompt": (lambda: _inputs("word " * 20_000, 4), "input 'text_input': the prompt has"),
-    "invalid UTF-8": (lambda: _inputs(b"caf\xc3(", 4), "input 'text_input' is not valid UTF-8"),
+    "100k-character prompt": (lambda: inputs("word " * 20_000, 4), "input 'text_input': the prompt has"),
+    "invalid UTF-8": (lambda: inputs(b"caf\xc3(", 4), "input 'text_input' is not valid UTF-8"),
     "2-D text_input": (
-        lambda: _inputs(None, 4, text_input=np.array([[b"a"], [b"b"]], dtype=np.object_)),
+        lambda: inputs(None, 4, text_input=np.array([[b"a"], [b"b"]], dtype=np.object_)),
         "text_input",
     ),
     "not a scalar": (
-        lambda: _inputs(PROMPT, None, sampling_param_max_tokens=np.array([4, 5], np.int32)),
+        lambda: inputs(PROMPT, None, sampling_param_max_tokens=np.array([4, 5], np.int32)),
         "sampling_param_max_tokens",
     ),
     "streaming unary": (
-        lambda: _inputs(PROMPT, 4, streaming=_flag()),
+        lambda: inputs(PROMPT, 4, streaming=flag()),
         "Streaming is only supported in decoupled mode.",
     ),
 }
@@ -396,14 +264,14 @@ def test_bad_input_gets_an_error_naming_it_and_the_model_serves_on(job, case):
 
     make, words = BAD_INPUTS[case]
     with pytest.raises(InferenceServerException) as refused:
-        _grpc(job).infer(UNARY, make(), request_id="bad")
+        grpc(job).infer(UNARY, make(), request_id="bad")
     assert words in refused.value.message(), refused.value.message()
     assert _greedy(job, max_tokens=2)
 
 
 def test_max_tokens_past_the_context_are_cut(job):
     """As TensorRT-LLM's LlmRequest::validate: the new tokens are cut to the room the prompt leaves."""
-    result = _grpc(job).infer(UNARY, _inputs(PROMPT, 100_000, return_finish_reason=_flag()), request_id="c")
+    result = grpc(job).infer(UNARY, inputs(PROMPT, 100_000, return_finish_reason=flag()), request_id="c")
     assert result.as_numpy("finish_reason")[0].decode() == "length"
 
 
@@ -413,4 +281,4 @@ def test_a_peer_without_the_key_is_refused(job):
     wrong = p.endpoint({**job.env, "TLLM_SPAWN_PROXY_PROCESS_IPC_HMAC_KEY": new_hmac_key()})
     with pytest.raises((AuthenticationError, EOFError, ConnectionError)):
         p.connect(wrong, timeout_s=5).send(p.Shutdown())
-    assert job.leader.poll() is None and _greedy(job, max_tokens=2)
+    assert job.nodes.poll() is None and _greedy(job, max_tokens=2)
