@@ -12,6 +12,7 @@ leader node itself (protocol.StatsQuery), never timed.
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
 
 import numpy as np
@@ -282,3 +283,16 @@ def test_a_peer_without_the_key_is_refused(job):
     with pytest.raises((AuthenticationError, EOFError, ConnectionError)):
         p.connect(wrong, timeout_s=5).send(p.Shutdown())
     assert job.nodes.poll() is None and _greedy(job, max_tokens=2)
+
+
+def test_200_concurrent_requests_all_answered(job):
+    """More requests than the engine's batch (4) at once: they queue in the engine, each gets its answer."""
+    client = grpc(job)
+    done: queue.Queue = queue.Queue()
+    for i in range(200):
+        client.async_infer(
+            UNARY, inputs(PROMPT, 2), lambda result, error: done.put((result, error)), request_id=f"c{i}"
+        )
+    answers = [done.get(timeout=120) for _ in range(200)]  # a lost answer fails here
+    assert [e for _r, e in answers if e is not None] == []
+    assert {text_of(r) for r, _e in answers} == {_greedy(job, max_tokens=2)}

@@ -108,7 +108,8 @@ class LeaderNode:
             channel.close()
 
     def load(self, message: p.Load) -> p.Loaded | p.LoadFailed:
-        """Load once; a second identical load (the model reloaded) gets the same answer."""
+        """Load once: a later load of the same checkpoint (the model reloaded, or another model of the repository)
+        gets the same answer and the engine keeps its first settings; another checkpoint is refused."""
         with self._load_lock:
             if self.loaded is not None:
                 if message.llm_args.get("model") and self.loaded.model != checkpoint_folder(message.llm_args):
