@@ -1,53 +1,87 @@
-"""Write the llmapi workflow's model repository, laid out as upstream's `triton_backend/all_models/llmapi`:
+"""Write the llmapi workflow's model repository: TensorRT-LLM's one python model `tensorrt_llm`, laid out as upstream
+lays out `triton_backend/all_models/llmapi` (reference: /work/notes/issue23-facts.md §1, §6):
 
-    tensorrt_llm/config.pbtxt        upstream's inputs and outputs, decoupled set in the file
-    tensorrt_llm/1/model.yaml        the LLM API arguments (hpc/render/llmapi.py writes the text)
-    tensorrt_llm/1/model.py          CPU backend only: a shim to hpc-serve's own llmapi model
+    tensorrt_llm/config.pbtxt     backend/templates/llmapi/tensorrt_llm/config.pbtxt, decoupled as model.yaml says
+    tensorrt_llm/1/model.yaml     the LLM API arguments + `triton_config` (render builds the dict)
+    tensorrt_llm/1/model.py       only for the CPU engine: a shim importing backend.models.llmapi; with TensorRT-LLM
+                                  the image's own model.py and helpers.py are copied here at job start (launcher)
 
-For backend tensorrtllm, model.py and helpers.py are the image's own (launcher/contracts/llmapi.py MODEL_FILES),
-copied into `tensorrt_llm/1/` by the launcher when a replica starts, so they always match its TensorRT-LLM.
-The repository is written whole and swapped in (backend/repository.py `write_repository_files`). Standard library
-only: the `hpc` side calls this at render time.
+The repository carries the same marker as the engine workflow's, so render may replace one with the other.
 """
 
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Literal
 
 from backend.repository import MARKER_FILE, shim, write_repository_files
-from launcher.contracts import model_names
 from launcher.contracts.llmapi import LLMAPI, MODEL_YAML
+from launcher.contracts.model_names import TENSORRT_LLM
 
-#: upstream's config.pbtxt of the llmapi model, decoupled: true
-TEMPLATE = Path(__file__).parent / "templates" / "llmapi" / model_names.TENSORRT_LLM / "config.pbtxt"
-#: the CPU backend's python model (TritonPythonModel with upstream's llmapi contract)
+#: the config.pbtxt every llmapi repository gets (upstream's, plus `decoupled: true`)
+TEMPLATE = Path(__file__).parent / "templates" / LLMAPI / TENSORRT_LLM / "config.pbtxt"
+#: what the CPU engine's `1/model.py` shim re-exports `TritonPythonModel` from
 CPU_LLMAPI_MODULE = "backend.models.llmapi"
+#: `model_files` value: write the CPU engine's shim (the other choice, None, leaves `1/` to the launcher's copy)
+CPU_SHIM = "cpu"
+#: model.yaml's section for the Triton model itself (upstream's name); everything else is an LLM API argument
+TRITON_CONFIG = "triton_config"
+#: the template's transaction policy line (rendered false when model.yaml says so)
+DECOUPLED_LINE = "  decoupled: true\n"
 
-_DECOUPLED = re.compile(r"(model_transaction_policy\s*\{\s*decoupled:\s*)(true|false)", re.IGNORECASE)
 
-
-def config_pbtxt(decoupled: bool) -> str:
-    """The template with `decoupled` written into its model_transaction_policy."""
+def config_text(decoupled: bool = True) -> str:
+    """The `tensorrt_llm/config.pbtxt` text; `decoupled` is model.yaml's `triton_config.decoupled`, written into
+    the file because tritonserver runs with --disable-auto-complete-config (which ignores model.yaml)."""
     text = TEMPLATE.read_text(encoding="utf-8")
-    if not _DECOUPLED.search(text):
-        raise ValueError(f"{TEMPLATE} has no model_transaction_policy {{ decoupled: ... }} to set")
-    return _DECOUPLED.sub(lambda m: m.group(1) + ("true" if decoupled else "false"), text, count=1)
+    return text if decoupled else text.replace(DECOUPLED_LINE, DECOUPLED_LINE.replace("true", "false"), 1)
 
 
-def llmapi_files(model_yaml: str, *, decoupled: bool, cpu: bool) -> dict[str, str]:
-    """Relative path → text of the repository (no disk access). `cpu`: add the shim to hpc-serve's model."""
-    name = model_names.TENSORRT_LLM
-    files = {f"{name}/config.pbtxt": config_pbtxt(decoupled), f"{name}/1/{MODEL_YAML}": model_yaml}
-    if cpu:
-        files[f"{name}/1/model.py"] = shim(name, CPU_LLMAPI_MODULE)
-    marker = {"workflow": LLMAPI, "backend": "cpu" if cpu else "tensorrtllm", "decoupled": decoupled}
-    files[MARKER_FILE] = json.dumps(marker, indent=2, sort_keys=True) + "\n"
+def with_triton_config(model_yaml: Mapping[str, Any]) -> dict[str, Any]:
+    """`model_yaml` with a complete `triton_config`: decoupled (true unless it says false: streaming needs it;
+    unary gRPC/HTTP `infer` and HTTP `generate` need false, as in upstream's default model.yaml) and
+    max_batch_size 0 (no Triton batching: the engine batches; anything else is refused with the fix)."""
+    out = dict(model_yaml)
+    triton = dict(out.get(TRITON_CONFIG) or {})
+    decoupled = triton.get("decoupled", True)
+    if not isinstance(decoupled, bool):
+        raise ValueError(f"{MODEL_YAML}: {TRITON_CONFIG}.decoupled must be true or false, got {decoupled!r}")
+    if int(triton.get("max_batch_size", 0)) != 0:
+        raise ValueError(
+            f"{MODEL_YAML}: {TRITON_CONFIG}.max_batch_size must be 0 (the engine batches; config.pbtxt has no "
+            "max_batch_size); set the LLM API argument max_batch_size instead"
+        )
+    triton.update(decoupled=decoupled, max_batch_size=0)
+    out[TRITON_CONFIG] = triton
+    return out
+
+
+def render_llmapi_repository(
+    model_yaml: Mapping[str, Any], model_files: Literal["cpu"] | None = None, header: str = ""
+) -> dict[str, str]:
+    """Relative path → text of the whole repository (no disk access); `header`: comment lines model.yaml opens with."""
+    import yaml  # a dependency of hpc-serve; imported here so that the engine workflow's path never needs it
+
+    if model_files not in (CPU_SHIM, None):
+        raise ValueError(f"model_files must be {CPU_SHIM!r} (the CPU engine's shim) or None, got {model_files!r}")
+    version = f"{TENSORRT_LLM}/1/"
+    complete = with_triton_config(model_yaml)
+    files = {
+        f"{TENSORRT_LLM}/config.pbtxt": config_text(complete[TRITON_CONFIG]["decoupled"]),
+        version: "",
+        version + MODEL_YAML: header + yaml.safe_dump(complete, sort_keys=False),
+    }
+    if model_files == CPU_SHIM:
+        files[version + "model.py"] = shim(TENSORRT_LLM, CPU_LLMAPI_MODULE)
+    files[MARKER_FILE] = json.dumps({"workflow": LLMAPI, "model_files": model_files}, indent=2, sort_keys=True) + "\n"
     return files
 
 
-def write_llmapi_repository(out_dir: Path, model_yaml: str, *, decoupled: bool = True, cpu: bool = False) -> None:
-    """Write the llmapi repository to `out_dir`, replacing a previous hpc-serve repository whole. `model_yaml`:
-    model.yaml's text; `decoupled`: the same value as its triton_config.decoupled; `cpu`: the CPU backend."""
-    write_repository_files(out_dir, llmapi_files(model_yaml, decoupled=decoupled, cpu=cpu))
+def write_llmapi_repository(
+    out_dir: Path, model_yaml: Mapping[str, Any], model_files: Literal["cpu"] | None = None, header: str = ""
+) -> None:
+    """Write the llmapi repository to `out_dir`, replacing a previous hpc-serve repository atomically
+    (backend.repository.write_repository_files: never someone's unrelated folder)."""
+    write_repository_files(Path(out_dir), render_llmapi_repository(model_yaml, model_files, header))

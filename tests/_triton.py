@@ -146,16 +146,18 @@ def tritonserver(
     timeout: float = 180,
     extra_args: tuple[str, ...] = (),
     source_root: Path = REPO_ROOT,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """Start tritonserver on free ports, wait for ready, yield, and always stop it (its whole process
     group: the python stubs are its children, so no orphans survive a failed test). `source_root` goes first
-    on PYTHONPATH, as the launcher puts the deployment's shipped copy there."""
+    on PYTHONPATH, as the launcher puts the deployment's shipped copy there; `env` adds to its environment."""
     found = find_tritonserver()
     assert found is not None, "tritonserver not installed (nvidia-pytriton)"
     binary, libs = found
     backends = build_backends_dir(workdir / "backends")
     ports = [free_port() for _ in range(3)]
-    env = dict(os.environ)
+    extra, env = env or {}, dict(os.environ)
+    env.update(extra)
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
     env["PYTHONHOME"] = sys.base_prefix

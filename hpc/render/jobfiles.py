@@ -23,7 +23,7 @@ import jinja2
 import launcher.contracts.rank
 from hpc import __version__
 from hpc.render.gpu_binding import gpu_decision
-from hpc.render.llmapi import model_yaml_text
+from hpc.render.llmapi import model_yaml_args, model_yaml_header
 from hpc.serving.auth import ensure_deployment_token
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
 from hpc.spec.checks import slurm_time_seconds
@@ -97,10 +97,10 @@ def write_repository(spec: Spec, out_dir: Path) -> None:
     """The model repository of the spec's workflow: llmapi's one `tensorrt_llm` model configured by model.yaml
     (hpc/render/llmapi.py), or the engine workflow's five models filled with `repository_parameters`."""
     if spec.model.workflow == LLMAPI:
-        from backend.llmapi_repository import write_llmapi_repository
+        from backend.llmapi_repository import CPU_SHIM, write_llmapi_repository
 
-        cpu = spec.model.backend == "cpu"
-        write_llmapi_repository(out_dir, model_yaml_text(spec), decoupled=spec.triton.decoupled, cpu=cpu)
+        files = CPU_SHIM if spec.model.backend == "cpu" else None
+        write_llmapi_repository(out_dir, model_yaml_args(spec), files, model_yaml_header(spec))
     else:
         from backend.repository import write_model_repository
 

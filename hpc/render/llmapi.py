@@ -10,16 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from launcher.contracts.llmapi import CANCELLATION_CHECK_PERIOD_MS, MODEL_FILES
 
 if TYPE_CHECKING:
     from hpc.spec import Spec
-
-#: triton_config.max_batch_size: 0, as upstream's model.yaml: the inputs have no batch dimension, so clients send
-#: `text_input` of shape [1] (tools/llmapi_client.py); batching is the LLM API's own (llm_api.max_batch_size)
-TRITON_MAX_BATCH_SIZE = 0
 
 
 def model_yaml_args(spec: Spec) -> dict[str, Any]:
@@ -34,22 +28,21 @@ def model_yaml_args(spec: Spec) -> dict[str, Any]:
         args["gpus_per_node"] = s.gpus_per_node
     if spec.llm_api is not None:
         args.update(spec.llm_api.arguments())
+    # max_batch_size 0 is filled in by backend/llmapi_repository.py (with_triton_config), which owns the rule
     args["triton_config"] = {
-        "max_batch_size": TRITON_MAX_BATCH_SIZE,
         "decoupled": spec.triton.decoupled,
         "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
     }
     return args
 
 
-def model_yaml_text(spec: Spec) -> str:
-    """model.yaml as written into `tensorrt_llm/1/`: a header naming its source, then the mapping."""
-    header = (
+def model_yaml_header(spec: Spec) -> str:
+    """The comment model.yaml opens with: where it comes from."""
+    return (
         f"# {spec.name}: TensorRT-LLM LLM API arguments, written by `hpc-serve render` from the spec (model, the\n"
         "# parallel sizes and gpus_per_node from its model: and slurm: sections, the rest from llm_api:).\n"
         "# triton_config is read by the tensorrt_llm python model, not by LLM(); edit the spec, not this file.\n"
     )
-    return header + yaml.safe_dump(model_yaml_args(spec), sort_keys=False)
 
 
 def model_files_source(spec: Spec) -> str:

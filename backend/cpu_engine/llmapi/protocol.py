@@ -1,0 +1,246 @@
+"""The wire between the `tensorrt_llm` model inside tritonserver (backend/models/llmapi.py) and the CPU engine's
+leader node (leader_node.py): one schema, one module.
+
+Why a socket and not the engine in the stub: the llmapi workflow's process layout (launcher/contracts/llmapi.py)
+puts the engine's rank 0 in a process of its own, the MPI job's rank 0, reached by the model over
+`TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR` with the hex HMAC key of `TLLM_SPAWN_PROXY_PROCESS_IPC_HMAC_KEY`, as
+TensorRT-LLM's `RemoteMpiCommSessionClient` reaches `mgmn_leader_node`. The transport is the standard library's
+`multiprocessing.connection` (an HMAC challenge at connect: a peer without the key never gets a message through);
+the messages are the dataclasses below, sent as JSON with their type's name (no pickle: nothing but these types
+can come off the wire).
+
+Conversation: the model connects, sends `Load` (model.yaml's LLM arguments) and gets `Loaded` or `LoadFailed`;
+then `Submit`s, `Abort`s and, at unload, `Shutdown`. The leader answers each submitted request with `Output`s:
+one per engine step that made tokens when streaming, else one final. `StatsQuery` → `Stats` (any connection).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from multiprocessing.connection import Client, Connection, Listener
+from threading import Lock
+from typing import Any
+from urllib.parse import urlsplit
+
+from launcher.contracts.llmapi import IPC_ADDR_VAR, IPC_HMAC_KEY_VAR, SPAWN_PROXY_VAR
+
+#: how long the model tries to reach a leader node that is not listening yet: the launcher starts both at once,
+#: and the leader imports numpy and MPI first (seconds); past this the model's load fails with the address
+CONNECT_TIMEOUT_S = 120.0
+CONNECT_RETRY_S = 0.1
+
+
+class ProtocolError(RuntimeError):
+    """A peer sent something that is not one of this module's messages, or the endpoint is misconfigured."""
+
+
+# ------------------------------------------------------------------------------------------------ messages
+@dataclass(frozen=True)
+class Load:
+    """model.yaml's LLM API arguments (triton_config removed): what the leader loads and tells its workers."""
+
+    llm_args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The engine is up: the facts the model needs to check requests before they reach it."""
+
+    model: str
+    family: str
+    vocab_size: int
+    max_seq_len: int
+    max_batch_size: int
+    kv_cache_tokens: int
+    tp_size: int
+    #: the LLM API arguments the CPU engine does not act on (said in the model's log)
+    ignored: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What the engine needs of a request's SamplingParams (the model mapped and checked them)."""
+
+    max_tokens: int
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    seed: int = 0
+    end_id: int | None = None
+    #: stop strings as token ids (the model tokenized them): the engine stops when the output ends with one
+    stop_words: list[list[int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Submit:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: Sampling
+    streaming: bool
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """The model unloads: the leader node stops its engine, releases the workers and exits."""
+
+
+@dataclass(frozen=True)
+class StatsQuery:
+    pass
+
+
+@dataclass(frozen=True)
+class Stats:
+    iterations: int
+    active_requests: int
+    waiting_requests: int
+    completed_requests: int
+
+
+@dataclass(frozen=True)
+class Perf:
+    """A request's perf metrics as TensorRT-LLM reports them (RequestPerfMetrics). The CPU engine reuses no KV
+    blocks between requests, so reused is 0 and every block of the request is missed and newly allocated."""
+
+    arrival_time_ns: int
+    first_scheduled_time_ns: int
+    first_token_time_ns: int
+    last_token_time_ns: int
+    kv_cache_alloc_new_blocks: int
+    kv_cache_alloc_total_blocks: int
+    kv_cache_missed_block: int
+    kv_cache_reused_block: int = 0
+    kv_cache_hit_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class Output:
+    """New tokens of one request (all of them when not streaming); `finish_reason` is the engine's
+    ("end_id" | "stop_words" | "length" | "cancelled" | "error", with `error`) on the final one."""
+
+    request_id: str
+    new_tokens: list[int]
+    finished: bool
+    cum_log_prob: float = 0.0
+    finish_reason: str | None = None
+    error: str | None = None
+    perf: Perf | None = None
+
+
+MESSAGES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (Load, Loaded, LoadFailed, Submit, Abort, Shutdown, StatsQuery, Stats, Output, Sampling, Perf)
+}
+#: fields that hold another message type (decoded into it)
+_NESTED = {(Submit, "sampling"): Sampling, (Output, "perf"): Perf}
+
+
+def encode(message: Any) -> bytes:
+    if type(message).__name__ not in MESSAGES:
+        raise ProtocolError(f"not a protocol message: {type(message).__name__}")
+    return json.dumps({"type": type(message).__name__, "fields": asdict(message)}).encode("utf-8")
+
+
+def decode(data: bytes) -> Any:
+    try:
+        raw = json.loads(data)
+        cls = MESSAGES[raw["type"]]
+        values = dict(raw["fields"])
+        for f in fields(cls):
+            nested = _NESTED.get((cls, f.name))
+            if nested is not None and values.get(f.name) is not None:
+                values[f.name] = nested(**values[f.name])
+        return cls(**values)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ProtocolError(f"malformed message from the peer: {type(e).__name__}: {e}") from None
+
+
+class Channel:
+    """One connection: typed send (thread-safe: the engine thread and request threads both send) and recv."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._send_lock = Lock()
+
+    def send(self, message: Any) -> None:
+        data = encode(message)
+        with self._send_lock:
+            self.conn.send_bytes(data)
+
+    def recv(self) -> Any:
+        """The next message; EOFError/OSError once the peer is gone."""
+        return decode(self.conn.recv_bytes())
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# ------------------------------------------------------------------------------------------------ endpoint
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    authkey: bytes
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+
+def endpoint(environ: Mapping[str, str] | None = None) -> Endpoint:
+    """The leader node's address and key from the spawn-proxy variables; a clear error naming what is missing."""
+    env = os.environ if environ is None else environ
+    if env.get(SPAWN_PROXY_VAR) != "1":
+        raise ProtocolError(
+            f"{SPAWN_PROXY_VAR}=1 is not set: the CPU engine's llmapi model reaches its engine through the leader "
+            f"node (python -m backend.cpu_engine.llmapi.leader_node) started beside tritonserver with {IPC_ADDR_VAR} "
+            f"and {IPC_HMAC_KEY_VAR} (hpc-serve's launcher sets all three: launcher/contracts/llmapi.py proxy_env)"
+        )
+    addr, key = env.get(IPC_ADDR_VAR, ""), env.get(IPC_HMAC_KEY_VAR, "")
+    if not addr:
+        raise ProtocolError(f"{IPC_ADDR_VAR} is not set (tcp://HOST:PORT of the leader node)")
+    parts = urlsplit(addr)
+    if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
+        raise ProtocolError(f"{IPC_ADDR_VAR}={addr!r}: the CPU engine's leader node needs tcp://HOST:PORT")
+    try:
+        authkey = bytes.fromhex(key)
+    except ValueError:
+        authkey = b""
+    if not authkey:
+        raise ProtocolError(f"{IPC_HMAC_KEY_VAR} must be a non-empty hex string (as TensorRT-LLM reads it)")
+    return Endpoint(parts.hostname, parts.port, authkey)
+
+
+def listen(ep: Endpoint) -> Listener:
+    return Listener(ep.address, family="AF_INET", authkey=ep.authkey)
+
+
+def connect(ep: Endpoint, timeout_s: float = CONNECT_TIMEOUT_S) -> Channel:
+    """Connect to the leader node, waiting up to `timeout_s` for it to listen (it may start after the model)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return Channel(Client(ep.address, family="AF_INET", authkey=ep.authkey))
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise ProtocolError(
+                    f"no leader node listening at tcp://{ep.host}:{ep.port} after {timeout_s:g}s "
+                    "(python -m backend.cpu_engine.llmapi.leader_node on this rank)"
+                ) from None
+            time.sleep(CONNECT_RETRY_S)

@@ -1,0 +1,130 @@
+"""The llmapi workflow's CPU side without tritonserver: the wire (protocol.py), the request tensors
+(backend/models/llmapi_io.py), model.yaml's arguments (engine_args.py), and the leader node's own lifetime."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend.cpu_engine.llmapi import protocol as p
+from backend.cpu_engine.llmapi.engine_args import DEFAULT_MAX_BATCH_SIZE, EngineArgsError, engine_args
+from backend.models import llmapi_io as io
+from launcher.contracts.llmapi import IPC_ADDR_VAR, IPC_HMAC_KEY_VAR, SPAWN_PROXY_VAR, new_hmac_key, proxy_env
+from tests._triton import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_messages_round_trip_typed():
+    message = p.Output("3", [1, 2], True, -1.5, "length", None, p.Perf(1, 2, 3, 4, 1, 1, 1))
+    assert p.decode(p.encode(message)) == message
+    submit = p.Submit("1", [5], p.Sampling(max_tokens=4, stop_words=[[7, 8]]), True)
+    assert p.decode(p.encode(submit)) == submit
+
+
+@pytest.mark.parametrize("data", [b"not json", b'{"type": "Exec", "fields": {}}', b'{"type": "Abort", "fields": {}}'])
+def test_anything_else_is_a_protocol_error(data):
+    with pytest.raises(p.ProtocolError, match="malformed message"):
+        p.decode(data)
+
+
+def test_endpoint_names_what_is_missing():
+    good = proxy_env(4242, new_hmac_key())
+    assert p.endpoint(good).address == ("127.0.0.1", 4242)
+    with pytest.raises(p.ProtocolError, match=f"{SPAWN_PROXY_VAR}=1 is not set"):
+        p.endpoint({k: v for k, v in good.items() if k != SPAWN_PROXY_VAR})
+    with pytest.raises(p.ProtocolError, match=IPC_ADDR_VAR):
+        p.endpoint({**good, IPC_ADDR_VAR: "ipc:///tmp/x"})
+    with pytest.raises(p.ProtocolError, match=f"{IPC_HMAC_KEY_VAR} must be a non-empty hex string"):
+        p.endpoint({**good, IPC_HMAC_KEY_VAR: "not hex"})
+
+
+def _arrays(**values) -> dict[str, np.ndarray]:
+    out = {"text_input": np.array([b"hello"], dtype=np.object_)}
+    for name, value in values.items():
+        out[name] = value if isinstance(value, np.ndarray) else np.array([value])
+    return out
+
+
+def test_request_defaults_are_upstreams():
+    req = io.parse_request(_arrays())
+    assert (req.prompt, req.max_tokens, req.exclude_input_from_output, req.streaming) == ("hello", 32, False, False)
+    assert req.output == io.OutputConfig() and not req.return_perf_metrics
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"sampling_param_max_tokens": np.array([0], np.int32)}, "'sampling_param_max_tokens' must be at least 1"),
+        (
+            {"sampling_param_temperature": np.array([np.inf], np.float32)},
+            "'sampling_param_temperature' must be a finite",
+        ),
+        ({"sampling_param_top_p": np.array([1.5], np.float32)}, "'sampling_param_top_p' must be a finite number >= 0"),
+        ({"sampling_param_top_k": np.array([-1], np.int32)}, "'sampling_param_top_k' must be at least 0"),
+        ({"sampling_param_best_of": np.array([2], np.int32)}, "'sampling_param_best_of' is 2"),
+        ({"streaming": np.array([True, False])}, "Expected a scalar tensor for tensor streaming"),
+        ({"text_input": np.array([b"\xff"], dtype=np.object_)}, "'text_input' is not valid UTF-8"),
+    ],
+)
+def test_bad_values_name_their_input(values, words):
+    with pytest.raises(io.InputError, match=words):
+        io.parse_request(_arrays(**values))
+
+
+def test_responses_are_strings_and_stop_strings_are_cut():
+    req = io.parse_request(
+        _arrays(return_finish_reason=True, return_cumulative_logprob=True, sampling_param_return_perf_metrics=True)
+    )
+    perf = {name: 0 for name in io.PERF_OUTPUTS}
+    arrays = io.response_arrays(io.Completion("hi", "stop", None, -1.25, perf), req)
+    assert arrays["text_output"].tolist() == [b"hi"] and arrays["finish_reason"].tolist() == ["stop"]
+    assert arrays["cumulative_logprob"].tolist() == ["-1.25"] and arrays["acceptance_rate"].tolist() == ["0.0"]
+    assert "stop_reason" not in arrays
+    assert io.cut_stop_string([1, 2, 3, 4], [[9], [3, 4]], ["x", "yz"]) == ([1, 2], "yz")
+    assert io.cut_stop_string([1, 2], [[9]], ["x"]) == ([1, 2], None)
+
+
+def test_engine_args(tmp_path):
+    args = engine_args({"model": str(tmp_path), "kv_cache_config": {"max_tokens": 512, "enable_block_reuse": True}}, 1)
+    assert args.load.max_batch_size == DEFAULT_MAX_BATCH_SIZE and args.kv_cache_tokens == 512
+    assert args.ignored == ["kv_cache_config.enable_block_reuse"]
+    for bad, words in [
+        ({"model": "org/hub-name"}, "not a folder on this node"),
+        (
+            {"model": str(tmp_path), "tensor_parallel_size": 2},
+            "tensor_parallel_size 2 but the leader node's MPI world has 1",
+        ),
+        ({"model": str(tmp_path), "pipeline_parallel_size": 2}, "pipeline_parallel_size 2"),
+        ({"model": str(tmp_path), "max_batch_size": 0}, "max_batch_size must be a positive integer"),
+    ]:
+        with pytest.raises(EngineArgsError, match=words):
+            engine_args(bad, 1)
+
+
+@pytest.mark.slow
+def test_leader_node_stops_when_the_model_connection_breaks(tiny_gpt2):
+    """Tritonserver gone without unloading (killed): the leader node must not outlive it."""
+    env = proxy_env(free_port(), new_hmac_key())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend.cpu_engine.llmapi.leader_node"],
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        channel = p.connect(p.endpoint(env), timeout_s=60)
+        channel.send(p.Load({"model": str(tiny_gpt2)}))
+        assert isinstance(channel.recv(), p.Loaded)
+        channel.close()
+        assert proc.wait(60) == 0
+        assert "the model's connection is gone" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
