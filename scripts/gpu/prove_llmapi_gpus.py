@@ -128,7 +128,7 @@ def endpoint_of(paths: JobPaths) -> EndpointRecord | None:
 def processes(ranks: list[subprocess.Popen[bytes]], reports: dict[str, Any], server_pid: int) -> list[dict[str, Any]]:
     """Every process that holds GPU memory: pid, rank, what it is, MiB per GPU index."""
     gpus = {uuid: int(idx) for idx, uuid in smi("index,uuid", "gpu")}
-    names = {r["pid"]: f"{r['role']} (rank {r['global_rank']})" for r in reports.values() if "pid" in r}
+    names = {r["pid"]: f"{r['role']} (rank {r['global_rank']})" for r in reports.values() if "role" in r}
     names[server_pid] = "tritonserver (rank 0)"
     rank_of = {pid: rank for rank, p in enumerate(ranks) for pid in descendants(p.pid)}
     stub = set(descendants(server_pid)) - {server_pid}
