@@ -151,24 +151,30 @@ def infer(port: int) -> dict:
         return {"error": f"HTTP {exc.code}: {text}"}
 
 
+def srun_env(job: str, rank: int, pythonpath: list[str]) -> dict[str, str]:
+    """This environment plus what `srun --ntasks=2 --gres=gpu:2` on one node sets for task ``rank``, with
+    ``pythonpath`` first on PYTHONPATH (also used by prove_llmapi_gpus.py)."""
+    return dict(
+        os.environ,
+        SLURM_JOB_ID=job,
+        SLURM_PROCID=str(rank),
+        SLURM_LOCALID=str(rank),
+        SLURM_NTASKS="2",
+        SLURM_STEP_NUM_TASKS="2",
+        SLURM_NODEID="0",
+        SLURMD_NODENAME="localhost",
+        SLURM_JOB_NUM_NODES="1",
+        CUDA_VISIBLE_DEVICES="0,1",
+        PYTHONPATH=os.pathsep.join([*pythonpath, os.environ.get("PYTHONPATH", "")]),
+    )
+
+
 def run_mode(root: Path, binding: str, logs: Path) -> dict:
     dep = deployment(root, binding)
     job = f"proof-{binding}-{os.getpid()}"
     ranks = []
     for rank in (0, 1):
-        env = dict(
-            os.environ,
-            SLURM_JOB_ID=job,
-            SLURM_PROCID=str(rank),
-            SLURM_LOCALID=str(rank),
-            SLURM_NTASKS="2",
-            SLURM_STEP_NUM_TASKS="2",
-            SLURM_NODEID="0",
-            SLURMD_NODENAME="localhost",
-            SLURM_JOB_NUM_NODES="1",
-            CUDA_VISIBLE_DEVICES="0,1",
-            PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}",
-        )
+        env = srun_env(job, rank, [str(REPO)])
         out = open(logs / f"{binding}_rank{rank}.log", "w")
         ranks.append(
             subprocess.Popen(
