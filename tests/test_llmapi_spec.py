@@ -227,7 +227,8 @@ def test_model_yaml_has_the_specs_sizes_then_the_given_arguments(tmp_path, hf):
         "cuda_graph_config": None,  # given as null: CUDA graphs off, as upstream reads it
         "sampler_type": "auto",  # passed through
         "kv_cache_config": {"free_gpu_memory_fraction": 0.8, "event_buffer_max_size": 16},
-        "triton_config": {"max_batch_size": 0, "decoupled": True, "cancellation_check_period_ms": 100},
+        # max_batch_size: 0 is added by the repository's writer (backend/llmapi_repository.py with_triton_config)
+        "triton_config": {"decoupled": True, "cancellation_check_period_ms": 100},
     }
 
 
@@ -257,7 +258,7 @@ def test_cpu_repository_is_upstreams_layout_with_a_shim(tmp_path, hf):
     config = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
     assert 'name: "tensorrt_llm"' in config and 'backend: "python"' in config
     assert "decoupled: false" in config and "decoupled: true" not in config, "the spec's, as in model.yaml"
-    assert "max_batch_size" not in config.split("input [")[0].replace("# max_batch_size", "")
+    assert not [line for line in config.splitlines() if line.strip().startswith("max_batch_size")], "no batching"
     for name in ("text_input", "streaming", "sampling_param_max_tokens", "stop", "return_finish_reason"):
         assert f'name: "{name}"' in config
     model_yaml = yaml.safe_load((repo / "tensorrt_llm" / "1" / MODEL_YAML).read_text())
@@ -352,3 +353,14 @@ def test_a_checkpoint_missing_files_is_refused_by_validate_and_noted_by_render(t
 def test_a_checkpoint_saved_by_init_model_passes(tmp_path, tiny_gpt2):
     shutil.copytree(tiny_gpt2, tmp_path / "hf")
     assert load_spec(write(tmp_path, CPU)).model.checkpoint_dir == tmp_path / "hf"
+
+
+def test_gpu_binding_on_llmapi_is_none_and_per_rank_is_refused(tmp_path, hf):
+    """TensorRT-LLM's PyTorch workers open cuda:<rank % gpus_per_node>: a rank that sees one GPU fails on an
+    invalid ordinal (measured on 2 H100s, scripts/gpu/results/), so auto resolves to none on this workflow."""
+    from hpc.render.gpu_binding import gpu_decision
+
+    spec = load_spec(write(tmp_path, GPU))
+    assert gpu_decision(spec).binding == "none" and "llmapi" in gpu_decision(spec).why
+    with pytest.raises(SpecError, match=r"slurm.gpu_binding: per-rank binding breaks the llmapi workflow"):
+        load_spec(write(tmp_path, GPU.replace("gpus_per_node: 4}", "gpus_per_node: 4, gpu_binding: per-rank}")))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from launcher.contracts.gpu import NONE, PER_RANK, POLICIES
+from launcher.contracts.llmapi import LLMAPI
 
 if TYPE_CHECKING:
     from hpc.spec import Spec
@@ -47,7 +48,12 @@ class Decision:
 
 
 def decide(
-    policy: str, gpus_per_node: int, ranks_per_replica: int, tasks_per_node: int, orchestrator: bool = False
+    policy: str,
+    gpus_per_node: int,
+    ranks_per_replica: int,
+    tasks_per_node: int,
+    orchestrator: bool = False,
+    llmapi: bool = False,
 ) -> Decision:
     """Resolve ``auto`` from the layout: bind per rank unless there are no GPUs, or ranks of one replica share a
     node (their all-reduce plugin and NCCL need to see each other's GPUs; the module docstring cites why).
@@ -61,6 +67,12 @@ def decide(
         return Decision(NONE, "no GPUs requested (slurm.gpus_per_node 0): nothing to bind")
     if orchestrator:  # one process per replica, whose spawned workers pick their GPUs among the node's
         return Decision(NONE, "orchestrator mode: TensorRT-LLM's spawned workers need every GPU of the node")
+    if llmapi:  # per-rank is refused by the spec on this workflow (hpc/spec/schema.py)
+        return Decision(
+            NONE,
+            "llmapi workflow: TensorRT-LLM's PyTorch workers pick cuda:<rank % device count> among the node's GPUs "
+            "(measured on 2 GPUs: scripts/gpu/results/), so every rank sees every GPU of its node",
+        )
     bound = bound_parameters(ranks_per_replica)
     if policy == PER_RANK:
         risk = (
@@ -102,6 +114,7 @@ def gpu_decision(spec: Spec) -> Decision:
         m.tp_size * m.pp_size,
         spec.tasks_per_node,
         orchestrator=spec.mode == "orchestrator",
+        llmapi=m.workflow == LLMAPI,
     )
 
 

@@ -46,6 +46,7 @@ from hpc.spec.renew import RenewSpec, format_duration
 from launcher.contracts.auth import MODES as AUTH_MODES
 from launcher.contracts.auth import TOKEN as AUTH_TOKEN
 from launcher.contracts.config import DEFAULT_READY_TIMEOUT_S, DEFAULT_WARMUP_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
+from launcher.contracts.gpu import PER_RANK
 from launcher.contracts.gpu import POLICIES as GPU_POLICIES
 from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL_DIR, LLMAPI, MODEL_FILES, WORKFLOWS
 
@@ -396,6 +397,12 @@ class Spec(_Section):
                     "@mode: mode orchestrator is the engine workflow's (the C++ backend spawns its ranks); "
                     "the llmapi workflow runs in leader mode"
                 )
+        if m.workflow == LLMAPI and s.gpu_binding == PER_RANK:
+            raise ValueError(
+                "@slurm.gpu_binding: per-rank binding breaks the llmapi workflow: TensorRT-LLM's PyTorch workers "
+                "open cuda:<rank % gpus_per_node> (its Mapping), an invalid ordinal where a rank sees one GPU "
+                "(measured: scripts/gpu/results/); use gpu_binding: auto or none (every rank sees its node's GPUs)"
+            )
         if tasks != self.world_size:
             raise ValueError(
                 f"@model.tp_size: tp_size {m.tp_size} × pp_size {m.pp_size} × replicas {self.replicas} = {self.world_size} ranks, "

@@ -180,7 +180,7 @@ def _finish(
     write_record()
     removed = remove_shm_regions(info.job_rank, info.job_id)  # a killed stub or tritonserver leaves them
     log(
-        f"rank {info.job_rank}: tritonserver exited with {signal_name(rc) or rc}"
+        f"rank {info.job_rank}: {child.name} exited with {signal_name(rc) or rc}"
         + (f" ({error})" if error else "")
         + (f"; removed {len(removed)} shared-memory regions it left in /dev/shm" if removed else "")
     )
@@ -248,6 +248,8 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
             server_env, ring = node.server_env(env), node.ring
             sup.watch = combined_watch(watch.check, node)
         child = sup.spawn(argv, server_env, ignore=LEADER_IGNORES if me.leader else FOLLOWER_IGNORES, ring=ring)
+        if llmapi and not me.leader:
+            child.name = "worker node"
         try:
             if not me.leader:
                 return _finish(plan, info, sup, child, sup.wait(child))

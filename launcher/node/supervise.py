@@ -124,6 +124,8 @@ class Child:
     ring: collections.deque[str]
     tees: list[Tee] = field(default_factory=list)
     started_at: float = 0.0
+    #: what it is, for the log: tritonserver, or (llmapi workflow) the worker node a rank > 0 runs in its place
+    name: str = "tritonserver"
 
     def finish_output(self, timeout: float = 2.0) -> None:
         for tee in self.tees:
