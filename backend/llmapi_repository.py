@@ -25,7 +25,7 @@ TEMPLATE = Path(__file__).parent / "templates" / LLMAPI / TENSORRT_LLM / "config
 #: what the CPU engine's `1/model.py` shim re-exports `TritonPythonModel` from
 CPU_LLMAPI_MODULE = "backend.models.llmapi"
 #: `model_files` value: write the CPU engine's shim (the other choice, None, leaves `1/` to the launcher's copy)
-CPU_SHIM = "cpu"
+CPU_SHIM: Literal["cpu"] = "cpu"
 #: model.yaml's section for the Triton model itself (upstream's name); everything else is an LLM API argument
 TRITON_CONFIG = "triton_config"
 #: the template's transaction policy line (rendered false when model.yaml says so)

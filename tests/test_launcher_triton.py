@@ -160,7 +160,7 @@ def launchers():
     started: list[Launcher] = []
     yield started
     for launcher in started:
-        launcher.node.stop()
+        launcher.stop()
 
 
 def pids_matching(text: str) -> list[int]:

@@ -99,8 +99,8 @@ def write_repository(spec: Spec, out_dir: Path) -> None:
     if spec.model.workflow == LLMAPI:
         from backend.llmapi_repository import CPU_SHIM, write_llmapi_repository
 
-        files = CPU_SHIM if spec.model.backend == "cpu" else None
-        write_llmapi_repository(out_dir, model_yaml_args(spec), files, model_yaml_header(spec))
+        shim = CPU_SHIM if spec.model.backend == "cpu" else None  # else the image's model.py (launcher copies it)
+        write_llmapi_repository(out_dir, model_yaml_args(spec), shim, model_yaml_header(spec))
     else:
         from backend.repository import write_model_repository
 
