@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backend.llmapi_repository import CPU_LLMAPI_MODULE
 from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
 from hpc.doctor import node
 from hpc.doctor.login import Facts, sbatch_options
@@ -36,6 +37,7 @@ from hpc.scheduler import slurm
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds
 from launcher.contracts.layout import SHIPPED_PACKAGES, SOURCE_ROOT
+from launcher.contracts.llmapi import LLMAPI
 
 PROBE_TIME_S = 120
 WORKDIR_BIT, STEP_BIT = 1, 16
@@ -94,8 +96,12 @@ def node_bundle() -> str:
 
 
 def model_modules(spec: Spec) -> list[str]:
-    """The modules tritonserver's python stubs import when the spec's models start (backend/repository.py's)."""
-    return [*PYTHON_MODEL_MODULES.values(), *([CPU_ENGINE_MODULE] if spec.model.backend == "cpu" else [])]
+    """The modules tritonserver's python stubs import when the spec's models start (backend/repository.py's and
+    backend/llmapi_repository.py's; with TensorRT-LLM on llmapi, the image's own model.py, not ours)."""
+    cpu = spec.model.backend == "cpu"
+    if spec.model.workflow == LLMAPI:
+        return [CPU_LLMAPI_MODULE] if cpu else []
+    return [*PYTHON_MODEL_MODULES.values(), *([CPU_ENGINE_MODULE] if cpu else [])]
 
 
 def python_label(spec: Spec) -> str:
