@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the names alone are imported by the login node's tools (hpc/bench), without numpy
     from backend.cpu_engine.stats import EngineStats
 
-REQUEST = "nv_trt_llm_request_metrics"
-KV_CACHE = "nv_trt_llm_kv_cache_block_metrics"
-BATCHER = "nv_trt_llm_inflight_batcher_metrics"
-GENERAL = "nv_trt_llm_general_metrics"
+from launcher.contracts.prometheus import ENGINE_BATCHER_FAMILY as BATCHER
+from launcher.contracts.prometheus import ENGINE_GENERAL_FAMILY as GENERAL
+from launcher.contracts.prometheus import ENGINE_KV_CACHE_FAMILY as KV_CACHE
+from launcher.contracts.prometheus import ENGINE_REQUEST_FAMILY as REQUEST
+
 #: each family's label and description, as tensorrtllm_backend's custom metrics reporter names them
 FAMILIES = {
     REQUEST: ("request_type", "TRT LLM request metrics"),

@@ -17,6 +17,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+#: TensorRT-LLM's backend's engine families (tensorrtllm_backend's custom metrics reporter; the CPU engine exports the
+#: same names, backend/models/engine_metrics.py): who reads them (a stopping leader, the renewer, `hpc-serve
+#: metrics`) and who writes them take the names from here
+ENGINE_REQUEST_FAMILY = "nv_trt_llm_request_metrics"
+ENGINE_KV_CACHE_FAMILY = "nv_trt_llm_kv_cache_block_metrics"
+ENGINE_BATCHER_FAMILY = "nv_trt_llm_inflight_batcher_metrics"
+ENGINE_GENERAL_FAMILY = "nv_trt_llm_general_metrics"
+#: requests tritonserver itself holds in a model's queue, not handed to the model yet (any model, any backend)
+PENDING_FAMILY = "nv_inference_pending_request_count"
+
 #: `name{labels} value [timestamp]`: the labels are everything to the last `}` (a value may hold one)
 _SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?")
 #: one `label="value"`, and the comma after it (optional after the last one)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher.contracts.config import RENEW_DRAIN_S, RENEW_NOTICE_S
-from launcher.contracts.prometheus import samples
+from launcher.contracts.prometheus import ENGINE_REQUEST_FAMILY, PENDING_FAMILY, samples
 
 #: the environment a renewer submits its successor with: its own job id, and the successor's place in the chain
 ENV_PREDECESSOR = "HPC_SERVE_PREDECESSOR"
@@ -27,10 +27,8 @@ ENV_CHAIN_INDEX = "HPC_SERVE_CHAIN_INDEX"
 #: own sbatch options (sbatch sets none in a job): they stay, so the successor is submitted as its first job was.
 _JOB_ONLY = re.compile(r"^SLURM_")
 _KEEP = ("SLURM_CONF",)
-#: the engine's requests in flight, as the CPU engine and TensorRT-LLM's backend export them on the metrics port
-ENGINE_REQUESTS, IN_FLIGHT = "nv_trt_llm_request_metrics", ("active", "waiting")
-#: requests tritonserver itself holds in a model's queue, not handed to the model yet (any model, any backend)
-QUEUED = "nv_inference_pending_request_count"
+#: the engine's requests in flight: these request_types of the engine's request family (launcher/contracts/prometheus.py)
+IN_FLIGHT = ("active", "waiting")
 
 
 @dataclass(frozen=True)
@@ -123,8 +121,10 @@ def active_requests(metrics_text: str) -> int | None:
     and a stopping leader (launcher/node/stop.py `metrics_in_flight`)."""
     try:
         page = list(samples(metrics_text))
-        engine = [s.value for s in page if s.name == ENGINE_REQUESTS and s.labels.get("request_type") in IN_FLIGHT]
-        queued = [s.value for s in page if s.name == QUEUED]
+        engine = [
+            s.value for s in page if s.name == ENGINE_REQUEST_FAMILY and s.labels.get("request_type") in IN_FLIGHT
+        ]
+        queued = [s.value for s in page if s.name == PENDING_FAMILY]
         return int(sum(engine) + sum(queued)) if engine else None
     except (ValueError, OverflowError):  # not a page, or NaN / Inf in it
         return None
