@@ -37,6 +37,10 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
 openai = pytest.importorskip("openai")
 
 
+#: bursts the full-queue test sends at most, until one fills both replicas' Triton queues
+BURSTS = 3
+
+
 @pytest.fixture(scope="module")
 def gateway(paced_gateway) -> dict:
     """tests/conftest.py's `gateway`, its engine at a GPU's pace (tests/steps.py `GPU_PACE_MS`): these tests count
@@ -218,9 +222,16 @@ def test_a_full_triton_queue_is_tried_on_another_replica_then_429(serve_app, two
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as http:
             return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(24)))
 
-    responses = asyncio.run(burst())
-    statuses = sorted(r.status_code for r in responses)
-    assert set(statuses) == {200, 429}, statuses
+    # Triton refuses only what waits in its own queue, before the model takes it: a burst must reach a replica
+    # together. Under a loaded CPU the gateway may take a burst in one by one, and every request finds room (24 of
+    # 24 served once): such a burst (only 200s) is sent again, up to BURSTS times; any other answer fails at once.
+    for _ in range(BURSTS):
+        responses = asyncio.run(burst())
+        statuses = sorted(r.status_code for r in responses)
+        assert set(statuses) <= {200, 429}, statuses
+        if 429 in statuses:
+            break
+    assert set(statuses) == {200, 429}, f"no burst of {BURSTS} filled both replicas' queues: {statuses}"
     assert all(r.headers["retry-after"] == "1" for r in responses if r.status_code == 429)
     samples = prometheus_samples(url)
     assert samples[("hpc_serve_gateway_retries_total", (("reason", "busy"),))] >= 1
