@@ -87,7 +87,7 @@ def node_command(tp: int, leader_argv: tuple[str, ...] = ()) -> list[str]:
     if tp == 1:
         return leader
     if not shutil.which("mpirun"):
-        pytest.skip("mpirun not installed (apt-get install openmpi-bin)")
+        pytest.fail("mpirun not found: the test command installs Open MPI (scripts/install.sh --test)")
     passed = [
         a
         for v in ("PYTHONPATH", "OPENBLAS_NUM_THREADS", SPAWN_PROXY_VAR, IPC_ADDR_VAR, IPC_HMAC_KEY_VAR)
@@ -124,7 +124,7 @@ def running_job(tmp: Path, checkpoint: str, tp: int = 1, leader_argv: tuple[str,
     """The engine's nodes and tritonserver with the spawn-proxy variables (a port and key of the job's own); at
     the end tritonserver stops, its model unloads, and the nodes must have stopped by themselves, exit 0."""
     if find_tritonserver() is None:
-        pytest.skip("tritonserver not installed (nvidia-pytriton)")
+        pytest.fail("tritonserver not found: the test command installs nvidia-pytriton (scripts/install.sh --test)")
     env = proxy_env(free_port(), new_hmac_key())
     repo = repository(tmp, checkpoint, tp)
     log = tmp / "nodes.log"
