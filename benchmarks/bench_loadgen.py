@@ -77,9 +77,9 @@ def plain_loop(grpc_url: str, prompt: str, count: int) -> float:
     """Requests per second of one thread sending the ensemble request after request over one gRPC stream."""
     import tritonclient.grpc as grpcclient
 
-    from hpc.serving.triton import GenerateParams
+    from hpc.serving.model_io import EnsembleIO, GenerateParams
 
-    tensors = GenerateParams(prompt=prompt, max_tokens=1).tensors()
+    tensors = EnsembleIO().tensors(GenerateParams(prompt=prompt, max_tokens=1))
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))

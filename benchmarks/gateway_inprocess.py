@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hpc.serving.triton import Chunk, GenerateParams  # noqa: E402
+from hpc.serving.model_io import Chunk, GenerateParams  # noqa: E402
 
 App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
@@ -52,7 +52,9 @@ class FakeEngine:
     def __init__(self, tokens: int, prefill_s: float) -> None:
         self.tokens, self.prefill_s = tokens, prefill_s
 
-    async def stream(self, grpc_url: str, params: GenerateParams, token: str | None = None) -> AsyncIterator[Chunk]:
+    async def stream(
+        self, grpc_url: str, params: GenerateParams, token: str | None = None, workflow: str = "engine"
+    ) -> AsyncIterator[Chunk]:
         Clock.called = time.perf_counter()
         try:  # as TritonEngine does once the request was written (hpc/serving/idle.py), where the tree has it
             from hpc.serving.idle import run_deferred

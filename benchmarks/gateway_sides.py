@@ -180,7 +180,7 @@ class Sides:
         return first or 0.0, time.perf_counter() - t0, tokens
 
     async def direct(self) -> tuple[float, float, int]:
-        from hpc.serving.triton import GenerateParams
+        from hpc.serving.model_io import GenerateParams
 
         t0 = time.perf_counter()
         first, tokens = None, 0

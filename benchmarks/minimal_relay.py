@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import uvicorn  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from hpc.serving.triton import GenerateParams, TritonEngine  # noqa: E402
+from hpc.serving.model_io import GenerateParams  # noqa: E402
+from hpc.serving.triton import TritonEngine  # noqa: E402
 
 HEADERS = [(b"content-type", b"text/event-stream")]
 

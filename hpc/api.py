@@ -18,7 +18,6 @@ from hpc.jobs.executors import watch
 from hpc.jobs.status import JobStatus
 from hpc.jobs.track import job_status, wait
 from hpc.scheduler.index import JobRef, find_job
-from launcher.contracts import model_names
 from launcher.contracts.config import CANCEL_GRACE_S
 
 
@@ -54,7 +53,7 @@ class Job:
     def endpoints(self) -> list[Endpoint]:
         return job_endpoints(self.ref)
 
-    def client(self, replica: int | None = None, model: str = model_names.ENSEMBLE) -> Client:
+    def client(self, replica: int | None = None, model: str | None = None) -> Client:
         """A client of the job's deployment (its gateway, or every ready replica); `replica`: only that one."""
         return Client.from_job(self.ref, replica=replica, model=model)
 

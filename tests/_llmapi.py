@@ -30,6 +30,7 @@ from launcher.contracts.llmapi import (
     proxy_env,
 )
 from tests._triton import Server, find_tritonserver, free_port, tritonserver
+from tests.e2e import processes_under
 
 ROOT = Path(__file__).resolve().parent.parent
 DECOUPLED, UNARY = "tensorrt_llm", "tensorrt_llm_unary"
@@ -206,3 +207,50 @@ def collect(events: queue.Queue, timeout: float = 60) -> list:
         out.append(result)
         if result.get_response().parameters["triton_final_response"].bool_param:
             return out
+
+
+# -- a cluster job's llmapi processes (tests/test_e2e_llmapi_cluster.py, tests/test_gateway_llmapi_cluster.py) --
+
+
+def of_job(job: str) -> list[tuple[int, str]]:
+    """Live processes of a Slurm job by their environment: the leader and worker nodes' command lines are
+    TensorRT-LLM's (`python -m MODULE`), naming no folder, so processes_under would not see them."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"SLURM_JOB_ID={job}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                if (entry / "stat").read_text().split(") ")[-1].split()[0] != "Z":
+                    found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except OSError:
+            continue
+    return found
+
+
+def job_processes(deploy: Path, what: str, job: str = "") -> list[int]:
+    return sorted({pid for pid, cmd in [*processes_under(deploy), *of_job(job)] if what in cmd})
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def grpc_client(endpoint: dict):
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(f"{endpoint['address']}:{endpoint['grpc_port']}")
+
+
+def token_headers(token: str) -> dict[str, str]:
+    """The token as tritonserver's gRPC API wants it (hpc/serving/auth.py)."""
+    from hpc.serving.auth import grpc_headers
+
+    return grpc_headers(token)
+
+
+def leader_of(deploy: Path, job: str) -> Job:
+    """The leader node's counters, through its IPC address and key (read from its environment: the test runs on
+    the node; nothing else has them), for waiting on engine steps instead of time."""
+    (pid,) = job_processes(deploy, LEADER_MODULES["cpu"], job)
+    env = environ_of(pid)
+    return Job(server=None, env={k: env[k] for k in (SPAWN_PROXY_VAR, IPC_ADDR_VAR, IPC_HMAC_KEY_VAR)}, nodes=None)  # type: ignore[arg-type]

@@ -36,9 +36,13 @@ def write_spec(
     triton: dict | None = None,
     auth: str | None = None,
     renew: dict | None = None,
+    workflow: str = "engine",
+    env: dict | None = None,
 ) -> Path:
     """A CPU-engine spec for the tiny checkpoint; ranks talk TCP across the emulated nodes. `auth`: the spec's
-    (left out: its default, token); `renew`: its `renew:` section."""
+    (left out: its default, token); `renew`: its `renew:` section; `workflow` llmapi: the LLM API model with a
+    batch of 8 (`llm_api.max_batch_size`, for the engine workflow's `triton_max_batch_size`); `env`: more of
+    the job's environment."""
     spec = {
         "name": name,
         "workdir": str(folder / "runs"),
@@ -46,12 +50,14 @@ def write_spec(
             "nodes": nodes,
             "ntasks_per_node": ntasks_per_node or max(1, tp // nodes),
             "time": "00:10:00",
-            "env": {"OMPI_MCA_btl": "self,tcp"},
+            "env": {"OMPI_MCA_btl": "self,tcp", **(env or {})},
             **(slurm or {}),
         },
-        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(checkpoint), "tp_size": tp},
+        "model": {"backend": "cpu", "workflow": workflow, "checkpoint_dir": str(checkpoint), "tp_size": tp},
         "triton": {"triton_max_batch_size": 8, "ready_timeout_s": 120, **(triton or {})},
     }
+    if workflow == "llmapi":
+        spec["llm_api"] = {"max_batch_size": spec["triton"].pop("triton_max_batch_size")}
     if auth is not None:
         spec["auth"] = auth
     if renew is not None:

@@ -108,7 +108,8 @@ def test_the_gateways_engine_tells_a_refused_token_from_a_broken_replica_under_c
     as INTERNAL "Internal error from Core" (its status lost: 193 of 300 did before the engine checked): each of
     these concurrent refusals must still read as TokenRefused (the gateway's 502, replica not benched), never as
     ReplicaUnavailable, and the right token is served alongside."""
-    from hpc.serving.triton import GenerateParams, ReplicaUnavailable, TokenRefused, TritonEngine
+    from hpc.serving.model_io import GenerateParams
+    from hpc.serving.triton import ReplicaUnavailable, TokenRefused, TritonEngine
 
     job, endpoint, _ = served
     url, token = f"{endpoint['address']}:{endpoint['grpc_port']}", job_token(job)

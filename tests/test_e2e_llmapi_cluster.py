@@ -19,12 +19,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from launcher.contracts.layout import JobPaths
 from launcher.contracts.llmapi import IPC_ADDR_VAR, IPC_HMAC_KEY_VAR, LEADER_MODULES, SPAWN_PROXY_VAR, WORKER_MODULES
-from tests._llmapi import Job, inputs, stop_inputs, text_of
-from tests.e2e import cli, listening_ports, private_job_index, processes_under, status, submit, wait_for
+from tests._llmapi import (
+    environ_of,
+    grpc_client,
+    inputs,
+    job_processes,
+    leader_of,
+    of_job,
+    stop_inputs,
+    text_of,
+    token_headers,
+)
+from tests.e2e import cli, listening_ports, private_job_index, processes_under, status, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 PROMPT = "The current time is"  # test_llmapi_cancel.py's
@@ -34,20 +43,6 @@ CANCELLED = "StatusCode.CANCELLED"
 LONG = 200
 
 
-def _spec(folder: Path, checkpoint: Path) -> Path:
-    spec = {
-        "name": "llmapi-tp2",
-        "workdir": str(folder / "runs"),
-        "slurm": {"nodes": 2, "ntasks_per_node": 1, "time": "00:10:00", "env": {"OMPI_MCA_btl": "self,tcp"}},
-        "model": {"backend": "cpu", "workflow": "llmapi", "checkpoint_dir": str(checkpoint), "tp_size": 2},
-        "triton": {"decoupled": False, "ready_timeout_s": 120},
-        "llm_api": {"max_batch_size": 8},
-    }
-    path = folder / "llmapi-tp2.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
 @pytest.fixture(scope="module")
 def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
     """(job id, endpoint record, token, deployment folder) of the READY job."""
@@ -55,7 +50,10 @@ def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
     job = ""
     with private_job_index(folder):
         try:
-            job, job_dir = submit(_spec(folder, tiny_gpt2))
+            spec = write_spec(
+                folder, "llmapi-tp2", tiny_gpt2, tp=2, nodes=2, workflow="llmapi", triton={"decoupled": False}
+            )
+            job, job_dir = submit(spec)
             (endpoint,) = status(job)["endpoints"]
             deploy = Path(job_dir).parent.parent
             yield job, endpoint, (deploy / "access_token").read_text().strip(), deploy
@@ -64,65 +62,21 @@ def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
                 subprocess.run(["scancel", job], capture_output=True, check=False)
 
 
-def _of_job(job: str) -> list[tuple[int, str]]:
-    """Live processes of a Slurm job by their environment: the leader and worker nodes' command lines are
-    TensorRT-LLM's (`python -m MODULE`), naming no folder, so processes_under would not see them."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and f"SLURM_JOB_ID={job}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                if (entry / "stat").read_text().split(") ")[-1].split()[0] != "Z":
-                    found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
-        except OSError:
-            continue
-    return found
-
-
-def _processes(deploy: Path, what: str, job: str = "") -> list[int]:
-    return sorted({pid for pid, cmd in [*processes_under(deploy), *_of_job(job)] if what in cmd})
-
-
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
-
-
-def _client(endpoint: dict):
-    import tritonclient.grpc as grpcclient
-
-    return grpcclient.InferenceServerClient(f"{endpoint['address']}:{endpoint['grpc_port']}")
-
-
-def _headers(token: str) -> dict[str, str]:
-    """The token as tritonserver's gRPC API wants it (hpc/serving/auth.py)."""
-    from hpc.serving.auth import grpc_headers
-
-    return grpc_headers(token)
-
-
-def _leader(deploy: Path, job: str) -> Job:
-    """The leader node's counters, through its IPC address and key (read from its environment: the test runs on
-    the node; nothing else has them), for waiting on engine steps instead of time."""
-    (pid,) = _processes(deploy, LEADER_MODULES["cpu"], job)
-    env = _environ(pid)
-    return Job(server=None, env={k: env[k] for k in (SPAWN_PROXY_VAR, IPC_ADDR_VAR, IPC_HMAC_KEY_VAR)}, nodes=None)  # type: ignore[arg-type]
-
-
 def test_rank0_runs_the_leader_node_and_tritonserver_and_rank1_a_worker(served):
     job, endpoint, _, deploy = served
     assert status(job)["state"] == "READY" and endpoint["host"] == "node1" and endpoint["rank"] == 0
-    (server,) = _processes(deploy, "tritonserver --model-repository")
-    (leader,) = _processes(deploy, LEADER_MODULES["cpu"], job)
-    (worker,) = _processes(deploy, WORKER_MODULES["cpu"], job)
+    (server,) = job_processes(deploy, "tritonserver --model-repository")
+    (leader,) = job_processes(deploy, LEADER_MODULES["cpu"], job)
+    (worker,) = job_processes(deploy, WORKER_MODULES["cpu"], job)
     served_ports = {endpoint["http_port"], endpoint["grpc_port"], endpoint["metrics_port"]}
     assert listening_ports(worker).isdisjoint(served_ports), "a worker node serves nothing (MPI's TCP port only)"
     assert served_ports <= listening_ports(server)
-    server_env, leader_env = _environ(server), _environ(leader)
+    server_env, leader_env = environ_of(server), environ_of(leader)
     assert server_env[SPAWN_PROXY_VAR] == "1" and server_env[IPC_ADDR_VAR] == leader_env[IPC_ADDR_VAR]
     assert server_env[IPC_HMAC_KEY_VAR] == leader_env[IPC_HMAC_KEY_VAR]
     assert not [k for k in server_env if k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))], "tritonserver: no MPI job"
-    assert leader_env["SLURM_PROCID"] == "0" and _environ(worker)["SLURM_PROCID"] == "1"
-    assert _environ(worker)["SLURMD_NODENAME"] == "node2"
+    assert leader_env["SLURM_PROCID"] == "0" and environ_of(worker)["SLURM_PROCID"] == "1"
+    assert environ_of(worker)["SLURMD_NODENAME"] == "node2"
 
 
 def test_llmapi_client_and_the_cancel_sequence_of_test_llmapi_cancel(served):
@@ -132,7 +86,7 @@ def test_llmapi_client_and_the_cancel_sequence_of_test_llmapi_cancel(served):
     from tritonclient.utils import InferenceServerException
 
     _, endpoint, token, _ = served
-    client, headers = _client(endpoint), _headers(token)
+    client, headers = grpc_client(endpoint), token_headers(token)
     text = "Born in north-east France, Soyer trained as a"
     answer = client.infer(MODEL, inputs(text, 16), request_id="1", parameters={"Streaming": False}, headers=headers)
     assert text_of(answer).startswith(text) and len(text_of(answer)) > len(text), "the prompt is echoed, then text"
@@ -154,16 +108,16 @@ def test_a_stop_by_request_id_ends_a_generation_in_flight(served):
     from tritonclient.utils import InferenceServerException
 
     job, endpoint, token, deploy = served
-    leader, headers = _leader(deploy, job), _headers(token)
+    leader, headers = leader_of(deploy, job), token_headers(token)
     start = leader.stats()
     done: list = []
-    client = _client(endpoint)
+    client = grpc_client(endpoint)
     client.async_infer(
         MODEL, inputs(PROMPT, LONG), lambda result, error: done.append((result, error)), request_id="7", headers=headers
     )
     leader.wait_for("the request generating", lambda s: s.iterations >= start.iterations + 5)
     with pytest.raises(InferenceServerException) as stopped:
-        _client(endpoint).infer(MODEL, stop_inputs(), request_id="7", headers=headers)
+        grpc_client(endpoint).infer(MODEL, stop_inputs(), request_id="7", headers=headers)
     assert stopped.value.status() == CANCELLED
     after = leader.wait_for("nothing in flight", lambda s: s.active_requests == 0 and s.waiting_requests == 0)
     assert after.iterations - start.iterations < LONG, "stopped before its 200 tokens"
@@ -204,19 +158,19 @@ def test_bad_input_is_an_error_naming_it_and_the_job_serves_on(served, case, ext
     _, endpoint, token, _ = served
     kwargs = {k: extra.pop(k) for k in ("text", "max_tokens") if k in extra}
     with pytest.raises(InferenceServerException) as bad:
-        _client(endpoint).infer(MODEL, inputs(**kwargs, **extra), request_id=case, headers=_headers(token))
+        grpc_client(endpoint).infer(MODEL, inputs(**kwargs, **extra), request_id=case, headers=token_headers(token))
     assert words.lower() in bad.value.message().lower(), bad.value.message()
-    assert text_of(_client(endpoint).infer(MODEL, inputs(PROMPT, 4), headers=_headers(token)))
+    assert text_of(grpc_client(endpoint).infer(MODEL, inputs(PROMPT, 4), headers=token_headers(token)))
 
 
 def test_a_killed_worker_fails_the_job_naming_rank_1_and_leaves_nothing(served):
     """Last (it ends the job): SIGKILL rank 1's worker node on node2. The replica fails at once, `status` says
     which rank and how, and no process of the job is left on either node."""
     job, _, _, deploy = served
-    (worker,) = _processes(deploy, WORKER_MODULES["cpu"], job)
+    (worker,) = job_processes(deploy, WORKER_MODULES["cpu"], job)
     os.kill(worker, signal.SIGKILL)
     wait_for(lambda: status(job)["state"] == "FAILED", 60, "the job to fail")
     shown = cli("status", job, check=False).stdout
     assert "rank 1 on node2" in shown and "SIGKILL" in shown, shown
-    wait_for(lambda: not processes_under(deploy) and not _of_job(job), 60, "no process of the job left")
+    wait_for(lambda: not processes_under(deploy) and not of_job(job), 60, "no process of the job left")
     assert JobPaths(deploy, job).rank_record(0).exists(), "rank 0 says why it stopped too"

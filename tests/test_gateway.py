@@ -105,8 +105,9 @@ class FakeEngine:
         self.calls: list[str] = []
         self.tokens: list[str | None] = []
 
-    async def stream(self, grpc_url, params, token=None):
-        from hpc.serving.triton import Chunk, ReplicaUnavailable
+    async def stream(self, grpc_url, params, token=None, workflow="engine"):
+        from hpc.serving.model_io import Chunk
+        from hpc.serving.triton import ReplicaUnavailable
 
         self.calls.append(grpc_url)
         self.tokens.append(token)
@@ -140,7 +141,7 @@ def _gateway(*keys: str):
 
 async def _collect(gw) -> str:
     """As the routes take a generation: its first piece with `first` (the answers when none is left), then the rest."""
-    from hpc.serving.triton import GenerateParams
+    from hpc.serving.model_io import GenerateParams
 
     pieces = gw.generate(GenerateParams(prompt="x", max_tokens=2))
     first = await gw.first(pieces)
@@ -164,7 +165,7 @@ def test_an_answer_taken_whole_is_retried_even_after_the_replica_sent_pieces():
     """A request not streamed (`whole`): nothing reached the client, so a replica lost half-way is retried."""
     import asyncio
 
-    from hpc.serving.triton import GenerateParams
+    from hpc.serving.model_io import GenerateParams
 
     gw, engine = _gateway("flaky", "z-live")
 
@@ -180,7 +181,8 @@ def test_a_refused_token_is_not_retried_nor_benched_and_the_access_record_names_
     import asyncio
 
     from hpc.gateway.accesslog import RequestRecord
-    from hpc.serving.triton import GenerateParams, TokenRefused, is_auth_refusal
+    from hpc.serving.model_io import GenerateParams
+    from hpc.serving.triton import TokenRefused, is_auth_refusal
 
     assert is_auth_refusal(RuntimeError("UNAVAILABLE: This protocol is restricted, expecting header 'x'"))
     assert not is_auth_refusal(RuntimeError("UNAVAILABLE: failed to connect to all addresses"))
@@ -295,7 +297,7 @@ def _response(texts: list[bytes], logprobs: list[float] | None):
 def test_a_responses_text_and_logprobs_are_read_from_the_raw_tensors_as_tritonclient_reads_them():
     import tritonclient.grpc as grpcclient
 
-    from hpc.serving.triton import text_and_logprobs
+    from hpc.serving.model_io import text_and_logprobs
 
     texts = [b"ab", "é✓".encode(), b"", "\U0001f642".encode()[:3]]  # a character split, as streams split them
     response = _response(texts, [-0.5, -1.25, 0.0, -3.0])
@@ -309,7 +311,7 @@ def test_a_responses_text_and_logprobs_are_read_from_the_raw_tensors_as_tritoncl
 def test_a_response_without_text_is_none():
     from tritonclient.grpc import service_pb2
 
-    from hpc.serving.triton import bytes_elements, text_and_logprobs
+    from hpc.serving.model_io import bytes_elements, text_and_logprobs
 
     assert text_and_logprobs(service_pb2.ModelInferResponse(model_name="ensemble"), logprobs=True) is None
     assert bytes_elements(b"") == []

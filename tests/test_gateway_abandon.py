@@ -136,6 +136,7 @@ async def _stop_before_the_request(grpc_url: str, log: Path) -> int:
     import tritonclient.grpc.aio as aiogrpc
 
     from hpc.serving.abandon import Reader, abandon, infer_inputs, stop_generation, stream_request
+    from hpc.serving.model_io import EnsembleIO
     from hpc.serving.triton import CHANNEL_ARGS
 
     request_id = "stopped-before-it-came"
@@ -160,7 +161,9 @@ async def _stop_before_the_request(grpc_url: str, log: Path) -> int:
     try:
         call = client._client_stub.ModelStreamInfer(requests(), metadata=())
         reader = Reader(call, call.cancel)
-        ending = abandon(reader, functools.partial(stop_generation, client, request_id, ()))
+        ending = abandon(
+            reader, functools.partial(stop_generation, client, request_id, (), EnsembleIO().stop_tensors())
+        )
         assert ending is not None
         deadline = time.monotonic() + 60
         while f"'{request_id}' matches nothing" not in log.read_text(errors="replace"):

@@ -17,15 +17,8 @@ from backend.cpu_engine.scheduler import GenerationRequest, KVBudget, Scheduler
 from hpc.gateway.errors import APIError
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.serving.balancer import Balancer, Replica
-from hpc.serving.triton import (
-    Chunk,
-    ContextTooLong,
-    GenerateParams,
-    ModelError,
-    ReplicaBusy,
-    ReplicaStopping,
-    model_error,
-)
+from hpc.serving.model_io import Chunk, GenerateParams
+from hpc.serving.triton import ContextTooLong, ModelError, ReplicaBusy, ReplicaStopping, model_error
 
 
 class Engine:
@@ -35,7 +28,7 @@ class Engine:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    async def stream(self, grpc_url, params, token=None):
+    async def stream(self, grpc_url, params, token=None, workflow="engine"):
         self.calls.append(grpc_url)
         if grpc_url.startswith("busy"):
             raise model_error("Exceeds maximum queue size")

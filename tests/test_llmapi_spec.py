@@ -316,6 +316,16 @@ def test_render_says_where_model_py_comes_from(tmp_path, hf):
     assert "hpc-serve's CPU llmapi model (backend.models.llmapi)" in render(CPU)
 
 
+def test_build_on_an_llmapi_spec_says_there_is_nothing_to_build_and_submits_nothing(tmp_path, hf):
+    spec = write(tmp_path, CPU)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "hpc.cli.main", "build", str(spec)]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "no engine to build" in proc.stdout and f"hpc-serve submit {spec}" in proc.stdout
+    assert not (tmp_path / "runs").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["hf", "spec.yaml"]
+
+
 # ---------------------------------------------------------------------------------------------- checkpoint
 @pytest.mark.parametrize(
     ("change", "field", "words"),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from hpc.cli.support import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, load_spec_or_exit
+from launcher.contracts.llmapi import LLMAPI
 
 if TYPE_CHECKING:
     from hpc.scheduler.index import JobRef
@@ -22,6 +23,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     from hpc.scheduler.slurm import SlurmError
 
     spec = load_spec_or_exit(args.spec)
+    if spec.model.workflow == LLMAPI:  # a build: section is an error on this workflow (hpc/spec/llmapi.py)
+        print(
+            f"{args.spec}: model.workflow llmapi serves the Hugging Face checkpoint {spec.model.checkpoint_dir} "
+            "as it is (TensorRT-LLM's LLM API loads it when the job starts): no engine to build; "
+            f"`hpc-serve submit {args.spec}` serves it"
+        )
+        return EXIT_OK
     if spec.build is None:
         print(f"hpc-serve: {args.spec} has no build: section; nothing to build", file=sys.stderr)
         return EXIT_USAGE

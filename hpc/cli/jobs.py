@@ -285,8 +285,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--direct", action="store_true", help="go to the replicas even when a gateway runs")
     p.add_argument(
         "--model",
-        default=model_names.ENSEMBLE,
-        help=f"{model_names.ENSEMBLE} or {model_names.TENSORRT_LLM_BLS} (bls: replicas only)",
+        help=f"send to this model instead of each replica's own ({model_names.ENSEMBLE} on the engine workflow, "
+        f"{model_names.TENSORRT_LLM} on llmapi): {model_names.TENSORRT_LLM_BLS}, the engine workflow's BLS "
+        "pipeline (replicas only)",
     )
     p.add_argument("--replica", type=int, help="only this replica of the job TARGET (no balancing)")
     p.set_defaults(func=cmd_generate)

@@ -29,18 +29,10 @@ from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated, prefix
 from hpc.serving.deployment import Target, as_replica
 from hpc.serving.discovery import Discovery
 from hpc.serving.gateway_record import live_gateway
+from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.retry import stream_with_retry, taken_whole
 from hpc.serving.text import StopStream
-from hpc.serving.triton import (
-    Chunk,
-    GenerateParams,
-    ModelError,
-    ReplicaBusy,
-    ReplicaUnavailable,
-    TokenRefused,
-    TritonEngine,
-)
-from launcher.contracts import model_names
+from hpc.serving.triton import ModelError, ReplicaBusy, ReplicaUnavailable, TokenRefused, TritonEngine
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 from launcher.contracts.records import EndpointRecord, GatewayRecord
 
@@ -60,14 +52,15 @@ class AsyncClient:
 
     `gateway`: None (default) uses the gateway when its record exists and it answers, False never, True only
     (NotReady without one). `token`: sent as `Authorization: Bearer` (HTTP) / `authorization` (gRPC metadata);
-    default the deployment's own (`hpc-serve token`). `model`: `ensemble`, or `tensorrt_llm_bls` (replicas
-    only: the gateway serves the ensemble)."""
+    default the deployment's own (`hpc-serve token`). `model`: None (default) sends to each replica's
+    generation model (its endpoint record's workflow: `ensemble` on the engine workflow, `tensorrt_llm` on
+    llmapi; hpc/serving/model_io.py), or `tensorrt_llm_bls` (the engine workflow's BLS model; replicas only)."""
 
     def __init__(
         self,
         target: TargetLike,
         *,
-        model: str = model_names.ENSEMBLE,
+        model: str | None = None,
         token: str | None = None,
         gateway: bool | None = None,
         timeout_s: float = 300.0,
@@ -83,9 +76,9 @@ class AsyncClient:
             self._use_gateway: bool | None = False
         else:
             self.target = resolve(target)
-            self._use_gateway = False if model != model_names.ENSEMBLE else gateway
+            self._use_gateway = False if model is not None else gateway
         if gateway and not self._use_gateway:
-            raise ValueError(f"gateway=True needs a deployment TARGET and model={model_names.ENSEMBLE!r}")
+            raise ValueError("gateway=True needs a deployment TARGET and no model (the gateway picks each replica's)")
         self._gateway_token: str | None = None
         self._gateway: GatewayRecord | None = None
         self._checked_at = self._skip_gateway_until = -float("inf")
@@ -174,7 +167,7 @@ class AsyncClient:
         _, engine = self._connections()
 
         def attempt(replica: Replica) -> AsyncIterator[Chunk]:
-            chunks = engine.stream(replica.grpc_url, params, self._replica_token(replica))
+            chunks = engine.stream(replica.grpc_url, params, self._replica_token(replica), replica.workflow)
             return taken_whole(chunks) if whole else chunks
 
         def retried(replica: Replica, exc: BaseException) -> None:
@@ -206,8 +199,8 @@ class AsyncClient:
             ) from None
         except ModelError as exc:
             if started:
-                raise ServerError(f"{self.model}: {exc}") from None
-            raise RequestError(f"{self.model}: {exc}") from None
+                raise ServerError(f"{self.model or 'the model'}: {exc}") from None
+            raise RequestError(f"{self.model or 'the model'}: {exc}") from None
         except ReplicaUnavailable as exc:
             raise ServerError(f"the replica broke off the stream: {exc}") from None
 

@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 import httpx
 
 from hpc.client.errors import AuthError, Busy, NotReady, RequestError, ServerError
-from hpc.serving.triton import GenerateParams
+from hpc.serving.model_io import GenerateParams
 
 
 class Sampling(TypedDict, total=False):

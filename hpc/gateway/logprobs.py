@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpc.serving.triton import Chunk
+from hpc.serving.model_io import Chunk
 
 
 @dataclass(frozen=True)

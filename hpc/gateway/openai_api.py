@@ -29,15 +29,9 @@ from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import EventStream
 from hpc.serving import idle
+from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.text import StopStream, cut_at_stop
-from hpc.serving.triton import (
-    Chunk,
-    ContextTooLong,
-    GenerateParams,
-    ModelError,
-    ReplicaUnavailable,
-    TokenRefused,
-)
+from hpc.serving.triton import ContextTooLong, ModelError, ReplicaUnavailable, TokenRefused
 
 #: the response header that names the replica which served the request
 REPLICA_HEADER = "x-hpc-serve-replica"
@@ -147,19 +141,52 @@ async def chat_complete(gw: Gateway, body: ChatRequest, record: RequestRecord) -
     return await _answer(gw, body, params, chat=True, record=record)
 
 
+class _Tally:
+    """A generation's completion tokens and finish, as its chunks tell them: counted by the engine (the ensemble:
+    a response per token), or, when the model counts none (llmapi, hpc/serving/model_io.py), `max_tokens` for a
+    generation the model says ended at its length, else the deployment's tokenizer's count of its text (a
+    random-weight model's text may encode to other tokens than it was made of; a trained model's rarely does);
+    and the finish the model gave, if it gave one."""
+
+    def __init__(self) -> None:
+        self.tokens, self.uncounted = 0, False
+        self.pieces: list[str] = []
+        self.finish: str | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        if chunk.tokens is None:
+            self.uncounted = True
+        else:
+            self.tokens += chunk.tokens
+        self.pieces.append(chunk.text)
+        self.finish = chunk.finish_reason or self.finish
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def completion_tokens(self, gw: Gateway, max_tokens: int) -> int:
+        if not self.uncounted:
+            return self.tokens
+        return max_tokens if self.finish == "length" else gw.completion_tokens(self.text)
+
+
 def _usage(prompt: int, completion: int, record: RequestRecord) -> dict[str, int]:
     """Prompt tokens by the deployment's tokenizer (`Gateway.count_prompt`); completion tokens as the engine
-    reported them."""
+    reported them, or the tokenizer counts them (`_Tally`)."""
     record.prompt_tokens, record.completion_tokens = prompt, completion
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams, context: int | None) -> str:
+def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams, context: int | None, said: str | None) -> str:
     """OpenAI's "length" for a generation that ended at `max_tokens` or at the model's context (the engine cuts
     `max_tokens` to the room the prompt leaves, hpc/spec/files.py `context_length`), "stop" for one that ended
-    at a stop word or the model's end token. The ensemble does not say which: its counts do."""
+    at a stop word or the model's end token. The llmapi model says which (`said`); the ensemble does not: its
+    counts do."""
     if stopped:
         return "stop"
+    if said is not None:
+        return said
     full = context is not None and usage["total_tokens"] >= context
     return "length" if usage["completion_tokens"] >= params.max_tokens or full else "stop"
 
@@ -194,13 +221,12 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     if events is not None:
         stream = _sse(gw, body, params, chat, events.get(), first, pieces, record)
         return EventStream(stream, media_type="text/event-stream", headers=headers)
-    trail = TokenTrail()
-    raw, tokens = "", 0
+    trail, tally = TokenTrail(), _Tally()
     counted = gw.count_prompt(params.prompt)
     try:
         chunk = first
         while chunk is not None:
-            raw, tokens = raw + chunk.text, tokens + chunk.tokens
+            tally.add(chunk)
             trail.add(chunk)
             chunk = await anext(pieces, None)
         prompt_tokens = await counted
@@ -208,12 +234,12 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         raise APIError(500, f"the request failed while generating: {exc}", "server_error") from None
     finally:
         counted.cancel()  # left early (an error, a client gone): its count is not needed
-    text, stopped = cut_at_stop(raw, params.stop)
-    usage = _usage(prompt_tokens, tokens, record)
+    text, stopped = cut_at_stop(tally.text, params.stop)
+    usage = _usage(prompt_tokens, tally.completion_tokens(gw, params.max_tokens), record)
     logprobs = _logprobs(chat, trail.finish(len(text))) if params.logprobs else None
     choice: dict[str, Any] = {
         "index": 0,
-        "finish_reason": _finish(stopped, usage, params, gw.context_length),
+        "finish_reason": _finish(stopped, usage, params, gw.context_length, tally.finish),
         "logprobs": logprobs,
     }
     if chat:
@@ -296,11 +322,11 @@ async def _sse(
     pending = b""
     if chat:
         pending = events.event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-    stops, tokens, counted = StopStream(params.stop), 0, None
+    stops, tally, counted = StopStream(params.stop), _Tally(), None
     try:
         chunk = first  # taken already, to tell errors from answers; then the rest (no generator around them)
         while chunk is not None:
-            tokens += chunk.tokens
+            tally.add(chunk)
             trail.add(chunk)
             if text := stops.feed(chunk.text):
                 yield pending + piece(text)
@@ -312,7 +338,7 @@ async def _sse(
             chunk = await anext(pieces, None)
         if counted is None:  # stopped at the first piece
             counted = gw.count_prompt(params.prompt)
-        usage = _usage(await counted, tokens, record)
+        usage = _usage(await counted, tally.completion_tokens(gw, params.max_tokens), record)
     except (ModelError, ReplicaUnavailable) as exc:
         record.error = "stream_failed"
         yield pending + f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n".encode()
@@ -323,7 +349,8 @@ async def _sse(
         await pieces.aclose()
     if rest := stops.flush():
         pending += piece(rest)
-    pending += events.event([delta(None, _finish(stops.stopped, usage, params, gw.context_length), final=True)])
+    finish = _finish(stops.stopped, usage, params, gw.context_length, tally.finish)
+    pending += events.event([delta(None, finish, final=True)])
     if body.stream_options and body.stream_options.include_usage:
         pending += events.event([], usage=usage)
     yield pending + DONE

@@ -180,7 +180,7 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
         """Stop the request on the replica it went to (nothing without an id to stop it by)."""
         if request_id is not None and chosen:
             replica, token = chosen[-1]
-            await gw.engine.stop(replica.grpc_url, request_id, token)
+            await gw.engine.stop(replica.grpc_url, request_id, token, replica.workflow)
 
     headers = {"content-type": request.headers.get("content-type", "application/json"), **CLOSED_AFTER}
     path = f"/v2/models/{model}/{endpoint}"

@@ -26,9 +26,10 @@ from hpc.gateway.metrics import Metrics
 from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
+from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.retry import stream_with_retry, taken_whole
 from hpc.serving.text import ChatTemplate
-from hpc.serving.triton import Chunk, GenerateParams, ReplicaBusy, ReplicaStopping, ReplicaUnavailable, TritonEngine
+from hpc.serving.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, TritonEngine
 from hpc.spec.files import context_length
 from hpc.spec.limits import PREFIX_CHARS
 
@@ -63,6 +64,12 @@ class Gateway:
     def prompt_tokens(self, prompt: str) -> int:
         """As preprocessing counts them: the deployment's tokenizer, special tokens included."""
         return len(self.tokenizer.encode(prompt, add_special_tokens=True))
+
+    def completion_tokens(self, text: str) -> int:
+        """A generation's tokens counted from its text, for a model that counts none (llmapi): the deployment's
+        tokenizer, without special tokens (re-encoding the text gives the generated tokens' count but for
+        the rare text a tokenizer encodes otherwise than it was generated)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
     def count_prompt(self, prompt: str) -> asyncio.Future[int]:
         """`prompt_tokens`, started now and awaited when the answer's usage is due. A long prompt is counted on a
@@ -138,7 +145,7 @@ class Gateway:
         token_for = self.discovery.token_for
 
         def attempt(replica: Replica) -> AsyncIterator[Chunk]:
-            chunks = self.engine.stream(replica.grpc_url, params, token_for(replica))
+            chunks = self.engine.stream(replica.grpc_url, params, token_for(replica), replica.workflow)
             return taken_whole(chunks, record.first_token) if whole else chunks
 
         return self.routed(attempt, params.prompt, record, on_first=record.first_token)

@@ -112,21 +112,13 @@ def stream_request(model: str, inputs: list[grpcclient.InferInput], request_id: 
     )
 
 
-def stop_tensors() -> list[grpcclient.InferInput]:
-    """A stop request's inputs: the engine model's required ones (a one-token placeholder) and `stop`."""
-    return infer_inputs(
-        {
-            "input_ids": (np.array([[0]], dtype=np.int32), "INT32"),
-            "input_lengths": (np.array([[1]], dtype=np.int32), "INT32"),
-            "request_output_len": (np.array([[1]], dtype=np.int32), "INT32"),
-            "stop": (np.array([[True]], dtype=bool), "BOOL"),
-        }
-    )
-
-
-async def stop_generation(client: Any, request_id: str, metadata: tuple[tuple[str, str], ...]) -> None:
-    """Ask the replica's engine model to stop the generation of `request_id` (answered at once; module docstring)."""
-    request = stream_request(model_names.TENSORRT_LLM, stop_tensors(), request_id)  # the engine model
+async def stop_generation(
+    client: Any, request_id: str, metadata: tuple[tuple[str, str], ...], inputs: list[grpcclient.InferInput]
+) -> None:
+    """Ask the replica's engine model to stop the generation of `request_id` (answered at once; module docstring),
+    with the workflow's stop request `inputs` (hpc/serving/model_io.py: both workflows' engine model is
+    `tensorrt_llm`, and both take `stop`)."""
+    request = stream_request(model_names.TENSORRT_LLM, inputs, request_id)  # the engine model
 
     async def one():
         yield request

@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hpc.spec.limits import PREFIX_CHARS
+from launcher.contracts.llmapi import ENGINE
 
 #: a prefix's replica takes it while its load stays within this many times the mean load
 LOAD_FACTOR = 1.25
@@ -60,6 +61,7 @@ class Replica:
     benched_until: float = 0.0
     last_pick: int = 0  # the balancer's pick count when it last chose this replica
     draining: bool = False  # its job is stopping: requests in flight finish, new ones go elsewhere
+    workflow: str = ENGINE  # its TensorRT-LLM workflow: which model generates, asked how (hpc/serving/model_io.py)
 
 
 class NoReplica(RuntimeError):

@@ -1,8 +1,8 @@
-"""The thin engine interface: one generation request streamed to a replica's ensemble over Triton's gRPC
+"""The thin engine interface: one generation request streamed to a replica's model over Triton's gRPC
 bidirectional streaming API (tritonclient's asyncio client), yielding text pieces.
 
 Why always the streaming API, even for a non-streaming OpenAI request: the deployments serve a decoupled
-ensemble (one request, many responses), which only the streaming RPC can call, and one code path means one
+model (one request, many responses: the ensemble, or the llmapi `tensorrt_llm`; hpc/serving/model_io.py), which only the streaming RPC can call, and one code path means one
 set of failure modes. Why not a thread per request (tritonclient's sync stream): the gateway holds hundreds
 of requests open; one event loop does. The request id has hpc-serve's stream prefix
 (backend/models/detokenize.py) so the ensemble's postprocessing never splits a character across responses.
@@ -15,26 +15,23 @@ tritonclient's own builder and sent on the client's stub (`_client_stub`), the o
 from __future__ import annotations
 
 import asyncio
-import codecs
 import functools
-import struct
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
 from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from backend.refusals import BUSY_MARKERS, CONTEXT_MARKERS, STOPPING_MARKERS
-from hpc.serving.abandon import Reader, abandon, infer_inputs, stop_generation, stream_request
+from hpc.serving.abandon import Reader, abandon, stop_generation, stream_request
 from hpc.serving.auth import grpc_headers
 from hpc.serving.idle import run_deferred
-from launcher.contracts import model_names
+from hpc.serving.model_io import Chunk, GenerateParams, ModelIO, model_io
+from launcher.contracts.llmapi import ENGINE
 
 #: how long a finished stream is given to end by itself before it is cancelled (see `_end`)
 STREAM_END_S = 2.0
@@ -105,57 +102,6 @@ def model_error(message: str) -> ModelError | ReplicaStopping:
     return (ContextTooLong if any(m in lowered for m in CONTEXT_MARKERS) else ModelError)(message)
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """What one response of the stream brought: its text (maybe empty: a character held back until its last
-    byte comes), how many tokens it carried (one per response of a streaming engine step), and their log
-    probabilities when asked for (`output_log_probs`: a streaming response carries the new tokens' only)."""
-
-    text: str
-    tokens: int
-    logprobs: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
-class GenerateParams:
-    """What the ensemble is asked for; `None` leaves the model's default."""
-
-    prompt: str
-    max_tokens: int
-    stop: Sequence[str] = field(default_factory=tuple)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logprobs: bool = False  # ask for `output_log_probs` (the ensemble's `return_log_probs`)
-
-    def tensors(self) -> list[grpcclient.InferInput]:
-        arrays: dict[str, tuple[np.ndarray, str]] = {
-            "text_input": (np.array([[self.prompt.encode()]], dtype=object), "BYTES"),
-            "max_tokens": (np.array([[self.max_tokens]], dtype=np.int32), "INT32"),
-            "stream": (np.array([[True]], dtype=bool), "BOOL"),
-            "exclude_input_in_output": (np.array([[True]], dtype=bool), "BOOL"),
-        }
-        if self.stop:
-            arrays["stop_words"] = (np.array([[s.encode() for s in self.stop]], dtype=object), "BYTES")
-        if self.temperature is not None:
-            arrays["temperature"] = (np.array([[self.temperature]], dtype=np.float32), "FP32")
-        if self.top_p is not None:
-            arrays["top_p"] = (np.array([[self.top_p]], dtype=np.float32), "FP32")
-        if self.top_k is not None:
-            arrays["top_k"] = (np.array([[self.top_k]], dtype=np.int32), "INT32")
-        if self.seed is not None:
-            arrays["seed"] = (np.array([[self.seed]], dtype=np.uint64), "UINT64")
-        for name in ("presence_penalty", "frequency_penalty"):  # the ensemble's inputs of OpenAI's names
-            if (value := getattr(self, name)) is not None:
-                arrays[name] = (np.array([[value]], dtype=np.float32), "FP32")
-        if self.logprobs:
-            arrays["return_log_probs"] = (np.array([[True]], dtype=bool), "BOOL")
-        return infer_inputs(arrays)
-
-
 _KEEPALIVE = grpcclient.KeepAliveOptions()
 #: tritonclient's own channel defaults, and no proxy: gRPC, like urllib, sends a channel through `$http_proxy`
 #: (or `$grpc_proxy`) unless told not to, and replicas are cluster nodes a user's proxy cannot reach
@@ -175,10 +121,8 @@ class TritonEngine:
     """One asyncio gRPC client per replica, reused across requests (a channel is costly to open), on channels
     made with `channel_args` (default: never through a proxy)."""
 
-    def __init__(
-        self, model: str = model_names.ENSEMBLE, channel_args: Sequence[tuple[str, Any]] = CHANNEL_ARGS
-    ) -> None:
-        self.model = model
+    def __init__(self, model: str | None = None, channel_args: Sequence[tuple[str, Any]] = CHANNEL_ARGS) -> None:
+        self.model = model  # None: each replica's generation model (its workflow's); else this one (the BLS model)
         self.channel_args = list(channel_args)
         self._clients: dict[str, aiogrpc.InferenceServerClient] = {}
         self._in_flight: dict[str, int] = {}
@@ -199,11 +143,20 @@ class TritonEngine:
         for client in clients:
             await client.close()
 
-    async def stream(self, grpc_url: str, params: GenerateParams, token: str | None = None) -> AsyncIterator[Chunk]:
-        """Text pieces as the replica produces them, with their token counts. ReplicaUnavailable for transport
-        trouble, TokenRefused for a missing or wrong token, ModelError for the model's own refusal."""
+    def _io(self, workflow: str) -> tuple[ModelIO, str]:
+        """The workflow's model IO (hpc/serving/model_io.py) and the model to send to."""
+        io = model_io(workflow)
+        return io, self.model or io.model
+
+    async def stream(
+        self, grpc_url: str, params: GenerateParams, token: str | None = None, workflow: str = ENGINE
+    ) -> AsyncIterator[Chunk]:
+        """Text pieces as the replica (serving `workflow`'s model) produces them, with their token counts.
+        ReplicaUnavailable for transport trouble, TokenRefused for a missing or wrong token, ModelError for the
+        model's own refusal."""
+        io, model = self._io(workflow)
         request_id = f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}"
-        request = stream_request(self.model, params.tensors(), request_id)
+        request = stream_request(model, io.tensors(params), request_id)
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         finished = asyncio.Event()
 
@@ -212,7 +165,7 @@ class TritonEngine:
             run_deferred()  # the request was written: what could wait for that runs while the replica works
             await finished.wait()  # half-close only once the last response arrived
 
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoder = io.decoder(params)
         metadata = tuple(grpc_headers(token).items())  # the replica's access token (auth: token)
         client = self._client(grpc_url)
         call = client._client_stub.ModelStreamInfer(requests(), metadata=metadata)
@@ -224,19 +177,15 @@ class TritonEngine:
             while (response := await reader.next()) is not None:
                 if response.error_message:
                     raise model_error(response.error_message)
-                piece = text_and_logprobs(response.infer_response, params.logprobs)
-                if piece is not None:
-                    yield Chunk(utf8.decode(piece[0]), 1, piece[1])
                 final = response.infer_response.parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
-                    tail = utf8.decode(b"", final=True)
-                    if tail:
-                        yield Chunk(tail, 0)
-                    ended = True
+                ended = final is not None and final.bool_param
+                if (chunk := decoder.feed(response.infer_response, ended)) is not None:
+                    yield chunk
+                if ended:
                     return
             raise ReplicaUnavailable(f"{grpc_url}: the stream ended before the final response")
         except grpc.aio.AioRpcError as exc:
-            refused = is_auth_refusal(exc) or (lost_status(exc) and await self._refuses(client, metadata))
+            refused = is_auth_refusal(exc) or (lost_status(exc) and await self._refuses(client, model, metadata))
             error = TokenRefused if refused else ReplicaUnavailable
             raise error(f"{grpc_url}: {exc.code().name}: {exc.details()}") from None
         finally:
@@ -245,54 +194,26 @@ class TritonEngine:
             if ended:
                 await _end(call, ended)
             else:  # left mid-way: stop the generation by its id, never cancel the call (tritonserver would leak it)
-                abandon(reader, functools.partial(stop_generation, client, request_id, metadata))
+                stop = functools.partial(stop_generation, client, request_id, metadata, io.stop_tensors())
+                abandon(reader, stop)
 
-    async def stop(self, grpc_url: str, request_id: str, token: str | None = None) -> None:
+    async def stop(self, grpc_url: str, request_id: str, token: str | None = None, workflow: str = ENGINE) -> None:
         """Stop the generation of `request_id` on the replica at `grpc_url` (hpc/serving/abandon.py: a stream
         whose client left is ended so, never cut off: the Triton passthrough's too)."""
-        await stop_generation(self._client(grpc_url), request_id, tuple(grpc_headers(token).items()))
+        inputs = model_io(workflow).stop_tensors()
+        await stop_generation(self._client(grpc_url), request_id, tuple(grpc_headers(token).items()), inputs)
 
-    async def _refuses(self, client: aiogrpc.InferenceServerClient, metadata: tuple[tuple[str, str], ...]) -> bool:
+    async def _refuses(
+        self, client: aiogrpc.InferenceServerClient, model: str, metadata: tuple[tuple[str, str], ...]
+    ) -> bool:
         """Whether the replica refuses `metadata`'s token, asked with a one-message call (the model's config, a
         restricted API) that cannot lose its status the way a stream does: a stream that ended with its status
         lost (`lost_status`) is told apart from a replica in trouble before it is benched for it."""
         try:
-            await client.get_model_config(self.model, headers=dict(metadata), client_timeout=PROBE_TIMEOUT_S)
+            await client.get_model_config(model, headers=dict(metadata), client_timeout=PROBE_TIMEOUT_S)
         except InferenceServerException as exc:
             return is_auth_refusal(exc)
         return False
-
-
-def text_and_logprobs(infer_response: Any, logprobs: bool) -> tuple[bytes, tuple[float, ...]] | None:
-    """A response's `text_output` bytes and (when asked) `output_log_probs`, or None without text (the empty
-    final response). Read from the raw bytes Triton sent. Why not tritonclient's InferResult and `as_numpy`:
-    per streamed token that built numpy object arrays to join them again, ~0.07 ms of the gateway's CPU per
-    token in a profile (a 32-token answer: more than 2 ms). The layout is the one tritonclient reads too: one
-    `raw_output_contents` entry per output, in order (it reads nothing else of an output either)."""
-    named = dict(zip((out.name for out in infer_response.outputs), infer_response.raw_output_contents, strict=True))
-    if "text_output" not in named:
-        return None
-    values = fp32_values(named.get("output_log_probs", b"")) if logprobs else ()
-    return b"".join(bytes_elements(named["text_output"])), values
-
-
-def bytes_elements(raw: bytes) -> list[bytes]:
-    """The elements of a serialized BYTES tensor: each a 4-byte little-endian length, then that many bytes
-    (what tritonclient's `deserialize_bytes_tensor` reads)."""
-    out, at = [], 0
-    while at + 4 <= len(raw):
-        (size,) = _LENGTH.unpack_from(raw, at)
-        out.append(raw[at + 4 : at + 4 + size])
-        at += 4 + size
-    return out
-
-
-def fp32_values(raw: bytes) -> tuple[float, ...]:
-    """The values of a serialized FP32 tensor (little-endian, as Triton sends them)."""
-    return tuple(float(v) for v in np.frombuffer(raw, dtype="<f4"))
-
-
-_LENGTH = struct.Struct("<I")
 
 
 async def _end(call: Any, ended: bool) -> None:

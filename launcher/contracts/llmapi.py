@@ -26,6 +26,10 @@ WORKFLOWS = (LLMAPI, ENGINE)
 LEADER_MODULES = {"tensorrtllm": "tensorrt_llm.llmapi.mgmn_leader_node", "cpu": "backend.cpu_engine.llmapi.leader_node"}
 WORKER_MODULES = {"tensorrtllm": "tensorrt_llm.llmapi.mgmn_worker_node", "cpu": "backend.cpu_engine.llmapi.worker_node"}
 
+#: the CPU engine's leader node: the least time an engine step takes, in ms (its --min-step-ms), so that a test
+#: counting engine steps sees a GPU's pace in a job (the spec's `slurm.env` sets it); no meaning to TensorRT-LLM
+CPU_MIN_STEP_VAR = "HPC_SERVE_CPU_MIN_STEP_MS"
+
 #: what TensorRT-LLM reads to connect the LLM inside tritonserver to the leader node (tensorrt_llm/executor/utils.py)
 SPAWN_PROXY_VAR = "TLLM_SPAWN_PROXY_PROCESS"
 IPC_ADDR_VAR = "TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR"

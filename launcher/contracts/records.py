@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from launcher.contracts.layout import ENDPOINT_GLOB, RANK_RECORD_GLOB, JobPaths
+from launcher.contracts.llmapi import ENGINE
 from launcher.contracts.urls import grpc_target, http_url, metrics_url
 
 #: version 1: the first with a version key in the endpoint record; rank records had none before it. The
@@ -156,6 +157,9 @@ class EndpointRecord(Record):
     pid: int = 0
     started_at: float = 0.0
     ready_at: float = 0.0
+    #: the replica's TensorRT-LLM workflow (launcher/contracts/llmapi.py), which says the model clients send
+    #: generations to and how (hpc/serving/model_io.py); an older record has none: the engine workflow's ensemble
+    workflow: str = ENGINE
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EndpointRecord:

@@ -301,6 +301,7 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
                     pid=child.proc.pid,
                     started_at=child.started_at,
                     ready_at=ready_at,
+                    workflow=plan.workflow,
                 )
                 records.write_json_atomic(endpoint, record.to_dict())
                 clear_phase(job_paths(plan, info), me)

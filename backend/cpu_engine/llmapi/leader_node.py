@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,6 +24,8 @@ from multiprocessing import AuthenticationError
 from typing import Any
 
 import numpy as np
+
+from launcher.contracts.llmapi import CPU_MIN_STEP_VAR
 
 from ..engine import Engine
 from ..follower import STOP, load_shard
@@ -243,7 +246,10 @@ def _accept_loop(listener: Any, node: LeaderNode) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backend.cpu_engine.llmapi.leader_node", description=__doc__)
     parser.add_argument(
-        "--min-step-ms", type=float, default=0.0, help="the least time an engine step takes (tests: a GPU's pace)"
+        "--min-step-ms",
+        type=float,
+        default=float(os.environ.get(CPU_MIN_STEP_VAR) or 0.0),
+        help=f"the least time an engine step takes (tests: a GPU's pace); default ${CPU_MIN_STEP_VAR}, else 0",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -1,0 +1,276 @@
+"""How a generation is asked of a replica's model and how its responses are read, per TensorRT-LLM workflow
+(launcher/contracts/llmapi.py `WORKFLOWS`): the one place the gateway's and the client's requests take their
+tensors from (hpc/serving/triton.py sends them).
+
+- engine: the `ensemble` (tensorrtllm_backend's inflight_batcher_llm: `text_input`, `max_tokens`, `stream`,
+  `stop_words`, ...). Each streamed response carries the new tokens' text as bytes, cut anywhere, even inside a
+  character, so they are decoded incrementally; one response per token, so the responses count the tokens.
+- llmapi: TensorRT-LLM's LLM API model `tensorrt_llm` (all_models/llmapi: `text_input`, `streaming`,
+  `sampling_param_*`, `return_*`; reference /work/notes/issue23-facts.md §1-2). Each response carries the
+  *cumulative* text of the generation (the LLM API's `CompletionOutput.text`), decoded by the engine, so a
+  character still incomplete ends it as U+FFFD: the delta is what the text grew by, and a trailing U+FFFD is held
+  back until a later response (or the final one) settles it. The engine leaves a stop string out of its final
+  text (`include_stop_str_in_output` is False), after it may have streamed part of it: the final response's
+  `stop_reason` names it, and it is put back, so the caller's stop rule (hpc/serving/text.py) cuts the same text
+  on both workflows. The model returns no token counts and, with TensorRT-LLM 1.2.x's model.py, one response for
+  a whole streamed request (issue23-facts §0): its chunks' `tokens` is None, and callers count the text's.
+
+Both ask for the prompt left out of the output, and always stream (hpc/serving/triton.py says why).
+"""
+
+from __future__ import annotations
+
+import codecs
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from hpc.serving.abandon import infer_inputs
+from launcher.contracts import model_names
+from launcher.contracts.llmapi import ENGINE, LLMAPI
+
+#: what an engine whose text is not settled yet ends its cumulative text with (a character cut mid-way)
+REPLACEMENT = "\ufffd"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one response of the stream brought: its text (maybe empty: a character held back until its last
+    byte comes), how many tokens it carried (one per response of a streaming engine step; None from a model
+    that does not count them: the caller counts the text's), their log probabilities when asked for
+    (`output_log_probs`: a streaming response carries the new tokens' only), and on the last response of a
+    model that says so, why the generation ended (OpenAI's "stop" or "length")."""
+
+    text: str
+    tokens: int | None
+    logprobs: tuple[float, ...] = ()
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """What the model is asked for; `None` leaves the model's default."""
+
+    prompt: str
+    max_tokens: int
+    stop: Sequence[str] = field(default_factory=tuple)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool = False  # ask for the chosen tokens' log probabilities (the ensemble's `return_log_probs`)
+
+
+class Decoder(Protocol):
+    """Reads one request's responses in order: `feed` gives each response's Chunk, or None for a response
+    without text; `final` is set on the last one."""
+
+    def feed(self, infer_response: Any, final: bool) -> Chunk | None: ...
+
+
+class ModelIO(Protocol):
+    """A workflow's generation model: its name, its request tensors, its response decoder and its stop request."""
+
+    model: str
+
+    def tensors(self, params: GenerateParams) -> list[grpcclient.InferInput]: ...
+
+    def decoder(self, params: GenerateParams) -> Decoder: ...
+
+    def stop_tensors(self) -> list[grpcclient.InferInput]: ...
+
+
+def _scalar(value: Any, dtype: Any, triton: str, batched: bool) -> tuple[np.ndarray, str]:
+    return np.array([[value]] if batched else [value], dtype=dtype), triton
+
+
+class EnsembleIO:
+    """The engine workflow's `ensemble` (module docstring)."""
+
+    model = model_names.ENSEMBLE
+
+    def tensors(self, params: GenerateParams) -> list[grpcclient.InferInput]:
+        arrays: dict[str, tuple[np.ndarray, str]] = {
+            "text_input": (np.array([[params.prompt.encode()]], dtype=object), "BYTES"),
+            "max_tokens": _scalar(params.max_tokens, np.int32, "INT32", True),
+            "stream": _scalar(True, bool, "BOOL", True),
+            "exclude_input_in_output": _scalar(True, bool, "BOOL", True),
+        }
+        if params.stop:
+            arrays["stop_words"] = (np.array([[s.encode() for s in params.stop]], dtype=object), "BYTES")
+        for name, dtype, triton in _SAMPLING:
+            if (value := getattr(params, name)) is not None:
+                arrays[name] = _scalar(value, dtype, triton, True)
+        if params.logprobs:
+            arrays["return_log_probs"] = _scalar(True, bool, "BOOL", True)
+        return infer_inputs(arrays)
+
+    def decoder(self, params: GenerateParams) -> Decoder:
+        return _BytesDecoder(params.logprobs)
+
+    def stop_tensors(self) -> list[grpcclient.InferInput]:
+        """The engine model's required inputs (a one-token placeholder) and `stop` (hpc/serving/abandon.py)."""
+        return infer_inputs(
+            {
+                "input_ids": (np.array([[0]], dtype=np.int32), "INT32"),
+                "input_lengths": _scalar(1, np.int32, "INT32", True),
+                "request_output_len": _scalar(1, np.int32, "INT32", True),
+                "stop": _scalar(True, bool, "BOOL", True),
+            }
+        )
+
+
+#: GenerateParams' sampling fields: (name, numpy dtype, Triton dtype), the ensemble's inputs of these names, the
+#: llmapi model's `sampling_param_<name>`
+_SAMPLING = (
+    ("temperature", np.float32, "FP32"),
+    ("top_p", np.float32, "FP32"),
+    ("top_k", np.int32, "INT32"),
+    ("seed", np.uint64, "UINT64"),
+    ("presence_penalty", np.float32, "FP32"),
+    ("frequency_penalty", np.float32, "FP32"),
+)
+
+
+class _BytesDecoder:
+    """The ensemble's responses: text bytes of the new tokens, decoded across responses."""
+
+    def __init__(self, logprobs: bool) -> None:
+        self.logprobs = logprobs
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, infer_response: Any, final: bool) -> Chunk | None:
+        piece = text_and_logprobs(infer_response, self.logprobs)
+        text = self.utf8.decode(piece[0], final=final) if piece is not None else ""
+        if piece is None and not (final and (text := self.utf8.decode(b"", final=True))):
+            return None
+        return Chunk(text, 1 if piece is not None else 0, piece[1] if piece is not None else ())
+
+
+class LlmapiIO:
+    """The llmapi workflow's `tensorrt_llm` model (module docstring)."""
+
+    model = model_names.TENSORRT_LLM
+
+    def tensors(self, params: GenerateParams) -> list[grpcclient.InferInput]:
+        arrays: dict[str, tuple[np.ndarray, str]] = {
+            "text_input": (np.array([params.prompt.encode()], dtype=object), "BYTES"),
+            "streaming": _scalar(True, bool, "BOOL", False),
+            "sampling_param_max_tokens": _scalar(params.max_tokens, np.int32, "INT32", False),
+            "sampling_param_exclude_input_from_output": _scalar(True, bool, "BOOL", False),
+            "return_finish_reason": _scalar(True, bool, "BOOL", False),
+            "return_stop_reason": _scalar(True, bool, "BOOL", False),
+        }
+        if params.stop:
+            arrays["sampling_param_stop"] = (np.array([s.encode() for s in params.stop], dtype=object), "BYTES")
+        for name, dtype, triton in _SAMPLING:
+            if (value := getattr(params, name)) is not None:
+                arrays[f"sampling_param_{name}"] = _scalar(value, dtype, triton, False)
+        return infer_inputs(arrays)
+
+    def decoder(self, params: GenerateParams) -> Decoder:
+        return CumulativeText(params.stop)
+
+    def stop_tensors(self) -> list[grpcclient.InferInput]:
+        """`stop`, and the one required input (`text_input`, never read: the model checks `stop` first)."""
+        return infer_inputs(
+            {
+                "text_input": (np.array([b""], dtype=object), "BYTES"),
+                "stop": _scalar(True, bool, "BOOL", False),
+            }
+        )
+
+
+class CumulativeText:
+    """The llmapi model's cumulative texts → deltas (module docstring)."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = [s for s in stop if s]
+        self.sent = ""
+
+    def feed(self, infer_response: Any, final: bool) -> Chunk | None:
+        named = outputs(infer_response)
+        if "text_output" not in named:
+            return None
+        text = _first_string(named["text_output"]) or ""  # one sequence: the first (and only) output
+        finish = _reason(named.get("finish_reason"))  # in each response when asked: "None" until the end
+        reason = _reason(named.get("stop_reason"))
+        if finish == "stop" and reason is not None and reason in self.stop:
+            text += reason  # the stop string the engine left out (module docstring)
+        if not final and finish is None:
+            text = text.rstrip(REPLACEMENT)
+        delta = self._delta(text)
+        if not delta and not final:
+            return None
+        return Chunk(delta, None, finish_reason=finish if finish in ("stop", "length") else None)
+
+    def _delta(self, text: str) -> str:
+        """What `text` adds to the text given so far. An engine that revised earlier text (a character settled
+        otherwise than the U+FFFD it held back) gives what follows it: nothing given is taken back."""
+        delta = text[len(self.sent) :]
+        if delta:
+            self.sent = text
+        return delta
+
+
+def _first_string(raw: bytes | None) -> str | None:
+    """The first element of a BYTES output as text, None when it has none."""
+    elements = bytes_elements(raw) if raw else []
+    return elements[0].decode("utf-8", errors="replace") if elements else None
+
+
+def _reason(raw: bytes | None) -> str | None:
+    """A finish or stop reason: the llmapi model sends `str(value)`, "None" when unset."""
+    value = _first_string(raw)
+    return None if value == "None" else value
+
+
+def outputs(infer_response: Any) -> dict[str, bytes]:
+    """A response's raw outputs by name: one `raw_output_contents` entry per output, in order (what tritonclient
+    reads too)."""
+    return dict(zip((out.name for out in infer_response.outputs), infer_response.raw_output_contents, strict=True))
+
+
+def text_and_logprobs(infer_response: Any, logprobs: bool) -> tuple[bytes, tuple[float, ...]] | None:
+    """A response's `text_output` bytes and (when asked) `output_log_probs`, or None without text (the empty
+    final response). Read from the raw bytes Triton sent. Why not tritonclient's InferResult and `as_numpy`:
+    per streamed token that built numpy object arrays to join them again, ~0.07 ms of the gateway's CPU per
+    token in a profile (a 32-token answer: more than 2 ms)."""
+    named = outputs(infer_response)
+    if "text_output" not in named:
+        return None
+    values = fp32_values(named.get("output_log_probs", b"")) if logprobs else ()
+    return b"".join(bytes_elements(named["text_output"])), values
+
+
+def bytes_elements(raw: bytes) -> list[bytes]:
+    """The elements of a serialized BYTES tensor: each a 4-byte little-endian length, then that many bytes
+    (what tritonclient's `deserialize_bytes_tensor` reads)."""
+    out, at = [], 0
+    while at + 4 <= len(raw):
+        (size,) = _LENGTH.unpack_from(raw, at)
+        out.append(raw[at + 4 : at + 4 + size])
+        at += 4 + size
+    return out
+
+
+def fp32_values(raw: bytes) -> tuple[float, ...]:
+    """The values of a serialized FP32 tensor (little-endian, as Triton sends them)."""
+    return tuple(float(v) for v in np.frombuffer(raw, dtype="<f4"))
+
+
+_LENGTH = struct.Struct("<I")
+
+#: each workflow's generation model
+MODEL_IO: dict[str, ModelIO] = {ENGINE: EnsembleIO(), LLMAPI: LlmapiIO()}
+
+
+def model_io(workflow: str) -> ModelIO:
+    """The generation model of `workflow` (a replica's endpoint record says which; an older one: engine)."""
+    return MODEL_IO.get(workflow, MODEL_IO[ENGINE])

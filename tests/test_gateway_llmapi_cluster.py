@@ -1,0 +1,204 @@
+"""The gateway and hpc-serve's clients over the llmapi workflow, on the Slurm test cluster: a tp 2 job across node1
+and node2 (rank 0 on node1: leader node and tritonserver; rank 1 on node2: a worker node), its `tensorrt_llm`
+model decoupled (the spec's default), `hpc-serve gateway` in front of it. Clients no one here wrote: the `openai`
+package and curl; then `hpc-serve generate` and `hpc.client`, through the gateway and direct to the replica.
+
+A client that leaves mid-stream must free its slot: its generation is stopped with the model's own `stop` input
+(hpc/serving/model_io.py). The engine steps at a GPU's pace here (`HPC_SERVE_CPU_MIN_STEP_MS`), and the steps made
+after the client left are read from the leader node's counters, not guessed from time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from launcher.contracts.llmapi import CPU_MIN_STEP_VAR
+from tests._llmapi import leader_of
+from tests.e2e import CLI, cli, free_port, gateway_ready, private_job_index, stop_process, submit, wait_for, write_spec
+from tests.steps import GPU_PACE_MS
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
+openai = pytest.importorskip("openai")
+
+NAME = "llmapi-gw"
+PROMPT = "Once upon a time"
+#: long enough to leave in the middle: 200 steps at GPU_PACE_MS (the tiny model's context is 256 positions)
+LONG = 200
+#: engine steps a generation may run on after its client left: the gateway stops it at once, the model aborts it
+#: at its next look; generous for a loaded 2-core machine (at GPU_PACE_MS a step is 20 ms: 1.2 s), and far below LONG
+STEPS_AFTER_LEAVING = 60
+
+
+@pytest.fixture(scope="module")
+def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
+    """{"job", "deploy", "token", "url", "client"}: the READY job and a gateway on it."""
+    folder = tmp_path_factory.mktemp("llmapi-gw")
+    job = ""
+    with private_job_index(folder):
+        try:
+            paced = {CPU_MIN_STEP_VAR: str(GPU_PACE_MS)}
+            job, job_dir = submit(write_spec(folder, NAME, tiny_gpt2, tp=2, nodes=2, workflow="llmapi", env=paced))
+            deploy = Path(job_dir).parent.parent
+            token = (deploy / "access_token").read_text().strip()
+            port, log = free_port(), folder / "gateway.log"
+            gateway = subprocess.Popen(
+                [*CLI, "gateway", job, "--port", str(port), "--refresh", "1"],
+                stdout=log.open("w"),
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                url = f"http://127.0.0.1:{port}"
+
+                def up() -> bool:
+                    assert gateway.poll() is None, log.read_text()
+                    return gateway_ready(url)
+
+                wait_for(up, 60, "the gateway to find the replica")
+                client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+                yield {"job": job, "deploy": deploy, "token": token, "url": url, "client": client, "log": log}
+            finally:
+                stop_process(gateway)
+        finally:
+            if job:
+                subprocess.run(["scancel", job], capture_output=True, check=False)
+
+
+def test_the_endpoint_record_says_llmapi_and_the_gateway_sends_to_tensorrt_llm(served):
+    replicas = httpx.get(served["url"] + "/gateway/replicas", headers=_auth(served)).json()
+    assert [r["workflow"] for r in replicas] == ["llmapi"]
+    response = served["client"].completions.with_raw_response.create(model=NAME, prompt=PROMPT, max_tokens=8)
+    assert response.headers["x-hpc-serve-replica"].endswith("/0") and response.parse().choices[0].text
+
+
+def test_completions_whole_and_streamed_agree_with_usage_and_finish(served):
+    client = served["client"]
+    whole = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=8)
+    (choice,) = whole.choices
+    assert choice.text and choice.finish_reason == "length", "the model said why it ended"
+    assert whole.usage.completion_tokens == 8 and whole.usage.prompt_tokens > 0
+    chunks = list(
+        client.completions.create(
+            model=NAME, prompt=PROMPT, max_tokens=8, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text, "greedy: the same text"
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1, "streamed in pieces, not at the end"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 8 and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_chat_and_sampling_fields_reach_the_engine(served):
+    client = served["client"]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    out = client.chat.completions.create(model=NAME, messages=messages, max_tokens=6)
+    streamed = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=6, stream=True))
+    assert streamed[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == out.choices[0].message.content
+    sampled = [
+        client.chat.completions.create(
+            model=NAME,
+            messages=messages,
+            max_tokens=12,
+            temperature=1.5,
+            top_p=0.95,
+            seed=seed,
+            extra_body={"top_k": 50},
+        )
+        .choices[0]
+        .message.content
+        for seed in (7, 7, 8)
+    ]
+    assert sampled[0] == sampled[1], "the same seed, the same text"
+    assert sampled[0] != out.choices[0].message.content or sampled[2] != sampled[0], "sampling reached the engine"
+
+
+def test_stop_strings_are_cut_the_same_whole_and_streamed(served):
+    client = served["client"]
+    text = client.completions.create(model=NAME, prompt="The answer is", max_tokens=16).choices[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip(), f"pick a visible stop sequence from {text!r}"
+    expected = text[: text.find(stop)]
+    cut = client.completions.create(model=NAME, prompt="The answer is", max_tokens=16, stop=[stop])
+    assert cut.choices[0].text == expected and cut.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model=NAME, prompt="The answer is", max_tokens=16, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == expected and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_log_probabilities_are_a_400_naming_the_field(served):
+    with pytest.raises(openai.BadRequestError) as exc:
+        served["client"].completions.create(model=NAME, prompt=PROMPT, max_tokens=2, logprobs=0)
+    assert exc.value.body["param"] == "logprobs" and "no log probabilities" in exc.value.body["message"]
+
+
+def _auth(served: dict) -> dict[str, str]:
+    return {"Authorization": f"Bearer {served['token']}"}
+
+
+def test_curl_generate_and_generate_stream_of_tensorrt_llm_through_the_gateway(served):
+    """TensorRT-LLM's README requests, through the gateway's address."""
+    url = served["url"] + "/v2/models/tensorrt_llm/"
+    body = {"text_input": PROMPT, "sampling_param_max_tokens": 8}
+    auth = f"Authorization: Bearer {served['token']}"
+    whole = subprocess.run(["curl", "-sS", "-H", auth, "-d", json.dumps(body), url + "generate"], capture_output=True)
+    answer = json.loads(whole.stdout)
+    assert answer["model_name"] == "tensorrt_llm" and answer["text_output"].startswith(PROMPT), answer
+    stream_body = json.dumps(body | {"streaming": True, "sampling_param_exclude_input_from_output": True})
+    streamed = subprocess.run(
+        ["curl", "-sSN", "-H", auth, "-d", stream_body, url + "generate_stream"], capture_output=True
+    )
+    events = [json.loads(line[5:]) for line in streamed.stdout.decode().splitlines() if line.startswith("data:")]
+    assert len(events) > 1 and answer["text_output"] == PROMPT + events[-1]["text_output"], events
+
+
+def _steps_after_leaving(served: dict, leave) -> int:
+    """Engine steps between a client's leaving (`leave()`: it reads part of a LONG generation, then goes) and
+    the engine's having nothing in flight."""
+    leader = leader_of(served["deploy"], served["job"])
+    leader.wait_for("nothing in flight", lambda s: s.active_requests == 0 and s.waiting_requests == 0)
+    before = leader.stats()
+    leave()
+    gone = leader.stats()
+    end = leader.wait_for("nothing in flight", lambda s: s.active_requests == 0 and s.waiting_requests == 0)
+    assert end.iterations - before.iterations < LONG, "stopped before its LONG tokens"
+    return end.iterations - gone.iterations
+
+
+def test_a_client_gone_mid_stream_frees_its_slot_within_a_few_engine_steps(served):
+    def openai_leaves() -> None:
+        stream = served["client"].completions.create(model=NAME, prompt=PROMPT, max_tokens=LONG, stream=True)
+        for n, _ in enumerate(stream):
+            if n == 3:
+                break
+        stream.close()
+
+    def passthrough_leaves() -> None:
+        body = {"text_input": PROMPT, "sampling_param_max_tokens": LONG, "streaming": True}
+        url = served["url"] + "/v2/models/tensorrt_llm/generate_stream"
+        with httpx.stream("POST", url, json=body, headers=_auth(served), timeout=60) as response:
+            events = response.iter_lines()
+            while not next(events).startswith("data:"):
+                pass
+
+    steps = [_steps_after_leaving(served, leave) for leave in (openai_leaves, openai_leaves, passthrough_leaves)]
+    print(f"engine steps after the client left (openai, openai, passthrough): {steps}")
+    assert max(steps) <= STEPS_AFTER_LEAVING, steps
+
+
+def test_hpc_serve_generate_and_the_python_client_through_the_gateway_and_direct(served):
+    from hpc.client import Client
+
+    job = served["job"]
+    through = cli("generate", job, PROMPT, "--max-tokens", "8").stdout.strip()
+    direct = cli("generate", job, PROMPT, "--max-tokens", "8", "--direct").stdout.strip()
+    assert through and through == direct, "greedy: the same text either way"
+    streamed = cli("generate", job, PROMPT, "--max-tokens", "8", "--direct", "--stream").stdout.strip()
+    assert streamed == direct
+    with Client(job, gateway=False) as client:
+        assert client.generate(PROMPT, 8).strip() == direct
+        assert "".join(client.stream(PROMPT, 8)).strip() == direct
+        assert [t.strip() for t in client.generate_batch([PROMPT, PROMPT], 8)] == [direct, direct]

@@ -1,0 +1,120 @@
+"""hpc/serving/model_io.py: the tensors a generation is asked with, per workflow, against the model configs
+hpc-serve writes (names, types, shapes: what tritonserver checks before the model runs), and the llmapi model's
+cumulative texts read as deltas (characters never split, a stop string cut by the engine put back, finish
+reasons). Served end to end: tests/test_gateway_llmapi_cluster.py."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import serialize_byte_tensor
+
+from hpc.serving.model_io import CumulativeText, EnsembleIO, GenerateParams, LlmapiIO, model_io
+from launcher.contracts import model_names
+from launcher.contracts.llmapi import ENGINE, LLMAPI
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_FP32": "FP32"}
+TRITON_TYPES |= {"TYPE_UINT64": "UINT64", "TYPE_INT64": "INT64"}
+EVERYTHING = GenerateParams(
+    prompt="héllo",
+    max_tokens=5,
+    stop=("END", "\n\n"),
+    temperature=0.5,
+    top_p=0.9,
+    top_k=7,
+    seed=3,
+    presence_penalty=0.1,
+    frequency_penalty=-0.2,
+)
+
+
+def _declared(config: str) -> dict[str, tuple[str, int]]:
+    """Input name → (Triton data type, number of dims) of a config.pbtxt's `input [...]` block."""
+    block = config[config.index("input [") : config.index("output [")]
+    found = re.findall(r'name: "(\w+)" data_type: (TYPE_\w+) dims: \[([^\]]*)\]', block)
+    return {name: (TRITON_TYPES[kind], len(dims.split(","))) for name, kind, dims in found}
+
+
+def test_llmapi_requests_use_only_inputs_the_model_declares_with_their_types_and_shapes():
+    config = (ROOT / "backend/templates/llmapi/tensorrt_llm/config.pbtxt").read_text()
+    declared = _declared(config)
+    assert "max_batch_size" not in config.split("#####")[-1], "no batch dimension: shapes are the dims as declared"
+    for tensors in (
+        LlmapiIO().tensors(EVERYTHING),
+        LlmapiIO().tensors(GenerateParams("x", 1)),
+        LlmapiIO().stop_tensors(),
+    ):
+        for tensor in tensors:
+            kind, dims = declared[tensor.name()]
+            assert (tensor.datatype(), len(tensor.shape())) == (kind, dims), tensor.name()
+    sent = {t.name() for t in LlmapiIO().tensors(EVERYTHING)}
+    assert {f"sampling_param_{n}" for n in ("temperature", "top_p", "top_k", "seed", "stop", "max_tokens")} <= sent
+    assert {"streaming", "sampling_param_exclude_input_from_output", "return_finish_reason"} <= sent
+    assert {t.name() for t in LlmapiIO().stop_tensors()} == {"text_input", "stop"}
+
+
+def test_each_workflow_has_its_generation_model_and_an_unknown_one_is_the_engines():
+    assert model_io(LLMAPI).model == model_names.TENSORRT_LLM
+    assert model_io(ENGINE).model == model_names.ENSEMBLE == model_io("older-record").model
+    names = {t.name() for t in EnsembleIO().tensors(EVERYTHING)}
+    assert {"text_input", "max_tokens", "stream", "stop_words", "temperature", "seed"} <= names
+    assert {t.name() for t in EnsembleIO().stop_tensors()} >= {"input_ids", "stop"}
+
+
+def _llmapi_response(text: str | bytes, finish: str = "None", stop_reason: str = "None"):
+    """A response as the llmapi model sends it: every output a BYTES tensor of `str(value)`."""
+    response = service_pb2.ModelInferResponse(model_name="tensorrt_llm")
+    for name, value in (("text_output", text), ("finish_reason", finish), ("stop_reason", stop_reason)):
+        raw = value if isinstance(value, bytes) else value.encode()
+        response.outputs.add(name=name, datatype="BYTES", shape=[1])
+        response.raw_output_contents.append(serialize_byte_tensor(np.array([raw], dtype=object)).item())
+    return response
+
+
+def _read(responses: list, stop: tuple[str, ...] = ()) -> list:
+    decoder = CumulativeText(stop)
+    chunks = [decoder.feed(r, final=i == len(responses) - 1) for i, r in enumerate(responses)]
+    return [c for c in chunks if c is not None]
+
+
+def test_cumulative_texts_become_deltas_and_a_cut_character_waits_for_its_end():
+    euro = "€".encode()
+    cut = euro[:2].decode("utf-8", errors="replace")  # what a detokenizer gives for an incomplete character
+    chunks = _read(
+        [
+            _llmapi_response("Hi"),
+            _llmapi_response("Hi " + cut),
+            _llmapi_response("Hi €"),
+            _llmapi_response("Hi €5"),
+            _llmapi_response("Hi €5", finish="length"),
+        ]
+    )
+    assert [c.text for c in chunks] == ["Hi", " ", "€", "5", ""]
+    assert all(c.tokens is None for c in chunks), "the llmapi model counts no tokens: the caller counts the text's"
+    assert [c.finish_reason for c in chunks] == [None, None, None, None, "length"]
+
+
+def test_a_stop_string_the_engine_cut_is_put_back_for_the_callers_stop_rule():
+    """The engine streamed "E", then ended with the text cut before "END": the caller sees "END" and cuts it,
+    instead of sending "E" at the end as text that was held back."""
+    from hpc.serving.text import StopStream
+
+    chunks = _read(
+        [_llmapi_response("1, 2"), _llmapi_response("1, 2 E"), _llmapi_response("1, 2 ", "stop", "END")], ("END",)
+    )
+    stops = StopStream(("END",))
+    assert "".join(stops.feed(c.text) for c in chunks) + stops.flush() == "1, 2 "
+    assert stops.stopped and chunks[-1].finish_reason == "stop"
+    # a stop that is not one of the request's (the end token's id, say) is not text
+    (only,) = _read([_llmapi_response("ok", "stop", "50256")], ("END",))
+    assert only.text == "ok"
+
+
+@pytest.mark.parametrize("text", ["None", ""])
+def test_a_text_that_reads_none_is_text_and_an_empty_final_is_the_end(text):
+    (chunk,) = _read([_llmapi_response(text, "stop")])
+    assert chunk.text == text and chunk.finish_reason == "stop"
