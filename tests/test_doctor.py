@@ -353,3 +353,69 @@ def test_gateway_job_partition_and_time_from_facts(tmp_path):
     broken = fail("partition", "slurm.partition 'nosuch' does not exist", "set slurm.partition")
     assert [c[0] for c in found({}, broken, partition="nosuch")] == ["skip", "skip"]
     assert found({"partition": "debug"}, broken, partition="nosuch")[0] == ("ok", "debug: UP, 2 nodes", "")
+
+
+def test_llmapi_node_checks_the_model_files_their_generation_and_the_checkpoint(tmp_path):
+    """node.py's llmapi checks on folders shaped like an image's: model.py and helpers.py present, model.py's
+    generation told by what it contains; a checkpoint with config.json and weights, or without."""
+    import json
+
+    from hpc.doctor import node
+
+    files = tmp_path / "llmapi"
+    files.mkdir()
+    (files / "helpers.py").write_text("")
+    (files / "model.py").write_text("from mpi4py.futures import MPICommExecutor\n")
+    assert "1.0-1.2 model.py" in node.check_llmapi_files(str(files))["detail"]
+    (files / "model.py").write_text("params['gpu_device_ids']\n")
+    assert "2026 model.py" in node.check_llmapi_files(str(files))["detail"]
+    (files / "helpers.py").unlink()
+    assert node.check_llmapi_files(str(files)) == {"ok": False, "detail": f"{files} has no readable helpers.py"}
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    assert not node.check_checkpoint(str(hf))["ok"]
+    (hf / "config.json").write_text("{}")
+    assert "no *.safetensors" in node.check_checkpoint(str(hf))["detail"]
+    (hf / "model.safetensors").write_text("")
+    assert node.check_checkpoint(str(hf))["ok"]
+    results = tmp_path / "node.json"
+    rc = node.main([str(results), "--llmapi-files", str(files), "--checkpoint", str(tmp_path / "nope")])
+    found = json.loads(results.read_text())
+    assert rc & node.BITS["llmapi_files"] and rc & node.BITS["checkpoint"], found
+
+
+@pytest.mark.parametrize(
+    ("version", "engine", "llmapi"),
+    [("0.12.0", True, False), ("1.0.0", True, True), ("1.2.1", True, True), ("1.3.0rc20", True, True)]
+    + [("1.3.0rc21", False, True), ("1.3.0", False, True), ("1.10.0", False, True)],
+)
+def test_which_tensorrt_llm_versions_have_which_workflow(version, engine, llmapi):
+    from hpc.doctor import node
+
+    last, first = node.version_key(node.LAST_ENGINE), node.version_key(node.FIRST_LLMAPI)
+    assert (node.version_key(version) <= last, node.version_key(version) >= first) == (engine, llmapi)
+
+
+def test_probe_of_an_llmapi_spec_checks_the_checkpoint_and_the_images_model_files(tmp_path):
+    from launcher.contracts.llmapi import IMAGE_MODEL_DIR
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], "n_head": 2}')
+    (hf / "model.safetensors").write_text("")
+    (hf / "tokenizer.json").write_text("{}")
+    s = spec(tmp_path, slurm={"gpus_per_node": 1}, model={"backend": "tensorrtllm", "checkpoint_dir": str(hf)})
+    facts = Facts(partition="gpu")
+    script = write_probe(s, facts, tmp_path / "probe", "n0nce").read_text()
+    assert f"--checkpoint {hf}" in script and f"--llmapi-files {IMAGE_MODEL_DIR}" in script
+    assert "--workflow llmapi" in script
+    results = {
+        "node": "gpu001",
+        "tensorrt_llm": {"ok": False, "detail": "tensorrt_llm 0.12.0 predates the llmapi model (1.0.0)"},
+        "checkpoint": {"ok": False, "detail": f"{hf}: PermissionError"},
+        "llmapi_files": {"ok": True, "detail": f"{IMAGE_MODEL_DIR}: model.py and helpers.py, the 2026 model.py"},
+    }
+    job = ProbeJob("8", state="FAILED", exit_code=8 | 128, node="gpu001", results=results, saw_node_file=True)
+    checks = {c.name: c for c in verdicts(s, job, tmp_path)}
+    assert [checks[n].status for n in ("tensorrt_llm", "checkpoint", "llmapi_files")] == ["fail", "fail", "ok"]
+    assert "1.0.0 or newer" in checks["tensorrt_llm"].fix and "container.mounts" in checks["checkpoint"].fix

@@ -10,7 +10,7 @@ tritonserver's stub loads), so its version and those imports are checked first. 
 the job will run.
 
 It writes RESULTS (JSON, one entry per check: ok, detail) and exits with a bit per failed check (2:
-tritonserver, 4: GPUs, 8: TensorRT-LLM, 32: python), so the login node learns the verdict from the job's exit
+tritonserver, 4: GPUs, 8: TensorRT-LLM, 32: python, 64: the llmapi model files, 128: the checkpoint), so the login node learns the verdict from the job's exit
 code even when it cannot read RESULTS (a workdir that is not shared). It runs on Pythons older than the one the
 rank-side code needs (3.7 and newer), so that a container's old python3 is reported by its version rather
 than by a traceback.
@@ -27,7 +27,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-BITS = {"tritonserver": 2, "gpus": 4, "tensorrt_llm": 8, "python": 32}
+BITS = {"tritonserver": 2, "gpus": 4, "tensorrt_llm": 8, "python": 32, "llmapi_files": 64, "checkpoint": 128}
+#: the last TensorRT-LLM with the TensorRT-engine path (trtllm-build, the C++ backend, the ensemble), and the
+#: first with the LLM API's PyTorch backend that the llmapi model serves (../shared/reference/tensorrt_llm_llmapi.md)
+LAST_ENGINE, FIRST_LLMAPI = "1.3.0rc20", "1.0.0"
+#: what tells the llmapi model.py's generations apart (reference §4): the newer one deletes the MPI job's
+#: variables at import (every stub an MPI singleton), the older one serves multi-rank by MPICommExecutor
+NEW_MODEL_MARK, OLD_MODEL_MARK = "gpu_device_ids", "MPICommExecutor"
 #: the oldest Python the rank-side code runs on: pyproject.toml's requires-python (a test keeps them equal)
 NEEDED = (3, 10)
 #: where the bundle's rank-side packages are unpacked, beside this file
@@ -126,6 +132,66 @@ def check_trtllm(expected: str) -> dict:
     return {"ok": same, "detail": detail, "version": found}
 
 
+def version_key(version: str) -> tuple[int, ...]:
+    """An order for TensorRT-LLM versions: 1.3.0rc20 < 1.3.0 < 1.3.1 (a pre-release before its release)."""
+    head, _, pre = version.partition("rc")
+    parts = [int(p) if p.isdigit() else 0 for p in head.split(".")[:3]]
+    parts += [0] * (3 - len(parts))
+    return (*parts, 0, int(pre)) if pre.isdigit() else (*parts, 1, 0)
+
+
+def check_trtllm_workflow(workflow: str) -> dict:
+    """The installed tensorrt_llm (package metadata, as `check_trtllm`) has the spec's workflow: the engine path
+    until LAST_ENGINE, the LLM API model from FIRST_LLMAPI."""
+    import importlib.metadata
+
+    try:
+        found = importlib.metadata.version("tensorrt_llm")
+    except importlib.metadata.PackageNotFoundError:
+        return {"ok": False, "detail": f"tensorrt_llm is not installed for {sys.executable}", "version": None}
+    if workflow == "engine":
+        ok = version_key(found) <= version_key(LAST_ENGINE)
+        has = f"has the engine workflow (<= {LAST_ENGINE})" if ok else f"has no engine workflow (gone after {LAST_ENGINE})"
+    else:
+        ok = version_key(found) >= version_key(FIRST_LLMAPI)
+        has = f"serves the llmapi workflow (>= {FIRST_LLMAPI})" if ok else f"predates the llmapi model ({FIRST_LLMAPI})"
+    return {"ok": ok, "detail": f"tensorrt_llm {found} {has}", "version": found}
+
+
+def check_llmapi_files(folder: str) -> dict:
+    """The image's llmapi model files (model.py, helpers.py) are where the spec says (`model.model_files_from`),
+    and which generation model.py is (NEW_MODEL_MARK)."""
+    missing = [name for name in ("model.py", "helpers.py") if not os.access(os.path.join(folder, name), os.R_OK)]
+    if missing:
+        return {"ok": False, "detail": f"{folder} has no readable {' or '.join(missing)}"}
+    try:
+        with open(os.path.join(folder, "model.py"), encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as exc:
+        return {"ok": False, "detail": f"{folder}/model.py: {exc}"}
+    if NEW_MODEL_MARK in text:
+        generation = "the 2026 model.py (MPI job variables dropped at import, multi-instance)"
+    elif OLD_MODEL_MARK in text:
+        generation = "the 1.0-1.2 model.py (multi-rank through MPICommExecutor)"
+    else:
+        generation = "a model.py of no known generation"
+    return {"ok": True, "detail": f"{folder}: model.py and helpers.py, {generation}", "generation": generation}
+
+
+def check_checkpoint(folder: str) -> dict:
+    """The Hugging Face checkpoint folder is readable here: its config.json, and its weight files listed."""
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            json.load(f)
+        names = os.listdir(folder)
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "detail": f"{folder}: {type(exc).__name__}: {exc}"}
+    weights = [n for n in names if n.endswith((".safetensors", ".bin"))]
+    if not weights:
+        return {"ok": False, "detail": f"{folder}: config.json but no *.safetensors or *.bin weights"}
+    return {"ok": True, "detail": f"{folder}: config.json and {len(weights)} weight file(s) readable"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("results")
@@ -133,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--trtllm", default=None, help="the engine's TensorRT-LLM version: check the installed one")
     parser.add_argument("--import", dest="modules", action="append", default=[], help="a python model's module")
+    parser.add_argument("--workflow", default=None, help="the spec's TensorRT-LLM workflow: check the installed one")
+    parser.add_argument("--llmapi-files", default=None, help="where the image keeps the llmapi model.py")
+    parser.add_argument("--checkpoint", default=None, help="the Hugging Face checkpoint folder the ranks read")
     parser.add_argument("--python-label", default="python", help="how the report names this python")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(PYTHON_DIR))  # the bundle's launcher/ and backend/, first: what the ranks import
@@ -147,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         results["gpus"] = check_gpus(args.gpus)
     if args.trtllm:
         results["tensorrt_llm"] = check_trtllm(args.trtllm)
+    elif args.workflow:
+        results["tensorrt_llm"] = check_trtllm_workflow(args.workflow)
+    if args.llmapi_files:
+        results["llmapi_files"] = check_llmapi_files(args.llmapi_files)
+    if args.checkpoint:
+        results["checkpoint"] = check_checkpoint(args.checkpoint)
     failed = [name for name in BITS if name in results and not (results[name]["ok"] or results[name].get("skip"))]
     rc = sum(BITS[name] for name in failed)
     try:

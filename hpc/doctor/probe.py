@@ -37,7 +37,7 @@ from hpc.scheduler import slurm
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds
 from launcher.contracts.layout import SHIPPED_PACKAGES, SOURCE_ROOT
-from launcher.contracts.llmapi import LLMAPI
+from launcher.contracts.llmapi import IMAGE_MODEL_DIR, LLMAPI
 
 PROBE_TIME_S = 120
 WORKDIR_BIT, STEP_BIT = 1, 16
@@ -134,6 +134,12 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
         node_args += ["--gpus", str(spec.slurm.gpus_per_node)]
     if version := engine_version(spec):
         node_args += ["--trtllm", version]
+    elif spec.model.backend == "tensorrtllm":
+        node_args += ["--workflow", str(spec.model.workflow)]
+    if spec.model.workflow == LLMAPI:
+        node_args += ["--checkpoint", str(spec.model.checkpoint_dir)]
+        if spec.model.model_files_from is not None:
+            node_args += ["--llmapi-files", str(spec.model.model_files_from)]
     q = shlex.quote
     lines = [
         "#!/bin/bash",
@@ -304,14 +310,47 @@ def verdicts(spec: Spec, job: ProbeJob, folder: Path) -> list[Check]:
         checks.append(_node_check(spec, job, "gpus", node.BITS["gpus"], gpu_fix))
     else:
         checks.append(skip("gpus", "slurm.gpus_per_node is 0"))
+    checks.append(_trtllm_check(spec, job))
+    if spec.model.workflow == LLMAPI:
+        checks += _llmapi_checks(spec, job)
+    return checks
+
+
+def _trtllm_check(spec: Spec, job: ProbeJob) -> Check:
+    """The image's TensorRT-LLM against the engine's version, else against the spec's workflow."""
     version = engine_version(spec)
     if spec.model.backend != "tensorrtllm":
-        checks.append(skip("tensorrt_llm", f"model.backend {spec.model.backend}: no TensorRT-LLM engine"))
-    elif version is None:
-        checks.append(skip("tensorrt_llm", f"{spec.model.engine_dir}/config.json names no version"))
-    else:
+        return skip("tensorrt_llm", f"model.backend {spec.model.backend}: no TensorRT-LLM")
+    if version is not None:
         fix = f"use an image with tensorrt_llm {version}, or rebuild the engine with the image's TensorRT-LLM"
-        checks.append(_node_check(spec, job, "tensorrt_llm", node.BITS["tensorrt_llm"], fix))
+    elif spec.model.workflow == LLMAPI:
+        fix = (
+            f"use an image with TensorRT-LLM {node.FIRST_LLMAPI} or newer (NGC tritonserver 25.09+ -trtllm-python-py3), "
+            "or serve a trtllm-build engine with model.workflow: engine"
+        )
+    else:
+        fix = (
+            f"the engine workflow needs TensorRT-LLM {node.LAST_ENGINE} or older (NGC tritonserver up to 25.xx "
+            "-trtllm-python-py3 with TensorRT-LLM 1.2); or serve the Hugging Face checkpoint with model.workflow: llmapi"
+        )
+    return _node_check(spec, job, "tensorrt_llm", node.BITS["tensorrt_llm"], fix)
+
+
+def _llmapi_checks(spec: Spec, job: ProbeJob) -> list[Check]:
+    """On llmapi: the checkpoint readable from the node, and (TensorRT-LLM) the image's model files."""
+    checkpoint_fix = (
+        f"put model.checkpoint_dir ({spec.model.checkpoint_dir}) on a filesystem the compute nodes mount (and the "
+        "container: container.mounts), readable by the job's user"
+    )
+    checks = [_node_check(spec, job, "checkpoint", node.BITS["checkpoint"], checkpoint_fix)]
+    if spec.model.backend != "tensorrtllm":
+        checks.append(skip("llmapi_files", "model.backend cpu serves hpc-serve's own llmapi model"))
+        return checks
+    files_fix = (
+        f"set model.model_files_from to the folder of the image's all_models/llmapi/tensorrt_llm/1 (model.py, "
+        f"helpers.py); NGC images keep it at {IMAGE_MODEL_DIR}"
+    )
+    checks.append(_node_check(spec, job, "llmapi_files", node.BITS["llmapi_files"], files_fix))
     return checks
 
 
