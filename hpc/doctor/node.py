@@ -151,7 +151,11 @@ def check_trtllm_workflow(workflow: str) -> dict:
         return {"ok": False, "detail": f"tensorrt_llm is not installed for {sys.executable}", "version": None}
     if workflow == "engine":
         ok = version_key(found) <= version_key(LAST_ENGINE)
-        has = f"has the engine workflow (<= {LAST_ENGINE})" if ok else f"has no engine workflow (gone after {LAST_ENGINE})"
+        has = (
+            f"has the engine workflow (<= {LAST_ENGINE})"
+            if ok
+            else f"has no engine workflow (gone after {LAST_ENGINE})"
+        )
     else:
         ok = version_key(found) >= version_key(FIRST_LLMAPI)
         has = f"serves the llmapi workflow (>= {FIRST_LLMAPI})" if ok else f"predates the llmapi model ({FIRST_LLMAPI})"
