@@ -251,3 +251,26 @@ def test_bench_refuses_bad_input_naming_the_option(tmp_path, hpc_home):
     assert main(["bench", "http://127.0.0.1:9", "--workload", "dataset"]) == 2
     assert main(["bench", str(tmp_path / "nothing.yaml"), "--num-requests", "1"]) == 3
     assert main(["bench", "http://127.0.0.1:9", "--num-requests", "1"]) == 3  # nothing listens there
+
+
+LLMAPI_PAGE = """# TYPE nv_inference_request_success counter
+nv_inference_request_success{{model="tensorrt_llm",version="1"}} {done}
+# TYPE nv_inference_request_failure counter
+nv_inference_request_failure{{model="tensorrt_llm",reason="BACKEND",version="1"}} {failed}
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{{model="tensorrt_llm",version="1"}} 0
+"""
+
+
+def test_metrics_of_an_llmapi_replica_are_what_it_has_and_no_invented_figures():
+    """The llmapi model publishes Triton's per-model counters only (reference §5): requests and failures are
+    its; tokens, batch and KV figures are None (shown as "—"), with where tokens are counted instead."""
+    from hpc.serving.metrics import parse
+
+    def values(**numbers: float) -> dict[str, float]:
+        return {key_of(s.name, s.labels): s.value for s in parse(LLMAPI_PAGE.format(**numbers), prefixes=())}
+
+    r = rates(values(done=30, failed=3), values(done=10, failed=1), 2.0)
+    assert (r.requests_per_s, r.failures_per_s) == (10.0, 1.0)
+    assert (r.tokens_per_s, r.active, r.waiting, r.kv_used, r.kv_max) == (None,) * 5
+    assert "gateway" in r.token_source

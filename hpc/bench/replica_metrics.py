@@ -105,6 +105,8 @@ def token_count(values: dict[str, float]) -> tuple[float | None, str]:
     if histogram:
         return sum(histogram), TOKEN_HISTOGRAM
     responses = _value(values, "nv_inference_count", model=model_names.POSTPROCESSING)
+    if responses is None:  # the llmapi model: no postprocessing, and no token counter of its own
+        return None, "none (the llmapi model counts no tokens; the gateway's metrics do)"
     return responses, f"{model_names.POSTPROCESSING} responses"
 
 
@@ -127,10 +129,15 @@ def _delta(now: float | None, before: float | None) -> float | None:
     return None if now is None or before is None else max(0.0, now - before)
 
 
-def _ensemble_failures(values: dict[str, float]) -> float:
-    """The ensemble's failed requests, every reason's summed."""
-    label = f"model={model_names.ENSEMBLE}"
-    return sum(v for k, v in values.items() if k.startswith("nv_inference_request_failure{") and label in k)
+def _failures(values: dict[str, float]) -> float:
+    """The generation model's failed requests, every reason's summed: the ensemble's, else (llmapi) those of
+    tensorrt_llm (which on the engine workflow also counts the ensemble's failures once more)."""
+    failed = [(k, v) for k, v in values.items() if k.startswith("nv_inference_request_failure{")]
+    for model in (model_names.ENSEMBLE, model_names.TENSORRT_LLM):
+        label = f"model={model}"
+        if any(label in k for k, _ in failed):
+            return sum(v for k, v in failed if label in k)
+    return 0.0
 
 
 def rates(now: dict[str, float], before: dict[str, float], seconds: float) -> Rates:
@@ -138,7 +145,7 @@ def rates(now: dict[str, float], before: dict[str, float], seconds: float) -> Ra
     done = _delta(
         _model_counter(now, "nv_inference_request_success"), _model_counter(before, "nv_inference_request_success")
     )
-    failed_now, failed_before = _ensemble_failures(now), _ensemble_failures(before)
+    failed_now, failed_before = _failures(now), _failures(before)
     tokens_now, source = token_count(now)
     tokens = _delta(tokens_now, token_count(before)[0])
     queue = _delta(
