@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from hpc.gateway.accesslog import RequestRecord, record_of
 from hpc.gateway.auth import authorized
 from hpc.gateway.bodies import ChatRequest, CompletionRequest, Sampling
+from hpc.gateway.choices import DONE, Events, Tally, answer_error, finish_of, usage_of
 from hpc.gateway.errors import APIError, bad_request, unauthorized
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
@@ -31,7 +32,7 @@ from hpc.gateway.streaming import EventStream
 from hpc.serving import idle
 from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.text import StopStream, cut_at_stop
-from hpc.serving.triton import ContextTooLong, ModelError, ReplicaUnavailable, TokenRefused
+from hpc.serving.triton import ModelError, ReplicaUnavailable, TokenRefused
 
 #: the response header that names the replica which served the request
 REPLICA_HEADER = "x-hpc-serve-replica"
@@ -88,13 +89,6 @@ def _params(req: Sampling, prompt: str, max_tokens: int, logprobs: bool) -> Gene
     )
 
 
-#: a replica refused the token the gateway sent it: its deployment folder's `access_token` file (hpc/serving/auth.py), which
-#: is not what its tritonserver read at start (the file was replaced since, or the job is not auth: token's)
-_TOKEN_REFUSED = (
-    "replica {replica} refused the access token the gateway sent it, its deployment folder's `access_token` "
-    "({error}); was that file replaced after the job started? `hpc-serve token JOB` prints it"
-)
-
 NO_TOP = "the model returns the chosen tokens' log probabilities, not the most likely alternatives"
 
 
@@ -141,56 +135,6 @@ async def chat_complete(gw: Gateway, body: ChatRequest, record: RequestRecord) -
     return await _answer(gw, body, params, chat=True, record=record)
 
 
-class _Tally:
-    """A generation's completion tokens and finish, as its chunks tell them: counted by the engine (the ensemble:
-    a response per token), or, when the model counts none (llmapi, hpc/serving/model_io.py), `max_tokens` for a
-    generation the model says ended at its length, else the deployment's tokenizer's count of its text (a
-    random-weight model's text may encode to other tokens than it was made of; a trained model's rarely does);
-    and the finish the model gave, if it gave one."""
-
-    def __init__(self) -> None:
-        self.tokens, self.uncounted = 0, False
-        self.pieces: list[str] = []
-        self.finish: str | None = None
-
-    def add(self, chunk: Chunk) -> None:
-        if chunk.tokens is None:
-            self.uncounted = True
-        else:
-            self.tokens += chunk.tokens
-        self.pieces.append(chunk.text)
-        self.finish = chunk.finish_reason or self.finish
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
-
-    def completion_tokens(self, gw: Gateway, max_tokens: int) -> int:
-        if not self.uncounted:
-            return self.tokens
-        return max_tokens if self.finish == "length" else gw.completion_tokens(self.text)
-
-
-def _usage(prompt: int, completion: int, record: RequestRecord) -> dict[str, int]:
-    """Prompt tokens by the deployment's tokenizer (`Gateway.count_prompt`); completion tokens as the engine
-    reported them, or the tokenizer counts them (`_Tally`)."""
-    record.prompt_tokens, record.completion_tokens = prompt, completion
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _finish(stopped: bool, usage: dict[str, int], params: GenerateParams, context: int | None, said: str | None) -> str:
-    """OpenAI's "length" for a generation that ended at `max_tokens` or at the model's context (the engine cuts
-    `max_tokens` to the room the prompt leaves, hpc/spec/files.py `context_length`), "stop" for one that ended
-    at a stop word or the model's end token. The llmapi model says which (`said`); the ensemble does not: its
-    counts do."""
-    if stopped:
-        return "stop"
-    if said is not None:
-        return said
-    full = context is not None and usage["total_tokens"] >= context
-    return "length" if usage["completion_tokens"] >= params.max_tokens or full else "stop"
-
-
 async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: bool, record: RequestRecord) -> Any:
     record.model, record.stream = gw.model_name, body.stream
     # what the answer needs that the replica's first piece does not decide is made while the replica works on the
@@ -198,30 +142,23 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     rid = idle.Later(lambda: f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
     chunks = "chat.completion.chunk" if chat else "text_completion"
     events = (
-        idle.Later(lambda: _Events(rid.get(), chunks, int(time.time()), gw.model_name, chat)) if body.stream else None
+        idle.Later(lambda: Events(rid.get(), chunks, int(time.time()), gw.model_name, chat)) if body.stream else None
     )
     pieces = gw.generate(params, record, whole=not body.stream)  # not streamed: a replica lost half-way is retried
     try:
         first = await gw.first(pieces)  # errors before the first piece are HTTP errors, not stream events
         if params.logprobs and first is not None and not first.logprobs:
             raise bad_request("logprobs: this deployment's model returns no log probabilities", "logprobs")
-    except ContextTooLong as exc:
-        field = "messages" if chat else "prompt"
-        raise APIError(400, f"{field}: {exc}", "invalid_request_error", field, "context_length_exceeded") from None
-    except ModelError as exc:
-        raise APIError(500, f"the model failed the request: {exc}", "server_error") from None
-    except ReplicaUnavailable as exc:
-        raise APIError(502, f"the replica failed: {exc}", "server_error") from None
-    except TokenRefused as exc:  # the gateway's token for this replica, not the client's: no retry, no bench
-        raise APIError(502, _TOKEN_REFUSED.format(replica=record.replica, error=exc), "server_error") from None
     except APIError:
         await pieces.aclose()
         raise
+    except (ModelError, ReplicaUnavailable, TokenRefused) as exc:
+        raise answer_error(exc, chat, record) from None
     headers = {REPLICA_HEADER: record.replica or ""}
     if events is not None:
         stream = _sse(gw, body, params, chat, events.get(), first, pieces, record)
         return EventStream(stream, media_type="text/event-stream", headers=headers)
-    trail, tally = TokenTrail(), _Tally()
+    trail, tally = TokenTrail(), Tally()
     counted = gw.count_prompt(params.prompt)
     try:
         chunk = first
@@ -235,11 +172,11 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     finally:
         counted.cancel()  # left early (an error, a client gone): its count is not needed
     text, stopped = cut_at_stop(tally.text, params.stop)
-    usage = _usage(prompt_tokens, tally.completion_tokens(gw, params.max_tokens), record)
+    usage = usage_of(prompt_tokens, tally.completion_tokens(gw, params.max_tokens), record)
     logprobs = _logprobs(chat, trail.finish(len(text))) if params.logprobs else None
     choice: dict[str, Any] = {
         "index": 0,
-        "finish_reason": _finish(stopped, usage, params, gw.context_length, tally.finish),
+        "finish_reason": finish_of(stopped, usage, params, gw.context_length, tally.finish),
         "logprobs": logprobs,
     }
     if chat:
@@ -262,36 +199,12 @@ def _logprobs(chat: bool, tokens: list) -> dict[str, Any]:
     return chat_logprobs(tokens) if chat else completion_logprobs(tokens)
 
 
-class _Events:
-    """One stream's SSE events, as bytes. Why pre-encoded: a streamed answer is one event per token, and only its
-    text changes; the envelope (id, object, created, model) and the choice around the text are encoded once, so
-    an event costs one `json.dumps` of its text (not of the whole dictionary), and Starlette sends bytes as they
-    are. The JSON is the same as `json.dumps` of the whole event."""
-
-    def __init__(self, rid: str, kind: str, created: int, model: str, chat: bool) -> None:
-        envelope = json.dumps({"id": rid, "object": kind, "created": created, "model": model})
-        self._head = f'data: {envelope[:-1]}, "choices": '.encode()
-        self._piece = self._head + (b'[{"index": 0, "delta": {"content": ' if chat else b'[{"index": 0, "text": ')
-        self._tail = (b"}, " if chat else b", ") + b'"finish_reason": null, "logprobs": null}]}\n\n'
-
-    def piece(self, text: str) -> bytes:
-        """The event of a text piece without log probabilities (the common one)."""
-        return self._piece + json.dumps(text).encode() + self._tail
-
-    def event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        fields = "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in extra.items())
-        return self._head + f"{json.dumps(choices)}{fields}}}\n\n".encode()
-
-
-DONE = b"data: [DONE]\n\n"
-
-
 async def _sse(
     gw: Gateway,
     body: Sampling,
     params: GenerateParams,
     chat: bool,
-    events: _Events,
+    events: Events,
     first: Chunk | None,
     pieces: AsyncGenerator[Chunk, None],
     record: RequestRecord,
@@ -322,7 +235,7 @@ async def _sse(
     pending = b""
     if chat:
         pending = events.event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-    stops, tally, counted = StopStream(params.stop), _Tally(), None
+    stops, tally, counted = StopStream(params.stop), Tally(), None
     try:
         chunk = first  # taken already, to tell errors from answers; then the rest (no generator around them)
         while chunk is not None:
@@ -338,7 +251,7 @@ async def _sse(
             chunk = await anext(pieces, None)
         if counted is None:  # stopped at the first piece
             counted = gw.count_prompt(params.prompt)
-        usage = _usage(await counted, tally.completion_tokens(gw, params.max_tokens), record)
+        usage = usage_of(await counted, tally.completion_tokens(gw, params.max_tokens), record)
     except (ModelError, ReplicaUnavailable) as exc:
         record.error = "stream_failed"
         yield pending + f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n".encode()
@@ -349,7 +262,7 @@ async def _sse(
         await pieces.aclose()
     if rest := stops.flush():
         pending += piece(rest)
-    finish = _finish(stops.stopped, usage, params, gw.context_length, tally.finish)
+    finish = finish_of(stops.stopped, usage, params, gw.context_length, tally.finish)
     pending += events.event([delta(None, finish, final=True)])
     if body.stream_options and body.stream_options.include_usage:
         pending += events.event([], usage=usage)
