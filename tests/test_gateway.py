@@ -127,6 +127,21 @@ def _replicas(*keys: str) -> list[Replica]:
     return [Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in keys]
 
 
+def app_on(engine, checkpoint, tokenizer, fast_path: bool, *keys: str):
+    """The gateway's app (its fast path on or off) for a deployment named "m" of `checkpoint`, on replicas `keys`
+    whose requests `engine` answers: what the app's lifespan would make, without discovery."""
+    from hpc.gateway.app import create_app
+    from hpc.serving.deployment import Target
+
+    target = Target(checkpoint.parent, "m", checkpoint)
+    app = create_app(target, fast_path=fast_path)
+    gw, _ = _gateway(*keys)
+    gw.engine = engine
+    gw.target, gw.tokenizer = target, tokenizer
+    app.state.gateway = gw
+    return app
+
+
 def _gateway(*keys: str):
     from hpc.gateway.state import Gateway
     from hpc.serving.discovery import Discovery

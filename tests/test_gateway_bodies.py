@@ -23,7 +23,7 @@ from hpc.gateway.bodies import (
     STREAM_IGNORED,
     ChatMessage,
 )
-from tests.test_gateway import FakeEngine, _gateway
+from tests.test_gateway import FakeEngine, app_on
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 HI = [{"role": "user", "content": "Hi"}]
@@ -51,16 +51,7 @@ def tokenizer(tiny_gpt2):
 @pytest.fixture(params=[True, False], ids=["fast_path", "fastapi"])
 def app(request, tiny_gpt2, tokenizer):
     """The gateway's app (with its fast path, or every request through FastAPI) on one replica, "a"."""
-    from hpc.gateway.app import create_app
-    from hpc.serving.deployment import Target
-
-    target = Target(tiny_gpt2.parent, "m", tiny_gpt2)
-    app = create_app(target, fast_path=request.param)
-    gw, _ = _gateway("a")
-    gw.engine = Recording()
-    gw.target, gw.tokenizer = target, tokenizer
-    app.state.gateway = gw  # what the lifespan would make, on a replica that answers
-    return app
+    return app_on(Recording(), tiny_gpt2, tokenizer, request.param, "a")
 
 
 def _post(app, path: str, body: dict) -> httpx.Response:

@@ -18,7 +18,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 #: the error type (and OpenAI's error code) of a key that is neither served nor ignored
@@ -112,6 +112,9 @@ class StreamOptions(Part):
 MAX_MESSAGES = 4096
 #: stop sequences a request may give (OpenAI takes 4; each is looked for in every streamed piece)
 MAX_STOPS = 64
+#: the most choices one request may ask for (prompts × n): each is an engine request of its own
+#: (hpc/gateway/fanout.py), and a client that wants more sends more requests, which the balancer spreads
+MAX_CHOICES = 128
 
 
 def _unserved(value: Any, why: str) -> Any:
@@ -136,7 +139,7 @@ class Sampling(Part):
     seed: int | None = Field(default=None, ge=0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -172,8 +175,9 @@ class Sampling(Part):
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str]
-    echo: Literal[False] = False
+    #: one prompt or several (hpc/gateway/fanout.py), as text or as token ids of the deployment's tokenizer
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=5)
     best_of: Literal[1] | None = None
     suffix: str | None = None
@@ -182,6 +186,26 @@ class CompletionRequest(Sampling):
     @classmethod
     def _no_suffix(cls, value: Any) -> Any:
         return _unserved(value, "the model writes after the prompt, not into a gap before a suffix")
+
+    @field_validator("prompt")
+    @classmethod
+    def _some_prompts(cls, prompt: Any, info: ValidationInfo) -> Any:
+        if isinstance(prompt, list):
+            if not prompt or any(isinstance(p, list) and not p for p in prompt):
+                raise ValueError("an empty list: send a prompt (text, or token ids), or a list of them")
+            ids = [i for p in prompt for i in (p if isinstance(p, list) else [p]) if isinstance(i, int)]
+            if any(i < 0 for i in ids):
+                raise ValueError("token ids are not negative")
+        count = len(prompt) if isinstance(prompt, list) and not isinstance(prompt[0], int) else 1
+        if count * info.data.get("n", 1) > MAX_CHOICES:
+            raise ValueError(f"{count} prompts × n {info.data.get('n', 1)}: at most {MAX_CHOICES} choices a request")
+        return prompt
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request: text, or token ids."""
+        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
+            return [self.prompt]
+        return list(self.prompt)  # type: ignore[arg-type]
 
 
 #: the keys of a text part of a message's content

@@ -1,12 +1,13 @@
 """The OpenAI API: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`, with SSE streaming.
 
-Why the request models refuse what the deployment cannot do (n > 1, top log probabilities, out-of-range
+Why the request models refuse what the deployment cannot do (top log probabilities, the prompt's, out-of-range
 sampling values) instead of ignoring it: a client that asked for two choices and silently got one is worse off
 than one told which field is wrong (OpenAI's 400 with `param`). So is one with a field it does not know (a typo
 would be answered with the default): 400 `unknown_parameter` naming it and the nearest known one; the few that
 clients commonly send and that change nothing here are accepted and ignored (hpc/gateway/bodies.py). `top_k` is
 an extension (vLLM's name). Log probabilities of the chosen tokens are served (hpc/gateway/logprobs.py); the
-model returns no alternatives. Each answer names the replica that served it in `x-hpc-serve-replica`
+model returns no alternatives. Several choices (a list of prompts, token ids, n > 1) are hpc/gateway/fanout.py's;
+one is answered here. Each answer names the replica that served it in `x-hpc-serve-replica`
 (`job_id/replica`), for debugging and the prefix-affinity benchmark.
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from hpc.gateway import fanout
 from hpc.gateway.accesslog import RequestRecord, record_of
 from hpc.gateway.auth import authorized
 from hpc.gateway.bodies import ChatRequest, CompletionRequest, Sampling
@@ -89,6 +91,13 @@ def _params(req: Sampling, prompt: str, max_tokens: int, logprobs: bool) -> Gene
     )
 
 
+#: what a request for the prompt's log probabilities (echo with logprobs, as lm-evaluation-harness's loglikelihood
+#: tasks send) is told
+NO_PROMPT_LOGPROBS = (
+    "the prompt's log probabilities are not served: neither workflow's model returns them (the ensemble returns "
+    "the generated tokens' only, the llmapi model none per token)"
+)
+NO_SEVERAL_LOGPROBS = "not served with several choices (n > 1 or a list of prompts): ask for one choice a request"
 NO_TOP = "the model returns the chosen tokens' log probabilities, not the most likely alternatives"
 
 
@@ -111,13 +120,29 @@ async def complete(gw: Gateway, body: CompletionRequest, record: RequestRecord) 
     """`POST /v1/completions` once its body is a CompletionRequest: the answer (JSON or an SSE stream), or
     APIError."""
     _check_model(gw, body.model)
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    if len(prompts) != 1:
-        raise bad_request("prompt: exactly one prompt per request (a batch is not served yet)", "prompt")
+    prompts = [p if isinstance(p, str) else _decoded(gw, p) for p in body.prompts()]
     if body.logprobs:
         raise bad_request(f"logprobs: only 0 is served: {NO_TOP}", "logprobs")
-    params = _params(body, prompts[0], body.max_tokens or DEFAULT_MAX_TOKENS, body.logprobs is not None)
-    return await _answer(gw, body, params, chat=False, record=record)
+    if body.echo and body.logprobs is not None:
+        raise bad_request(f"echo with logprobs: {NO_PROMPT_LOGPROBS}", "echo")
+    max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
+    if len(prompts) == 1 and body.n == 1 and not body.echo:
+        return await _answer(gw, body, _params(body, prompts[0], max_tokens, body.logprobs is not None), False, record)
+    if body.logprobs is not None:
+        raise bad_request(f"logprobs: {NO_SEVERAL_LOGPROBS}", "logprobs")
+    several = [_params(body, prompt, max_tokens, False) for prompt in prompts]
+    usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await fanout.answer(gw, several, body.n, False, record, body.stream, usage, echo=body.echo)
+
+
+def _decoded(gw: Gateway, ids: list[int]) -> str:
+    """A prompt sent as token ids, as text for the model (which takes text and tokenizes it again, with the same
+    tokenizer: the ids of a text encode back to themselves but for the rare sequence a tokenizer would not
+    make); 400 naming `prompt` for an id outside the vocabulary."""
+    size = gw.tokenizer.vocab_size
+    if bad := [i for i in ids if i >= size]:
+        raise bad_request(f"prompt: token id {bad[0]} is outside the model's vocabulary (0..{size - 1})", "prompt")
+    return gw.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 async def chat_complete(gw: Gateway, body: ChatRequest, record: RequestRecord) -> Any:
@@ -132,7 +157,12 @@ async def chat_complete(gw: Gateway, body: ChatRequest, record: RequestRecord) -
         raise bad_request(f"messages: the chat template refused them: {exc}", "messages") from None
     max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
     params = _params(body, prompt, max_tokens, bool(body.logprobs))
-    return await _answer(gw, body, params, chat=True, record=record)
+    if body.n == 1:
+        return await _answer(gw, body, params, chat=True, record=record)
+    if body.logprobs:
+        raise bad_request(f"logprobs: {NO_SEVERAL_LOGPROBS}", "logprobs")
+    usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await fanout.answer(gw, [params], body.n, True, record, body.stream, usage)
 
 
 async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: bool, record: RequestRecord) -> Any:
