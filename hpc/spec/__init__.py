@@ -3,12 +3,11 @@
 Import from here."""
 
 from hpc.spec.load import Problem, Provenance, SpecError, dump_spec, load_spec, parse_spec, preview_spec, provenance
+from hpc.spec.model import ModelInit, ModelSpec
 from hpc.spec.parameters import NAMED_PARAMETERS, PARAMETER_OWNERS, parameter_findings
 from hpc.spec.schema import (
     ContainerSpec,
     GatewaySpec,
-    ModelInit,
-    ModelSpec,
     PortsSpec,
     RenewSpec,
     SlurmSpec,

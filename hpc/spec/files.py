@@ -20,7 +20,8 @@ from hpc.spec.checkpoint import checkpoint_conflicts, checkpoint_missing
 from launcher.contracts.llmapi import ENGINE
 
 if TYPE_CHECKING:
-    from hpc.spec.schema import ModelSpec, Spec
+    from hpc.spec.model import ModelSpec
+    from hpc.spec.schema import Spec
 
 Finding = tuple[tuple[str, ...], str]
 

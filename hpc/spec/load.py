@@ -22,12 +22,11 @@ from hpc.envvars import expand, unset_message
 from hpc.spec.build import BuildSpec
 from hpc.spec.files import conflicts, missing_inputs
 from hpc.spec.llmapi import CudaGraphConfig, KvCacheConfig, LlmApiSpec, workflow_findings
+from hpc.spec.model import ModelInit, ModelSpec
 from hpc.spec.parameters import parameter_findings
 from hpc.spec.schema import (
     ContainerSpec,
     GatewaySpec,
-    ModelInit,
-    ModelSpec,
     PortsSpec,
     SlurmSpec,
     Spec,

@@ -1,0 +1,126 @@
+"""The spec's `model:` section: what is served, by which engine and which TensorRT-LLM workflow, and the checks of
+its folders that need no file system (hpc/spec/files.py reads them; hpc/spec/llmapi.py checks the llmapi
+workflow's other sections).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from hpc.spec.checks import _no_newline, _Section
+from hpc.spec.llmapi import WORKFLOW_HELP
+from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL_DIR, LLMAPI, MODEL_FILES, WORKFLOWS
+
+
+class ModelInit(_Section):
+    """Create a small random-weight checkpoint if `checkpoint_dir` does not exist (CPU backend only)."""
+
+    family: Literal["gpt2", "llama"] = "gpt2"
+    size: Literal["tiny", "small"] = "tiny"
+    seed: int = 0
+
+
+class ModelSpec(_Section):
+    """What is served, by which engine (`backend`: TensorRT-LLM, or `cpu`, the embedded reference engine) and
+    which TensorRT-LLM workflow (`workflow`: llmapi serves a Hugging Face checkpoint, engine a trtllm-build
+    engine)."""
+
+    backend: Literal["tensorrtllm", "cpu"] = "tensorrtllm"
+    workflow: Literal[WORKFLOWS] | None = Field(None, description=WORKFLOW_HELP)  # type: ignore[valid-type]
+    engine_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+    tokenizer_dir: Path | None = None
+    tp_size: int = Field(1, ge=1)
+    pp_size: int = Field(1, ge=1)
+    init: ModelInit | None = None
+    model_files_from: str | None = Field(
+        None,
+        description=f"llmapi, backend tensorrtllm: the folder holding TensorRT-LLM's llmapi {' and '.join(MODEL_FILES)} "
+        "(the image's own, so they match its TensorRT-LLM), copied into the model repository when a replica "
+        f"starts; default {IMAGE_MODEL_DIR} (NGC images). The CPU backend serves hpc-serve's own model",
+    )
+
+    #: True when `workflow` was left out and inferred (messages say why the spec is on its workflow)
+    _workflow_inferred: bool = PrivateAttr(False)
+
+    @field_validator("model_files_from")
+    @classmethod
+    def _image_path(cls, value: str | None) -> str | None:
+        """A path where the ranks run (usually inside the image), so never made relative to the spec's folder."""
+        if value is not None and not _no_newline(value).startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path (as the ranks see it, inside the container)")
+        return value
+
+    @model_validator(mode="after")
+    def _dirs(self) -> ModelSpec:
+        if self.workflow is None:  # see WORKFLOW_HELP; a build: section makes it engine (Spec._build_is_engine)
+            self.workflow = ENGINE if self.engine_dir is not None else LLMAPI
+            self._workflow_inferred = True
+        if self.workflow == LLMAPI:
+            self._llmapi_dirs()
+        elif self.backend == "tensorrtllm":  # engine_dir: required unless a build: section makes it (Spec._fits)
+            if self.checkpoint_dir is not None or self.init is not None:
+                raise ValueError(
+                    "@checkpoint_dir: with model.workflow engine, model.checkpoint_dir and model.init are for "
+                    "backend: cpu; use engine_dir (or model.workflow: llmapi to serve a Hugging Face checkpoint)"
+                )
+            if self.tokenizer_dir is None:
+                raise ValueError("@tokenizer_dir: model.backend tensorrtllm needs model.tokenizer_dir")
+        else:
+            if self.checkpoint_dir is None:
+                raise ValueError(
+                    "@checkpoint_dir: model.backend cpu needs model.checkpoint_dir (a Hugging Face folder)"
+                )
+            if self.engine_dir is not None:
+                raise ValueError(
+                    "@engine_dir: model.engine_dir is for backend: tensorrtllm; use checkpoint_dir with backend: cpu"
+                )
+        if self.workflow == ENGINE and self.model_files_from is not None:
+            raise ValueError("@model_files_from: model.model_files_from is for model.workflow: llmapi")
+        if self.backend == "cpu" and self.pp_size != 1:
+            raise ValueError(
+                "@pp_size: model.pp_size must be 1 with backend: cpu (the CPU engine splits by tensor only)"
+            )
+        return self
+
+    def _llmapi_dirs(self) -> None:
+        """A Hugging Face checkpoint and nothing of an engine; where the image's model files are."""
+        if self.engine_dir is not None:
+            raise ValueError(
+                "@engine_dir: model.engine_dir is a trtllm-build engine, for model.workflow: engine; the llmapi "
+                "workflow serves a Hugging Face checkpoint (model.checkpoint_dir), or set model.workflow: engine"
+            )
+        if self.checkpoint_dir is None:
+            raise ValueError(
+                "@checkpoint_dir: model.workflow llmapi needs model.checkpoint_dir (a Hugging Face checkpoint folder: "
+                "config.json, *.safetensors, tokenizer files)"
+            )
+        if self.tokenizer_dir is not None:
+            raise ValueError(
+                "@tokenizer_dir: the llmapi workflow reads the tokenizer from model.checkpoint_dir; "
+                "to use another folder, set llm_api.tokenizer"
+            )
+        if self.init is not None and self.backend != "cpu":
+            raise ValueError("@init: model.init makes a random-weight checkpoint for backend: cpu only")
+        if self.backend == "cpu" and self.model_files_from is not None:
+            raise ValueError(
+                "@model_files_from: backend cpu serves hpc-serve's own llmapi model (backend/models/); "
+                "model.model_files_from is for backend: tensorrtllm"
+            )
+        if self.backend == "tensorrtllm" and self.model_files_from is None:
+            self.model_files_from = IMAGE_MODEL_DIR
+
+    @property
+    def source_dir(self) -> Path:
+        """The folder the model reads: the engine (`gpt_model_path`) of the engine workflow's TensorRT-LLM, the
+        Hugging Face checkpoint otherwise."""
+        if self.backend == "tensorrtllm" and self.workflow == ENGINE:
+            return self.engine_dir  # type: ignore[return-value]
+        return self.checkpoint_dir  # type: ignore[return-value]
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.tokenizer_dir or self.source_dir
