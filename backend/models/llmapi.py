@@ -45,6 +45,8 @@ pb_utils: Any = None  # triton_python_backend_utils, set in initialize() (it exi
 CANCELLED = "Request cancelled by client"
 NO_REQUEST_ID = "A request id must be provided for request cancellation"
 LEADER_GONE = "the CPU engine's leader node is gone (its process exited or the connection broke)"
+#: how often finalize says how many requests it still awaits (upstream logs it every second)
+AWAIT_LOG_S = 1.0
 
 
 def read_model_yaml(model_dir: str) -> dict[str, Any]:
@@ -113,6 +115,7 @@ class TritonPythonModel:
         self.tokenizer: TextTokenizer = load_tokenizer(llm_args.get("tokenizer") or reply.model)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)  # a request left `_live` (finalize awaits them)
         self._live: dict[str, _Live] = {}
         self._by_user: dict[str, set[str]] = {}
         self._broken: str | None = None
@@ -223,6 +226,7 @@ class TritonPythonModel:
     def _unregister(self, internal_id: str) -> _Live | None:
         with self._lock:
             live = self._live.pop(internal_id, None)
+            self._ended.notify_all()
             if live is not None and live.user_id:
                 ids = self._by_user.get(live.user_id)
                 if ids is not None:
@@ -324,7 +328,15 @@ class TritonPythonModel:
                     self._abort(entry)
 
     def finalize(self) -> None:
-        """Tritonserver unloads the model (after the requests in flight ended): the leader node stops too."""
+        """Tritonserver unloads the model: as upstream's does, it first awaits the requests in flight, then stops
+        the leader node. Why wait here: tritonserver counts a decoupled python model's request done once
+        `execute` returned, so at its stop it unloads the model while generations still stream (tritonserver
+        2.51: `nv_inference_request_success` is 1 a second into a 200-token stream); the model's own wait is
+        what lets them end. The cancellation loop runs on meanwhile (a client gone still frees its slot)."""
+        with self._lock:
+            while self._live and self._broken is None:
+                pb_utils.Logger.log_info(f"[trtllm] Awaiting remaining {len(self._live)} requests")
+                self._ended.wait(AWAIT_LOG_S)
         self._shutdown.set()
         try:
             self.channel.send(p.Shutdown())
