@@ -285,6 +285,25 @@ def test_a_requeued_job_keeps_its_place_and_its_successor(tmp_path):
     assert ChainRecord.from_dict({"job_id": 7, "successor": 9, "extra": 1}).successor == "9"
 
 
+def test_a_successor_that_ends_before_ready_is_replaced_a_bounded_number_of_times(tmp_path, capsys):
+    """A successor whose rank died while loading (a contended CI run saw tritonserver 2.51's python backend abort):
+    the job submits another at once, and serves on; after SUCCESSOR_ATTEMPTS lost, no more."""
+    from launcher.jobscript.renew import SUCCESSOR_ATTEMPTS
+
+    renewer = Renewer(tmp_path / "D", "7", PLAN, 1, {})
+    renewer.paths.create()
+    phases = [renewer.successor_lost(str(10 + n), "FAILED") for n in range(SUCCESSOR_ATTEMPTS)]
+    assert phases == ["wait"] * (SUCCESSOR_ATTEMPTS - 1) + ["serve"]
+    assert (
+        read_chain(renewer.paths).note
+        == f"successor 12 ended (FAILED) before it was READY; {SUCCESSOR_ATTEMPTS} successors did: no more"
+    )
+    assert (
+        "successor 10 ended (FAILED) before it was READY; submitting another (2 of at most 3)"
+        in capsys.readouterr().err
+    )
+
+
 # ------------------------------------------------------------------------------------------------ readers
 def _deployment(tmp_path: Path) -> tuple[Target, Path]:
     deploy = tmp_path / "runs" / "rn-20310101-000000"
