@@ -75,6 +75,21 @@ def test_the_endpoint_record_says_llmapi_and_the_gateway_sends_to_tensorrt_llm(s
     assert response.headers["x-hpc-serve-replica"].endswith("/0") and response.parse().choices[0].text
 
 
+def test_the_gateway_counts_each_replicas_kv_cache_blocks_from_the_engines_perf_metrics(served):
+    """The llmapi model's perf metrics, per request, summed per replica: the CPU engine keeps no prefix cache, so
+    every block of a prompt is a miss, and it says so (no reuse invented)."""
+
+    def counted(name: str) -> float:
+        page = httpx.get(served["url"] + "/metrics").text
+        (value,) = [float(line.split()[-1]) for line in page.splitlines() if line.startswith(f"{name}_total{{")]
+        return value
+
+    before = counted("hpc_serve_gateway_replica_kv_missed_blocks")
+    served["client"].completions.create(model=NAME, prompt=PROMPT * 20, max_tokens=2)
+    assert counted("hpc_serve_gateway_replica_kv_missed_blocks") > before
+    assert counted("hpc_serve_gateway_replica_kv_reused_blocks") == 0
+
+
 def test_completions_whole_and_streamed_agree_with_usage_and_finish(served):
     client = served["client"]
     whole = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=8)

@@ -65,10 +65,11 @@ def test_each_workflow_has_its_generation_model_and_an_unknown_one_is_the_engine
     assert {t.name() for t in EnsembleIO().stop_tensors()} >= {"input_ids", "stop"}
 
 
-def _llmapi_response(text: str | bytes, finish: str = "None", stop_reason: str = "None"):
+def _llmapi_response(text: str | bytes, finish: str = "None", stop_reason: str = "None", **perf: str):
     """A response as the llmapi model sends it: every output a BYTES tensor of `str(value)`."""
     response = service_pb2.ModelInferResponse(model_name="tensorrt_llm")
-    for name, value in (("text_output", text), ("finish_reason", finish), ("stop_reason", stop_reason)):
+    named = (("text_output", text), ("finish_reason", finish), ("stop_reason", stop_reason), *perf.items())
+    for name, value in named:
         raw = value if isinstance(value, bytes) else value.encode()
         response.outputs.add(name=name, datatype="BYTES", shape=[1])
         response.raw_output_contents.append(serialize_byte_tensor(np.array([raw], dtype=object)).item())
@@ -118,3 +119,14 @@ def test_a_stop_string_the_engine_cut_is_put_back_for_the_callers_stop_rule():
 def test_a_text_that_reads_none_is_text_and_an_empty_final_is_the_end(text):
     (chunk,) = _read([_llmapi_response(text, "stop")])
     assert chunk.text == text and chunk.finish_reason == "stop"
+
+
+def test_the_perf_metrics_of_the_last_response_are_read_as_numbers():
+    """The llmapi model sends them as strings (`str(value)`, upstream's dtype): KV-cache blocks and timestamps."""
+    perf = {"kv_cache_reused_block": "3", "kv_cache_missed_block": "1", "kv_cache_hit_rate": "0.75"}
+    first, last = _read([_llmapi_response("a"), _llmapi_response("ab", "length", **perf, arrival_time_ns="17")])
+    assert first.perf is None
+    assert last.perf == {"kv_cache_reused_block": 3.0, "kv_cache_missed_block": 1.0, "kv_cache_hit_rate": 0.75,
+                         "arrival_time_ns": 17.0}  # fmt: skip
+    (plain,) = _read([_llmapi_response("x", "stop")])
+    assert plain.perf is None, "a model that sends no perf outputs has none"

@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -50,6 +51,17 @@ class RequestRecord:
     latency_s: float | None = None
     retried: int = 0
     error: str | None = None  # an error kind; set by a route for a stream that failed after its status was sent
+    #: KV-cache blocks of the request's prompt the replica's engine found in its cache, and those it did not (the
+    #: llmapi model's perf metrics; None from a model that reports none)
+    kv_reused_blocks: int | None = None
+    kv_missed_blocks: int | None = None
+
+    def kv_blocks(self, perf: Mapping[str, float] | None) -> None:
+        """Add a generation's KV-cache blocks (its perf metrics; several choices add up)."""
+        if perf is None or "kv_cache_reused_block" not in perf:
+            return
+        self.kv_reused_blocks = (self.kv_reused_blocks or 0) + int(perf["kv_cache_reused_block"])
+        self.kv_missed_blocks = (self.kv_missed_blocks or 0) + int(perf.get("kv_cache_missed_block", 0))
 
     def first_token(self) -> None:
         """The replica's first response came (only the first call counts)."""
@@ -72,6 +84,8 @@ class RequestRecord:
             "latency_ms": None if self.latency_s is None else round(self.latency_s * 1000, 3),
             "retried": self.retried,
             "error": self.error,
+            "kv_reused_blocks": self.kv_reused_blocks,
+            "kv_missed_blocks": self.kv_missed_blocks,
         }
         return json.dumps(out)
 
@@ -139,6 +153,8 @@ def observe(m: Metrics, record: RequestRecord) -> None:
         m.prompt_tokens.labels(record.route).inc(record.prompt_tokens)
     if record.completion_tokens:
         m.output_tokens.labels(record.route).inc(record.completion_tokens)
+    if record.kv_reused_blocks is not None and record.replica:
+        m.kv_blocks(record.replica, record.kv_reused_blocks, record.kv_missed_blocks or 0)
     if not quiet and log.isEnabledFor(logging.INFO):
         record.status = status
         log.info(record.line())

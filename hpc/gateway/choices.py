@@ -6,6 +6,7 @@ reason OpenAI's way, the HTTP error for what went wrong before an answer started
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from hpc.gateway.accesslog import RequestRecord
@@ -33,6 +34,7 @@ class Tally:
         self.tokens, self.uncounted = 0, False
         self.pieces: list[str] = []
         self.finish: str | None = None
+        self.perf: Mapping[str, float] | None = None
 
     def add(self, chunk: Chunk) -> None:
         if chunk.tokens is None:
@@ -41,6 +43,7 @@ class Tally:
             self.tokens += chunk.tokens
         self.pieces.append(chunk.text)
         self.finish = chunk.finish_reason or self.finish
+        self.perf = chunk.perf or self.perf
 
     @property
     def text(self) -> str:

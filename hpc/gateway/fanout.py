@@ -158,6 +158,7 @@ def _json(
 ) -> JSONResponse:
     out, completion = [], 0
     for index, (params, tally) in enumerate(zip(choices, tallies, strict=True)):
+        record.kv_blocks(tally.perf)
         text, stopped = cut_at_stop(tally.text, params.stop)
         tokens = tally.completion_tokens(gw, params.max_tokens)
         completion += tokens
@@ -255,6 +256,8 @@ class _Relay:
                 future.cancel()
         completion = sum(t.completion_tokens(self.gw, p.max_tokens) for t, p in zip(tallies, self.choices, strict=True))
         usage = usage_of(prompt_tokens, completion, self.record)
+        for tally in tallies:
+            self.record.kv_blocks(tally.perf)
         yield (self.out.event([], usage=usage) if include_usage else b"") + DONE
 
     def _finish(self, index: int, stops: StopStream, tally: Tally, prompt_tokens: int) -> bytes:

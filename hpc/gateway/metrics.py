@@ -29,6 +29,10 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+#: the balancer's per-replica counters (hpc/serving/balancer.py `Replica`) this collector shows
+_COUNTED = ("outstanding", "served", "failures", "refusals", "kv_reused_blocks", "kv_missed_blocks")
+
+
 class ReplicaCollector(Collector):
     """Per-replica numbers and the balancer's pick outcomes, as the balancer holds them at scrape time."""
 
@@ -60,9 +64,19 @@ class ReplicaCollector(Collector):
             "healthy": GaugeMetricFamily(
                 f"{PREFIX}_replica_healthy", "1 unless the replica is benched after a failure", labels=["replica"]
             ),
+            "kv_reused_blocks": CounterMetricFamily(
+                f"{PREFIX}_replica_kv_reused_blocks",
+                "KV-cache blocks of its requests' prompts the replica's engine found cached (llmapi perf metrics)",
+                labels=["replica"],
+            ),
+            "kv_missed_blocks": CounterMetricFamily(
+                f"{PREFIX}_replica_kv_missed_blocks",
+                "KV-cache blocks of its requests' prompts the replica's engine had to compute (llmapi perf metrics)",
+                labels=["replica"],
+            ),
         }
         for r in replicas:
-            values = {k: getattr(r, k) for k in ("outstanding", "served", "failures", "refusals", "draining")}
+            values = {k: getattr(r, k) for k in (*_COUNTED, "draining")}
             values["healthy"] = r.key in healthy
             for name, family in families.items():
                 family.add_metric([r.key], float(values[name]))
@@ -81,6 +95,7 @@ class Metrics:
     """Every metric of one gateway, in its own registry."""
 
     def __init__(self, balancer: Callable[[], Balancer | None]) -> None:
+        self.balancer = balancer
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_requests", "Requests answered", ["route", "status"], registry=r)
@@ -100,6 +115,16 @@ class Metrics:
             registry=r,
         )
         r.register(ReplicaCollector(balancer))
+
+    def kv_blocks(self, replica_key: str, reused: int, missed: int) -> None:
+        """Add a request's KV-cache blocks to the replica that served it (kept by the balancer, as its other
+        counters; a replica gone meanwhile is not counted)."""
+        balancer = self.balancer()
+        for replica in balancer.replicas if balancer is not None else []:
+            if replica.key == replica_key:
+                replica.kv_reused_blocks += reused
+                replica.kv_missed_blocks += missed
+                return
 
     def _by_route(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
         return Histogram(f"{PREFIX}_{name}", doc, ["route"], buckets=buckets, registry=self.registry)

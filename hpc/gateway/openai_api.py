@@ -203,6 +203,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         counted.cancel()  # left early (an error, a client gone): its count is not needed
     text, stopped = cut_at_stop(tally.text, params.stop)
     usage = usage_of(prompt_tokens, tally.completion_tokens(gw, params.max_tokens), record)
+    record.kv_blocks(tally.perf)
     logprobs = _logprobs(chat, trail.finish(len(text))) if params.logprobs else None
     choice: dict[str, Any] = {
         "index": 0,
@@ -282,6 +283,7 @@ async def _sse(
         if counted is None:  # stopped at the first piece
             counted = gw.count_prompt(params.prompt)
         usage = usage_of(await counted, tally.completion_tokens(gw, params.max_tokens), record)
+        record.kv_blocks(tally.perf)
     except (ModelError, ReplicaUnavailable) as exc:
         record.error = "stream_failed"
         yield pending + f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n".encode()

@@ -6,7 +6,8 @@ tensors from (hpc/serving/triton.py sends them).
   `stop_words`, ...). Each streamed response carries the new tokens' text as bytes, cut anywhere, even inside a
   character, so they are decoded incrementally; one response per token, so the responses count the tokens.
 - llmapi: TensorRT-LLM's LLM API model `tensorrt_llm` (all_models/llmapi: `text_input`, `streaming`,
-  `sampling_param_*`, `return_*`; reference /work/notes/issue23-facts.md §1-2). Each response carries the
+  `sampling_param_*`, `return_*`, with the request's perf metrics asked for; reference
+  /work/notes/issue23-facts.md §1-2). Each response carries the
   *cumulative* text of the generation (the LLM API's `CompletionOutput.text`), decoded by the engine, so a
   character still incomplete ends it as U+FFFD: the delta is what the text grew by, and a trailing U+FFFD is held
   back until a later response (or the final one) settles it. The engine leaves a stop string out of its final
@@ -22,13 +23,14 @@ from __future__ import annotations
 
 import codecs
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from backend.models.llmapi_io import PERF_OUTPUTS
 from hpc.serving.abandon import infer_inputs
 from launcher.contracts import model_names
 from launcher.contracts.llmapi import ENGINE, LLMAPI
@@ -49,6 +51,9 @@ class Chunk:
     tokens: int | None
     logprobs: tuple[float, ...] = ()
     finish_reason: str | None = None
+    #: the llmapi model's perf metrics of the request, on its last response (backend/models/llmapi_io.py
+    #: PERF_OUTPUTS: KV-cache blocks reused and missed, the engine's timestamps)
+    perf: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,7 @@ class LlmapiIO:
             "sampling_param_exclude_input_from_output": _scalar(True, bool, "BOOL", False),
             "return_finish_reason": _scalar(True, bool, "BOOL", False),
             "return_stop_reason": _scalar(True, bool, "BOOL", False),
+            "sampling_param_return_perf_metrics": _scalar(True, bool, "BOOL", False),
         }
         if params.stop:
             arrays["sampling_param_stop"] = (np.array([s.encode() for s in params.stop], dtype=object), "BYTES")
@@ -208,7 +214,8 @@ class CumulativeText:
         delta = self._delta(text)
         if not delta and not final:
             return None
-        return Chunk(delta, None, finish_reason=finish if finish in ("stop", "length") else None)
+        perf = _perf(named) if final else None
+        return Chunk(delta, None, finish_reason=finish if finish in ("stop", "length") else None, perf=perf)
 
     def _delta(self, text: str) -> str:
         """What `text` adds to the text given so far. An engine that revised earlier text (a character settled
@@ -217,6 +224,19 @@ class CumulativeText:
         if delta:
             self.sent = text
         return delta
+
+
+def _perf(named: Mapping[str, bytes]) -> dict[str, float] | None:
+    """The perf outputs of a final response (sent as strings, as upstream builds them), None without them."""
+    values = {}
+    for name in PERF_OUTPUTS:
+        text = _reason(named.get(name))
+        try:
+            values[name] = float(text) if text is not None else None
+        except ValueError:
+            values[name] = None
+    found = {k: v for k, v in values.items() if v is not None}
+    return found or None
 
 
 def _first_string(raw: bytes | None) -> str | None:
