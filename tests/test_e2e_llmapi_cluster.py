@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpc.serving.auth import http_headers
 from launcher.contracts.layout import JobPaths
 from launcher.contracts.llmapi import IPC_ADDR_VAR, IPC_HMAC_KEY_VAR, LEADER_MODULES, SPAWN_PROXY_VAR, WORKER_MODULES
 from tests._llmapi import (
@@ -161,6 +162,71 @@ def test_bad_input_is_an_error_naming_it_and_the_job_serves_on(served, case, ext
         grpc_client(endpoint).infer(MODEL, inputs(**kwargs, **extra), request_id=case, headers=token_headers(token))
     assert words.lower() in bad.value.message().lower(), bad.value.message()
     assert text_of(grpc_client(endpoint).infer(MODEL, inputs(PROMPT, 4), headers=token_headers(token)))
+
+
+def _http_inputs(text: str, **arrays: np.ndarray) -> list:
+    """end_to_end_test.py's and benchmark_core_model.py's tensors over HTTP (utils.prepare_tensor("http")):
+    `text_input` BYTES [1], then whatever else the tool adds, in the dtype it sends."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    out = []
+    for name, arr in {"text_input": np.array([text], dtype=object), **arrays}.items():
+        tensor = httpclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        tensor.set_data_from_numpy(arr)
+        out.append(tensor)
+    return out
+
+
+def test_benchmark_core_model_test_llmapi_sends_200_at_once_and_all_are_answered(served):
+    """benchmark_core_model.py --test-llmapi, its default protocol (HTTP, concurrency 128): 10 warm-up `infer`s,
+    then 200 `async_infer`s at once (request ids "0".."199"; text_input + sampling_param_max_tokens INT32),
+    read with get_result() as utils.get_http_results does. Every one is answered, across both nodes' ranks, and
+    each prompt's greedy text is the same whichever request carried it."""
+    import tritonclient.http as httpclient
+
+    _, endpoint, token, _ = served
+    url = f"{endpoint['address']}:{endpoint['http_port']}"
+    client = httpclient.InferenceServerClient(url, concurrency=128, network_timeout=300.0)
+    headers = http_headers(token)
+    prompts = [PROMPT, "Born in north-east France, Soyer trained as a", "The capital of"]
+
+    def request(i: int) -> list:
+        return _http_inputs(prompts[i % 3], sampling_param_max_tokens=np.array([4 + i % 3], np.int32))
+
+    for i in range(10):
+        client.infer(MODEL, request(i), request_id=str(i), headers=headers)
+    pending = [client.async_infer(MODEL, request(i), request_id=str(i), headers=headers) for i in range(200)]
+    texts = [r.get_result().as_numpy("text_output")[0].decode() for r in pending]  # an error raises here
+    client.close()
+    assert len(texts) == 200 and all(t.startswith(prompts[i % 3]) for i, t in enumerate(texts))
+    assert all(len({texts[i] for i in range(k, 200, 3)}) == 1 for k in range(3)), "greedy: one text per prompt"
+
+
+def test_end_to_end_test_test_llmapi_functionality_over_http(served):
+    """end_to_end_test.py --test-llmapi: one `infer` per prompt with request_id str(i), asking `text_output` and,
+    with --output-config, `finish_reason`. Its --sampling-params sends each value in numpy's dtype of the Python
+    value (an int as INT64, a float as FP64), which the model's INT32/FP32 inputs refuse: tritonserver names the
+    input and both types, and the job serves on."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    _, endpoint, token, _ = served
+    client = httpclient.InferenceServerClient(f"{endpoint['address']}:{endpoint['http_port']}")
+    headers = http_headers(token)
+    asked = [httpclient.InferRequestedOutput("text_output"), httpclient.InferRequestedOutput("finish_reason")]
+    for i, text in enumerate([PROMPT, "The capital of"]):
+        tensors = _http_inputs(
+            text, sampling_param_max_tokens=np.array([6], np.int32), return_finish_reason=np.array([True])
+        )
+        result = client.infer(MODEL, tensors, outputs=asked, request_id=str(i), headers=headers)
+        assert result.as_numpy("text_output")[0].decode().startswith(text)
+        assert result.as_numpy("finish_reason")[0].decode() == "length"
+    for name, value in (("sampling_param_temperature", 0.5), ("sampling_param_top_k", 4)):
+        with pytest.raises(InferenceServerException) as wrong:
+            client.infer(MODEL, _http_inputs(PROMPT, **{name: np.array([value])}), headers=headers)
+        assert name in wrong.value.message() and "expecting" in wrong.value.message(), wrong.value.message()
+    assert client.infer(MODEL, _http_inputs(PROMPT), headers=headers).as_numpy("text_output")[0]
 
 
 def test_a_killed_worker_fails_the_job_naming_rank_1_and_leaves_nothing(served):

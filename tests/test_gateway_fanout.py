@@ -151,3 +151,14 @@ def test_one_choice_failing_fails_the_request_and_stops_the_others(app):
     answer = _post(app, COMPLETIONS, {"prompt": ["slow", "bad"]})
     assert answer.status_code == 500 and "the model refused it" in answer.json()["error"]["message"]
     assert gw.engine.closed >= 1, "the slow choice's generation was closed, not left to run"
+
+
+def test_an_answer_of_several_choices_names_every_replica_that_made_it(app):
+    """x-hpc-serve-replica, as a one-choice answer has it: here each replica that answered a choice, once each,
+    whole and streamed (with no load on either, the balancer spreads the choices)."""
+    body = {"prompt": [f"prompt {i}" for i in range(8)]}
+    for stream in (False, True):
+        answer = _post(app, COMPLETIONS, {**body, "stream": stream})
+        assert answer.status_code == 200, answer.text
+        named = answer.headers["x-hpc-serve-replica"].split(",")
+        assert len(named) == len(set(named)) and set(named) <= {"a", "b"} and named, named

@@ -6,7 +6,7 @@ reason OpenAI's way, the HTTP error for what went wrong before an answer started
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpc.gateway.accesslog import RequestRecord
@@ -14,6 +14,16 @@ from hpc.gateway.errors import APIError
 from hpc.gateway.state import Gateway
 from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.triton import ContextTooLong, ModelError, ReplicaUnavailable, TokenRefused
+
+#: the response header naming the replica that answered (several, comma-separated, for an answer of several
+#: choices spread over replicas): which job served a request, for the user chasing a bad answer
+REPLICA_HEADER = "x-hpc-serve-replica"
+
+
+def replica_header(replicas: Sequence[str | None]) -> dict[str, str]:
+    """REPLICA_HEADER for an answer made by `replicas` (each choice's, in order; a repeat is named once)."""
+    return {REPLICA_HEADER: ",".join(dict.fromkeys(r for r in replicas if r))}
+
 
 #: a replica refused the token the gateway sent it: its deployment folder's `access_token` file (hpc/serving/auth.py), which
 #: is not what its tritonserver read at start (the file was replaced since, or the job is not auth: token's)

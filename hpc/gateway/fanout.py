@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from fastapi.responses import JSONResponse
 
 from hpc.gateway.accesslog import RequestRecord
-from hpc.gateway.choices import DONE, Events, Tally, answer_error, finish_of, usage_of
+from hpc.gateway.choices import DONE, Events, Tally, answer_error, finish_of, replica_header, usage_of
 from hpc.gateway.errors import APIError
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import EventStream
@@ -97,7 +97,9 @@ async def answer(
             tallies = await _all([_whole(gw, params, sub) for params, sub in zip(choices, subs, strict=True)])
             prompt_tokens = list(await asyncio.gather(*counted))
             _merge_records(record, subs)
-            return _json(gw, prompts, choices, tallies, prompt_tokens, n, chat, record, echo)
+            answer = _json(gw, prompts, choices, tallies, prompt_tokens, n, chat, record, echo)
+            answer.headers.update(replica_header([sub.replica for sub in subs]))
+            return answer
         pieces = [gw.generate(params, sub) for params, sub in zip(choices, subs, strict=True)]
         try:
             firsts = await _all([gw.first(p) for p in pieces])
@@ -118,7 +120,11 @@ async def answer(
     events = Events(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", _kind(chat, True), int(time.time()),
                     gw.model_name, chat)  # fmt: skip
     relay = _Relay(gw, prompts, choices, n, chat, record, events, echo)
-    return EventStream(relay.events(firsts, pieces, counted, include_usage), media_type="text/event-stream")
+    return EventStream(
+        relay.events(firsts, pieces, counted, include_usage),
+        media_type="text/event-stream",
+        headers=replica_header([sub.replica for sub in subs]),
+    )
 
 
 def _kind(chat: bool, stream: bool) -> str:

@@ -26,7 +26,7 @@ from hpc.gateway import fanout
 from hpc.gateway.accesslog import RequestRecord, record_of
 from hpc.gateway.auth import authorized
 from hpc.gateway.bodies import ChatRequest, CompletionRequest, Sampling
-from hpc.gateway.choices import DONE, Events, Tally, answer_error, finish_of, usage_of
+from hpc.gateway.choices import DONE, Events, Tally, answer_error, finish_of, replica_header, usage_of
 from hpc.gateway.errors import APIError, bad_request, unauthorized
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
@@ -37,7 +37,6 @@ from hpc.serving.text import StopStream, cut_at_stop
 from hpc.serving.triton import ModelError, ReplicaUnavailable, TokenRefused
 
 #: the response header that names the replica which served the request
-REPLICA_HEADER = "x-hpc-serve-replica"
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -184,7 +183,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         raise
     except (ModelError, ReplicaUnavailable, TokenRefused) as exc:
         raise answer_error(exc, chat, record) from None
-    headers = {REPLICA_HEADER: record.replica or ""}
+    headers = replica_header([record.replica])
     if events is not None:
         stream = _sse(gw, body, params, chat, events.get(), first, pieces, record)
         return EventStream(stream, media_type="text/event-stream", headers=headers)

@@ -30,7 +30,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from starlette.types import Receive
 
 from hpc.gateway.accesslog import record_of
-from hpc.gateway.openai_api import REPLICA_HEADER, gateway_of, require_token
+from hpc.gateway.choices import REPLICA_HEADER
+from hpc.gateway.openai_api import gateway_of, require_token
 from hpc.gateway.streaming import EventStream, disconnected
 from hpc.serving.abandon import ABANDON_S, Reader, Stop, abandon, keep, stop_until
 from hpc.serving.auth import http_headers
