@@ -20,7 +20,7 @@ import itertools
 import json
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -206,17 +206,7 @@ class TritonPythonModel:
             self._live[internal_id] = live
             if live.user_id:
                 self._by_user[live.user_id] = {internal_id}
-        sampling = p.Sampling(
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            frequency_penalty=params.frequency_penalty,
-            presence_penalty=params.presence_penalty,
-            seed=params.seed,
-            end_id=self.tokenizer.end_id,
-            stop_words=stop_words,
-        )
+        sampling = replace(params.sampling, end_id=self.tokenizer.end_id, stop_words=stop_words)
         try:
             self.channel.send(p.Submit(internal_id, prompt_ids, sampling, params.streaming))
         except OSError as e:

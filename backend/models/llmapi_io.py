@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from backend.cpu_engine.llmapi.protocol import Sampling
+
 #: SamplingParams.max_tokens' default in the LLM API
 DEFAULT_MAX_TOKENS = 32
 TEXT_INPUT = "text_input"
@@ -57,19 +59,21 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class LlmRequest:
+    """A request as the model reads it: its sampling as the engine takes it (protocol.Sampling: the one list of
+    sampling knobs; the model adds `end_id` and the stop strings' ids once it has tokenized), and what only the
+    model handles (the stop strings themselves, what to return, streaming)."""
+
     prompt: str
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    seed: int = 0
+    sampling: Sampling = Sampling(max_tokens=DEFAULT_MAX_TOKENS)
     stop: list[str] = field(default_factory=list)
     exclude_input_from_output: bool = False
     return_perf_metrics: bool = False
     streaming: bool = False
     output: OutputConfig = OutputConfig()
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.max_tokens
 
 
 def scalar(inputs: Mapping[str, np.ndarray], name: str) -> object:
@@ -143,8 +147,7 @@ def parse_request(inputs: Mapping[str, np.ndarray]) -> LlmRequest:
     max_tokens = _count(inputs, "sampling_param_max_tokens", 1)
     top_k = _count(inputs, "sampling_param_top_k", 0)
     seed = scalar(inputs, "sampling_param_seed")
-    return LlmRequest(
-        prompt=prompt,
+    sampling = Sampling(
         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         temperature=_number(inputs, "sampling_param_temperature", 0.0),
         top_k=top_k,
@@ -152,6 +155,10 @@ def parse_request(inputs: Mapping[str, np.ndarray]) -> LlmRequest:
         frequency_penalty=_number(inputs, "sampling_param_frequency_penalty", -math.inf),
         presence_penalty=_number(inputs, "sampling_param_presence_penalty", -math.inf),
         seed=0 if seed is None else int(seed),  # type: ignore[call-overload]
+    )
+    return LlmRequest(
+        prompt=prompt,
+        sampling=sampling,
         stop=_stop_strings(inputs),
         exclude_input_from_output=bool(scalar(inputs, "sampling_param_exclude_input_from_output") or False),
         return_perf_metrics=bool(scalar(inputs, "sampling_param_return_perf_metrics") or False),
