@@ -14,4 +14,4 @@ python3 -m mypy
 # Again at 3.10, pyproject's requires-python and NGC's tritonserver images' python3: typeshed knows what 3.10
 # lacks (typing.Self, asyncio.timeout, tomllib); tests/test_python310.py runs the rank-side code under 3.10.
 python3 -m mypy --python-version 3.10
-exec python3 -m pytest -ra "$@"
+exec python3 -m pytest -ra --durations=30 "$@"

@@ -12,9 +12,10 @@ import pytest
 
 from hpc.doctor import parse
 from hpc.doctor.login import Facts
-from hpc.doctor.probe import ProbeJob, verdicts, write_probe
+from hpc.doctor.probe import write_probe
 from hpc.doctor.profile import profile_values
 from hpc.doctor.report import Check, exit_code, fail, ok
+from hpc.doctor.verdicts import ProbeJob, verdicts
 from hpc.spec import Spec
 from launcher.contracts.layout import SHIPPED_PACKAGES, SOURCE_ROOT
 
@@ -123,6 +124,9 @@ def test_config_version_memory():
         None,
         None,
     ]
+
+
+LLMAPI_MODEL = {"backend": "tensorrtllm", "workflow": "llmapi", "checkpoint_dir": "."}
 
 
 def spec(tmp_path: Path, **extra) -> Spec:
@@ -419,3 +423,56 @@ def test_probe_of_an_llmapi_spec_checks_the_checkpoint_and_the_images_model_file
     checks = {c.name: c for c in verdicts(s, job, tmp_path)}
     assert [checks[n].status for n in ("tensorrt_llm", "checkpoint", "llmapi_files")] == ["fail", "fail", "ok"]
     assert "1.0.0 or newer" in checks["tensorrt_llm"].fix and "container.mounts" in checks["checkpoint"].fix
+
+
+def test_the_gpu_verdict_names_the_ranks_of_a_node_it_is_for(tmp_path):
+    """tp × pp ranks over the nodes, rank r on GPU r % gpus_per_node: a node showing fewer GPUs fails with the
+    ranks it must hold in the fix (the spec already refuses more ranks a node than gpus_per_node)."""
+    s = spec(tmp_path, slurm={"gpus_per_node": 4}, model={**LLMAPI_MODEL, "tp_size": 2, "pp_size": 2})
+    script = write_probe(s, Facts(partition="gpu"), tmp_path / "probe", "n0nce").read_text()
+    assert "--gpus 4" in script and "--mpi pmix" in script
+    results = {"gpus": {"ok": False, "detail": "2 GPU(s) visible, 4 asked for", "count": 2}}
+    job = ProbeJob("8", state="FAILED", exit_code=4, node="gpu001", results=results, saw_node_file=True)
+    (gpus,) = [c for c in verdicts(s, job, tmp_path) if c.name == "gpus"]
+    assert gpus.status == "fail" and "the node's 4 ranks (tp_size 2 × pp_size 2" in gpus.fix, gpus.fix
+
+
+def test_pmix_check_on_the_node_and_its_verdict(tmp_path, monkeypatch):
+    """node.py says whether srun --mpi=pmix gave the step PMIx, and which GDS the site set (the ranks run with
+    hash whatever it is). It has no exit bit: without readable results the verdict is a skip, never a pass."""
+    from hpc.doctor import node
+
+    monkeypatch.delenv("PMIX_RANK", raising=False)
+    monkeypatch.delenv("PMIX_NAMESPACE", raising=False)
+    monkeypatch.setenv("PMIX_MCA_gds", "ds21")
+    missing = node.check_pmix("pmix")
+    assert not missing["ok"] and "without PMIx" in missing["detail"] and "ds21" in missing["detail"]
+    assert node.check_pmix("pmi2")["skip"]
+    monkeypatch.setenv("PMIX_RANK", "0")
+    monkeypatch.setenv("PMIX_NAMESPACE", "slurm.pmix.8.0")
+    assert node.check_pmix("pmix_v4")["ok"] and "slurm.pmix.8.0" in node.check_pmix("pmix_v4")["detail"]
+    s = spec(tmp_path)
+    results = {"pmix": missing}
+    job = ProbeJob("8", state="COMPLETED", exit_code=0, node="n1", results=results, saw_node_file=True)
+    (pmix,) = [c for c in verdicts(s, job, tmp_path) if c.name == "pmix"]
+    assert pmix.status == "fail" and "srun --mpi=list" in pmix.fix
+    unread = ProbeJob("8", state="COMPLETED", exit_code=0, node="n1", results={}, saw_node_file=True)
+    assert [c.status for c in verdicts(s, unread, tmp_path) if c.name == "pmix"] == ["skip"]
+
+
+@pytest.mark.parametrize(
+    ("version", "says"),
+    [
+        ("1.2.1", "model.workflow llmapi or engine"),
+        ("1.3.0", "model.workflow llmapi"),
+        ("0.12.0", "model.workflow engine"),
+    ],
+)
+def test_the_written_profile_says_which_workflow_the_images_tensorrt_llm_serves(tmp_path, version, says):
+    """model.workflow is a spec's own (a profile cannot hold `model:`): the profile says it in its header."""
+    image = "nvcr.io#nvidia/tritonserver:25.10-trtllm-python-py3"
+    s = spec(tmp_path, container={"type": "pyxis", "image": image}, model=LLMAPI_MODEL, slurm={"gpus_per_node": 1})
+    _, notes = profile_values(s, Facts(partition="gpu", trtllm_version=version), [])
+    (note,) = [n for n in notes if "TensorRT-LLM" in n]
+    assert f"the image {image} has TensorRT-LLM {version}: " in note and says in note, note
+    assert note.endswith(says), "only the workflows it serves"

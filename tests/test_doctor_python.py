@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc.doctor.probe import ProbeJob, node_bundle, verdicts
+from hpc.doctor.probe import node_bundle
+from hpc.doctor.verdicts import ProbeJob, verdicts
 from hpc.spec import Spec
 from launcher.contracts.layout import SOURCE_ROOT
 from tests._pythons import find_python, where_looked

@@ -3,5 +3,5 @@ what is missing.
 
 One module per concern: `parse` (what Slurm's commands print), `login` (the checks from the login node),
 `probe` and `node` (the `--probe` job and what it runs on a compute node), `report` (the checks' results and
-the rich table), `profile` (`--write-profile`), `cli` (the command).
+the rich table), `profile` (`--write-profile`), `verdicts` (the probe job's checks), `cli` (the command).
 """

@@ -50,6 +50,7 @@ class Facts:
     partition: str | None = None  # the partition the spec runs on (its own, or the default one)
     pyxis: bool = False
     apptainer: str | None = None  # the binary: apptainer, or singularity
+    trtllm_version: str | None = None  # the image's TensorRT-LLM, as the probe job found it (--probe)
 
     def partition_record(self, name: str | None) -> dict[str, str] | None:
         for record in self.partitions:

@@ -140,6 +140,16 @@ def version_key(version: str) -> tuple[int, ...]:
     return (*parts, 0, int(pre)) if pre.isdigit() else (*parts, 1, 0)
 
 
+def workflows_of(version: str) -> list[str]:
+    """The TensorRT-LLM workflows a version serves: the engine path until LAST_ENGINE, llmapi from FIRST_LLMAPI."""
+    key = version_key(version)
+    return [
+        w
+        for w, has in (("llmapi", key >= version_key(FIRST_LLMAPI)), ("engine", key <= version_key(LAST_ENGINE)))
+        if has
+    ]
+
+
 def check_trtllm_workflow(workflow: str) -> dict:
     """The installed tensorrt_llm (package metadata, as `check_trtllm`) has the spec's workflow: the engine path
     until LAST_ENGINE, the LLM API model from FIRST_LLMAPI."""
@@ -182,6 +192,21 @@ def check_llmapi_files(folder: str) -> dict:
     return {"ok": True, "detail": f"{folder}: model.py and helpers.py, {generation}", "generation": generation}
 
 
+def check_pmix(mpi: str) -> dict:
+    """The step runs under PMIx when the spec's srun --mpi asks for it (the ranks' MPI, mpi4py and TensorRT-LLM's
+    workers, initialise through it), and the GDS the ranks will use: the launcher sets PMIX_MCA_gds=hash for
+    every process it starts (launch.json `env`; NVIDIA's triton_task.sh calls it required: tensorrtllm_backend
+    #553), whatever the site's environment says."""
+    gds = os.environ.get("PMIX_MCA_gds")
+    site = f"the step's PMIX_MCA_gds is {gds}" if gds else "the step sets no PMIX_MCA_gds"
+    detail = f"{site}; the ranks run with hash (launch.json env)"
+    if not mpi.startswith("pmix"):
+        return {"ok": True, "skip": True, "detail": f"srun --mpi={mpi}: not PMIx; {detail}"}
+    if not (os.environ.get("PMIX_RANK") or os.environ.get("PMIX_NAMESPACE")):
+        return {"ok": False, "detail": f"srun --mpi={mpi} started this step without PMIx (no PMIX_RANK); {detail}"}
+    return {"ok": True, "detail": f"PMIx namespace {os.environ.get('PMIX_NAMESPACE', '?')}; {detail}"}
+
+
 def check_checkpoint(folder: str) -> dict:
     """The Hugging Face checkpoint folder is readable here: its config.json, and its weight files listed."""
     try:
@@ -206,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflow", default=None, help="the spec's TensorRT-LLM workflow: check the installed one")
     parser.add_argument("--llmapi-files", default=None, help="where the image keeps the llmapi model.py")
     parser.add_argument("--checkpoint", default=None, help="the Hugging Face checkpoint folder the ranks read")
+    parser.add_argument("--mpi", default=None, help="the spec's srun --mpi: check the step runs under it")
     parser.add_argument("--python-label", default="python", help="how the report names this python")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(PYTHON_DIR))  # the bundle's launcher/ and backend/, first: what the ranks import
@@ -226,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         results["llmapi_files"] = check_llmapi_files(args.llmapi_files)
     if args.checkpoint:
         results["checkpoint"] = check_checkpoint(args.checkpoint)
+    if args.mpi:
+        results["pmix"] = check_pmix(args.mpi)  # no exit bit (all 8 are taken): read from RESULTS only
     failed = [name for name in BITS if name in results and not (results[name]["ok"] or results[name].get("skip"))]
     rc = sum(BITS[name] for name in failed)
     try:

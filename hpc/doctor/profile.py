@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.doctor.login import Facts
+from hpc.doctor.node import workflows_of
 from hpc.doctor.report import Check
 from hpc.spec import Spec
 from hpc.spec.site import USER_PROFILE, write_profile
@@ -46,7 +47,17 @@ def profile_values(spec: Spec, facts: Facts, checks: list[Check]) -> tuple[dict[
         ]
         if found:
             notes.append(f"container runtimes here: {', '.join(found)} (set container.type and container.image)")
+    if facts.trtllm_version:
+        notes.append(_workflow_note(facts.trtllm_version, c.image if c.type != "none" else None))
     return values, notes
+
+
+def _workflow_note(version: str, image: str | None) -> str:
+    """What the image's TensorRT-LLM serves, for the specs that use this profile: model.workflow is a spec's
+    own (a profile cannot hold `model:`), so the profile says it as a comment."""
+    where = f"the image {image}" if image else "the ranks' python"
+    served = " or ".join(workflows_of(version))  # every version has one: the engine path until 1.3.0rc20
+    return f"{where} has TensorRT-LLM {version}: specs may use model.workflow {served}"
 
 
 def write_doctor_profile(path: str | None, spec: Spec, facts: Facts, checks: list[Check], source: str) -> Path:
