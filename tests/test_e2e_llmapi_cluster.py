@@ -164,6 +164,19 @@ def test_bad_input_is_an_error_naming_it_and_the_job_serves_on(served, case, ext
     assert text_of(grpc_client(endpoint).infer(MODEL, inputs(PROMPT, 4), headers=token_headers(token)))
 
 
+def test_our_clients_serve_a_model_that_is_not_decoupled(served):
+    """`hpc-serve generate` and hpc.client on this job (triton.decoupled false): the endpoint record says so, and
+    they ask for one whole response (`streaming` false), streamed or not, the same greedy text."""
+    from hpc.client import Client
+
+    job, _, _, _ = served
+    whole = cli("generate", job, PROMPT, "--max-tokens", "8", "--direct").stdout.strip()
+    streamed = cli("generate", job, PROMPT, "--max-tokens", "8", "--direct", "--stream").stdout.strip()
+    assert whole and whole == streamed
+    with Client(job, gateway=False) as client:
+        assert client.generate(PROMPT, max_tokens=8).strip() == whole
+
+
 def _http_inputs(text: str, **arrays: np.ndarray) -> list:
     """end_to_end_test.py's and benchmark_core_model.py's tensors over HTTP (utils.prepare_tensor("http")):
     `text_input` BYTES [1], then whatever else the tool adds, in the dtype it sends."""

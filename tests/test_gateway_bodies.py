@@ -36,7 +36,7 @@ class Recording(FakeEngine):
         super().__init__()
         self.params: list[Any] = []
 
-    def stream(self, grpc_url, params, token=None, workflow="engine"):
+    def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
         self.params.append(params)
         return super().stream(grpc_url, params, token)
 

@@ -18,7 +18,7 @@ from tests.test_gateway import FakeEngine, app_on
 class Reporting(FakeEngine):
     """Answers "ok" with the perf metrics of a prompt whose first 2 blocks were cached and 1 was not."""
 
-    async def stream(self, grpc_url, params, token=None, workflow="engine"):
+    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
         from hpc.serving.model_io import Chunk
 
         yield Chunk("o", None)

@@ -28,7 +28,7 @@ class Engine:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    async def stream(self, grpc_url, params, token=None, workflow="engine"):
+    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
         self.calls.append(grpc_url)
         if grpc_url.startswith("busy"):
             raise model_error("Exceeds maximum queue size")

@@ -366,6 +366,9 @@ def test_the_gateway_tells_the_replicas_of_two_clusters_jobs_of_one_id_apart(tmp
     assert [discovery.token_for(r) for r in replicas] == list(tokens.values())
     local = EndpointRecord(job_id="local-1a2b", address="127.0.0.1", http_port=9000)
     assert as_replica(local).key == "local-1a2b/0"
+    unary = EndpointRecord(address="127.0.0.1", http_port=9000, workflow="llmapi", decoupled=False)
+    assert (as_replica(unary).workflow, as_replica(unary).decoupled) == ("llmapi", False), "how clients ask it"
+    assert as_replica(EndpointRecord.from_dict(local.to_dict() | {"decoupled": None})).decoupled is True
 
 
 def test_a_job_indexed_without_its_cluster_and_then_with_it_is_one_job(tmp_path, hpc_home, monkeypatch) -> None:

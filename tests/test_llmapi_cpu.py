@@ -296,3 +296,34 @@ def test_200_concurrent_requests_all_answered(job):
     answers = [done.get(timeout=120) for _ in range(200)]  # a lost answer fails here
     assert [e for _r, e in answers if e is not None] == []
     assert {text_of(r) for r, _e in answers} == {_greedy(job, max_tokens=2)}
+
+
+def test_the_gateways_engine_asks_a_model_that_is_not_decoupled_for_one_whole_response(job):
+    """hpc.serving.triton's stream on both transaction policies of the same model (model.yaml `decoupled`): the
+    decoupled one streams `streaming` true; the other is sent `streaming` false (it refuses true, upstream's
+    words) and answers once, the whole text with its finish, which the gateway reads as one piece."""
+    import asyncio
+
+    from hpc.serving.model_io import GenerateParams
+    from hpc.serving.triton import ModelError, TritonEngine
+
+    url = f"127.0.0.1:{job.server.grpc_port}"
+    params = GenerateParams(PROMPT, 12)
+
+    async def pieces(model: str, decoupled: bool) -> list:
+        engine = TritonEngine(model=model)
+        try:
+            return [chunk async for chunk in engine.stream(url, params, workflow="llmapi", decoupled=decoupled)]
+        finally:
+            await engine.close()
+
+    streamed, whole = asyncio.run(pieces(DECOUPLED, True)), asyncio.run(pieces(UNARY, False))
+    assert len(streamed) > 1 and len(whole) == 1
+    assert (
+        whole[0].text
+        == "".join(c.text for c in streamed)
+        == _greedy(job, max_tokens=12, sampling_param_exclude_input_from_output=flag())
+    )
+    assert whole[0].finish_reason == streamed[-1].finish_reason == "length" and whole[0].perf
+    with pytest.raises(ModelError, match="Streaming is only supported in decoupled mode"):
+        asyncio.run(pieces(UNARY, True))

@@ -65,6 +65,20 @@ def test_each_workflow_has_its_generation_model_and_an_unknown_one_is_the_engine
     assert {t.name() for t in EnsembleIO().stop_tensors()} >= {"input_ids", "stop"}
 
 
+def test_an_llmapi_model_that_is_not_decoupled_is_asked_not_to_stream():
+    """Upstream's model refuses `streaming` true when not decoupled; a replica's record says which it is."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    def streaming(decoupled: bool) -> bool:
+        (tensor,) = [t for t in model_io(LLMAPI, decoupled).tensors(EVERYTHING) if t.name() == "streaming"]
+        request = pb.ModelInferRequest()
+        request.raw_input_contents.append(tensor._raw_content)
+        return bool(np.frombuffer(request.raw_input_contents[0], dtype=bool)[0])
+
+    assert streaming(True) and not streaming(False)
+    assert model_io(ENGINE, False) is model_io(ENGINE), "the ensemble is asked one way"
+
+
 def _llmapi_response(text: str | bytes, finish: str = "None", stop_reason: str = "None", **perf: str):
     """A response as the llmapi model sends it: every output a BYTES tensor of `str(value)`."""
     response = service_pb2.ModelInferResponse(model_name="tensorrt_llm")

@@ -33,6 +33,7 @@ def test_a_plan_reads_back_as_written(tmp_path: Path) -> None:
         replica_policy=KEEP_SERVING,
         stop_grace_s=5.0,
         renew=renew,
+        decoupled=False,
     )
     plan.write(tmp_path / "launch.json")
     assert LaunchPlan.read(tmp_path) == plan == LaunchPlan.read(tmp_path / "launch.json")
@@ -47,6 +48,7 @@ def test_keys_a_plan_may_leave_out_take_their_defaults(tmp_path: Path) -> None:
     plan = LaunchPlan.from_dict({"model_repository": "repo", "replicas": 2, "world_size_per_replica": 1}, tmp_path)
     assert plan.model_repository == str(tmp_path / "repo"), "relative to the folder it was read from"
     assert (plan.auth, plan.gpu_binding, plan.replica_policy, plan.mode) == ("none", "none", "fail-job", "leader")
+    assert plan.decoupled, "a plan without the key: the generation model streams"
     assert (plan.drain_s, plan.ready_timeout_s, plan.renew, plan.stop_grace_s) == (
         DEFAULT_DRAIN_S,
         DEFAULT_READY_TIMEOUT_S,

@@ -167,7 +167,9 @@ class AsyncClient:
         _, engine = self._connections()
 
         def attempt(replica: Replica) -> AsyncIterator[Chunk]:
-            chunks = engine.stream(replica.grpc_url, params, self._replica_token(replica), replica.workflow)
+            chunks = engine.stream(
+                replica.grpc_url, params, self._replica_token(replica), replica.workflow, replica.decoupled
+            )
             return taken_whole(chunks) if whole else chunks
 
         def retried(replica: Replica, exc: BaseException) -> None:

@@ -145,7 +145,9 @@ class Gateway:
         token_for = self.discovery.token_for
 
         def attempt(replica: Replica) -> AsyncIterator[Chunk]:
-            chunks = self.engine.stream(replica.grpc_url, params, token_for(replica), replica.workflow)
+            chunks = self.engine.stream(
+                replica.grpc_url, params, token_for(replica), replica.workflow, replica.decoupled
+            )
             return taken_whole(chunks, record.first_token) if whole else chunks
 
         return self.routed(attempt, params.prompt, record, on_first=record.first_token)

@@ -132,6 +132,7 @@ def launch_plan(spec: Spec, deploy_dir: Path) -> LaunchPlan:
         workflow=spec.model.workflow or ENGINE,  # never None once validated (hpc/spec/schema.py ModelSpec._dirs)
         backend=spec.model.backend,
         model_files_from=spec.model.model_files_from,
+        decoupled=spec.triton.decoupled,
     )
 
 

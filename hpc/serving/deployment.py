@@ -222,5 +222,9 @@ def job_of_key(key: str) -> str:
 
 def as_replica(record: EndpointRecord) -> Replica:
     return Replica(
-        key=replica_key(record), http_url=record.http_url, grpc_url=record.grpc_url, workflow=record.workflow
+        key=replica_key(record),
+        http_url=record.http_url,
+        grpc_url=record.grpc_url,
+        workflow=record.workflow,
+        decoupled=record.decoupled,
     )

@@ -163,10 +163,15 @@ class LlmapiIO:
 
     model = model_names.TENSORRT_LLM
 
+    def __init__(self, streaming: bool = True) -> None:
+        #: False for a model that is not decoupled: it refuses `streaming` ("Streaming is only supported in
+        #: decoupled mode.") and answers each request with one response, the whole text
+        self.streaming = streaming
+
     def tensors(self, params: GenerateParams) -> list[grpcclient.InferInput]:
         arrays: dict[str, tuple[np.ndarray, str]] = {
             "text_input": (np.array([params.prompt.encode()], dtype=object), "BYTES"),
-            "streaming": _scalar(True, bool, "BOOL", False),
+            "streaming": _scalar(self.streaming, bool, "BOOL", False),
             "sampling_param_max_tokens": _scalar(params.max_tokens, np.int32, "INT32", False),
             "sampling_param_exclude_input_from_output": _scalar(True, bool, "BOOL", False),
             "return_finish_reason": _scalar(True, bool, "BOOL", False),
@@ -289,8 +294,13 @@ _LENGTH = struct.Struct("<I")
 
 #: each workflow's generation model
 MODEL_IO: dict[str, ModelIO] = {ENGINE: EnsembleIO(), LLMAPI: LlmapiIO()}
+#: the llmapi model of a replica whose model is not decoupled (triton.decoupled false, upstream's default)
+UNARY_LLMAPI_IO = LlmapiIO(streaming=False)
 
 
-def model_io(workflow: str) -> ModelIO:
-    """The generation model of `workflow` (a replica's endpoint record says which; an older one: engine)."""
+def model_io(workflow: str, decoupled: bool = True) -> ModelIO:
+    """The generation model of `workflow` (a replica's endpoint record says which; an older one: engine), asked
+    the way its transaction policy takes (`decoupled`, also from the record)."""
+    if workflow == LLMAPI and not decoupled:
+        return UNARY_LLMAPI_IO
     return MODEL_IO.get(workflow, MODEL_IO[ENGINE])

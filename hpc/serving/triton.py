@@ -143,18 +143,23 @@ class TritonEngine:
         for client in clients:
             await client.close()
 
-    def _io(self, workflow: str) -> tuple[ModelIO, str]:
+    def _io(self, workflow: str, decoupled: bool) -> tuple[ModelIO, str]:
         """The workflow's model IO (hpc/serving/model_io.py) and the model to send to."""
-        io = model_io(workflow)
+        io = model_io(workflow, decoupled)
         return io, self.model or io.model
 
     async def stream(
-        self, grpc_url: str, params: GenerateParams, token: str | None = None, workflow: str = ENGINE
+        self,
+        grpc_url: str,
+        params: GenerateParams,
+        token: str | None = None,
+        workflow: str = ENGINE,
+        decoupled: bool = True,
     ) -> AsyncIterator[Chunk]:
-        """Text pieces as the replica (serving `workflow`'s model) produces them, with their token counts.
-        ReplicaUnavailable for transport trouble, TokenRefused for a missing or wrong token, ModelError for the
-        model's own refusal."""
-        io, model = self._io(workflow)
+        """Text pieces as the replica (serving `workflow`'s model, `decoupled` or not) produces them, with their
+        token counts: one piece, the whole text, from a model that is not decoupled. ReplicaUnavailable for
+        transport trouble, TokenRefused for a missing or wrong token, ModelError for the model's own refusal."""
+        io, model = self._io(workflow, decoupled)
         request_id = f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}"
         request = stream_request(model, io.tensors(params), request_id)
         request.parameters["triton_enable_empty_final_response"].bool_param = True

@@ -114,6 +114,9 @@ class LaunchPlan:
     #: llmapi: the folder in the image holding the model's model.py and helpers.py, copied into
     #: `<model_repository>/tensorrt_llm/1/` when the replica starts; None: they are in the repository already
     model_files_from: str | None = None
+    #: the generation model's transaction policy (the spec's triton.decoupled): False, an llmapi model serving
+    #: one whole response a request (model.yaml `decoupled: false`), which clients ask with `streaming` false
+    decoupled: bool = True
 
     @property
     def world_size(self) -> int:
@@ -274,4 +277,5 @@ class _Reader:
             workflow=self.choice("workflow", ENGINE, WORKFLOWS),
             backend=self.choice("backend", "tensorrtllm", tuple(LEADER_MODULES)),
             model_files_from=self.value("model_files_from") or None,
+            decoupled=self.value("decoupled") is not False,
         )

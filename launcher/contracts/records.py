@@ -160,6 +160,8 @@ class EndpointRecord(Record):
     #: the replica's TensorRT-LLM workflow (launcher/contracts/llmapi.py), which says the model clients send
     #: generations to and how (hpc/serving/model_io.py); an older record has none: the engine workflow's ensemble
     workflow: str = ENGINE
+    #: its generation model streams (decoupled); False: one whole response a request (launch plan `decoupled`)
+    decoupled: bool = True
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EndpointRecord:
@@ -173,6 +175,7 @@ class EndpointRecord(Record):
             http_port=int(record.http_port),
             grpc_port=int(record.grpc_port),
             metrics_port=int(record.metrics_port),
+            decoupled=record.decoupled is not False,  # only an explicit false is a unary model
             pid=int(record.pid),
         )
 

@@ -302,6 +302,7 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
                     started_at=child.started_at,
                     ready_at=ready_at,
                     workflow=plan.workflow,
+                    decoupled=plan.decoupled,
                 )
                 records.write_json_atomic(endpoint, record.to_dict())
                 clear_phase(job_paths(plan, info), me)
