@@ -33,6 +33,8 @@ def _requests(prompt_sets: list[list[int]]):
 
 
 PROMPTS = [[3, 17, 42, 5], [9] * 11, list(range(20, 57)), [101, 7], [250, 3, 4, 5, 6, 7, 8]]
+#: questions on one 37-token document, then another document: KV-block reuse across the ranks (prefix_cache.py)
+REUSE_PROMPTS = [list(range(20, 57)) + tail for tail in ([5, 6], [7], [8, 9])] + [list(range(60, 90))]
 
 
 def _run(engine) -> list[dict]:
@@ -59,10 +61,17 @@ def mpi_main(model_dir: str, out_file: str) -> None:
         follower_loop(shard)
         return
     tp2 = _run(Engine(shard=shard, max_batch_size=4))
+    reuse = Engine(shard=shard, max_batch_size=4, block_size=4, block_reuse=True)  # each rank copies its own shard
+    tp2_reuse = [reuse.generate(r) for r in _requests(REUSE_PROMPTS)]
     Engine(shard=shard).shutdown()  # any leader Engine over this comm can tell the follower to stop
     tp1 = _run(Engine(model_dir, comm=SingleComm(), max_batch_size=4))
+    tp1_plain = [Engine(model_dir, comm=SingleComm()).generate(r) for r in _requests(REUSE_PROMPTS)]
     heads = {"tp2_local_heads": shard.n_heads, "tp2_local_kv_heads": shard.n_kv, "tp2_local_inter": shard.inter}
-    Path(out_file).write_text(json.dumps({"tp2": tp2, "tp1": tp1, **heads}))
+    reuse_runs = {
+        "tp2_reuse": [(r.output_ids, r.kv_blocks_reused) for r in tp2_reuse],
+        "tp1_plain": [(r.output_ids, r.kv_blocks_reused) for r in tp1_plain],
+    }
+    Path(out_file).write_text(json.dumps({"tp2": tp2, "tp1": tp1, **heads, **reuse_runs}))
 
 
 def mpi_silent_leader(model_dir: str, out_file: str) -> None:
@@ -198,6 +207,9 @@ def test_tp2_equals_tp1(family: str, tmp_path: Path) -> None:
     for a, b in zip(res["tp2"], res["tp1"], strict=True):
         assert a["tokens"] == b["tokens"] and a["reason"] == b["reason"]
         assert max(abs(x - y) for x, y in zip(a["log_probs"], b["log_probs"], strict=True)) < 1e-4
+    # reused blocks (each rank copying its own heads' share) give the tokens computing everything on one rank gives
+    assert [t for t, _ in res["tp2_reuse"]] == [t for t, _ in res["tp1_plain"]]
+    assert [n for _, n in res["tp2_reuse"]] == [0, 9, 9, 0] and [n for _, n in res["tp1_plain"]] == [0] * 4
 
 
 def test_follower_leaves_when_leader_goes_silent(tmp_path: Path) -> None:

@@ -76,18 +76,28 @@ def test_the_endpoint_record_says_llmapi_and_the_gateway_sends_to_tensorrt_llm(s
 
 
 def test_the_gateway_counts_each_replicas_kv_cache_blocks_from_the_engines_perf_metrics(served):
-    """The llmapi model's perf metrics, per request, summed per replica: the CPU engine keeps no prefix cache, so
-    every block of a prompt is a miss, and it says so (no reuse invented)."""
+    """The llmapi model's perf metrics, per request, summed per replica: a prompt the engine has not seen misses
+    every block; asked again, it finds its blocks in the engine's cache (TensorRT-LLM's enable_block_reuse, on
+    by default; the CPU engine's prefix_cache.py, across both ranks) and the gateway counts them reused."""
 
-    def counted(name: str) -> float:
+    def counted() -> tuple[float, float]:
         page = httpx.get(served["url"] + "/metrics").text
-        (value,) = [float(line.split()[-1]) for line in page.splitlines() if line.startswith(f"{name}_total{{")]
-        return value
+        return tuple(  # type: ignore[return-value]
+            float(line.split()[-1])
+            for name in ("reused", "missed")
+            for line in page.splitlines()
+            if line.startswith(f"hpc_serve_gateway_replica_kv_{name}_blocks_total{{")
+        )
 
-    before = counted("hpc_serve_gateway_replica_kv_missed_blocks")
-    served["client"].completions.create(model=NAME, prompt=PROMPT * 20, max_tokens=2)
-    assert counted("hpc_serve_gateway_replica_kv_missed_blocks") > before
-    assert counted("hpc_serve_gateway_replica_kv_reused_blocks") == 0
+    prompt = "A document only this test sends. " * 12
+    before = counted()
+    served["client"].completions.create(model=NAME, prompt=prompt, max_tokens=2)
+    first = counted()
+    served["client"].completions.create(model=NAME, prompt=prompt, max_tokens=2)
+    second = counted()
+    assert first[0] == before[0] and first[1] > before[1], "unseen: every block missed"
+    reused, missed = second[0] - first[0], second[1] - first[1]
+    assert reused > 0 and reused + missed == first[1] - before[1], "the same blocks, now found"
 
 
 def test_completions_whole_and_streamed_agree_with_usage_and_finish(served):

@@ -91,9 +91,13 @@ def test_responses_are_strings_and_stop_strings_are_cut():
 
 
 def test_engine_args(tmp_path):
-    args = engine_args({"model": str(tmp_path), "kv_cache_config": {"max_tokens": 512, "enable_block_reuse": True}}, 1)
+    kv = {"max_tokens": 512, "enable_block_reuse": False, "tokens_per_block": 16, "free_gpu_memory_fraction": 0.9}
+    args = engine_args({"model": str(tmp_path), "kv_cache_config": kv}, 1)
     assert args.load.max_batch_size == DEFAULT_MAX_BATCH_SIZE and args.kv_cache_tokens == 512
-    assert args.ignored == ["kv_cache_config.enable_block_reuse"]
+    assert (args.block_reuse, args.tokens_per_block) == (False, 16)
+    assert args.ignored == ["kv_cache_config.free_gpu_memory_fraction"]
+    default = engine_args({"model": str(tmp_path)}, 1)
+    assert (default.block_reuse, default.tokens_per_block) == (True, 32), "TensorRT-LLM's KvCacheConfig defaults"
     for bad, words in [
         ({"model": "org/hub-name"}, "not a folder on this node"),
         (
@@ -102,6 +106,7 @@ def test_engine_args(tmp_path):
         ),
         ({"model": str(tmp_path), "pipeline_parallel_size": 2}, "pipeline_parallel_size 2"),
         ({"model": str(tmp_path), "max_batch_size": 0}, "max_batch_size must be a positive integer"),
+        ({"model": str(tmp_path), "kv_cache_config": {"enable_block_reuse": "yes"}}, "must be true or false"),
     ]:
         with pytest.raises(EngineArgsError, match=words):
             engine_args(bad, 1)

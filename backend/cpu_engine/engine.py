@@ -15,7 +15,6 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import cast
 
@@ -29,16 +28,13 @@ from .follower import PING, STOP, load_shard
 from .lockstep import StepFailed
 from .model import StepPlan, TransformerShard
 from .parallel import Communicator, PeerGone, drain_deadline, report_drain, world_comm
-from .sampling import apply_penalties, ban_bad_words, sample_token
-from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
-from .selection import greedy_picks, hit_stop_word
+from .prefix_cache import PrefixReuse
+from .scheduler import GenerationOutput, GenerationRequest, KVBudget, RecentlyFinished, Scheduler
+from .selection import greedy_picks, hit_stop_word, sampled_token
 from .stats import EngineStats
 from .validate import request_problem
 
 log = logging.getLogger("hpc_serve.cpu_engine")
-
-#: how many finished request ids the engine remembers, to say in the log what a stop that matched nothing was
-FINISHED_IDS_KEPT = 1024
 
 
 class Engine:
@@ -57,6 +53,7 @@ class Engine:
         max_seq_len: int | None = None,
         heartbeat_s: float = 1.0,
         min_step_s: float = 0.0,
+        block_reuse: bool = False,
     ) -> None:
         if shard is None:
             if model_dir is None:
@@ -74,13 +71,14 @@ class Engine:
             max_tokens_in_kv_cache = self.max_batch_size * max_seq
         self.budget = KVBudget(max_tokens_in_kv_cache, block_size)
         self.scheduler = Scheduler(self.budget, self.max_batch_size, max_seq)
+        #: KV blocks kept for later prompts (prefix_cache.py; kv_cache_config.enable_block_reuse), None: off
+        self.reuse = PrefixReuse(block_size) if block_reuse else None
         self.heartbeat_s = heartbeat_s
         #: the least time a step takes on the engine thread (the `min_step_ms` parameter: a GPU's pace)
         self.min_step_s = min_step_s
         self._incoming: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
         self._cancel_ids: set[str] = set()
-        #: ids of requests finished lately, newest last: tells a stop that came late from one that matched nothing
-        self._finished_ids: OrderedDict[str, float] = OrderedDict()
+        self._finished_ids = RecentlyFinished()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -276,10 +274,7 @@ class Engine:
             log.exception("on_output callback failed for request %s", req.request_id)
 
     def _finish(self, req: GenerationRequest, reason: str, error: str | None = None) -> None:
-        self._finished_ids[req.request_id] = time.monotonic()
-        self._finished_ids.move_to_end(req.request_id)
-        if len(self._finished_ids) > FINISHED_IDS_KEPT:
-            self._finished_ids.popitem(last=False)
+        self._finished_ids.add(req.request_id)
         req.finished = True
         req.finish_reason = reason
         req.error = error
@@ -325,19 +320,7 @@ class Engine:
                 held.add(req.request_id)
                 self._finish(req, "cancelled")
         for request_id in cancel_ids - held - cancelled_waiting:
-            self._unmatched_stop(request_id)
-
-    def _unmatched_stop(self, request_id: str) -> None:
-        """A stop whose id matches no waiting or running request: said in the log, and otherwise ignored, as
-        TensorRT-LLM's backend does (DEVELOPERS.md, "Abandoned streams"). Either it came after its request ended
-        (normal: a client gives up as the answer completes) or before its request reached the engine."""
-        finished = self._finished_ids.get(request_id)
-        if finished is not None:
-            log.info("stop for request id %r: it finished %.3f s ago", request_id, time.monotonic() - finished)
-        else:
-            log.warning(
-                "stop for request id %r matches nothing this engine holds (none by that id seen lately)", request_id
-            )
+            self._finished_ids.unmatched_stop(request_id)
 
     def step(self) -> None:
         """One iteration: intake/cancel, compact, admit, one forward (decode + prefills), sample, emit."""
@@ -358,9 +341,16 @@ class Engine:
             decode_positions=np.array([r.prompt_len + len(r.output_ids) - 1 for r in running], np.int64),
             prefills=[(n_run + j, r.input_ids) for j, r in enumerate(admitted)],
         )
+        if self.reuse is not None:
+            self._reuse_blocks(plan, admitted)
         if self.comm.size > 1:
             self.comm.bcast_obj(plan)
-        decode_logits, prefill_logits = self.shard.run_step(plan)
+        try:
+            decode_logits, prefill_logits = self.shard.run_step(plan)
+        except StepFailed:
+            if self.reuse is not None:
+                self.reuse.forget()
+            raise
         self.iterations += 1
         self._last_context, self._last_generation = len(admitted), n_run
         self._last_context_tokens = sum(r.prompt_len for r in admitted)
@@ -378,6 +368,15 @@ class Engine:
         self._report()
         # finished requests leave (and free their slot/budget) at the start of the next step
 
+    def _reuse_blocks(self, plan: StepPlan, admitted: list[GenerationRequest]) -> None:
+        """Start each admitted prompt after the cached blocks it begins with, keep its new ones (prefix_cache.py)."""
+        assert self.reuse is not None
+        blocks, placed = self.reuse.step(plan.prefills, self.budget.free_blocks)
+        plan.prefills, plan.starts, plan.loads = blocks.prefills, blocks.starts, blocks.loads
+        plan.saves, plan.drops, plan.block_tokens = blocks.saves, blocks.drops, self.reuse.tokens_per_block
+        for req, reuse in zip(admitted, placed, strict=True):
+            req.kv_blocks_reused = len(reuse.found)
+
     def _report(self) -> None:
         if self.on_step is not None:
             try:
@@ -391,17 +390,7 @@ class Engine:
         """Sample one token for ``req`` (or take ``pick``, its batched greedy choice) and apply the stop rules."""
         p = req.sampling
         n_out = len(req.output_ids)
-        if pick is not None:
-            token, logp = pick
-        else:
-            logits = np.array(logits, dtype=np.float32)  # own copy: penalties write in place
-            apply_penalties(logits, p, req.input_ids, req.output_ids)
-            if req.bad_words:
-                ban_bad_words(logits, req.bad_words, req.input_ids.tolist() + req.output_ids)
-            if req.end_id is not None and n_out < p.min_tokens and 0 <= req.end_id < logits.shape[-1]:
-                logits[req.end_id] = -np.inf
-            assert req.rng is not None  # seeded in submit()
-            token, logp = sample_token(logits, p, req.rng)
+        token, logp = pick if pick is not None else sampled_token(req, logits)
         if not req.first_token_time_ns:
             req.first_token_time_ns = now
         req.last_token_time_ns = now

@@ -46,13 +46,17 @@ def check_plan(shard: TransformerShard, plan: StepPlan) -> None:
     _check_ids("decode", dec, vocab)
     if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= max_len):
         raise PlanRejected(f"decode position {int(pos.max())} is outside the context [0, {max_len})")
-    for slot, ids in plan.prefills:
+    if plan.starts and len(plan.starts) != len(plan.prefills):
+        raise PlanRejected(f"{len(plan.starts)} prefill starts for {len(plan.prefills)} prefills")
+    for (slot, ids), start in zip(plan.prefills, plan.starts or [0] * len(plan.prefills), strict=True):
         ids = np.asarray(ids).reshape(-1)
         if not 0 <= slot < slots:
             raise PlanRejected(f"prefill slot {slot} outside 0..{slots - 1}")
-        if not 0 < len(ids) <= max_len:
-            raise PlanRejected(f"prompt of {len(ids)} tokens does not fit the context (1..{max_len})")
+        if not (0 < len(ids) and 0 <= start and start + len(ids) <= max_len):
+            raise PlanRejected(f"prompt of {start} + {len(ids)} tokens does not fit the context (1..{max_len})")
         _check_ids("prompt", ids, vocab)
+    if (plan.loads or plan.saves) and plan.block_tokens < 1:
+        raise PlanRejected(f"block work with blocks of {plan.block_tokens} tokens")
 
 
 def collective_shapes(shard: TransformerShard, plan: StepPlan) -> Sequence[tuple[int, int]]:

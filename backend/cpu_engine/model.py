@@ -24,6 +24,7 @@ from .checkpoint import CheckpointError, ModelConfig
 from .layers import apply_rope, gelu_new, layer_norm, rms_norm, silu, softmax
 from .lockstep import StepFailed, anyone_failed, check_plan, finish_collectives
 from .parallel import Communicator, SingleComm
+from .prefix_cache import BlockStore
 from .weights import Layer as _Layer
 from .weights import WeightLoading
 
@@ -34,13 +35,21 @@ class StepPlan:
 
     ``moves``: (src, dst) slot copies done first (compaction after sequences left).
     ``decode_tokens/decode_positions``: one new token per running sequence, slots ``0..B-1``.
-    ``prefills``: (slot, token ids) for newly admitted sequences (prompt written from position 0).
+    ``prefills``: (slot, token ids) for newly admitted sequences, written from position ``starts[i]`` (0 when
+    ``starts`` is empty): the positions before it were copied from cached blocks (prefix_cache.py), which
+    ``loads`` (slot, block ids) does before the forward; ``saves`` (slot, [(block position, id)]) keeps blocks of
+    this step's prompts after it, ``drops`` evicts; blocks hold ``block_tokens`` tokens.
     """
 
     moves: list[tuple[int, int]] = field(default_factory=list)
     decode_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     decode_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     prefills: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    loads: list[tuple[int, list[int]]] = field(default_factory=list)
+    saves: list[tuple[int, list[tuple[int, int]]]] = field(default_factory=list)
+    drops: list[int] = field(default_factory=list)
+    block_tokens: int = 0
 
 
 class TransformerShard(WeightLoading):
@@ -81,6 +90,8 @@ class TransformerShard(WeightLoading):
         self._reduces_done = 0
         self.capacity = 0
         self.k_cache: list[np.ndarray] = []
+        #: this rank's share of the cached prompt blocks (prefix_cache.py); made by the first plan that uses it
+        self.blocks: BlockStore | None = None
         self.v_cache: list[np.ndarray] = []
         self._ensure_capacity(min(64, self.max_seq_len))
 
@@ -189,11 +200,16 @@ class TransformerShard(WeightLoading):
         return self.forward(tokens, positions, [])
 
     def forward(
-        self, decode_tokens: np.ndarray, decode_positions: np.ndarray, prefills: list[tuple[int, np.ndarray]]
+        self,
+        decode_tokens: np.ndarray,
+        decode_positions: np.ndarray,
+        prefills: list[tuple[int, np.ndarray]],
+        starts: list[int] | None = None,
     ) -> np.ndarray | None:
         """One forward pass over every row of the step: ``B`` decode tokens (slots ``0..B-1``) followed by the
-        concatenated prompts of ``prefills`` (ragged, each from position 0).  Returns logits ``[B + N, V]`` (decode
-        rows, then the last position of each prompt) on the leader, None elsewhere.
+        concatenated prompts of ``prefills`` (ragged, each from its position in ``starts``, default 0: the cache
+        holds the positions before it).  Returns logits ``[B + N, V]`` (decode rows, then the last position of each
+        prompt) on the leader, None elsewhere.
 
         Why one pass: the linear layers (most of the FLOPs) run as one GEMM over all rows of the step instead of
         one small GEMM per prompt, and TP does one all-reduce per layer half instead of one per prompt.  Attention
@@ -204,9 +220,11 @@ class TransformerShard(WeightLoading):
         dec_pos = np.asarray(decode_positions, np.int64).reshape(-1)
         B, N = len(dec_tok), len(prefills)
         lens = np.array([len(ids) for _, ids in prefills], np.int64)
+        begins = np.array(starts or [0] * N, np.int64)
+        ends = begins + lens  # each prompt's keys: its cached positions and its new ones
         pre_slots = np.array([slot for slot, _ in prefills], np.int64)
         parts_tok = [dec_tok] + [np.asarray(ids, np.int64).reshape(-1) for _, ids in prefills]
-        parts_pos = [dec_pos] + [np.arange(n, dtype=np.int64) for n in lens]
+        parts_pos = [dec_pos] + [np.arange(b, e, dtype=np.int64) for b, e in zip(begins, ends, strict=True)]
         tokens = np.concatenate(parts_tok) if N else dec_tok
         positions = np.concatenate(parts_pos) if N else dec_pos
         T = len(tokens)
@@ -214,7 +232,8 @@ class TransformerShard(WeightLoading):
             return None
         max_len = int(dec_pos.max()) + 1 if B else 0
         p_max = int(lens.max()) if N else 0
-        self._ensure_capacity(max(max_len, p_max))
+        k_max = int(ends.max()) if N else 0
+        self._ensure_capacity(max(max_len, k_max))
         # cache coordinates of every row (decode rows live in slots 0..B-1)
         row_slot = np.concatenate([np.arange(B, dtype=np.int64), np.repeat(pre_slots, lens)]) if N else np.arange(B)
         D, Hl, KVl = self.head_dim, self.n_heads, self.n_kv
@@ -223,12 +242,14 @@ class TransformerShard(WeightLoading):
             dec_mask = np.where(np.arange(max_len)[None, :] > dec_pos[:, None], -np.inf, 0.0).astype(np.float32)
             dec_mask = dec_mask[:, None, None, :]  # [B, 1, 1, L]
         if N:
-            starts = B + np.concatenate([[0], np.cumsum(lens)[:-1]])
+            row_starts = B + np.concatenate([[0], np.cumsum(lens)[:-1]])
             ar = np.arange(p_max)
             # padded [N, Pmax] -> row index (padding repeats a prompt's last row; those outputs are dropped)
-            pad_rows = starts[:, None] + np.minimum(ar[None, :], lens[:, None] - 1)
+            pad_rows = row_starts[:, None] + np.minimum(ar[None, :], lens[:, None] - 1)
             valid = (ar[None, :] < lens[:, None]).reshape(-1)
-            causal = np.triu(np.full((p_max, p_max), -np.inf, np.float32), k=1)
+            # query q of prompt i (position begins[i] + q) sees keys 0..begins[i] + q: [N, 1, 1, Pmax, Kmax]
+            seen = np.arange(k_max)[None, None, :] <= (begins[:, None, None] + ar[None, :, None])
+            causal = np.where(seen, 0.0, -np.inf).astype(np.float32)[:, None, None]
             s0 = int(pre_slots[0])
             contiguous = bool(np.array_equal(pre_slots, np.arange(s0, s0 + N)))
         last_rows = np.concatenate([np.arange(B), B + np.cumsum(lens) - 1]) if N else None
@@ -253,9 +274,9 @@ class TransformerShard(WeightLoading):
                 # q [N, Pmax, Hl, D] -> [N, KVl, g, Pmax, D]; k/v from the cache just written: [N, KVl, 1, Pmax, D]
                 qp = q[pad_rows].reshape(N, p_max, KVl, g, D).transpose(0, 2, 3, 1, 4)
                 if contiguous:
-                    kp, vp = kc[s0 : s0 + N, :, :p_max], vc[s0 : s0 + N, :, :p_max]
+                    kp, vp = kc[s0 : s0 + N, :, :k_max], vc[s0 : s0 + N, :, :k_max]
                 else:
-                    kp, vp = kc[pre_slots, :, :p_max], vc[pre_slots, :, :p_max]
+                    kp, vp = kc[pre_slots, :, :k_max], vc[pre_slots, :, :k_max]
                 scores = qp @ kp[:, :, None].transpose(0, 1, 2, 4, 3)  # [N, KVl, g, Pmax, Pmax]
                 scores *= self.scale
                 scores += causal
@@ -278,6 +299,26 @@ class TransformerShard(WeightLoading):
             kc[dst] = kc[src]
             vc[dst] = vc[src]
 
+    def _load_blocks(self, plan: StepPlan) -> None:
+        """Copy the cached blocks each prompt starts with into its slot (prefix_cache.py)."""
+        if not plan.loads:
+            return
+        if self.blocks is None:
+            self.blocks = BlockStore(plan.block_tokens)
+        self._ensure_capacity(max(len(found) * plan.block_tokens for _, found in plan.loads))
+        for slot, found in plan.loads:
+            self.blocks.load(self.k_cache, self.v_cache, slot, found)
+
+    def _keep_blocks(self, plan: StepPlan) -> None:
+        """Keep this step's new prompt blocks, and drop the evicted ones (prefix_cache.py)."""
+        if self.blocks is None and plan.saves:
+            self.blocks = BlockStore(plan.block_tokens)
+        if self.blocks is None:
+            return
+        for slot, kept in plan.saves:
+            self.blocks.save(self.k_cache, self.v_cache, slot, kept)
+        self.blocks.drop(plan.drops)
+
     def run_step(self, plan: StepPlan) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
         """Execute a :class:`StepPlan`; every rank calls this with the same plan (collectives stay in lock-step).
 
@@ -292,7 +333,9 @@ class TransformerShard(WeightLoading):
         try:
             for src, dst in plan.moves:
                 self.move_slot(src, dst)
-            logits = self.forward(plan.decode_tokens, plan.decode_positions, plan.prefills)
+            self._load_blocks(plan)
+            logits = self.forward(plan.decode_tokens, plan.decode_positions, plan.prefills, plan.starts)
+            self._keep_blocks(plan)
         except Exception as e:  # noqa: BLE001 - reported below, after the peers were released
             error = e
             finish_collectives(self, plan, self._reduces_done)

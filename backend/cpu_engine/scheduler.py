@@ -8,8 +8,9 @@ blocks of ``block_size`` tokens so the metrics read like TensorRT-LLM's paged ca
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,6 +18,10 @@ import numpy as np
 
 from ..refusals import CPU_CONTEXT
 from .sampling import SamplingParams
+
+log = logging.getLogger("hpc_serve.cpu_engine")
+#: how many finished request ids the engine remembers, to say in the log what a stop that matched nothing was
+FINISHED_IDS_KEPT = 1024
 
 _ids = itertools.count()
 
@@ -61,6 +66,7 @@ class GenerationRequest:
     cancel_requested: bool = False
     reserved_blocks: int = 0  # currently held (0 once released)
     kv_blocks_allocated: int = 0  # reserved at admission (reported in kv_cache_alloc_* outputs)
+    kv_blocks_reused: int = 0  # of the prompt's blocks, copied from the cache, not computed (prefix_cache.py)
     arrival_time_ns: int = field(default_factory=time.time_ns)
     first_scheduled_time_ns: int = 0
     first_token_time_ns: int = 0
@@ -204,3 +210,30 @@ class Scheduler:
                 self.running[i] = self.running[last]
             self.running.pop()
         return moves
+
+
+class RecentlyFinished:
+    """Ids of requests finished lately, newest last (at most `kept`): tells a stop that came after its request
+    ended from one that matched nothing, in the log."""
+
+    def __init__(self, kept: int = FINISHED_IDS_KEPT) -> None:
+        self.kept = kept
+        self._ids: OrderedDict[str, float] = OrderedDict()
+
+    def add(self, request_id: str) -> None:
+        self._ids[request_id] = time.monotonic()
+        self._ids.move_to_end(request_id)
+        if len(self._ids) > self.kept:
+            self._ids.popitem(last=False)
+
+    def unmatched_stop(self, request_id: str) -> None:
+        """A stop whose id matches no waiting or running request: said in the log, and otherwise ignored, as
+        TensorRT-LLM's backend does (DEVELOPERS.md, "Abandoned streams"). Either it came after its request ended
+        (normal: a client gives up as the answer completes) or before its request reached the engine."""
+        finished = self._ids.get(request_id)
+        if finished is not None:
+            log.info("stop for request id %r: it finished %.3f s ago", request_id, time.monotonic() - finished)
+        else:
+            log.warning(
+                "stop for request id %r matches nothing this engine holds (none by that id seen lately)", request_id
+            )

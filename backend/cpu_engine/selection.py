@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .sampling import apply_penalties, ban_bad_words, sample_token
 from .scheduler import GenerationRequest
 
 
@@ -50,3 +51,17 @@ def hit_stop_word(req: GenerationRequest) -> bool:
         if word and len(out) >= len(word) and out[-len(word) :] == word:
             return True
     return False
+
+
+def sampled_token(req: GenerationRequest, logits: np.ndarray) -> tuple[int, float]:
+    """One request's token, sampled (its penalties, bad words and min_tokens applied to its own copy of the
+    logits): what a row that `greedy_picks` could not decide takes."""
+    p = req.sampling
+    logits = np.array(logits, dtype=np.float32)  # own copy: penalties write in place
+    apply_penalties(logits, p, req.input_ids, req.output_ids)
+    if req.bad_words:
+        ban_bad_words(logits, req.bad_words, req.input_ids.tolist() + req.output_ids)
+    if req.end_id is not None and len(req.output_ids) < p.min_tokens and 0 <= req.end_id < logits.shape[-1]:
+        logits[req.end_id] = -np.inf
+    assert req.rng is not None  # seeded in Engine.submit()
+    return sample_token(logits, p, req.rng)

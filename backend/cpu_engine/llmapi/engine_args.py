@@ -2,7 +2,8 @@
 every worker). Why one function: the leader and its workers must cut the same shard of the same checkpoint.
 
 Arguments the CPU engine acts on: `model` (the Hugging Face checkpoint folder), `tensor_parallel_size` (= the MPI
-world), `pipeline_parallel_size` (1 only), `max_batch_size`, `max_seq_len`, `kv_cache_config.max_tokens`; the
+world), `pipeline_parallel_size` (1 only), `max_batch_size`, `max_seq_len`, `kv_cache_config.max_tokens`,
+`kv_cache_config.enable_block_reuse` and `.tokens_per_block` (TensorRT-LLM's defaults: on, 32: prefix_cache.py); the
 rest (GPU memory fractions, CUDA graphs, chunked prefill, ...) have no CPU meaning and are listed back as ignored.
 """
 
@@ -13,10 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from backend.cpu_engine.prefix_cache import DEFAULT_TOKENS_PER_BLOCK
+
 #: the CPU engine's batch when model.yaml names none: TensorRT-LLM's default (2048) would preallocate a KV slot
 #: per request in numpy
 DEFAULT_MAX_BATCH_SIZE = 8
 USED = ("model", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_seq_len", "kv_cache_config")
+KV_USED = ("max_tokens", "enable_block_reuse", "tokens_per_block")
 #: read by the model (backend/models/llmapi.py), not the engine
 MODEL_SIDE = ("tokenizer", "backend", "gpus_per_node", "trust_remote_code")
 
@@ -40,6 +44,9 @@ class EngineArgs:
     tp_size: int
     kv_cache_tokens: int | None
     ignored: list[str]
+    #: kv_cache_config.enable_block_reuse / tokens_per_block (KvCacheConfig's defaults in TensorRT-LLM's llm_args.py)
+    block_reuse: bool = True
+    tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK
 
 
 def _int(args: Mapping[str, Any], key: str, default: int | None) -> int | None:
@@ -79,11 +86,21 @@ def engine_args(llm_args: Mapping[str, Any], world_size: int) -> EngineArgs:
     if not isinstance(kv, Mapping):
         raise EngineArgsError(f"model.yaml: kv_cache_config must be a mapping, got {kv!r}")
     kv_tokens = _int(kv, "max_tokens", None)
+    reuse = kv.get("enable_block_reuse", True)
+    if not isinstance(reuse, bool):
+        raise EngineArgsError(f"model.yaml: kv_cache_config.enable_block_reuse must be true or false, got {reuse!r}")
     load = WorkerLoad(
         model=checkpoint_folder(llm_args),
         max_batch_size=_int(llm_args, "max_batch_size", DEFAULT_MAX_BATCH_SIZE) or DEFAULT_MAX_BATCH_SIZE,
         max_seq_len=_int(llm_args, "max_seq_len", None),
     )
     ignored = sorted(k for k in llm_args if k not in USED and k not in MODEL_SIDE)
-    ignored += sorted(f"kv_cache_config.{k}" for k in kv if k != "max_tokens")
-    return EngineArgs(load=load, tp_size=tp, kv_cache_tokens=kv_tokens, ignored=ignored)
+    ignored += sorted(f"kv_cache_config.{k}" for k in kv if k not in KV_USED)
+    return EngineArgs(
+        load=load,
+        tp_size=tp,
+        kv_cache_tokens=kv_tokens,
+        ignored=ignored,
+        block_reuse=reuse,
+        tokens_per_block=_int(kv, "tokens_per_block", DEFAULT_TOKENS_PER_BLOCK) or DEFAULT_TOKENS_PER_BLOCK,
+    )

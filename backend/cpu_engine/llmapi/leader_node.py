@@ -50,16 +50,21 @@ def world_comm() -> Communicator:
     return comm
 
 
-def _perf(req: GenerationRequest) -> p.Perf:
-    blocks = req.kv_blocks_allocated
+def _perf(req: GenerationRequest, tokens_per_block: int) -> p.Perf:
+    """TensorRT-LLM's per-request KV figures: the prompt's blocks found in the cache (reused) or not (missed),
+    and the blocks the request took, of which the reused ones were not newly allocated."""
+    reused = req.kv_blocks_reused
+    prompt_blocks = -(-req.prompt_len // tokens_per_block)
     return p.Perf(
         arrival_time_ns=req.arrival_time_ns,
         first_scheduled_time_ns=req.first_scheduled_time_ns,
         first_token_time_ns=req.first_token_time_ns,
         last_token_time_ns=req.last_token_time_ns,
-        kv_cache_alloc_new_blocks=blocks,
-        kv_cache_alloc_total_blocks=blocks,
-        kv_cache_missed_block=blocks,
+        kv_cache_alloc_new_blocks=req.kv_blocks_allocated - reused,
+        kv_cache_alloc_total_blocks=req.kv_blocks_allocated,
+        kv_cache_missed_block=prompt_blocks - reused,
+        kv_cache_reused_block=reused,
+        kv_cache_hit_rate=reused / prompt_blocks if prompt_blocks else 0.0,
     )
 
 
@@ -140,6 +145,8 @@ class LeaderNode:
             shard=shard,
             max_batch_size=args.load.max_batch_size,
             max_tokens_in_kv_cache=args.kv_cache_tokens,
+            block_size=args.tokens_per_block,
+            block_reuse=args.block_reuse,
             min_step_s=self.min_step_s,
         )
         engine.start()
@@ -191,8 +198,10 @@ class LeaderNode:
         except ValueError as e:  # SamplingParams.validate: the model checks first, this is the last line
             req.on_output(GenerationOutput(req, [], [], True, "error", str(e)))
 
-    @staticmethod
-    def _sender(channel: p.Channel, request_id: str):
+    def _sender(self, channel: p.Channel, request_id: str):
+        # the engine's block size for the perf figures (none loaded: the request fails before it has any)
+        tokens_per_block = self.engine.budget.block_size if self.engine is not None else 1
+
         def on_output(out: GenerationOutput) -> None:
             req = out.request
             message = p.Output(
@@ -202,7 +211,7 @@ class LeaderNode:
                 cum_log_prob=float(req.cum_log_prob),
                 finish_reason=out.finish_reason if out.finished else None,
                 error=out.error,
-                perf=_perf(req) if out.finished else None,
+                perf=_perf(req, tokens_per_block) if out.finished else None,
             )
             try:
                 channel.send(message)

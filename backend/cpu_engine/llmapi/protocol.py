@@ -115,8 +115,8 @@ class Stats:
 
 @dataclass(frozen=True)
 class Perf:
-    """A request's perf metrics as TensorRT-LLM reports them (RequestPerfMetrics). The CPU engine reuses no KV
-    blocks between requests, so reused is 0 and every block of the request is missed and newly allocated."""
+    """A request's perf metrics as TensorRT-LLM reports them (RequestPerfMetrics): its timestamps, and its prompt's
+    KV blocks found in the engine's cache (reused, copied instead of computed: prefix_cache.py) or not (missed)."""
 
     arrival_time_ns: int
     first_scheduled_time_ns: int
