@@ -58,7 +58,8 @@ def cli(*args: str) -> str:
     return proc.stdout
 
 
-def write_spec(work: Path, name: str, checkpoint: Path, replicas: int, auth: str) -> Path:
+def write_spec(work: Path, name: str, checkpoint: Path, replicas: int, auth: str, llm_api: dict | None = None) -> Path:
+    """A local deployment of the CPU engine (the llmapi workflow, the default), with `llm_api:` when given."""
     spec = {
         "auth": auth,
         "name": name,
@@ -67,6 +68,7 @@ def write_spec(work: Path, name: str, checkpoint: Path, replicas: int, auth: str
         "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint), "tp_size": 1},
         "triton": {"triton_max_batch_size": 64, "ready_timeout_s": 300},
         "replicas": replicas,
+        **({"llm_api": llm_api} if llm_api else {}),
     }
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))

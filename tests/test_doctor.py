@@ -174,7 +174,7 @@ def test_probe_script_runs_the_container_wrapper(tmp_path):
     s = spec(tmp_path, container={"type": "apptainer", "image": "/img/triton.sif", "python": "python3.12"})
     script = write_probe(s, Facts(partition="gpu"), tmp_path / "probe", "n0nce")
     step = shlex.split(next(line for line in script.read_text().splitlines() if line.startswith("srun ")))
-    assert step[3:7] == ["apptainer", "exec", "--nv", "-B"]
+    assert step[3:8] == ["--mpi=pmix", "apptainer", "exec", "--nv", "-B"], "the ranks' srun --mpi, then the wrapper"
     assert "/tmp/hpc-serve-doctor-n0nce:/tmp/hpc-serve-doctor-n0nce" in step  # node.py's folder, mounted
     assert step[step.index("/img/triton.sif") + 1] == "python3.12"
     # node.py names that python as the report will, and imports the modules the CPU spec's python stubs load

@@ -148,7 +148,14 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
         *spec.slurm.setup,  # the spec's own shell lines, run as written (as the .sub does)
         *(f"export {k}={q(v)}" for k, v in spec.slurm.env.items()),
         " ".join(
-            ["srun --nodes=1 --ntasks=1", *map(q, srun), *map(q, wrapper), q(python), '"$LOCAL/node.py"']
+            [
+                "srun --nodes=1 --ntasks=1",
+                f"--mpi={q(spec.slurm.mpi)}",
+                *map(q, srun),
+                *map(q, wrapper),
+                q(python),
+                '"$LOCAL/node.py"',
+            ]
             + [q(a) for a in node_args]
         ),
         "step=$?",
