@@ -111,3 +111,13 @@ def test_a_failed_step_forgets_every_block(ckpt):
     after = eng.generate(GenerationRequest(input_ids=DOC + [1], max_new_tokens=2))
     assert after.kv_blocks_reused == 0 and after.finish_reason == "length"
     assert eng.shard.blocks is not None and len(eng.shard.blocks) == 9, "the next plan dropped the old ones"
+
+
+def test_prompts_admitted_in_one_step_do_not_copy_what_that_step_computes(ckpt):
+    """Two questions on a new document in one step: neither finds the other's blocks (they exist only after the
+    step's forward), both compute them, and the next question finds them."""
+    eng = Engine(str(ckpt), max_batch_size=4, block_size=BLOCK, block_reuse=True)
+    pair = [eng.submit(GenerationRequest(input_ids=DOC + [i], max_new_tokens=3)) for i in (1, 2)]
+    eng.run_until_idle()
+    assert [r.kv_blocks_reused for r in pair] == [0, 0] and all(r.finish_reason == "length" for r in pair)
+    assert eng.generate(GenerationRequest(input_ids=DOC + [3], max_new_tokens=3)).kv_blocks_reused == 9

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,14 +60,15 @@ class BlockIndex:
         tokens = tuple(int(t) for t in prompt)
         return [tokens[: (i + 1) * bs] for i in range(len(tokens) // bs)]
 
-    def place(self, prompt: Sequence[int] | np.ndarray) -> Reuse:
-        """Which cached blocks `prompt` starts with (marked recently used), and which of its full blocks are new."""
+    def place(self, prompt: Sequence[int] | np.ndarray, unsaved: Collection[int] = ()) -> Reuse:
+        """Which cached blocks `prompt` starts with (marked recently used), and which of its full blocks are new.
+        `unsaved`: blocks not computed yet (kept by a prompt of the same step), which it cannot copy."""
         keys = self._keys(prompt)
         usable = (len(prompt) - 1) // self.tokens_per_block  # the last token is always computed
         reuse = Reuse()
         for key in keys[:usable]:
             block = self._blocks.get(key)
-            if block is None:
+            if block is None or block in unsaved:
                 break
             reuse.found.append(block)
         reuse.start = len(reuse.found) * self.tokens_per_block
@@ -152,7 +153,11 @@ class PrefixReuse:
 
     def step(self, prompts: Sequence[tuple[int, np.ndarray]], free_blocks: int) -> tuple[StepBlocks, list[Reuse]]:
         """The block work of a step admitting `prompts` (slot, token ids), keeping at most `free_blocks` cached."""
-        placed = [self.index.place(ids) for _, ids in prompts]
+        placed: list[Reuse] = []
+        unsaved: set[int] = set()  # a block kept in this step exists only after its forward
+        for _, ids in prompts:
+            placed.append(self.index.place(ids, unsaved))
+            unsaved.update(block for _, block in placed[-1].keep)
         busy = [b for r in placed for b in [*r.found, *(block for _, block in r.keep)]]
         drops = [*self._forgotten, *self.index.evict_to(free_blocks, keep=busy)]
         self._forgotten = []
