@@ -125,7 +125,7 @@ def test_a_replica_joining_or_leaving_moves_only_its_own_prefixes():
 
 
 def test_a_hot_prefix_spills_once_its_replica_is_over_the_bound_and_comes_back():
-    b = Balancer(load_factor=1.25)
+    b = Balancer(load_factor=1.25, load_slack=0)
     b.update(_replicas("a", "b", "c"))
     home = b.pick(prefix_key="hot")
     b.outcomes.clear()
@@ -201,3 +201,52 @@ def test_a_refusal_is_counted_and_does_not_bench():
     a = b.pick()
     b.mark_refused(a)
     assert a.refusals == 1 and a.failures == 0 and b.healthy() == [a]
+
+
+def test_prefixes_are_shared_out_evenly_so_each_cache_holds_its_half():
+    """16 documents over 2 replicas: rendezvous hashing alone splits them as chance does (10/6 as often as not,
+    and the replica with 10 thrashes a cache of 8); the home table gives each replica 8, whatever the names."""
+    for names in (("a", "b"), ("job7/0", "job7/1"), ("x", "y")):
+        b = Balancer()
+        b.update(_replicas(*names))
+        homes = [b.pick(prefix_key=f"Document {d}: " + "w" * 300).key for d in range(16)]
+        assert sorted(homes.count(n) for n in names) == [8, 8], homes
+
+
+def test_a_renewed_deployments_prefixes_move_to_the_new_replicas_evenly():
+    """The old job drains: each prefix, next asked for, gets a home among the new job's replicas, evenly."""
+    b = Balancer()
+    b.update(_replicas("old/0", "old/1"))
+    keys = [f"p{i}" for i in range(20)]
+    for k in keys:
+        b.pick(prefix_key=k)
+    b.update([*(Replica(k, f"http://{k}", k, draining=True) for k in ("old/0", "old/1")), *_replicas("new/0", "new/1")])
+    moved = [b.pick(prefix_key=k).key for k in keys]
+    assert sorted(moved.count(n) for n in ("new/0", "new/1")) == [10, 10]
+    assert [b.pick(prefix_key=k).key for k in keys] == moved, "and they stay"
+
+
+def test_the_home_table_keeps_the_prefixes_used_last():
+    from hpc.serving.prefix_homes import PrefixHomes
+
+    homes = PrefixHomes(slack=1.25, size=4)
+    replicas = _replicas("a", "b")
+    first = {k: homes.home(k, replicas).key for k in ("k1", "k2", "k3", "k4")}
+    homes.home("k1", replicas)  # k1 used again: k2 is the oldest now
+    homes.home("k5", replicas)
+    assert len(homes) == 4 and sum(homes.count.values()) == 4
+    assert homes.home("k1", replicas).key == first["k1"], "kept"
+
+
+def test_a_prefixs_home_takes_a_few_requests_above_the_mean_before_one_goes_elsewhere():
+    """The slack: with few requests in flight, 1.25 x the mean is one request; a home may hold `load_slack` more
+    than the mean (a batch takes them at little cost; elsewhere the prompt is prefilled again)."""
+    b = Balancer(load_factor=1.25, load_slack=4)
+    b.update(_replicas("a", "b"))
+    home = b.pick(prefix_key="doc")
+    for _ in range(6):
+        _hold(b, b.pick(prefix_key="doc"))
+    assert home.outstanding == 6 and b.outcomes["spilled"] == 0, "6 <= 3 + 4"
+    for _ in range(4):
+        _hold(b, b.pick(prefix_key="doc"))
+    assert b.outcomes["spilled"] > 0 and home.outstanding - (10 - home.outstanding) <= 2 * 4 + 1
