@@ -119,7 +119,7 @@ def test_summary_throughput_ttft_itl_errors_and_goodput():
 def _stream(delay_s: float, pieces: int, fail_every: int = 0):
     calls = {"n": 0, "in_flight": 0, "peak": 0}
 
-    async def send(request: BenchRequest) -> AsyncIterator[str]:
+    async def send(request: BenchRequest, timing: dict) -> AsyncIterator[str]:
         calls["n"] += 1
         calls["in_flight"] += 1
         calls["peak"] = max(calls["peak"], calls["in_flight"])
@@ -274,3 +274,37 @@ def test_metrics_of_an_llmapi_replica_are_what_it_has_and_no_invented_figures():
     assert (r.requests_per_s, r.failures_per_s) == (10.0, 1.0)
     assert (r.tokens_per_s, r.active, r.waiting, r.kv_used, r.kv_max) == (None,) * 5
     assert "gateway" in r.token_source
+
+
+def test_latency_split_from_the_engines_timestamps():
+    """Each part a difference on one clock: outside = the client's latency less the engine's span; queue, prefill
+    and decode from the engine's own timestamps. Requests without them are left out of the split (not zeros)."""
+    from hpc.bench.report import summary_table
+
+    base = 1_800_000_000 * 10**9  # epoch ns: the engine's clock, unrelated to the client's
+    stamps = {
+        "arrival_time_ns": base,
+        "first_scheduled_time_ns": base + 20_000_000,  # 20 ms queued
+        "first_token_time_ns": base + 50_000_000,  # 30 ms prefill
+        "last_token_time_ns": base + 450_000_000,  # 400 ms decode
+    }
+    timed = _record(0, 0.0, 0.1, 0.5, 10)  # 500 ms on the client's clock: 50 ms outside the engine
+    timed.engine = dict(stamps)
+    untimed = _record(1, 0.0, 0.1, 0.9, 10)
+    s = summarize([timed, untimed])
+    split = s["latency_split_ms"]
+    assert split["requests"] == 1
+    assert {part: round(split[part]["p50"], 3) for part in ("outside", "queue", "prefill", "decode")} == {
+        "outside": 50.0,
+        "queue": 20.0,
+        "prefill": 30.0,
+        "decode": 400.0,
+    }
+    assert timed.to_row()["decode"] == pytest.approx(0.4) and untimed.to_row()["decode"] is None
+    assert "latency_split_ms" not in summarize([untimed]), "no timestamps, no split"
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(summary_table([("run", s)], "t"))
+    text = console.export_text()
+    assert "queueing p50 / p90 ms" in text and "400.0 / 400.0" in text

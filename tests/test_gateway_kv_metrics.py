@@ -15,6 +15,11 @@ import pytest
 from tests.test_gateway import FakeEngine, app_on
 
 
+#: the engine's timestamps in the perf metrics (as the model sends them: numbers read from strings)
+STAMPS = {"arrival_time_ns": 1e18, "first_scheduled_time_ns": 1e18 + 1e6, "first_token_time_ns": 1e18 + 2e6,
+          "last_token_time_ns": 1e18 + 9e6}  # fmt: skip
+
+
 class Reporting(FakeEngine):
     """Answers "ok" with the perf metrics of a prompt whose first 2 blocks were cached and 1 was not."""
 
@@ -22,7 +27,9 @@ class Reporting(FakeEngine):
         from hpc.serving.model_io import Chunk
 
         yield Chunk("o", None)
-        yield Chunk("k", None, finish_reason="stop", perf={"kv_cache_reused_block": 2.0, "kv_cache_missed_block": 1.0})
+        yield Chunk(
+            "k", None, finish_reason="stop", perf={"kv_cache_reused_block": 2.0, "kv_cache_missed_block": 1.0, **STAMPS}
+        )
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +39,11 @@ def tokenizer(tiny_gpt2):
     return load_tokenizer(tiny_gpt2)
 
 
-def _post(app, body: dict) -> httpx.Response:
+def _post(app, body: dict, headers: dict | None = None) -> httpx.Response:
     async def go() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
-            response = await http.post("/v1/completions", json={"model": "m", "max_tokens": 2, **body})
+            json_body = {"model": "m", "max_tokens": 2, **body}
+            response = await http.post("/v1/completions", json=json_body, headers=headers or {})
             metrics = await http.get("/metrics")
             return response, metrics
 
@@ -67,3 +75,21 @@ def test_a_model_without_perf_metrics_counts_no_blocks(tiny_gpt2, tokenizer):
     answer, metrics = _post(app, {"prompt": "x"})
     assert answer.status_code == 200
     assert _counted(metrics.text, "hpc_serve_gateway_replica_kv_reused_blocks") == 0.0
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast_path", "fastapi"])
+def test_the_engines_timestamps_go_only_to_a_client_that_asks(tiny_gpt2, tokenizer, fast_path):
+    """hpc/serving/engine_timing.py: with the header, the last event (or the JSON answer) carries them as
+    integers; without it, the answer is OpenAI's shape only."""
+    from hpc.serving.engine_timing import TIMING_FIELD, TIMING_HEADER
+
+    app = app_on(Reporting(), tiny_gpt2, tokenizer, fast_path, "a")
+    expected = {name: int(value) for name, value in STAMPS.items()}
+    whole, _ = _post(app, {"prompt": "x"}, {TIMING_HEADER: "1"})
+    assert whole.json()[TIMING_FIELD] == expected
+    streamed, _ = _post(app, {"prompt": "x", "stream": True}, {TIMING_HEADER: "1"})
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert [e.get(TIMING_FIELD) for e in events] == [None] * (len(events) - 1) + [expected]
+    assert events[-1]["choices"][0]["finish_reason"] == "stop", "on the finish event"
+    plain, _ = _post(app, {"prompt": "x", "stream": True})
+    assert TIMING_FIELD not in plain.text and TIMING_FIELD not in _post(app, {"prompt": "x"})[0].text

@@ -229,3 +229,41 @@ def test_hpc_serve_generate_and_the_python_client_through_the_gateway_and_direct
         assert client.generate(PROMPT, 8).strip() == direct
         assert "".join(client.stream(PROMPT, 8)).strip() == direct
         assert [t.strip() for t in client.generate_batch([PROMPT, PROMPT], 8)] == [direct, direct]
+
+
+def test_bench_splits_each_requests_latency_with_the_engines_timestamps(served, tmp_path, tiny_gpt2):
+    """`hpc-serve bench` through the gateway asks for the engine's timestamps (engine_timing.py) and splits every
+    request's latency: outside the engine + queueing + prefill + decode = the latency it measured, and decode
+    holds the steps the engine made (7 after the first token, at the paced 20 ms a step). Direct to the
+    replica, hpc.client fills the same timestamps from the model's last response."""
+    import asyncio
+    import csv
+
+    from hpc.client import AsyncClient
+    from hpc.serving.engine_timing import TIMESTAMPS
+
+    out = tmp_path / "bench"
+    proc = cli(
+        "bench", served["url"], "--token", served["token"], "--output-dir", str(out), "--num-requests", "12",
+        "--concurrency", "4", "--input-tokens", "24", "--output-tokens", "8", "--tokenizer", str(tiny_gpt2),
+    )  # fmt: skip
+    assert "outside the engine p50 / p90 ms" in proc.stdout and "decode p50 / p90 ms" in proc.stdout, proc.stdout
+    (run,) = json.loads((out / "summary.json").read_text())["runs"]
+    assert run["latency_split_ms"]["requests"] == run["completed"] == 12
+    rows = list(csv.DictReader((out / "requests.csv").open()))
+    for row in rows:
+        parts = [float(row[p]) for p in ("outside", "queue", "prefill", "decode")]
+        assert sum(parts) == pytest.approx(float(row["latency"]), abs=1e-6), row
+        if int(row["output_tokens"]) == 8:
+            assert float(row["decode"]) >= 7 * GPU_PACE_MS / 1000 * 0.9, row
+    assert (out / "latency_split.png").read_bytes()[:4] == b"\x89PNG"
+
+    async def direct() -> dict:
+        timing: dict = {}
+        async with AsyncClient(served["job"], gateway=False) as client:
+            async for _ in client.stream(PROMPT, 4, timing):
+                pass
+        return timing
+
+    stamps = asyncio.run(direct())
+    assert list(stamps) == list(TIMESTAMPS) and list(stamps.values()) == sorted(stamps.values()), stamps

@@ -29,8 +29,9 @@ from hpc.bench.workloads import BenchRequest, Tokenizer
 from hpc.client.transport import Sampling, gateway_stream, generate_params
 from hpc.compat import TIMEOUT_ERRORS
 
-#: sends one request and yields its text piece by piece
-Sender = Callable[[BenchRequest], AsyncIterator[str]]
+#: sends one request and yields its text piece by piece; fills the dict with the engine's timestamps where it has
+#: them (hpc/serving/engine_timing.py)
+Sender = Callable[[BenchRequest, dict[str, int]], AsyncIterator[str]]
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ async def _one(send: Sender, request: BenchRequest, record: RequestRecord, start
     last = 0.0
     parts: list[str] = []
     try:
-        async with aclosing(send(request)) as pieces:  # type: ignore[type-var]
+        async with aclosing(send(request, record.engine)) as pieces:  # type: ignore[type-var]
             async for piece in pieces:
                 now = clock() - start
                 if record.first is None:
@@ -133,8 +134,8 @@ async def run_load(
 def client_sender(client: Any, sampling: Sampling) -> Sender:
     """Requests through an hpc.client.AsyncClient (a deployment or a job: its gateway, else its replicas)."""
 
-    def send(request: BenchRequest) -> AsyncIterator[str]:
-        return client.stream(request.prompt, request.max_tokens, **sampling)
+    def send(request: BenchRequest, timing: dict[str, int]) -> AsyncIterator[str]:
+        return client.stream(request.prompt, request.max_tokens, timing, **sampling)
 
     return send
 
@@ -142,8 +143,8 @@ def client_sender(client: Any, sampling: Sampling) -> Sender:
 def gateway_sender(http: httpx.AsyncClient, url: str, model: str, token: str | None, sampling: Sampling) -> Sender:
     """Requests to a gateway URL's `/v1/completions`, streamed (the client's own gateway transport)."""
 
-    def send(request: BenchRequest) -> AsyncIterator[str]:
+    def send(request: BenchRequest, timing: dict[str, int]) -> AsyncIterator[str]:
         params = generate_params(request.prompt, request.max_tokens, sampling)
-        return gateway_stream(http, url.rstrip("/"), model, params, token, stream=True)
+        return gateway_stream(http, url.rstrip("/"), model, params, token, stream=True, timing=timing)
 
     return send

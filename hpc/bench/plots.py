@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.bench.stats import RequestRecord
+from hpc.serving.engine_timing import PARTS
 
 
 def _pyplot():
@@ -50,6 +51,30 @@ def distributions(records: list[RequestRecord], path: Path, title: str) -> Path:
     _histogram(right, [r.ttft * 1000 for r in records if r.ok and r.ttft is not None], "time to first token")
     right.set_title("time to first token")
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def latency_split(records: list[RequestRecord], path: Path, title: str) -> Path | None:
+    """Where each request's time went (hpc/serving/engine_timing.py): one stacked bar per request, in sending
+    order, outside the engine / queueing / prefill / decode. None (nothing written) without the engine's
+    timestamps (the engine workflow's model reports none)."""
+    rows = [(r.index, parts) for r in records if (parts := r.parts) is not None]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    bottom = [0.0] * len(rows)
+    for part, color in zip(PARTS, ("#a0a0a0", "#f0b040", "#c03030", "#30609a"), strict=True):
+        heights = [parts[part] * 1000 for _, parts in rows]
+        ax.bar(range(len(rows)), heights, bottom=bottom, width=1.0, color=color, label=part)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set_xlabel("request (sending order)")
+    ax.set_ylabel("ms")
+    ax.set_title(f"{title}: latency split (outside the engine, queueing, prefill, decode)")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

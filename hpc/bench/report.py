@@ -16,10 +16,20 @@ from typing import Any
 from rich.table import Table
 
 from hpc.bench.stats import PERCENTILES, RequestRecord
+from hpc.serving.engine_timing import PARTS
 
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
+
+
+#: the latency split's rows (hpc/serving/engine_timing.py PARTS)
+PART_NAMES = ("  outside the engine", "  queueing", "  prefill", "  decode")
+
+
+def _split(summary: dict[str, Any], part: str) -> str:
+    found = summary.get("latency_split_ms")
+    return "-" if not found else f"{_ms(found[part]['p50'])} / {_ms(found[part]['p90'])}"
 
 
 def summary_table(points: list[tuple[str, dict[str, Any]]], title: str) -> Table:
@@ -40,6 +50,9 @@ def summary_table(points: list[tuple[str, dict[str, Any]]], title: str) -> Table
     for key, name in (("latency_ms", "latency"), ("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT")):
         for stat in ("mean", *(f"p{p}" for p in PERCENTILES)):
             row(f"{name} {stat} ms", [_ms(s[key][stat]) for s in summaries])
+    if any("latency_split_ms" in s for s in summaries):
+        for part, name in zip(PARTS, PART_NAMES, strict=True):
+            row(f"{name} p50 / p90 ms", [_split(s, part) for s in summaries])
     if any("goodput" in s for s in summaries):
         row(
             "goodput req/s (share)",

@@ -128,7 +128,7 @@ async def run_bench(
             send = client_sender(client, sampling)
         try:
             for request in requests[: settings.warmup]:  # connections, discovery: not in the numbers
-                async for _ in send(request):
+                async for _ in send(request, {}):
                     pass
             results = []
             for label, rate, concurrency in settings.points():
@@ -159,6 +159,10 @@ def bench(settings: BenchSettings, output_dir: Path | None, progress: ProgressHo
             title = f"{settings.target}: {label}"
             written.append(plots.distributions(records, output_dir / f"distributions{suffix}.png", title))
             written.append(plots.timeline(records, output_dir / f"timeline{suffix}.png", title))
+            if (
+                split_plot := plots.latency_split(records, output_dir / f"latency_split{suffix}.png", title)
+            ) is not None:
+                written.append(split_plot)
         if len(points) > 1:
             curve = [(label, summary) for label, summary, _ in points]
             written.append(plots.sweep_curve(curve, output_dir / "sweep.png", f"{settings.target}: sweep"))

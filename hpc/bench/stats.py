@@ -10,7 +10,9 @@ client's, not the deployment's; the scheduled time is kept for the timeline. Thr
 answer. Goodput: requests per second that finished without error within `--slo-ttft` and `--slo-itl` (ms; a
 request meets the ITL SLO when its mean gap, TPOT, is within it: DistServe's and vLLM's definition; an answer
 with no text, which a model that emits its end token first gives, meets the TTFT SLO when its latency does).
-Percentiles are numpy's linear interpolation between closest ranks (numpy.percentile's default).
+Percentiles are numpy's linear interpolation between closest ranks (numpy.percentile's default). Where the
+engine reports its timestamps (the llmapi workflow), each request's latency is split into the time outside the
+engine, queueing, prefill and decode (hpc/serving/engine_timing.py), each part's distribution in ms.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from hpc.serving.engine_timing import PARTS, TIMESTAMPS, split
 
 PERCENTILES = (50, 90, 99)
 
@@ -37,6 +41,8 @@ class RequestRecord:
     output_tokens: int = 0
     gaps: list[float] = field(default_factory=list)  # seconds between consecutive pieces
     error: str | None = None  # the kind (ClientError subclass, timeout, …); None: it succeeded
+    #: the engine's timestamps of the request (engine_timing.TIMESTAMPS), empty where it reports none
+    engine: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -56,12 +62,22 @@ class RequestRecord:
             return None
         return (self.end - self.first) / (self.output_tokens - 1)
 
+    @property
+    def parts(self) -> dict[str, float] | None:
+        """Its latency split (engine_timing.PARTS, seconds), None without the engine's timestamps."""
+        if not self.ok or self.latency is None or len(self.engine) != len(TIMESTAMPS):
+            return None
+        return split(self.latency, self.engine)
+
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
         row.pop("gaps")
+        row.pop("engine")
         row.update(
             latency=self.latency, ttft=self.ttft, tpot=self.tpot, pieces=len(self.gaps) + (self.first is not None)
         )
+        parts = self.parts or {}
+        row.update({part: parts.get(part) for part in PARTS})
         return row
 
 
@@ -112,6 +128,12 @@ def summarize(
         "tpot_ms": distribution([t for r in done if (t := r.tpot) is not None]),
         "errors": errors,
     }
+    split_up = [parts for r in done if (parts := r.parts) is not None]
+    if split_up:
+        summary["latency_split_ms"] = {
+            "requests": len(split_up),
+            **{part: distribution([parts[part] for parts in split_up]) for part in PARTS},
+        }
     if slo_ttft_ms is not None or slo_itl_ms is not None:
         good = sum(meets_slo(r, slo_ttft_ms, slo_itl_ms) for r in records)
         summary["goodput"] = {

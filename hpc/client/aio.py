@@ -28,6 +28,7 @@ from hpc.scheduler.index import JobRef
 from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
 from hpc.serving.deployment import Target, as_replica
 from hpc.serving.discovery import Discovery
+from hpc.serving.engine_timing import timestamps
 from hpc.serving.gateway_record import live_gateway
 from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.retry import stream_with_retry, taken_whole
@@ -157,9 +158,12 @@ class AsyncClient:
 
     # -- generation --------------------------------------------------------------------------------------------
 
-    async def _from_replicas(self, params: GenerateParams, whole: bool = False) -> AsyncGenerator[str, None]:
+    async def _from_replicas(
+        self, params: GenerateParams, whole: bool = False, timing: dict[str, int] | None = None
+    ) -> AsyncGenerator[str, None]:
         """Text pieces from the replicas, balanced and retried by the gateway's rule. `whole` (an answer not
-        streamed): each replica's answer is taken whole first, so one lost half-way is retried on another."""
+        streamed): each replica's answer is taken whole first, so one lost half-way is retried on another.
+        `timing`: filled with the engine's timestamps when its last response has them (engine_timing.py)."""
         if not self._balancer.takers():
             await self._route(force=True)  # a job may have become ready since the last look
         if not self._balancer.takers():
@@ -184,6 +188,8 @@ class AsyncClient:
             )
             async with aclosing(chunks_of) as chunks:
                 async for chunk in chunks:
+                    if timing is not None and (stamps := timestamps(chunk.perf)):
+                        timing.update(stamps)
                     if text := stops.feed(chunk.text):
                         started = True
                         yield text
@@ -215,7 +221,9 @@ class AsyncClient:
         where = f"no gateway answers and no replica of {self.target.name} in {self.target.workdir} is ready"
         return f"{where}; {self._hint()}"
 
-    async def _pieces(self, params: GenerateParams, stream: bool) -> AsyncGenerator[str, None]:
+    async def _pieces(
+        self, params: GenerateParams, stream: bool, timing: dict[str, int] | None = None
+    ) -> AsyncGenerator[str, None]:
         gateway = await self._route()
         if gateway is not None:
             http, _ = self._connections()
@@ -223,7 +231,7 @@ class AsyncClient:
             try:
                 async with aclosing(
                     gateway_stream(
-                        http, gateway.url, self.target.name, params, self._token or self._gateway_token, stream
+                        http, gateway.url, self.target.name, params, self._token or self._gateway_token, stream, timing
                     )
                 ) as pieces:
                     async for piece in pieces:
@@ -237,14 +245,16 @@ class AsyncClient:
                 await self._route(force=True)
         elif self._use_gateway:
             raise NotReady(f"no gateway of {self.target.name if self.target else '?'} answers; `hpc-serve status`")
-        async with aclosing(self._from_replicas(params, whole=not stream)) as pieces:
+        async with aclosing(self._from_replicas(params, whole=not stream, timing=timing)) as pieces:
             async for piece in pieces:
                 yield piece
 
-    async def _timed(self, params: GenerateParams, stream: bool) -> AsyncGenerator[str, None]:
+    async def _timed(
+        self, params: GenerateParams, stream: bool, timing: dict[str, int] | None = None
+    ) -> AsyncGenerator[str, None]:
         """`_pieces`, each within `timeout_s` of the one before (a replica that hangs must not hang the caller:
         the gRPC stream has no deadline of its own)."""
-        async with aclosing(self._pieces(params, stream)) as pieces:
+        async with aclosing(self._pieces(params, stream, timing)) as pieces:
             while True:
                 try:
                     async with timeout(self.timeout_s):
@@ -256,10 +266,16 @@ class AsyncClient:
                 yield piece
 
     async def stream(
-        self, prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS, **sampling: Unpack[Sampling]
+        self,
+        prompt: str,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        timing: dict[str, int] | None = None,
+        **sampling: Unpack[Sampling],
     ) -> AsyncGenerator[str, None]:
-        """Text pieces as they are generated."""
-        async with aclosing(self._timed(generate_params(prompt, max_tokens, sampling), stream=True)) as pieces:
+        """Text pieces as they are generated. `timing`, when given, is filled with the engine's timestamps of the
+        request once its last piece came, where the engine reports them (the llmapi workflow; engine_timing.py)."""
+        params = generate_params(prompt, max_tokens, sampling)
+        async with aclosing(self._timed(params, stream=True, timing=timing)) as pieces:
             async for piece in pieces:
                 yield piece
 

@@ -16,6 +16,7 @@ from typing import Any, TypedDict
 import httpx
 
 from hpc.client.errors import AuthError, Busy, NotReady, RequestError, ServerError
+from hpc.serving.engine_timing import TIMING_FIELD, TIMING_HEADER
 from hpc.serving.model_io import GenerateParams
 
 
@@ -84,21 +85,32 @@ def _refusal(response: httpx.Response) -> Exception:
 
 
 async def gateway_stream(
-    http: httpx.AsyncClient, url: str, model: str, params: GenerateParams, token: str | None, stream: bool
+    http: httpx.AsyncClient,
+    url: str,
+    model: str,
+    params: GenerateParams,
+    token: str | None,
+    stream: bool,
+    timing: dict[str, int] | None = None,
 ) -> AsyncGenerator[str, None]:
     """Text from the gateway's `/v1/completions`: piece by piece over SSE (`stream`), or the whole text as one
-    piece. GatewayUnavailable while nothing came back yet; this package's errors for the gateway's answers."""
+    piece. GatewayUnavailable while nothing came back yet; this package's errors for the gateway's answers.
+    `timing`: asks the gateway for the engine's timestamps (engine_timing.py) and is filled with them."""
     body = _openai_body(model, params, stream)
+    headers = auth_headers(token) | ({TIMING_HEADER: "1"} if timing is not None else {})
     started = False
     try:
-        async with http.stream("POST", f"{url}/v1/completions", json=body, headers=auth_headers(token)) as response:
+        async with http.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
             if response.status_code != 200:
                 await response.aread()
                 raise _refusal(response)
             if not stream:
                 await response.aread()
                 started = True  # nothing is yielded before the whole answer was read
-                yield response.json()["choices"][0]["text"]
+                answer = response.json()
+                if timing is not None:
+                    timing.update(answer.get(TIMING_FIELD) or {})
+                yield answer["choices"][0]["text"]
                 return
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
@@ -107,6 +119,8 @@ async def gateway_stream(
                 if data == "[DONE]":
                     return
                 event = json.loads(data)
+                if timing is not None and TIMING_FIELD in event:
+                    timing.update(event[TIMING_FIELD] or {})
                 if "error" in event:
                     raise ServerError(f"gateway: {event['error'].get('message')}")
                 text = event["choices"][0].get("text") if event.get("choices") else None

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpc.gateway.errors import error_kind
 from hpc.gateway.metrics import Metrics
+from hpc.serving.engine_timing import TIMING_HEADER
 
 log = logging.getLogger("hpc_serve.gateway.access")
 
@@ -55,6 +56,8 @@ class RequestRecord:
     #: llmapi model's perf metrics; None from a model that reports none)
     kv_reused_blocks: int | None = None
     kv_missed_blocks: int | None = None
+    #: the client asked for the engine's timestamps (hpc/serving/engine_timing.py TIMING_HEADER)
+    timing_asked: bool = False
 
     def kv_blocks(self, perf: Mapping[str, float] | None) -> None:
         """Add a generation's KV-cache blocks (its perf metrics; several choices add up)."""
@@ -90,6 +93,9 @@ class RequestRecord:
         return json.dumps(out)
 
 
+_TIMING_HEADER = TIMING_HEADER.encode()
+
+
 def record_of(request: Any) -> RequestRecord:
     """The request's record (a detached one where no middleware made it, e.g. a route called directly)."""
     record = getattr(request.state, "record", None)
@@ -109,6 +115,7 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         record = RequestRecord(scope["method"], scope["path"])
+        record.timing_asked = any(key == _TIMING_HEADER for key, _ in scope["headers"])
         scope.setdefault("state", {})["record"] = record
         closed = False
 

@@ -32,6 +32,7 @@ from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import EventStream
 from hpc.serving import idle
+from hpc.serving.engine_timing import TIMING_FIELD, timestamps
 from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.text import StopStream, cut_at_stop
 from hpc.serving.triton import ModelError, ReplicaUnavailable, TokenRefused
@@ -221,8 +222,15 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
         "model": gw.model_name,
         "choices": [choice],
         "usage": usage,
+        **_timing(record, tally),
     }
     return JSONResponse(out, headers=headers)
+
+
+def _timing(record: RequestRecord, tally: Tally) -> dict[str, Any]:
+    """The engine's timestamps as the answer's extra field, for a client that asked (engine_timing.py)."""
+    stamps = timestamps(tally.perf) if record.timing_asked else None
+    return {TIMING_FIELD: stamps} if stamps else {}
 
 
 def _logprobs(chat: bool, tokens: list) -> dict[str, Any]:
@@ -294,7 +302,7 @@ async def _sse(
     if rest := stops.flush():
         pending += piece(rest)
     finish = finish_of(stops.stopped, usage, params, gw.context_length, tally.finish)
-    pending += events.event([delta(None, finish, final=True)])
+    pending += events.event([delta(None, finish, final=True)], **_timing(record, tally))
     if body.stream_options and body.stream_options.include_usage:
         pending += events.event([], usage=usage)
     yield pending + DONE
