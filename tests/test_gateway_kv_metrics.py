@@ -1,7 +1,7 @@
 """The KV-cache reuse each replica's engine reports per request (the llmapi model's perf metrics), counted by the
 gateway per replica (`/metrics`: hpc_serve_gateway_replica_kv_reused_blocks / _kv_missed_blocks) and written in
 the access log: what prefix affinity is judged by. In process, on replicas whose engine reports blocks; against a
-real replica (the CPU engine reuses nothing and says so): tests/test_gateway_llmapi_cluster.py."""
+real replica (the CPU engine reports the blocks it really copied): tests/test_gateway_llmapi_cluster.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from tests.test_gateway import FakeEngine, app_on
-
 
 #: the engine's timestamps in the perf metrics (as the model sends them: numbers read from strings)
 STAMPS = {"arrival_time_ns": 1e18, "first_scheduled_time_ns": 1e18 + 1e6, "first_token_time_ns": 1e18 + 2e6,

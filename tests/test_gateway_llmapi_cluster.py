@@ -267,3 +267,16 @@ def test_bench_splits_each_requests_latency_with_the_engines_timestamps(served, 
 
     stamps = asyncio.run(direct())
     assert list(stamps) == list(TIMESTAMPS) and list(stamps.values()) == sorted(stamps.values()), stamps
+
+
+def test_metrics_shows_the_gateways_in_flight_and_reuse_counters_beside_the_replicas_own(served):
+    """The llmapi model publishes no in-flight or KV figures; `hpc-serve metrics` reads them from the deployment's
+    gateway (its per-replica families), in each replica's row, and `--watch` rates them."""
+    served["client"].completions.create(model=NAME, prompt="counted " * 40, max_tokens=2)
+    shown = json.loads(cli("metrics", served["job"], "--json").stdout)
+    gateway = {s["name"]: s["value"] for s in shown if s["name"].startswith("hpc_serve_gateway_replica_")}
+    assert gateway["hpc_serve_gateway_replica_outstanding"] == 0, gateway
+    assert gateway["hpc_serve_gateway_replica_kv_missed_blocks_total"] > 0, gateway
+    assert {s["replica"] for s in shown} == {f"{served['job']}/0"}
+    watched = cli("metrics", served["job"], "--watch", "0.5", "--count", "1").stdout
+    assert "in flight (gateway)" in watched and "KV reuse (gateway)" in watched, watched

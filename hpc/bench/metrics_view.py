@@ -43,6 +43,10 @@ def _kv(r: Rates) -> str:
     return f"{r.kv_used:,.0f} / {r.kv_max:,.0f} ({r.kv_used / r.kv_max:.0%})"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def rates_table(before: Snapshot, now: Snapshot) -> Table:
     seconds = now.at - before.at
     rows: list[tuple[str, Rates]] = []
@@ -59,6 +63,8 @@ def rates_table(before: Snapshot, now: Snapshot) -> Table:
         "active",
         "waiting",
         "KV-cache blocks used",
+        "in flight (gateway)",
+        "KV reuse (gateway)",
         title=f"hpc-serve metrics --watch: rates over the last {seconds:.1f} s ({time.strftime('%H:%M:%S')})",
         caption=f"tokens: {total.token_source}",
     )
@@ -72,6 +78,8 @@ def rates_table(before: Snapshot, now: Snapshot) -> Table:
             _num(r.active, "{:,.0f}"),
             _num(r.waiting, "{:,.0f}"),
             _kv(r),
+            _num(r.in_flight, "{:,.0f}"),
+            _share(r.kv_reuse),
             style="bold" if name == "total" else None,
         )
     for replica, why in sorted(now.errors.items()):
@@ -79,15 +87,21 @@ def rates_table(before: Snapshot, now: Snapshot) -> Table:
     return table
 
 
-def watch(endpoints: Sequence[EndpointRecord], every_s: float, console: Console, count: int | None = None) -> None:
+def watch(
+    endpoints: Sequence[EndpointRecord],
+    every_s: float,
+    console: Console,
+    count: int | None = None,
+    gateway_url: str | None = None,
+) -> None:
     """Redraw the rates table every `every_s` seconds until Ctrl-C (or `count` refreshes)."""
-    before = take(endpoints)
+    before = take(endpoints, gateway_url=gateway_url)
     done = 0
     with Live(
         Table(title=f"hpc-serve metrics: first rates in {every_s:g} s"), console=console, auto_refresh=False
     ) as live:
         while count is None or done < count:
             time.sleep(max(0.0, before.at + every_s - time.monotonic()))
-            now = take(endpoints)
+            now = take(endpoints, gateway_url=gateway_url)
             live.update(rates_table(before, now), refresh=True)
             before, done = now, done + 1

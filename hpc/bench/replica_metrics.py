@@ -9,6 +9,11 @@ histogram (Triton ≥ 24.08 with the TRT-LLM backend) counts output tokens; wher
 older Triton), the postprocessing model's inference count is used: it runs once per streamed response, i.e.
 per token of a stream (and once per whole answer otherwise), and the table says which it used.
 
+With a gateway in front of the deployment (its live gateway record), the gateway's own per-replica families
+(hpc/gateway/metrics.py `hpc_serve_gateway_replica_*`: requests in flight, KV-cache blocks its requests found
+cached and not) join each replica's row: on the llmapi workflow they are the in-flight and reuse figures the
+model itself does not publish.
+
 Why summed over replicas: sizing asks what the deployment does, and a gauge such as used KV-cache blocks or
 waiting requests adds up across replicas. Gauges whose sum means nothing (tokens per block, a timestamp, a
 micro-batch id) are shown per replica only.
@@ -67,8 +72,36 @@ def summable(key: str) -> bool:
     return not any(f"={label}" in key for label in NOT_SUMMED)
 
 
-def take(endpoints: Sequence[EndpointRecord], timeout_s: float = 5.0, everything: bool = False) -> Snapshot:
-    """Scrape every replica at once (threads: each page is one blocking HTTP GET)."""
+#: the gateway's per-replica families (hpc/gateway/metrics.py), label `replica` = the replica's key
+GATEWAY_PREFIX = "hpc_serve_gateway_replica_"
+GATEWAY_IN_FLIGHT = f"{GATEWAY_PREFIX}outstanding"
+GATEWAY_KV = (f"{GATEWAY_PREFIX}kv_reused_blocks", f"{GATEWAY_PREFIX}kv_missed_blocks")
+
+
+def add_gateway(snapshot: Snapshot, gateway_url: str, timeout_s: float = 5.0) -> None:
+    """The gateway's per-replica values, into the rows of the replicas scraped (a gateway that does not answer
+    is noted in `errors` as "gateway")."""
+    try:
+        found = parse(scrape(f"{gateway_url.rstrip('/')}/metrics", timeout_s), prefixes=(GATEWAY_PREFIX,))
+    except Exception as exc:  # noqa: BLE001 - shown, not fatal: the replicas' own pages were read
+        snapshot.errors["gateway"] = f"{type(exc).__name__}: {exc}"
+        return
+    for sample in found:
+        replica = sample.labels.get("replica", "")
+        if replica not in snapshot.values:
+            continue
+        labels = {k: v for k, v in sample.labels.items() if k != "replica"}
+        snapshot.values[replica][key_of(sample.name, labels)] = sample.value
+        snapshot.samples[replica].append(Sample(sample.name, labels, sample.value))
+
+
+def take(
+    endpoints: Sequence[EndpointRecord],
+    timeout_s: float = 5.0,
+    everything: bool = False,
+    gateway_url: str | None = None,
+) -> Snapshot:
+    """Scrape every replica at once (threads: each page is one blocking HTTP GET), and the gateway's page."""
     import time
 
     def one(endpoint: EndpointRecord) -> list[Sample]:
@@ -83,6 +116,8 @@ def take(endpoints: Sequence[EndpointRecord], timeout_s: float = 5.0, everything
                 snapshot.values[key] = {key_of(s.name, s.labels): s.value for s in found}
             except Exception as exc:  # noqa: BLE001 - a replica that does not answer is shown, not fatal
                 snapshot.errors[key] = f"{type(exc).__name__}: {exc}"
+    if gateway_url is not None:
+        add_gateway(snapshot, gateway_url, timeout_s)
     return snapshot
 
 
@@ -123,6 +158,8 @@ class Rates:
     kv_used: float | None
     kv_max: float | None
     token_source: str
+    in_flight: float | None = None  # the gateway's requests in flight on it
+    kv_reuse: float | None = None  # the share of its requests' prompt blocks found cached, in the interval
 
 
 def _delta(now: float | None, before: float | None) -> float | None:
@@ -170,7 +207,13 @@ def rates(now: dict[str, float], before: dict[str, float], seconds: float) -> Ra
         kv_used=_value(now, KV_CACHE, kv_cache_block_type="used", model=model_names.TENSORRT_LLM),
         kv_max=_value(now, KV_CACHE, kv_cache_block_type="max", model=model_names.TENSORRT_LLM),
         token_source=source,
+        in_flight=now.get(GATEWAY_IN_FLIGHT),
+        kv_reuse=_share(*(_delta(now.get(k), before.get(k)) for k in GATEWAY_KV)),
     )
+
+
+def _share(reused: float | None, missed: float | None) -> float | None:
+    return reused / (reused + missed) if reused is not None and missed is not None and reused + missed else None
 
 
 def summed(snapshot: Snapshot) -> dict[str, float]:

@@ -140,8 +140,9 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     if not endpoints:
         err(f"{' '.join(args.target)}: no ready replica publishes an endpoint; see `hpc-serve status`")
         return EXIT_NOT_FOUND
+    gateway_url = _gateway_url(args.target)
     if args.watch is None:
-        snapshot = take(endpoints, everything=args.all)
+        snapshot = take(endpoints, everything=args.all, gateway_url=gateway_url)
         if args.json:
             import json
 
@@ -151,8 +152,17 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         else:
             Console().print(metrics_view.snapshot_table(snapshot))
         return EXIT_OK if snapshot.values else EXIT_JOB_FAILED
-    metrics_view.watch(endpoints, args.watch, Console(), args.count)
+    metrics_view.watch(endpoints, args.watch, Console(), args.count, gateway_url)
     return EXIT_OK
+
+
+def _gateway_url(targets: Sequence[str]) -> str | None:
+    """The URL of the deployment's live gateway, when TARGET names a deployment that has one."""
+    from hpc.serving.gateway_record import live_gateway
+
+    target, _ = resolve_or_exit(list(targets))
+    record = live_gateway(target) if target is not None else None
+    return record.url if record is not None else None
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
