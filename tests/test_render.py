@@ -181,6 +181,7 @@ def test_launch_json_contract(tmp_path):
         "drain_s": 10.0,
         "workflow": "engine",
         "backend": "cpu",
+        "decoupled": True,
     }
     assert LaunchPlan.from_dict(plan) == loaded, "render writes what the plan's schema reads back"
 

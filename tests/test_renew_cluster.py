@@ -3,11 +3,12 @@
 It takes minutes (Slurm's time limits are whole minutes), so one module-scoped run does everything once, and
 the tests below each assert a part of it:
 
-- deployment `renew`: A → B → C, two handovers, while two clients send requests through `hpc-serve gateway`
+- deployment `renew` (the llmapi workflow, the default: its model reports no requests in flight, so each
+  handover waits out its drain time): A → B → C, two handovers, while two clients send requests through `hpc-serve gateway`
   without a pause (the `openai` package, retries off; one plain, one streaming): none fails, each job serves
   some, A and B end COMPLETED (not TIMEOUT), the chain is linked both ways and `status SPEC` shows it, and
   `cancel SPEC` ends the chain with nothing more submitted.
-- deployment `renewq`, beside it, with `--dependency=singleton` (a successor cannot start while its predecessor
+- deployment `renewq` (the engine workflow's ensemble), beside it, with `--dependency=singleton` (a successor cannot start while its predecessor
   runs): its successor pends, `status` says why, and `cancel SPEC` stops the pending successor too.
 """
 
@@ -121,7 +122,7 @@ def _folders(folder: Path) -> list[str]:
 def run(tmp_path_factory, slurm_cluster, tritonserver, tiny_gpt2) -> Run:
     folder = tmp_path_factory.mktemp("renew")
     with private_job_index(folder):
-        spec = write_spec(folder, "renew", tiny_gpt2, slurm=SLURM, renew=RENEW)
+        spec = write_spec(folder, "renew", tiny_gpt2, slurm=SLURM, renew=RENEW, workflow="llmapi")
         specq = write_spec(
             folder, "renewq", tiny_gpt2, slurm={**SLURM, "sbatch_args": ["--dependency=singleton"]}, renew=RENEW
         )
