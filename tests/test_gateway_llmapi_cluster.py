@@ -11,6 +11,7 @@ after the client left are read from the leader node's counters, not guessed from
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -277,6 +278,10 @@ def test_metrics_shows_the_gateways_in_flight_and_reuse_counters_beside_the_repl
     gateway = {s["name"]: s["value"] for s in shown if s["name"].startswith("hpc_serve_gateway_replica_")}
     assert gateway["hpc_serve_gateway_replica_outstanding"] == 0, gateway
     assert gateway["hpc_serve_gateway_replica_kv_missed_blocks_total"] > 0, gateway
-    assert {s["replica"] for s in shown} == {f"{served['job']}/0"}
-    watched = cli("metrics", served["job"], "--watch", "0.5", "--count", "1").stdout
+    (replica,) = {s["replica"] for s in shown}  # `JOB@cluster/0`, the gateway's key of it too
+    assert replica.startswith(served["job"]) and replica.endswith("/0"), replica
+    wide = {**os.environ, "COLUMNS": "250"}  # rich's table at full width, as on a terminal
+    watched = subprocess.run(
+        [*CLI, "metrics", served["job"], "--watch", "0.5", "--count", "1"], env=wide, capture_output=True, text=True
+    ).stdout
     assert "in flight (gateway)" in watched and "KV reuse (gateway)" in watched, watched
