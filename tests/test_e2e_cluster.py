@@ -276,6 +276,7 @@ def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_the_stop_lead(
     assert "released by the leader" in logs and "sending SIGKILL" not in logs
 
 
+@pytest.mark.timelimit
 def test_time_limit_under_load_is_an_ordered_stop_and_the_job_completes(jobs, tmp_path, tiny_gpt2):
     """Slurm's time-limit warning (the .sub's --signal=B:USR1) stops the ranks in order before the limit, with
     4 clients streaming through the ensemble: the .sub writes the job's stop request, which the launchers watch

@@ -17,7 +17,7 @@ from launcher.contracts.layout import gateway_record
 from launcher.contracts.records import read_gateway
 from tests.e2e import cli, free_port, private_job_index, status, wait_for, write_spec
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timelimit, pytest.mark.timeout(420)]
 
 openai = pytest.importorskip("openai")
 NAME = "gwrenew"

@@ -41,7 +41,7 @@ from tests.e2e import (
     write_spec,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timelimit, pytest.mark.timeout(900)]
 
 SLURM = {"time": "00:02:00"}
 RENEW = {"before": "1m"}
