@@ -59,7 +59,7 @@ from launcher.contracts.records import read_chain, read_endpoints  # noqa: E402
 CLI = [sys.executable, "-m", "hpc.cli.main"]
 NAME = "soak"
 #: kind → (weight, streamed, max_tokens); "cancelled" kinds are closed by the client after CANCEL_AFTER events;
-#: "pt-" kinds go through the gateway's Triton passthrough (`/v2/models/ensemble/generate_stream`)
+#: "pt-" kinds go through the gateway's Triton passthrough (`/v2/models/<ensemble or tensorrt_llm>/generate_stream`)
 KINDS: dict[str, tuple[float, bool, int]] = {
     "stream-short": (0.25, True, 8),
     "stream-long": (0.15, True, 96),
@@ -117,9 +117,10 @@ def write_spec(folder: Path, checkpoint: Path, minutes: float) -> Path:
             "time": f"00:{time_min:02d}:00",
             "env": {"OMPI_MCA_btl": "self,tcp"},
         },
-        "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint), "tp_size": 1},
+        "model": {"backend": "cpu", "workflow": WORKFLOW["name"], "checkpoint_dir": str(checkpoint), "tp_size": 1},
         "replicas": 2,
-        "triton": {"triton_max_batch_size": 8, "ready_timeout_s": 180},
+        "triton": {"ready_timeout_s": 180, **({"triton_max_batch_size": 8} if WORKFLOW["name"] == "engine" else {})},
+        **({"llm_api": {"max_batch_size": 8}} if WORKFLOW["name"] == "llmapi" else {}),
         "renew": {"before": f"{int((time_min - minutes / 2) * 60)}s", "max_jobs": 2},
     }
     path = folder / f"{NAME}.yaml"
@@ -127,11 +128,31 @@ def write_spec(folder: Path, checkpoint: Path, minutes: float) -> Path:
     return path
 
 
+#: the passthrough's model and body per workflow: the ensemble's inputs, or upstream's llmapi model's
+PASSTHROUGH = {
+    "engine": (
+        "ensemble",
+        lambda prompt, n: {"text_input": prompt, "max_tokens": n, "stream": True, "temperature": 0.8},
+    ),
+    "llmapi": (
+        "tensorrt_llm",
+        lambda prompt, n: {
+            "text_input": prompt,
+            "sampling_param_max_tokens": n,
+            "streaming": True,
+            "sampling_param_temperature": 0.8,
+        },
+    ),
+}
+WORKFLOW = {"name": "llmapi"}  # set from --workflow
+
+
 async def passthrough(http: httpx.AsyncClient, kind: str, prompt: str, max_tokens: int, tally: Tally) -> bool:
     """A Triton `generate_stream` through the gateway: True when it was read to its end (Triton's stream has no
     `[DONE]`: it ends), False when the client left it (`pt-cancelled`)."""
-    body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.8}
-    async with http.stream("POST", "/v2/models/ensemble/generate_stream", json=body) as answer:
+    model, make = PASSTHROUGH[WORKFLOW["name"]]
+    body = make(prompt, max_tokens)
+    async with http.stream("POST", f"/v2/models/{model}/generate_stream", json=body) as answer:
         if answer.status_code != 200:
             raise RuntimeError(f"HTTP {answer.status_code}: {(await answer.aread())[:200]!r}")
         tally.replicas[answer.headers.get("x-hpc-serve-replica", "?")] += 1
@@ -252,10 +273,14 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--workflow", choices=sorted(PASSTHROUGH), default="llmapi", help="the deployment's (default llmapi)"
+    )
     parser.add_argument("--checkpoint", type=Path, help="default: a tiny random GPT-2 made in the work folder")
     parser.add_argument("--output", type=Path, default=Path("soak.json"))
     parser.add_argument("--keep", action="store_true", help="keep the work folder (deployments, logs)")
     args = parser.parse_args()
+    WORKFLOW["name"] = args.workflow
     if not shutil.which("sbatch"):
         raise SystemExit("needs the Slurm test cluster: bash ci/cluster/up.sh && source ci/cluster/env.sh")
     folder = Path(tempfile.mkdtemp(prefix="hpc-serve-soak-"))

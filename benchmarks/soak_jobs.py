@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.contracts.layout import JobPaths
+from launcher.contracts.llmapi import LEADER_MODULES, WORKER_MODULES
 from launcher.contracts.records import read_endpoints, read_rank_records
 
 
@@ -48,7 +49,15 @@ def job_servers(deploy: Path, job: str) -> dict[int, str]:
         except OSError:
             continue
         exe = os.path.basename(argv[0].decode(errors="replace"))
-        if exe not in ("tritonserver", "triton_python_backend_stub") or not _environ_has(pid, marker):
+        engine_node = next((label for module, label in ENGINE_NODES.items() if module.encode() in argv), None)
+        if engine_node is not None and _environ_has(pid, marker):
+            found[pid] = engine_node  # the llmapi workflow's engine processes (their step's environment)
+            continue
+        # on llmapi tritonserver runs without the job's variables (launcher/contracts/llmapi.py): known by its
+        # endpoint record's pid, and its stubs by their parent
+        if exe not in ("tritonserver", "triton_python_backend_stub"):
+            continue
+        if pid not in leaders and _parent(pid) not in leaders and not _environ_has(pid, marker):
             continue
         if exe == "tritonserver":
             found[pid] = f"replica {leaders[pid]} tritonserver" if pid in leaders else "tritonserver"
@@ -57,13 +66,21 @@ def job_servers(deploy: Path, job: str) -> dict[int, str]:
             found[pid] = f"stub {model}"
     for pid, label in list(found.items()):  # a stub: name the replica of its tritonserver (its parent)
         if label.startswith("stub"):
-            try:
-                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
+            parent = _parent(pid)
             if parent in leaders:
                 found[pid] = f"replica {leaders[parent]} {label}"
     return found
+
+
+#: the llmapi workflow's engine processes, by the module they run (launcher/contracts/llmapi.py)
+ENGINE_NODES = {LEADER_MODULES["cpu"]: "leader node", WORKER_MODULES["cpu"]: "worker node"}
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Memory:

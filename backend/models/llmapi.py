@@ -270,7 +270,7 @@ class TritonPythonModel:
         live.output_ids.extend(out.new_tokens)
         if not out.finished:
             if live.params.streaming and not live.done:
-                self._send(live, Completion(self.tokenizer.decode(live.output_ids)), final=False)
+                self._send_partial(live, Completion(self.tokenizer.decode(live.output_ids)))
             return
         if not live.claim_final():
             return
@@ -298,6 +298,15 @@ class TritonPythonModel:
             cumulative_logprob=out.cum_log_prob,
             perf=perf,
         )
+
+    def _send_partial(self, live: _Live, completion: Completion) -> None:
+        """A streamed response that is not the last: sent only while no final is claimed, under the lock that
+        claims it. A final sent first (the client cancelled, the cancellation loop answered CANCELLED) has freed
+        the request's response factory, and sending on it then crashes tritonserver (2.51: SIGSEGV in
+        TRITONBACKEND_ResponseSend, measured by benchmarks/soak.py with streams closed by their client)."""
+        with live.lock:
+            if not live.done:
+                self._send(live, completion, final=False)
 
     def _send(self, live: _Live, completion: Completion, final: bool) -> None:
         arrays = response_arrays(completion, live.params)
