@@ -55,7 +55,7 @@ class PrefixHomes:
             if self.count[current] <= cap or len(live) == 1:
                 self._homes.move_to_end(key)
                 return live[current]
-        chosen = min(replicas, key=lambda r: (self.count[r.key], _negated(rank(key, r.key))))
+        chosen = max(replicas, key=lambda r: (-self.count[r.key], rank(key, r.key)))
         self._assign(key, chosen.key)
         return chosen
 
@@ -68,8 +68,3 @@ class PrefixHomes:
         while len(self._homes) > self.size:
             _, evicted = self._homes.popitem(last=False)
             self.count[evicted] -= 1
-
-
-def _negated(score: bytes) -> bytes:
-    """Sorts a rendezvous score descending under `min`."""
-    return bytes(255 - b for b in score)
