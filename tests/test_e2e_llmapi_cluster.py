@@ -3,6 +3,7 @@ cluster runs (launcher/node/llmapi.py): rank 0 on node1 runs the engine's leader
 the MPI job), rank 1 on node2 a worker node. Clients shaped like upstream's llmapi clients (tritonclient, curl)
 against the published endpoint, with the deployment's token in their headers (auth: token; with auth: none they
 run unchanged). Then the worker is killed: the job fails at once, `status` names rank 1, and nothing is left.
+On a job of its own the leader node is killed: `status` names rank 0, and nothing is left.
 
 `triton.decoupled: false`, upstream's model.yaml default: tritonserver serves upstream's unary calls
 (llmapi_client.py, test_llmapi_cancel.py) only on a model that is not decoupled. Streaming, on a decoupled one:
@@ -253,3 +254,26 @@ def test_a_killed_worker_fails_the_job_naming_rank_1_and_leaves_nothing(served):
     assert "rank 1 on node2" in shown and "SIGKILL" in shown, shown
     wait_for(lambda: not processes_under(deploy) and not of_job(job), 60, "no process of the job left")
     assert JobPaths(deploy, job).rank_record(0).exists(), "rank 0 says why it stopped too"
+
+
+def test_a_killed_leader_node_fails_the_job_naming_rank_0_and_leaves_nothing(
+    slurm_cluster, tritonserver, tiny_gpt2, tmp_path
+):
+    """SIGKILL rank 0's leader node on node1 (the engine tritonserver's model talks to) of a job of its own:
+    `status` heads the failure with rank 0, the signal and the leader node, not with rank 1 (which Slurm may kill
+    before its launcher writes a record), and no process of the job is left on either node."""
+    job = ""
+    with private_job_index(tmp_path):
+        try:
+            spec = write_spec(tmp_path, "llmapi-leader", tiny_gpt2, tp=2, nodes=2, workflow="llmapi", auth="none")
+            job, job_dir = submit(spec)
+            deploy = Path(job_dir).parent.parent
+            (leader,) = job_processes(deploy, LEADER_MODULES["cpu"], job)
+            os.kill(leader, signal.SIGKILL)
+            wait_for(lambda: status(job)["state"] == "FAILED", 60, "the job to fail")
+            shown = cli("status", job, check=False).stdout
+            assert "rank 0 on node1 exited with signal SIGKILL: the leader node" in shown, shown
+            wait_for(lambda: not processes_under(deploy) and not of_job(job), 60, "no process of the job left")
+        finally:
+            if job:
+                subprocess.run(["scancel", job], capture_output=True, check=False)

@@ -13,6 +13,7 @@ import pytest
 
 from launcher.contracts.llmapi import IPC_ADDR_VAR, IPC_HMAC_KEY_VAR, MODEL_FILES, SPAWN_PROXY_VAR, without_mpi
 from launcher.contracts.plan import LaunchPlan
+from launcher.contracts.records import RankExitRecord
 from launcher.node.llmapi import LeaderNode, ModelFilesMissing, copy_model_files, model_version_dir
 from launcher.node.warmup import LLMAPI_BODY, choose
 from launcher.node.watch import _stat_fields
@@ -84,6 +85,23 @@ def test_a_leader_node_that_ignores_sigterm_is_ended_with_its_group(tmp_path):
     assert rc == -signal.SIGKILL
     while (fields := _stat_fields(grandchild)) is not None and fields[0] != "Z":  # gone, or dead and not yet reaped
         time.sleep(0.01)
+
+
+def test_a_killed_leader_node_is_a_failure_naming_it_and_its_signal(tmp_path):
+    """death(): the leader node SIGKILLed while tritonserver serves is the rank's failure; its record counts as
+    failed (records.RankExitRecord.failed), so peers stop and `status` names rank 0."""
+    node = LeaderNode(_plan(tmp_path, backend="cpu"), dict(os.environ))
+    node.argv = [sys.executable, "-c", "import time; time.sleep(300)"]
+    child = node.start()
+    assert node.death() is None
+    child.proc.kill()
+    child.proc.wait()
+    failure = node.death()
+    assert failure is not None and failure.signal == "SIGKILL" and failure.exit_code == -signal.SIGKILL
+    assert "the leader node" in failure.why and "SIGKILL" in failure.why
+    record = RankExitRecord(rank=0, exit_code=failure.exit_code, signal=failure.signal)
+    assert record.failed and RankExitRecord(rank=0, signal="SIGKILL").failed
+    node.end()
 
 
 def test_the_warmup_of_an_llmapi_repository_speaks_its_contract(tmp_path):

@@ -776,6 +776,19 @@ def test_failed_without_records_names_the_ranks_that_wrote_none(tmp_path, schedu
     assert text.endswith("  | I1122 rank 1 loading"), "its log's last lines are shown, tables left out"
 
 
+def test_a_rank_killed_by_a_signal_heads_the_failure_before_a_peer_that_wrote_no_record(tmp_path, scheduler):
+    """The llmapi leader node killed on node1: rank 0's record names the signal alone (no exit code), and srun
+    killed rank 1 before its launcher wrote one. The signal is the failure; the rank without a record is not."""
+    ref = make_job(tmp_path, world_per_replica=2)
+    scheduler.set("FAILED")
+    for rank in range(2):
+        ref.paths.rank_log(rank, "err").write_text(f"rank {rank} serving\n")
+    rank_exit(ref, 0, None, signal="SIGKILL", ended_at=1.0, tail=["the leader node (...) ended (signal SIGKILL)"])
+    st = job_status(ref)
+    assert st.state == "FAILED" and st.failed_rank is not None and st.failed_rank.rank == 0, st.summary()
+    assert "rank 0 on node1 exited with signal SIGKILL" in st.summary()
+
+
 @pytest.mark.cluster
 def test_a_step_killed_before_any_record_is_named_with_slurms_own_account(slurm_cluster, tmp_path):
     """A real job whose step's task is SIGKILLed before any launcher could write a record (what the OOM killer

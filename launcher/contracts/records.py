@@ -210,7 +210,9 @@ class RankExitRecord(Record):
 
     @property
     def failed(self) -> bool:
-        return self.exit_code not in (0, None)
+        """A non-zero exit, or a signal (a record may name the signal alone: hpc/jobs/status.py first_failure
+        must head a FAILED job's status with the rank that was killed, not with a peer Slurm ended after it)."""
+        return self.exit_code not in (0, None) or self.signal is not None
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()

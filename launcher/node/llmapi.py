@@ -121,7 +121,7 @@ class LeaderNode:
         return Failure(
             f"the leader node ({' '.join(self.argv[1:])}) ended ({how}) while tritonserver served",
             signal=signal_name(rc),
-            exit_code=rc if rc >= 0 else None,
+            exit_code=rc,
         )
 
     def end(self) -> int | None:
