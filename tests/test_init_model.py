@@ -87,7 +87,7 @@ def test_refuses_non_empty_foreign_folder_and_bad_args(tmp_path: Path) -> None:
 
 
 def test_cli_main_and_small_size(tmp_path: Path, capsys) -> None:
-    assert main([str(tmp_path / "s"), "--family", "llama", "--size", "small", "--seed", "1"]) == 0
+    assert main([str(tmp_path / "s"), "--family", "llama", "--size", "small", "--weights-seed", "1"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "s")
     cfg = json.loads((tmp_path / "s" / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 4 and cfg["hidden_size"] == 256 and cfg["architectures"] == ["LlamaForCausalLM"]

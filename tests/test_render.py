@@ -676,7 +676,7 @@ def test_cli_render_and_dry_run_create_nothing_and_say_what_will(tmp_path):
     rendered = _hpc_serve("render", "s.yaml", "-o", "d", env=env, cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
     ckpt = tmp_path / "models" / "tiny"
-    command = f"hpc-serve init-model {ckpt} --family gpt2 --size tiny --seed 3"
+    command = f"hpc-serve init-model {ckpt} --family gpt2 --size tiny --weights-seed 3"
     assert "`hpc-serve submit` creates it" in rendered.stderr and command in rendered.stderr
     assert f"submit with: {command} && sbatch {tmp_path / 'd' / R.SUB_NAME}" in rendered.stdout
     dry = _hpc_serve("submit", "s.yaml", "--dry-run", env=env, cwd=tmp_path)

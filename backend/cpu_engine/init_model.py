@@ -261,17 +261,17 @@ def create_checkpoint(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: ``init-model DIR [--family gpt2|llama] [--size tiny|small] [--seed N] [--overwrite]``."""
+    """CLI: ``init-model DIR [--family gpt2|llama] [--size tiny|small] [--weights-seed N] [--overwrite]``."""
     ap = argparse.ArgumentParser(
         prog="init-model", description="Write a small random-weight HF checkpoint + tokenizer."
     )
     ap.add_argument("dir")
     ap.add_argument("--family", choices=FAMILIES, default="gpt2")
     ap.add_argument("--size", choices=tuple(SIZES), default="tiny")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--weights-seed", type=int, default=0)
     ap.add_argument("--overwrite", action="store_true")
     args = ap.parse_args(argv)
-    path = create_checkpoint(args.dir, args.family, args.size, args.seed, args.overwrite)
+    path = create_checkpoint(args.dir, args.family, args.size, args.weights_seed, args.overwrite)
     print(path)
     return 0
 

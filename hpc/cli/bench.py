@@ -13,9 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc.cli.support import EXIT_JOB_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, err, resolve_or_exit
-
-TARGET_HELP = "a spec file, a deployment folder or name, a job id, or a gateway URL http://host:port"
+from hpc.cli.support import EXIT_JOB_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, add_target, err, resolve_or_exit
 
 if TYPE_CHECKING:
     from launcher.contracts.records import EndpointRecord
@@ -84,14 +82,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         duration_s=args.duration,
         sweep=args.sweep,
-        seed=args.seed,
+        seed=args.workload_seed,
         slo_ttft_ms=args.slo_ttft,
         slo_itl_ms=args.slo_itl,
         temperature=args.temperature,
         tokenizer=Path(args.tokenizer) if args.tokenizer else None,
         model=args.model,
         token=args.token,
-        timeout_s=args.timeout,
+        timeout_s=args.request_timeout,
         warmup=args.warmup,
     )
     console = Console(stderr=True)
@@ -121,7 +119,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     out = Console()
     table = summary_table([(label, summary) for label, summary, _ in points], f"hpc-serve bench {args.target}")
-    table.caption = f"workload {args.workload}, seed {args.seed}, tokens counted with {described}"
+    table.caption = f"workload {args.workload}, seed {args.workload_seed}, tokens counted with {described}"
     out.print(table)
     for path in written:
         out.print(f"wrote {path}")
@@ -172,9 +170,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="load-test a deployment, job or gateway URL: throughput, latency, TTFT, ITL, goodput (see README)",
     )
-    p.add_argument("target", help=TARGET_HELP)
+    add_target(p, url=True)
     w = p.add_argument_group("workload")
-    w.add_argument("--workload", default=WorkloadSpec.kind, choices=KINDS)
+    w.add_argument("--workload", default=WorkloadSpec.kind, choices=KINDS, help="what the prompts look like")
     w.add_argument(
         "--input-tokens",
         type=int,
@@ -211,29 +209,35 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     a.add_argument(
         "--request-rate", type=_positive(float), default=math.inf, help="requests/s (default inf: all at once)"
     )
-    a.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson")
+    a.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson", help="the gaps between requests")
     a.add_argument("--concurrency", type=_positive(int), default=None, help="at most N requests in flight")
     a.add_argument("--sweep", type=_sweep, default=None, help="rate=1,2,4 or concurrency=1,8,32: one run each")
-    a.add_argument("--seed", type=int, default=0, help="the same seed sends the same requests at the same times")
+    a.add_argument(
+        "--workload-seed", type=int, default=0, help="the same seed sends the same requests at the same times"
+    )
     a.add_argument("--warmup", type=int, default=1, help="requests sent first and not counted (default 1)")
-    a.add_argument("--timeout", type=_positive(float), default=300.0, help="per-piece timeout in seconds")
+    a.add_argument(
+        "--request-timeout", type=_positive(float), default=300.0, help="seconds a request may wait for each piece"
+    )
     o = p.add_argument_group("output")
     o.add_argument("--slo-ttft", type=_positive(float), default=None, help="goodput: TTFT at most MS milliseconds")
     o.add_argument("--slo-itl", type=_positive(float), default=None, help="goodput: mean inter-token gap at most MS")
     o.add_argument("--output-dir", help="write summary.json, requests.csv and PNG plots here")
-    o.add_argument("--model", help="gateway URL: the model name (default: the first at /v1/models)")
+    o.add_argument(
+        "--model", help="the model the requests name (default: a gateway URL's first at /v1/models, a replica's own)"
+    )
     o.add_argument("--token", help="access token (default: the deployment's; gateway URL: none)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser(
         "metrics", help="every replica's nv_trt_llm_* and nv_inference_* metrics, summed; --watch: live rates"
     )
-    p.add_argument("target", nargs="+", metavar="TARGET", help="job ids, a job folder, a spec, a deployment")
+    add_target(p, several=True)
     p.add_argument("--watch", type=_positive(float), default=None, metavar="S", help="refresh a rate table every S s")
     p.add_argument("--count", type=int, default=None, help="with --watch: stop after N refreshes")
     p.add_argument("--replica", type=int, default=None, help="only this replica number")
     p.add_argument("--all", action="store_true", help="every metric family, not only the LLM-serving ones")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the figures as JSON")
     p.set_defaults(func=cmd_metrics)
 
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from hpc.cli.support import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, load_spec_or_exit
+from hpc.cli.support import EXIT_JOB_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, TIMEOUT_HELP, load_spec_or_exit
 from launcher.contracts.llmapi import LLMAPI
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     status = wait(ref, until=(), timeout=args.timeout, on_change=lambda s: print(s.summary(), file=sys.stderr))
     print(status.summary())
+    if not status.done:
+        return EXIT_TIMEOUT
     return EXIT_OK if status.state == "COMPLETED" else EXIT_JOB_FAILED
 
 
@@ -92,8 +94,8 @@ def print_builds(ref: JobRef, file: TextIO | None = None) -> None:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build the spec's engine (build: section) as a job of its own, unless built")
-    p.add_argument("spec")
+    p.add_argument("spec", help="the spec file (YAML) with a build: section")
     p.add_argument("--wait", action="store_true", help="wait for the build's end; exit 1 if it failed")
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait at most")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: " + TIMEOUT_HELP)
     p.add_argument("--executor", choices=["slurm", "local"], help="default: slurm where sbatch exists")
     p.set_defaults(func=cmd_build)

@@ -85,7 +85,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also submit a tiny job: shared workdir, tritonserver starts, GPUs, TensorRT-LLM version on a node",
     )
-    p.add_argument("--probe-timeout", type=float, default=180.0, metavar="S", help="wait for the probe job (180 s)")
+    p.add_argument("--probe-timeout", type=float, default=180.0, metavar="S", help="seconds to wait for the probe job")
     p.add_argument(
         "--write-profile",
         nargs="?",

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hpc.cli.support import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, err, resolve_or_exit
+from hpc.cli.support import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, add_target, err, resolve_or_exit
 from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 
 DEFAULT_PORT = 9000
-TARGET_HELP = "a spec file, a deployment folder or name, or job ids of the deployment"
 
 
 def port_arg(text: str) -> int:
@@ -84,8 +83,9 @@ def cmd_token(args: argparse.Namespace) -> int:
         return EXIT_NOT_FOUND
     token = deployment_token(folders)
     if token is None:
+        # an answer, not an error: a script that sends `Bearer $(hpc-serve token X)` works on both policies
         err(f"{target.name}: {folders[-1].name} serves with `auth: none`: no token is needed (nor checked)")
-        return EXIT_NOT_FOUND
+        return EXIT_OK
     print(token)
     return EXIT_OK
 
@@ -94,7 +94,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "gateway", help="OpenAI API and Triton passthrough in front of every ready replica of a deployment"
     )
-    p.add_argument("target", nargs="+", metavar="TARGET", help=TARGET_HELP)
+    add_target(p, several=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; auto: a free one")
     p.add_argument(
@@ -124,5 +124,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_gateway)
 
     p = sub.add_parser("token", help="print the deployment's access token (auth: token; a 0600 file in its folders)")
-    p.add_argument("target", nargs="+", metavar="TARGET", help=TARGET_HELP)
+    add_target(p, several=True)
     p.set_defaults(func=cmd_token)

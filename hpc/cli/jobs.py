@@ -19,10 +19,14 @@ from hpc.cli.support import (
     EXIT_JOB_FAILED,
     EXIT_NOT_FOUND,
     EXIT_OK,
+    EXIT_TIMEOUT,
     EXIT_USAGE,
-    find_job_or_exit,
+    SEED_HELP,
+    TIMEOUT_HELP,
+    add_target,
     job_or_deployment,
     load_spec_or_exit,
+    one_job_or_exit,
 )
 from launcher.contracts import model_names
 from launcher.contracts.config import CANCEL_GRACE_S
@@ -61,6 +65,7 @@ def _wait_and_report(ref, timeout: float | None) -> int:
     print_builds(ref, file=sys.stderr)
     if not status.done:
         print(f"hpc-serve: gave up waiting after {timeout}s; the job is still {status.state}", file=sys.stderr)
+        return EXIT_TIMEOUT
     return EXIT_JOB_FAILED
 
 
@@ -114,7 +119,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    return _wait_and_report(find_job_or_exit(args.job), args.timeout)
+    return _wait_and_report(one_job_or_exit(args.target), args.timeout)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -124,7 +129,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from hpc.jobs.submit import cancel
     from hpc.scheduler.slurm import SlurmError
 
-    target, refs = job_or_deployment([args.target])
+    target, refs = job_or_deployment(args.target)
     not_cancelled: list[str] = []
     try:
         if refs:
@@ -178,7 +183,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     options = {"model": args.model, "gateway": False if args.direct else None}
     try:
         if args.replica is not None:
-            client = Client.from_job(find_job_or_exit(args.target), replica=args.replica, **options)
+            client = Client.from_job(one_job_or_exit(args.target), replica=args.replica, **options)
         else:
             client = Client(args.target, **options)
         with client:
@@ -206,9 +211,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="render a spec into a new job folder and submit it")
-    p.add_argument("spec")
+    p.add_argument("spec", help="the spec file (YAML)")
     p.add_argument("--wait", action="store_true", help="show the job's progress until READY, then its endpoints")
-    p.add_argument("--timeout", type=float, default=None, help="with --wait: give up after S seconds")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: " + TIMEOUT_HELP)
     p.add_argument(
         "--executor", choices=["slurm", "local"], default=None, help="default: slurm where sbatch exists, else local"
     )
@@ -223,61 +228,60 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "status",
         help="a job's or a deployment's state: PENDING (reason), STARTING, READY, FAILED (rank) …, its gateway",
     )
-    p.add_argument(
-        "target",
-        nargs="*",
-        metavar="TARGET",
-        help="job ids, a job folder, a spec, a deployment; default the newest job",
-    )
-    p.add_argument("--json", action="store_true")
+    add_target(p, several=True, default="the newest job")
+    p.add_argument("--json", action="store_true", help="the records as JSON")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("list", help="jobs this user submitted, newest first")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--limit", type=int, default=20, help="at most N jobs")
+    p.add_argument("--json", action="store_true", help="each job's status as JSON")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("wait", help="wait until a job is READY (exit 0) or has ended (exit 1)")
-    p.add_argument("job")
-    p.add_argument("--timeout", type=float, default=None)
+    p = sub.add_parser(
+        "wait", help="wait until a job (of a deployment: its current one) is READY (exit 0) or has ended (exit 1)"
+    )
+    add_target(p)
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help=TIMEOUT_HELP)
     p.set_defaults(func=cmd_wait)
 
     p = sub.add_parser(
         "endpoints", help="where a job or deployment serves: its gateway first, then each replica's leader"
     )
-    p.add_argument("target", nargs="+", metavar="TARGET", help="job ids, a job folder, a spec, a deployment")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--format", choices=["text", "env", "json"], default="text")
+    add_target(p, several=True)
+    p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument("--format", choices=["text", "env", "json"], default="text", help="env: shell variables to `eval`")
     p.set_defaults(func=cmd_endpoints)
 
     p = sub.add_parser("logs", help="a rank's log (stdout, or --err)")
-    p.add_argument("target", metavar="TARGET", help="a job id or folder, or a deployment (spec, name): its current job")
-    p.add_argument("--rank", type=int, default=0)
+    add_target(p)
+    p.add_argument("--rank", type=int, default=0, help="the rank whose log to print")
     p.add_argument("--err", action="store_true", help="stderr instead of stdout")
-    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("-f", "--follow", action="store_true", help="print what the rank writes until the job ends")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser(
         "cancel",
         help="stop a job (graceful stop of every rank first, then scancel), or a deployment: all its jobs, no renewal",
     )
-    p.add_argument("target", metavar="TARGET", help="a job id or folder, or a deployment (spec file, folder, name)")
-    p.add_argument("--grace", type=float, default=CANCEL_GRACE_S, help="seconds to wait for a graceful stop")
+    add_target(p, several=True)
+    p.add_argument(
+        "--grace", type=float, default=CANCEL_GRACE_S, metavar="S", help="seconds to wait for a graceful stop"
+    )
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser(
         "generate",
         help="send prompts to a deployment: through its gateway when one runs, else balanced over its replicas",
     )
-    p.add_argument("target", help="a spec file, a deployment folder or name, or a job id")
+    add_target(p)
     p.add_argument("prompt", nargs="?", help="the prompt (or --file)")
     p.add_argument("--file", help="one prompt per line (- for stdin); prints one JSON line per prompt, in order")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
     p.add_argument("--stream", action="store_true", help="print the text as it is generated")
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: the model's)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling: keep the tokens of this much probability")
+    p.add_argument("--top-k", type=int, help="sample among the k likeliest tokens")
+    p.add_argument("--seed", type=int, help=SEED_HELP)
     p.add_argument("--presence-penalty", type=float, help="-2..2, as OpenAI's")
     p.add_argument("--frequency-penalty", type=float, help="-2..2, as OpenAI's")
     p.add_argument("--stop", action="append", help="stop before this text (repeatable)")

@@ -1,6 +1,6 @@
 """`hpc-serve` command line. Each sub-command is a thin shell over a module that does the work.
 
-Exit codes: hpc/cli/support.py (0 ok, 1 the job failed / was cancelled / timed out, 2 bad input, 3 not found).
+Exit codes: hpc/cli/support.py EXIT_CODES (docs/cli.md lists them). TARGET: support.add_target, for every command.
 Imports are lazy so `hpc-serve --help` and `validate` stay fast on a login node.
 """
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc.cli.support import EXIT_OK, EXIT_USAGE, load_spec_or_exit
+from hpc.cli.support import EXIT_OK, EXIT_USAGE, HelpFormatter, load_spec_or_exit
 from hpc.cli.support import err as _err
 from launcher.contracts.llmapi import LLMAPI
 
@@ -119,7 +119,7 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     if (out / "config.json").exists() and not args.force:
         _err(f"{out} already holds a checkpoint; pass --force to replace it")
         return EXIT_USAGE
-    create_checkpoint(out, family=args.family, size=args.size, seed=args.seed, overwrite=args.force)
+    create_checkpoint(out, family=args.family, size=args.size, seed=args.weights_seed, overwrite=args.force)
     print(f"wrote a random-weight {args.family} ({args.size}) checkpoint and tokenizer to {out}")
     return EXIT_OK
 
@@ -144,22 +144,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a spec; list every problem as FILE:LINE: field: message")
-    p.add_argument("spec")
+    p.add_argument("spec", help="the spec file (YAML)")
     p.add_argument("--explain", action="store_true", help=_EXPLAIN)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("render", help="write the sbatch script, per-rank script and model repository")
-    p.add_argument("spec")
+    p.add_argument("spec", help="the spec file (YAML)")
     p.add_argument("-o", "--output", required=True, help="deployment folder to write (on a shared filesystem)")
     p.add_argument("--templates", help="a folder of site templates overriding hpc/render/templates/")
     p.add_argument("--explain", action="store_true", help=_EXPLAIN)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("init-model", help="write a small random-weight checkpoint and tokenizer (no internet)")
-    p.add_argument("dir")
-    p.add_argument("--family", choices=["gpt2", "llama"], default="gpt2")
-    p.add_argument("--size", choices=["tiny", "small"], default="tiny")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("dir", help="the folder to write (created)")
+    p.add_argument("--family", choices=["gpt2", "llama"], default="gpt2", help="the architecture")
+    p.add_argument("--size", choices=["tiny", "small"], default="tiny", help="tiny: seconds on a CPU; small: more")
+    p.add_argument("--weights-seed", type=int, default=0, help="the random weights' seed (spec: model.init.seed)")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint")
     p.set_defaults(func=cmd_init_model)
 
@@ -179,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     gateway_cli.add_commands(sub)
     bench_cli.add_commands(sub)
     doctor_cli.add_commands(sub)
+    for command in sub.choices.values():  # one rule for every command's help: defaults said
+        command.formatter_class = HelpFormatter
     return parser
 
 

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from hpc.cli.support import EXIT_JOB_FAILED, EXIT_NOT_FOUND, EXIT_OK, job_or_deployment
+from hpc.cli.support import EXIT_JOB_FAILED, EXIT_NOT_FOUND, EXIT_OK, job_or_deployment, one_job_or_exit
 
 if TYPE_CHECKING:
     from hpc.scheduler.index import JobRef
@@ -95,25 +95,10 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
     return print_endpoints_or_exit(refs, "json" if args.json else args.format, target, " ".join(args.target))
 
 
-def _current_job(target: str) -> JobRef:
-    """The job TARGET names, or of a deployment its current job (hpc/jobs/chain.py `current_job`)."""
-    from hpc.jobs.chain import current_job
-
-    found, refs = job_or_deployment([target])
-    if refs:
-        return refs[0]
-    ref = current_job(found)
-    if ref is None:
-        print(f"hpc-serve: {target}: the deployment has no job yet", file=sys.stderr)
-        raise SystemExit(EXIT_NOT_FOUND)
-    print(f"hpc-serve: job {ref.job_id} of {found.name}", file=sys.stderr)
-    return ref
-
-
 def cmd_logs(args: argparse.Namespace) -> int:
     from hpc.jobs.kinds import BuildJob, job_class_of
 
-    ref = _current_job(args.target)
+    ref = one_job_or_exit(args.target)
     # a build job has one log, its steps' output (hpc/jobs/)
     is_build = job_class_of(ref.job_dir) is BuildJob
     path = ref.paths.build_log if is_build else ref.rank_log(args.rank, "err" if args.err else "out")

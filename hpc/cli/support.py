@@ -7,6 +7,7 @@ which made an import cycle; now they all import from here and from nothing of ea
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import TYPE_CHECKING
 
@@ -14,9 +15,39 @@ if TYPE_CHECKING:
     from hpc.scheduler.index import JobRef
     from hpc.spec import Spec
 
-#: Exit codes of every command: 0 ok, 1 the job failed / was cancelled / timed out, 2 bad input (spec,
-#: flags), 3 not found.
-EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+#: Exit codes of every command (docs/cli.md lists EXIT_CODES; tests/test_cli_grammar.py keeps the two equal).
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+EXIT_CODES = {
+    EXIT_OK: "it worked (READY, answered, cancelled, printed)",
+    EXIT_JOB_FAILED: "the job or the request failed: FAILED, TIMEOUT, a build that failed, a doctor check that failed",
+    EXIT_USAGE: "bad input: the spec, a flag or a request, named in the message with the fix",
+    EXIT_NOT_FOUND: "not found: no such job or deployment, or nothing ready to answer yet",
+    EXIT_TIMEOUT: "--timeout ran out while the job was still under way (PENDING, STARTING): it goes on",
+}
+
+#: What TARGET means, for every command that takes one (hpc/serving/deployment.py `resolve` reads it).
+TARGET_HELP = (
+    "a spec file, a deployment folder or a deployment name (the deployment), or a job id (1234, 1234@cluster) "
+    "or a job folder (that job)"
+)
+#: --seed and --timeout mean one thing on every command that has them
+SEED_HELP = "the sampling seed: the same seed, prompt and settings give the same text"
+TIMEOUT_HELP = f"give up waiting after S seconds (exit {EXIT_TIMEOUT}: the job goes on)"
+TARGETS_HELP = TARGET_HELP + "; several job ids of one deployment name those jobs"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default when there is one to say (not None, not a false switch) and
+    the help does not already say it: a user reads what leaving the flag out means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if text == argparse.SUPPRESS or not action.option_strings or default is None or default is False:
+            return text
+        if default == argparse.SUPPRESS or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def err(message: str) -> None:
@@ -73,6 +104,35 @@ def job_or_deployment(targets: list[str]):
     if len(targets) == 1 and names_indexed_job(targets[0]):
         return None, [find_job_or_exit(targets[0])]
     return resolve_or_exit(targets)
+
+
+def add_target(parser: argparse.ArgumentParser, *, several: bool = False, default: str = "", url: bool = False) -> None:
+    """The TARGET positional, the same on every command: one (`generate`, `wait`, `logs`, `bench`) or several
+    (the commands that look at or stop a deployment's jobs); `default`: what no TARGET means (several only);
+    `url`: a gateway URL is a TARGET too (`bench`)."""
+    if several:
+        help_text = TARGETS_HELP + (f" (default: {default})" if default else "")
+        nargs = "*" if default else "+"
+        parser.add_argument("target", nargs=nargs, metavar="TARGET", help=help_text)
+        return
+    help_text = TARGET_HELP + ("; or a gateway URL http://host:port" if url else "")
+    parser.add_argument("target", metavar="TARGET", help=help_text)
+
+
+def one_job_or_exit(target: str) -> JobRef:
+    """The job TARGET names, or of a deployment its current job (hpc/jobs/chain.py `current_job`): what the
+    commands that follow one job (`wait`, `logs`, `generate --replica`) act on."""
+    from hpc.jobs.chain import current_job
+
+    found, refs = job_or_deployment([target])
+    if refs:
+        return refs[0]
+    ref = current_job(found)
+    if ref is None:
+        err(f"{target}: the deployment has no job yet")
+        raise SystemExit(EXIT_NOT_FOUND)
+    err(f"job {ref.job_id} of {found.name}")
+    return ref
 
 
 def resolve_or_exit(targets: list[str]):

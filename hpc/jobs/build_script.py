@@ -66,7 +66,7 @@ def _steps(spec: Spec, plan: BuildPlan, deploy_dir: Path) -> list[dict[str, Any]
     if m.backend == "cpu":
         steps: list[dict[str, Any]] = []
         if m.init is not None:  # the checkpoint model.init asks for, made here rather than by submit
-            init = ["--family", m.init.family, "--size", m.init.size, "--seed", str(m.init.seed)]
+            init = ["--family", m.init.family, "--size", m.init.size, "--weights-seed", str(m.init.seed)]
             steps.append(
                 {
                     "name": "init-model",

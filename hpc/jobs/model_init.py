@@ -27,9 +27,7 @@ def init_command(spec: Spec) -> str | None:
     if due is None:
         return None
     target, init = due
-    return (
-        f"hpc-serve init-model {shlex.quote(str(target))} --family {init.family} --size {init.size} --seed {init.seed}"
-    )
+    return f"hpc-serve init-model {shlex.quote(str(target))} --family {init.family} --size {init.size} --weights-seed {init.seed}"
 
 
 def ensure_model(spec: Spec) -> Path | None:

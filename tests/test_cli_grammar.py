@@ -1,0 +1,106 @@
+"""One CLI grammar (issue 25): TARGET is read the same way by every command that takes one, a flag means one
+thing on every command that has it, every argument says what it is and what leaving it out means, and the exit
+codes are the table of hpc/cli/support.py, which docs/cli.md lists."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from hpc.cli.main import build_parser, main
+from hpc.cli.support import EXIT_CODES, SEED_HELP, TARGET_HELP, TIMEOUT_HELP, HelpFormatter
+from tests.test_track import make_job, scheduler  # noqa: F401 (a fixture)
+
+ROOT = Path(__file__).parents[1]
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def _arguments() -> list[tuple[str, argparse.Action]]:
+    return [
+        (name, action)
+        for name, command in _commands().items()
+        for action in command._actions
+        if not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS
+    ]
+
+
+def test_every_argument_of_every_command_says_what_it_is():
+    silent = [f"{name} {action.option_strings or action.dest}" for name, action in _arguments() if not action.help]
+    assert not silent, f"arguments without help: {silent}"
+
+
+def test_every_default_is_said_in_the_help():
+    for name, command in _commands().items():
+        assert command.formatter_class is HelpFormatter, name
+        text = command.format_help()
+        for action in command._actions:
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+                shown = re.sub(r"\s+", " ", text)
+                assert f"default: {action.default}" in shown or "default" in (action.help or ""), (name, action.dest)
+
+
+def test_target_is_one_positional_with_one_meaning_on_every_command():
+    """The commands that take a deployment or a job all call it TARGET and explain it with the same words;
+    none has a positional named after a job alone (`wait job` was one)."""
+    takers = set()
+    for name, action in _arguments():
+        if action.option_strings:
+            continue
+        if action.dest == "target" and name != "launch":
+            assert action.metavar == "TARGET" and TARGET_HELP in (action.help or ""), name
+            takers.add(name)
+        assert action.dest not in ("job", "jobs"), name
+    assert takers == {
+        "status",
+        "wait",
+        "endpoints",
+        "logs",
+        "cancel",
+        "generate",
+        "gateway",
+        "token",
+        "bench",
+        "metrics",
+    }
+
+
+@pytest.mark.parametrize("flag, words", [("--seed", SEED_HELP), ("--timeout", TIMEOUT_HELP)])
+def test_a_flag_means_one_thing_on_every_command(flag, words):
+    having = [(name, action) for name, action in _arguments() if flag in action.option_strings]
+    assert having, flag
+    for name, action in having:
+        assert words in (action.help or ""), (name, flag, action.help)
+
+
+def test_docs_list_every_exit_code_with_its_meaning():
+    """docs/cli.md's table is the table of hpc/cli/support.py: a code added there and not documented fails."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    rows = dict(re.findall(r"^\| (\d) \| (.+?) \|$", text, re.M))
+    assert {int(code): meaning for code, meaning in rows.items()} == EXIT_CODES
+
+
+@pytest.mark.usefixtures("scheduler")
+def test_a_wait_that_runs_out_of_time_exits_4_not_1(tmp_path, capsys):
+    """`wait` whose --timeout ends while the job is PENDING: 4 (it goes on), never the 1 of a failed job."""
+    ref = make_job(tmp_path)
+    assert main(["wait", str(ref.job_dir), "--timeout", "0.1"]) == 4
+    assert "gave up waiting after 0.1s; the job is still PENDING" in capsys.readouterr().err
+
+
+def test_docs_cli_md_is_the_parsers_own_help():
+    """docs/cli.md is written from the parser (python -m hpc.cli.reference); UPDATE_GOLDEN=1 rewrites it."""
+    from hpc.cli.reference import render
+
+    path, text = ROOT / "docs" / "cli.md", render()
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.read_text() == text, "docs/cli.md differs from the commands: python -m hpc.cli.reference > docs/cli.md"
