@@ -30,7 +30,7 @@ from tests.e2e import cli, private_job_index, processes_under, rank_records, sta
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
 
-#: the bound that is the feature: a dead rank ends its replica within seconds (DEVELOPERS.md "Fail-fast" measured
+#: the bound that is the feature: a dead rank ends its replica within seconds (docs/decisions.md "Fail-fast" measured
 #: 0.15-0.4 s to FAILED, ~1 s until the replica is gone), where without the watches the survivors wait for Slurm's
 #: KillWait (30 s on many clusters). 20 s: some 20 times what it takes, for a machine whose cores other processes
 #: take, and still short of that KillWait; that the watch acted is shown by the peer's cause_rank, not the clock

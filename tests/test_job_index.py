@@ -241,7 +241,8 @@ def test_cancel_of_another_clusters_job_goes_to_that_cluster(tmp_path, hpc_home,
 
 
 def test_a_job_without_a_recorded_cluster_is_the_current_clusters(tmp_path, hpc_home, clusters) -> None:
-    """Folders from before clusters were recorded: the current cluster's job of that id (DEVELOPERS.md)."""
+    """Folders from before clusters were recorded: the current cluster's job of that id (DEVELOPERS.md "The job
+    index")."""
     clusters.states.update({("hpcserve", "33"): "PENDING", ("twin", "33"): "RUNNING"})
     register("33", job_folder(tmp_path, "33"))
     status = job_status(find_job("33"))

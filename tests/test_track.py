@@ -2,8 +2,9 @@
 sacct/squeue/scontrol parsing against the real test cluster (mark `cluster`; with fake commands:
 tests/test_slurm.py).
 
-A fake job is what the launcher and the schedulers leave behind (DEVELOPERS.md): `D/launch.json`,
-`D/jobs/<id>/endpoints/replica-<k>.json`, `D/jobs/<id>/ranks/rank-<r>.json`, and for local jobs `local.json`.
+A fake job is what the launcher and the schedulers leave behind (DEVELOPERS.md "The deployment folder"):
+`D/launch.json`, `D/jobs/<id>/endpoints/replica-<k>.json`, `D/jobs/<id>/ranks/rank-<r>.json`, and for local jobs
+`local.json`.
 """
 
 from __future__ import annotations

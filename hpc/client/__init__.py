@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from hpc.client.sync import Client
     from hpc.client.transport import Sampling
 
-#: One replica's published endpoint record (launcher/contracts/records.py, DEVELOPERS.md): address, ports and URLs.
+#: One replica's published endpoint record (launcher/contracts/records.py, DEVELOPERS.md "Shared contracts"):
+#: address, ports and URLs.
 Endpoint = EndpointRecord
 
 __all__ = [

@@ -84,9 +84,9 @@ class SlurmExecutor(Executor):
 
     def other_cluster(self, ref: JobRef) -> str | None:
         """The job's recorded cluster when it is not SLURM_CONF's, else None. A job without a record is the current
-        cluster's (DEVELOPERS.md), and so is every job while Slurm cannot say which cluster that is (scontrol show
-        config failed): taken for another cluster's, each would be asked with `-M` of a controller that is likely
-        away too, read UNKNOWN and unreachable, and `wait` would return at once."""
+        cluster's (DEVELOPERS.md "The job index"), and so is every job while Slurm cannot say which cluster that is
+        (scontrol show config failed): taken for another cluster's, each would be asked with `-M` of a controller that
+        is likely away too, read UNKNOWN and unreachable, and `wait` would return at once."""
         cluster = ref.cluster
         if cluster is None:
             return None

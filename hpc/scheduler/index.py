@@ -1,9 +1,10 @@
 """Finding a job's folder from its id alone, from any shell on the cluster.
 
-A job lives in `D/jobs/<job_id>/` (DEVELOPERS.md). The index `~/.hpc-serve/jobs/<job_id>@<cluster>` (or
-`$HPC_SERVE_HOME/jobs`; launcher/contracts/job_index.py) is a symlink to it, made by `submit` at once and by the `.sub` when
-the job starts, so a job submitted by hand with `sbatch` is found as soon as it runs. While such a job is still
-pending, `scontrol show job` tells where its script is (`Command=`); after it ended, `sacct` keeps the submit line.
+A job lives in `D/jobs/<job_id>/` (DEVELOPERS.md "The deployment folder"). The index
+`~/.hpc-serve/jobs/<job_id>@<cluster>` (or `$HPC_SERVE_HOME/jobs`; launcher/contracts/job_index.py) is a symlink to it,
+made by `submit` at once and by the `.sub` when the job starts, so a job submitted by hand with `sbatch` is found as
+soon as it runs. While such a job is still pending, `scontrol show job` tells where its script is (`Command=`); after it
+ended, `sacct` keeps the submit line.
 
 Job ids are unique per Slurm cluster only, and clusters may share $HOME: an id the index holds for several
 clusters means the current cluster's job (SLURM_CONF's), or is refused as ambiguous; `ID@CLUSTER` names one.

@@ -1,5 +1,5 @@
-"""The defaults of launch.json's optional keys and of the stop and renewal timings (DEVELOPERS.md, "Shared
-contracts"). The plan itself, and how it is read and written, is launcher/contracts/plan.py."""
+"""The defaults of launch.json's optional keys and of the stop and renewal timings (DEVELOPERS.md, "Who
+owns what"). The plan itself, and how it is read and written, is launcher/contracts/plan.py."""
 
 from __future__ import annotations
 

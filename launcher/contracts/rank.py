@@ -19,7 +19,7 @@ JOB_ID_ENV = "HPC_SERVE_JOB_ID"
 #: the step serves. Without it, the starter's world holds every replica (`mpirun -n`, an interactive `srun`).
 STEP_REPLICA_ENV = "HPC_SERVE_STEP_REPLICA"
 #: What the launcher decided about a rank's place, handed to tritonserver (and so to the models) through the
-#: environment: the models never parse the process starter's variables themselves (DEVELOPERS.md).
+#: environment: the models never parse the process starter's variables themselves (DEVELOPERS.md "Shared contracts").
 WORLD_SIZE_ENV = "HPC_SERVE_WORLD_SIZE"
 REPLICA_ENV = "HPC_SERVE_REPLICA"
 RANKS_PER_REPLICA_ENV = "HPC_SERVE_RANKS_PER_REPLICA"
