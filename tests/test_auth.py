@@ -35,6 +35,7 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+@pytest.mark.slow
 def test_render_makes_one_token_per_deployment_and_keeps_it_across_folders(tmp_path):
     spec = _spec(tmp_path)
     assert spec.auth == "token", "the default"
@@ -116,6 +117,7 @@ def test_the_launcher_refuses_a_token_file_others_may_read_or_a_bad_token(tmp_pa
             auth.read_token(path)
 
 
+@pytest.mark.slow
 def test_the_shim_is_built_once_into_a_private_folder(tmp_path):
     root = auth.cache_root(tmp_path / "cache")
     assert _mode(root) == 0o700

@@ -27,6 +27,7 @@ def tokenizer(tiny_gpt2):
     return load_tokenizer(tiny_gpt2)
 
 
+@pytest.mark.slow
 def test_token_norm_dist_is_reproducible_and_near_the_asked_lengths(tokenizer):
     spec = WorkloadSpec(input_mean=100, input_stdev=20, output_mean=50, output_stdev=10)
     first = make_requests(spec, 200, tokenizer, seed=7)
@@ -187,6 +188,7 @@ def test_load_generator_keeps_the_schedule_and_stops_at_the_duration(monkeypatch
     assert calls["peak"] >= 10, "requests overlap: one sent every 0.02 s while the last 0.2 s of them stream"
 
 
+@pytest.mark.slow
 def test_outputs_and_plots_are_written(tmp_path):
     from hpc.bench import plots
     from hpc.bench.report import write_outputs
@@ -243,6 +245,7 @@ def test_metrics_rates_and_sums_over_replicas():
     assert not summable(tokens_per) and tokens_per not in total
 
 
+@pytest.mark.slow
 def test_bench_refuses_bad_input_naming_the_option(tmp_path, hpc_home):
     from hpc.cli.main import main
 

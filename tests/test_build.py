@@ -199,6 +199,7 @@ def test_tensorrtllm_request_changes_with_every_engine_argument(gpu_dir):
     assert workers.key == base.key  # how fast it builds does not change the engine
 
 
+@pytest.mark.slow
 def test_render_writes_the_build_script_and_creates_nothing(tmp_path, hpc_home):
     path = write(tmp_path, CPU)
     out = subprocess.run(
@@ -260,6 +261,7 @@ def test_a_sharded_checkpoint_refuses_another_tp_size(tmp_path, tiny_gpt2):
         TransformerShard(load_config(tmp_path / "tp2"), load_weights(tmp_path / "tp2"), comm=_Place(4, 0))
 
 
+@pytest.mark.slow
 def test_sharding_cli_refuses_an_existing_folder(tmp_path, tiny_gpt2):
     (tmp_path / "out").mkdir()
     proc = subprocess.run(
@@ -440,6 +442,7 @@ def test_with_a_build_section_the_checks_use_the_builds_arguments(gpu_dir):
 # ---------------------------------------------------------------- the local executor
 
 
+@pytest.mark.slow
 def test_local_build_then_cache_hit_and_a_failed_step(tmp_path, hpc_home):
     """`hpc-serve build --executor local` runs build.sub under the local supervisor (no srun) and waits for it."""
     path = write(tmp_path, CPU.replace("build: {}", "build: {output_dir: engines}"))
@@ -502,6 +505,7 @@ def test_stale_building_markers_are_removed_and_a_live_one_is_waited_on(tmp_path
     assert building_marker(root, plan.key, "local-live").exists()
 
 
+@pytest.mark.slow
 def test_launch_spec_serves_the_built_engine_or_says_to_build_it(tmp_path, monkeypatch, tiny_gpt2):
     """`hpc-serve launch SPEC` inside an allocation: rank 0 renders the served engine, never an unbuilt one."""
     from hpc.cli.launch import deployment_for_spec

@@ -27,6 +27,7 @@ def test_there_are_build_goldens():
     assert {"llama3-70b-tp4pp2", "llama3-8b-awq-apptainer", "tiny-cpu-tp2"} <= set(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_build_script_matches_golden(tmp_path, case, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the apptainer image is named relative to where sbatch runs

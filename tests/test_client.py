@@ -158,6 +158,7 @@ def test_the_gateways_error_answers_become_the_clients_exceptions():
     assert isinstance(_refusal(httpx.Response(502, text="bad gateway")), ServerError)
 
 
+@pytest.mark.slow
 def test_a_deployment_with_no_job_is_not_ready(tmp_path, tiny_gpt2, hpc_home):
     spec = write_spec(tmp_path, "idle", tiny_gpt2)
     with Client(str(spec)) as client:

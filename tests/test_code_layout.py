@@ -9,6 +9,8 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 TOP = ("hpc", "launcher", "backend")
 
@@ -40,6 +42,7 @@ def _package(module: str) -> str:
     return ".".join(parts[:2])
 
 
+@pytest.mark.slow
 def test_no_two_subpackages_import_each_other():
     modules = _modules()
     edges: dict[str, set[str]] = defaultdict(set)

@@ -79,6 +79,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_compat_under_310() -> None:
     python = find_python(3, 10)
     if python is None:

@@ -115,6 +115,7 @@ def match_golden(deploy_dir: Path, golden: Path, names: tuple[str, ...], tmp: Pa
         assert got == want, f"{where}/{name} differs from tests/golden (UPDATE_GOLDEN=1 to accept)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_config_validates_and_matches_golden(site, config):
     result = validate(config, site)
@@ -136,6 +137,7 @@ def test_golden_folders_match_the_configs():
         assert sorted(p.name for p in folder.iterdir()) == sorted(FILES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", sorted(SITES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_one_spec_on_two_sites_matches_golden(site, monkeypatch, profile):
     """configs/gpt2-medium-portable.yaml names no partition, account, container or MPI: each example site gives
@@ -166,6 +168,7 @@ def cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_readme_commands_on_a_fresh_machine(tmp_path, config):
     """README: `hpc-serve validate|render CONFIG` and `submit CONFIG --dry-run` with nothing exported. No config

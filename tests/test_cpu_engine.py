@@ -62,6 +62,7 @@ def _run_alone(path: Path, req_kwargs: dict, **engine_kwargs) -> GenerationReque
 
 
 # ------------------------------------------------------------------------------------------ reference agreement
+@pytest.mark.slow
 def test_greedy_matches_transformers_generate(ckpt: Path) -> None:
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
@@ -94,6 +95,7 @@ def test_greedy_matches_transformers_generate(ckpt: Path) -> None:
     assert len(lengths) == len(TEXTS)  # prompts really have different lengths
 
 
+@pytest.mark.slow
 def test_prefill_and_decode_logits_match_transformers(ckpt: Path) -> None:
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
@@ -186,6 +188,7 @@ def _batch_kwargs(path: Path) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_alone_equals_inside_a_busy_batch(ckpt: Path) -> None:
     alone = [_run_alone(ckpt, kw) for kw in _batch_kwargs(ckpt)]
     eng = Engine(str(ckpt), max_batch_size=4)  # fewer slots than requests: one waits for a slot
@@ -212,6 +215,7 @@ def test_alone_equals_inside_a_busy_batch(ckpt: Path) -> None:
     assert eng.budget.used_blocks == 0 and not eng.scheduler.running
 
 
+@pytest.mark.slow
 def test_streaming_chunks_concatenate_to_the_result(gpt2: Path) -> None:
     chunks: list[list[int]] = []
     finals = []
@@ -244,6 +248,7 @@ def test_engine_thread_serves_concurrent_submissions(llama: Path) -> None:
         eng.shutdown()
 
 
+@pytest.mark.slow
 def test_min_step_is_the_least_time_of_a_step_and_a_stop_still_lands_at_the_next(llama: Path) -> None:
     """`min_step_s` (the `min_step_ms` parameter: a GPU's pace) makes each step on the engine thread take at least
     that long: a lower bound, which a loaded machine only lengthens. A stop that comes between two steps ends the
@@ -289,6 +294,7 @@ def _fresh_stop_point(path: Path, n: int, start: int) -> tuple[list[int], list[i
     raise AssertionError("random model output too repetitive for a clean stop point; change the seed")
 
 
+@pytest.mark.slow
 def test_end_id_stops_and_is_not_returned(llama: Path) -> None:
     prompt, ref, i = _fresh_stop_point(llama, 16, 3)
     eng = Engine(str(llama))
@@ -308,6 +314,7 @@ def test_min_tokens_masks_end_id(llama: Path) -> None:
     assert len(r.output_ids) >= 5 and ref[0] not in r.output_ids[:5]
 
 
+@pytest.mark.slow
 def test_stop_words_multi_token(gpt2: Path) -> None:
     prompt, ref, i = _fresh_stop_point(gpt2, 20, 4)
     stop = [ref[i - 1], ref[i]]
@@ -392,6 +399,7 @@ def test_a_stop_that_matches_nothing_is_logged_and_dropped(llama: Path, caplog) 
         eng.shutdown()
 
 
+@pytest.mark.slow
 def test_kv_budget_smaller_than_demand_makes_requests_wait(gpt2: Path) -> None:
     prompts = _prompts(gpt2)
     kws = [dict(input_ids=prompts[i % 3], max_new_tokens=30 + i) for i in range(6)]
@@ -420,6 +428,7 @@ def test_request_that_can_never_fit_fails_with_message(gpt2: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ sampling
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible(llama: Path) -> None:
     prompt = _prompts(llama)[1]
 
@@ -446,6 +455,7 @@ def test_log_probs_are_consistent(gpt2: Path) -> None:
     assert r.cum_log_prob == pytest.approx(sum(r.log_probs), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_repetition_penalty_changes_repetitive_output(gpt2: Path) -> None:
     prompt = _prompts(gpt2)[0]
     plain = _greedy(gpt2, prompt, 16)

@@ -49,6 +49,7 @@ BAD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_request_fails_alone_inside_a_busy_batch(gpt2: Path, case: str) -> None:
     make, expected = BAD[case]
@@ -64,6 +65,7 @@ def test_bad_request_fails_alone_inside_a_busy_batch(gpt2: Path, case: str) -> N
     assert engine.generate(GenerationRequest(input_ids=GOOD[0], max_new_tokens=6)).finish_reason == "length"
 
 
+@pytest.mark.slow
 def test_new_tokens_past_the_context_are_cut_to_the_room_left_as_tensorrt_llm_does(gpt2: Path) -> None:
     """Not an error: TensorRT-LLM cuts them with a warning, and the answer ends for its "length"."""
     engine = Engine(str(gpt2), max_batch_size=8)
@@ -185,6 +187,7 @@ def test_a_stopping_engine_with_time_to_spare_still_serves_what_it_has(gpt2: Pat
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_a_stopping_engine_refuses_new_requests_and_finishes_those_in_flight(gpt2: Path) -> None:
     """Told to stop with time to spare: a request in flight streams to its end, a new one is refused at once
     naming the stop, and the engine reports "draining" then "drained" (its launcher SIGTERMs tritonserver only

@@ -195,6 +195,7 @@ def _run_two_ranks(ckpt: str, out: Path, mode: str = "", timeout: float = 120) -
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_tp2_equals_tp1(family: str, tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
@@ -212,6 +213,7 @@ def test_tp2_equals_tp1(family: str, tmp_path: Path) -> None:
     assert [n for _, n in res["tp2_reuse"]] == [0, 9, 9, 0] and [n for _, n in res["tp1_plain"]] == [0] * 4
 
 
+@pytest.mark.slow
 def test_follower_leaves_when_leader_goes_silent(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     ckpt = create_checkpoint(tmp_path / "gpt2", family="gpt2", seed=5)
@@ -226,6 +228,7 @@ def test_follower_leaves_when_leader_goes_silent(tmp_path: Path) -> None:
     assert "no message from the leader for 2s" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_only_its_step_and_ranks_stay_in_step(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     ckpt = create_checkpoint(tmp_path / "gpt2", family="gpt2", seed=5)
@@ -239,6 +242,7 @@ def test_a_failing_rank_fails_only_its_step_and_ranks_stay_in_step(tmp_path: Pat
     assert res["after"] == res["ref"] and len(res["after"]) == 8
 
 
+@pytest.mark.slow
 def test_tp_size_must_equal_world_size(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     code = (

@@ -80,6 +80,7 @@ def _unpacked_bundle(folder: Path) -> Path:
     return folder / "node.py"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("minor", [7, 8])
 def test_node_names_an_old_python_by_its_version(tmp_path, minor):
     """node.py under a python older than the rank-side code needs (an older image's python3): it runs, and its
@@ -102,6 +103,7 @@ def test_node_names_an_old_python_by_its_version(tmp_path, minor):
     assert found["python"]["version"].startswith(f"3.{minor}.")
 
 
+@pytest.mark.slow
 def test_node_under_310_imports_the_launcher_and_names_a_missing_package(tmp_path):
     """3.10 (NGC's images): the whole launcher imports from the bundle; a python model's module that needs a
     package this interpreter lacks (numpy, here) is named."""

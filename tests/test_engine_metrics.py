@@ -10,6 +10,8 @@ import gc
 import weakref
 from dataclasses import fields
 
+import pytest
+
 from backend.cpu_engine.stats import EngineStats
 from backend.models.engine_metrics import FAMILIES, EngineMetrics
 
@@ -57,6 +59,7 @@ def test_gauges_carry_upstreams_families_labels_and_the_engines_counts() -> None
     }
 
 
+@pytest.mark.slow
 def test_release_lets_every_gauge_go_while_the_object_is_still_held() -> None:
     metrics = EngineMetrics(StubUtils, "tensorrt_llm", "1", stats())
     hook = metrics.update  # as the engine's on_step holds it

@@ -333,6 +333,7 @@ def test_a_response_without_text_is_none():
     assert bytes_elements(b"\x02\x00\x00\x00hi\x00\x00\x00\x00") == [b"hi", b""]
 
 
+@pytest.mark.slow
 def test_a_long_prompt_is_counted_off_the_event_loop_which_goes_on_meanwhile(tiny_gpt2):
     """`Gateway.count_prompt`: the same count as `prompt_tokens`, a short prompt at once, a long one on a worker
     thread while the loop keeps running (its ticks go on: counted on the loop, it would stall every stream)."""

@@ -91,6 +91,7 @@ def answer(conn: socket.socket, wait_s: float = CLOSE_WAIT_S) -> tuple[bytes, bo
     return got, True
 
 
+@pytest.mark.slow
 def test_a_connection_that_sends_nothing_or_half_a_head_gets_408_and_is_closed(server):
     idle = socket.create_connection(("127.0.0.1", server))
     half = socket.create_connection(("127.0.0.1", server))
@@ -101,6 +102,7 @@ def test_a_connection_that_sends_nothing_or_half_a_head_gets_408_and_is_closed(s
         assert closed, "closed at the deadline, not left open"
 
 
+@pytest.mark.slow
 def test_a_head_sent_slowly_but_in_time_is_served(gateway_deadline):
     """Three parts with pauses between them: the deadline is the head's (30 s), not each part's."""
     conn = socket.create_connection(("127.0.0.1", gateway_deadline))
@@ -113,6 +115,7 @@ def test_a_head_sent_slowly_but_in_time_is_served(gateway_deadline):
     conn.close()
 
 
+@pytest.mark.slow
 def test_a_kept_alive_connection_idle_past_the_head_deadline_is_served(server):
     """Between requests the connection idles under uvicorn's keep-alive: the head deadline starts again with the
     next request's first byte, so an idle time longer than the deadline does not close it."""
@@ -131,6 +134,7 @@ def test_a_kept_alive_connection_idle_past_the_head_deadline_is_served(server):
     conn.close()
 
 
+@pytest.mark.slow
 def test_the_gateway_raises_its_open_files_limit_to_the_hard_one():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = 256 if hard == resource.RLIM_INFINITY else min(256, hard)
@@ -144,6 +148,7 @@ def test_the_gateway_raises_its_open_files_limit_to_the_hard_one():
     assert [int(v) for v in out] == [low, expected]
 
 
+@pytest.mark.slow
 def test_the_gateways_408s_are_in_its_metrics_and_access_log(tmp_path, tiny_gpt2, caplog):
     """The gateway app behind the protocol as `hpc-serve gateway` builds it (hpc/gateway/serve.py), with a 1 s
     deadline: each connection closed for its head is one request of status 408 and error kind head_timeout in

@@ -53,6 +53,7 @@ def deployment(workdir: Path, name: str, stamp: str, checkpoint: Path, jobs: tup
 
 
 # ------------------------------------------------------------------------------------------------ TARGET
+@pytest.mark.slow
 def test_every_form_of_target_names_the_same_deployment(hpc_home, tmp_path):
     workdir = tmp_path / "runs"
     old = deployment(workdir, "svc", "20260101-000000", tmp_path / "old-ckpt", jobs=("11",))
@@ -78,6 +79,7 @@ def test_a_name_is_the_spec_name_not_a_folder_prefix(hpc_home, tmp_path):
     assert resolve_target("svc-2").name == "svc-2"
 
 
+@pytest.mark.slow
 def test_a_name_in_two_workdirs_is_refused_listing_both(hpc_home, tmp_path):
     deployment(tmp_path / "a", "svc", "20260101-000000", tmp_path / "ckpt", jobs=("31",))
     deployment(tmp_path / "b", "svc", "20260101-000000", tmp_path / "ckpt", jobs=("32",))
@@ -90,6 +92,7 @@ def test_a_name_in_two_workdirs_is_refused_listing_both(hpc_home, tmp_path):
     assert resolve_target("31").workdir == (tmp_path / "a").resolve(), "a job id is never ambiguous"
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_for_targets(hpc_home, tmp_path):
     deployment(tmp_path / "a", "svc", "20260101-000000", tmp_path / "ckpt", jobs=("41",))
     deployment(tmp_path / "b", "svc", "20260101-000000", tmp_path / "ckpt", jobs=("42",))
@@ -125,6 +128,7 @@ def test_gateway_section_errors_name_the_field(tmp_path):
     assert "did you mean 'port'" in str(exc.value)
 
 
+@pytest.mark.slow
 def test_gateway_script_only_with_an_enabled_section(tmp_path):
     def scripts(**extra):
         return R.render_scripts(parse_spec(spec_text("s", tmp_path, tmp_path, **extra), check_files=False), tmp_path)
@@ -182,6 +186,7 @@ def test_rendered_gateway_script(tmp_path):
     assert f"DEPLOY_DIR={deploy}" in lines and str(gateway_record(tmp_path / "runs", "svc")) in script
 
 
+@pytest.mark.slow
 def test_render_writes_the_gateway_script_and_removes_it_when_disabled(tmp_path, tiny_gpt2):
     deploy = tmp_path / "runs" / "svc-1"
     spec = parse_spec(spec_text("svc", tiny_gpt2, tmp_path / "runs", gateway={}))
@@ -365,6 +370,7 @@ def test_the_gateway_as_a_local_job(hpc_home, tmp_path, tiny_gpt2):
             os.kill(int(state["child_pid"]), signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_two_submits_at_once_start_one_gateway_job(hpc_home, tmp_path, tiny_gpt2):
     """ensure_gateway under the deployment's gateway lock: of two submits deciding at the same moment, one submits
     the gateway job and the other finds it under way (without the lock both saw none and submitted one each)."""

@@ -462,6 +462,7 @@ def test_hostile_value_is_rejected_naming_the_field_or_accepted(world, field, va
 COMBOS = [("gpu", "pyxis"), ("gpu", "apptainer"), ("cpu", "pyxis"), ("cpu", "apptainer")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,container", COMBOS)
 @pytest.mark.parametrize("value", [pytest.param(v, id=IDS[v]) for v in HOSTILE + SHELLY])
 def test_hostile_value_renders_safely(world, value, kind, container):
@@ -529,6 +530,7 @@ def test_model_paths_with_shell_characters_render_quoted(world):
     assert "'--container-mounts=" in sub and "$(touch PWNED)" in sub
 
 
+@pytest.mark.slow
 def test_setup_is_verbatim_but_one_line_per_item(world):
     """`slurm.setup` is the user's own shell, run as written, like the lines of a hand-written sbatch script: the
     spec author already controls the job, so quoting it would only break legitimate `source x && export Y=$Z`

@@ -44,6 +44,7 @@ def _use_env(monkeypatch, env: dict[str, str]) -> None:
         monkeypatch.setenv(name, value)
 
 
+@pytest.mark.slow
 def test_mpirun_inside_an_allocation_renders_once_on_rank_0(tmp_path: Path, monkeypatch, hpc_home) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -226,6 +226,7 @@ def test_child_env_hands_the_model_its_place(tmp_path: Path) -> None:
     assert place.release_file == str(JobPaths(tmp_path, "9").released(3)) and place.stop_file is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity API on this platform")
 def test_blas_threads_stay_within_the_cores_the_rank_may_use(tmp_path: Path) -> None:
     """A rank confined to one core (taskset, a cgroup) gets one BLAS thread, not one per core of the node."""
@@ -397,6 +398,7 @@ def test_main_refuses_wrong_world_and_writes_rank_record(
     assert record["exit_code"] == 2 and "--ntasks=4" in record["error"]
 
 
+@pytest.mark.slow
 def test_stdlib_only() -> None:
     """launcher/ may run where only the source tree is mounted: import it with site-packages disabled."""
     import subprocess

@@ -68,6 +68,7 @@ def test_tritonserver_runs_without_the_mpi_job_and_with_the_proxy(tmp_path):
     assert LeaderNode(_plan(tmp_path, backend="cpu"), env).proxy[IPC_HMAC_KEY_VAR] != server[IPC_HMAC_KEY_VAR]
 
 
+@pytest.mark.slow
 def test_a_leader_node_that_ignores_sigterm_is_ended_with_its_group(tmp_path):
     """end(): SIGTERM is ignored by the leader node (Slurm signals every process of a step), so SIGKILL ends it
     and the child it started, and the rank leaves nothing behind."""

@@ -278,6 +278,7 @@ def test_tensorrtllm_repository_leaves_model_py_to_the_launcher(tmp_path, hf):
     assert "decoupled: true" in (out.model_repository / "tensorrt_llm/config.pbtxt").read_text()
 
 
+@pytest.mark.slow
 def test_a_rerender_to_the_engine_workflow_replaces_the_llmapi_repository(tmp_path, hf):
     R.render(load_spec(write(tmp_path, CPU)), tmp_path / "d")
     engine = load_spec(write(tmp_path, CPU.replace("backend: cpu", "backend: cpu\n  workflow: engine")))
@@ -286,6 +287,7 @@ def test_a_rerender_to_the_engine_workflow_replaces_the_llmapi_repository(tmp_pa
 
 
 # ------------------------------------------------------------------------------------------------- the plan
+@pytest.mark.slow
 def test_launch_json_says_the_workflow_backend_and_model_files(tmp_path, hf):
     gpu = LaunchPlan.read(R.render(load_spec(write(tmp_path, GPU)), tmp_path / "g").launch)
     assert (gpu.workflow, gpu.backend, gpu.model_files_from) == ("llmapi", "tensorrtllm", IMAGE_MODEL_DIR)
@@ -297,6 +299,7 @@ def test_launch_json_says_the_workflow_backend_and_model_files(tmp_path, hf):
     assert (plan.workflow, plan.backend, plan.model_files_from) == ("engine", "cpu", None)
 
 
+@pytest.mark.slow
 def test_render_says_where_model_py_comes_from(tmp_path, hf):
     def render(text: str) -> str:
         proc = subprocess.run(
@@ -316,6 +319,7 @@ def test_render_says_where_model_py_comes_from(tmp_path, hf):
     assert "hpc-serve's CPU llmapi model (backend.models.llmapi)" in render(CPU)
 
 
+@pytest.mark.slow
 def test_build_on_an_llmapi_spec_says_there_is_nothing_to_build_and_submits_nothing(tmp_path, hf):
     spec = write(tmp_path, CPU)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}

@@ -95,6 +95,7 @@ def test_tokenizer_without_eos_is_an_error(tmp_path):
         load_tokenizer(d)
 
 
+@pytest.mark.slow
 def test_a_long_text_is_encoded_alike_and_with_the_gil_released(tok):
     """From RELEASE_GIL_CHARS on, encoding goes through `encode_batch`: the same ids as `encode` gives, and other
     threads run meanwhile (the gateway counts a long prompt on a worker thread while its event loop relays

@@ -43,6 +43,7 @@ def _serve(ckpt: Path, **engine) -> list[GenerationRequest]:
     return [eng.generate(r) for r in _requests()]
 
 
+@pytest.mark.slow
 def test_reused_blocks_give_the_tokens_computing_them_gives(ckpt):
     plain, reused = _serve(ckpt), _serve(ckpt, block_reuse=True)
     assert [r.output_ids for r in reused] == [r.output_ids for r in plain]

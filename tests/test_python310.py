@@ -78,12 +78,14 @@ def _sources(folder: Path) -> list[Path]:
     return sorted(p for package in SHIPPED_PACKAGES for p in (folder / package).rglob("*.py"))
 
 
+@pytest.mark.slow
 def test_every_rank_side_file_compiles_under_310(shipped: Path) -> None:
     """py_compile: 3.10's grammar (no `except*`, no 3.12 f-strings) over every file, imported or not."""
     proc = _run310("-m", "py_compile", *map(str, _sources(shipped)))
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_every_rank_side_module_imports_under_310(shipped: Path) -> None:
     """Every module of launcher/ and backend/, imported by 3.10: a `from typing import Self` (3.11), a
     `datetime.UTC`, a `tomllib` anywhere in them fails here with the module and its traceback."""
@@ -111,6 +113,7 @@ def _plan(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_launcher_runs_under_310(shipped: Path, tmp_path: Path) -> None:
     """`python -m launcher` as the per-rank script runs it (PYTHONPATH = the shipped folder): its usage, and a
     dry run of a rank's plan that prints the same tritonserver command as this interpreter's."""

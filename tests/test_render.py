@@ -504,6 +504,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_render_with_site_template(tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "spec.yaml").write_text(
@@ -525,6 +526,7 @@ def test_cli_render_with_site_template(tmp_path):
     assert "SITE TEMPLATE" not in (tmp_path / "d" / "tensorrt_llm_triton.sh").read_text()
 
 
+@pytest.mark.slow
 def test_a_site_sbatch_header_shapes_every_job_script(tmp_path):
     """The three job scripts take their #SBATCH lines from one macro (hpc/render/templates/_sbatch.j2): a site's copy
     of that file with one more line changes the serving, gateway and build scripts alike."""
@@ -549,6 +551,7 @@ def test_a_site_sbatch_header_shapes_every_job_script(tmp_path):
         assert "site-header" not in (tmp_path / "d" / name).read_text(), name
 
 
+@pytest.mark.slow
 def test_cli_render_bad_spec_and_bad_folder_exit_2(tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "spec.yaml").write_text(
@@ -607,6 +610,7 @@ def test_deployment_folder_with_comma_is_refused_only_with_a_container(tmp_path)
     assert R.render(cpu_spec(tmp_path), tmp_path / "a,b").deploy_dir == tmp_path / "a,b"
 
 
+@pytest.mark.slow
 def test_submit_dry_run_prints_the_scripts_and_writes_nothing(tmp_path, monkeypatch):
     """Like dask-jobqueue's job_script(): see exactly what would run, before spending an allocation."""
     import os
@@ -670,6 +674,7 @@ def _hpc_serve(*args: str, env: dict, cwd: Path | None = None, timeout: float = 
     )
 
 
+@pytest.mark.slow
 def test_cli_render_and_dry_run_create_nothing_and_say_what_will(tmp_path):
     (tmp_path / "s.yaml").write_text(INIT_SPEC)
     env, calls = fake_sbatch(tmp_path)
@@ -706,6 +711,7 @@ def test_submit_creates_the_checkpoint_then_submits(tmp_path, monkeypatch):
     assert calls.read_text().split() == ["--parsable", str(ref.job_dir.parent.parent / R.SUB_NAME)]
 
 
+@pytest.mark.slow
 def test_cli_render_previews_a_spec_whose_model_folders_do_not_exist_yet(tmp_path):
     """`render` shows the scripts before the engine is built; validate still refuses the spec."""
     (tmp_path / "spec.yaml").write_text("name: x\nmodel:\n  backend: cpu\n  checkpoint_dir: nope\n  workflow: engine\n")
@@ -716,6 +722,7 @@ def test_cli_render_previews_a_spec_whose_model_folders_do_not_exist_yet(tmp_pat
     assert _cli("validate", "spec.yaml", cwd=tmp_path).returncode == 2
 
 
+@pytest.mark.slow
 def test_the_subs_stop_asks_the_launchers_first(tmp_path):
     """The .sub's ordered stop (Slurm's time-limit USR1, a TERM to the batch shell, a failed replica under
     fail-job) writes the job's stop request, the file every launcher watches (launcher/contracts/layout.py's name), and

@@ -59,6 +59,7 @@ def test_lookup_order(tmp_path):
     assert find_profile({}, home, system) == (None, "")
 
 
+@pytest.mark.slow
 def test_missing_site_file_is_an_error_naming_the_variable(tmp_path):
     spec = cpu_spec(tmp_path)
     result = cli(["validate", str(spec)], tmp_path / "nope.yaml", tmp_path)
@@ -69,6 +70,7 @@ def test_missing_site_file_is_an_error_naming_the_variable(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_bad_profile_lists_every_problem_at_its_line(tmp_path):
     profile = write(
         tmp_path / "site.yaml",
@@ -186,6 +188,7 @@ def test_precedence_spec_over_profile_over_defaults(tmp_path):
     assert spec.container.mounts == [f"{tmp_path / 'site' / 'data'}"]
 
 
+@pytest.mark.slow
 def test_explain_says_where_each_value_came_from(tmp_path):
     profile = write(tmp_path / "site" / "site.yaml", PROFILE)
     (tmp_path / "site" / "data").mkdir()
@@ -270,6 +273,7 @@ def test_the_rendered_folder_needs_no_profile(tmp_path):
     assert provenance(again) is not None and provenance(again).profile is None
 
 
+@pytest.mark.slow
 def test_submit_says_which_profile_it_used(tmp_path, tiny_gpt2, tritonserver, monkeypatch):
     """`submit` names the site profile on stderr (stdout stays `JOB FOLDER` for scripts): a real local job,
     cancelled at once."""
@@ -293,6 +297,7 @@ def test_submit_says_which_profile_it_used(tmp_path, tiny_gpt2, tritonserver, mo
         kill_quietly(pid for pid, _ in processes_under(Path(job_dir).parent.parent))
 
 
+@pytest.mark.slow
 def test_dry_run_says_which_profile_it_used(tmp_path, monkeypatch):
     """`submit --dry-run` names the profile on stderr as `submit` does (stdout stays the scripts), and the
     scripts hold its values; nothing is written."""
@@ -309,6 +314,7 @@ def test_dry_run_says_which_profile_it_used(tmp_path, monkeypatch):
     assert not (tmp_path / "site" / "runs").exists() and not (tmp_path / "home").exists()
 
 
+@pytest.mark.slow
 def test_no_profile_says_where_it_looked(tmp_path, monkeypatch):
     import hpc.spec.site
     from hpc.spec.site import profile_summary

@@ -71,6 +71,7 @@ def test_an_error_carries_the_command_its_exit_code_and_stderr(bin_dir):
     assert gateway.calls["sbatch"] == 1, "a refusal is not retried"
 
 
+@pytest.mark.slow
 def test_a_command_that_hangs_times_out(bin_dir):
     fake_command(bin_dir, "squeue", "exec sleep 30")
     sleeps = Sleeps()
@@ -237,6 +238,7 @@ def make_job(root: Path, job_id: str) -> JobRef:
     return JobRef(job_id, JobPaths(deploy, job_id).folder)
 
 
+@pytest.mark.slow
 def test_watching_20_jobs_for_a_minute_makes_a_bounded_number_of_scheduler_calls(tmp_path, cluster):
     """A dashboard asking for the status of 20 pending jobs every second for a minute (`hpc-serve list` and
     `hpc.api.Job` register their jobs first): the watcher asks Slurm about all of them at once, at 0, 3, 7, 15

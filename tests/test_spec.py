@@ -113,6 +113,7 @@ def cpu_dir(tmp_path: Path) -> Path:
 
 
 # --------------------------------------------------------------------------------------------- CLI contract
+@pytest.mark.slow
 def test_cli_validate_good_spec_exits_0(gpu_dir):
     spec = write(gpu_dir, GPU_SPEC)
     result = validate_cli(spec)
@@ -121,6 +122,7 @@ def test_cli_validate_good_spec_exits_0(gpu_dir):
     assert "ok" in result.stdout and "gpu-two" in result.stdout and "2 ranks" in result.stdout
 
 
+@pytest.mark.slow
 def test_cli_validate_lists_every_problem_with_its_line(gpu_dir):
     spec = write(
         gpu_dir,
@@ -160,6 +162,7 @@ def test_cli_validate_lists_every_problem_with_its_line(gpu_dir):
         assert re.match(rf"^{re.escape(str(spec))}:\d+: [\w.]+: .+", got), got
 
 
+@pytest.mark.slow
 def test_cli_validate_filesystem_problems_all_listed(tmp_path):
     spec = write(tmp_path, GPU_SPEC)  # neither engine nor tok exist
     result = validate_cli(spec)
@@ -171,6 +174,7 @@ def test_cli_validate_filesystem_problems_all_listed(tmp_path):
     assert lines[1].startswith(f"{spec}:{line_of(spec, 'tokenizer_dir:')}: model.tokenizer_dir: ")
 
 
+@pytest.mark.slow
 def test_cli_validate_unreadable_and_non_yaml(tmp_path):
     missing = validate_cli(tmp_path / "nope.yaml", cwd=tmp_path)
     assert missing.returncode == 2
@@ -184,6 +188,7 @@ def test_cli_validate_unreadable_and_non_yaml(tmp_path):
     assert result.returncode == 2 and "must be a YAML mapping" in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_relative_spec_path_is_reported_as_given(cpu_dir):
     (cpu_dir / "sub").mkdir()
     write(cpu_dir / "sub", CPU_SPEC.replace("checkpoint_dir: ckpt", "checkpoint_dir: ../missing"))
@@ -426,6 +431,7 @@ def test_unset_variable_in_a_path_field(cpu_dir, monkeypatch):
     assert loaded.workdir == cpu_dir / "runs"
 
 
+@pytest.mark.slow
 def test_unset_variable_message_names_the_variable_and_the_fix(cpu_dir, monkeypatch):
     monkeypatch.delenv("HPC_TEST_UNSET_VAR", raising=False)
     spec = write(cpu_dir, CPU_SPEC + "workdir: ${HPC_TEST_UNSET_VAR}/runs\n")

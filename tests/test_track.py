@@ -456,6 +456,7 @@ def test_local_running_supervisor_alive(tmp_path, scheduler):
     assert job_status(ref).state == "READY"
 
 
+@pytest.mark.slow
 def test_local_running_with_dead_supervisor_is_failed(tmp_path):
     ref = make_local(tmp_path, state="RUNNING", pid=dead_pid())
     st = job_status(ref)
@@ -464,6 +465,7 @@ def test_local_running_with_dead_supervisor_is_failed(tmp_path):
     assert "supervisor died" in st.summary()
 
 
+@pytest.mark.slow
 def test_local_dead_supervisor_with_failed_rank_names_it(tmp_path):
     ref = make_local(tmp_path, state="RUNNING", pid=dead_pid())
     cause = rank_exit(ref, 0, -9, signal="SIGKILL", ended_at=1.0)
@@ -478,6 +480,7 @@ def test_local_failed_reports_exit_code_and_rank(tmp_path):
     assert "rank 0 on vm exited with signal SIGKILL" in st.summary()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("state", ["COMPLETED", "CANCELLED"])
 def test_local_end_states(tmp_path, state):
     ref = make_local(tmp_path, state=state, pid=dead_pid(), exit_code=0)
@@ -491,6 +494,7 @@ def test_local_never_started_is_unknown(tmp_path):
     assert st.state == "UNKNOWN" and "never started" in st.reason
 
 
+@pytest.mark.slow
 def test_local_supervisor_stays_light():
     """hpc.jobs.local_run (the detached supervisor) takes the folder's names from launcher.contracts.layout, so that starting it
     does not import pydantic/jinja2/the spec before the ranks start."""
@@ -503,6 +507,7 @@ def test_local_supervisor_stays_light():
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_cancel_of_a_local_build_job_reads_cancelling_until_its_script_has_gone(tmp_path, hpc_home, monkeypatch):
     """`hpc-serve cancel` of a build job, for real under the local executor: while its script is still stopping
     (here: held in its TERM trap until the test lets it go) the job is CANCELLING, not BUILDING; then CANCELLED."""
@@ -576,6 +581,7 @@ def test_wait_stops_at_an_end_state_it_was_not_waiting_for(tmp_path, scheduler):
     assert wait(ref, until=("READY",), poll_s=0.01, timeout=30).state == "FAILED"
 
 
+@pytest.mark.slow
 def test_wait_gives_up_on_unknown(tmp_path, scheduler, monkeypatch):
     monkeypatch.setattr(track, "UNKNOWN_GIVE_UP_S", 0.3)
     ref = make_job(tmp_path)
@@ -634,6 +640,7 @@ def test_wait_gives_up_on_unknown_exactly(tmp_path, scheduler, monkeypatch):
     assert clock.now - start == 6.0 and scheduler.calls == 7
 
 
+@pytest.mark.slow
 def test_wait_honours_timeout(tmp_path, scheduler):
     ref = make_job(tmp_path)
     scheduler.set("PENDING", "Priority")
@@ -643,6 +650,7 @@ def test_wait_honours_timeout(tmp_path, scheduler):
     assert time.monotonic() - started >= 0.3
 
 
+@pytest.mark.slow
 def test_wait_timeout_applies_to_unknown_too(tmp_path, scheduler, monkeypatch):
     monkeypatch.setattr(track, "UNKNOWN_GIVE_UP_S", 3600.0)
     ref = make_job(tmp_path)

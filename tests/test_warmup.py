@@ -89,6 +89,7 @@ def test_the_ensemble_is_warmed_up_else_the_bls_model_else_none(tmp_path: Path) 
     assert choose(repository(tmp_path / "c", "identity"), 5) is None, "not a repository of ours: health alone"
 
 
+@pytest.mark.slow
 def test_a_token_that_came_back_is_success_and_the_token_is_sent(triton) -> None:
     port, server = triton
     server.answers["/v2/models/ensemble/generate_stream"] = (200, "text/event-stream", OK, False)
@@ -111,6 +112,7 @@ def test_a_token_that_came_back_is_success_and_the_token_is_sent(triton) -> None
         (200, "text/event-stream", b"", "the stream ended without a response"),
     ],
 )
+@pytest.mark.slow
 def test_an_error_answer_fails_with_the_servers_text(triton, status, kind, body, expected) -> None:
     port, server = triton
     server.answers["/v2/models/ensemble/generate_stream"] = (status, kind, body, False)
@@ -135,6 +137,7 @@ def child():
     started.proc.wait(10)
 
 
+@pytest.mark.slow
 def test_warm_up_outcomes(triton, child) -> None:
     port, server = triton
     sup, proc = child
@@ -162,6 +165,7 @@ def test_warm_up_outcomes(triton, child) -> None:
     assert outcome.state == "exited", outcome
 
 
+@pytest.mark.slow
 def test_startup_record_round_trip(tmp_path: Path) -> None:
     paths = JobPaths(tmp_path, "9").create()
     record = records.StartupRecord(job_id="9", replica=1, phase=records.WARMING_UP, since=100.0, detail="x")
