@@ -119,7 +119,7 @@ def render() -> str:
         out.append(f"## {f'`{path}`' if path else 'Top level'}\n")
         out.append(_cell(model.__doc__ or "") + "\n")
         if model.model_config.get("extra") == "allow":
-            out.append("Keys not listed here are passed to TensorRT-LLM as they are.\n")
+            out.append("Keys not listed here are passed on to TensorRT-LLM.\n")
         out.append("| field | type | default | description |\n|---|---|---|---|")
         for dotted, field in fields(model, path):
             kind = "section" if _models(field.annotation) else type_name(field.annotation)
