@@ -133,7 +133,7 @@ def test_max_tokens_past_the_context_are_cut_to_the_room_left(served, still_serv
 
 def test_max_tokens_not_a_number(served, still_serving):
     code, body = _generate(served[1], {"text_input": "Hello", "max_tokens": "abc"})
-    # tritonserver's own JSON parser answers (with 500, not 400: README, what a client may rely on)
+    # tritonserver's own JSON parser answers (with 500, not 400: docs/compatibility.md, what a client may rely on)
     assert code >= 400 and "Unable to parse" in body["error"], body
 
 

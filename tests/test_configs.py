@@ -21,7 +21,7 @@ from tests._golden import check_script
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 GOLDEN = Path(__file__).resolve().parent / "golden"
-# One spec with nothing of a cluster in it, rendered against each example site profile (README "Site profiles")
+# One spec with nothing of a cluster in it, rendered against each example site profile (docs/site-profiles.md)
 SITES = ROOT / "configs" / "sites"
 PORTABLE = ROOT / "configs" / "gpt2-medium-portable.yaml"
 SITE_GOLDEN = GOLDEN / "sites"
@@ -171,7 +171,7 @@ def cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
 @pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_readme_commands_on_a_fresh_machine(tmp_path, config):
-    """README: `hpc-serve validate|render CONFIG` and `submit CONFIG --dry-run` with nothing exported. No config
+    """docs/deploying.md "Using it": `hpc-serve validate|render CONFIG` and `submit CONFIG --dry-run` with nothing exported. No config
     stops on an unset variable; a GPU config's validate names the engine that is not built yet (and nothing
     else); render and the dry run preview every config and create nothing outside the deployment folder."""
     env = fresh_machine(tmp_path)

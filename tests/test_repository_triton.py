@@ -260,7 +260,7 @@ def test_streamed_chunks_arrive_as_whole_characters(decoupled, model):
 
 def test_ensemble_stream_without_our_request_id_behaves_like_upstream(decoupled):
     """The ensemble cannot tell streams apart without hpc-serve's request id: split characters arrive as U+FFFD,
-    exactly as upstream's ensemble does (README: where we differ)."""
+    exactly as upstream's ensemble does (docs/compatibility.md: where hpc-serve differs)."""
     pieces = _stream(f"127.0.0.1:{decoupled.grpc_port}", "ensemble", SPLIT_TEXT)
     assert "\ufffd" in "".join(pieces) and len(pieces) > 3
 

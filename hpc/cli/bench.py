@@ -168,7 +168,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "bench",
-        help="load-test a deployment, job or gateway URL: throughput, latency, TTFT, ITL, goodput (see README)",
+        help="load-test a deployment, job or gateway URL: throughput, latency, TTFT, ITL, goodput (docs/bench-and-metrics.md)",
     )
     add_target(p, url=True)
     w = p.add_argument_group("workload")

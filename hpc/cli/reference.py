@@ -40,6 +40,25 @@ A flag means one thing on every command that has it: `--timeout S` is how long a
 (exit 4 when it runs out, the job goes on); `--seed N` is the sampling seed; `--model NAME` the model the
 requests name.
 
+## A tour
+
+```bash
+hpc-serve status TARGET         # PENDING (Slurm's reason) → STARTING → READY, or FAILED naming the rank
+hpc-serve status tiny-cpu       # a deployment (spec, folder or name): its jobs under way, and its gateway
+hpc-serve wait tiny-cpu --timeout 600    # its current job READY: 0; ended: 1; still starting after 600 s: 4
+hpc-serve endpoints TARGET --format env  # GATEWAY_URL=… (when one answers), TRITON_HTTP_URL=http://<host>:<port> …
+hpc-serve generate TARGET "The capital of France is" --max-tokens 16
+hpc-serve generate configs/tiny-cpu.yaml "Once upon a time" --stream --temperature 0.8 --seed 1
+hpc-serve generate tiny-cpu --file prompts.txt --concurrency 16    # one JSON line per prompt, in order
+hpc-serve metrics tiny-cpu --watch 2     # every replica's figures, summed; live rates
+hpc-serve bench tiny-cpu --request-rate 8 --output-dir bench/   # load test: req/s, tokens/s, TTFT, ITL
+hpc-serve logs TARGET --rank 1 -f        # a job, or a deployment's current job
+hpc-serve cancel 1234                    # ordered stop: drain, release the followers, then scancel
+hpc-serve cancel tiny-cpu                # a deployment: every job of it, renewal included
+hpc-serve token tiny-cpu                 # the access token (auth: token); nothing, exit 0, on auth: none
+hpc-serve list
+```
+
 ## Exit codes
 
 | code | meaning |

@@ -27,7 +27,7 @@ UNKNOWN = "unknown_parameter"
 UNSERVED = "unserved"
 
 #: keys of a request that clients commonly send and that change nothing this gateway does: accepted and ignored
-#: (README "What it serves" lists them), each with why nothing depends on it
+#: (docs/gateway.md "What it serves" lists them), each with why nothing depends on it
 IGNORED_FIELDS: Mapping[str, str] = {
     "user": "an end user's id, for OpenAI's abuse monitoring",
     "safety_identifier": "the same, `user`'s successor",
@@ -68,7 +68,9 @@ def unknown(name: str, known: Iterable[str], what: str, at: list[str | int]) -> 
     """The error of a key `name` (at `at`) that is none of `known`, the keys of its part, with the nearest one."""
     close = nearest(name, known)
     hint = (
-        f"did you mean {close!r}?" if close else "this gateway neither serves nor ignores it (README: What it serves)"
+        f"did you mean {close!r}?"
+        if close
+        else "this gateway neither serves nor ignores it (docs/gateway.md: What it serves)"
     )
     return _error(UNKNOWN, f"unknown {what}; {hint}", at)
 

@@ -3,7 +3,7 @@
 Chat: the tokenizer folder's `tokenizer_config.json` `chat_template` (Hugging Face's convention), rendered with
 jinja2 the way transformers does (`messages`, `add_generation_prompt`, the special tokens). A folder without
 one (e.g. a plain GPT-2) gets FALLBACK_TEMPLATE: `role: content` lines and a trailing `assistant:`, documented
-in README, so chat works on any model, if not as well as with its own template.
+in docs/gateway.md, so chat works on any model, if not as well as with its own template.
 
 Stop: the engine is asked to stop at the sequences too, but the OpenAI API leaves the stop sequence out of the
 text and TensorRT-LLM does not, and a stop string can span several tokens; so the gateway cuts the text itself

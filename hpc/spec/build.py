@@ -106,10 +106,18 @@ class BuildSpec(_Section):
     plugins: dict[str, str | int | bool] = Field(
         default_factory=dict, description="trtllm-build flags: gpt_attention_plugin, gemm_plugin, paged_kv_cache …"
     )
-    max_batch_size: int | None = Field(None, ge=1, description="default triton.triton_max_batch_size")
-    max_input_len: int = Field(1024, ge=1)
-    max_seq_len: int | None = Field(None, ge=1, description="default: the model's (trtllm-build decides)")
-    max_num_tokens: int | None = Field(None, ge=1)
+    max_batch_size: int | None = Field(
+        None, ge=1, description="trtllm-build --max_batch_size; default triton.triton_max_batch_size"
+    )
+    max_input_len: int = Field(1024, ge=1, description="trtllm-build --max_input_len: the longest prompt, in tokens")
+    max_seq_len: int | None = Field(
+        None, ge=1, description="trtllm-build --max_seq_len; default the model's (trtllm-build decides)"
+    )
+    max_num_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="trtllm-build --max_num_tokens: tokens of one step, all requests; default trtllm-build's",
+    )
     workers: int | None = Field(None, ge=1, description="--workers of the tools; default the GPUs of the build node")
     convert_script: str | None = Field(
         None, description="convert_checkpoint.py of the model's family, e.g. /app/tensorrt_llm/examples/llama/..."

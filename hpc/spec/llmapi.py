@@ -56,7 +56,9 @@ class CudaGraphConfig(_PassThrough):
 class LlmApiSpec(_PassThrough):
     """TensorRT-LLM LLM API arguments (`LLM(**args)`), written into model.yaml. Only keys given are written:
     TensorRT-LLM's own defaults apply to the others. tensor_parallel_size and pipeline_parallel_size come from
-    model.tp_size / model.pp_size, gpus_per_node from slurm.gpus_per_node, `model` from model.checkpoint_dir."""
+    model.tp_size / model.pp_size, gpus_per_node from slurm.gpus_per_node, `model` from model.checkpoint_dir. Any other
+    key passes through if TensorRT-LLM's table of LLM API arguments (hpc/spec/llm_args.py) has it; an unknown one is
+    an error with a did-you-mean."""
 
     kv_cache_config: KvCacheConfig | None = Field(None, description="free_gpu_memory_fraction, max_tokens, ...")
     max_batch_size: int | None = Field(None, ge=1, description="requests batched per step (TensorRT-LLM: 2048)")

@@ -18,9 +18,9 @@ from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL_DIR, LLMAPI, MODEL_FIL
 class ModelInit(_Section):
     """Create a small random-weight checkpoint if `checkpoint_dir` does not exist (CPU backend only)."""
 
-    family: Literal["gpt2", "llama"] = "gpt2"
-    size: Literal["tiny", "small"] = "tiny"
-    seed: int = 0
+    family: Literal["gpt2", "llama"] = Field("gpt2", description="the architecture of the checkpoint made")
+    size: Literal["tiny", "small"] = Field("tiny", description="how large a model to make")
+    seed: int = Field(0, description="the random seed of its weights: the same seed makes the same checkpoint")
 
 
 class ModelSpec(_Section):
@@ -28,14 +28,31 @@ class ModelSpec(_Section):
     which TensorRT-LLM workflow (`workflow`: llmapi serves a Hugging Face checkpoint, engine a trtllm-build
     engine)."""
 
-    backend: Literal["tensorrtllm", "cpu"] = "tensorrtllm"
+    backend: Literal["tensorrtllm", "cpu"] = Field(
+        "tensorrtllm",
+        description="tensorrtllm: TensorRT-LLM on GPUs; cpu: hpc-serve's embedded CPU reference engine behind the "
+        "same Triton tensors (no GPU needed)",
+    )
     workflow: Literal[WORKFLOWS] | None = Field(None, description=WORKFLOW_HELP)  # type: ignore[valid-type]
-    engine_dir: Path | None = None
-    checkpoint_dir: Path | None = None
-    tokenizer_dir: Path | None = None
-    tp_size: int = Field(1, ge=1)
-    pp_size: int = Field(1, ge=1)
-    init: ModelInit | None = None
+    engine_dir: Path | None = Field(
+        None, description="engine workflow, backend tensorrtllm: the trtllm-build output (or a build: section)"
+    )
+    checkpoint_dir: Path | None = Field(
+        None,
+        description="a Hugging Face checkpoint folder: what the llmapi workflow serves, and what backend cpu reads",
+    )
+    tokenizer_dir: Path | None = Field(
+        None,
+        description="engine workflow: the tokenizer's folder (required with backend tensorrtllm; default "
+        "checkpoint_dir); llmapi reads it from checkpoint_dir (another: llm_api.tokenizer)",
+    )
+    tp_size: int = Field(1, ge=1, description="tensor-parallel ranks of a replica")
+    pp_size: int = Field(1, ge=1, description="pipeline-parallel ranks of a replica (1 with backend cpu)")
+    init: ModelInit | None = Field(
+        None,
+        description="backend cpu: a random-weight checkpoint that `submit` (or the build job, with build:) creates "
+        "when checkpoint_dir is missing; by hand: `hpc-serve init-model DIR`",
+    )
     model_files_from: str | None = Field(
         None,
         description=f"llmapi, backend tensorrtllm: the folder holding TensorRT-LLM's llmapi {' and '.join(MODEL_FILES)} "

@@ -51,24 +51,32 @@ from launcher.contracts.gpu import PER_RANK
 from launcher.contracts.gpu import POLICIES as GPU_POLICIES
 from launcher.contracts.llmapi import ENGINE, LLMAPI
 
+#: the start of the description of a `triton:` field that only the engine workflow's model repository reads (on
+#: llmapi, setting one is an error naming its llm_api counterpart: hpc/spec/llmapi.py ENGINE_TRITON_FIELDS)
+_ENGINE_ONLY = "engine workflow: "
+
 
 class SlurmSpec(_Section):
     """What `#SBATCH` asks for. Names follow sbatch's long options."""
 
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: SlurmTime = "01:00:00"
-    nodes: int = Field(1, ge=1)
+    partition: str | None = Field(None, description="--partition; default the cluster's default partition")
+    account: str | None = Field(None, description="--account to charge; default your default account")
+    qos: str | None = Field(None, description="--qos; default the account's")
+    time: SlurmTime = Field(
+        "01:00:00",
+        description="--time, the job's time limit (quoted: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); "
+        "renew: hands a longer service from job to job",
+    )
+    nodes: int = Field(1, ge=1, description="--nodes: nodes of the job, for all its replicas")
     gpus_per_node: int = Field(0, ge=0, description="GPUs requested per node (--gres=gpu:N); one rank per GPU")
     ntasks_per_node: int | None = Field(
         None, ge=1, description="ranks per node; default gpus_per_node, or world size / nodes on CPU"
     )
-    cpus_per_task: int | None = Field(None, ge=1)
-    mem: SlurmMem | None = None
-    exclusive: bool = False
-    constraint: str | None = None
-    reservation: str | None = None
+    cpus_per_task: int | None = Field(None, ge=1, description="--cpus-per-task: CPUs of each rank")
+    mem: SlurmMem | None = Field(None, description="--mem per node, e.g. 64G or 512000M; 0: all of it; null: Slurm's")
+    exclusive: bool = Field(False, description="--exclusive: no other job shares the job's nodes")
+    constraint: str | None = Field(None, description="--constraint: the node features to ask for, e.g. h100")
+    reservation: str | None = Field(None, description="--reservation to run in")
     gres: str | None = Field(None, description="a GRES string that replaces gpu:<gpus_per_node>")
     sbatch_args: list[str] = Field(default_factory=list, description="extra #SBATCH directives, e.g. --mail-type=END")
     srun_args: list[str] = Field(default_factory=list, description="extra srun options for the server step")
@@ -110,10 +118,18 @@ class SlurmSpec(_Section):
 class ContainerSpec(_Section):
     """How each rank's process is wrapped: nothing, pyxis (`srun --container-*`), or `apptainer exec --nv`."""
 
-    type: Literal["none", "pyxis", "apptainer"] = "none"
-    image: str | None = None
+    type: Literal["none", "pyxis", "apptainer"] = Field(
+        "none",
+        description="none: the ranks run on the node itself; pyxis: `srun --container-image`; apptainer: "
+        "`apptainer exec --nv`",
+    )
+    image: str | None = Field(
+        None, description="the image (required with pyxis or apptainer), e.g. nvcr.io#nvidia/tritonserver:…"
+    )
     mounts: list[str] = Field(default_factory=list, description="SRC:DST[:FLAGS]; the deployment folder is added")
-    workdir: str | None = None
+    workdir: str | None = Field(
+        None, description="working folder inside the container (pyxis --container-workdir, apptainer --pwd)"
+    )
     name: str | None = Field(None, description="pyxis --container-name (reuse an unpacked image across steps)")
     python: str = Field("python3", description="python inside the container that runs the launcher")
 
@@ -138,9 +154,12 @@ class ContainerSpec(_Section):
 
 
 class PortsSpec(_Section):
-    http: Port = "auto"
-    grpc: Port = "auto"
-    metrics: Port = "auto"
+    """The ports each replica leader's tritonserver listens on (the other ranks have none). `auto`: free ports
+    picked on the leader's node, and picked again if taken, so two deployments can share a node."""
+
+    http: Port = Field("auto", description="tritonserver --http-port (HTTP/REST), or auto")
+    grpc: Port = Field("auto", description="tritonserver --grpc-port, or auto")
+    metrics: Port = Field("auto", description="tritonserver --metrics-port (Prometheus /metrics), or auto")
 
     _range = field_validator("http", "grpc", "metrics")(_tcp_port)
 
@@ -160,27 +179,75 @@ class TritonSpec(_Section):
     """tritonserver and the model repository's parameters (upstream fill_template names)."""
 
     server: str | None = Field(None, description="tritonserver binary; default $TRITONSERVER, NGC path, pytriton's")
-    ports: PortsSpec = Field(default_factory=PortsSpec)
-    triton_max_batch_size: int = Field(64, ge=1)
+    ports: PortsSpec = Field(default_factory=PortsSpec, description="each replica leader's ports")
+    triton_max_batch_size: int = Field(
+        64,
+        ge=1,
+        description=_ENGINE_ONLY + "max_batch_size of the model repository's models (llmapi: llm_api.max_batch_size)",
+    )
     decoupled: bool = Field(True, description="decoupled_mode: needed for streaming and in-flight batching")
     # allowed values from the repository's one table of parameters (backend/repository.py)
-    batching_strategy: Literal[choices("batching_strategy")] = "inflight_fused_batching"  # type: ignore[valid-type]
-    batch_scheduler_policy: Literal[choices("batch_scheduler_policy")] = "guaranteed_no_evict"  # type: ignore[valid-type]
-    kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1)
-    max_tokens_in_paged_kv_cache: int | None = Field(None, ge=1)
-    max_attention_window_size: int | None = Field(None, ge=1)
-    enable_kv_cache_reuse: bool = False
-    exclude_input_in_output: bool = True
-    max_queue_delay_microseconds: int = Field(0, ge=0)
-    max_queue_size: int = Field(0, ge=0)
-    preprocessing_instance_count: int = Field(1, ge=1)
-    postprocessing_instance_count: int = Field(1, ge=1)
-    bls_instance_count: int = Field(1, ge=1)
-    parameters: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    log_verbose: int = Field(0, ge=0, le=6)
+    batching_strategy: Literal[choices("batching_strategy")] = Field(  # type: ignore[valid-type]
+        "inflight_fused_batching",
+        description=_ENGINE_ONLY + "the tensorrt_llm model's gpt_model_type (in-flight batching or V1)",
+    )
+    batch_scheduler_policy: Literal[choices("batch_scheduler_policy")] = Field(  # type: ignore[valid-type]
+        "guaranteed_no_evict",
+        description=_ENGINE_ONLY
+        + "the engine's batch scheduler: guaranteed_no_evict admits a request only when its KV cache "
+        "is sure to fit; max_utilization admits more and may pause some",
+    )
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        0.9, gt=0, le=1, description=_ENGINE_ONLY + "the share of free GPU memory (after the weights) for the KV cache"
+    )
+    max_tokens_in_paged_kv_cache: int | None = Field(
+        None,
+        ge=1,
+        description=_ENGINE_ONLY + "at most this many tokens in the KV cache (not below the engine's max_seq_len)",
+    )
+    max_attention_window_size: int | None = Field(
+        None, ge=1, description=_ENGINE_ONLY + "tokens of the attention window (not above the engine's max_seq_len)"
+    )
+    enable_kv_cache_reuse: bool = Field(
+        False, description=_ENGINE_ONLY + "reuse the KV blocks of a shared prompt prefix"
+    )
+    exclude_input_in_output: bool = Field(
+        True, description=_ENGINE_ONLY + "the output holds the generated tokens only, no prompt"
+    )
+    max_queue_delay_microseconds: int = Field(
+        0, ge=0, description=_ENGINE_ONLY + "how long Triton's dynamic batching waits to fill a batch (config.pbtxt)"
+    )
+    max_queue_size: int = Field(
+        0, ge=0, description=_ENGINE_ONLY + "requests Triton queues per model before it refuses more (0: no bound)"
+    )
+    preprocessing_instance_count: int = Field(
+        1, ge=1, description=_ENGINE_ONLY + "instances of the preprocessing model"
+    )
+    postprocessing_instance_count: int = Field(
+        1,
+        ge=1,
+        description=_ENGINE_ONLY + "instances of the postprocessing model (the ensemble's clean streaming needs 1)",
+    )
+    bls_instance_count: int = Field(1, ge=1, description=_ENGINE_ONLY + "instances of the tensorrt_llm_bls model")
+    parameters: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description=_ENGINE_ONLY + "any other upstream tensorrt_llm parameter (fill_template names), checked against "
+        "backend/repository.py's table; one a field above sets is refused",
+    )
+    log_verbose: int = Field(0, ge=0, le=6, description="tritonserver --log-verbose level on every rank")
     server_args: list[str] = Field(default_factory=list, description="extra tritonserver flags for every rank")
-    ready_timeout_s: int = Field(DEFAULT_READY_TIMEOUT_S, ge=10)
-    warmup_timeout_s: float = Field(DEFAULT_WARMUP_TIMEOUT_S, ge=1, description="the first token after loading")
+    ready_timeout_s: int = Field(
+        DEFAULT_READY_TIMEOUT_S,
+        ge=10,
+        description="seconds a replica's tritonserver may take to load its models (/v2/health/ready) before the "
+        "rank fails",
+    )
+    warmup_timeout_s: float = Field(
+        DEFAULT_WARMUP_TIMEOUT_S,
+        ge=1,
+        description="seconds the first request (one token, after loading) may take; the replica is READY once it "
+        "came back",
+    )
 
     _server = field_validator("server")(lambda v: _no_newline(v) if v else v)
 
@@ -209,14 +276,28 @@ class TritonSpec(_Section):
 class Spec(_Section):
     """One deployment. Paths are resolved against the spec file's folder; `~` and `$VARS` are expanded."""
 
-    name: str
-    workdir: Path = Path("runs")
-    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
-    container: ContainerSpec = Field(default_factory=ContainerSpec)
-    model: ModelSpec
-    triton: TritonSpec = Field(default_factory=TritonSpec)
-    mode: Literal["leader", "orchestrator"] = "leader"
-    replicas: int = Field(1, ge=1)
+    name: str = Field(
+        description="the deployment's name (letters, digits, '.', '_', '-'; 64 at most): the Slurm job name, the "
+        "model name the gateway serves, and how a TARGET finds the deployment"
+    )
+    workdir: Path = Field(
+        Path("runs"), description="deployment folders go here; on a cluster, a filesystem every node sees"
+    )
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="what the job asks Slurm for")
+    container: ContainerSpec = Field(default_factory=ContainerSpec, description="what each rank runs in")
+    model: ModelSpec = Field(description="what is served, by which engine and workflow")
+    triton: TritonSpec = Field(default_factory=TritonSpec, description="tritonserver and the model repository")
+    mode: Literal["leader", "orchestrator"] = Field(
+        "leader",
+        description="leader: every rank is a process of its own under srun; orchestrator: one process spawns the "
+        "ranks (MPI_Comm_spawn; engine workflow, backend tensorrtllm, a single node)",
+    )
+    replicas: int = Field(
+        1,
+        ge=1,
+        description="independent copies of the model in the job, each one srun step with its own endpoint; "
+        "tp × pp × replicas must equal nodes × ntasks_per_node",
+    )
     replica_policy: Literal["fail-job", "keep-serving"] = Field(
         "fail-job",
         description="when a replica dies: fail-job ends the job (every replica stops in order); keep-serving lets "
