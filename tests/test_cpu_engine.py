@@ -46,10 +46,12 @@ def llama(tmp_path_factory) -> Path:
 
 
 def _prompts(path: Path) -> list[list[int]]:
-    from transformers import AutoTokenizer
+    """TEXTS as transformers' AutoTokenizer encodes them (the same ids, checked for both families), without
+    importing transformers: seconds of every unit run."""
+    from tokenizers import Tokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path))
-    return [tok(t)["input_ids"] for t in TEXTS]
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return [tok.encode(t).ids for t in TEXTS]
 
 
 def _eos(path: Path) -> int:
@@ -111,6 +113,7 @@ def test_prefill_and_decode_logits_match_transformers(ckpt: Path) -> None:
     np.testing.assert_allclose(step1[1], full[len(prompt)], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_one_forward_of_mixed_rows_equals_separate_passes(ckpt: Path) -> None:
     """Decode rows + several ragged prompts (slots not contiguous, not in order) in one forward give the same
     logits and leave the same cache as running each piece on its own."""
@@ -146,6 +149,7 @@ def test_checkpoint_errors_are_named(tmp_path: Path) -> None:
         load_config(tmp_path)
 
 
+@pytest.mark.slow  # imports torch
 def test_sharded_safetensors_index_and_bf16(llama: Path, tmp_path: Path) -> None:
     """A checkpoint split into two bf16 shards with an index loads and gives (nearly) the same tokens."""
     torch = pytest.importorskip("torch")

@@ -12,7 +12,6 @@ The stubs record argv NUL-separated (`<call>.argv0`, exact even for arguments co
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -54,9 +53,6 @@ printf '%s\\0' "${0##*/}" "$@" > "$f.argv0"
 printf '%s\\n' "${0##*/}" "$@" > "$f.argv"
 env -0 > "$f.env"
 """
-
-
-_cached_environment = functools.lru_cache(maxsize=None)(R._environment)
 
 
 # --------------------------------------------------------------------------------------------- the world
@@ -119,8 +115,6 @@ def world(tmp_path: Path, monkeypatch) -> World:
         w.stub(name)
     monkeypatch.setenv("HOME", str(w.home))  # `$HOME` / `~` in path fields expand to the tmp home
     monkeypatch.delenv("HPC_SERVE_HOME", raising=False)
-    # ~600 renders: reuse the compiled templates (the jinja Environment) across them; the output is the same.
-    monkeypatch.setattr(R, "_environment", _cached_environment)
     return w
 
 

@@ -13,6 +13,7 @@ from backend.cpu_engine.init_model import SIZES, create_checkpoint, main
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.slow  # imports transformers
 def test_checkpoint_loads_in_transformers_with_fast_tokenizer(family: str, tmp_path: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 

@@ -8,6 +8,7 @@ launch plan the per-rank launcher reads. Every user string that reaches a script
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
@@ -201,7 +202,10 @@ def _srun_and_wrapper(
     return srun, wrapper
 
 
+@functools.lru_cache(maxsize=8)
 def _environment(templates: Path | None) -> jinja2.Environment:
+    """One environment per templates folder, kept: jinja compiles each template once and recompiles one whose
+    file changed (auto_reload), so a site template edited between two renders is read again."""
     search = [str(templates)] if templates else []
     search.append(str(DEFAULT_TEMPLATES))
     env = jinja2.Environment(

@@ -57,12 +57,15 @@ class SpecError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
+#: yaml.safe_load's loader; libyaml's C one where PyYAML was built with it (the same values and marks, faster)
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 KeyPath = tuple[str | int, ...]
 Sources = dict[KeyPath, tuple[str, int]]
 """Where each key path of a (merged) document was written: (file, 1-based line of the key)."""
 
 
-def _line_index(text: str, file: str) -> Sources:
+def _line_index(root: yaml.Node | None, file: str) -> Sources:
     """Map every key path in the YAML document to its file and 1-based line (keys point at the key's line)."""
     index: Sources = {}
 
@@ -78,10 +81,19 @@ def _line_index(text: str, file: str) -> Sources:
                 index[path + (i,)] = (file, item.start_mark.line + 1)
                 walk(item, path + (i,))
 
-    root = yaml.compose(text)
     if root is not None:
         walk(root, ())
     return index
+
+
+def _compose_and_construct(text: str) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (for the line index) and its value, from one parse (libyaml's when present)."""
+    loader = _LOADER(text)
+    try:
+        root = loader.get_single_node()
+        return root, (loader.construct_document(root) if root is not None else None)
+    finally:
+        loader.dispose()
 
 
 def _origin(index: Sources, loc: tuple, fallback: str) -> tuple[str, int]:
@@ -99,8 +111,8 @@ def read_document(text: str, file: str, what: str) -> tuple[dict, Sources]:
     """A YAML mapping and where each of its keys is; SpecError for text that is not one (`what` names the
     mapping in the message: what it must hold)."""
     try:
-        data = yaml.safe_load(text)
-        index = _line_index(text, file)
+        root, data = _compose_and_construct(text)
+        index = _line_index(root, file)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else 1
