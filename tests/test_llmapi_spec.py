@@ -378,3 +378,12 @@ def test_gpu_binding_on_llmapi_is_none_and_per_rank_is_refused(tmp_path, hf):
     assert gpu_decision(spec).binding == "none" and "llmapi" in gpu_decision(spec).why
     with pytest.raises(SpecError, match=r"slurm.gpu_binding: per-rank binding breaks the llmapi workflow"):
         load_spec(write(tmp_path, GPU.replace("gpus_per_node: 4}", "gpus_per_node: 4, gpu_binding: per-rank}")))
+
+
+def test_the_fields_described_as_engine_only_are_those_llmapi_refuses():
+    """docs/spec.md says "engine workflow:" of exactly the triton fields an llmapi spec may not set."""
+    from hpc.spec.llmapi import ENGINE_TRITON_FIELDS
+    from hpc.spec.schema import _ENGINE_ONLY, TritonSpec
+
+    described = {n for n, f in TritonSpec.model_fields.items() if (f.description or "").startswith(_ENGINE_ONLY)}
+    assert described == set(ENGINE_TRITON_FIELDS)
