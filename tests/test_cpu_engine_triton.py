@@ -50,6 +50,7 @@ VARIANTS: dict[str, dict[str, object]] = {  # model name -> repository parameter
     "tensorrt_llm_exclude": {"exclude_input_in_output": True},
     "tensorrt_llm_tp2": {"tp_size": 2},
     "tensorrt_llm_paced": {"min_step_ms": GPU_PACE_MS},  # tests that count steps after a stop
+    "tensorrt_llm_reuse": {"enable_kv_cache_reuse": True},
 }
 
 
@@ -300,7 +301,7 @@ def server(tmp_path_factory, repo) -> Iterator[Triton]:
     triton = _start(
         tmp_path_factory.mktemp("server"),
         repo,
-        load=("tensorrt_llm", "tensorrt_llm_blocking", "tensorrt_llm_exclude", PACED),
+        load=("tensorrt_llm", "tensorrt_llm_blocking", "tensorrt_llm_exclude", PACED, "tensorrt_llm_reuse"),
     )
     try:
         yield triton
@@ -377,6 +378,23 @@ def test_perf_metrics_outputs(stream) -> None:
     )
     assert 0 < arrival <= scheduled <= first <= last
     assert r.as_numpy("kv_cache_alloc_total_blocks")[0, 0] >= 1
+
+
+def test_kv_cache_reuse_reports_the_blocks_a_repeated_prompt_found(stream, ckpt) -> None:
+    """`enable_kv_cache_reuse` (triton.enable_kv_cache_reuse): a prompt of two whole blocks and a bit, sent
+    twice, is computed the first time and found the second (its last token is always computed), with the same
+    tokens as an engine that computes everything; the model without the parameter reuses nothing."""
+    prompt = [1] + [(7 * i) % 200 + 10 for i in range(2 * 64 + 11)]
+    expected = Engine(ckpt).generate(GenerationRequest(input_ids=np.array(prompt), max_new_tokens=4)).output_ids
+    reused = []
+    for model in ("tensorrt_llm_reuse", "tensorrt_llm_reuse", "tensorrt_llm"):
+        stream.send("r1", prompt, 4, model=model, return_perf_metrics=True, exclude_input_in_output=True)
+        (r,) = stream.until_final("r1")
+        assert _ids(r) == expected, model
+        reused.append(int(r.as_numpy("kv_cache_reused_blocks")[0, 0]))
+        total, new = (int(r.as_numpy(f"kv_cache_alloc_{n}_blocks")[0, 0]) for n in ("total", "new"))
+        assert new == total - reused[-1]
+    assert reused == [0, 2, 0]
 
 
 def test_stop_words(stream, reference) -> None:

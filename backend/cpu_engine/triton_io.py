@@ -298,8 +298,10 @@ def output_arrays(out: GenerationOutput, batch_index: int, opts: RequestOptions)
     if opts.return_perf_metrics:
         for name in PERF_OUTPUTS:
             res[name] = np.array([[getattr(req, name)]], np.int64)
-        res["kv_cache_alloc_new_blocks"] = np.array([[req.kv_blocks_allocated]], np.int32)
-        res["kv_cache_reused_blocks"] = np.array([[0]], np.int32)
+        # as TensorRT-LLM counts them: the prompt's blocks found in the cache (0 without enable_kv_cache_reuse)
+        # were not newly allocated
+        res["kv_cache_alloc_new_blocks"] = np.array([[req.kv_blocks_allocated - req.kv_blocks_reused]], np.int32)
+        res["kv_cache_reused_blocks"] = np.array([[req.kv_blocks_reused]], np.int32)
         res["kv_cache_alloc_total_blocks"] = np.array([[req.kv_blocks_allocated]], np.int32)
     return res
 

@@ -170,6 +170,8 @@ class TritonPythonModel:
         kv_tokens = _int_param(params, "max_tokens_in_paged_kv_cache", None)
         min_step_s = (_int_param(params, "min_step_ms", 0) or 0) / 1000
         self.default_exclude = (_param(params, "exclude_input_in_output") or "false").lower() in _TRUE
+        # upstream's parameter (triton.enable_kv_cache_reuse): blocks of a prompt prefix kept for later prompts
+        block_reuse = (_param(params, "enable_kv_cache_reuse") or "false").lower() in _TRUE
         logger = pb_utils.Logger
 
         place = placement()  # what the launcher decided (launcher/contracts/rank.py), not the starter's variables
@@ -196,13 +198,15 @@ class TritonPythonModel:
             max_batch_size=max_batch,
             max_tokens_in_kv_cache=kv_tokens,
             min_step_s=min_step_s,
+            block_reuse=block_reuse,
         )
         self._metrics = EngineMetrics(pb_utils, self.model_name, self.model_version, self.engine.stats())
         self.engine.on_step = self._metrics.update
         self.engine.start()
         logger.log_info(
             f"cpu engine ready: {model_dir} family={self.engine.config.family} tp={tp_size} "
-            f"max_batch={max_batch} kv_tokens={self.engine.budget.max_tokens} decoupled={self.decoupled}"
+            f"max_batch={max_batch} kv_tokens={self.engine.budget.max_tokens} decoupled={self.decoupled} "
+            f"kv_cache_reuse={block_reuse}"
         )
 
     # ------------------------------------------------------------------ requests
