@@ -150,3 +150,34 @@ def test_spec_reference_is_what_the_schema_says():
         "docs/spec.md is not what the schema says: `python -m hpc.spec.reference > docs/spec.md` "
         "(or UPDATE_GOLDEN=1 pytest tests/test_docs.py)"
     )
+
+
+#: a file of the tree named in code (a docstring, a comment, a message): `hpc/x.py`, `launcher/y.py:12`
+SOURCE_REF = re.compile(
+    rf"(?<![\w/.])((?:{'|'.join(TOP)})/[\w/\-]+\.(?:py|md|sh|j2|yaml|c|txt|pbtxt))(?![\w.])(?::(\d+))?"
+)
+
+
+def test_every_file_the_code_names_exists():
+    """The code's own references (`see launcher/contracts/layout.py`, `hpc/jobs/chain.py:40`) lead somewhere:
+    two once named files that had gone (`hpc/routing/__init__.py:1`, `launcher/layout.py:328`)."""
+    sources = [
+        p
+        for folder in ("hpc", "launcher", "backend", "tests", "scripts", "benchmarks")
+        for p in (ROOT / folder).rglob("*")
+        if p.is_file()
+        and p.suffix in (".py", ".sh", ".j2")
+        and "golden" not in p.parts
+        and p != Path(__file__).resolve()  # this file's examples of broken references
+    ]
+    broken = []
+    for source in sources:
+        for number, line in enumerate(source.read_text().splitlines(), 1):
+            for match in SOURCE_REF.finditer(line):
+                target = ROOT / match.group(1)
+                where = f"{source.relative_to(ROOT)}:{number}: {match.group(0)}"
+                if not target.exists():
+                    broken.append(f"{where} does not exist")
+                elif match.group(2) and int(match.group(2)) > len(target.read_text().splitlines()):
+                    broken.append(f"{where} is past its end")
+    assert not broken, "\n".join(broken)
