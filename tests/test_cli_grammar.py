@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc.cli.main import build_parser, main
+from hpc.cli.reference import subcommands
 from hpc.cli.support import EXIT_CODES, SEED_HELP, TARGET_HELP, TIMEOUT_HELP, HelpFormatter
 from tests.test_track import make_job, scheduler  # noqa: F401 (a fixture)
 
@@ -19,9 +20,7 @@ ROOT = Path(__file__).parents[1]
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(sub.choices)
+    return dict(subcommands(build_parser()).choices)
 
 
 def _arguments() -> list[tuple[str, argparse.Action]]:

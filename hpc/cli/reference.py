@@ -77,12 +77,17 @@ def _help(command: argparse.ArgumentParser) -> str:
         command.formatter_class = kept
 
 
+def subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    """The parser's one set of commands (what `hpc-serve --help` lists)."""
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub
+
+
 def render() -> str:
     """The whole page."""
-    parser = build_parser()
     codes = "\n".join(f"| {code} | {meaning} |" for code, meaning in sorted(EXIT_CODES.items()))
     parts = [INTRO.format(target=TARGET_HELP, codes=codes), "## Commands\n"]
-    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sub = subcommands(build_parser())
     helps = {choice.dest: choice.help for choice in sub._choices_actions}
     for name, command in sub.choices.items():
         command.prog = f"hpc-serve {name}"
