@@ -356,3 +356,35 @@ def test_layout_names_are_inside_the_job_and_deployment_folders(tmp_path):
     assert paths.chain.parent == paths.draining.parent == paths.folder
     assert Deployment(tmp_path / "D").renew_stop.parent == tmp_path / "D"
     assert os.path.basename(paths.chain) == "chain.json"
+
+
+@pytest.mark.parametrize(
+    ("slurm_says", "why"),
+    [
+        ("RUNNING", None),
+        ("PENDING", None),
+        ("COMPLETED", "no serving job of the deployment is under way"),
+        ("UNKNOWN", "Slurm did not say whether a serving job of the deployment is under way; asking again"),
+    ],
+)
+def test_the_gateway_renews_while_a_serving_job_is_under_way_and_asks_again_soon_when_slurm_cannot_say(
+    tmp_path, monkeypatch, slurm_says, why
+):
+    """A sacct that timed out (UNKNOWN) is no "none under way": the renewer asks again within UNSURE_RETRY_S, not a
+    minute later, when a gateway job with `before: 1m` would have no time left for its successor (CI, 2026-11-28:
+    the predecessor ended TIMEOUT)."""
+    from hpc.jobs import renewal
+    from hpc.jobs.executors import SlurmExecutor
+    from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME
+    from tests.plans import write_plan
+
+    deploy = tmp_path / "fake-1"
+    write_plan(deploy, name="fake", replicas=1, world_size_per_replica=1)
+    JobPaths(deploy, "100").create()
+    gateway = JobPaths(deploy, "101").create()
+    (gateway.folder / GATEWAY_JOB_MARKER_NAME).touch()
+    monkeypatch.setattr(SlurmExecutor, "scheduler_state", lambda self, ref: (slurm_says, None))
+    target = Target(tmp_path, "fake", tmp_path, named_folder=deploy)
+    renewer = renewal.GatewayRenewer(deploy, target, "101", RenewPlan(before_s=60, stop_lead_s=30))
+    assert renewer.why_not(time.time()) == why
+    assert renewal.UNSURE_RETRY_S < renewal.END_REFRESH_S / 4

@@ -40,6 +40,11 @@ log = logging.getLogger("hpc_serve.gateway")
 
 #: how often the record is read for the successor's, once one was submitted
 RECORD_POLL_S = 1.0
+#: how soon a question Slurm did not answer (the job's end, a serving job's state) is asked again: a minute's
+#: wait (END_REFRESH_S) after one slow sacct could leave the successor no time to start before this job's limit
+UNSURE_RETRY_S = 5.0
+#: why_not's reason while Slurm cannot say whether a serving job is under way
+UNSURE = "Slurm did not say whether a serving job of the deployment is under way; asking again"
 
 
 def takes_over_from(target: Target, live: GatewayRecord, job_id: str) -> bool:
@@ -79,16 +84,24 @@ class GatewayRenewer:
         why = self.plan.why_not(0, now)  # index 0: max_jobs counts the serving chain only
         if why is not None:
             return why
-        return None if self._serving() else "no serving job of the deployment is under way"
+        serving = self._serving()
+        if serving is None:
+            return UNSURE
+        return None if serving else "no serving job of the deployment is under way"
 
-    def _serving(self) -> bool:
+    def _serving(self) -> bool | None:
+        """Whether a serving job of the deployment is under way; None when none is but Slurm could not say of
+        one (UNKNOWN: a command that timed out), which is no reason to let the deployment's address go."""
         from hpc.jobs.executors import watch
         from hpc.jobs.gateway import UNDER_WAY, serving_jobs
         from hpc.jobs.track import job_status
 
         refs = serving_jobs(self.target)
         watch(refs)
-        return any(job_status(ref).state in UNDER_WAY for ref in refs)
+        states = [job_status(ref).state for ref in refs]
+        if any(state in UNDER_WAY for state in states):
+            return True
+        return None if "UNKNOWN" in states else False
 
     def submit(self) -> str:
         """sbatch `D/gateway.sub` again; the successor's id, written where it will look (raises SlurmError)."""
@@ -119,12 +132,12 @@ class GatewayRenewer:
             now = time.time()
             if now >= read_end_at:
                 _, end = await asyncio.to_thread(job_times, self.job_id)
-                read_end_at = now + END_REFRESH_S
+                read_end_at = now + (END_REFRESH_S if end is not None else UNSURE_RETRY_S)
             if self.successor is None and end is not None and now >= max(self.plan.renew_at(end), submit_at):
                 why = await asyncio.to_thread(self.why_not, now)
                 if why is not None:
                     self._say(why)
-                    submit_at = now + END_REFRESH_S
+                    submit_at = now + (UNSURE_RETRY_S if why == UNSURE else END_REFRESH_S)
                 else:
                     try:
                         self.successor = await asyncio.to_thread(self.submit)
