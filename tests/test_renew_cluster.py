@@ -1,4 +1,6 @@
-"""Renewal on the real Slurm test cluster (spec `renew:`, launcher/jobscript/renew.py): 2-minute jobs, a 1-minute lead.
+"""Renewal on the real Slurm test cluster (spec `renew:`, launcher/jobscript/renew.py): 3-minute jobs, a 2-minute lead
+(each successor is submitted a minute after its predecessor started, and has a minute and a half to be READY before
+the predecessor's ordered stop: room on a machine as busy as CI's), and a 30-second drain.
 
 It takes minutes (Slurm's time limits are whole minutes), so one module-scoped run does everything once, and
 the tests below each assert a part of it:
@@ -43,8 +45,8 @@ from tests.e2e import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timelimit, pytest.mark.timeout(900)]
 
-SLURM = {"time": "00:02:00"}
-RENEW = {"before": "1m"}
+SLURM = {"time": "00:03:00"}
+RENEW = {"before": "2m", "drain": "30s"}
 
 
 @dataclass
