@@ -100,6 +100,26 @@ def test_prompts_as_token_ids_reach_the_model_as_their_text(app, tokenizer):
         assert error["param"] == "prompt" and words in error["message"], error
 
 
+@pytest.mark.parametrize(
+    ("prompt", "words"),
+    [
+        ([[1, 2, 3], "hello"], "not a mix of them"),
+        ([1, "a"], "not a mix of them"),
+        (5, "not a number"),
+        ({"text": "hi"}, "not an object"),
+        (None, "not null"),
+        ([1.5], "whole token ids"),
+        ([[1, True]], "whole token ids"),
+    ],
+)
+def test_a_prompt_of_no_shape_openai_allows_is_a_400_naming_the_four_shapes(app, prompt, words):
+    """Not pydantic's word for the union's first member (`prompt.str: Input should be a valid string`)."""
+    error = _post(app, COMPLETIONS, {"prompt": prompt}).json()["error"]
+    assert error["param"] == "prompt", error
+    assert "a string, a list of strings, a list of token ids, or a list of lists of token ids" in error["message"]
+    assert words in error["message"], error
+
+
 def test_echo_puts_the_prompt_first_and_prompt_logprobs_are_a_400_that_says_why(app):
     assert _post(app, COMPLETIONS, {"prompt": "Hi", "echo": True}).json()["choices"][0]["text"] == "HiHi|None."
     streamed = _events(_post(app, COMPLETIONS, {"prompt": "Hi", "echo": True, "stream": True}))

@@ -189,6 +189,25 @@ class CompletionRequest(Sampling):
     def _no_suffix(cls, value: Any) -> Any:
         return _unserved(value, "the model writes after the prompt, not into a gap before a suffix")
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_of_openais_shapes(cls, prompt: Any) -> Any:
+        """Before pydantic tries the union's four members: its own error names the first member it tried
+        (`prompt.str: Input should be a valid string` for a list that mixes text and token ids)."""
+        if isinstance(prompt, str) or (isinstance(prompt, list) and not prompt):
+            return prompt  # an empty list: _some_prompts says what to send
+        kinds = {_prompt_kind(p) for p in prompt} if isinstance(prompt, list) else {"other"}
+        if len(kinds) == 1 and "other" not in kinds:
+            return prompt
+        raise ValueError(
+            "a string, a list of strings, a list of token ids, or a list of lists of token ids; "
+            + (
+                "not a mix of them"
+                if isinstance(prompt, list) and "other" not in kinds
+                else f"not {_json_kind(prompt)}"
+            )
+        )
+
     @field_validator("prompt")
     @classmethod
     def _some_prompts(cls, prompt: Any, info: ValidationInfo) -> Any:
@@ -208,6 +227,25 @@ class CompletionRequest(Sampling):
         if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
             return [self.prompt]
         return list(self.prompt)  # type: ignore[arg-type]
+
+
+def _prompt_kind(part: Any) -> str:
+    """What one element of a list `prompt` is: text, a token id, token ids, or something no shape allows."""
+    if isinstance(part, str):
+        return "text"
+    if isinstance(part, int) and not isinstance(part, bool):
+        return "id"
+    if isinstance(part, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in part):
+        return "ids"
+    return "other"
+
+
+def _json_kind(value: Any) -> str:
+    """A value as JSON would name it, for an error message (`a number`, `an object`)."""
+    if isinstance(value, list):
+        return "a list with other values in it (numbers must be whole token ids)"
+    names = {bool: "true or false", dict: "an object", type(None): "null", int: "a number", float: "a number"}
+    return names.get(type(value), "that")
 
 
 #: the keys of a text part of a message's content
