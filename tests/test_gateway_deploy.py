@@ -399,3 +399,31 @@ def test_two_submits_at_once_start_one_gateway_job(hpc_home, tmp_path, tiny_gpt2
     finally:
         for ref in jobs:
             cancel(ref, grace_s=10)
+
+
+@pytest.mark.slow
+def test_cancel_of_a_deployment_whose_serving_jobs_ended_stops_its_gateway_too(hpc_home, tmp_path, tiny_gpt2):
+    """Found by hand on the test cluster: after the tp 2 job FAILED (a worker killed), `hpc-serve cancel NAME` said
+    "no job under way" and left the gateway job serving 503s until its time limit. The gateway went only with the
+    cancel of the last serving job (hpc/jobs/gateway.py `after_cancel`), and here there was none to cancel."""
+    from hpc.jobs.chain import cancel_deployment
+    from hpc.jobs.executors import LocalExecutor
+    from hpc.jobs.gateway import ensure_gateway, gateway_jobs
+    from hpc.jobs.kinds import GatewayJob
+    from hpc.jobs.submit import cancel
+    from hpc.serving.deployment import target_of_folder
+
+    runs = tmp_path / "runs"
+    spec = parse_spec(spec_text("ended", tiny_gpt2, runs, gateway={"host": "127.0.0.1"}))
+    deploy = R.render(spec, runs / "ended-1").deploy_dir
+    started = ensure_gateway(deploy, LocalExecutor())
+    target = target_of_folder(deploy)
+    (gateway,) = gateway_jobs(target)
+    try:
+        wait_for(lambda: GatewayJob(gateway, target).status().state == "READY", 60, "the gateway to serve")
+        result = cancel_deployment(target, grace_s=10)
+        assert [s.job_id for s in result.statuses] == [started.line.job_id], result
+        assert result.statuses[0].state == "CANCELLED" and not result.not_cancelled, result
+        assert read_gateway(record_path(target)) is None
+    finally:
+        cancel(gateway, grace_s=5)  # a no-op once the test passed

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc.jobs.executors import watch
-from hpc.jobs.gateway import serving_jobs
+from hpc.jobs.gateway import UNDER_WAY, gateway_jobs, serving_jobs
+from hpc.jobs.kinds import GatewayJob
 from hpc.jobs.status import JobStatus
 from hpc.jobs.track import job_status
 from hpc.scheduler.index import JobRef
@@ -144,7 +145,7 @@ class DeploymentCancel:
 def cancel_deployment(target: Target, grace_s: float = CANCEL_GRACE_S) -> DeploymentCancel:
     """Stop the whole deployment: no renewer submits anything more, and every serving job still under way is
     cancelled (pending ones first, so that none starts meanwhile; then the others, each an ordered stop). Its
-    gateway job goes with the last one (hpc/jobs/gateway.py `after_cancel`). A job that cannot be cancelled (of a
+    gateway job goes with the last one (hpc/jobs/gateway.py `after_cancel`), or after them when none was left. A job that cannot be cancelled (of a
     cluster that cannot be asked from here, or one whose scancel Slurm refused) is left and named; the others are
     cancelled all the same. Jobs are told apart by their folder: job ids are unique per Slurm cluster only, and a
     deployment's folders may hold the jobs of two clusters."""
@@ -170,7 +171,22 @@ def cancel_deployment(target: Target, grace_s: float = CANCEL_GRACE_S) -> Deploy
                 done[ref.job_dir] = cancel(ref, grace_s)
             except SlurmError as exc:  # scancel refused (not the owner …), or its cluster went away meanwhile
                 refused[ref.job_dir] = _not_cancelled(ref, str(exc))
+    _cancel_gateways(target, grace_s, done, refused)
     return DeploymentCancel(list(done.values()), list(refused.values()))
+
+
+def _cancel_gateways(target: Target, grace_s: float, done: dict[Path, JobStatus], refused: dict[Path, str]) -> None:
+    """The gateway jobs still under way once the serving jobs are stopped: those of a deployment whose serving jobs
+    had all ended before (FAILED, TIMEOUT), which no serving job's cancel took along (gateway.py `after_cancel`)."""
+    from hpc.jobs.submit import cancel
+
+    for ref in gateway_jobs(target):
+        if GatewayJob(ref, target).status().state not in (*UNDER_WAY, "CANCELLING"):
+            continue
+        try:
+            done[ref.job_dir] = cancel(ref, grace_s)
+        except SlurmError as exc:
+            refused[ref.job_dir] = _not_cancelled(ref, str(exc))
 
 
 def _not_cancelled(ref: JobRef, why: str) -> str:
