@@ -10,6 +10,12 @@ from tests.e2e import prometheus_samples
 #: the same delay is tens of steps, and a bound of "half the tokens asked" (100-120 steps) holds for any delay
 #: under two seconds. 20 ms: the middle of a GPU's 10-50 ms.
 GPU_PACE_MS = 20
+#: a request long enough that a stop clearly lands mid-generation (the tiny checkpoint has 256 positions)
+LONG_REQUEST = 200
+#: the steps a request may still take once it was stopped (cancelled, its client gone): half of LONG_REQUEST,
+#: 2 s at GPU_PACE_MS, which the stop's way through a contended machine (gateway, tritonserver, stub, leader
+#: node) has never come near
+STEPS_AFTER_STOP = LONG_REQUEST // 2
 
 
 def engine_counters(metrics_url: str) -> tuple[float, float]:

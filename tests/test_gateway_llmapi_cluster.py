@@ -21,18 +21,17 @@ import pytest
 from launcher.contracts.llmapi import CPU_MIN_STEP_VAR
 from tests._llmapi import leader_of
 from tests.e2e import CLI, cli, free_port, gateway_ready, private_job_index, stop_process, submit, wait_for, write_spec
-from tests.steps import GPU_PACE_MS
+from tests.steps import GPU_PACE_MS, LONG_REQUEST, STEPS_AFTER_STOP
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 openai = pytest.importorskip("openai")
 
 NAME = "llmapi-gw"
 PROMPT = "Once upon a time"
-#: long enough to leave in the middle: 200 steps at GPU_PACE_MS (the tiny model's context is 256 positions)
-LONG = 200
+LONG = LONG_REQUEST
 #: engine steps a generation may run on after its client left: the gateway stops it at once, the model aborts it
-#: at its next look; generous for a loaded 2-core machine (at GPU_PACE_MS a step is 20 ms: 1.2 s), and far below LONG
-STEPS_AFTER_LEAVING = 60
+#: at its next look (was 60, 1.2 s: tighter than every other stop's bound, for a way with one more process in it)
+STEPS_AFTER_LEAVING = STEPS_AFTER_STOP
 
 
 @pytest.fixture(scope="module")

@@ -36,13 +36,11 @@ from tests._llmapi import (
     text_of,
 )
 from tests._triton import post_json
-from tests.steps import GPU_PACE_MS
+from tests.steps import GPU_PACE_MS, LONG_REQUEST, STEPS_AFTER_STOP
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 CANCELLED = "StatusCode.CANCELLED"
-#: a request long enough that a stop clearly lands mid-generation, and the bound on steps made after a stop:
-#: half of it (tests/steps.py GPU_PACE_MS says why that holds for any delay under two seconds)
-LONG, STEPS_AFTER_STOP = 200, 100
+LONG = LONG_REQUEST
 
 
 @pytest.fixture(scope="module")

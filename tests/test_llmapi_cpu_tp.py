@@ -14,15 +14,20 @@ from backend.cpu_engine.engine import Engine
 from backend.cpu_engine.scheduler import GenerationRequest
 from backend.models.tokenizer import load_tokenizer
 from tests._llmapi import PROMPT, UNARY, Job, collect, flag, grpc, inputs, running_job, stream, text_of
+from tests.steps import GPU_PACE_MS, LONG_REQUEST, STEPS_AFTER_STOP
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 TEXTS = [PROMPT, "Born in north-east France, Soyer trained as a", "What is machine learning?"]
 NEW_TOKENS = 12
+#: the cancelled request's length (paced: unpaced, the tiny model's steps left a cancel crossing a contended
+#: machine well under a second before the request ran to its end)
+LONG = LONG_REQUEST
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, tiny_gpt2) -> Iterator[Job]:
-    with running_job(tmp_path_factory.mktemp("llmapi-tp2"), str(tiny_gpt2), tp=2) as job:
+    paced = ("--min-step-ms", str(GPU_PACE_MS))
+    with running_job(tmp_path_factory.mktemp("llmapi-tp2"), str(tiny_gpt2), tp=2, leader_argv=paced) as job:
         yield job
 
 
@@ -48,8 +53,9 @@ def test_tp2_streams_and_cancels(job):
     responses = collect(events)
     client.stop_stream()
     assert len(responses) >= 2
-    client, events = stream(job, inputs(PROMPT, 200, streaming=flag()), request_id="c")
+    client, events = stream(job, inputs(PROMPT, LONG, streaming=flag()), request_id="c")
     assert events.get(timeout=60)[1] is None
+    before = job.stats().iterations
     client.stop_stream(cancel_requests=True)
     stats = job.wait_for("nothing in flight", lambda s: s.active_requests == 0 and s.waiting_requests == 0)
-    assert stats.iterations < 200 + NEW_TOKENS  # the long request did not run to its end
+    assert stats.iterations - before <= STEPS_AFTER_STOP  # the long request did not run to its end
