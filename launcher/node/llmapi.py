@@ -136,7 +136,7 @@ class LeaderNode:
                 Supervisor.kill_group(child, sig)
             if _wait(child, patience):
                 break
-        Supervisor.kill_group(child, signal.SIGKILL)  # whatever it left in its group
+        Supervisor.kill_group_gone(child)  # whatever it left in its group
         child.finish_output()
         return child.proc.returncode
 

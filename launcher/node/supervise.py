@@ -36,6 +36,10 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 _TO_CHILD = {signal.SIGINT: signal.SIGINT}
 PR_SET_PDEATHSIG = 1
 LOG_TAIL = 20
+#: how long a rank waits for a process group it SIGKILLed to be gone before it goes on (it is, within
+#: milliseconds, unless a process is stuck in the kernel: then the rank exits anyway and Slurm's step teardown
+#: has the last word)
+KILLED_GONE_S = 5.0
 
 
 def log(msg: str) -> None:
@@ -322,6 +326,16 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             pass
 
+    @staticmethod
+    def kill_group_gone(child: Child, within: float = KILLED_GONE_S) -> None:
+        """SIGKILL the process group, then wait until nothing of it is alive: a killed process keeps its /proc
+        entry, command line and open files a moment (longer on a loaded node), and a rank that exits must leave
+        nothing behind."""
+        Supervisor.kill_group(child, signal.SIGKILL)
+        deadline = time.monotonic() + within
+        while group_alive(child.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     def reap_group(self, child: Child, patience: float = 1.5) -> None:
         """After tritonserver exited: give its python stubs a moment to exit on their own (they clean their shared
         memory), then SIGKILL whatever is left in the process group, so nothing outlives the rank."""
@@ -332,7 +346,7 @@ class Supervisor:
             time.sleep(0.05)
         else:
             log(f"killing leftover processes of group {child.proc.pid}")
-            self.kill_group(child, signal.SIGKILL)
+            self.kill_group_gone(child)
         child.finish_output()
 
 
