@@ -685,7 +685,7 @@ def slurm_state(job: str) -> tuple[str, str | None]:
 
 def _sbatch_held(folder: Path) -> str:
     proc = subprocess.run(
-        ["sbatch", "--parsable", "--hold", "-p", "debug", "-o", f"{folder}/%j.out", "--wrap", "sleep 30"],
+        ["sbatch", "--parsable", "--hold", "-p", "debug", "-o", f"{folder}/%j.out", "--wrap", "sleep 600"],
         capture_output=True,
         text=True,
         check=True,
@@ -716,7 +716,7 @@ def test_slurm_state_held_released_cancelled(held_job):
 
     subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
     # this process's watcher answers from its cache until its next refresh is due (2 s, 4 s, 8 s … later)
-    wait_for(lambda: job_status(ref).state == "STARTING", 30, "running, and no endpoint (it is `sleep 30`)")
+    wait_for(lambda: job_status(ref).state == "STARTING", 30, "running, and no endpoint (it is `sleep 600`, cancelled below)")
     assert job_status(ref).reason is None
 
     subprocess.run(["scancel", job], check=True, capture_output=True)
