@@ -716,7 +716,9 @@ def test_slurm_state_held_released_cancelled(held_job):
 
     subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
     # this process's watcher answers from its cache until its next refresh is due (2 s, 4 s, 8 s … later)
-    wait_for(lambda: job_status(ref).state == "STARTING", 30, "running, and no endpoint (it is `sleep 600`, cancelled below)")
+    wait_for(
+        lambda: job_status(ref).state == "STARTING", 30, "running, and no endpoint (it is `sleep 600`, cancelled below)"
+    )
     assert job_status(ref).reason is None
 
     subprocess.run(["scancel", job], check=True, capture_output=True)
