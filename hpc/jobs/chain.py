@@ -145,9 +145,9 @@ class DeploymentCancel:
 def cancel_deployment(target: Target, grace_s: float = CANCEL_GRACE_S) -> DeploymentCancel:
     """Stop the whole deployment: no renewer submits anything more, and every serving job still under way is
     cancelled (pending ones first, so that none starts meanwhile; then the others, each an ordered stop). Its
-    gateway job goes with the last one (hpc/jobs/gateway.py `after_cancel`), or after them when none was left. A job that cannot be cancelled (of a
-    cluster that cannot be asked from here, or one whose scancel Slurm refused) is left and named; the others are
-    cancelled all the same. Jobs are told apart by their folder: job ids are unique per Slurm cluster only, and a
+    gateway job goes with the last one (hpc/jobs/gateway.py `after_cancel`), or after them when none was left.
+    A job that cannot be cancelled (of a cluster that cannot be asked from here, or one whose scancel Slurm
+    refused) is left and named; the others are cancelled all the same. Jobs are told apart by their folder: job ids are unique per Slurm cluster only, and a
     deployment's folders may hold the jobs of two clusters."""
     from hpc.jobs.submit import cancel
 
