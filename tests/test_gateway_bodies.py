@@ -113,6 +113,25 @@ def test_a_body_that_is_not_json_is_400_saying_so_and_where(app, path):
     assert error["param"] is None and error["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(
+    ("path", "field", "bound"),
+    [
+        (COMPLETIONS, "max_tokens", 2**31 - 1),
+        (CHAT, "max_tokens", 2**31 - 1),
+        (CHAT, "max_completion_tokens", 2**31 - 1),
+        (COMPLETIONS, "top_k", 2**31 - 1),
+        (COMPLETIONS, "seed", 2**64 - 1),
+    ],
+)
+def test_an_integer_past_what_its_tensor_holds_is_a_400_naming_it(app, path, field, bound):
+    """Found by hand on the tp 2 gateway: max_tokens or top_k of 10^12 wrapped round in the INT32 tensor (a 500,
+    "must be at least 1, got -727379968") and a seed of 10^30 was a bare "Internal Server Error"."""
+    body = {"model": "m", "prompt": "x"} if path == COMPLETIONS else {"model": "m", "messages": HI}
+    error = _error(_post(app, path, {**body, field: bound + 1}))
+    assert error["param"] == field and str(bound) in error["message"], error
+    assert _post(app, path, {**body, field: bound}).status_code == 200, "the bound itself is served"
+
+
 def test_a_missing_field_names_the_bodys_key_that_is_likely_its_typo(app):
     error = _error(_post(app, COMPLETIONS, {"model": "m", "promt": "x"}))
     assert error["param"] == "prompt" and "'promt': a typo of 'prompt'?" in error["message"]

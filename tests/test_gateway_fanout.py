@@ -88,6 +88,11 @@ def test_n_without_a_seed_samples_each_choice_with_its_own(app):
     assert len(set(seeds)) == 3 and [int(s[:-1]) for s in seeds] == sorted(int(s[:-1]) for s in seeds)
 
 
+def test_n_choices_from_the_largest_seed_wrap_round_to_zero(app):
+    choices = _post(app, COMPLETIONS, {"prompt": "x", "n": 2, "seed": 2**64 - 1}).json()["choices"]
+    assert [int(c["text"].split("|")[1][:-1]) for c in choices] == [2**64 - 1, 0], choices
+
+
 def test_prompts_as_token_ids_reach_the_model_as_their_text(app, tokenizer):
     ids = tokenizer.encode("Once upon a time", add_special_tokens=False)
     one = _post(app, COMPLETIONS, {"prompt": ids}).json()["choices"]

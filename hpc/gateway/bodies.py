@@ -21,6 +21,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from hpc.serving.model_io import INT32_MAX, UINT64_MAX
+
 #: the error type (and OpenAI's error code) of a key that is neither served nor ignored
 UNKNOWN = "unknown_parameter"
 #: the error type of a key of a part that is not served, set
@@ -133,12 +135,12 @@ class Sampling(Part):
     IGNORED = IGNORED_FIELDS
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     stop: str | list[str] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    seed: int | None = Field(default=None, ge=0, le=UINT64_MAX)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
@@ -314,7 +316,7 @@ class ChatRequest(Sampling):
     IGNORED = {**IGNORED_FIELDS, **CHAT_IGNORED}
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None

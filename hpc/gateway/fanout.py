@@ -34,7 +34,7 @@ from hpc.gateway.choices import DONE, Events, Tally, answer_error, finish_of, re
 from hpc.gateway.errors import APIError
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import EventStream
-from hpc.serving.model_io import Chunk, GenerateParams
+from hpc.serving.model_io import UINT64_MAX, Chunk, GenerateParams
 from hpc.serving.text import StopStream, cut_at_stop
 from hpc.serving.triton import ModelError, ReplicaUnavailable, TokenRefused
 
@@ -50,7 +50,9 @@ def choice_params(prompts: Sequence[GenerateParams], n: int) -> list[GeneratePar
     out = []
     for params in prompts:
         base = params.seed if params.seed is not None else secrets.randbits(SEED_BITS)
-        out += [dataclasses.replace(params, seed=base + j) for j in range(n)]
+        out += [
+            dataclasses.replace(params, seed=(base + j) % (UINT64_MAX + 1)) for j in range(n)
+        ]  # a seed near the top wraps
     return out
 
 
