@@ -180,7 +180,8 @@ def test_the_parts_of_a_body_refuse_unknown_keys_and_name_them(app):
             "'image_url' is not served",
         ),
         ([{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}], {}, "messages.0.tool_calls", "tool"),
-        ([{"role": "tool", "content": "1", "tool_call_id": "1"}], {}, "messages.0.tool_call_id", "tool"),
+        ([{"role": "tool", "content": "1", "tool_call_id": "1"}], {}, "messages.0.role", "no tool calls"),
+        ([{"role": "wizard", "content": "Hi"}], {}, "messages.0.role", "one of system, developer, user, assistant"),
         (HI, {"stream": True, "stream_options": {"include_usag": True}}, "stream_options.include_usag", "usage'?"),
         (HI, {"stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats", "once"),
     ]
@@ -206,6 +207,14 @@ def test_what_a_clients_messages_carry_that_changes_nothing_is_accepted(app):
     (params,) = app.state.gateway.engine.params
     assert params.prompt == "user: Hi\nassistant: Hello\nuser: How are you?\nassistant:", "the fallback template"
     assert ChatMessage.model_validate(first).for_template() == first, "the template sees the name, as transformers'"
+
+
+def test_a_developer_message_reaches_the_chat_template_as_system(app):
+    """OpenAI's newer name for the system message (current SDKs send it); a checkpoint's template knows `system`."""
+    messages = [{"role": "developer", "content": "Be brief."}, *HI]
+    _answered(_post(app, CHAT, {"model": "m", "messages": messages}))
+    (params,) = app.state.gateway.engine.params
+    assert params.prompt == "system: Be brief.\nuser: Hi\nassistant:", "the fallback template"
 
 
 def test_the_openai_package_gets_400_for_an_unknown_field_and_answers_with_the_ignored_ones(app):

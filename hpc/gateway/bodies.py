@@ -269,6 +269,12 @@ def _check_text_part(part: dict[str, Any], at: list[str | int]) -> None:
         raise _error("string_type", "a text part's 'text' must be a string", [*at, "text"])
 
 
+#: the roles of a chat message served (OpenAI's, but those of tool calls)
+ROLES = ("system", "developer", "user", "assistant")
+#: OpenAI's roles of a tool's (or a function's) answer: refused, as tools are
+TOOL_ROLES = ("tool", "function")
+
+
 class ChatMessage(Part):
     IGNORED = MESSAGE_IGNORED
     # what an assistant message of a tool call, of audio or of a refusal carries, and a tool's answer: refused when
@@ -287,6 +293,16 @@ class ChatMessage(Part):
     #: a participant's name, passed to the chat template as transformers does (most templates leave it out)
     name: str | None = None
 
+    @field_validator("role")
+    @classmethod
+    def _openais_roles(cls, role: str) -> str:
+        """OpenAI's roles, as OpenAI checks them (it answers 400 to any other); a tool's answer needs tool calls."""
+        if role in TOOL_ROLES:
+            raise ValueError(f"a message of role {role!r} is not served: {_NO_TOOLS}")
+        if role not in ROLES:
+            raise ValueError(f"{role!r} is no role: one of {', '.join(ROLES)}")
+        return role
+
     def check_parts(self, at: list[str | int]) -> None:
         """This message's keys and content parts (at `at` in the body)."""
         if self.__pydantic_extra__:
@@ -302,10 +318,12 @@ class ChatMessage(Part):
         return self.content or ""
 
     def for_template(self) -> dict[str, Any]:
-        """The message as the chat template reads it (transformers' message dict)."""
+        """The message as the chat template reads it (transformers' message dict). `developer` is OpenAI's newer
+        name for `system`, which is the one a checkpoint's template knows."""
+        role = "system" if self.role == "developer" else self.role
         if self.name is None:
-            return {"role": self.role, "content": self.text()}
-        return {"role": self.role, "content": self.text(), "name": self.name}
+            return {"role": role, "content": self.text()}
+        return {"role": role, "content": self.text(), "name": self.name}
 
 
 #: what `tool_choice` and `function_call` may say without tools: nothing to call, so nothing changes
