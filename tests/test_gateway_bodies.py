@@ -262,3 +262,26 @@ def test_the_docs_list_every_ignored_key():
     lists = (IGNORED_FIELDS, CHAT_IGNORED, MESSAGE_IGNORED, STREAM_IGNORED, PART_IGNORED)
     missing = {key for keys in lists for key in keys} - listed
     assert not missing, f"docs/gateway.md's 'What it serves' does not list {sorted(missing)}"
+
+
+class Broken(FakeEngine):
+    """An engine with a bug: what no handler of the gateway's own foresaw."""
+
+    def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
+        raise OverflowError("Python int too large to convert to C unsigned long")
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast_path", "fastapi"])
+def test_an_unforeseen_failure_is_a_500_in_openais_shape(tiny_gpt2, tokenizer, fast_path):
+    """Not Starlette's plain-text "Internal Server Error", which an OpenAI client cannot read."""
+    app = app_on(Broken(), tiny_gpt2, tokenizer, fast_path, "a")
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+            return await http.post(COMPLETIONS, json={"model": "m", "prompt": "x"})
+
+    answer = asyncio.run(go())
+    assert answer.status_code == 500, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "server_error" and "OverflowError" in error["message"], error

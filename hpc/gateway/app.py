@@ -26,6 +26,7 @@ from hpc.gateway.errors import (
     api_error_handler,
     client_gone_handler,
     http_error_handler,
+    unexpected_error_handler,
     validation_error_handler,
 )
 from hpc.gateway.fastpath import FastPath
@@ -90,6 +91,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(ClientDisconnect, client_gone_handler)  # a client gone while sending its body
     app.add_exception_handler(HTTPException, http_error_handler)
+    app.add_exception_handler(Exception, unexpected_error_handler)  # Starlette's last resort: a 500 of ours
     app.state.metrics = Metrics(lambda: _balancer(app))
     app.include_router(metrics.router)
     app.include_router(openai_api.router)

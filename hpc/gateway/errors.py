@@ -124,6 +124,14 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
     return await http_exception_handler(request, exc)
 
 
+async def unexpected_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    """A bug's answer, in OpenAI's shape (type server_error) rather than Starlette's plain-text "Internal Server
+    Error", which an OpenAI client cannot read (a seed of 10^30 got that before the bodies bounded it). Starlette
+    logs the traceback after this answer is sent."""
+    message = f"the gateway failed on this request ({type(exc).__name__}); its log has the traceback"
+    return APIError(500, message, "server_error").response()
+
+
 async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
     return exc.response()
