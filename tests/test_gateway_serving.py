@@ -98,6 +98,8 @@ def test_a_stopping_replicas_refusal_is_told_apart_in_each_servers_words():
     ):
         assert type(model_error(words)) is ReplicaStopping, words
     assert type(model_error("input 'temperature' must be positive")) is ModelError
+    # a model the replica never had is no stop: tritonserver's 404 goes back as it is, not a 503 "no replica"
+    assert type(model_error("Request for unknown model: 'ensemble' is not found")) is ModelError
 
 
 def test_a_request_refused_by_a_stopping_replica_goes_to_another_and_none_left_is_503():
