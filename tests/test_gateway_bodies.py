@@ -132,6 +132,45 @@ def test_an_integer_past_what_its_tensor_holds_is_a_400_naming_it(app, path, fie
     assert _post(app, path, {**body, field: bound}).status_code == 200, "the bound itself is served"
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body", "said"),
+    [
+        ("text/plain", b'{"model": "m", "prompt": "x"}', "this request's is 'text/plain'"),
+        ("application/x-www-form-urlencoded", b'{"model": "m", "prompt": "x"}', "curl: -H 'Content-Type"),
+        (None, b'{"model": "m", "prompt": "x"}', "this request has none"),
+        ("application/json", b'["model", "m"]', "must be a JSON object"),
+    ],
+)
+def test_a_body_that_is_no_json_object_or_not_sent_as_json_says_so(app, content_type, body, said):
+    """Not pydantic's "Input should be a valid dictionary or object to extract fields from" (found by hand)."""
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            return await http.post(
+                COMPLETIONS, content=body, headers={"content-type": content_type} if content_type else {}
+            )
+
+    error = _error(asyncio.run(go()))
+    assert error["message"].startswith("the request body must be a JSON object") and said in error["message"], error
+
+
+def test_a_path_or_method_without_a_route_is_answered_in_openais_shape_and_words(app):
+    async def go() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            return await http.get(COMPLETIONS), await http.post("/v1/complete", json={})
+
+    wrong_method, wrong_path = asyncio.run(go())
+    assert wrong_method.status_code == 405 and "POST" in wrong_method.headers["allow"]
+    assert wrong_method.json()["error"]["message"] == f"Invalid method for URL (GET {COMPLETIONS})"
+    assert wrong_path.status_code == 404
+    assert wrong_path.json()["error"] == {
+        "message": "Invalid URL (POST /v1/complete)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+
+
 def test_a_missing_field_names_the_bodys_key_that_is_likely_its_typo(app):
     error = _error(_post(app, COMPLETIONS, {"model": "m", "promt": "x"}))
     assert error["param"] == "prompt" and "'promt': a typo of 'prompt'?" in error["message"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
@@ -116,12 +115,17 @@ async def client_gone_handler(_: Request, exc: Exception) -> Response:
 
 
 async def http_error_handler(request: Request, exc: Exception) -> Response:
-    """FastAPI's own answer, except where it wrapped a client gone while its body came in (its "error
-    parsing the body", a 400 for no one): no answer."""
+    """Routing's 404 and 405, and FastAPI's other HTTP errors, in the one shape (FastAPI's own is `{"detail": ...}`),
+    with OpenAI's words for a path or method it has no route for; no answer where FastAPI wrapped a client gone
+    while its body came in (its "error parsing the body", a 400 for no one)."""
     assert isinstance(exc, HTTPException)
     if isinstance(exc.__cause__, ClientDisconnect):
         return NoAnswer()
-    return await http_exception_handler(request, exc)
+    where = f"{request.method} {request.url.path}"
+    said = {404: f"Invalid URL ({where})", 405: f"Invalid method for URL ({where})"}
+    message = said.get(exc.status_code, str(exc.detail))
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return APIError(exc.status_code, message, kind, headers=dict(exc.headers or {})).response()
 
 
 async def unexpected_error_handler(_: Request, exc: Exception) -> JSONResponse:
@@ -137,7 +141,7 @@ async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
     return exc.response()
 
 
-async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
     """FastAPI's 422 → OpenAI's 400, naming the first field that is wrong: an unknown key (bodies.py `unknown`)
     with OpenAI's code `unknown_parameter` and the nearest known key; a missing field with the body's key that is
     likely a typo of it (`"promt"`), since that is what the client has to fix."""
@@ -150,6 +154,8 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
             f"the request body is not valid JSON: {ctx.get('error', 'invalid')} at offset {at} (0 is its first character)"
         ).response()
     path = [p for p in first.get("loc", ()) if p != "body"]
+    if not path and first.get("type") in NOT_AN_OBJECT:  # the body itself: not JSON's object, or not sent as JSON
+        return bad_request(_not_an_object(request.headers.get("content-type"))).response()
     path += ctx.get("at", [])  # bodies.py's check of the keys names the path from the body to the key
     loc = [str(p) for p in path]
     param = ".".join(loc) or None
@@ -161,6 +167,20 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
     message = f"{param}: {said}" if param else said
     code = UNKNOWN if first.get("type") == UNKNOWN else None
     return bad_request(message, param, code).response()
+
+
+#: pydantic's error types for a body that is no JSON object (a list, a string; or bytes FastAPI did not parse
+#: since the request's Content-Type was not JSON's: curl's `-d` without `-H` sends a form's)
+NOT_AN_OBJECT = ("model_attributes_type", "dict_type", "model_type")
+
+
+def _not_an_object(content_type: str | None) -> str:
+    """What a body that is no JSON object gets told."""
+    said = "the request body must be a JSON object, sent with `Content-Type: application/json`"
+    if content_type is None or "json" not in content_type.lower():
+        sent = f"this request's is {content_type!r}" if content_type else "this request has none"
+        said += f" ({sent}; curl: -H 'Content-Type: application/json')"
+    return said
 
 
 def _keys_at(body: Any, path: list[Any]) -> list[str]:
