@@ -99,3 +99,19 @@ def test_requests_in_flight_read_from_any_label_order_and_value():
     assert active_requests(page) == 7, "a brace inside a label value hid the line from the old regex"
     assert active_requests(page + "nv_trt_llm_request_metrics{broken 1\n") is None, "a page it cannot read"
     assert active_requests(page.replace("} 2\n", "} NaN\n")) is None
+
+
+def test_the_snapshot_table_folds_long_metric_names_instead_of_cutting_them():
+    """At 80 columns (a terminal's default, and rich's when piped) every gateway family's name ended in "…" at
+    the same place, and eight rows read "hpc_serve_gateway_replica_…" (found by hand)."""
+    from rich.console import Console
+
+    from hpc.bench.metrics_view import snapshot_table
+    from hpc.bench.replica_metrics import Snapshot
+
+    names = [f"hpc_serve_gateway_replica_{what}" for what in ("draining", "kv_missed_blocks", "outstanding")]
+    snapshot = Snapshot(at=0.0, values={"3207@hpcserve/0": dict.fromkeys(names, 1.0)})
+    console = Console(width=80, record=True)
+    console.print(snapshot_table(snapshot))
+    text = "".join(line.split("│")[1].strip() for line in console.export_text().splitlines() if line.count("│") > 2)
+    assert all(name in text for name in names), console.export_text()

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
+from rich.table import Column, Table
 
 from hpc.bench.replica_metrics import Rates, Snapshot, rates, summable, summed, take
 from launcher.contracts.records import EndpointRecord
@@ -27,7 +27,9 @@ def _num(value: float | None, fmt: str | None = None) -> str:
 def snapshot_table(snapshot: Snapshot) -> Table:
     """metric × (each replica, total)."""
     replicas = sorted(snapshot.values)
-    table = Table("metric", "labels", *replicas, "total", title="hpc-serve metrics: per replica and summed")
+    # folded, not cut: at 80 columns (or piped) the names ended in "…" and eight rows read the same
+    names = (Column("metric", overflow="fold"), Column("labels", overflow="fold"))
+    table = Table(*names, *replicas, "total", title="hpc-serve metrics: per replica and summed")
     for key in snapshot.keys():
         name, _, labels = key.partition("{")
         cells = [_num(snapshot.values[r].get(key)) for r in replicas]
