@@ -403,3 +403,21 @@ def test_an_id_with_glob_characters_names_no_other_job(tmp_path, hpc_home) -> No
         assert job_index.entries(text) == {}, text
         assert not names_indexed_job(text), text
     assert list(job_index.entries("33")) == ["hpcserve"]
+
+
+def test_status_without_a_target_shows_the_newest_serving_job_not_its_gateway(tmp_path, hpc_home) -> None:
+    """A submit with `gateway:` indexes its gateway job last; `status` showed that one line (found by hand), where the
+    serving job's status shows the job and its gateway."""
+    import os
+
+    from hpc.cli.query import _latest_job
+    from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME
+
+    serving, gateway = job_folder(tmp_path, "40", "a"), job_folder(tmp_path, "41", "a")
+    (gateway / GATEWAY_JOB_MARKER_NAME).touch()
+    register("40", serving, "hpcserve")
+    register("41", gateway, "hpcserve")
+    entry = job_index.index_dir() / "41@hpcserve"
+    os.utime(entry, (entry.lstat().st_atime, entry.lstat().st_mtime + 5), follow_symlinks=False)  # indexed last
+    assert [ref.job_id for ref in list_jobs()] == ["41", "40"]
+    assert _latest_job().job_id == "40"

@@ -228,7 +228,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "status",
         help="a job's or a deployment's state: PENDING (reason), STARTING, READY, FAILED (rank) …, its gateway",
     )
-    add_target(p, several=True, default="the newest job")
+    add_target(p, several=True, default="the newest serving job, and its gateway")
     p.add_argument("--json", action="store_true", help="the records as JSON")
     p.set_defaults(func=cmd_status)
 

@@ -20,13 +20,16 @@ if TYPE_CHECKING:
 
 
 def _latest_job() -> JobRef:
+    """The newest job that is not a gateway's: a submit with `gateway:` indexes its gateway job last, and `status`
+    of it showed one line, where the serving job's status shows the job and the gateway (found by hand)."""
+    from hpc.jobs.kinds import GatewayJob, job_class_of
     from hpc.scheduler.index import list_jobs
 
     jobs = list_jobs()
     if not jobs:
         print("hpc-serve: no jobs yet; submit one with `hpc-serve submit SPEC`", file=sys.stderr)
         raise SystemExit(EXIT_NOT_FOUND)
-    return jobs[0]
+    return next((ref for ref in jobs if job_class_of(ref.job_dir) is not GatewayJob), jobs[0])
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -55,13 +58,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from hpc.jobs.executors import watch
     from hpc.jobs.track import job_status
     from hpc.scheduler.index import list_jobs
 
-    table = Table("job", "state", "reason / endpoint", "folder")
+    table = Table("job", "state", "reason / endpoint", Column("folder", overflow="fold"))  # folded, not cut
     rows = []
     refs = list_jobs()[: args.limit]
     watch(refs)  # one sacct (and squeue) for all of them, not one per job
