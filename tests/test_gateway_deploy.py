@@ -176,14 +176,41 @@ def test_rendered_gateway_script(tmp_path):
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     lines = script.splitlines()
     assert shlex.split(next(line for line in lines if line.startswith("module load"))) == ["module", "load", hostile]
-    exec_line = script[script.index("\nexec ") + 1 :].replace("\\\n", " ")
-    argv = shlex.split(exec_line)
-    assert argv[:2] == ["exec", sys.executable], "the gateway runs with the interpreter that rendered it"
-    assert argv[2:] == [
+    start = script.index(f"\n  {sys.executable} -m hpc.cli gateway") + 1  # in the loop that starts it again
+    command = script[start : script.index(" &\n", start)].replace("\\\n", " ")
+    argv = shlex.split(command)
+    assert argv[:1] == [sys.executable], "the gateway runs with the interpreter that rendered it"
+    assert argv[1:] == [
         "-m", "hpc.cli", "gateway", "$DEPLOY_DIR", "--host", "0.0.0.0", "--port", "9100", "--refresh", "5.0",
         "--max-outstanding", "16", "--prefix-chars", "0", "--max-body-mb", "64", "--job-id", "$JOB_ID",
     ]  # fmt: skip
     assert f"DEPLOY_DIR={deploy}" in lines and str(gateway_record(tmp_path / "runs", "svc")) in script
+
+
+@pytest.mark.parametrize(
+    ("dies", "runs", "rc"),
+    [
+        ("kill -SEGV $$", 6, 128 + 11),  # a crash: started again 5 times, then the job gives up with it
+        ("kill -TERM $$", 1, 128 + 15),  # a stop request (scancel, the time limit): the job ends with it
+        ("exit 1", 1, 1),  # it could not start: starting it again would not change that
+        ("exit 0", 1, 0),  # handed over to its successor
+    ],
+)
+def test_the_gateway_script_starts_a_crashed_gateway_again_and_nothing_else(tmp_path, dies, runs, rc):
+    """gateway.sub's loop, with a stand-in for the interpreter that ends as `dies` says (the back-off between
+    starts, 1 + 2 + ... s, taken out). The cluster side: tests/test_gateway_job_cluster.py."""
+    spec = parse_spec(spec_text("svc", tmp_path / "ckpt", tmp_path / "runs", gateway={}), check_files=False)
+    script = R.render_scripts(spec, tmp_path / "runs" / "svc-1")[GATEWAY_SUB_NAME]
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!/bin/bash\necho started >> {tmp_path}/starts\n{dies}\n")
+    stand_in.chmod(0o755)
+    script = script.replace(shlex.quote(sys.executable), str(stand_in)).replace('sleep "$restarts"', ":")
+    env = {**os.environ, "HPC_SERVE_JOB_ID": "local-1", "HPC_SERVE_HOME": str(tmp_path / "home")}
+    env.pop("SLURM_JOB_ID", None)
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, (tmp_path / "starts").read_text().count("started")) == (rc, runs), done.stderr
+    if runs > 1:
+        assert "starting it again (5 of 5)" in done.stderr and "giving up" in done.stderr
 
 
 @pytest.mark.slow

@@ -116,6 +116,33 @@ def test_status_and_endpoints_show_the_gateway_first(deployment):
     assert env[:2] == [f"GATEWAY_URL={record.url}", f"OPENAI_BASE_URL={record.url}/v1"] and env[2].startswith("TRITON_")
 
 
+def test_a_gateway_killed_outright_is_started_again_by_its_job(deployment):
+    """SIGKILL (what an out-of-memory killer sends) to the gateway process: the job starts it again (gateway.sub),
+    it publishes a new record and serves, the job stays READY, and its log says so. It used to take the job down
+    (FAILED), and the deployment's address with it, until someone submitted another (found by hand)."""
+    import os
+    import signal
+
+    gateway = deployment["gateway"]
+    before = record_of(deployment)
+    assert before is not None and before.job_id == gateway
+    os.kill(before.pid, signal.SIGKILL)  # the gateway job runs on this machine's emulated node
+    wait_for(
+        lambda: (
+            (r := record_of(deployment)) is not None and r.pid != before.pid and status(gateway)["state"] == "READY"
+        ),
+        60,
+        "the gateway started again in its job",
+    )
+    after = record_of(deployment)
+    assert after is not None and after.job_id == gateway
+    token = cli("token", NAME).stdout.strip()
+    client = openai.OpenAI(base_url=after.url + "/v1", api_key=token, max_retries=0)
+    assert client.completions.create(model=NAME, prompt="Hi", max_tokens=2).choices[0].text is not None
+    err = next(Path(deployment["workdir"]).glob(f"*/logs/{gateway}.err")).read_text()
+    assert "hpc-serve: the gateway died of signal 9; starting it again (1 of 5)" in err, err[-2000:]
+
+
 def test_a_second_submit_reuses_the_gateway_and_cancelling_it_keeps_the_gateway(deployment):
     gateway = deployment["gateway"]
     second, (_, reused, state, *_) = submit(deployment)

@@ -287,6 +287,10 @@ def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
     }
 
 
+#: how many times a gateway job starts its gateway again after it died of a signal it was not sent (gateway.sub)
+GATEWAY_RESTARTS = 5
+
+
 def gateway_context(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
     """What the gateway's own script adds: its job's Slurm settings (the serving job's account, partition, qos
     and time unless `gateway:` says otherwise), and the interpreter and source of this hpc-serve install (the
@@ -304,6 +308,7 @@ def gateway_context(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "python": sys.executable,
         "source_root": str(SOURCE_ROOT),
         "renew": spec.renew is not None,  # the gateway job renews itself too (hpc/jobs/renewal.py)
+        "gateway_restarts": GATEWAY_RESTARTS,
     }
 
 
