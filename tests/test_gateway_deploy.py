@@ -5,6 +5,7 @@ gateway without replicas serves its own routes. The Slurm side: tests/test_gatew
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -454,3 +455,28 @@ def test_cancel_of_a_deployment_whose_serving_jobs_ended_stops_its_gateway_too(h
         assert read_gateway(record_path(target)) is None
     finally:
         cancel(gateway, grace_s=5)  # a no-op once the test passed
+
+
+def test_a_gateway_job_that_ended_leaving_its_record_is_shown_ended_with_how_to_start_another(
+    hpc_home, tmp_path, monkeypatch
+):
+    """Not "UNREACHABLE ... a stale record", which reads as if it might still come back (found by hand after the
+    gateway was killed and its job FAILED)."""
+    from hpc.jobs.executors import SlurmExecutor
+    from hpc.jobs.gateway import deployment_gateway
+    from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME
+    from tests.plans import write_plan
+
+    deploy = tmp_path / "runs" / "svc-1"
+    write_plan(deploy, name="svc")
+    job = JobPaths(deploy, "77").create()
+    (job.folder / GATEWAY_JOB_MARKER_NAME).touch()
+    monkeypatch.setattr(SlurmExecutor, "scheduler_state", lambda self, ref: ("FAILED", None))
+    target = Target(tmp_path / "runs", "svc", tmp_path, named_folder=deploy)
+    dead = GatewayRecord(name="svc", url="http://127.0.0.1:9", host="node1", pid=1, job_id="77", started_at=1.0)
+    publish(target, dead)
+    line = deployment_gateway(target)
+    assert line is not None and (line.state, line.job_id) == ("FAILED", "77"), line
+    assert line.reason is not None and line.reason.endswith(f"`sbatch {deploy}/gateway.sub` starts another"), line
+    publish(target, dataclasses.replace(dead, job_id=""))  # a gateway started by hand, killed: no job to ask
+    assert deployment_gateway(target).state == "UNREACHABLE"

@@ -14,16 +14,18 @@ Web-stack free: `status` and `submit` import this.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.jobs.executors import Executor
 from hpc.jobs.kinds import GatewayJob, job_class_of
+from hpc.jobs.status import TERMINAL
 from hpc.scheduler.index import JobRef
 from hpc.serving.deployment import Target, job_folders, target_of_folder
 from hpc.serving.gateway_record import GatewayLine, answers, live_gateway, record_path, withdraw_job
-from launcher.contracts.layout import gateway_lock
+from launcher.contracts.layout import Deployment, gateway_lock
 from launcher.contracts.records import read_gateway
 
 #: job states in which a gateway job serves or will serve (hpc/jobs/kinds.py's words)
@@ -51,17 +53,20 @@ def job_line(ref: JobRef, target: Target) -> GatewayLine:
 
 def deployment_gateway(target: Target) -> GatewayLine | None:
     """The deployment's gateway as `status` shows it: the one that answers at the recorded address (a job or
-    a process started by hand), else its newest gateway job still under way, else a record nothing answers
-    at (UNREACHABLE: a gateway killed outright), else how its newest gateway job ended. None: it never had one."""
+    a process started by hand), else its newest gateway job still under way, else how the job that left the
+    record ended, else a record nothing answers at (UNREACHABLE: a gateway started by hand and killed outright),
+    else how its newest gateway job ended. None: it never had one."""
     record = read_gateway(record_path(target))
     if record is not None and answers(record, target):
         return GatewayLine("READY", job_id=record.job_id, url=record.url, host=record.host, pid=record.pid)
-    newest: GatewayLine | None = None
+    newest: tuple[JobRef, GatewayLine] | None = None
     for ref in reversed(gateway_jobs(target)):
         line = job_line(ref, target)
         if line.state in UNDER_WAY or line.state == "CANCELLING":
             return line
-        newest = newest or line
+        newest = newest or (ref, line)
+    if record is not None and newest is not None and newest[1].job_id == record.job_id and newest[1].state in TERMINAL:
+        return _ended_with_its_record_left(*newest)
     if record is not None:
         return GatewayLine(
             "UNREACHABLE",
@@ -71,7 +76,14 @@ def deployment_gateway(target: Target) -> GatewayLine | None:
             pid=record.pid,
             reason=f"nothing answers there; a stale record {record_path(target)}",
         )
-    return newest
+    return newest[1] if newest is not None else None
+
+
+def _ended_with_its_record_left(ref: JobRef, line: GatewayLine) -> GatewayLine:
+    """A gateway job that ended without removing its record (its gateway killed outright more often than the job
+    starts it again, or the job itself killed): how it ended, and how to start another, rather than UNREACHABLE."""
+    restart = f"`sbatch {Deployment(ref.deploy_dir).gateway_sub}` starts another"
+    return dataclasses.replace(line, reason="; ".join(filter(None, (line.reason, restart))))
 
 
 @dataclass(frozen=True)
