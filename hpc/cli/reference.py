@@ -33,7 +33,8 @@ Every command that acts on a deployment or a job takes TARGET, read the same way
 - Commands that follow one job (`wait`, `logs`, `generate --replica`) take one TARGET; given a deployment,
   they act on its current job and say which on stderr.
 - Commands that look at or stop a deployment's jobs (`status`, `endpoints`, `metrics`, `cancel`, `token`,
-  `gateway`) take several TARGETs: job ids of one deployment. `status` with none shows the newest serving job (and its gateway).
+  `gateway`) take several TARGETs: job ids of one deployment. `status` with none shows the newest serving job
+  (and its gateway).
 - `bench` also takes a gateway URL, `http://host:port`.
 
 A flag means one thing on every command that has it: `--timeout S` is how long a command waits for a job

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.jobs.executors import watch
-from hpc.jobs.gateway import UNDER_WAY, gateway_jobs, serving_jobs
-from hpc.jobs.kinds import GatewayJob
+from hpc.jobs.gateway import gateway_jobs_to_stop, serving_jobs
 from hpc.jobs.status import JobStatus
 from hpc.jobs.track import job_status
 from hpc.scheduler.index import JobRef
@@ -147,8 +146,8 @@ def cancel_deployment(target: Target, grace_s: float = CANCEL_GRACE_S) -> Deploy
     cancelled (pending ones first, so that none starts meanwhile; then the others, each an ordered stop). Its
     gateway job goes with the last one (hpc/jobs/gateway.py `after_cancel`), or after them when none was left.
     A job that cannot be cancelled (of a cluster that cannot be asked from here, or one whose scancel Slurm
-    refused) is left and named; the others are cancelled all the same. Jobs are told apart by their folder: job ids are unique per Slurm cluster only, and a
-    deployment's folders may hold the jobs of two clusters."""
+    refused) is left and named; the others are cancelled all the same. Jobs are told apart by their folder: job
+    ids are unique per Slurm cluster only, and a deployment's folders may hold the jobs of two clusters."""
     from hpc.jobs.submit import cancel
 
     stop_renewals(target)
@@ -180,9 +179,7 @@ def _cancel_gateways(target: Target, grace_s: float, done: dict[Path, JobStatus]
     had all ended before (FAILED, TIMEOUT), which no serving job's cancel took along (gateway.py `after_cancel`)."""
     from hpc.jobs.submit import cancel
 
-    for ref in gateway_jobs(target):
-        if GatewayJob(ref, target).status().state not in (*UNDER_WAY, "CANCELLING"):
-            continue
+    for ref in gateway_jobs_to_stop(target):
         try:
             done[ref.job_dir] = cancel(ref, grace_s)
         except SlurmError as exc:

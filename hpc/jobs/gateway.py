@@ -121,6 +121,12 @@ def _ensure_gateway(deploy_dir: Path, runner: Executor, target: Target) -> Gatew
     return GatewayStart(GatewayLine("PENDING", job_id=job.job_id), job)
 
 
+def gateway_jobs_to_stop(target: Target) -> list[JobRef]:
+    """The deployment's gateway jobs that a cancel of the deployment (or of its last serving job) stops: those
+    under way, and those whose cancel is (CANCELLING: cancelling again waits for its end)."""
+    return [job for job in gateway_jobs(target) if GatewayJob(job, target).status().state in (*UNDER_WAY, "CANCELLING")]
+
+
 def after_cancel(ref: JobRef, grace_s: float) -> GatewayLine | None:
     """What cancelling `ref` means for the deployment's gateway; the gateway's line afterwards (None: none).
 
@@ -138,11 +144,7 @@ def after_cancel(ref: JobRef, grace_s: float) -> GatewayLine | None:
     watch(others)  # one sacct for all of them
     if any(job_status(job).state in UNDER_WAY for job in others):
         return deployment_gateway(target)
-    ended = [
-        cancel(job, grace_s)  # which comes back here for the record
-        for job in gateway_jobs(target)
-        if GatewayJob(job, target).status().state in (*UNDER_WAY, "CANCELLING")
-    ]
+    ended = [cancel(job, grace_s) for job in gateway_jobs_to_stop(target)]  # which come back here for the record
     if ended:  # what became of the gateway this cancel stopped (not an older one that ended before)
         return GatewayLine(ended[-1].state, job_id=ended[-1].job_id, reason=ended[-1].reason)
     return deployment_gateway(target)
