@@ -50,9 +50,8 @@ def choice_params(prompts: Sequence[GenerateParams], n: int) -> list[GeneratePar
     out = []
     for params in prompts:
         base = params.seed if params.seed is not None else secrets.randbits(SEED_BITS)
-        out += [
-            dataclasses.replace(params, seed=(base + j) % (UINT64_MAX + 1)) for j in range(n)
-        ]  # a seed near the top wraps
+        wrapped = [(base + j) % (UINT64_MAX + 1) for j in range(n)]  # a seed near the top wraps round to 0
+        out += [dataclasses.replace(params, seed=seed) for seed in wrapped]
     return out
 
 
