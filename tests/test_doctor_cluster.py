@@ -146,11 +146,13 @@ def test_gateway_job_partition_and_time(short_partition, tmp_path):
 
 
 def test_nodes_too_small(slurm_cluster, tmp_path):
-    """The emulated nodes have 8 CPUs and gpu:4 each."""
+    """The emulated nodes have gpu:4 each, and the CPUs ci/cluster/common.sh gives them (sinfo says how many)."""
+    cpus = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%c"], capture_output=True, text=True).stdout
     proc = cli("doctor", str(spec_file(tmp_path, "big", slurm={"gpus_per_node": 8})), check=False)
     assert proc.returncode == 1
     fails = failed(proc.stdout)
-    assert "0 of 2 in debug fit; its usable nodes have at most 8 CPUs, 4 GPUs" in fails["nodes"], proc.stdout
+    most = max(int(n) for n in cpus.split())
+    assert f"0 of 2 in debug fit; its usable nodes have at most {most} CPUs, 4 GPUs" in fails["nodes"], proc.stdout
     assert "lower slurm.nodes, slurm.gpus_per_node" in fails["nodes"]
 
 

@@ -388,3 +388,40 @@ def test_the_gateway_renews_while_a_serving_job_is_under_way_and_asks_again_soon
     renewer = renewal.GatewayRenewer(deploy, target, "101", RenewPlan(before_s=60, stop_lead_s=30))
     assert renewer.why_not(time.time()) == why
     assert renewal.UNSURE_RETRY_S < renewal.END_REFRESH_S / 4
+
+
+def test_the_gateway_logs_its_pending_successor_and_replaces_one_that_ended_before_it_served(
+    tmp_path, renew_slurm, monkeypatch, caplog
+):
+    """A successor PENDING on Resources is said in the gateway's log (CI saw one wait out its predecessor's
+    limit, and the log did not say why); one that ended before it served is replaced at once, at most
+    SUCCESSOR_ATTEMPTS times, as a serving job's successor is."""
+    import logging
+
+    from hpc.jobs import renewal
+    from hpc.jobs.executors import SlurmExecutor
+    from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME
+    from tests.plans import write_plan
+
+    deploy = tmp_path / "fake-1"
+    write_plan(deploy, name="fake", replicas=1, world_size_per_replica=1)
+    JobPaths(deploy, "100").create()
+    (JobPaths(deploy, "101").create().folder / GATEWAY_JOB_MARKER_NAME).touch()
+    monkeypatch.setattr(SlurmExecutor, "scheduler_state", lambda self, ref: ("RUNNING", None))
+    target = Target(tmp_path, "fake", tmp_path, named_folder=deploy)
+    renewer = renewal.GatewayRenewer(deploy, target, "101", RenewPlan(before_s=60, stop_lead_s=30))
+    caplog.set_level(logging.INFO, logger="hpc_serve.gateway")
+    fake_command(renew_slurm, "squeue", 'echo "9|PENDING|Resources"')
+    renewer.successor = "9"
+    renewer.watch_successor()
+    renewer.watch_successor()  # said once, while it stays so
+    assert caplog.messages == ["gateway job 101: its successor 9 is PENDING (Resources)"]
+    assert renewer.successor == "9" and renewer.why_not(time.time()) is None
+    fake_command(renew_slurm, "squeue", 'echo "9|FAILED|NonZeroExitCode"')
+    for attempt in range(1, renewal.SUCCESSOR_ATTEMPTS + 1):
+        renewer.successor = "9"
+        renewer.watch_successor()
+        assert renewer.successor is None and renewer.lost == attempt
+    assert "ended (FAILED) before it served; submitting another" in caplog.messages[2]
+    assert caplog.messages[-1].endswith(f"{renewal.SUCCESSOR_ATTEMPTS} did: no more")
+    assert renewer.why_not(time.time()) == f"{renewal.SUCCESSOR_ATTEMPTS} successors ended before they served: no more"

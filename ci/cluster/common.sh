@@ -4,6 +4,11 @@
 
 CLUSTER_NAME=${HPC_CLUSTER_NAME:-hpcserve}
 NODES=(node1 node2)
+# CPUs of each emulated node (slurm.conf.in's @NODE_CPUS@; both share this host's cores, config_overrides). 16, not 8:
+# scripts/test.sh runs two pytests side by side, and one test in front (2 replicas x tp 2, four jobs) takes 8 of
+# a node, so a job of the tests beside it (a gateway's successor, due before its predecessor's limit) never waits
+# on Resources for one of them. Jobs use what they ask for; more CPUs only let them start.
+NODE_CPUS=16
 SLURM_ETC=/etc/slurm                     # controller + clients (default SLURM_CONF of Debian's slurm)
 RUN_DIR=/run/slurm
 LOG_DIR=/var/log/slurm

@@ -110,7 +110,7 @@ render() {   # render TEMPLATE DEST MODE [extra sed expressions...]; sets CHANGE
     sed -e "s|@CLUSTER@|$CLUSTER_NAME|g" -e "s|@HOST@|$HOST|g" -e "s|@ADDR@|$ADDR|g" \
         -e "s|@SLURMCTLD_PORT@|$SLURMCTLD_PORT|g" -e "s|@SLURMDBD_PORT@|$SLURMDBD_PORT|g" \
         -e "s|@NODE1_PORT@|${NODE_PORT[node1]}|g" -e "s|@NODE2_PORT@|${NODE_PORT[node2]}|g" \
-        -e "s|@DB_NAME@|$DB_NAME|g" -e "s|@DB_USER@|$DB_USER|g" -e "s|@DB_PASS@|$DB_PASS|g" \
+        -e "s|@NODE_CPUS@|$NODE_CPUS|g" -e "s|@DB_NAME@|$DB_NAME|g" -e "s|@DB_USER@|$DB_USER|g" -e "s|@DB_PASS@|$DB_PASS|g" \
         "$@" "$HERE/$tmpl" >"$tmp"
     if grep -q '@[A-Z0-9_]*@' "$tmp"; then die "unrendered placeholder in $tmpl: $(grep -o '@[A-Z0-9_]*@' "$tmp" | head -1)"; fi
     CHANGED=0
@@ -304,7 +304,7 @@ log "nodes: $(sinfo -h -N -p debug -o '%N=%T' | paste -sd' ')"
 
 elapsed_total=$(elapsed)
 cat >&2 <<EOF
-[up.sh] cluster '$CLUSTER_NAME' is up in ${elapsed_total}s: partitions debug (default) and short (MaxTime 5 min), nodes node1 node2 (8 CPUs, 4 GPUs each) on $HOST.
+[up.sh] cluster '$CLUSTER_NAME' is up in ${elapsed_total}s: partitions debug (default) and short (MaxTime 5 min), nodes node1 node2 ($NODE_CPUS CPUs, 4 GPUs each) on $HOST.
 [up.sh] before srun --mpi=pmix / mpirun:  source $HERE/env.sh
 [up.sh]   (export OMPI_MCA_btl=self,tcp PMIX_MCA_gds=hash OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
 [up.sh] logs: $LOG_DIR/{slurmctld,slurmdbd,slurmd-node1,slurmd-node2,mariadb}.log, /var/log/munge/munged.log

@@ -16,7 +16,9 @@ of draining:
 3. the predecessor sees the record name its successor and stops as uvicorn stops: no new connections, requests
    in flight finish (serve.GRACEFUL_STOP_S), exit 0: the job ends COMPLETED.
 A successor that has not started by the time limit takes over whenever it starts (Slurm's SIGTERM stops the
-predecessor as before). `max_jobs` bounds the serving chain, not its gateway: the gateway renews while a
+predecessor as before). Its scheduler state is logged as it changes (`PENDING (Resources)` says why the address
+may go down at the limit); one that ends before it serves (a crash at start) is replaced at once, at most
+SUCCESSOR_ATTEMPTS times, as a serving job's is (launcher/jobscript/renew.py). `max_jobs` bounds the serving chain, not its gateway: the gateway renews while a
 serving job is under way.
 """
 
@@ -34,7 +36,16 @@ from hpc.serving.gateway_record import record_path
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.records import GatewayRecord, RenewStop, SuccessorRecord, read_gateway
 from launcher.contracts.renew_plan import RenewPlan
-from launcher.jobscript.renew import END_REFRESH_S, SBATCH_RETRY_S, job_times
+from launcher.jobscript.renew import (
+    END_REFRESH_S,
+    SBATCH_RETRY_S,
+    SUCCESSOR_ATTEMPTS,
+    SUCCESSOR_STATE_S,
+    described,
+    gone_or_ended,
+    job_state,
+    job_times,
+)
 
 log = logging.getLogger("hpc_serve.gateway")
 
@@ -68,7 +79,10 @@ class GatewayRenewer:
     plan: RenewPlan
     started: float = field(default_factory=time.time)
     successor: str | None = None
+    #: successors that ended before they served
+    lost: int = 0
     _said: str | None = None
+    _successor_state: tuple[str, str] = ("", "")
 
     @property
     def paths(self) -> JobPaths:
@@ -78,6 +92,8 @@ class GatewayRenewer:
         """Why no successor is submitted now, or None: submit it."""
         if self.paths.cancel_marker.exists():
             return "this gateway job was cancelled"
+        if self.lost >= SUCCESSOR_ATTEMPTS:
+            return f"{self.lost} successors ended before they served: no more"
         stop = RenewStop.read(Deployment(self.deploy_dir).renew_stop)
         if stop is not None and stop.stops(self.started):
             return "the deployment was cancelled (hpc-serve cancel)"
@@ -112,6 +128,25 @@ class GatewayRenewer:
         SuccessorRecord(job_id=ref.job_id, at=time.time()).write(self.paths.gateway_successor)
         return ref.job_id
 
+    def watch_successor(self) -> None:
+        """Log the successor's scheduler state as it changes; forget one that ended before it served, so that
+        another is submitted at once (why_not bounds them)."""
+        assert self.successor is not None
+        state = job_state(self.successor)
+        if state[0] and state != self._successor_state:
+            self._successor_state = state
+            log.info("gateway job %s: its successor %s is %s", self.job_id, self.successor, described(state))
+        if gone_or_ended(state) and not self.replaced():
+            self.lost += 1
+            log.warning(
+                "gateway job %s: its successor %s ended (%s) before it served; %s",
+                self.job_id,
+                self.successor,
+                state[0],
+                "submitting another" if self.lost < SUCCESSOR_ATTEMPTS else f"{self.lost} did: no more",
+            )
+            self.successor, self._successor_state = None, ("", "")
+
     def replaced(self) -> bool:
         """The record names the successor: it serves now."""
         record = read_gateway(record_path(self.target))
@@ -127,7 +162,7 @@ class GatewayRenewer:
         from hpc.scheduler.slurm import SlurmError
 
         end: float | None = None
-        read_end_at = submit_at = 0.0
+        read_end_at = submit_at = watched_at = 0.0
         while not server.should_exit:
             now = time.time()
             if now >= read_end_at:
@@ -149,4 +184,7 @@ class GatewayRenewer:
                 log.info("gateway job %s: its successor %s serves; stopping", self.job_id, self.successor)
                 server.should_exit = True
                 return
+            if self.successor is not None and now >= watched_at + SUCCESSOR_STATE_S:
+                watched_at = now
+                await asyncio.to_thread(self.watch_successor)
             await asyncio.sleep(RECORD_POLL_S)
