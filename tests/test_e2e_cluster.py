@@ -8,12 +8,14 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from launcher.contracts.config import STOP_LEAD_S
 from launcher.contracts.layout import JobPaths
 from launcher.contracts.stop_records import BY_TIME_LIMIT, StopNotice, StopRequest
+from tests._llmapi import of_job
 from tests.e2e import (
     CLI,
     assert_streams_ended_clearly,
@@ -33,8 +35,12 @@ from tests.e2e import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-def _assert_no_server_left(deploy_dir, timeout=60):
-    wait_for(lambda: not processes_under(deploy_dir), timeout, f"every process of {deploy_dir} to exit")
+def _assert_no_server_left(deploy_dir, job: str, timeout=60):
+    """No process naming the folder (tritonservers, stubs, launchers) and none of the job by its environment
+    (the llmapi workflow's leader and worker nodes name no folder)."""
+    wait_for(
+        lambda: not processes_under(deploy_dir) and not of_job(job), timeout, f"every process of job {job} to exit"
+    )
 
 
 def test_two_jobs_on_one_node_get_distinct_auto_ports(jobs, tmp_path, tiny_gpt2):
@@ -84,11 +90,17 @@ def test_killed_follower_fails_the_job_and_status_names_the_rank(jobs, tmp_path,
     assert st["failed_rank"]["rank"] == 1
     shown = cli("status", job, check=False)
     assert shown.returncode == 1 and "rank 1 on node2" in shown.stdout and "SIGKILL" in shown.stdout
-    _assert_no_server_left(deploy_dir)
+    _assert_no_server_left(deploy_dir, job)
 
 
-def test_salloc_and_srun_launch_spec_interactively(jobs, tmp_path, tiny_gpt2):
-    spec = write_spec(tmp_path, "interactive", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
+#: what rank 1 (on node2) writes to its stderr in each workflow: the engine workflow's follower tritonserver
+#: loading the model, the llmapi workflow's worker node (outside tritonserver) serving its shard
+FOLLOWER_SAYS = {"engine": "tensorrt_llm", "llmapi": "worker node rank 1"}
+
+
+@pytest.mark.parametrize("workflow", list(FOLLOWER_SAYS))
+def test_salloc_and_srun_launch_spec_interactively(jobs, tmp_path, tiny_gpt2, workflow):
+    spec = write_spec(tmp_path, "interactive", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1, workflow=workflow)
     proc = subprocess.Popen(
         ["salloc", "-N2", "--ntasks-per-node=1", "-t", "10", "srun", "--mpi=pmix", *CLI, "launch", str(spec)],
         stdout=subprocess.PIPE,
@@ -109,7 +121,11 @@ def test_salloc_and_srun_launch_spec_interactively(jobs, tmp_path, tiny_gpt2):
         # Without srun --output, each rank still writes its own log file (and the terminal gets a copy).
         follower_log = cli("logs", job, "--rank", "1").stdout
         assert follower_log.startswith("[hpc-serve] rank 1/2 on node2: replica 0, follower")
-        assert "tensorrt_llm" in cli("logs", job, "--rank", "1", "--err").stdout
+        assert FOLLOWER_SAYS[workflow] in cli("logs", job, "--rank", "1", "--err").stdout
+        deploy_dir = Path(status(job)["job_dir"]).parent.parent
+        subprocess.run(["scancel", job], capture_output=True, check=True)  # what ends an salloc: every rank goes
+        proc.wait(timeout=90)
+        _assert_no_server_left(deploy_dir, job)
     finally:
         if proc.poll() is None:
             if job:
@@ -119,8 +135,9 @@ def test_salloc_and_srun_launch_spec_interactively(jobs, tmp_path, tiny_gpt2):
         proc.wait(timeout=90)
 
 
-def test_hand_sbatch_of_rendered_folder_is_tracked(jobs, tmp_path, tiny_gpt2):
-    spec = write_spec(tmp_path, "byhand", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1)
+@pytest.mark.parametrize("workflow", list(FOLLOWER_SAYS))
+def test_hand_sbatch_of_rendered_folder_is_tracked(jobs, tmp_path, tiny_gpt2, workflow):
+    spec = write_spec(tmp_path, "byhand", tiny_gpt2, tp=2, nodes=2, ntasks_per_node=1, workflow=workflow)
     deploy_dir = tmp_path / "deploy"
     cli("render", str(spec), "-o", str(deploy_dir))
     out = subprocess.run(
@@ -140,10 +157,10 @@ def test_hand_sbatch_of_rendered_folder_is_tracked(jobs, tmp_path, tiny_gpt2):
 
     tracked = submitit.SlurmJob(folder=deploy_dir / "jobs" / "%j", job_id=job, tasks=(0, 1))
     assert tracked.task(1).stdout().startswith("[hpc-serve] rank 1/2 on node2: replica 0, follower")
-    assert "tensorrt_llm" in tracked.task(1).stderr()
+    assert FOLLOWER_SAYS[workflow] in tracked.task(1).stderr()
     cli("cancel", job, timeout=120)
     assert status(job)["state"] == "CANCELLED"
-    _assert_no_server_left(deploy_dir)
+    _assert_no_server_left(deploy_dir, job)
 
 
 def test_two_replicas_of_tp2_publish_two_endpoints(jobs, tmp_path, tiny_gpt2):
@@ -185,7 +202,7 @@ def test_leader_stop_releases_followers_and_job_completes(jobs, tmp_path, tiny_g
     assert ranks[0].exit_code == 0 and ranks[1].exit_code == 0, ranks
     leader_log = JobPaths.of_folder(job_dir).rank_log(0, "err").read_text(errors="replace")
     assert "Segmentation fault" not in leader_log  # the stub's objects are released before its interpreter ends
-    _assert_no_server_left(job_dir.parent.parent)
+    _assert_no_server_left(job_dir.parent.parent, job)
 
 
 def test_cancel_of_tp2_across_two_nodes_is_an_ordered_stop_within_the_stop_lead(jobs, tmp_path, tiny_gpt2):
@@ -315,4 +332,4 @@ def test_time_limit_under_load_is_an_ordered_stop_and_the_job_completes(jobs, tm
     assert notice is not None
     stopped_at = notice.at - time.time() + time.monotonic()
     assert_streams_ended_clearly(endings, stop_at=stopped_at)
-    _assert_no_server_left(job_dir.parent.parent)
+    _assert_no_server_left(job_dir.parent.parent, job)
