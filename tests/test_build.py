@@ -413,7 +413,10 @@ def test_the_context_length_the_gateway_reads_is_the_engines_or_the_checkpoints(
     (tmp_path / "engine" / "config.json").unlink()
     assert context_length(spec.model) is None, "an engine not built yet"
     cpu = spec.model.model_copy(update={"backend": "cpu", "engine_dir": None, "checkpoint_dir": tiny_gpt2})
-    assert context_length(cpu) == json.loads((tiny_gpt2 / "config.json").read_text())["n_positions"]
+    positions = json.loads((tiny_gpt2 / "config.json").read_text())["n_positions"]
+    assert context_length(cpu) == positions
+    assert context_length(cpu, max_seq_len=100) == 100, "llm_api.max_seq_len caps the llmapi workflow's"
+    assert context_length(cpu, max_seq_len=10**6) == positions, "the CPU engine caps at the checkpoint's positions"
     assert context_length(cpu.model_copy(update={"checkpoint_dir": tmp_path / "none"})) is None
 
 

@@ -324,3 +324,13 @@ def test_an_unforeseen_failure_is_a_500_in_openais_shape(tiny_gpt2, tokenizer, f
     assert answer.status_code == 500, answer.text
     error = answer.json()["error"]
     assert error["type"] == "server_error" and "OverflowError" in error["message"], error
+
+
+@pytest.mark.parametrize(
+    "prompt", ["", ["Hi", ""], [], [[5, 6], []]], ids=["text", "in_a_list", "no_list", "no_token_ids"]
+)
+def test_an_empty_prompt_is_a_400_naming_prompt_and_reaches_no_replica(app, prompt):
+    """GPT-2's tokenizer adds no token to an empty prompt, and an engine given none fails the request (it was the
+    model's 500, "the model failed the request"): the gateway says it is the client's to fix."""
+    error = _error(_post(app, COMPLETIONS, {"model": "m", "prompt": prompt, "max_tokens": 2}))
+    assert error["param"] == "prompt" and "an empty" in error["message"], error

@@ -71,6 +71,22 @@ def test_every_form_of_target_names_the_same_deployment(hpc_home, tmp_path):
     assert resolve([str(spec)])[1] == [], "a spec names no job"
 
 
+def test_a_target_carries_the_llmapi_max_seq_len_from_its_spec_and_its_folder(hpc_home, tmp_path):
+    """The gateway's context for usage and finish_reason (hpc/spec/files.py context_length) is cut to it."""
+    extra = {"model": {"backend": "cpu", "workflow": "llmapi", "checkpoint_dir": str(tmp_path / "ckpt")}}
+    spec = tmp_path / "seq.yaml"
+    spec.write_text(spec_text("seq", tmp_path / "ckpt", tmp_path / "runs", **extra, llm_api={"max_seq_len": 96}))
+    assert resolve_target(str(spec)).max_seq_len == 96
+    folder = tmp_path / "runs" / "seq-20260101-000000"
+    folder.mkdir(parents=True)
+    Deployment(folder).spec.write_text(dump_spec(parse_spec(spec.read_text(), check_files=False)))
+    register("31", JobPaths(folder, "31").create().folder)
+    assert resolve_target("31").max_seq_len == 96
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(spec_text("plain", tmp_path / "ckpt", tmp_path / "runs"))
+    assert resolve_target(str(plain)).max_seq_len is None
+
+
 def test_a_name_is_the_spec_name_not_a_folder_prefix(hpc_home, tmp_path):
     workdir = tmp_path / "runs"
     deployment(workdir, "svc-2", "20260101-000000", tmp_path / "ckpt", jobs=("21",))

@@ -117,6 +117,25 @@ def test_completions_whole_and_streamed_agree_with_usage_and_finish(served):
     assert chunks[-1].usage.completion_tokens == 8 and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_usage_of_a_generation_cut_at_the_context_counts_the_tokens_made(served, tiny_gpt2):
+    """`max_tokens` past the model's context: the engine cuts it to the room the prompt leaves (TensorRT-LLM's
+    executor too: `_deduce_max_tokens`, a warning), and usage counts the tokens made (it said 100000: the
+    `max_tokens` asked), whole and streamed."""
+    client = served["client"]
+    context = json.loads((tiny_gpt2 / "config.json").read_text())["n_positions"]
+    prompt = PROMPT + " and then" * 90
+    room = context - client.completions.create(model=NAME, prompt=prompt, max_tokens=1).usage.prompt_tokens
+    assert 0 < room < 100, room
+    whole = client.completions.create(model=NAME, prompt=prompt, max_tokens=100_000)
+    assert (whole.choices[0].finish_reason, whole.usage.completion_tokens) == ("length", room)
+    assert whole.usage.total_tokens == context
+    options = {"include_usage": True}
+    chunks = list(
+        client.completions.create(model=NAME, prompt=prompt, max_tokens=10**5, stream=True, stream_options=options)
+    )
+    assert chunks[-1].usage.completion_tokens == room
+
+
 def test_chat_and_sampling_fields_reach_the_engine(served):
     client = served["client"]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]

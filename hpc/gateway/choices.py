@@ -35,8 +35,9 @@ TOKEN_REFUSED = (
 
 class Tally:
     """A generation's completion tokens and finish, as its chunks tell them: counted by the engine (the ensemble:
-    a response per token), or, when the model counts none (llmapi, hpc/serving/model_io.py), `max_tokens` for a
-    generation the model says ended at its length, else the deployment's tokenizer's count of its text (a
+    a response per token), or, when the model counts none (llmapi, hpc/serving/model_io.py), `max_tokens` cut to
+    the room the prompt left (`Gateway.new_tokens_allowed`) for a generation the model says ended at its length,
+    else the deployment's tokenizer's count of its text (a
     random-weight model's text may encode to other tokens than it was made of; a trained model's rarely does);
     and the finish the model gave, if it gave one."""
 
@@ -59,10 +60,12 @@ class Tally:
     def text(self) -> str:
         return "".join(self.pieces)
 
-    def completion_tokens(self, gw: Gateway, max_tokens: int) -> int:
+    def completion_tokens(self, gw: Gateway, max_tokens: int, prompt_tokens: int) -> int:
         if not self.uncounted:
             return self.tokens
-        return max_tokens if self.finish == "length" else gw.completion_tokens(self.text)
+        if self.finish == "length":
+            return gw.new_tokens_allowed(max_tokens, prompt_tokens)
+        return gw.completion_tokens(self.text)
 
 
 def usage_of(prompt: int, completion: int, record: RequestRecord) -> dict[str, int]:

@@ -167,7 +167,7 @@ def _json(
     for index, (params, tally) in enumerate(zip(choices, tallies, strict=True)):
         record.kv_blocks(tally.perf)
         text, stopped = cut_at_stop(tally.text, params.stop)
-        tokens = tally.completion_tokens(gw, params.max_tokens)
+        tokens = tally.completion_tokens(gw, params.max_tokens, prompt_tokens[index // n])
         completion += tokens
         mine = {"completion_tokens": tokens, "total_tokens": prompt_tokens[index // n] + tokens}
         finish = finish_of(stopped, mine, params, gw.context_length, tally.finish)
@@ -261,7 +261,10 @@ class _Relay:
             await asyncio.gather(*tasks, return_exceptions=True)
             for future in counted:
                 future.cancel()
-        completion = sum(t.completion_tokens(self.gw, p.max_tokens) for t, p in zip(tallies, self.choices, strict=True))
+        completion = sum(
+            tally.completion_tokens(self.gw, params.max_tokens, counted[index // self.n].result())
+            for index, (tally, params) in enumerate(zip(tallies, self.choices, strict=True))
+        )
         usage = usage_of(prompt_tokens, completion, self.record)
         for tally in tallies:
             self.record.kv_blocks(tally.perf)
@@ -270,7 +273,7 @@ class _Relay:
     def _finish(self, index: int, stops: StopStream, tally: Tally, prompt_tokens: int) -> bytes:
         params = self.choices[index]
         rest = stops.flush()
-        tokens = tally.completion_tokens(self.gw, params.max_tokens)
+        tokens = tally.completion_tokens(self.gw, params.max_tokens, prompt_tokens)
         mine = {"completion_tokens": tokens, "total_tokens": prompt_tokens + tokens}
         finish = finish_of(stops.stopped, mine, params, self.gw.context_length, tally.finish)
         text = self.out.event([self._choice(index, rest)]) if rest else b""

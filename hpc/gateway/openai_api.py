@@ -121,6 +121,10 @@ async def complete(gw: Gateway, body: CompletionRequest, record: RequestRecord) 
     APIError."""
     _check_model(gw, body.model)
     prompts = [p if isinstance(p, str) else _decoded(gw, p) for p in body.prompts()]
+    if "" in prompts and gw.prompt_tokens("") == 0:
+        raise bad_request(
+            "prompt: an empty prompt is no token for this model (its tokenizer adds none): send text", "prompt"
+        )
     if body.logprobs:
         raise bad_request(f"logprobs: only 0 is served: {NO_TOP}", "logprobs")
     if body.echo and body.logprobs is not None:
@@ -202,7 +206,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     finally:
         counted.cancel()  # left early (an error, a client gone): its count is not needed
     text, stopped = cut_at_stop(tally.text, params.stop)
-    usage = usage_of(prompt_tokens, tally.completion_tokens(gw, params.max_tokens), record)
+    usage = usage_of(prompt_tokens, tally.completion_tokens(gw, params.max_tokens, prompt_tokens), record)
     record.kv_blocks(tally.perf)
     logprobs = _logprobs(chat, trail.finish(len(text))) if params.logprobs else None
     choice: dict[str, Any] = {
@@ -289,7 +293,8 @@ async def _sse(
             chunk = await anext(pieces, None)
         if counted is None:  # stopped at the first piece
             counted = gw.count_prompt(params.prompt)
-        usage = usage_of(await counted, tally.completion_tokens(gw, params.max_tokens), record)
+        prompt_tokens = await counted
+        usage = usage_of(prompt_tokens, tally.completion_tokens(gw, params.max_tokens, prompt_tokens), record)
         record.kv_blocks(tally.perf)
     except (ModelError, ReplicaUnavailable) as exc:
         record.error = "stream_failed"

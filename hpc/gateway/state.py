@@ -59,7 +59,15 @@ class Gateway:
     def context_length(self) -> int | None:
         """The model's longest sequence (hpc/spec/files.py `context_length`), read at the first answer's end: by
         then a replica has served, so its engine or checkpoint exists (`model.init` makes one when the job starts)."""
-        return context_length(self.target.model) if self.target.model is not None else None
+        model = self.target.model
+        return context_length(model, self.target.max_seq_len) if model is not None else None
+
+    def new_tokens_allowed(self, max_tokens: int, prompt_tokens: int) -> int:
+        """The most new tokens the engine makes for a prompt: `max_tokens` cut to the room the prompt leaves in
+        the context, as TensorRT-LLM's executor cuts it (tensorrt_llm/executor/base_worker.py `_deduce_max_tokens`:
+        "using default_max_tokens instead", a warning) and the CPU engine does too."""
+        context = self.context_length
+        return max_tokens if context is None else max(1, min(max_tokens, context - prompt_tokens))
 
     def prompt_tokens(self, prompt: str) -> int:
         """As preprocessing counts them: the deployment's tokenizer, special tokens included."""

@@ -26,7 +26,7 @@ from launcher.contracts.records import EndpointRecord, read_endpoints
 
 if TYPE_CHECKING:
     from hpc.scheduler.index import JobRef
-    from hpc.spec.schema import ModelSpec
+    from hpc.spec.schema import ModelSpec, Spec
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,14 @@ class Target:
     named_folder: Path | None = field(default=None, compare=False)
     #: its spec's model section (where its engine or checkpoint is); None for a Target made by hand
     model: ModelSpec | None = field(default=None, compare=False)
+    #: its spec's `llm_api.max_seq_len` (the llmapi workflow's cap below the checkpoint's positions), if set
+    max_seq_len: int | None = field(default=None, compare=False)
+
+
+def target_of_spec(spec: Spec, workdir: Path, named_folder: Path | None = None) -> Target:
+    """The deployment of a loaded spec, with what the gateway reads of it (the model, the sequence cap)."""
+    max_seq_len = spec.llm_api.max_seq_len if spec.llm_api is not None else None
+    return Target(workdir, spec.name, Path(spec.model.tokenizer), named_folder, spec.model, max_seq_len)
 
 
 #: the YAML loader: libyaml's where PyYAML was built with it (about 10x faster than the pure-Python one)
@@ -86,7 +94,7 @@ def target_of_folder(deploy_dir: Path) -> Target:
     from hpc.spec import load_spec
 
     spec = load_spec(Deployment(deploy_dir).spec, check_files=False)
-    return Target(deploy_dir.parent.resolve(), spec.name, Path(spec.model.tokenizer), deploy_dir.resolve(), spec.model)
+    return target_of_spec(spec, deploy_dir.parent.resolve(), deploy_dir.resolve())
 
 
 def deployments_named(name: str) -> dict[Path, Path]:
@@ -123,7 +131,7 @@ def _resolve_one(text: str) -> tuple[Target, JobRef | None]:
     path = Path(text).expanduser()
     if path.is_file():
         spec = load_spec(path, check_files=False)
-        return Target(spec.workdir.resolve(), spec.name, Path(spec.model.tokenizer), model=spec.model), None
+        return target_of_spec(spec, spec.workdir.resolve()), None
     if path.is_dir():
         if JobPaths.is_job_folder(path):
             ref = find_job(str(path))

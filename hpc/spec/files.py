@@ -237,10 +237,12 @@ def engine_limit_conflicts(spec: Spec) -> list[Finding]:
     return found
 
 
-def context_length(model: ModelSpec) -> int | None:
+def context_length(model: ModelSpec, max_seq_len: int | None = None) -> int | None:
     """The longest sequence (prompt plus new tokens) a replica of `model` serves: the engine's max_seq_len
-    (trtllm-build's config.json), the checkpoint's positions for the CPU engine (backend/cpu_engine/model.py caps
-    there). None while its files do not say: an engine not built yet, a checkpoint `model.init` has yet to make.
+    (trtllm-build's config.json), else the checkpoint's positions, cut to the llmapi workflow's `max_seq_len`
+    when the spec sets one (the CPU engine caps so, backend/cpu_engine/model.py; TensorRT-LLM takes the LLM API's
+    max_seq_len). None while its files do not say: an engine not built yet, a checkpoint `model.init` has yet to
+    make.
     Why the gateway asks: a request whose new tokens would pass it is cut to the room left (a warning, not an
     error, in TensorRT-LLM and the CPU engine alike), and OpenAI clients read `finish_reason` "length" for a cut."""
     config = _read_config(model.source_dir)
@@ -250,9 +252,10 @@ def context_length(model: ModelSpec) -> int | None:
     from backend.cpu_engine.checkpoint import CheckpointError, parse_config
 
     try:
-        return parse_config(config).max_position_embeddings
+        positions = parse_config(config).max_position_embeddings
     except (CheckpointError, KeyError, TypeError, ValueError):
         return None
+    return positions if max_seq_len is None else min(positions, max_seq_len)
 
 
 def _read_config(folder: Path) -> dict:
