@@ -95,6 +95,33 @@ def test_a_wait_that_runs_out_of_time_exits_4_not_1(tmp_path, capsys):
     assert "gave up waiting after 0.1s; the job is still PENDING" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["generate", "x", "Hi", "--max-tokens", "0"], "argument --max-tokens: '0': a number more than 0"),
+        (["generate", "x", "Hi", "--max-tokens", str(2**31)], "at most 2147483647"),
+        (["generate", "x", "Hi", "--seed", "-1"], "argument --seed: '-1': a number at least 0"),
+        (["generate", "x", "Hi", "--concurrency", "0"], "argument --concurrency"),
+        (["generate", "x", "Hi", "--replica", "-1"], "argument --replica"),
+        (["logs", "x", "--rank", "-2"], "argument --rank: '-2': a number at least 0"),
+        (["bench", "x", "--num-requests", "0"], "argument --num-requests: '0': a number more than 0"),
+    ],
+)
+def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(argv, words, capsys):
+    """Refused before anything is sent: the gateway's 400 would name its body's field (`max_tokens`), not the
+    flag typed, and a count of 0 would hang or do nothing."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("scheduler")
+def test_logs_of_a_rank_the_job_does_not_have_names_the_ranks_it_has(tmp_path, capsys):
+    ref = make_job(tmp_path)  # 2 ranks
+    assert main(["logs", str(ref.job_dir), "--rank", "2"]) == 2
+    assert f"--rank 2: job {ref.job_id} has ranks 0 to 1" in capsys.readouterr().err
+
+
 def test_docs_cli_md_is_the_parsers_own_help():
     """docs/cli.md is written from the parser (python -m hpc.cli.reference); UPDATE_GOLDEN=1 rewrites it."""
     from hpc.cli.reference import render

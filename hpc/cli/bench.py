@@ -13,23 +13,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc.cli.support import EXIT_JOB_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, add_target, err, resolve_or_exit
+from hpc.cli.support import (
+    EXIT_JOB_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_target,
+    bounded,
+    err,
+    resolve_or_exit,
+)
 
 if TYPE_CHECKING:
     from launcher.contracts.records import EndpointRecord
-
-
-def _positive(kind: type):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = -1
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: a number more than 0")
-        return value
-
-    return parse
 
 
 def _sweep(text: str) -> tuple[str, tuple[float, ...]]:
@@ -204,24 +200,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--tokenizer", help="the model's tokenizer folder (default: the deployment's model.tokenizer)")
     w.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the model's)")
     a = p.add_argument_group("load")
-    a.add_argument("--num-requests", type=_positive(int), default=None, help="requests per run (default 100)")
-    a.add_argument("--duration", type=_positive(float), default=None, help="stop sending after S seconds")
+    a.add_argument("--num-requests", type=bounded(int), default=None, help="requests per run (default 100)")
+    a.add_argument("--duration", type=bounded(float), default=None, help="stop sending after S seconds")
     a.add_argument(
-        "--request-rate", type=_positive(float), default=math.inf, help="requests/s (default inf: all at once)"
+        "--request-rate", type=bounded(float), default=math.inf, help="requests/s (default inf: all at once)"
     )
     a.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson", help="the gaps between requests")
-    a.add_argument("--concurrency", type=_positive(int), default=None, help="at most N requests in flight")
+    a.add_argument("--concurrency", type=bounded(int), default=None, help="at most N requests in flight")
     a.add_argument("--sweep", type=_sweep, default=None, help="rate=1,2,4 or concurrency=1,8,32: one run each")
     a.add_argument(
         "--workload-seed", type=int, default=0, help="the same seed sends the same requests at the same times"
     )
     a.add_argument("--warmup", type=int, default=1, help="requests sent first and not counted (default 1)")
     a.add_argument(
-        "--request-timeout", type=_positive(float), default=300.0, help="seconds a request may wait for each piece"
+        "--request-timeout", type=bounded(float), default=300.0, help="seconds a request may wait for each piece"
     )
     o = p.add_argument_group("output")
-    o.add_argument("--slo-ttft", type=_positive(float), default=None, help="goodput: TTFT at most MS milliseconds")
-    o.add_argument("--slo-itl", type=_positive(float), default=None, help="goodput: mean inter-token gap at most MS")
+    o.add_argument("--slo-ttft", type=bounded(float), default=None, help="goodput: TTFT at most MS milliseconds")
+    o.add_argument("--slo-itl", type=bounded(float), default=None, help="goodput: mean inter-token gap at most MS")
     o.add_argument("--output-dir", help="write summary.json, requests.csv and PNG plots here")
     o.add_argument(
         "--model", help="the model the requests name (default: a gateway URL's first at /v1/models, a replica's own)"
@@ -233,7 +229,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "metrics", help="every replica's nv_trt_llm_* and nv_inference_* metrics, summed; --watch: live rates"
     )
     add_target(p, several=True)
-    p.add_argument("--watch", type=_positive(float), default=None, metavar="S", help="refresh a rate table every S s")
+    p.add_argument("--watch", type=bounded(float), default=None, metavar="S", help="refresh a rate table every S s")
     p.add_argument("--count", type=int, default=None, help="with --watch: stop after N refreshes")
     p.add_argument("--replica", type=int, default=None, help="only this replica number")
     p.add_argument("--all", action="store_true", help="every metric family, not only the LLM-serving ones")

@@ -24,12 +24,14 @@ from hpc.cli.support import (
     SEED_HELP,
     TIMEOUT_HELP,
     add_target,
+    bounded,
     job_or_deployment,
     load_spec_or_exit,
     one_job_or_exit,
 )
 from launcher.contracts import model_names
 from launcher.contracts.config import CANCEL_GRACE_S
+from launcher.contracts.model_names import INT32_MAX, UINT64_MAX
 
 
 def _console():
@@ -254,7 +256,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("logs", help="a rank's log (stdout, or --err)")
     add_target(p)
-    p.add_argument("--rank", type=int, default=0, help="the rank whose log to print")
+    p.add_argument("--rank", type=bounded(int, 0, more_than=False), default=0, help="the rank whose log to print")
     p.add_argument("--err", action="store_true", help="stderr instead of stdout")
     p.add_argument("-f", "--follow", action="store_true", help="print what the rank writes until the job ends")
     p.set_defaults(func=cmd_logs)
@@ -276,16 +278,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_target(p)
     p.add_argument("prompt", nargs="?", help="the prompt (or --file)")
     p.add_argument("--file", help="one prompt per line (- for stdin); prints one JSON line per prompt, in order")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
+    p.add_argument("--max-tokens", type=bounded(int, most=INT32_MAX), default=64, help="tokens to generate at most")
     p.add_argument("--stream", action="store_true", help="print the text as it is generated")
     p.add_argument("--temperature", type=float, help="sampling temperature (default: the model's)")
     p.add_argument("--top-p", type=float, help="nucleus sampling: keep the tokens of this much probability")
-    p.add_argument("--top-k", type=int, help="sample among the k likeliest tokens")
-    p.add_argument("--seed", type=int, help=SEED_HELP)
+    p.add_argument("--top-k", type=bounded(int, most=INT32_MAX), help="sample among the k likeliest tokens")
+    p.add_argument("--seed", type=bounded(int, 0, UINT64_MAX, more_than=False), help=SEED_HELP)
     p.add_argument("--presence-penalty", type=float, help="-2..2, as OpenAI's")
     p.add_argument("--frequency-penalty", type=float, help="-2..2, as OpenAI's")
     p.add_argument("--stop", action="append", help="stop before this text (repeatable)")
-    p.add_argument("--concurrency", type=int, default=8, help="with --file: requests in flight at once")
+    p.add_argument("--concurrency", type=bounded(int), default=8, help="with --file: requests in flight at once")
     p.add_argument("--direct", action="store_true", help="go to the replicas even when a gateway runs")
     p.add_argument(
         "--model",
@@ -293,5 +295,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         f"{model_names.TENSORRT_LLM} on llmapi): {model_names.TENSORRT_LLM_BLS}, the engine workflow's BLS "
         "pipeline (replicas only)",
     )
-    p.add_argument("--replica", type=int, help="only this replica of the job TARGET (no balancing)")
+    p.add_argument(
+        "--replica", type=bounded(int, 0, more_than=False), help="only this replica of the job TARGET (no balancing)"
+    )
     p.set_defaults(func=cmd_generate)

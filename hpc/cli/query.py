@@ -13,7 +13,15 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from hpc.cli.support import EXIT_JOB_FAILED, EXIT_NOT_FOUND, EXIT_OK, job_or_deployment, one_job_or_exit
+from hpc.cli.support import (
+    EXIT_JOB_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    err,
+    job_or_deployment,
+    one_job_or_exit,
+)
 
 if TYPE_CHECKING:
     from hpc.scheduler.index import JobRef
@@ -98,12 +106,25 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
     return print_endpoints_or_exit(refs, "json" if args.json else args.format, target, " ".join(args.target))
 
 
+def _world_size(ref: JobRef) -> int | None:
+    """The job's ranks, from its deployment's launch.json; None when that cannot be read (a folder half gone)."""
+    from launcher.contracts.plan import PlanError
+
+    try:
+        return ref.world_size
+    except (OSError, PlanError, ValueError):
+        return None
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     from hpc.jobs.kinds import BuildJob, job_class_of
 
     ref = one_job_or_exit(args.target)
     # a build job has one log, its steps' output (hpc/jobs/)
     is_build = job_class_of(ref.job_dir) is BuildJob
+    if not is_build and (world := _world_size(ref)) is not None and args.rank >= world:
+        err(f"--rank {args.rank}: job {ref.job_id} has ranks 0 to {world - 1}")
+        return EXIT_USAGE
     path = ref.paths.build_log if is_build else ref.rank_log(args.rank, "err" if args.err else "out")
     while not path.exists():
         if not args.follow:

@@ -54,6 +54,25 @@ def err(message: str) -> None:
     print(f"hpc-serve: {message}", file=sys.stderr)
 
 
+def bounded(kind: type, least: float = 0, most: float | None = None, more_than: bool = True):
+    """An argparse `type` for a number in a range: a flag out of it is argparse's usage error (exit 2) naming
+    the flag, before anything is sent (a gateway's 400 would name its body's field, not the flag typed).
+    `more_than`: `least` itself is out (a count, a duration); else it is in (a rank, an index)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        low_ok = value is not None and (value > least if more_than else value >= least)
+        if not low_ok or (most is not None and value > most):
+            bound = f"more than {least:g}" if more_than else f"at least {least:g}"
+            raise argparse.ArgumentTypeError(f"{text!r}: a number {bound}" + (f", at most {most}" if most else ""))
+        return value
+
+    return parse
+
+
 def load_spec_or_exit(path: str, preview: bool = False) -> Spec:
     """The spec, or exit 2 listing its problems. `preview` (render, submit --dry-run): model folders that do
     not exist yet are printed as notes, not refused, and so is a checkpoint that `model.init` will create."""

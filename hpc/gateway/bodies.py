@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from hpc.serving.model_io import INT32_MAX, UINT64_MAX
+from launcher.contracts.model_names import INT32_MAX, UINT64_MAX
 
 #: the error type (and OpenAI's error code) of a key that is neither served nor ignored
 UNKNOWN = "unknown_parameter"

@@ -34,9 +34,10 @@ from hpc.gateway.choices import DONE, Events, Tally, answer_error, finish_of, re
 from hpc.gateway.errors import APIError
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import EventStream
-from hpc.serving.model_io import UINT64_MAX, Chunk, GenerateParams
+from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.text import StopStream, cut_at_stop
 from hpc.serving.triton import ModelError, ReplicaUnavailable, TokenRefused
+from launcher.contracts.model_names import UINT64_MAX
 
 T = TypeVar("T")
 #: the seeds of a request without one that asks for n > 1 sampled choices (the engines take 64-bit seeds)

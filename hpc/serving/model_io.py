@@ -91,13 +91,6 @@ class ModelIO(Protocol):
     def stop_tensors(self) -> list[grpcclient.InferInput]: ...
 
 
-#: the largest value the INT32 (max_tokens, top_k) and UINT64 (seed) tensors hold: the OpenAI bodies' upper bounds
-#: (hpc/gateway/bodies.py), so that a larger one is a 400 naming its field, not a number that wrapped round on its
-#: way into the model (a 500 "must be at least 1, got -727379968" for max_tokens 10^12, found by hand)
-INT32_MAX = 2**31 - 1
-UINT64_MAX = 2**64 - 1
-
-
 def _scalar(value: Any, dtype: Any, triton: str, batched: bool) -> tuple[np.ndarray, str]:
     return np.array([[value]] if batched else [value], dtype=dtype), triton
 

@@ -19,3 +19,10 @@ TENSORRT_LLM = "tensorrt_llm"
 POSTPROCESSING = "postprocessing"
 #: the same pipeline as python BLS calls (a client may send to it instead of the ensemble)
 TENSORRT_LLM_BLS = "tensorrt_llm_bls"
+
+#: the largest values the models' INT32 inputs (max_tokens, top_k) and UINT64 input (seed) hold: what the gateway's
+#: OpenAI bodies (hpc/gateway/bodies.py) and the CLI's flags accept at most, so that a larger one is refused naming
+#: its field or flag, not wrapped round on its way into the model (a 500 "must be at least 1, got -727379968" for
+#: max_tokens 10^12, found by hand)
+INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
