@@ -15,7 +15,7 @@ from launcher.contracts import records
 from launcher.contracts.layout import SOURCE_ROOT, JobPaths
 from launcher.contracts.plan import LaunchPlan, PlanError
 from launcher.contracts.rank import JOB_ID_ENV, RankInfo, WorldSizeError, detect, role
-from launcher.node.command import build_argv, shm_prefix
+from launcher.node.command import build_argv, remove_orphan_regions, shm_prefix
 from launcher.node.ports import PortError, Ports, allocate, check_fixed, free_ports, taken
 from launcher.node.server import ServerBinary, ServerNotFound, merge_env, prepare_backends, resolve
 from launcher.node.server_env import child_env
@@ -153,6 +153,30 @@ def test_shm_prefixes_distinct_per_rank_and_job() -> None:
     assert len(prefixes) == 48
     assert shm_prefix(0, "123").startswith("prefix0_")
     assert shm_prefix(2, "12_3/x") == "prefix2_12-3-x_"  # array job ids, odd characters
+
+
+def test_regions_no_process_maps_are_swept_and_live_or_young_ones_kept(tmp_path: Path) -> None:
+    """What killed ranks leave (a plain scancel past KillWait, a local job's SIGKILL sweep): the leak measured here
+    was 1,687 regions (1.7 GB) in /dev/shm after a day of test runs. A region some process maps is live
+    (tritonserver and its stubs map theirs while they run), a young one may be a server's between shm_open and
+    mmap, and a file not named as hpc-serve names regions is not its to remove."""
+    import mmap
+
+    old = {name: tmp_path / name for name in ("prefix0_3733_a", "prefix1_local-5ff342_b", "prefix0_3734_live")}
+    young, other = tmp_path / "prefix2_3735_c", tmp_path / "triton_python_backend_shm_region"
+    for path in [*old.values(), young, other]:
+        path.write_bytes(b"\0" * 4096)
+    for path in [*old.values(), other]:
+        os.utime(path, (1.0, 1.0))
+    with open(old["prefix0_3734_live"], "r+b") as live, mmap.mmap(live.fileno(), 4096):
+        removed = remove_orphan_regions(tmp_path)
+    assert sorted(removed) == ["prefix0_3733_a", "prefix1_local-5ff342_b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "prefix0_3734_live",
+        "prefix2_3735_c",
+        "triton_python_backend_shm_region",
+    ]
+    assert remove_orphan_regions(tmp_path / "none") == []
 
 
 # --- server.py -------------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ of draining:
 A successor that has not started by the time limit takes over whenever it starts (Slurm's SIGTERM stops the
 predecessor as before). Its scheduler state is logged as it changes (`PENDING (Resources)` says why the address
 may go down at the limit); one that ends before it serves (a crash at start) is replaced at once, at most
-SUCCESSOR_ATTEMPTS times, as a serving job's is (launcher/jobscript/renew.py). `max_jobs` bounds the serving chain, not its gateway: the gateway renews while a
-serving job is under way.
+SUCCESSOR_ATTEMPTS times, as a serving job's is (launcher/jobscript/renew.py). `max_jobs` bounds the serving
+chain, not its gateway: the gateway renews while a serving job is under way.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from launcher.contracts.llmapi import LLMAPI
 from launcher.contracts.plan import LaunchPlan, PlanError
 from launcher.contracts.rank import RankInfo, Role, WorldSizeError, detect, role
 from launcher.contracts.stop_records import StopNotice
-from launcher.node.command import build_argv, remove_shm_regions
+from launcher.node.command import build_argv, remove_orphan_regions, remove_shm_regions
 from launcher.node.llmapi import LeaderNode, ModelFilesMissing, combined_watch, copy_model_files, worker_node_argv
 from launcher.node.ports import PortError, Ports, allocate, check_fixed, taken
 from launcher.node.rank_output import log_to_rank_files
@@ -193,6 +193,8 @@ def serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup:
     watch = rank_watch(plan, info, me)
     sup.watch = watch.check
     remove_shm_regions(info.job_rank, info.job_id)  # a requeued job's earlier run on this node may have left some
+    if orphans := remove_orphan_regions():
+        log(f"rank {info.job_rank}: removed {len(orphans)} shared-memory regions in /dev/shm that killed jobs left")
     try:
         return _serve(plan, info, me, server, sup, watch)
     finally:
