@@ -118,7 +118,7 @@ def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(argv, words, cap
 @pytest.mark.usefixtures("scheduler")
 def test_logs_of_a_rank_the_job_does_not_have_names_the_ranks_it_has(tmp_path, capsys):
     ref = make_job(tmp_path)  # 2 ranks
-    assert main(["logs", str(ref.job_dir), "--rank", "2"]) == 2
+    assert main(["logs", str(ref.job_dir), "--rank", "2"]) == 3, "not found, as a job that does not exist"
     assert f"--rank 2: job {ref.job_id} has ranks 0 to 1" in capsys.readouterr().err
 
 

@@ -80,7 +80,9 @@ def test_local_job_serves_reports_and_cancels(tmp_path, tiny_gpt2, local_jobs):
     first = cli("logs", job).stdout.splitlines()[0]
     assert first.startswith("[hpc-serve] rank 0/1 on "), first
     assert "leader" in first and f"--model-repository={deploy_dir}/triton_model_repo" in first
-    assert cli("logs", job, "--rank", "3", check=False).returncode == 3, "no such rank log: not found"
+    no_rank = cli("logs", job, "--rank", "3", check=False)
+    assert no_rank.returncode == 3, "no such rank: not found"
+    assert f"--rank 3: job {job} has only rank 0" in no_rank.stderr
 
     # cancel: CANCELLED, and nothing of the deployment left running
     assert processes_under(deploy_dir)

@@ -17,7 +17,6 @@ from hpc.cli.support import (
     EXIT_JOB_FAILED,
     EXIT_NOT_FOUND,
     EXIT_OK,
-    EXIT_USAGE,
     err,
     job_or_deployment,
     one_job_or_exit,
@@ -123,8 +122,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     # a build job has one log, its steps' output (hpc/jobs/)
     is_build = job_class_of(ref.job_dir) is BuildJob
     if not is_build and (world := _world_size(ref)) is not None and args.rank >= world:
-        err(f"--rank {args.rank}: job {ref.job_id} has ranks 0 to {world - 1}")
-        return EXIT_USAGE
+        ranks = "only rank 0" if world == 1 else f"ranks 0 to {world - 1}"
+        err(f"--rank {args.rank}: job {ref.job_id} has {ranks}")
+        return EXIT_NOT_FOUND  # as a job that does not exist: the request was well formed
     path = ref.paths.build_log if is_build else ref.rank_log(args.rank, "err" if args.err else "out")
     while not path.exists():
         if not args.follow:
