@@ -37,9 +37,8 @@ class Tally:
     """A generation's completion tokens and finish, as its chunks tell them: counted by the engine (the ensemble:
     a response per token), or, when the model counts none (llmapi, hpc/serving/model_io.py), `max_tokens` cut to
     the room the prompt left (`Gateway.new_tokens_allowed`) for a generation the model says ended at its length,
-    else the deployment's tokenizer's count of its text (a
-    random-weight model's text may encode to other tokens than it was made of; a trained model's rarely does);
-    and the finish the model gave, if it gave one."""
+    else the deployment's tokenizer's count of its text (a random-weight model's text may encode to other tokens
+    than it was made of; a trained model's rarely does); and the finish the model gave, if it gave one."""
 
     def __init__(self) -> None:
         self.tokens, self.uncounted = 0, False
