@@ -408,7 +408,8 @@ def test_probe_of_an_llmapi_spec_checks_the_checkpoint_and_the_images_model_file
     (hf / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], "n_head": 2}')
     (hf / "model.safetensors").write_text("")
     (hf / "tokenizer.json").write_text("{}")
-    s = spec(tmp_path, slurm={"gpus_per_node": 1}, model={"backend": "tensorrtllm", "checkpoint_dir": str(hf)})
+    model = {"backend": "tensorrtllm", "checkpoint_dir": str(hf), "model_files_from": IMAGE_MODEL_DIR}
+    s = spec(tmp_path, slurm={"gpus_per_node": 1}, model=model)
     facts = Facts(partition="gpu")
     script = write_probe(s, facts, tmp_path / "probe", "n0nce").read_text()
     assert f"--checkpoint {hf}" in script and f"--llmapi-files {IMAGE_MODEL_DIR}" in script

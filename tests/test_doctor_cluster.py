@@ -321,3 +321,40 @@ def test_ctrl_c_cancels_the_probe(slurm_cluster, tmp_path):
     assert f"probe job {job.group(1)} cancelled" in out
     state = subprocess.run(["scontrol", "-o", "show", "job", job.group(1)], capture_output=True, text=True).stdout
     assert re.search(r"JobState=(CANCELLED|COMPLETING)", state), state
+
+
+def test_probe_of_a_broken_stand_in_image_names_the_failed_import_and_the_known_defect(slurm_cluster, tmp_path):
+    """issue 33: an image whose python cannot import the llmapi model (`container.type: none`, a tensorrt_llm
+    1.2.1 first on PYTHONPATH whose import reaches an openai without PartReasoningText, as NGC 26.03-26.07's
+    does). The probe job imports on the node what the model imports, and the report fails each import with the
+    exception and the known defect's fix; doctor exits 1."""
+    from tests.test_doctor_imports import SYMPTOM, broken_site, image_model
+
+    site = broken_site(tmp_path / "site")
+    model = image_model(tmp_path / "model")
+    checkpoint = tmp_path / "hf"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    (checkpoint / "model.safetensors").write_text("")
+    spec = spec_file(
+        tmp_path,
+        "broken",
+        container={"type": "none"},
+        slurm={"gpus_per_node": 1, "env": {"PYTHONPATH": str(site)}},
+        model={
+            "backend": "tensorrtllm",
+            "workflow": "llmapi",
+            "checkpoint_dir": str(checkpoint),
+            "model_files_from": str(model),
+        },
+    )
+    proc = cli("doctor", str(spec), "--probe", "--probe-timeout", "200", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    fails = failed(proc.stdout)
+    assert re.search(r"│ tensorrt_llm\s+│ ok\s+│ tensorrt_llm 1\.2\.1 serves the llmapi workflow", out), out
+    for name in ("import tensorrt_llm", "import leader node", "import image model.py"):
+        assert f"ImportError: {SYMPTOM}" in fails[name], out
+        assert "known defect of TensorRT-LLM 1.2.1, openai-too-old" in fails[name]
+        assert "pip install -U openai" in fails[name]
+    assert set(fails) <= {"gpus", "import tensorrt_llm", "import leader node", "import image model.py"}, out

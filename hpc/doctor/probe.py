@@ -41,6 +41,7 @@ from hpc.doctor.verdicts import (
     WORKDIR_BIT,
     ProbeJob,
     engine_version,
+    model_import_targets,
     verdicts,
 )
 from hpc.render.jobfiles import _srun_and_wrapper
@@ -50,14 +51,16 @@ from hpc.spec.checks import slurm_time_seconds
 from launcher.contracts.layout import SHIPPED_PACKAGES, SOURCE_ROOT
 from launcher.contracts.llmapi import LLMAPI
 
+#: the probe job's time limit: its checks take seconds, and the model imports (node.IMPORT_TIMEOUT_S, run side
+#: by side) add at most their bound
 PROBE_TIME_S = 120
 
 
-def probe_time(facts: Facts) -> str:
-    """A couple of minutes, or the partition's MaxTime when that is shorter."""
+def probe_time(facts: Facts, seconds: float = PROBE_TIME_S) -> str:
+    """A couple of minutes (`seconds`), or the partition's MaxTime when that is shorter."""
     record = facts.partition_record(facts.partition) or {}
     limit = slurm_time_seconds(record.get("MaxTime", "UNLIMITED"))
-    seconds = PROBE_TIME_S if limit is None else max(60, min(PROBE_TIME_S, limit))
+    seconds = int(seconds if limit is None else max(60, min(seconds, limit)))
     return f"{seconds // 60:02d}:{seconds % 60:02d}"
 
 
@@ -91,8 +94,8 @@ def python_label(spec: Spec) -> str:
 
 
 def node_exits() -> str:
-    """node.py's exit codes, for the script's `case`: every sum of its bits."""
-    bits = list(node.BITS.values())
+    """node.py's exit codes, for the script's `case`: every sum of its bits (a bit two checks share, once)."""
+    bits = sorted(set(node.BITS.values()))
     sums = {sum(b for i, b in enumerate(bits) if mask >> i & 1) for mask in range(1 << len(bits))}
     return "|".join(str(n) for n in sorted(sums))
 
@@ -120,6 +123,9 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
         node_args += ["--checkpoint", str(spec.model.checkpoint_dir)]
         if spec.model.model_files_from is not None:
             node_args += ["--llmapi-files", str(spec.model.model_files_from)]
+    imports = model_import_targets(spec)
+    node_args += [arg for target in imports for arg in ("--model-import", *target)]
+    seconds = PROBE_TIME_S + (node.IMPORT_TIMEOUT_S if imports else 0)
     q = shlex.quote
     lines = [
         "#!/bin/bash",
@@ -129,7 +135,7 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
         "#SBATCH --chdir=/",
         "#SBATCH --nodes=1",
         "#SBATCH --ntasks=1",
-        *(f"#SBATCH {opt}" for opt in sbatch_options(spec, time=probe_time(facts))),
+        *(f"#SBATCH {opt}" for opt in sbatch_options(spec, time=probe_time(facts, seconds))),
         "set -u",
         f"PROBE={q(str(folder))}",
         f"LOCAL={q(str(local))}",

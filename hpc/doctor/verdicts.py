@@ -10,9 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc.doctor import node
-from hpc.doctor.report import Check, fail, ok, skip
+from hpc.doctor.report import Check, fail, ok, skip, warn
 from hpc.spec import Spec
 from launcher.contracts.llmapi import IMAGE_MODEL_DIR, LLMAPI
+from launcher.contracts.trtllm_versions import (
+    LEADER_NODE_MODULE,
+    WORKER_NODE_MODULE,
+    Defect,
+    known_defects,
+    ngc_release,
+)
 
 #: the job's exit bits beside node.py's (node.BITS): the job did not see the login node's file; the srun step
 #: did not run node.py
@@ -24,6 +31,11 @@ PMIX_FIX = (
     "the site's Slurm has no working PMIx plugin for srun --mpi={mpi}: pick one that `srun --mpi=list` shows "
     "(slurm.mpi: pmix_v4, pmix_v5, ...), or ask the admins for Slurm's mpi/pmix plugin"
 )
+#: the module of hpc-serve's own llmapi `tensorrt_llm` model (backend/llmapi_repository.py's shim imports it)
+OWN_MODEL_MODULE = "backend.models.llmapi"
+#: the report's names of the probe's imports (node.py `--model-import`), one check each
+IMPORT_TRTLLM, IMPORT_LEADER, IMPORT_WORKER = "import tensorrt_llm", "import leader node", "import worker node"
+IMPORT_IMAGE_MODEL, IMPORT_OWN_MODEL = "import image model.py", "import hpc-serve model"
 SHARED_FIX = (
     "set workdir to a folder on a filesystem the login node and the compute nodes share ($HOME, $SCRATCH, a "
     "project space; not /tmp or a node-local disk): `df -h WORKDIR` on both shows the same filesystem"
@@ -98,7 +110,7 @@ def verdicts(spec: Spec, job: ProbeJob, folder: Path) -> list[Check]:
     checks.append(_node_check(spec, job, "pmix", 0, PMIX_FIX.format(mpi=spec.slurm.mpi)))
     checks.append(_trtllm_check(spec, job))
     if spec.model.workflow == LLMAPI:
-        checks += _llmapi_checks(spec, job)
+        checks += _llmapi_checks(spec, job, folder)
     return checks
 
 
@@ -135,7 +147,7 @@ def _trtllm_check(spec: Spec, job: ProbeJob) -> Check:
     return _node_check(spec, job, "tensorrt_llm", node.BITS["tensorrt_llm"], fix)
 
 
-def _llmapi_checks(spec: Spec, job: ProbeJob) -> list[Check]:
+def _llmapi_checks(spec: Spec, job: ProbeJob, folder: Path) -> list[Check]:
     """On llmapi: the checkpoint readable from the node, and (TensorRT-LLM) the image's model files."""
     checkpoint_fix = (
         f"put model.checkpoint_dir ({spec.model.checkpoint_dir}) on a filesystem the compute nodes mount (and the "
@@ -149,7 +161,94 @@ def _llmapi_checks(spec: Spec, job: ProbeJob) -> list[Check]:
         f"set model.model_files_from to the folder of the image's all_models/llmapi/tensorrt_llm/1 (model.py, "
         f"helpers.py); NGC images keep it at {IMAGE_MODEL_DIR}"
     )
-    checks.append(_node_check(spec, job, "llmapi_files", node.BITS["llmapi_files"], files_fix))
+    if image_model_served(spec):
+        checks.append(_node_check(spec, job, "llmapi_files", node.BITS["llmapi_files"], files_fix))
+    else:
+        checks.append(skip("llmapi_files", "no model.model_files_from: hpc-serve's own model serves"))
+    return checks + _import_checks(spec, job, folder)
+
+
+def image_model_served(spec: Spec) -> bool:
+    """The spec serves the image's model.py (model.model_files_from names its folder), not hpc-serve's."""
+    return spec.model.model_files_from is not None
+
+
+def model_import_targets(spec: Spec) -> list[tuple[str, str, str]]:
+    """What tritonserver's stub and the replica's processes import on the llmapi workflow with TensorRT-LLM,
+    as node.py `--model-import` (kind, label, target): tensorrt_llm's names the model imports, the leader node's
+    module (and the worker node's, for a replica of more than one rank), the image's model.py when it serves,
+    and hpc-serve's own model (imported either way: its verdict says whether the spec could switch to it)."""
+    if spec.model.workflow != LLMAPI or spec.model.backend != "tensorrtllm":
+        return []
+    targets = [
+        ("module", IMPORT_TRTLLM, "tensorrt_llm:LLM,SamplingParams"),
+        ("module", IMPORT_LEADER, LEADER_NODE_MODULE),
+    ]
+    if spec.world_size_per_replica > 1:
+        targets.append(("module", IMPORT_WORKER, WORKER_NODE_MODULE))
+    if image_model_served(spec):
+        targets.append(("file", IMPORT_IMAGE_MODEL, str(spec.model.model_files_from)))
+    targets.append(("source", IMPORT_OWN_MODEL, OWN_MODEL_MODULE))
+    return targets
+
+
+def _image(spec: Spec) -> str | None:
+    return spec.container.image if spec.container.type != "none" else None
+
+
+def _defect_where(spec: Spec, version: str | None) -> str:
+    release = ngc_release(_image(spec))
+    trtllm = f"TensorRT-LLM {version}" if version else "its TensorRT-LLM"
+    return f"NGC {release} ({trtllm})" if release else trtllm
+
+
+def _defect_fix(defect: Defect, where: str) -> str:
+    return f"known defect of {where}, {defect.name}: {defect.cause}. Fix: {defect.fix}"
+
+
+def _import_checks(spec: Spec, job: ProbeJob, folder: Path) -> list[Check]:
+    """One check per import the node made in a child process: the exception's type, message and last traceback
+    lines when it failed, and for its fix the known defect of the image or version (launcher/contracts/
+    trtllm_versions.py), else what to install. hpc-serve's model, when the spec serves the image's, only warns."""
+    version = (job.results.get("tensorrt_llm") or {}).get("version")
+    defects = known_defects(version, _image(spec))
+    where = _defect_where(spec, version)
+    found = job.results.get("imports")
+    generic = (
+        "the python that runs the ranks cannot import what the model imports: put what the error names into the "
+        "image (a derived image: `FROM <image>` then `RUN pip install ...`, named in container.image); every line "
+        f"the import printed: {folder / RESULTS} and {folder / JOB_OUT}"
+    )
+    fix = " | ".join(_defect_fix(d, where) for d in defects) or generic
+    if not found:
+        if job.results:  # readable results without imports: the node was not asked for them
+            return []
+        if (job.exit_code or 0) & node.BITS["imports"]:
+            detail = (
+                f"tensorrt_llm's version or an import failed on {job.node} (the node's results are not readable here)"
+            )
+            return [fail("model imports", detail, fix)]
+        return [ok("model imports", f"passed on {job.node} (from the job's exit code)")]
+    if found.get("skip"):
+        return [skip("model imports", found["detail"])]
+    on = job.results.get("node") or job.node
+    checks = []
+    for entry in found.get("imports", []):
+        name = entry["label"]
+        if entry["ok"]:
+            checks.append(ok(name, f"{entry['target']}: imported in {entry.get('seconds', '?')} s (on {on})"))
+            continue
+        lines = " | ".join(entry.get("traceback") or [])
+        detail = f"{entry['target']}: {entry['type']}: {entry['message']} (on {on})" + (f"; {lines}" if lines else "")
+        if name == IMPORT_OWN_MODEL and image_model_served(spec):
+            checks.append(
+                warn(name, detail, f"the spec serves the image's model.py; hpc-serve's would fail here: {fix}")
+            )
+        else:
+            checks.append(fail(name, detail, fix))
+    if defects and all(c.status == "ok" for c in checks):
+        names = ", ".join(d.name for d in defects)
+        checks.append(ok("known defects", f"{names} of {where}: not seen here, every import passes (on {on})"))
     return checks
 
 
