@@ -17,8 +17,11 @@ CPU_CONTEXT = "this model's context (max_seq_len)"
 #: TensorRT-LLM's (`LlmRequest::validate`: "Prompt length (%d) exceeds maximum input length (%d)"); a prompt that
 #: fits but leaves too little room for `max_tokens` is not refused there: its new tokens are cut to the room left
 TRTLLM_CONTEXT = "exceeds maximum input length"
+#: the LLM API's (`LLM._check_arguments`, upstream's words in the CPU stand-in too: "The sum of prompt length (N)
+#: and query length (0) should not exceed max_seq_len (M)", or max_num_tokens on the PyTorch backend)
+LLMAPI_CONTEXT = "should not exceed max_"
 #: lower case, as matched
-CONTEXT_MARKERS = (CPU_CONTEXT.lower(), TRTLLM_CONTEXT)
+CONTEXT_MARKERS = (CPU_CONTEXT.lower(), TRTLLM_CONTEXT, LLMAPI_CONTEXT)
 
 #: the CPU engine's words for a request refused because its server is stopping (backend/cpu_engine/drain.py)
 CPU_STOPPING = "the server is stopping"

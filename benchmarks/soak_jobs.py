@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.contracts.layout import JobPaths
-from launcher.contracts.llmapi import LEADER_MODULES, WORKER_MODULES
 from launcher.contracts.records import read_endpoints, read_rank_records
+from launcher.contracts.trtllm_versions import LEADER_NODE_MODULE, WORKER_NODE_MODULE
 
 
 def _environ_has(pid: int, marker: bytes) -> bool:
@@ -73,7 +73,7 @@ def job_servers(deploy: Path, job: str) -> dict[int, str]:
 
 
 #: the llmapi workflow's engine processes, by the module they run (launcher/contracts/llmapi.py)
-ENGINE_NODES = {LEADER_MODULES["cpu"]: "leader node", WORKER_MODULES["cpu"]: "worker node"}
+ENGINE_NODES = {LEADER_NODE_MODULE: "leader node", WORKER_NODE_MODULE: "worker node"}
 
 
 def _parent(pid: int) -> int | None:

@@ -19,16 +19,19 @@ import numpy as np
 import pytest
 
 from backend.cpu_engine.llmapi import protocol as p
-from backend.llmapi_repository import CPU_SHIM, write_llmapi_repository
+from backend.llmapi_repository import write_llmapi_repository
 from launcher.contracts.llmapi import (
+    CPU_MIN_STEP_VAR,
     IPC_ADDR_VAR,
     IPC_HMAC_KEY_VAR,
-    LEADER_MODULES,
     SPAWN_PROXY_VAR,
-    WORKER_MODULES,
+    STANDIN_DEFAULT_VERSION,
+    STANDIN_ROOT,
+    STANDIN_VERSION_VAR,
     new_hmac_key,
     proxy_env,
 )
+from launcher.contracts.trtllm_versions import LEADER_NODE_MODULE, WORKER_NODE_MODULE, has_stop_action
 from tests._triton import Server, find_tritonserver, free_port, tritonserver
 from tests.e2e import processes_under
 
@@ -73,40 +76,52 @@ def repository(tmp: Path, checkpoint: str, tp: int = 1) -> Path:
     """`tensorrt_llm` (decoupled, cancellation polled every 10 ms) and `tensorrt_llm_unary` (decoupled false)."""
     args = {"model": checkpoint, "tensor_parallel_size": tp, "max_batch_size": 4}
     out = tmp / "repo"
-    write_llmapi_repository(out, {**args, "triton_config": {"cancellation_check_period_ms": 10}}, CPU_SHIM)
-    write_llmapi_repository(tmp / "unary", {**args, "triton_config": {"decoupled": False}}, CPU_SHIM)
+    write_llmapi_repository(out, {**args, "triton_config": {"cancellation_check_period_ms": 10}})
+    write_llmapi_repository(tmp / "unary", {**args, "triton_config": {"decoupled": False}})
     shutil.move(tmp / "unary" / DECOUPLED, out / UNARY)
     config = out / UNARY / "config.pbtxt"
     config.write_text(config.read_text().replace(f'name: "{DECOUPLED}"', f'name: "{UNARY}"', 1))
     return out
 
 
-def node_command(tp: int, leader_argv: tuple[str, ...] = ()) -> list[str]:
+def node_command(tp: int) -> list[str]:
     """The leader node alone (an MPI singleton) for tp 1; else mpirun with rank 0 the leader node and ranks
     1..tp-1 worker nodes (one MPI job: COMM_WORLD = the replica), as the launcher starts them under srun."""
-    leader = [sys.executable, "-m", LEADER_MODULES["cpu"], *leader_argv]
+    leader = [sys.executable, "-m", LEADER_NODE_MODULE]
     if tp == 1:
         return leader
     if not shutil.which("mpirun"):
         pytest.fail("mpirun not found: the test command installs Open MPI (scripts/install.sh --test)")
     passed = [
         a
-        for v in ("PYTHONPATH", "OPENBLAS_NUM_THREADS", SPAWN_PROXY_VAR, IPC_ADDR_VAR, IPC_HMAC_KEY_VAR)
+        for v in (
+            "PYTHONPATH",
+            "OPENBLAS_NUM_THREADS",
+            SPAWN_PROXY_VAR,
+            IPC_ADDR_VAR,
+            IPC_HMAC_KEY_VAR,
+            CPU_MIN_STEP_VAR,
+            STANDIN_VERSION_VAR,
+        )
         for a in ("-x", v)
     ]
-    worker = [sys.executable, "-m", WORKER_MODULES["cpu"]]
+    worker = [sys.executable, "-m", WORKER_NODE_MODULE]
     return ["mpirun", "--oversubscribe", "--tag-output", *passed, "-n", "1", *leader, ":", "-n", str(tp - 1), *worker]
 
 
+#: PYTHONPATH of the engine's processes and tritonserver: the stand-in of TensorRT-LLM first, as the launcher sets it
+#: for backend cpu (launcher/node/server_env.py)
+STANDIN_PATH = os.pathsep.join([str(ROOT / STANDIN_ROOT), str(ROOT)])
+
+
 @contextlib.contextmanager
-def engine_nodes(
-    env: dict[str, str], log: Path, tp: int = 1, leader_argv: tuple[str, ...] = ()
-) -> Iterator[subprocess.Popen]:
-    """The engine's processes; they stop once tritonserver's model unloaded (killed, by group, if not)."""
-    full_env = {**os.environ, **env, **MPI_ENV, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"}
+def engine_nodes(env: dict[str, str], log: Path, tp: int = 1) -> Iterator[subprocess.Popen]:
+    """The engine's processes; they must stop once their release's stop came (`stop_engine_nodes`), else they are
+    killed, by group."""
+    full_env = {**os.environ, **env, **MPI_ENV, "PYTHONPATH": STANDIN_PATH, "OPENBLAS_NUM_THREADS": "1"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            node_command(tp, leader_argv), env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            node_command(tp), env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
         yield proc
@@ -120,18 +135,35 @@ def engine_nodes(
             proc.wait(10)
 
 
+def stop_engine_nodes(env: dict[str, str]) -> None:
+    """What trtllm-llmapi-launch does once tritonserver exited: `mgmn_leader_node --action stop`, on the releases
+    that have it (older ones end with the LLM's shutdown)."""
+    version = env.get(STANDIN_VERSION_VAR) or STANDIN_DEFAULT_VERSION
+    if has_stop_action(version):
+        subprocess.run(
+            [sys.executable, "-m", LEADER_NODE_MODULE, "--action", "stop"],
+            env={**os.environ, **env, "PYTHONPATH": STANDIN_PATH},
+            check=True,
+            timeout=60,
+        )
+
+
 @contextlib.contextmanager
-def running_job(tmp: Path, checkpoint: str, tp: int = 1, leader_argv: tuple[str, ...] = ()) -> Iterator[Job]:
+def running_job(tmp: Path, checkpoint: str, tp: int = 1, extra_env: dict[str, str] | None = None) -> Iterator[Job]:
     """The engine's nodes and tritonserver with the spawn-proxy variables (a port and key of the job's own); at
-    the end tritonserver stops, its model unloads, and the nodes must have stopped by themselves, exit 0."""
+    the end tritonserver stops, its model unloads, the nodes get their release's stop, and must end by themselves,
+    exit 0. `extra_env`: e.g. the engine's pace (CPU_MIN_STEP_VAR), the release the stand-in behaves as."""
     if find_tritonserver() is None:
         pytest.fail("tritonserver not found: the test command installs nvidia-pytriton (scripts/install.sh --test)")
-    env = proxy_env(free_port(), new_hmac_key())
+    env = {**proxy_env(free_port(), new_hmac_key()), **(extra_env or {})}
     repo = repository(tmp, checkpoint, tp)
     log = tmp / "nodes.log"
-    with engine_nodes(env, log, tp, leader_argv) as nodes:
-        with tritonserver(repo, tmp, env={**env, "OPENBLAS_NUM_THREADS": "1"}) as server:
+    with engine_nodes(env, log, tp) as nodes:
+        with tritonserver(
+            repo, tmp, env={**env, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / STANDIN_ROOT)}
+        ) as server:
             yield Job(server, env, nodes)
+        stop_engine_nodes(env)
         assert nodes.wait(30) == 0, log.read_text()[-3000:]
 
 
@@ -251,6 +283,6 @@ def token_headers(token: str) -> dict[str, str]:
 def leader_of(deploy: Path, job: str) -> Job:
     """The leader node's counters, through its IPC address and key (read from its environment: the test runs on
     the node; nothing else has them), for waiting on engine steps instead of time."""
-    (pid,) = job_processes(deploy, LEADER_MODULES["cpu"], job)
+    (pid,) = job_processes(deploy, LEADER_NODE_MODULE, job)
     env = environ_of(pid)
     return Job(server=None, env={k: env[k] for k in (SPAWN_PROXY_VAR, IPC_ADDR_VAR, IPC_HMAC_KEY_VAR)}, nodes=None)  # type: ignore[arg-type]

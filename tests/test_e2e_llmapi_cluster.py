@@ -27,10 +27,14 @@ from launcher.contracts.llmapi import (
     CPU_MIN_STEP_VAR,
     IPC_ADDR_VAR,
     IPC_HMAC_KEY_VAR,
-    LEADER_MODULES,
+    MPI_SIZE_VAR,
     SPAWN_PROXY_VAR,
-    WORKER_MODULES,
+    STANDIN_DEFAULT_VERSION,
+    STANDIN_ROOT,
+    STANDIN_VERSION_VAR,
 )
+from launcher.contracts.records import read_rank_records
+from launcher.contracts.trtllm_versions import LEADER_NODE_MODULE, WORKER_NODE_MODULE, has_stop_action
 from tests._llmapi import (
     environ_of,
     grpc_client,
@@ -82,8 +86,8 @@ def test_rank0_runs_the_leader_node_and_tritonserver_and_rank1_a_worker(served):
     job, endpoint, _, deploy = served
     assert status(job)["state"] == "READY" and endpoint["host"] == "node1" and endpoint["rank"] == 0
     (server,) = job_processes(deploy, "tritonserver --model-repository")
-    (leader,) = job_processes(deploy, LEADER_MODULES["cpu"], job)
-    (worker,) = job_processes(deploy, WORKER_MODULES["cpu"], job)
+    (leader,) = job_processes(deploy, LEADER_NODE_MODULE, job)
+    (worker,) = job_processes(deploy, WORKER_NODE_MODULE, job)
     served_ports = {endpoint["http_port"], endpoint["grpc_port"], endpoint["metrics_port"]}
     assert listening_ports(worker).isdisjoint(served_ports), "a worker node serves nothing (MPI's TCP port only)"
     assert served_ports <= listening_ports(server)
@@ -93,6 +97,11 @@ def test_rank0_runs_the_leader_node_and_tritonserver_and_rank1_a_worker(served):
     assert not [k for k in server_env if k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))], "tritonserver: no MPI job"
     assert leader_env["SLURM_PROCID"] == "0" and environ_of(worker)["SLURM_PROCID"] == "1"
     assert environ_of(worker)["SLURMD_NODENAME"] == "node2"
+    for env in (leader_env, environ_of(worker)):  # what trtllm-llmapi-launch exports on every rank
+        assert env[SPAWN_PROXY_VAR] == "1" and env[MPI_SIZE_VAR] == "2"
+    standin = str(deploy / "python" / STANDIN_ROOT)
+    for env in (server_env, leader_env, environ_of(worker)):  # backend cpu: `import tensorrt_llm` is the stand-in
+        assert env["PYTHONPATH"].split(os.pathsep)[0] == standin, env["PYTHONPATH"]
 
 
 def test_llmapi_client_and_the_cancel_sequence_of_test_llmapi_cancel(served):
@@ -165,7 +174,7 @@ def test_curl_generate_with_sampling_param_max_tokens(served):
         ("max tokens 0", {"max_tokens": 0}, "sampling_param_max_tokens"),
         ("NaN temperature", {"sampling_param_temperature": np.array([np.nan], np.float32)}, "temperature"),
         ("invalid UTF-8", {"text": b"\xff\xfe"}, "utf-8"),
-        ("100k-character prompt", {"text": "word " * 20_000}, "the prompt has"),
+        ("100k-character prompt", {"text": "word " * 20_000}, "should not exceed max_seq_len"),
     ],
 )
 def test_bad_input_is_an_error_naming_it_and_the_job_serves_on(served, case, extra, words):
@@ -261,7 +270,7 @@ def test_a_killed_worker_fails_the_job_naming_rank_1_and_leaves_nothing(served):
     """Last (it ends the job): SIGKILL rank 1's worker node on node2. The replica fails at once, `status` says
     which rank and how, and no process of the job is left on either node."""
     job, _, _, deploy = served
-    (worker,) = job_processes(deploy, WORKER_MODULES["cpu"], job)
+    (worker,) = job_processes(deploy, WORKER_NODE_MODULE, job)
     os.kill(worker, signal.SIGKILL)
     wait_for(lambda: status(job)["state"] == "FAILED", 60, "the job to fail")
     shown = cli("status", job, check=False).stdout
@@ -282,12 +291,45 @@ def test_a_killed_leader_node_fails_the_job_naming_rank_0_and_leaves_nothing(
             spec = write_spec(tmp_path, "llmapi-leader", tiny_gpt2, tp=2, nodes=2, workflow="llmapi", auth="none")
             job, job_dir = submit(spec)
             deploy = Path(job_dir).parent.parent
-            (leader,) = job_processes(deploy, LEADER_MODULES["cpu"], job)
+            (leader,) = job_processes(deploy, LEADER_NODE_MODULE, job)
             os.kill(leader, signal.SIGKILL)
             wait_for(lambda: status(job)["state"] == "FAILED", 60, "the job to fail")
             shown = cli("status", job, check=False).stdout
             assert "rank 0 on node1 exited with signal SIGKILL: the leader node" in shown, shown
             wait_for(lambda: not processes_under(deploy) and not of_job(job), 60, "no process of the job left")
+        finally:
+            if job:
+                subprocess.run(["scancel", job], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize("release", [STANDIN_DEFAULT_VERSION, "0.20.0"])
+def test_an_ordered_stop_of_tp2_ends_every_process_as_its_release_ends_it_and_kills_nothing(
+    slurm_cluster, tritonserver, tiny_gpt2, tmp_path, release
+):
+    """`hpc-serve cancel` of a tp 2 job across node1/node2, as TensorRT-LLM `release` ends its leader node: from
+    1.0 on the launcher sends `mgmn_leader_node --action stop` once tritonserver exited (the LLM's shutdown
+    leaves it running), before 1.0 the LLM's shutdown ends it (and no --action is sent: that module takes none).
+    Either way the job ends CANCELLED (what was asked), no process is left, and the launcher never had to SIGTERM or SIGKILL the
+    leader node; the worker node was released by it (exit 0)."""
+    job = ""
+    with private_job_index(tmp_path):
+        try:
+            spec = write_spec(
+                tmp_path, "llmapi-stop", tiny_gpt2, tp=2, nodes=2, workflow="llmapi", env={STANDIN_VERSION_VAR: release}
+            )
+            job, job_dir = submit(spec)
+            deploy = Path(job_dir).parent.parent
+            cli("cancel", job)
+            wait_for(lambda: status(job)["state"] not in ("READY", "RUNNING", "STOPPING"), 120, "the job to end")
+            assert status(job)["state"] == "CANCELLED", cli("status", job, check=False).stdout
+            wait_for(lambda: not processes_under(deploy) and not of_job(job), 60, "no process of the job left")
+            logs = "\n".join(p.read_text() for p in JobPaths(deploy, job).rank_logs("err"))
+            logs += "\n".join(p.read_text() for p in JobPaths(deploy, job).rank_logs("out"))
+            assert f"tensorrt_llm {release}" in logs, logs[-3000:]
+            assert "still running; sending" not in logs, logs[-3000:]
+            assert ("--action stop" in logs) == has_stop_action(release), logs[-3000:]
+            records = read_rank_records(JobPaths(deploy, job))
+            assert sorted((r.rank, r.exit_code, r.signal) for r in records) == [(0, 0, None), (1, 0, None)]
         finally:
             if job:
                 subprocess.run(["scancel", job], capture_output=True, check=False)

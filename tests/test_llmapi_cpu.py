@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from backend.cpu_engine.llmapi import protocol as p
-from launcher.contracts.llmapi import new_hmac_key
+from launcher.contracts.llmapi import CPU_MIN_STEP_VAR, new_hmac_key
 from tests._llmapi import (
     DECOUPLED,
     PROMPT,
@@ -45,7 +45,7 @@ LONG = LONG_REQUEST
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, tiny_gpt2) -> Iterator[Job]:
-    with running_job(tmp_path_factory.mktemp("llmapi"), str(tiny_gpt2), 1, ("--min-step-ms", str(GPU_PACE_MS))) as job:
+    with running_job(tmp_path_factory.mktemp("llmapi"), str(tiny_gpt2), 1, {CPU_MIN_STEP_VAR: str(GPU_PACE_MS)}) as job:
         yield job
 
 
@@ -240,7 +240,7 @@ BAD_INPUTS = {  # name → (inputs, words the error must contain)
         lambda: inputs(PROMPT, 4, sampling_param_temperature=np.array([np.nan], np.float32)),
         "input 'sampling_param_temperature' must be a finite number",
     ),
-    "100k-character prompt": (lambda: inputs("word " * 20_000, 4), "input 'text_input': the prompt has"),
+    "100k-character prompt": (lambda: inputs("word " * 20_000, 4), "should not exceed max_seq_len (256)"),
     "invalid UTF-8": (lambda: inputs(b"caf\xc3(", 4), "input 'text_input' is not valid UTF-8"),
     "2-D text_input": (
         lambda: inputs(None, 4, text_input=np.array([[b"a"], [b"b"]], dtype=np.object_)),

@@ -13,6 +13,7 @@ import pytest
 from backend.cpu_engine.engine import Engine
 from backend.cpu_engine.scheduler import GenerationRequest
 from backend.models.tokenizer import load_tokenizer
+from launcher.contracts.llmapi import CPU_MIN_STEP_VAR
 from tests._llmapi import PROMPT, UNARY, Job, collect, flag, grpc, inputs, running_job, stream, text_of
 from tests.steps import GPU_PACE_MS, LONG_REQUEST, STEPS_AFTER_STOP
 
@@ -26,8 +27,8 @@ LONG = LONG_REQUEST
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, tiny_gpt2) -> Iterator[Job]:
-    paced = ("--min-step-ms", str(GPU_PACE_MS))
-    with running_job(tmp_path_factory.mktemp("llmapi-tp2"), str(tiny_gpt2), tp=2, leader_argv=paced) as job:
+    paced = {CPU_MIN_STEP_VAR: str(GPU_PACE_MS)}
+    with running_job(tmp_path_factory.mktemp("llmapi-tp2"), str(tiny_gpt2), tp=2, extra_env=paced) as job:
         yield job
 
 

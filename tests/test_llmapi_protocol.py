@@ -1,5 +1,6 @@
-"""The llmapi workflow's CPU side without tritonserver: the wire (protocol.py), the request tensors
-(backend/models/llmapi_io.py), model.yaml's arguments (engine_args.py), and the leader node's own lifetime."""
+"""The llmapi workflow's CPU side without tritonserver: the stand-in's wire (protocol.py), the request tensors
+(backend/models/llmapi_io.py), model.yaml's arguments (engine_args.py), and the leader node's lifetime per
+TensorRT-LLM release (`python -m tensorrt_llm.llmapi.mgmn_leader_node` of the stand-in)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,16 @@ import pytest
 from backend.cpu_engine.llmapi import protocol as p
 from backend.cpu_engine.llmapi.engine_args import DEFAULT_MAX_BATCH_SIZE, EngineArgsError, engine_args
 from backend.models import llmapi_io as io
-from launcher.contracts.llmapi import IPC_ADDR_VAR, IPC_HMAC_KEY_VAR, SPAWN_PROXY_VAR, new_hmac_key, proxy_env
+from launcher.contracts.llmapi import (
+    IPC_ADDR_VAR,
+    IPC_HMAC_KEY_VAR,
+    SPAWN_PROXY_VAR,
+    STANDIN_VERSION_VAR,
+    new_hmac_key,
+    proxy_env,
+)
+from launcher.contracts.trtllm_versions import LEADER_NODE_MODULE
+from tests._llmapi import STANDIN_PATH
 from tests._triton import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +87,7 @@ def test_bad_values_name_their_input(values, words):
         io.parse_request(_arrays(**values))
 
 
-def test_responses_are_strings_and_stop_strings_are_cut():
+def test_responses_are_strings():
     req = io.parse_request(
         _arrays(return_finish_reason=True, return_cumulative_logprob=True, sampling_param_return_perf_metrics=True)
     )
@@ -86,8 +96,6 @@ def test_responses_are_strings_and_stop_strings_are_cut():
     assert arrays["text_output"].tolist() == [b"hi"] and arrays["finish_reason"].tolist() == ["stop"]
     assert arrays["cumulative_logprob"].tolist() == ["-1.25"] and arrays["acceptance_rate"].tolist() == ["0.0"]
     assert "stop_reason" not in arrays
-    assert io.cut_stop_string([1, 2, 3, 4], [[9], [3, 4]], ["x", "yz"]) == ([1, 2], "yz")
-    assert io.cut_stop_string([1, 2], [[9]], ["x"]) == ([1, 2], None)
 
 
 def test_engine_args(tmp_path):
@@ -112,21 +120,54 @@ def test_engine_args(tmp_path):
             engine_args(bad, 1)
 
 
-@pytest.mark.slow
-def test_leader_node_stops_when_the_model_connection_breaks(tiny_gpt2):
-    """Tritonserver gone without unloading (killed): the leader node must not outlive it."""
-    env = proxy_env(free_port(), new_hmac_key())
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "backend.cpu_engine.llmapi.leader_node"],
-        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+def _leader_node(env: dict[str, str], version: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", LEADER_NODE_MODULE],
+        env={**os.environ, **env, "PYTHONPATH": STANDIN_PATH, STANDIN_VERSION_VAR: version},
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _load(env: dict[str, str], checkpoint: Path) -> p.Channel:
+    channel = p.connect(p.endpoint(env), timeout_s=60)
+    channel.send(p.Load({"model": str(checkpoint)}))
+    assert isinstance(channel.recv(), p.Loaded)
+    return channel
+
+
+@pytest.mark.slow
+def test_a_current_leader_node_outlives_its_client_and_ends_by_the_stop_action(tiny_gpt2):
+    """1.x (RemoteMpiCommSessionClient.shutdown is a no-op): the LLM's connection closing leaves the leader node
+    serving (a second LLM may connect); only `mgmn_leader_node --action stop` ends it, exit 0."""
+    env = proxy_env(free_port(), new_hmac_key())
+    proc = _leader_node(env, "1.2.1")
     try:
-        channel = p.connect(p.endpoint(env), timeout_s=60)
-        channel.send(p.Load({"model": str(tiny_gpt2)}))
-        assert isinstance(channel.recv(), p.Loaded)
-        channel.close()
+        _load(env, tiny_gpt2).close()
+        second = _load(env, tiny_gpt2)  # still serving: the first client's end did not stop it
+        second.close()
+        assert proc.poll() is None
+        stop = subprocess.run(
+            [sys.executable, "-m", LEADER_NODE_MODULE, "--action", "stop"],
+            env={**os.environ, **env, "PYTHONPATH": STANDIN_PATH},
+            check=False,
+            timeout=60,
+        )
+        assert stop.returncode == 0
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_a_leader_node_before_the_stop_action_stops_when_the_model_connection_breaks(tiny_gpt2):
+    """Before 1.0 (no --action): tritonserver gone without unloading (killed), the leader node must not outlive it."""
+    env = proxy_env(free_port(), new_hmac_key())
+    proc = _leader_node(env, "0.20.0")
+    try:
+        _load(env, tiny_gpt2).close()
         assert proc.wait(60) == 0
         assert "the model's connection is gone" in proc.stderr.read()
     finally:

@@ -133,13 +133,21 @@ def test_llmapi_needs_a_checkpoint_and_refuses_tokenizer_dir_and_orchestrator(tm
 
 
 # ---------------------------------------------------------------------------------------------- model files
-def test_model_files_default_to_the_image_for_tensorrtllm_and_are_refused_for_cpu(tmp_path, hf):
-    assert load_spec(write(tmp_path, GPU)).model.model_files_from == IMAGE_MODEL_DIR
+def test_hpc_serves_model_is_the_default_and_the_images_files_are_for_tensorrtllm(tmp_path, hf):
+    for text in (GPU, CPU):
+        model = load_spec(write(tmp_path, text)).model
+        assert (model.llmapi_model, model.model_files_from) == ("hpc-serve", None)
+    image = load_spec(write(tmp_path, GPU.replace("pp_size: 2", "pp_size: 2\n  llmapi_model: image")))
+    assert image.model.model_files_from == IMAGE_MODEL_DIR, "the image's files, where NGC images keep them"
     own = load_spec(write(tmp_path, GPU.replace("pp_size: 2", "pp_size: 2\n  model_files_from: /opt/llmapi/1")))
-    assert own.model.model_files_from == "/opt/llmapi/1"
+    assert (own.model.llmapi_model, own.model.model_files_from) == ("image", "/opt/llmapi/1")
     path = write(tmp_path, CPU + "  model_files_from: /opt/llmapi/1\n")
     (found,) = problems(path)
-    assert found.startswith(f"{path}:{line_of(path, 'model_files_from')}: model.model_files_from: backend cpu")
+    assert found.startswith(f"{path}:{line_of(path, 'model_files_from')}: model.model_files_from: ")
+    assert "backend: tensorrtllm" in found
+    path = write(tmp_path, GPU.replace("pp_size: 2", "pp_size: 2\n  llmapi_model: hpc-serve\n  model_files_from: /x"))
+    (found,) = problems(path)
+    assert f"{path}:{line_of(path, 'model_files_from')}: model.model_files_from: " in found and "image" in found
     path = write(tmp_path, GPU.replace("pp_size: 2", "pp_size: 2\n  model_files_from: llmapi/1"))
     (found,) = problems(path)
     assert "must be an absolute path" in found
@@ -147,6 +155,7 @@ def test_model_files_default_to_the_image_for_tensorrtllm_and_are_refused_for_cp
 
 def test_model_files_on_the_host_must_exist_without_a_container(tmp_path, hf):
     bare = GPU.replace("container: {type: pyxis, image: nvcr.io#nvidia/tritonserver:25.09-trtllm-python-py3}\n", "")
+    bare = bare.replace("pp_size: 2", "pp_size: 2\n  llmapi_model: image")
     (found,) = problems(write(tmp_path, bare))
     assert f"model.model_files_from: {IMAGE_MODEL_DIR} does not exist here" in found
     (tmp_path / "llmapi").mkdir()
@@ -175,8 +184,8 @@ def test_llm_api_lists_every_bad_key_at_its_line_with_did_you_mean_and_the_field
         "'max_batch_szie'; did you mean 'max_batch_size' (TensorRT-LLM 1.2.1 and main)?",
         f"{path}:{line_of(path, 'tensor_parallel_size')}: llm_api.tensor_parallel_size: is set by model.tp_size; "
         "remove it from llm_api",
-        f"{path}:{line_of(path, '  gpus_per_node')}: llm_api.gpus_per_node: is set by slurm.gpus_per_node; "
-        "remove it from llm_api",
+        f"{path}:{line_of(path, '  gpus_per_node')}: llm_api.gpus_per_node: is set by the placement (a replica's "
+        "ranks per node: slurm.ntasks_per_node, slurm.gpus_per_node); remove it from llm_api",
         f"{path}:{line_of(path, 'model: /elsewhere')}: llm_api.model: is set by model.checkpoint_dir; "
         "remove it from llm_api",
         f"{path}:{line_of(path, 'triton_config')}: llm_api.triton_config: is set by triton.decoupled "
@@ -223,6 +232,7 @@ def test_model_yaml_has_the_specs_sizes_then_the_given_arguments(tmp_path, hf):
         "tensor_parallel_size": 4,
         "pipeline_parallel_size": 2,
         "gpus_per_node": 4,
+        "enable_iter_perf_stats": True,  # hpc-serve's model's metrics read the iteration stats
         "max_batch_size": 32,
         "cuda_graph_config": None,  # given as null: CUDA graphs off, as upstream reads it
         "sampler_type": "auto",  # passed through
@@ -263,12 +273,12 @@ def test_cpu_repository_is_upstreams_layout_with_a_shim(tmp_path, hf):
         assert f'name: "{name}"' in config
     model_yaml = yaml.safe_load((repo / "tensorrt_llm" / "1" / MODEL_YAML).read_text())
     assert model_yaml["triton_config"]["decoupled"] is False and model_yaml["max_batch_size"] == 4
-    assert model_yaml["model"] == str(hf) and "gpus_per_node" not in model_yaml
+    assert model_yaml["model"] == str(hf) and model_yaml["gpus_per_node"] == 1, "the replica's ranks per node"
     assert "from backend.models.llmapi import TritonPythonModel" in (repo / "tensorrt_llm/1/model.py").read_text()
 
 
-def test_tensorrtllm_repository_leaves_model_py_to_the_launcher(tmp_path, hf):
-    spec = load_spec(write(tmp_path, GPU))
+def test_the_images_model_leaves_model_py_to_the_launcher(tmp_path, hf):
+    spec = load_spec(write(tmp_path, GPU.replace("pp_size: 2", "pp_size: 2\n  llmapi_model: image")))
     out = R.render(spec, tmp_path / "d")
     assert repository_files(out.model_repository) == [
         ".hpc-serve-repository.json",
@@ -290,7 +300,10 @@ def test_a_rerender_to_the_engine_workflow_replaces_the_llmapi_repository(tmp_pa
 @pytest.mark.slow
 def test_launch_json_says_the_workflow_backend_and_model_files(tmp_path, hf):
     gpu = LaunchPlan.read(R.render(load_spec(write(tmp_path, GPU)), tmp_path / "g").launch)
-    assert (gpu.workflow, gpu.backend, gpu.model_files_from) == ("llmapi", "tensorrtllm", IMAGE_MODEL_DIR)
+    assert (gpu.workflow, gpu.backend, gpu.model_files_from) == ("llmapi", "tensorrtllm", None)
+    image = GPU.replace("pp_size: 2", "pp_size: 2\n  llmapi_model: image")
+    gpu = LaunchPlan.read(R.render(load_spec(write(tmp_path, image)), tmp_path / "i").launch)
+    assert gpu.model_files_from == IMAGE_MODEL_DIR
     assert gpu.world_size_per_replica == 8
     cpu = LaunchPlan.read(R.render(load_spec(write(tmp_path, CPU)), tmp_path / "c").launch)
     assert (cpu.workflow, cpu.backend, cpu.model_files_from) == ("llmapi", "cpu", None)
@@ -313,10 +326,12 @@ def test_render_says_where_model_py_comes_from(tmp_path, hf):
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
+    image = GPU.replace("pp_size: 2", "pp_size: 2\n  llmapi_model: image")
     assert f"copied from {IMAGE_MODEL_DIR} (inside the image) into tensorrt_llm/1/ when each replica starts" in (
-        render(GPU)
+        render(image)
     )
-    assert "hpc-serve's CPU llmapi model (backend.models.llmapi)" in render(CPU)
+    assert "hpc-serve's llmapi model (backend.models.llmapi, a shim in the repository) over TensorRT-LLM" in render(GPU)
+    assert "over the CPU engine's stand-in of TensorRT-LLM" in render(CPU)
 
 
 @pytest.mark.slow

@@ -271,7 +271,9 @@ def test_sub_header_and_srun_line(tmp_path):
     argv = srun_argv(sub)
     assert argv[:3] == ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"]
     assert not [a for a in argv if a.startswith(("--output", "--error"))]  # the launcher names the rank logs
-    assert replica_starts(sub) == [["0", "--nodes=2", "--ntasks=8", "--relative=0", "--ntasks-per-node=4"]]
+    assert replica_starts(sub) == [
+        ["0", "--nodes=2", "--ntasks=8", "--relative=0", "--distribution=block", "--ntasks-per-node=4"]
+    ]
     assert argv[-2:] == ["bash", "$DEPLOY_DIR/tensorrt_llm_triton.sh"]
     assert "trap stop_job USR1 TERM" in sub  # ordered stop, not srun's (test_the_subs_stop_asks_the_launchers_first)
     assert f"DEPLOY_DIR={d}" in sub.splitlines()
@@ -285,8 +287,8 @@ def test_one_step_per_replica_on_nodes_of_its_own(tmp_path):
     spec = cpu_spec(tmp_path, slurm={"nodes": 2, "ntasks_per_node": 2}, model={"tp_size": 2}, replicas=2, requeue=True)
     sub = R.render_scripts(spec, tmp_path / "d")[R.SUB_NAME]
     assert replica_starts(sub) == [
-        ["0", "--nodes=1", "--ntasks=2", "--relative=0"],
-        ["1", "--nodes=1", "--ntasks=2", "--relative=1"],
+        ["0", "--nodes=1", "--ntasks=2", "--relative=0", "--distribution=block"],
+        ["1", "--nodes=1", "--ntasks=2", "--relative=1", "--distribution=block"],
     ]
     assert {"#SBATCH --requeue", "#SBATCH --open-mode=append"} <= set(sbatch_header(sub))
     assert 'rm -f "$JOB_DIR/endpoints/replica-1.json"' in sub
@@ -312,7 +314,7 @@ def test_replicas_sharing_a_node_split_it(tmp_path):
     sub = R.render_scripts(spec, tmp_path / "d")[R.SUB_NAME]
     share = ["--exact", "--cpus-per-task=$STEP_CPUS", "--mem=0", "--gres=gpu:1"]
     assert replica_starts(sub) == [
-        [str(k), "--nodes=1", "--ntasks=1", f"--relative={k // 2}", *share] for k in range(4)
+        [str(k), "--nodes=1", "--ntasks=1", f"--relative={k // 2}", "--distribution=block", *share] for k in range(4)
     ]
     assert "STEP_CPUS=$(( ${SLURM_CPUS_ON_NODE:-2} / 2 ))" in sub
     fixed = gpu_spec(tmp_path, tp=1, slurm={"nodes": 2, "gpus_per_node": 2, "cpus_per_task": 6}, replicas=4)

@@ -7,6 +7,8 @@ in (it exists only inside the python-backend stub).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names alone are imported by the login node's tools (hpc/bench), without numpy
@@ -26,7 +28,7 @@ FAMILIES = {
 }
 
 
-def readings(s: EngineStats) -> dict[tuple[str, str], float]:
+def readings(s: EngineStats | SimpleNamespace) -> dict[tuple[str, str], float]:
     """(family, label value) → one engine step's reading; `timestamp` is now, in microseconds, as upstream's."""
     return {
         (REQUEST, "active"): s.active_requests,
@@ -48,10 +50,36 @@ def readings(s: EngineStats) -> dict[tuple[str, str], float]:
     }
 
 
-class EngineMetrics:
-    """The gauges of one model instance: made in `initialize` from the engine's first stats, set after each step."""
+def from_iteration(it: Mapping[str, Any]) -> SimpleNamespace:
+    """The counts of one of the LLM API's iteration stats (`LLM.get_stats_async`: TensorRT-LLM's IterationStats as
+    JSON), under EngineStats' names; a key the release does not send reads 0."""
+    batch = it.get("inflightBatchingStats") or {}
+    kv = it.get("kvCacheStats") or {}
+    return SimpleNamespace(
+        active_requests=it.get("numActiveRequests", 0),
+        scheduled_requests=batch.get("numScheduledRequests", 0),
+        waiting_requests=it.get("numQueuedRequests", 0),
+        max_requests=it.get("maxNumActiveRequests", 0),
+        context_requests=batch.get("numContextRequests", 0),
+        generation_requests=batch.get("numGenRequests", 0),
+        context_tokens=batch.get("numCtxTokens", 0),
+        completed_requests=it.get("numCompletedRequests", 0),
+        iterations=it.get("iter", 0),
+        used_blocks=kv.get("usedNumBlocks", 0),
+        free_blocks=kv.get("freeNumBlocks", 0),
+        max_blocks=kv.get("maxNumBlocks", 0),
+        tokens_per_block=kv.get("tokensPerBlock", 0),
+    )
 
-    def __init__(self, pb_utils: Any, model_name: str, model_version: str, first: EngineStats) -> None:
+
+class EngineMetrics:
+    """The gauges of one model instance: made in `initialize` from the engine's first stats (none yet: zeros), set
+    after each step."""
+
+    def __init__(
+        self, pb_utils: Any, model_name: str, model_version: str, first: EngineStats | SimpleNamespace | None
+    ) -> None:
+        first = first if first is not None else from_iteration({})
         base = {"model": model_name, "version": model_version}
         gauge = pb_utils.MetricFamily.GAUGE
         self._families = {  # kept alive with the model: the stub drops a family's gauges with it
@@ -64,10 +92,13 @@ class EngineMetrics:
         }
         self.update(first)
 
-    def update(self, stats: EngineStats) -> None:
+    def update(self, stats: EngineStats | SimpleNamespace) -> None:
         for key, value in readings(stats).items():
             if (gauge := self._gauges.get(key)) is not None:  # none after release()
                 gauge.set(float(value))
+
+    def update_from_iteration(self, it: Mapping[str, Any]) -> None:
+        self.update(from_iteration(it))
 
     def release(self) -> None:
         """Drop the stub's metric objects now, while the stub is whole (see TritonPythonModel.finalize)."""

@@ -1,52 +1,53 @@
-"""The CPU engine's `tensorrt_llm` model on the llmapi workflow: TensorRT-LLM's LLM API model
-(`triton_backend/all_models/llmapi/tensorrt_llm/1/model.py`) with its inputs, outputs and semantics
-(backend/models/llmapi_io.py), in front of the CPU engine's leader node instead of `tensorrt_llm.LLM`.
+"""hpc-serve's `tensorrt_llm` Triton python model: TensorRT-LLM's public LLM API behind upstream's llmapi model
+contract (`triton_backend/all_models/llmapi/tensorrt_llm/1/model.py`: its tensor names, types and shapes, its stop
+and cancellation semantics), the same file on a GPU (the real `tensorrt_llm`) and in CI (the CPU engine's stand-in
+of it, backend/standin/). It uses only `LLM(**model.yaml)`, `SamplingParams`,
+`generate_async(..., streaming=...)` by keyword, `RequestOutput` (async iteration, `abort`), `get_stats_async`
+and `shutdown`.
 
-As upstream: `model.yaml` (or `$LLM_CONFIG_PATH`, relative to the model version folder) holds the LLM API
-arguments and `triton_config` (decoupled, cancellation_check_period_ms); every response goes through the
-request's response sender; a `stop` request cancels the requests of its request id ("A request id must be
-provided for request cancellation" without one; CANCELLED "Request cancelled by client" always, for ids not
-running too); a thread polls `is_cancelled()` every cancellation_check_period_ms and aborts what the client gave
-up; any error of a request ends it with "Error generating request: ..." and `text_output` "N/A".
+What it adds to upstream's (docs/compatibility.md): token-by-token streaming (each event carries the cumulative
+text, as upstream's would), stop strings given to SamplingParams as text, `ignore_eos`, `min_tokens`,
+`repetition_penalty`, and the engine's iteration stats as Triton metrics under TensorRT-LLM's `nv_trt_llm_*`
+names (backend/models/engine_metrics.py), which an ordered stop reads to know what is in flight.
 
-The engine is reached as TensorRT-LLM reaches its MPI session under `trtllm-llmapi-launch`: through the leader
-node at `TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR` (backend/cpu_engine/llmapi/protocol.py); `TLLM_SPAWN_PROXY_PROCESS=1`
-is required. Request ids: each request gets an internal id (the engine's); the client's id maps to the latest.
+As upstream: model.yaml (or `$LLM_CONFIG_PATH`) holds the LLM arguments and `triton_config`; a `stop` request
+aborts the requests of its request id and answers CANCELLED; every `cancellation_check_period_ms` a request
+whose client cancelled is aborted; any error ends its request only ("Error generating request: ...");
+finalize awaits the requests in flight, then shuts the LLM down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from backend.cpu_engine.llmapi import protocol as p
+from backend.models.engine_metrics import EngineMetrics
 from backend.models.llmapi_io import (
-    FINISH_REASONS,
     Completion,
     InputError,
     LlmRequest,
-    cut_stop_string,
     is_stop,
     parse_request,
     response_arrays,
 )
-from backend.models.tokenizer import TextTokenizer, load_tokenizer
-from backend.refusals import CPU_CONTEXT
 from launcher.contracts.llmapi import CANCELLATION_CHECK_PERIOD_MS, LLM_CONFIG_PATH_VAR, MODEL_YAML
 
 pb_utils: Any = None  # triton_python_backend_utils, set in initialize() (it exists only inside the stub)
 
 CANCELLED = "Request cancelled by client"
 NO_REQUEST_ID = "A request id must be provided for request cancellation"
-LEADER_GONE = "the CPU engine's leader node is gone (its process exited or the connection broke)"
 #: how often finalize says how many requests it still awaits (upstream logs it every second)
 AWAIT_LOG_S = 1.0
+#: how often the engine's iteration stats are read into the metrics (and how long one read may wait)
+STATS_PERIOD_S = 0.2
+STATS_TIMEOUT_S = 1.0
 
 
 def read_model_yaml(model_dir: str) -> dict[str, Any]:
@@ -67,18 +68,23 @@ def read_model_yaml(model_dir: str) -> dict[str, Any]:
     return config
 
 
+def sampling_params(params: LlmRequest) -> Any:
+    """The request's SamplingParams (keyword arguments only: upstream's dataclass is keyword-only)."""
+    from tensorrt_llm import SamplingParams
+
+    return SamplingParams(**params.sampling_kwargs())
+
+
 @dataclass
 class _Live:
     """A request in the engine: what its responses need, and a flag so that exactly one final is sent."""
 
-    internal_id: str
+    internal_id: int
     request: Any
     sender: Any
     params: LlmRequest
-    prompt_ids: list[int]
-    stop_words: list[list[int]]
     user_id: str
-    output_ids: list[int] = field(default_factory=list)
+    output: Any = None  # the RequestOutput, once generate_async returned it
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -93,8 +99,7 @@ class _Live:
     def client_cancelled(self) -> bool:
         """`is_cancelled()`, asked only while no final was claimed, under the lock that claims it: once the final
         is sent tritonserver frees the request's response factory, and asking then crashes it (2.51: SIGSEGV in
-        TRITONBACKEND_ResponseFactoryIsCancelled, measured with 200 requests at once on a unary model). A
-        request whose client is gone counts as cancelled."""
+        TRITONBACKEND_ResponseFactoryIsCancelled). A request whose client is gone counts as cancelled."""
         with self.lock:
             if self.done:
                 return False
@@ -105,11 +110,12 @@ class _Live:
 
 
 class TritonPythonModel:
-    """Upstream's llmapi model contract over the CPU engine's leader node."""
+    """Upstream's llmapi model contract over TensorRT-LLM's public LLM API."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         global pb_utils
         import triton_python_backend_utils as _pb
+        from tensorrt_llm import LLM
 
         pb_utils = _pb
         config = json.loads(args["model_config"])
@@ -119,29 +125,26 @@ class TritonPythonModel:
         self.decoupled = bool(triton_config.get("decoupled", pb_utils.using_decoupled_model_transaction_policy(config)))
         period_ms = triton_config.get("cancellation_check_period_ms", CANCELLATION_CHECK_PERIOD_MS)
         self.check_period_s = float(period_ms) / 1000
-        self.channel = p.connect(p.endpoint())
-        self.channel.send(p.Load(llm_args))
-        reply = self.channel.recv()
-        if not isinstance(reply, p.Loaded):
-            raise pb_utils.TritonModelException(f"the CPU engine could not load the model: {reply.error}")
-        self.info: p.Loaded = reply
-        self.tokenizer: TextTokenizer = load_tokenizer(llm_args.get("tokenizer") or reply.model)
+        self.llm = LLM(**llm_args)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)  # a request left `_live` (finalize awaits them)
-        self._live: dict[str, _Live] = {}
-        self._by_user: dict[str, set[str]] = {}
-        self._broken: str | None = None
+        self._live: dict[int, _Live] = {}
+        self._by_user: dict[str, set[int]] = {}
         self._shutdown = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._read_outputs, name="llmapi-outputs", daemon=True),
-            threading.Thread(target=self._cancellation_loop, name="llmapi-cancel", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, name="llmapi-loop", daemon=True)
+        self._loop_thread.start()
+        self.metrics: EngineMetrics | None = None
+        if llm_args.get("enable_iter_perf_stats"):
+            self.metrics = EngineMetrics(pb_utils, args["model_name"], args["model_version"], None)
+            self._stats_task = asyncio.run_coroutine_threadsafe(self._read_stats(), self.loop)
+        self._cancel_thread = threading.Thread(target=self._cancellation_loop, name="llmapi-cancel", daemon=True)
+        self._cancel_thread.start()
+        import tensorrt_llm
+
         pb_utils.Logger.log_info(
-            f"[trtllm] CPU engine: {reply.model} ({reply.family}, tp {reply.tp_size}, batch {reply.max_batch_size}, "
-            f"max_seq_len {reply.max_seq_len}); LLM API arguments without effect here: {', '.join(reply.ignored) or 'none'}"
+            f"[trtllm] hpc-serve's llmapi model on tensorrt_llm {tensorrt_llm.__version__}: {llm_args.get('model')}"
         )
 
     # ------------------------------------------------------------------ requests
@@ -150,22 +153,16 @@ class TritonPythonModel:
             self._execute_one(request)
         return None
 
-    @staticmethod
-    def _inputs(request: Any) -> dict[str, np.ndarray]:
-        return {t.name(): t.as_numpy() for t in request.inputs()}
-
     def _execute_one(self, request: Any) -> None:
         sender = request.get_response_sender()
         try:
-            inputs = self._inputs(request)
+            inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             if is_stop(inputs):
                 self._stop(request, sender)
                 return
             params = parse_request(inputs)
             if params.streaming and not self.decoupled:
                 raise InputError("Streaming is only supported in decoupled mode.")
-            if self._broken:
-                raise RuntimeError(self._broken)
             self._submit(request, sender, params)
         except Exception as e:  # noqa: BLE001 - upstream: any error ends this request only, the model serves on
             self._send_error(sender, e)
@@ -204,29 +201,65 @@ class TritonPythonModel:
         self._send_cancelled(sender)
 
     def _submit(self, request: Any, sender: Any, params: LlmRequest) -> None:
-        prompt_ids = self.tokenizer.encode(params.prompt)
-        if not prompt_ids:
-            raise InputError("input 'text_input' has no tokens: send some text")
-        if len(prompt_ids) >= self.info.max_seq_len:
-            raise InputError(
-                f"input 'text_input': the prompt has {len(prompt_ids)} tokens but {CPU_CONTEXT} is "
-                f"{self.info.max_seq_len} tokens (prompt + new tokens); shorten the prompt"
-            )
-        stop_words = [self.tokenizer.encode(s, add_special_tokens=False) for s in params.stop]
-        internal_id = str(next(self._ids))
-        live = _Live(internal_id, request, sender, params, prompt_ids, stop_words, request.request_id() or "")
+        live = _Live(next(self._ids), request, sender, params, request.request_id() or "")
         with self._lock:
-            self._live[internal_id] = live
+            self._live[live.internal_id] = live
             if live.user_id:
-                self._by_user[live.user_id] = {internal_id}
-        sampling = replace(params.sampling, end_id=self.tokenizer.end_id, stop_words=stop_words)
-        try:
-            self.channel.send(p.Submit(internal_id, prompt_ids, sampling, params.streaming))
-        except OSError as e:
-            self._unregister(internal_id)
-            raise RuntimeError(f"{LEADER_GONE}: {e}") from None
+                self._by_user[live.user_id] = {live.internal_id}
+        asyncio.run_coroutine_threadsafe(self._generate(live), self.loop)
 
-    def _unregister(self, internal_id: str) -> _Live | None:
+    async def _generate(self, live: _Live) -> None:
+        """One request on the LLM: its responses until the final one (or an error), then out of `_live`."""
+        try:
+            live.output = self.llm.generate_async(
+                live.params.prompt, sampling_params(live.params), streaming=live.params.streaming
+            )
+            if live.done:  # aborted while it was being submitted
+                live.output.abort()
+            async for output in live.output:
+                if live.done:
+                    continue  # aborted: its CANCELLED was sent; the engine's end is awaited and dropped
+                if not output.finished:
+                    if live.params.streaming:
+                        self._send_partial(live, output)
+                    continue
+                if live.claim_final():
+                    if output.outputs[0].finish_reason == "cancelled":
+                        self._send_cancelled(live.sender)
+                    else:
+                        self._send(live, self._completion(output), final=True)
+        except Exception as e:  # noqa: BLE001 - RequestError, or generate_async refusing the request
+            if live.claim_final():
+                self._send_error(live.sender, e)
+        finally:
+            self._unregister(live.internal_id)
+
+    def _completion(self, output: Any) -> Completion:
+        out = output.outputs[0]
+        perf = None
+        metrics = getattr(out, "request_perf_metrics", None)
+        if metrics is not None:
+            t, kv = metrics.timing_metrics, metrics.kv_cache_metrics
+            perf = {
+                "kv_cache_reused_block": kv.num_reused_blocks,
+                "kv_cache_hit_rate": kv.kv_cache_hit_rate,
+                "kv_cache_alloc_new_blocks": kv.num_new_allocated_blocks,
+                "kv_cache_alloc_total_blocks": kv.num_total_allocated_blocks,
+                "kv_cache_missed_block": kv.num_missed_blocks,
+                "arrival_time_ns": int(t.arrival_time.total_seconds() * 1e9),
+                "first_scheduled_time_ns": int(t.first_scheduled_time.total_seconds() * 1e9),
+                "first_token_time_ns": int(t.first_token_time.total_seconds() * 1e9),
+                "last_token_time_ns": int(t.last_token_time.total_seconds() * 1e9),
+            }
+        return Completion(
+            text=out.text,
+            finish_reason=out.finish_reason,
+            stop_reason=out.stop_reason,
+            cumulative_logprob=out.cumulative_logprob,
+            perf=perf,
+        )
+
+    def _unregister(self, internal_id: int) -> None:
         with self._lock:
             live = self._live.pop(internal_id, None)
             self._ended.notify_all()
@@ -236,77 +269,22 @@ class TritonPythonModel:
                     ids.discard(internal_id)
                     if not ids:
                         del self._by_user[live.user_id]
-            return live
 
     def _abort(self, live: _Live) -> None:
-        """Tell the engine to stop the request and end it CANCELLED here (the engine's own final is dropped)."""
+        """End the request CANCELLED now and tell the engine to stop it (its own end is then dropped)."""
         if not live.claim_final():
             return
-        self._unregister(live.internal_id)
-        try:
-            self.channel.send(p.Abort(live.internal_id))
-        except OSError:
-            pass
         self._send_cancelled(live.sender)
+        if live.output is not None:
+            self.loop.call_soon_threadsafe(live.output.abort)
 
-    # ------------------------------------------------------------------ engine outputs
-    def _read_outputs(self) -> None:
-        """Turn the leader's outputs into responses until the connection closes."""
-        while True:
-            try:
-                message = self.channel.recv()
-            except (EOFError, OSError, p.ProtocolError) as e:
-                if not self._shutdown.is_set():
-                    self._fail_all(f"{LEADER_GONE}: {type(e).__name__}: {e}")
-                return
-            if isinstance(message, p.Output):
-                self._on_output(message)
-
-    def _on_output(self, out: p.Output) -> None:
-        with self._lock:
-            live = self._live.get(out.request_id)
-        if live is None:  # aborted or cancelled: its final was sent already
-            return
-        live.output_ids.extend(out.new_tokens)
-        if not out.finished:
-            if live.params.streaming and not live.done:
-                self._send_partial(live, Completion(self.tokenizer.decode(live.output_ids)))
-            return
-        if not live.claim_final():
-            return
-        self._unregister(out.request_id)
-        if out.error or out.finish_reason == "error":
-            self._send_error(live.sender, out.error or "the engine failed the request")
-        elif out.finish_reason == "cancelled":
-            self._send_cancelled(live.sender)
-        else:
-            self._send(live, self._completion(live, out), final=True)
-
-    def _completion(self, live: _Live, out: p.Output) -> Completion:
-        ids, stop_string = live.output_ids, None
-        if out.finish_reason == "stop_words":
-            ids, stop_string = cut_stop_string(ids, live.stop_words, live.params.stop)
-        if not live.params.streaming and not live.params.exclude_input_from_output:
-            ids = live.prompt_ids + ids
-        perf = None
-        if out.perf is not None:
-            perf = dict(vars(out.perf))
-        return Completion(
-            text=self.tokenizer.decode(ids),
-            finish_reason=FINISH_REASONS.get(out.finish_reason or "", out.finish_reason),
-            stop_reason=stop_string,
-            cumulative_logprob=out.cum_log_prob,
-            perf=perf,
-        )
-
-    def _send_partial(self, live: _Live, completion: Completion) -> None:
+    def _send_partial(self, live: _Live, output: Any) -> None:
         """A streamed response that is not the last: sent only while no final is claimed, under the lock that
-        claims it. A final sent first (the client cancelled, the cancellation loop answered CANCELLED) has freed
-        the request's response factory, and sending on it then crashes tritonserver (2.51: SIGSEGV in
-        TRITONBACKEND_ResponseSend, measured by benchmarks/soak.py with streams closed by their client)."""
+        claims it. A final sent first (the client cancelled) has freed the request's response factory, and
+        sending on it then crashes tritonserver (2.51: SIGSEGV in TRITONBACKEND_ResponseSend)."""
         with live.lock:
             if not live.done:
-                self._send(live, completion, final=False)
+                self._send(live, Completion(output.outputs[0].text), final=False)
 
     def _send(self, live: _Live, completion: Completion, final: bool) -> None:
         arrays = response_arrays(completion, live.params)
@@ -316,16 +294,21 @@ class TritonPythonModel:
         except Exception:  # noqa: BLE001 - the client is gone: the cancellation loop aborts the request
             pass
 
-    def _fail_all(self, reason: str) -> None:
-        self._broken = reason
-        with self._lock:
-            ids = list(self._live)
-        for internal_id in ids:
-            live = self._unregister(internal_id)
-            if live is not None and live.claim_final():
-                self._send_error(live.sender, reason)
+    # ------------------------------------------------------------------ stats, cancellation
+    async def _read_stats(self) -> None:
+        """The engine's iteration stats into the metrics, the latest of each read."""
+        assert self.metrics is not None
+        while not self._shutdown.is_set():
+            latest = None
+            try:
+                async for stats in self.llm.get_stats_async(STATS_TIMEOUT_S):
+                    latest = stats
+            except Exception as e:  # noqa: BLE001 - the metrics go stale; requests are not affected
+                pb_utils.Logger.log_warn(f"[trtllm] could not read the engine's stats: {type(e).__name__}: {e}")
+            if latest is not None:
+                self.metrics.update_from_iteration(latest)
+            await asyncio.sleep(STATS_PERIOD_S)
 
-    # ------------------------------------------------------------------ cancellation
     def _cancellation_loop(self) -> None:
         """Upstream's: every cancellation_check_period_ms, abort the requests whose client cancelled."""
         while not self._shutdown.wait(self.check_period_s):
@@ -336,21 +319,18 @@ class TritonPythonModel:
                     self._abort(entry)
 
     def finalize(self) -> None:
-        """Tritonserver unloads the model: as upstream's does, it first awaits the requests in flight, then stops
-        the leader node. Why wait here: tritonserver counts a decoupled python model's request done once
-        `execute` returned, so at its stop it unloads the model while generations still stream (tritonserver
-        2.51: `nv_inference_request_success` is 1 a second into a 200-token stream); the model's own wait is
+        """Tritonserver unloads the model: as upstream's does, it first awaits the requests in flight, then shuts
+        the LLM down. Why wait here: tritonserver counts a decoupled python model's request done once `execute`
+        returned, so at its stop it unloads the model while generations still stream; the model's own wait is
         what lets them end. The cancellation loop runs on meanwhile (a client gone still frees its slot)."""
         with self._lock:
-            while self._live and self._broken is None:
+            while self._live:
                 pb_utils.Logger.log_info(f"[trtllm] Awaiting remaining {len(self._live)} requests")
                 self._ended.wait(AWAIT_LOG_S)
         self._shutdown.set()
-        try:
-            self.channel.send(p.Shutdown())
-        except OSError:
-            pass
-        self._fail_all("the model is being unloaded")
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self.channel.close()
+        self.llm.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=5)
+        self._cancel_thread.join(timeout=5)
+        if self.metrics is not None:
+            self.metrics.release()

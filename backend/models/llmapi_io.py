@@ -1,12 +1,14 @@
 """The llmapi `tensorrt_llm` model's request and response tensors, as TensorRT-LLM's
-`triton_backend/all_models/llmapi/tensorrt_llm/1/{model.py,helpers.py}` read and write them (reference:
-/work/notes/issue23-facts.md §2), over plain numpy (the model, backend/models/llmapi.py, does the Triton part).
+`triton_backend/all_models/llmapi/tensorrt_llm/1/{model.py,helpers.py}` read and write them, over plain numpy (the
+model, backend/models/llmapi.py, does the Triton part and the LLM API call).
 
 Requests: `text_input` (element 0, UTF-8), scalar inputs checked with upstream's words ("Expected a scalar tensor
-for tensor {name}"), `sampling_param_*` → SamplingParams with upstream's defaults added (best_of 1,
-exclude_input_from_output False, return_perf_metrics False; max_tokens 32, SamplingParams' own default), `stop`
-strings, `streaming`, `return_*`. TensorRT-LLM checks values inside SamplingParams; here each bad value gets an
-error naming its input.
+for tensor {name}"), `sampling_param_*` → SamplingParams' keyword arguments with upstream's defaults added
+(exclude_input_from_output False, return_perf_metrics False; max_tokens 32, SamplingParams' own default), `stop`
+strings decoded to text (upstream hands the BYTES array to SamplingParams as it is, which its tokenizer refuses),
+`streaming`, `return_*`; and hpc-serve's additions (OWN_INPUTS: ignore_eos, min_tokens, repetition_penalty).
+TensorRT-LLM checks values inside SamplingParams and its executor; here each bad value gets an error naming its
+input first.
 
 Responses: `text_output` is cumulative (LLM API `CompletionOutput.text`); without `exclude_input_from_output`
 the final text of a non-streamed request starts with the prompt, while streamed events carry the generated text
@@ -20,16 +22,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-
-from backend.cpu_engine.llmapi.protocol import Sampling
 
 #: SamplingParams.max_tokens' default in the LLM API
 DEFAULT_MAX_TOKENS = 32
 TEXT_INPUT = "text_input"
-#: the engine's finish reasons → the LLM API's (`CompletionOutput.finish_reason`)
-FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "cancelled": "cancelled"}
+#: hpc-serve's model's inputs beyond upstream's (its config.pbtxt declares them; the image's model has none):
+#: input name → (Triton type, SamplingParams field)
+OWN_INPUTS = {
+    "sampling_param_ignore_eos": ("TYPE_BOOL", "ignore_eos"),
+    "sampling_param_min_tokens": ("TYPE_INT32", "min_tokens"),
+    "sampling_param_repetition_penalty": ("TYPE_FP32", "repetition_penalty"),
+}
 #: perf outputs in the order upstream appends them
 PERF_OUTPUTS = (
     "kv_cache_reused_block",
@@ -59,12 +65,11 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class LlmRequest:
-    """A request as the model reads it: its sampling as the engine takes it (protocol.Sampling: the one list of
-    sampling knobs; the model adds `end_id` and the stop strings' ids once it has tokenized), and what only the
-    model handles (the stop strings themselves, what to return, streaming)."""
+    """A request as the model reads it: SamplingParams' keyword arguments (`sampling`, each checked), and what
+    only the model handles (the prompt, what to return, streaming)."""
 
     prompt: str
-    sampling: Sampling = Sampling(max_tokens=DEFAULT_MAX_TOKENS)
+    sampling: Mapping[str, Any] = field(default_factory=dict)
     stop: list[str] = field(default_factory=list)
     exclude_input_from_output: bool = False
     return_perf_metrics: bool = False
@@ -73,7 +78,16 @@ class LlmRequest:
 
     @property
     def max_tokens(self) -> int:
-        return self.sampling.max_tokens
+        return int(self.sampling.get("max_tokens", DEFAULT_MAX_TOKENS))
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """SamplingParams(**this): the sampling, the stop strings, and the outputs asked for."""
+        kwargs = {k: v for k, v in self.sampling.items() if v is not None}
+        if self.stop:
+            kwargs["stop"] = list(self.stop)
+        kwargs["exclude_input_from_output"] = self.exclude_input_from_output
+        kwargs["return_perf_metrics"] = self.return_perf_metrics
+        return kwargs
 
 
 def scalar(inputs: Mapping[str, np.ndarray], name: str) -> object:
@@ -143,19 +157,22 @@ def parse_request(inputs: Mapping[str, np.ndarray]) -> LlmRequest:
     prompt = prompt_text(inputs)
     best_of = _count(inputs, "sampling_param_best_of", 1)
     if best_of not in (None, 1):
-        raise InputError(f"input 'sampling_param_best_of' is {best_of}: the CPU engine returns one sequence (use 1)")
+        raise InputError(f"input 'sampling_param_best_of' is {best_of}: the model returns one sequence (use 1)")
     max_tokens = _count(inputs, "sampling_param_max_tokens", 1)
-    top_k = _count(inputs, "sampling_param_top_k", 0)
     seed = scalar(inputs, "sampling_param_seed")
-    sampling = Sampling(
-        max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-        temperature=_number(inputs, "sampling_param_temperature", 0.0),
-        top_k=top_k,
-        top_p=_number(inputs, "sampling_param_top_p", 0.0, 1.0),
-        frequency_penalty=_number(inputs, "sampling_param_frequency_penalty", -math.inf),
-        presence_penalty=_number(inputs, "sampling_param_presence_penalty", -math.inf),
-        seed=0 if seed is None else int(seed),  # type: ignore[call-overload]
-    )
+    ignore_eos = scalar(inputs, "sampling_param_ignore_eos")
+    sampling: dict[str, Any] = {
+        "max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        "temperature": _number(inputs, "sampling_param_temperature", 0.0),
+        "top_k": _count(inputs, "sampling_param_top_k", 0),
+        "top_p": _number(inputs, "sampling_param_top_p", 0.0, 1.0),
+        "frequency_penalty": _number(inputs, "sampling_param_frequency_penalty", -math.inf),
+        "presence_penalty": _number(inputs, "sampling_param_presence_penalty", -math.inf),
+        "repetition_penalty": _positive(inputs, "sampling_param_repetition_penalty"),
+        "min_tokens": _count(inputs, "sampling_param_min_tokens", 0),
+        "seed": None if seed is None else int(seed),  # type: ignore[call-overload]
+        "ignore_eos": None if ignore_eos is None else bool(ignore_eos),
+    }
     return LlmRequest(
         prompt=prompt,
         sampling=sampling,
@@ -169,6 +186,13 @@ def parse_request(inputs: Mapping[str, np.ndarray]) -> LlmRequest:
             return_cumulative_logprob=bool(scalar(inputs, "return_cumulative_logprob") or False),
         ),
     )
+
+
+def _positive(inputs: Mapping[str, np.ndarray], name: str) -> float | None:
+    value = _number(inputs, name, 0.0)
+    if value == 0.0:
+        raise InputError(f"input '{name}' must be a finite number > 0, got {value:g}")
+    return value
 
 
 def _strings(*values: object) -> np.ndarray:
@@ -202,14 +226,3 @@ def response_arrays(completion: Completion, request: LlmRequest) -> dict[str, np
         for name, value in DRAFT_OUTPUTS.items():
             out[name] = _strings(value)
     return out
-
-
-def cut_stop_string(
-    output_ids: list[int], stop_words: list[list[int]], stop: list[str]
-) -> tuple[list[int], str | None]:
-    """The output without the stop string it ended with (SamplingParams.include_stop_str_in_output defaults to
-    False), and that stop string; (output, None) when it ended otherwise."""
-    for word, text in zip(stop_words, stop, strict=True):
-        if word and output_ids[-len(word) :] == word:
-            return output_ids[: -len(word)], text
-    return output_ids, None

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from backend.llmapi_repository import CPU_LLMAPI_MODULE
+from backend.llmapi_repository import LLMAPI_MODULE as CPU_LLMAPI_MODULE
 from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
 from hpc.doctor import node
 from hpc.doctor.login import Facts, sbatch_options

@@ -48,7 +48,7 @@ from launcher.contracts.layout import (
     gateway_record,
     template_values,
 )
-from launcher.contracts.llmapi import ENGINE, LLMAPI
+from launcher.contracts.llmapi import ENGINE, LLMAPI, OWN_MODEL
 from launcher.contracts.plan import FAIL_JOB, LaunchPlan
 from launcher.contracts.renew_plan import RenewPlan
 from launcher.contracts.stop_records import stop_request_format
@@ -98,10 +98,10 @@ def write_repository(spec: Spec, out_dir: Path) -> None:
     """The model repository of the spec's workflow: llmapi's one `tensorrt_llm` model configured by model.yaml
     (hpc/render/llmapi.py), or the engine workflow's five models filled with `repository_parameters`."""
     if spec.model.workflow == LLMAPI:
-        from backend.llmapi_repository import CPU_SHIM, write_llmapi_repository
+        from backend.llmapi_repository import write_llmapi_repository
 
-        shim = CPU_SHIM if spec.model.backend == "cpu" else None  # else the image's model.py (launcher copies it)
-        write_llmapi_repository(out_dir, model_yaml_args(spec), shim, model_yaml_header(spec))
+        own = spec.model.llmapi_model == OWN_MODEL  # else the image's model files (the launcher copies them)
+        write_llmapi_repository(out_dir, model_yaml_args(spec), OWN_MODEL if own else None, model_yaml_header(spec))
     else:
         from backend.repository import write_model_repository
 

@@ -1,16 +1,17 @@
 """The llmapi workflow's model repository from the spec: model.yaml's content, and where model.py comes from.
 
-model.yaml holds what upstream's `tensorrt_llm` model passes to `LLM(**args)` plus its `triton_config`
-(facts: TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1/model.py reads every key but triton_config
-as an LLM argument). What the spec decides elsewhere is written here, once: the checkpoint (`model`), the
-parallel sizes, `gpus_per_node`; then the `llm_api:` section's keys as given.
+model.yaml holds what the `tensorrt_llm` model passes to `LLM(**args)` plus its `triton_config` (upstream's
+model.py and hpc-serve's read every key but triton_config as an LLM argument). What the spec decides elsewhere is
+written here, once: the checkpoint (`model`), the parallel sizes, `gpus_per_node` (TensorRT-LLM's ranks per node
+of the replica: `Mapping.local_rank = rank % gpus_per_node`), iteration stats for hpc-serve's model's metrics;
+then the `llm_api:` section's keys as given.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from launcher.contracts.llmapi import CANCELLATION_CHECK_PERIOD_MS, MODEL_FILES
+from launcher.contracts.llmapi import CANCELLATION_CHECK_PERIOD_MS, MODEL_FILES, OWN_MODEL
 
 if TYPE_CHECKING:
     from hpc.spec import Spec
@@ -18,14 +19,15 @@ if TYPE_CHECKING:
 
 def model_yaml_args(spec: Spec) -> dict[str, Any]:
     """model.yaml's mapping: the LLM arguments, then triton_config."""
-    m, s = spec.model, spec.slurm
+    m = spec.model
     args: dict[str, Any] = {
         "model": str(m.checkpoint_dir),
         "tensor_parallel_size": m.tp_size,
         "pipeline_parallel_size": m.pp_size,
+        "gpus_per_node": min(spec.world_size_per_replica, spec.tasks_per_node),
     }
-    if m.backend == "tensorrtllm" and s.gpus_per_node:
-        args["gpus_per_node"] = s.gpus_per_node
+    if m.llmapi_model == OWN_MODEL:  # the model's engine metrics (and the ordered stop's in-flight count) read them
+        args["enable_iter_perf_stats"] = True
     if spec.llm_api is not None:
         args.update(spec.llm_api.arguments())
     # max_batch_size 0 is filled in by backend/llmapi_repository.py (with_triton_config), which owns the rule
@@ -47,11 +49,12 @@ def model_yaml_header(spec: Spec) -> str:
 
 def model_files_source(spec: Spec) -> str:
     """Where the running model's model.py comes from, for `render`'s output."""
-    from backend.llmapi_repository import CPU_LLMAPI_MODULE
+    from backend.llmapi_repository import LLMAPI_MODULE
 
     m = spec.model
-    if m.model_files_from is None:
-        return f"model.py: hpc-serve's CPU llmapi model ({CPU_LLMAPI_MODULE}), a shim in the repository"
+    if m.llmapi_model == OWN_MODEL:
+        engine = "TensorRT-LLM" if m.backend == "tensorrtllm" else "the CPU engine's stand-in of TensorRT-LLM"
+        return f"model.py: hpc-serve's llmapi model ({LLMAPI_MODULE}, a shim in the repository) over {engine}"
     where = "inside the image" if spec.container.type != "none" else "on each node"
     return (
         f"model.py: {' and '.join(MODEL_FILES)} are copied from {m.model_files_from} ({where}) into "

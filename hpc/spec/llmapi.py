@@ -56,7 +56,8 @@ class CudaGraphConfig(_PassThrough):
 class LlmApiSpec(_PassThrough):
     """TensorRT-LLM LLM API arguments (`LLM(**args)`), written into model.yaml. Only keys given are written:
     TensorRT-LLM's own defaults apply to the others. tensor_parallel_size and pipeline_parallel_size come from
-    model.tp_size / model.pp_size, gpus_per_node from slurm.gpus_per_node, `model` from model.checkpoint_dir. Any other
+    model.tp_size / model.pp_size, gpus_per_node from the placement (a replica's ranks per node), `model` from
+    model.checkpoint_dir. Any other
     key passes through if TensorRT-LLM's table of LLM API arguments (hpc/spec/llm_args.py) has it; an unknown one is
     an error with a did-you-mean."""
 
@@ -77,7 +78,7 @@ class LlmApiSpec(_PassThrough):
 DECIDED_ELSEWHERE: dict[str, str] = {
     "tensor_parallel_size": "model.tp_size",
     "pipeline_parallel_size": "model.pp_size",
-    "gpus_per_node": "slurm.gpus_per_node",
+    "gpus_per_node": "the placement (a replica's ranks per node: slurm.ntasks_per_node, slurm.gpus_per_node)",
     "model": "model.checkpoint_dir",
     "mpi_session": "the launcher (it runs TensorRT-LLM's leader node; there is nothing to set)",
     "_mpi_session": "the launcher (it runs TensorRT-LLM's leader node; there is nothing to set)",

@@ -12,7 +12,16 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from hpc.spec.checks import _no_newline, _Section
 from hpc.spec.llmapi import WORKFLOW_HELP
-from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL_DIR, LLMAPI, MODEL_FILES, WORKFLOWS
+from launcher.contracts.llmapi import (
+    ENGINE,
+    IMAGE_MODEL,
+    IMAGE_MODEL_DIR,
+    LLMAPI,
+    LLMAPI_MODELS,
+    MODEL_FILES,
+    OWN_MODEL,
+    WORKFLOWS,
+)
 
 
 class ModelInit(_Section):
@@ -53,11 +62,18 @@ class ModelSpec(_Section):
         description="backend cpu: a random-weight checkpoint that `submit` (or the build job, with build:) creates "
         "when checkpoint_dir is missing; by hand: `hpc-serve init-model DIR`",
     )
+    llmapi_model: Literal[LLMAPI_MODELS] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="llmapi workflow: which `tensorrt_llm` Triton model serves: hpc-serve (the default: hpc-serve's "
+        "own model over TensorRT-LLM's public LLM API, the same file CI runs; streams token by token, takes stop "
+        "strings, ignore_eos, min_tokens, repetition_penalty and exports engine metrics) or image (NVIDIA's "
+        "model.py and helpers.py from the image, exactly; backend tensorrtllm only; see model_files_from)",
+    )
     model_files_from: str | None = Field(
         None,
-        description=f"llmapi, backend tensorrtllm: the folder holding TensorRT-LLM's llmapi {' and '.join(MODEL_FILES)} "
+        description=f"llmapi_model image: the folder holding TensorRT-LLM's llmapi {' and '.join(MODEL_FILES)} "
         "(the image's own, so they match its TensorRT-LLM), copied into the model repository when a replica "
-        f"starts; default {IMAGE_MODEL_DIR} (NGC images). The CPU backend serves hpc-serve's own model",
+        f"starts; default {IMAGE_MODEL_DIR} (NGC images). Setting it picks llmapi_model image",
     )
 
     #: True when `workflow` was left out and inferred (messages say why the spec is on its workflow)
@@ -97,6 +113,8 @@ class ModelSpec(_Section):
                 )
         if self.workflow == ENGINE and self.model_files_from is not None:
             raise ValueError("@model_files_from: model.model_files_from is for model.workflow: llmapi")
+        if self.workflow == ENGINE and self.llmapi_model is not None:
+            raise ValueError("@llmapi_model: model.llmapi_model is for model.workflow: llmapi")
         if self.backend == "cpu" and self.pp_size != 1:
             raise ValueError(
                 "@pp_size: model.pp_size must be 1 with backend: cpu (the CPU engine splits by tensor only)"
@@ -122,13 +140,23 @@ class ModelSpec(_Section):
             )
         if self.init is not None and self.backend != "cpu":
             raise ValueError("@init: model.init makes a random-weight checkpoint for backend: cpu only")
-        if self.backend == "cpu" and self.model_files_from is not None:
+        given = self.llmapi_model is not None
+        if not given:
+            self.llmapi_model = IMAGE_MODEL if self.model_files_from is not None else OWN_MODEL
+        if self.llmapi_model == OWN_MODEL and self.model_files_from is not None:
             raise ValueError(
-                "@model_files_from: backend cpu serves hpc-serve's own llmapi model (backend/models/); "
-                "model.model_files_from is for backend: tensorrtllm"
+                "@model_files_from: model.model_files_from names the image's model files, for llmapi_model: image; "
+                "remove it to serve hpc-serve's model"
             )
-        if self.backend == "tensorrtllm" and self.model_files_from is None:
-            self.model_files_from = IMAGE_MODEL_DIR
+        if self.llmapi_model == IMAGE_MODEL:
+            if self.backend == "cpu":
+                field = "llmapi_model" if given else "model_files_from"
+                raise ValueError(
+                    f"@{field}: the image's model.py runs only over TensorRT-LLM (backend: tensorrtllm); "
+                    f"backend cpu serves hpc-serve's model: remove model.{field}"
+                )
+            if self.model_files_from is None:
+                self.model_files_from = IMAGE_MODEL_DIR
 
     @property
     def source_dir(self) -> Path:

@@ -7,6 +7,9 @@ engine runs the same way, so there is one code path (DEVELOPERS.md "Replicas").
 Why these options (Slurm 22.05 semantics, checked on the test cluster):
 - A replica is packed onto as few nodes as it needs: `--nodes`/`--ntasks` and `--relative` (the first node of
   the step, counted in the allocation), so its tensor-parallel ranks share nodes and replicas do not interleave.
+- Ranks are placed in blocks (`--distribution=block`: ranks 0..k-1 on the first node, and so on), as TensorRT-LLM
+  assumes: its worker picks `cuda:<global rank % visible GPUs>` and its Mapping puts rank r on node
+  r // gpus_per_node (model.yaml's gpus_per_node is the replica's ranks per node: hpc/render/llmapi.py).
 - A step that owns whole nodes needs nothing more: it gets every CPU, GPU and the memory of its nodes, and
   no other step uses them.
 - Steps that share a node would wait for each other (a step takes every CPU of its nodes by default, srun
@@ -71,7 +74,12 @@ def replica_steps(replicas: int, ranks_per_replica: int, nodes: int, tasks_per_n
 
 def step_options(step: ReplicaStep, cpus_per_task: int | None, gpus: bool) -> list[str]:
     """The srun options that place `step` (the module docstring says why each)."""
-    options = [f"--nodes={step.nodes}", f"--ntasks={step.ntasks}", f"--relative={step.relative}"]
+    options = [
+        f"--nodes={step.nodes}",
+        f"--ntasks={step.ntasks}",
+        f"--relative={step.relative}",
+        "--distribution=block",
+    ]
     if step.nodes > 1:
         options.append(f"--ntasks-per-node={step.ntasks // step.nodes}")
     if step.shares_node:

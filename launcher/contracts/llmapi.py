@@ -15,16 +15,27 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
+from typing import Final
 
 #: the spec's `model.workflow` and launch.json's `workflow`: the LLM API model (TensorRT-LLM 1.x, PyTorch
 #: backend, Hugging Face checkpoints) or the TensorRT-engine path (ensemble, C++ backend; TensorRT-LLM <= 1.2.x)
 LLMAPI, ENGINE = "llmapi", "engine"
 WORKFLOWS = (LLMAPI, ENGINE)
+#: the spec's `model.backend` and launch.json's `backend`: TensorRT-LLM, or hpc-serve's CPU engine
+BACKENDS = ("tensorrtllm", "cpu")
 
-#: the modules rank 0 (leader node) and ranks > 0 (worker node) run, per spec `model.backend`: TensorRT-LLM's,
-#: or the CPU engine's stand-ins, which keep the same process layout (backend/cpu_engine/llmapi/)
-LEADER_MODULES = {"tensorrtllm": "tensorrt_llm.llmapi.mgmn_leader_node", "cpu": "backend.cpu_engine.llmapi.leader_node"}
-WORKER_MODULES = {"tensorrtllm": "tensorrt_llm.llmapi.mgmn_worker_node", "cpu": "backend.cpu_engine.llmapi.worker_node"}
+#: rank 0 (leader node) and ranks > 0 (worker node) run TensorRT-LLM's modules (trtllm_versions.LEADER_NODE_MODULE,
+#: WORKER_NODE_MODULE) for either backend: with `model.backend: cpu` they are the CPU engine's stand-in of the
+#: library (STANDIN_ROOT put on PYTHONPATH), which keeps upstream's module names, arguments and process layout
+#: the folder, relative to hpc-serve's source root (the deployment's `D/python`), that holds the stand-in package
+#: `tensorrt_llm` (backend/standin/tensorrt_llm): on the ranks' PYTHONPATH for backend cpu only
+STANDIN_ROOT = "backend/standin"
+#: which release the stand-in behaves as (backend/standin/tensorrt_llm/version.py): this variable, else
+#: the newest NGC image's
+STANDIN_VERSION_VAR = "HPC_SERVE_TRTLLM_STANDIN_VERSION"
+STANDIN_DEFAULT_VERSION = "1.2.1"
+#: the ranks' process-count variable trtllm-llmapi-launch exports on every rank (its `tllm_mpi_size`)
+MPI_SIZE_VAR = "tllm_mpi_size"
 
 #: the CPU engine's leader node: the least time an engine step takes, in ms (its --min-step-ms), so that a test
 #: counting engine steps sees a GPU's pace in a job (the spec's `slurm.env` sets it); no meaning to TensorRT-LLM
@@ -53,6 +64,11 @@ MPI_ENV_PREFIXES = (
     "CRAY_",
 )
 
+#: the spec's `model.llmapi_model`: which `tensorrt_llm` Triton model serves: hpc-serve's own (backend/models/
+#: llmapi.py, over the LLM API), or the image's model.py and helpers.py (NVIDIA's, copied at job start)
+OWN_MODEL: Final = "hpc-serve"
+IMAGE_MODEL: Final = "image"
+LLMAPI_MODELS = (OWN_MODEL, IMAGE_MODEL)
 #: the model's config file in `<repo>/tensorrt_llm/1/` (LLM_CONFIG_PATH overrides it upstream)
 MODEL_YAML = "model.yaml"
 LLM_CONFIG_PATH_VAR = "LLM_CONFIG_PATH"

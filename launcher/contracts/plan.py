@@ -35,7 +35,7 @@ from launcher.contracts.config import (
 from launcher.contracts.gpu import NONE as GPU_NONE
 from launcher.contracts.gpu import PER_RANK
 from launcher.contracts.layout import LAUNCH_NAME
-from launcher.contracts.llmapi import ENGINE, LEADER_MODULES, WORKFLOWS
+from launcher.contracts.llmapi import BACKENDS, ENGINE, WORKFLOWS
 from launcher.contracts.records import write_json_atomic
 from launcher.contracts.renew_plan import RenewPlan
 
@@ -109,7 +109,7 @@ class LaunchPlan:
     renew: RenewPlan | None = None
     #: "engine" (ensemble, C++ backend) or "llmapi" (launcher/contracts/llmapi.py); a plan without it: engine
     workflow: str = ENGINE
-    #: llmapi: whose leader and worker node processes the ranks run: "tensorrtllm" or "cpu" (llmapi.LEADER_MODULES)
+    #: llmapi: whose leader and worker node processes the ranks run: "tensorrtllm" or "cpu" (llmapi.BACKENDS)
     backend: str = "tensorrtllm"
     #: llmapi: the folder in the image holding the model's model.py and helpers.py, copied into
     #: `<model_repository>/tensorrt_llm/1/` when the replica starts; None: they are in the repository already
@@ -275,7 +275,7 @@ class _Reader:
             release_wait_s=self.number("release_wait_s", None),
             renew=self.renew(),
             workflow=self.choice("workflow", ENGINE, WORKFLOWS),
-            backend=self.choice("backend", "tensorrtllm", tuple(LEADER_MODULES)),
+            backend=self.choice("backend", "tensorrtllm", BACKENDS),
             model_files_from=self.value("model_files_from") or None,
             decoupled=self.value("decoupled") is not False,
         )

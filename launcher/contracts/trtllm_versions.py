@@ -70,8 +70,8 @@ KNOWN_DEFECTS: tuple[Defect, ...] = (
         "mount and put DIR first on PYTHONPATH in slurm.env",
         sources=(
             "NVIDIA/TensorRT-LLM tensorrt_llm/serve/responses_utils.py@02238b67",
-            "triton-inference-server/server docs/getting_started/llm.md@5f756ce4 (26.03 and 26.07, openai 1.107.3)",
-            "triton-inference-server/server docs/introduction/compatibility.md@e1db8a60 (image → TensorRT-LLM)",
+            "triton-inference-server/server/docs/getting_started/llm.md@5f756ce4 (26.03 and 26.07, openai 1.107.3)",
+            "triton-inference-server/server/docs/introduction/compatibility.md@e1db8a60 (image → TensorRT-LLM)",
         ),
     ),
 )
@@ -84,6 +84,24 @@ def version_key(version: str) -> tuple[int, ...]:
     parts = [int(p) if p.isdigit() else 0 for p in head.split(".")[:3]]
     parts += [0] * (3 - len(parts))
     return (*parts, 0, int(pre)) if pre.isdigit() else (*parts, 1, 0)
+
+
+#: the first release whose `mgmn_leader_node` takes `--action stop` (click, TensorRT-LLM PR #4727, mid-2025) and
+#: whose LLM client's shutdown() leaves the leader node running (RemoteMpiCommSessionClient.shutdown is a no-op):
+#: from it on the leader node ends only by that command (or a signal). Before it (0.20 and the 1.0.0rc0 of early
+#: 2025) the module takes no arguments (a `--action stop` there would start a second leader node) and the
+#: client's shutdown ended it. Sources: docs/compatibility.md "The leader node's end".
+STOP_ACTION_SINCE = "1.0.0"
+
+
+def has_stop_action(version: str) -> bool:
+    """`python -m tensorrt_llm.llmapi.mgmn_leader_node --action stop` ends this release's leader node."""
+    return version_key(version) >= version_key(STOP_ACTION_SINCE)
+
+
+def client_shutdown_stops_leader(version: str) -> bool:
+    """`LLM.shutdown()` inside tritonserver ends this release's leader node (releases before STOP_ACTION_SINCE)."""
+    return not has_stop_action(version)
 
 
 def ngc_release(image: str | None) -> str | None:

@@ -18,7 +18,14 @@ from launcher.contracts.plan import LaunchPlan, PlanError
 from launcher.contracts.rank import RankInfo, Role, WorldSizeError, detect, role
 from launcher.contracts.stop_records import StopNotice
 from launcher.node.command import build_argv, remove_orphan_regions, remove_shm_regions
-from launcher.node.llmapi import LeaderNode, ModelFilesMissing, combined_watch, copy_model_files, worker_node_argv
+from launcher.node.llmapi import (
+    LeaderNode,
+    ModelFilesMissing,
+    combined_watch,
+    copy_model_files,
+    engine_env,
+    worker_node_argv,
+)
 from launcher.node.ports import PortError, Ports, allocate, check_fixed, taken
 from launcher.node.rank_output import log_to_rank_files
 from launcher.node.ready import AUTH_FAILED, READY_TIMEOUT, WARMUP_FAILED, become_ready, clear_phase
@@ -233,7 +240,7 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
                 log(str(exc))
                 _record_failure(plan, info, EXIT_PORT, str(exc))
                 return EXIT_PORT
-        argv = _argv(plan, info, me, server, ports) if me.leader or not llmapi else worker_node_argv(plan)
+        argv = _argv(plan, info, me, server, ports) if me.leader or not llmapi else worker_node_argv()
         ranks = plan.world_size
         print(
             f"[hpc-serve] rank {info.job_rank}/{ranks} on {info.node}: replica {me.replica}, "
@@ -244,7 +251,7 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
             log("stop requested before tritonserver started")
             return exit_code(-(sup.stop_signal or signal.SIGTERM))
         node = LeaderNode(plan, rank_env) if llmapi and me.leader else None
-        server_env, ring = env, None
+        server_env, ring = (engine_env(plan, env) if llmapi and not me.leader else env), None
         if node is not None:  # the engine's rank 0 first: tritonserver's model connects to it
             node.start()
             server_env, ring = node.server_env(env), node.ring

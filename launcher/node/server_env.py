@@ -12,6 +12,7 @@ from pathlib import Path
 from launcher.contracts import config
 from launcher.contracts.gpu import node_gpu_count, rank_gpus
 from launcher.contracts.layout import Deployment, JobPaths, with_source_root
+from launcher.contracts.llmapi import LLMAPI, STANDIN_ROOT
 from launcher.contracts.plan import LaunchPlan
 from launcher.contracts.rank import RankInfo, Role, placement_env
 from launcher.node.server import ServerBinary, merge_env
@@ -84,14 +85,18 @@ def child_env(
 ) -> dict[str, str]:
     """Environment of tritonserver: ours, + launch.json ``env`` (its defaults, e.g. PMIX_MCA_gds=hash (#553),
     for a plan that lacks them: config.default_env), + the server's library path, + the hpc-serve source root
-    first on PYTHONPATH (for the python backend stubs), + what the CPU engine needs to know of its place
+    first on PYTHONPATH (for the python backend stubs; with the llmapi workflow on backend cpu, the stand-in of
+    TensorRT-LLM before it), + what the CPU engine needs to know of its place
     (launcher/contracts/rank.py placement_env): the world size and its replica (one MPI communicator per replica), and
     the leader's stop file or the follower's release file."""
     env = merge_env(dict(os.environ if base is None else base), plan.env)
     for key, value in config.default_env(plan.mode).items():
         env.setdefault(key, value)
     env = merge_env(env, server.env)
-    env["PYTHONPATH"] = with_source_root(env.get("PYTHONPATH"), Deployment(Path(plan.deployment_dir)).runtime_root)
+    root = Deployment(Path(plan.deployment_dir)).runtime_root
+    env["PYTHONPATH"] = with_source_root(env.get("PYTHONPATH"), root)
+    if plan.workflow == LLMAPI and plan.backend == "cpu":  # `import tensorrt_llm` is the CPU engine's stand-in
+        env["PYTHONPATH"] = with_source_root(env["PYTHONPATH"], root / STANDIN_ROOT)
     if info is not None and me is not None:
         per_replica = plan.world_size_per_replica
         side_file = stop_path(plan, info) if me.leader else release_path(plan, info)

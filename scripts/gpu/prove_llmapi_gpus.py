@@ -40,9 +40,10 @@ from tensorrt_llm.llmapi import standin  # noqa: E402
 
 from launcher.contracts import model_names  # noqa: E402
 from launcher.contracts.layout import LAUNCH_NAME, JobPaths  # noqa: E402
-from launcher.contracts.llmapi import LEADER_MODULES, LLMAPI, MODEL_YAML, MPI_ENV_PREFIXES, WORKER_MODULES  # noqa: E402
+from launcher.contracts.llmapi import LLMAPI, MODEL_YAML, MPI_ENV_PREFIXES  # noqa: E402
 from launcher.contracts.plan import LaunchPlan  # noqa: E402
 from launcher.contracts.records import EndpointRecord, read_endpoints, read_rank_records  # noqa: E402
+from launcher.contracts.trtllm_versions import LEADER_NODE_MODULE, WORKER_NODE_MODULE  # noqa: E402
 from launcher.node.warmup import LLMAPI_BODY, Warmup, WarmupFailed, send  # noqa: E402
 
 BACKEND = "tensorrtllm"
@@ -304,7 +305,7 @@ def main() -> int:
     logs = Path(os.environ.get("OUT", root))
     root.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
-    assert LEADER_MODULES[BACKEND].startswith("tensorrt_llm.llmapi.") and WORKER_MODULES[BACKEND].startswith(
+    assert LEADER_NODE_MODULE.startswith("tensorrt_llm.llmapi.") and WORKER_NODE_MODULE.startswith(
         "tensorrt_llm.llmapi."
     ), "the stand-in package must provide the launcher's modules"
     results = {binding: run_mode(root, binding, logs) for binding in ("none", "per-rank")}

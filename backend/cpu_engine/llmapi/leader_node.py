@@ -1,14 +1,15 @@
-"""The CPU engine's leader node (`python -m backend.cpu_engine.llmapi.leader_node`): MPI rank 0 of a replica on
-the llmapi workflow, the stand-in for TensorRT-LLM's `tensorrt_llm.llmapi.mgmn_leader_node`.
+"""The CPU engine's leader node: MPI rank 0 of a replica on the llmapi workflow, what the stand-in's
+`python -m tensorrt_llm.llmapi.mgmn_leader_node` runs (backend/standin/tensorrt_llm/llmapi/).
 
 It listens on `TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR` (HMAC key `TLLM_SPAWN_PROXY_PROCESS_IPC_HMAC_KEY`) for the
-`tensorrt_llm` model inside tritonserver (protocol.py). On the model's `Load` it tells the worker nodes (MPI ranks
+stand-in's `LLM` inside tritonserver (protocol.py). On the model's `Load` it tells the worker nodes (MPI ranks
 > 0, worker_node.py) what to load, loads its own shard and runs the engine (backend/cpu_engine/engine.py: the
 same scheduler, lockstep and follower loop as the engine workflow's tensor parallelism); requests come as
 `Submit`, their tokens go back as `Output` per engine step.
 
-It stops (engine shut down, workers released, MPI finalized) on the model's `Shutdown`, when the connection that
-loaded the model breaks (tritonserver is gone), or on SIGTERM/SIGINT (the launcher's stop).
+It stops (engine shut down, workers released, MPI finalized) on a `Shutdown` from any connection (the LLM's
+shutdown on older releases, `--action stop` on newer ones), when the connection that loaded the model breaks
+if the release's leader node ends with its client (`stop_on_disconnect`), or on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def _perf(req: GenerationRequest, tokens_per_block: int) -> p.Perf:
 class LeaderNode:
     """The engine behind the IPC endpoint; one instance per process."""
 
-    def __init__(self, comm: Communicator, min_step_s: float = 0.0) -> None:
+    def __init__(self, comm: Communicator, min_step_s: float = 0.0, stop_on_disconnect: bool = True) -> None:
         self.comm = comm
+        self.stop_on_disconnect = stop_on_disconnect
         self.min_step_s = min_step_s
         self.engine: Engine | None = None
         self.loaded: p.Loaded | None = None
@@ -107,7 +109,7 @@ class LeaderNode:
                 else:
                     raise p.ProtocolError(f"unexpected {type(message).__name__} from the model")
         except (EOFError, OSError):
-            if loaded_here:
+            if loaded_here and self.stop_on_disconnect:
                 log.warning("leader node: the model's connection is gone (tritonserver exited?); stopping")
                 self.stop.set()
         except p.ProtocolError as e:
@@ -180,13 +182,16 @@ class LeaderNode:
             stop_words=s.stop_words,
             streaming=message.streaming,
             request_id=scope + message.request_id,
+            return_log_probs=s.return_log_probs,
             sampling=SamplingParams(
                 temperature=s.temperature,
                 top_k=s.top_k,
                 top_p=s.top_p,
                 seed=s.seed,
+                repetition_penalty=s.repetition_penalty,
                 presence_penalty=s.presence_penalty,
                 frequency_penalty=s.frequency_penalty,
+                min_tokens=s.min_tokens,
             ),
         )
         req.on_output = self._sender(channel, message.request_id)
@@ -209,6 +214,7 @@ class LeaderNode:
                 new_tokens=list(out.new_tokens),
                 finished=out.finished,
                 cum_log_prob=float(req.cum_log_prob),
+                log_probs=[float(x) for x in out.new_log_probs] if req.return_log_probs else [],
                 finish_reason=out.finish_reason if out.finished else None,
                 error=out.error,
                 perf=_perf(req, tokens_per_block) if out.finished else None,
@@ -223,8 +229,7 @@ class LeaderNode:
     def stats(self) -> p.Stats:
         if self.engine is None:
             return p.Stats(0, 0, 0, 0)
-        s = self.engine.stats()
-        return p.Stats(s.iterations, s.active_requests, s.waiting_requests, s.completed_requests)
+        return p.Stats(**vars(self.engine.stats()))
 
     # ------------------------------------------------------------------ stop
     def shutdown(self) -> str:
@@ -252,8 +257,8 @@ def _accept_loop(listener: Any, node: LeaderNode) -> None:
         threading.Thread(target=node.serve, args=(p.Channel(conn),), name="llmapi-conn", daemon=True).start()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backend.cpu_engine.llmapi.leader_node", description=__doc__)
+def main(argv: list[str] | None = None, stop_on_disconnect: bool = True) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tensorrt_llm.llmapi.mgmn_leader_node", description=__doc__)
     parser.add_argument(
         "--min-step-ms",
         type=float,
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     except p.ProtocolError as e:
         print(f"leader node: {e}", file=sys.stderr)
         return 2
-    node = LeaderNode(world_comm(), args.min_step_ms / 1000)
+    node = LeaderNode(world_comm(), args.min_step_ms / 1000, stop_on_disconnect)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.stop.set())
     listener = p.listen(ep)
@@ -279,7 +284,3 @@ def main(argv: list[str] | None = None) -> int:
     listener.close()
     log.info("leader node: stopped (%s)", outcome)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
-"""The wire between the `tensorrt_llm` model inside tritonserver (backend/models/llmapi.py) and the CPU engine's
-leader node (leader_node.py): one schema, one module.
+"""The CPU stand-in's own wire between its `LLM` inside tritonserver (backend/standin/tensorrt_llm/
+llmapi/llm.py) and the CPU engine's leader node (leader_node.py): one schema, one module. Private to the stand-in:
+the Triton model speaks only the LLM API.
 
 Why a socket and not the engine in the stub: the llmapi workflow's process layout (launcher/contracts/llmapi.py)
 puts the engine's rank 0 in a process of its own, the MPI job's rank 0, reached by the model over
@@ -77,9 +78,14 @@ class Sampling:
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     seed: int = 0
+    #: None: never end at a token (SamplingParams.ignore_eos)
     end_id: int | None = None
-    #: stop strings as token ids (the model tokenized them): the engine stops when the output ends with one
+    #: stop strings as token ids (SamplingParams tokenized them): the engine stops when the output ends with one
     stop_words: list[list[int]] = field(default_factory=list)
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    #: each new token's log-probability comes back in Output.log_probs (SamplingParams.logprobs)
+    return_log_probs: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,10 +113,21 @@ class StatsQuery:
 
 @dataclass(frozen=True)
 class Stats:
+    """The engine's counters after its latest step (backend/cpu_engine/stats.py EngineStats, field for field)."""
+
     iterations: int
     active_requests: int
     waiting_requests: int
     completed_requests: int
+    scheduled_requests: int = 0
+    max_requests: int = 0
+    context_requests: int = 0
+    generation_requests: int = 0
+    context_tokens: int = 0
+    used_blocks: int = 0
+    free_blocks: int = 0
+    max_blocks: int = 0
+    tokens_per_block: int = 0
 
 
 @dataclass(frozen=True)
@@ -141,6 +158,8 @@ class Output:
     finish_reason: str | None = None
     error: str | None = None
     perf: Perf | None = None
+    #: the new tokens' log-probabilities, when the request asked (Sampling.return_log_probs)
+    log_probs: list[float] = field(default_factory=list)
 
 
 MESSAGES: dict[str, type] = {
@@ -208,8 +227,8 @@ def endpoint(environ: Mapping[str, str] | None = None) -> Endpoint:
     env = os.environ if environ is None else environ
     if env.get(SPAWN_PROXY_VAR) != "1":
         raise ProtocolError(
-            f"{SPAWN_PROXY_VAR}=1 is not set: the CPU engine's llmapi model reaches its engine through the leader "
-            f"node (python -m backend.cpu_engine.llmapi.leader_node) started beside tritonserver with {IPC_ADDR_VAR} "
+            f"{SPAWN_PROXY_VAR}=1 is not set: the CPU stand-in's LLM reaches its engine through the leader "
+            f"node (python -m tensorrt_llm.llmapi.mgmn_leader_node) started beside tritonserver with {IPC_ADDR_VAR} "
             f"and {IPC_HMAC_KEY_VAR} (hpc-serve's launcher sets all three: launcher/contracts/llmapi.py proxy_env)"
         )
     addr, key = env.get(IPC_ADDR_VAR, ""), env.get(IPC_HMAC_KEY_VAR, "")
@@ -241,6 +260,6 @@ def connect(ep: Endpoint, timeout_s: float = CONNECT_TIMEOUT_S) -> Channel:
             if time.monotonic() >= deadline:
                 raise ProtocolError(
                     f"no leader node listening at tcp://{ep.host}:{ep.port} after {timeout_s:g}s "
-                    "(python -m backend.cpu_engine.llmapi.leader_node on this rank)"
+                    "(python -m tensorrt_llm.llmapi.mgmn_leader_node on this rank)"
                 ) from None
             time.sleep(CONNECT_RETRY_S)

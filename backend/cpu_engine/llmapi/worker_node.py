@@ -1,5 +1,5 @@
-"""The CPU engine's worker node (`python -m backend.cpu_engine.llmapi.worker_node`): an MPI rank > 0 of a replica on
-the llmapi workflow, outside tritonserver, the stand-in for TensorRT-LLM's `tensorrt_llm.llmapi.mgmn_worker_node`.
+"""The CPU engine's worker node: an MPI rank > 0 of a replica on the llmapi workflow, outside tritonserver, what the
+stand-in's `python -m tensorrt_llm.llmapi.mgmn_worker_node` runs (backend/standin/tensorrt_llm/llmapi/).
 
 It waits (without a bound: the model may load late) for the leader node's `WorkerLoad`, loads its shard of the
 same checkpoint and mirrors every engine step the leader broadcasts (follower.py) until the leader says stop or
@@ -44,7 +44,3 @@ def main(argv: list[str] | None = None) -> int:
     follower_loop(shard)
     log.info("worker node rank %d: released by the leader (%s)", comm.rank, finalize_mpi())
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

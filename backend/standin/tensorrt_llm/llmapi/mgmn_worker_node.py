@@ -1,0 +1,11 @@
+"""`python -m tensorrt_llm.llmapi.mgmn_worker_node`: an MPI rank > 0 of a replica, serving the leader node's
+engine steps until it is released; here the CPU engine's worker node (backend/cpu_engine/llmapi/worker_node.py)."""
+
+from __future__ import annotations
+
+import sys
+
+from backend.cpu_engine.llmapi import worker_node
+
+if __name__ == "__main__":
+    sys.exit(worker_node.main([]))
