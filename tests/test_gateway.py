@@ -105,7 +105,7 @@ class FakeEngine:
         self.calls: list[str] = []
         self.tokens: list[str | None] = []
 
-    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
+    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True, llmapi_model=""):
         from hpc.serving.model_io import Chunk
         from hpc.serving.triton import ReplicaUnavailable
 

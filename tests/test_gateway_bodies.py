@@ -36,7 +36,7 @@ class Recording(FakeEngine):
         super().__init__()
         self.params: list[Any] = []
 
-    def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
+    def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True, llmapi_model=""):
         self.params.append(params)
         return super().stream(grpc_url, params, token)
 
@@ -306,7 +306,7 @@ def test_the_docs_list_every_ignored_key():
 class Broken(FakeEngine):
     """An engine with a bug: what no handler of the gateway's own foresaw."""
 
-    def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
+    def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True, llmapi_model=""):
         raise OverflowError("Python int too large to convert to C unsigned long")
 
 

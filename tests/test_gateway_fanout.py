@@ -25,7 +25,7 @@ class Answering(FakeEngine):
         super().__init__()
         self.closed = 0
 
-    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
+    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True, llmapi_model=""):
         from hpc.serving.model_io import Chunk
         from hpc.serving.triton import ModelError
 

@@ -22,7 +22,7 @@ STAMPS = {"arrival_time_ns": 1e18, "first_scheduled_time_ns": 1e18 + 1e6, "first
 class Reporting(FakeEngine):
     """Answers "ok" with the perf metrics of a prompt whose first 2 blocks were cached and 1 was not."""
 
-    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
+    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True, llmapi_model=""):
         from hpc.serving.model_io import Chunk
 
         yield Chunk("o", None)

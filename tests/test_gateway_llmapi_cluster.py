@@ -173,6 +173,60 @@ def test_stop_strings_are_cut_the_same_whole_and_streamed(served):
     assert "".join(c.choices[0].text for c in chunks) == expected and chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_the_engines_extensions_ignore_eos_min_tokens_and_repetition_penalty_reach_the_model(served):
+    """What vLLM's, aiperf's and genai-perf's bodies carry for fixed lengths, through the openai package's
+    extra_body and curl: ignore_eos makes max_tokens (usage and finish say so, whole and streamed), a repetition
+    penalty changes the greedy text the same way twice, min_tokens is taken; out of range is a 400 naming it."""
+    client = served["client"]
+    fixed = {"ignore_eos": True, "min_tokens": 8}
+    out = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, extra_body=fixed)
+    assert (out.usage.completion_tokens, out.choices[0].finish_reason) == (24, "length")
+    chunks = list(
+        client.completions.create(
+            model=NAME,
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            extra_body=fixed,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].usage.completion_tokens == 24
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == out.choices[0].text
+
+    def greedy(**extra: float) -> str:
+        return (
+            client.completions.create(model=NAME, prompt=PROMPT, max_tokens=16, temperature=0, extra_body=extra)
+            .choices[0]
+            .text
+        )
+
+    plain, penalized = greedy(), greedy(repetition_penalty=1.8)
+    assert penalized != plain and penalized == greedy(repetition_penalty=1.8)
+    with pytest.raises(openai.BadRequestError) as exc:
+        greedy(repetition_penalty=0)
+    assert exc.value.body["param"] == "repetition_penalty"
+    curl = subprocess.run(
+        [
+            "curl",
+            "-sS",
+            "-H",
+            f"Authorization: Bearer {served['token']}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            json.dumps({"model": NAME, "prompt": PROMPT, "max_tokens": 12, "ignore_eos": True}),
+            f"{served['url']}/v1/completions",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(curl.stdout)["usage"]["completion_tokens"] == 12, curl.stdout
+
+
 def test_log_probabilities_are_a_400_naming_the_field(served):
     with pytest.raises(openai.BadRequestError) as exc:
         served["client"].completions.create(model=NAME, prompt=PROMPT, max_tokens=2, logprobs=0)

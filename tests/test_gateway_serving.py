@@ -28,7 +28,7 @@ class Engine:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True):
+    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True, llmapi_model=""):
         self.calls.append(grpc_url)
         if grpc_url.startswith("busy"):
             raise model_error("Exceeds maximum queue size")
@@ -228,3 +228,27 @@ def test_metrics_and_access_log_of_an_app_without_replicas(tmp_path, tiny_gpt2, 
         (completions, 400),
     ], "probes and scrapes are not logged"
     assert lines[0]["model"] == "nothing" and lines[0]["latency_ms"] > 0 and lines[0]["replica"] is None
+
+
+def test_a_parameter_the_images_model_lacks_is_a_400_naming_it_and_nothing_is_sent():
+    """A replica serving NVIDIA's model.py (spec model.llmapi_model: image): a stop string, which its helpers hand
+    to the tokenizer as bytes (a 500 on a GPU), or one of hpc-serve's own inputs, is the client's 400 naming the
+    field and the fix, before any connection to the replica (port 1: nothing listens)."""
+    import asyncio
+
+    from hpc.gateway.accesslog import RequestRecord
+    from hpc.gateway.choices import answer_error
+    from hpc.serving.model_io import GenerateParams
+    from hpc.serving.triton import InputRefused, TritonEngine
+    from launcher.contracts.llmapi import IMAGE_MODEL, LLMAPI
+
+    async def send(params: GenerateParams) -> None:
+        async for _ in TritonEngine().stream("127.0.0.1:1", params, None, LLMAPI, True, IMAGE_MODEL):
+            pass
+
+    for field, value in (("stop", ("END",)), ("ignore_eos", True)):
+        with pytest.raises(InputRefused) as refused:
+            asyncio.run(send(GenerateParams("x", 4, **{field: value})))
+        error = answer_error(refused.value, chat=False, record=RequestRecord("POST", "/v1/completions"))
+        assert (error.status, error.param, error.type) == (400, field, "invalid_request_error")
+        assert "model.llmapi_model: hpc-serve" in error.message

@@ -36,6 +36,7 @@ from tests._llmapi import (
     text_of,
 )
 from tests._triton import post_json
+from tests.e2e import prometheus_samples, wait_for
 from tests.steps import GPU_PACE_MS, LONG_REQUEST, STEPS_AFTER_STOP
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -87,6 +88,52 @@ def test_streaming_events_carry_cumulative_text(job):
     assert not texts[-1].startswith(PROMPT)  # streamed events carry the generated text only
     assert responses[-1].as_numpy("stop_reason")[0].decode() == "None"
     assert texts[-1] == _greedy(job, max_tokens=6, sampling_param_exclude_input_from_output=flag())
+
+
+def test_streaming_is_token_by_token(job):
+    """hpc-serve's model streams one event per engine step (upstream's model.py passes `streaming` into
+    generate_async's lora_request slot and sends one event): 6 tokens, 6 events, each text longer."""
+    request = inputs(PROMPT, 6, streaming=flag(), sampling_param_ignore_eos=flag())
+    client, events = stream(job, request)
+    texts = [text_of(r) for r in collect(events)]
+    client.stop_stream()
+    assert len(texts) == 6 and all(len(a) < len(b) for a, b in zip(texts, texts[1:], strict=False)), texts
+
+
+def test_hpc_serves_own_inputs_reach_the_engine(job):
+    """ignore_eos makes max_tokens; repetition_penalty changes the greedy text (the tiny model repeats itself), the
+    same way twice; min_tokens is taken (what each does to the tokens: tests/test_trtllm_standin.py)."""
+    exclude = {"sampling_param_exclude_input_from_output": flag(), "return_finish_reason": flag()}
+    ignoring = grpc(job).infer(UNARY, inputs(PROMPT, 24, sampling_param_ignore_eos=flag(), **exclude), request_id="e")
+    assert ignoring.as_numpy("finish_reason")[0].decode() == "length"
+    plain = _greedy(job, max_tokens=16, **exclude)
+    penalty = {"sampling_param_repetition_penalty": np.array([1.8], np.float32)}
+    penalized = _greedy(job, max_tokens=16, **exclude, **penalty)
+    assert penalized != plain and penalized == _greedy(job, max_tokens=16, **exclude, **penalty)
+    assert _greedy(job, max_tokens=4, sampling_param_min_tokens=np.array([4], np.int32), **exclude)
+
+
+def test_the_engines_iteration_stats_are_triton_metrics(job):
+    """hpc-serve's model reads the LLM's iteration stats (model.yaml enable_iter_perf_stats) into TensorRT-LLM's
+    nv_trt_llm_* families: what an ordered stop reads to know what is in flight, and what autoscaling will read."""
+    url = f"http://127.0.0.1:{job.server.metrics_port}"
+    _greedy(job, max_tokens=4)
+    steps = job.stats().iterations  # the leader node's own count, after the request
+    counter = ("nv_trt_llm_general_metrics", "iteration_counter")
+
+    def reading(family_kind: tuple[str, str]) -> float | None:
+        family, kind = family_kind
+        found = [
+            v
+            for (name, labels), v in prometheus_samples(url).items()
+            if name == family and kind in dict(labels).values()
+        ]
+        return found[0] if found else None
+
+    wait_for(lambda: (reading(counter) or 0) >= steps, 30, "the metrics to show the engine's iterations")
+    assert reading(("nv_trt_llm_request_metrics", "active")) == 0
+    assert reading(("nv_trt_llm_kv_cache_block_metrics", "max")) >= 1
+    assert reading(("nv_trt_llm_kv_cache_block_metrics", "tokens_per")) == 32
 
 
 def test_cancel_sequence_like_test_llmapi_cancel(job):

@@ -65,6 +65,21 @@ def test_request_defaults_are_upstreams():
     req = io.parse_request(_arrays())
     assert (req.prompt, req.max_tokens, req.exclude_input_from_output, req.streaming) == ("hello", 32, False, False)
     assert req.output == io.OutputConfig() and not req.return_perf_metrics
+    assert req.sampling_kwargs() == {"max_tokens": 32, "exclude_input_from_output": False, "return_perf_metrics": False}
+
+
+def test_stop_strings_and_hpc_serves_own_inputs_become_sampling_params_keywords():
+    req = io.parse_request(
+        _arrays(
+            sampling_param_stop=np.array([b"END", b"", "\u00e9".encode()], dtype=np.object_),
+            sampling_param_ignore_eos=np.array([True]),
+            sampling_param_min_tokens=np.array([3], np.int32),
+            sampling_param_repetition_penalty=np.array([1.25], np.float32),
+        )
+    )
+    kwargs = req.sampling_kwargs()
+    assert kwargs["stop"] == ["END", "\u00e9"], "text, as SamplingParams tokenizes it (upstream passes bytes)"
+    assert (kwargs["ignore_eos"], kwargs["min_tokens"], kwargs["repetition_penalty"]) == (True, 3, 1.25)
 
 
 @pytest.mark.parametrize(
@@ -78,6 +93,8 @@ def test_request_defaults_are_upstreams():
         ({"sampling_param_top_p": np.array([1.5], np.float32)}, "'sampling_param_top_p' must be a finite number >= 0"),
         ({"sampling_param_top_k": np.array([-1], np.int32)}, "'sampling_param_top_k' must be at least 0"),
         ({"sampling_param_best_of": np.array([2], np.int32)}, "'sampling_param_best_of' is 2"),
+        ({"sampling_param_repetition_penalty": np.array([0], np.float32)}, "'sampling_param_repetition_penalty' must"),
+        ({"sampling_param_min_tokens": np.array([-1], np.int32)}, "'sampling_param_min_tokens' must be at least 0"),
         ({"streaming": np.array([True, False])}, "Expected a scalar tensor for tensor streaming"),
         ({"text_input": np.array([b"\xff"], dtype=np.object_)}, "'text_input' is not valid UTF-8"),
     ],

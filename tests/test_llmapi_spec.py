@@ -232,7 +232,6 @@ def test_model_yaml_has_the_specs_sizes_then_the_given_arguments(tmp_path, hf):
         "tensor_parallel_size": 4,
         "pipeline_parallel_size": 2,
         "gpus_per_node": 4,
-        "enable_iter_perf_stats": True,  # hpc-serve's model's metrics read the iteration stats
         "max_batch_size": 32,
         "cuda_graph_config": None,  # given as null: CUDA graphs off, as upstream reads it
         "sampler_type": "auto",  # passed through

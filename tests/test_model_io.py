@@ -12,9 +12,10 @@ import pytest
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
-from hpc.serving.model_io import CumulativeText, EnsembleIO, GenerateParams, LlmapiIO, model_io
+from backend.llmapi_repository import config_text
+from hpc.serving.model_io import CumulativeText, EnsembleIO, GenerateParams, LlmapiIO, NotTaken, model_io
 from launcher.contracts import model_names
-from launcher.contracts.llmapi import ENGINE, LLMAPI
+from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL, LLMAPI, OWN_MODEL
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_FP32": "FP32"}
@@ -29,6 +30,9 @@ EVERYTHING = GenerateParams(
     seed=3,
     presence_penalty=0.1,
     frequency_penalty=-0.2,
+    repetition_penalty=1.1,
+    min_tokens=2,
+    ignore_eos=True,
 )
 
 
@@ -40,7 +44,7 @@ def _declared(config: str) -> dict[str, tuple[str, int]]:
 
 
 def test_llmapi_requests_use_only_inputs_the_model_declares_with_their_types_and_shapes():
-    config = (ROOT / "backend/templates/llmapi/tensorrt_llm/config.pbtxt").read_text()
+    config = config_text(own_inputs=True)  # hpc-serve's model: upstream's inputs and its own
     declared = _declared(config)
     assert "max_batch_size" not in config.split("#####")[-1], "no batch dimension: shapes are the dims as declared"
     for tensors in (
@@ -55,13 +59,31 @@ def test_llmapi_requests_use_only_inputs_the_model_declares_with_their_types_and
     assert {f"sampling_param_{n}" for n in ("temperature", "top_p", "top_k", "seed", "stop", "max_tokens")} <= sent
     assert {"streaming", "sampling_param_exclude_input_from_output", "return_finish_reason"} <= sent
     assert {t.name() for t in LlmapiIO().stop_tensors()} == {"text_input", "stop"}
+    own = {f"sampling_param_{n}" for n in ("ignore_eos", "min_tokens", "repetition_penalty")}
+    assert own <= sent
+
+
+def test_the_images_llmapi_model_is_sent_only_what_it_takes_and_a_parameter_it_lacks_is_named():
+    """NVIDIA's model.py (spec model.llmapi_model: image) declares upstream's inputs only, and fails every stop
+    string (its helpers hand bytes to the tokenizer): the request is refused before it is sent, naming the field."""
+    image = model_io(LLMAPI, True, IMAGE_MODEL)
+    declared = _declared(config_text(own_inputs=False))
+    plain = GenerateParams("x", 4, temperature=0.5, seed=1)
+    assert {t.name() for t in image.tensors(plain)} <= set(declared)
+    for field, value in (("stop", ("END",)), ("ignore_eos", True), ("min_tokens", 2), ("repetition_penalty", 1.2)):
+        with pytest.raises(NotTaken) as refused:
+            image.tensors(GenerateParams("x", 4, **{field: value}))
+        assert refused.value.param == field and "llmapi_model: hpc-serve" in str(refused.value)
+    assert model_io(LLMAPI, True, OWN_MODEL).tensors(GenerateParams("x", 4, stop=("END",)))
+    assert model_io(LLMAPI, True, "").tensors(GenerateParams("x", 4, ignore_eos=True)), "an older record: ours"
 
 
 def test_each_workflow_has_its_generation_model_and_an_unknown_one_is_the_engines():
     assert model_io(LLMAPI).model == model_names.TENSORRT_LLM
     assert model_io(ENGINE).model == model_names.ENSEMBLE == model_io("older-record").model
-    names = {t.name() for t in EnsembleIO().tensors(EVERYTHING)}
-    assert {"text_input", "max_tokens", "stream", "stop_words", "temperature", "seed"} <= names
+    tensors = {t.name(): t for t in EnsembleIO().tensors(EVERYTHING)}
+    assert {"text_input", "max_tokens", "stream", "stop_words", "temperature", "seed"} <= set(tensors)
+    assert {"min_tokens", "repetition_penalty", "end_id"} <= set(tensors), "ignore_eos: no end token (end_id -1)"
     assert {t.name() for t in EnsembleIO().stop_tensors()} >= {"input_ids", "stop"}
 
 

@@ -125,6 +125,9 @@ class TritonPythonModel:
         self.decoupled = bool(triton_config.get("decoupled", pb_utils.using_decoupled_model_transaction_policy(config)))
         period_ms = triton_config.get("cancellation_check_period_ms", CANCELLATION_CHECK_PERIOD_MS)
         self.check_period_s = float(period_ms) / 1000
+        # the engine's metrics are its iteration stats, which the PyTorch backend keeps only when asked (False
+        # by default); model.yaml may still say false
+        llm_args.setdefault("enable_iter_perf_stats", True)
         self.llm = LLM(**llm_args)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -136,7 +139,7 @@ class TritonPythonModel:
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="llmapi-loop", daemon=True)
         self._loop_thread.start()
         self.metrics: EngineMetrics | None = None
-        if llm_args.get("enable_iter_perf_stats"):
+        if llm_args["enable_iter_perf_stats"]:
             self.metrics = EngineMetrics(pb_utils, args["model_name"], args["model_version"], None)
             self._stats_task = asyncio.run_coroutine_threadsafe(self._read_stats(), self.loop)
         self._cancel_thread = threading.Thread(target=self._cancellation_loop, name="llmapi-cancel", daemon=True)

@@ -172,7 +172,12 @@ class AsyncClient:
 
         def attempt(replica: Replica) -> AsyncIterator[Chunk]:
             chunks = engine.stream(
-                replica.grpc_url, params, self._replica_token(replica), replica.workflow, replica.decoupled
+                replica.grpc_url,
+                params,
+                self._replica_token(replica),
+                replica.workflow,
+                replica.decoupled,
+                replica.llmapi_model,
             )
             return taken_whole(chunks) if whole else chunks
 

@@ -13,7 +13,7 @@ from hpc.gateway.accesslog import RequestRecord
 from hpc.gateway.errors import APIError
 from hpc.gateway.state import Gateway
 from hpc.serving.model_io import Chunk, GenerateParams
-from hpc.serving.triton import ContextTooLong, ModelError, ReplicaUnavailable, TokenRefused
+from hpc.serving.triton import ContextTooLong, InputRefused, ModelError, ReplicaUnavailable, TokenRefused
 
 #: the response header naming the replica that answered (several, comma-separated, for an answer of several
 #: choices spread over replicas): which job served a request, for the user chasing a bad answer
@@ -96,6 +96,8 @@ def answer_error(exc: ModelError | ReplicaUnavailable | TokenRefused, chat: bool
     if isinstance(exc, ContextTooLong):
         field = "messages" if chat else "prompt"
         return APIError(400, f"{field}: {exc}", "invalid_request_error", field, "context_length_exceeded")
+    if isinstance(exc, InputRefused):
+        return APIError(400, str(exc), "invalid_request_error", exc.param, "unsupported_parameter")
     if isinstance(exc, ModelError):
         return APIError(500, f"the model failed the request: {exc}", "server_error")
     if isinstance(exc, ReplicaUnavailable):

@@ -154,7 +154,12 @@ class Gateway:
 
         def attempt(replica: Replica) -> AsyncIterator[Chunk]:
             chunks = self.engine.stream(
-                replica.grpc_url, params, token_for(replica), replica.workflow, replica.decoupled
+                replica.grpc_url,
+                params,
+                token_for(replica),
+                replica.workflow,
+                replica.decoupled,
+                replica.llmapi_model,
             )
             return taken_whole(chunks, record.first_token) if whole else chunks
 

@@ -3,8 +3,7 @@
 model.yaml holds what the `tensorrt_llm` model passes to `LLM(**args)` plus its `triton_config` (upstream's
 model.py and hpc-serve's read every key but triton_config as an LLM argument). What the spec decides elsewhere is
 written here, once: the checkpoint (`model`), the parallel sizes, `gpus_per_node` (TensorRT-LLM's ranks per node
-of the replica: `Mapping.local_rank = rank % gpus_per_node`), iteration stats for hpc-serve's model's metrics;
-then the `llm_api:` section's keys as given.
+of the replica: `Mapping.local_rank = rank % gpus_per_node`); then the `llm_api:` section's keys as given.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ def model_yaml_args(spec: Spec) -> dict[str, Any]:
         "pipeline_parallel_size": m.pp_size,
         "gpus_per_node": min(spec.world_size_per_replica, spec.tasks_per_node),
     }
-    if m.llmapi_model == OWN_MODEL:  # the model's engine metrics (and the ordered stop's in-flight count) read them
-        args["enable_iter_perf_stats"] = True
     if spec.llm_api is not None:
         args.update(spec.llm_api.arguments())
     # max_batch_size 0 is filled in by backend/llmapi_repository.py (with_triton_config), which owns the rule

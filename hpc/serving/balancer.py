@@ -69,6 +69,7 @@ class Replica:
     draining: bool = False  # its job is stopping: requests in flight finish, new ones go elsewhere
     workflow: str = ENGINE  # its TensorRT-LLM workflow: which model generates, asked how (hpc/serving/model_io.py)
     decoupled: bool = True  # its generation model streams; False: asked for one whole response (model_io.py)
+    llmapi_model: str = ""  # llmapi: hpc-serve's model or the image's, which takes fewer inputs (model_io.py)
     #: KV-cache blocks of its requests' prompts found in its engine's cache, and not (the llmapi model's perf
     #: metrics, counted by the gateway: hpc/gateway/metrics.py): how well prefix affinity keeps a prefix's requests
     #: where its cache is

@@ -235,4 +235,5 @@ def as_replica(record: EndpointRecord) -> Replica:
         grpc_url=record.grpc_url,
         workflow=record.workflow,
         decoupled=record.decoupled,
+        llmapi_model=record.llmapi_model,
     )

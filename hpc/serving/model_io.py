@@ -33,7 +33,7 @@ import tritonclient.grpc as grpcclient
 from backend.models.llmapi_io import PERF_OUTPUTS
 from hpc.serving.abandon import infer_inputs
 from launcher.contracts import model_names
-from launcher.contracts.llmapi import ENGINE, LLMAPI
+from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL, LLMAPI
 
 #: what an engine whose text is not settled yet ends its cumulative text with (a character cut mid-way)
 REPLACEMENT = "\ufffd"
@@ -69,7 +69,18 @@ class GenerateParams:
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool = False  # generate max_tokens whatever the model's end token says (benchmarks' fixed lengths)
     logprobs: bool = False  # ask for the chosen tokens' log probabilities (the ensemble's `return_log_probs`)
+
+
+class NotTaken(ValueError):
+    """The replica's model takes no input for a parameter the request set; `param` names it."""
+
+    def __init__(self, param: str, why: str) -> None:
+        super().__init__(f"{param}: {why}")
+        self.param = param
 
 
 class Decoder(Protocol):
@@ -112,6 +123,8 @@ class EnsembleIO:
         for name, dtype, triton in _SAMPLING:
             if (value := getattr(params, name)) is not None:
                 arrays[name] = _scalar(value, dtype, triton, True)
+        if params.ignore_eos:  # no token is the end: TensorRT-LLM's executor takes end_id -1 so (the LLM API's too)
+            arrays["end_id"] = _scalar(-1, np.int32, "INT32", True)
         if params.logprobs:
             arrays["return_log_probs"] = _scalar(True, bool, "BOOL", True)
         return infer_inputs(arrays)
@@ -140,7 +153,19 @@ _SAMPLING = (
     ("seed", np.uint64, "UINT64"),
     ("presence_penalty", np.float32, "FP32"),
     ("frequency_penalty", np.float32, "FP32"),
+    ("repetition_penalty", np.float32, "FP32"),
+    ("min_tokens", np.int32, "INT32"),
 )
+#: what the image's llmapi model (NVIDIA's model.py and helpers.py) cannot take that hpc-serve's can, and why
+IMAGE_MODEL_LACKS = {
+    "stop": "the image's llmapi model passes stop strings to the tokenizer as bytes, which it refuses (TensorRT-LLM "
+    "helpers.py); serve hpc-serve's model (spec model.llmapi_model: hpc-serve) for stop strings",
+    **{
+        name: f"the image's llmapi model has no {name} input; serve hpc-serve's model (spec model.llmapi_model: "
+        "hpc-serve) for it"
+        for name in ("ignore_eos", "min_tokens", "repetition_penalty")
+    },
+}
 
 
 class _BytesDecoder:
@@ -163,12 +188,18 @@ class LlmapiIO:
 
     model = model_names.TENSORRT_LLM
 
-    def __init__(self, streaming: bool = True) -> None:
+    def __init__(self, streaming: bool = True, own_inputs: bool = True) -> None:
         #: False for a model that is not decoupled: it refuses `streaming` ("Streaming is only supported in
         #: decoupled mode.") and answers each request with one response, the whole text
         self.streaming = streaming
+        #: hpc-serve's model (True) takes stop strings and its own inputs; the image's takes neither
+        self.own_inputs = own_inputs
 
     def tensors(self, params: GenerateParams) -> list[grpcclient.InferInput]:
+        if not self.own_inputs:
+            for name, why in IMAGE_MODEL_LACKS.items():
+                if getattr(params, name):
+                    raise NotTaken(name, why)
         arrays: dict[str, tuple[np.ndarray, str]] = {
             "text_input": (np.array([params.prompt.encode()], dtype=object), "BYTES"),
             "streaming": _scalar(self.streaming, bool, "BOOL", False),
@@ -183,6 +214,8 @@ class LlmapiIO:
         for name, dtype, triton in _SAMPLING:
             if (value := getattr(params, name)) is not None:
                 arrays[f"sampling_param_{name}"] = _scalar(value, dtype, triton, False)
+        if params.ignore_eos:
+            arrays["sampling_param_ignore_eos"] = _scalar(True, bool, "BOOL", False)
         return infer_inputs(arrays)
 
     def decoder(self, params: GenerateParams) -> Decoder:
@@ -294,13 +327,15 @@ _LENGTH = struct.Struct("<I")
 
 #: each workflow's generation model
 MODEL_IO: dict[str, ModelIO] = {ENGINE: EnsembleIO(), LLMAPI: LlmapiIO()}
-#: the llmapi model of a replica whose model is not decoupled (triton.decoupled false, upstream's default)
-UNARY_LLMAPI_IO = LlmapiIO(streaming=False)
+#: the llmapi models by (decoupled, hpc-serve's model): a model that is not decoupled (triton.decoupled false,
+#: upstream's default) is asked for one whole response; the image's takes fewer inputs
+LLMAPI_IO = {(d, own): LlmapiIO(streaming=d, own_inputs=own) for d in (True, False) for own in (True, False)}
 
 
-def model_io(workflow: str, decoupled: bool = True) -> ModelIO:
+def model_io(workflow: str, decoupled: bool = True, llmapi_model: str = "") -> ModelIO:
     """The generation model of `workflow` (a replica's endpoint record says which; an older one: engine), asked
-    the way its transaction policy takes (`decoupled`, also from the record)."""
-    if workflow == LLMAPI and not decoupled:
-        return UNARY_LLMAPI_IO
+    the way its transaction policy takes (`decoupled`) and its model's inputs allow (`llmapi_model`, also from the
+    record; "" is hpc-serve's)."""
+    if workflow == LLMAPI:
+        return LLMAPI_IO[(decoupled, llmapi_model != IMAGE_MODEL)]
     return MODEL_IO.get(workflow, MODEL_IO[ENGINE])

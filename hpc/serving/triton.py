@@ -30,7 +30,7 @@ from backend.refusals import BUSY_MARKERS, CONTEXT_MARKERS, STOPPING_MARKERS
 from hpc.serving.abandon import Reader, abandon, stop_generation, stream_request
 from hpc.serving.auth import grpc_headers
 from hpc.serving.idle import run_deferred
-from hpc.serving.model_io import Chunk, GenerateParams, ModelIO, model_io
+from hpc.serving.model_io import Chunk, GenerateParams, ModelIO, NotTaken, model_io
 from launcher.contracts.llmapi import ENGINE
 
 #: how long a finished stream is given to end by itself before it is cancelled (see `_end`)
@@ -83,6 +83,15 @@ class ReplicaBusy(ModelError):
 class ContextTooLong(ModelError):
     """The model refused the request because its prompt leaves no room in the model's context (more new tokens than
     fit are cut, not refused): the client's to fix, an OpenAI 400 `context_length_exceeded`."""
+
+
+class InputRefused(ModelError):
+    """The replica's model takes no input for a parameter the request set (model_io.NotTaken): the client's to
+    change, a 400 naming `param`; nothing was sent."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ReplicaStopping(ReplicaUnavailable):
@@ -143,9 +152,9 @@ class TritonEngine:
         for client in clients:
             await client.close()
 
-    def _io(self, workflow: str, decoupled: bool) -> tuple[ModelIO, str]:
+    def _io(self, workflow: str, decoupled: bool, llmapi_model: str = "") -> tuple[ModelIO, str]:
         """The workflow's model IO (hpc/serving/model_io.py) and the model to send to."""
-        io = model_io(workflow, decoupled)
+        io = model_io(workflow, decoupled, llmapi_model)
         return io, self.model or io.model
 
     async def stream(
@@ -155,13 +164,18 @@ class TritonEngine:
         token: str | None = None,
         workflow: str = ENGINE,
         decoupled: bool = True,
+        llmapi_model: str = "",
     ) -> AsyncIterator[Chunk]:
         """Text pieces as the replica (serving `workflow`'s model, `decoupled` or not) produces them, with their
         token counts: one piece, the whole text, from a model that is not decoupled. ReplicaUnavailable for
         transport trouble, TokenRefused for a missing or wrong token, ModelError for the model's own refusal."""
-        io, model = self._io(workflow, decoupled)
+        io, model = self._io(workflow, decoupled, llmapi_model)
         request_id = f"{STREAM_REQUEST_PREFIX}{uuid.uuid4()}"
-        request = stream_request(model, io.tensors(params), request_id)
+        try:
+            tensors = io.tensors(params)
+        except NotTaken as exc:
+            raise InputRefused(str(exc), exc.param) from None
+        request = stream_request(model, tensors, request_id)
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         finished = asyncio.Event()
 

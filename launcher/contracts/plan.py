@@ -35,7 +35,7 @@ from launcher.contracts.config import (
 from launcher.contracts.gpu import NONE as GPU_NONE
 from launcher.contracts.gpu import PER_RANK
 from launcher.contracts.layout import LAUNCH_NAME
-from launcher.contracts.llmapi import BACKENDS, ENGINE, WORKFLOWS
+from launcher.contracts.llmapi import BACKENDS, ENGINE, IMAGE_MODEL, LLMAPI, OWN_MODEL, WORKFLOWS
 from launcher.contracts.records import write_json_atomic
 from launcher.contracts.renew_plan import RenewPlan
 
@@ -117,6 +117,14 @@ class LaunchPlan:
     #: the generation model's transaction policy (the spec's triton.decoupled): False, an llmapi model serving
     #: one whole response a request (model.yaml `decoupled: false`), which clients ask with `streaming` false
     decoupled: bool = True
+
+    @property
+    def llmapi_model(self) -> str:
+        """llmapi: which `tensorrt_llm` model serves: the image's when its files are copied in, else hpc-serve's;
+        "" on the engine workflow."""
+        if self.workflow != LLMAPI:
+            return ""
+        return IMAGE_MODEL if self.model_files_from else OWN_MODEL
 
     @property
     def world_size(self) -> int:

@@ -162,6 +162,9 @@ class EndpointRecord(Record):
     workflow: str = ENGINE
     #: its generation model streams (decoupled); False: one whole response a request (launch plan `decoupled`)
     decoupled: bool = True
+    #: llmapi: which `tensorrt_llm` model serves (launcher/contracts/llmapi.py OWN_MODEL, IMAGE_MODEL): the image's
+    #: takes fewer inputs (hpc/serving/model_io.py); an older record has none: taken as hpc-serve's
+    llmapi_model: str = ""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EndpointRecord:

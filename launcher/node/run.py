@@ -312,6 +312,7 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
                     ready_at=ready_at,
                     workflow=plan.workflow,
                     decoupled=plan.decoupled,
+                    llmapi_model=plan.llmapi_model,
                 )
                 records.write_json_atomic(endpoint, record.to_dict())
                 clear_phase(job_paths(plan, info), me)

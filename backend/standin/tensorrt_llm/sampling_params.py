@@ -7,13 +7,17 @@ guided decoding, LoRA) are accepted as upstream accepts them; the engine refuses
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 
 def _encode(tokenizer: Any, text: Any, add_special_tokens: bool) -> list[int]:
-    """upstream's `_encode`: the tokenizer's own encode, whatever it is given."""
-    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    """upstream's `_encode`: the tokenizer's own encode, whatever it is given (tiktoken's takes no keyword)."""
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    except TypeError:
+        return list(tokenizer.encode(text))
 
 
 @dataclass(kw_only=True)
@@ -75,14 +79,21 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        """upstream's checks, with its messages."""
+        """upstream's checks, with its messages (the 1.1-and-later form: the ranges first)."""
+        if self.top_p is not None and not 0 <= self.top_p <= 1:
+            raise ValueError(f"require 0 <= top_p <= 1, got top_p={self.top_p}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"require top_k >= 0, got top_k={self.top_k}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"require temperature >= 0, got temperature={self.temperature}")
         if self.best_of is not None:
-            if self.best_of > 1 and self.best_of < self.n:
+            if self.best_of < self.n:
                 raise ValueError(f"best_of ({self.best_of}) cannot be less than n ({self.n})")
-            if self.best_of > 1 and self._greedy_decoding and not self.use_beam_search:
+            if self.best_of > 1 and self._greedy_decoding and not os.environ.get("TLLM_ALLOW_N_GREEDY_DECODING"):
                 raise ValueError(
-                    f"Greedy decoding in the LLM API does not allow multiple returns. Please set to best_of=1, "
-                    f"got best_of={self.best_of}. Please set to best_of=1 or set do_sample=True."
+                    "Greedy decoding in the LLM API does not allow multiple returns. Please set to best_of=1, "
+                    f"got best_of={self.best_of}. Please set to best_of=1 or set an environment variable "
+                    "TLLM_ALLOW_N_GREEDY_DECODING=1 to allow best_of > 1 under the greedy decoding."
                 )
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}")

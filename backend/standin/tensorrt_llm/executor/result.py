@@ -163,8 +163,6 @@ class GenerationResult:
             out.finish_reason = FINISH_REASONS.get(response.finish_reason or "", response.finish_reason)
             if response.finish_reason == "stop_words":
                 self._cut_stop_word(out)
-            if not self.streaming and not self.sampling_params.exclude_input_from_output:
-                out.token_ids[:0] = self.prompt_token_ids  # the executor returns the input too (never streamed)
             if response.perf is not None and self.sampling_params.return_perf_metrics:
                 perf = response.perf
                 out.request_perf_metrics = RequestPerfMetrics(
@@ -184,6 +182,30 @@ class GenerationResult:
                 )
         if self.sampling_params.detokenize:
             out.text = self._decode(out.token_ids)
+            self._match_stop_strings(out)
+        if self._done and not self.streaming and not self.sampling_params.exclude_input_from_output:
+            out.token_ids[:0] = self.prompt_token_ids  # the executor returns the input too (never streamed)
+            if self.sampling_params.detokenize:
+                out.text = self._decode(self.prompt_token_ids) + out.text
+
+    def _match_stop_strings(self, out: CompletionOutput) -> None:
+        """upstream's DetokenizedGenerationResultBase: a stop string found in the decoded text (across token
+        boundaries the engine's token match cannot see) cuts the text there, ends the sequence with it as
+        `stop_reason`, and aborts the request in the engine."""
+        if out.finish_reason not in (None, "stop", "length") or out.stop_reason is not None:
+            return
+        stop = self.sampling_params.stop
+        for word in [stop] if isinstance(stop, str) else list(stop or []):
+            position = out.text.find(word)
+            if position < 0:
+                continue
+            keep = position + len(word) if self.sampling_params.include_stop_str_in_output else position
+            out.text = out.text[:keep]
+            out.finish_reason, out.stop_reason = "stop", word
+            if not self._done:
+                self._abort(self.request_id)
+                self._done = True
+            return
 
     def _cut_stop_word(self, out: CompletionOutput) -> None:
         """upstream: the stop word that ended the sequence is its `stop_reason` (the string for `stop`, the id for

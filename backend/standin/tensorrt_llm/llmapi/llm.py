@@ -115,13 +115,10 @@ class LLM:
             raise RuntimeError("LLM is shutting down or has already been shut down")
         if self._broken:
             raise RequestError(self._broken)
-        if lora_request is not None:
-            # upstream: a lora_request needs enable_lora and a LoRARequest; anything else fails the request
-            raise ValueError(
-                f"lora_request must be a LoRARequest and the LLM must be built with enable_lora=True; got "
-                f"{type(lora_request).__name__} (a positional `streaming` lands in this parameter: pass "
-                "streaming=... by keyword)"
-            )
+        if lora_request is not None and not self.args.get("enable_lora"):
+            # upstream: without enable_lora the worker drops a lora_request, whatever it is; so NVIDIA's model.py,
+            # which passes `streaming` positionally into this slot, gets one final response (streaming False)
+            log.warning("lora_request %r given to an LLM built without enable_lora: ignored", lora_request)
         sampling_params = self._prepare_sampling_params(sampling_params)
         prompt, prompt_ids = self._prompt(inputs, sampling_params)
         self._check_arguments(prompt_ids, sampling_params)

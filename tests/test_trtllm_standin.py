@@ -1,0 +1,194 @@
+"""The CPU engine's stand-in of TensorRT-LLM's public API (backend/standin/tensorrt_llm), in this process (no
+spawn proxy: the engine runs in a thread, a world of one rank), held to upstream's contracts: the ones hpc-serve's
+model relies on, and the ones NVIDIA's model.py trips over on a GPU, which must trip here too
+(docs/compatibility.md "The CPU stand-in of TensorRT-LLM")."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launcher.contracts.llmapi import STANDIN_ROOT
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def trtllm() -> Iterator[object]:
+    """`import tensorrt_llm` as the launcher makes it resolve for backend cpu (the stand-in's folder first)."""
+    sys.path.insert(0, str(ROOT / STANDIN_ROOT))
+    import tensorrt_llm
+
+    try:
+        assert Path(tensorrt_llm.__file__).is_relative_to(ROOT / STANDIN_ROOT)
+        yield tensorrt_llm
+    finally:
+        sys.path.remove(str(ROOT / STANDIN_ROOT))
+        for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def llm(trtllm, tiny_gpt2) -> Iterator[object]:
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=4, enable_iter_perf_stats=True) as llm:
+        yield llm
+
+
+def _run(coro):  # one event loop per call: a result binds to the loop running when it was made
+    return asyncio.run(coro)
+
+
+# ------------------------------------------------------------------------------------------------ SamplingParams
+def test_sampling_params_is_keyword_only_with_upstreams_defaults_and_checks(trtllm):
+    params = trtllm.SamplingParams()
+    assert (params.max_tokens, params.exclude_input_from_output, params.add_special_tokens) == (32, True, True)
+    with pytest.raises(TypeError):
+        trtllm.SamplingParams(8)  # upstream's dataclass is kw_only
+    with pytest.raises(ValueError, match=r"best_of \(1\) cannot be less than n \(2\)"):
+        trtllm.SamplingParams(n=2, best_of=1, top_k=4)
+    with pytest.raises(ValueError, match="Greedy decoding in the LLM API does not allow multiple returns"):
+        trtllm.SamplingParams(best_of=2)
+    for bad, words in [({"top_p": 1.5}, "require 0 <= top_p <= 1"), ({"temperature": -1}, "require temperature >= 0")]:
+        with pytest.raises(ValueError, match=words):
+            trtllm.SamplingParams(**bad)
+    assert trtllm.SamplingParams(logprobs=True).logprobs == 1, "upstream: logprobs=True means top-1"
+
+
+def test_stop_words_are_tokenized_and_bytes_fail_as_a_hugging_face_tokenizer_fails(trtllm, llm):
+    """NVIDIA's helpers.py hands `sampling_param_stop` (a numpy array of bytes) to SamplingParams.stop: the LLM's
+    tokenizer refuses it, on a GPU and here."""
+    params = trtllm.SamplingParams(stop=["Paris", "x"])._setup(llm.tokenizer)
+    assert params._stop_words == [llm.tokenizer.encode(s, add_special_tokens=False) for s in ("Paris", "x")]
+    as_sent = np.array([b"Paris"], dtype=np.object_)
+    with pytest.raises(ValueError, match="is not valid. Should be a string"):
+        llm.generate_async(PROMPT, trtllm.SamplingParams(stop=list(as_sent)))
+
+
+def test_sampling_params_must_be_the_type(llm):
+    with pytest.raises(TypeError, match="The sampling_params must be type SamplingParams or None"):
+        llm.generate_async(PROMPT, {"max_tokens": 4})
+
+
+# ------------------------------------------------------------------------------------------------ results
+def test_streaming_yields_the_same_growing_result_token_by_token(trtllm, llm):
+    async def stream() -> list[tuple[str, list[int], str | None]]:
+        result = llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=6, ignore_eos=True), streaming=True)
+        seen = []
+        async for output in result:
+            assert output is result
+            out = output.outputs[0]
+            seen.append((out.text_diff, list(out.token_ids_diff), out.finish_reason))
+        return seen
+
+    seen = _run(stream())
+    assert len(seen) == 6 and all(len(ids) == 1 for _, ids, _ in seen), seen
+    assert [reason for *_, reason in seen] == [None] * 5 + ["length"]
+
+
+def test_a_positional_streaming_lands_in_lora_request_and_gives_one_final_event(trtllm, llm):
+    """NVIDIA's model.py calls generate_async(prompt, params, streaming): upstream's third parameter is
+    lora_request, dropped without enable_lora, so the request does not stream."""
+
+    async def events() -> int:
+        result = llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=6, ignore_eos=True), True)
+        return len([o async for o in result])
+
+    assert _run(events()) == 1
+
+
+def test_ignore_eos_makes_max_tokens_and_min_tokens_holds_the_end_back(trtllm, llm):
+    first = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=1)).outputs[0].token_ids[0]
+    ends = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=8, end_id=first)).outputs[0]
+    assert (ends.token_ids, ends.finish_reason) == ([], "stop"), "the greedy first token is the end: nothing made"
+    held = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=8, end_id=first, min_tokens=5)).outputs[0]
+    assert len(held.token_ids) >= 5 and first not in held.token_ids[:5]
+    ignored = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=8, end_id=first, ignore_eos=True)).outputs[0]
+    assert (len(ignored.token_ids), ignored.finish_reason) == (8, "length")
+
+
+def test_a_stop_string_ends_the_text_without_it_and_is_the_stop_reason(trtllm, llm):
+    greedy = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=12, ignore_eos=True)).outputs[0]
+    word = llm.tokenizer.decode(greedy.token_ids[4:6])
+    stopped = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=12, stop=[word])).outputs[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == word
+    assert greedy.text.startswith(stopped.text) and word not in stopped.text[len(stopped.text) - len(word) :]
+    kept = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=12, stop=[word], include_stop_str_in_output=True))
+    assert kept.outputs[0].text.endswith(word)
+    # a stop string across a token boundary: upstream finds it in the decoded text, cuts there and aborts
+    start = len(llm.tokenizer.decode(greedy.token_ids[:4])) + 1
+    across = greedy.text[start : start + 3]
+    cut = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=12, stop=across)).outputs[0]
+    assert (cut.text, cut.finish_reason, cut.stop_reason) == (greedy.text[: greedy.text.find(across)], "stop", across)
+
+
+def test_without_exclude_input_from_output_the_prompt_is_echoed_unless_streaming(trtllm, llm):
+    echoed = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=4, exclude_input_from_output=False))
+    assert echoed.outputs[0].text.startswith(PROMPT)
+    assert not llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=4)).outputs[0].text.startswith(PROMPT)
+
+
+def test_abort_ends_the_request_cancelled_and_the_llm_serves_on(trtllm, llm):
+    async def aborted() -> tuple[str | None, int]:
+        result = llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=200, ignore_eos=True), streaming=True)
+        async for output in result:
+            if len(output.outputs[0].token_ids) == 2:
+                result.abort()
+        return result.outputs[0].finish_reason, len(result.outputs[0].token_ids)
+
+    reason, made = _run(aborted())
+    assert reason == "cancelled" and made < 200
+    assert llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=2)).finished
+
+
+def test_a_prompt_past_the_context_is_refused_in_upstreams_words(trtllm, llm):
+    with pytest.raises(ValueError, match=r"The sum of prompt length \(\d+\.0\), query length \(0\) should not exceed"):
+        llm.generate_async("word " * 2000, trtllm.SamplingParams(max_tokens=2))
+
+
+def test_async_reads_need_the_loop_the_result_was_made_on(trtllm, llm):
+    result = llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=2))  # no running loop here
+    with pytest.raises(AssertionError, match="asyncio event loop was not present during initialization"):
+        _run(result.aresult())
+    assert result.result().finished, "the synchronous read works"
+
+
+def test_perf_metrics_only_when_asked(trtllm, llm):
+    out = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=3, return_perf_metrics=True)).outputs[0]
+    timing = out.request_perf_metrics.timing_metrics
+    assert timing.arrival_time <= timing.first_token_time <= timing.last_token_time
+    assert out.request_perf_metrics.kv_cache_metrics.num_total_allocated_blocks >= 1
+    assert llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=3)).outputs[0].request_perf_metrics is None
+
+
+# ------------------------------------------------------------------------------------------------ stats
+def test_iteration_stats_come_as_upstreams_dicts_once_per_new_iteration(trtllm, llm, tiny_gpt2):
+    llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=3))
+
+    async def read() -> list[dict]:
+        return [s async for s in llm.get_stats_async(2)]
+
+    (stats,) = _run(read())
+    assert stats["iter"] >= 3 and stats["numActiveRequests"] == 0 and stats["numQueuedRequests"] == 0
+    assert stats["kvCacheStats"]["maxNumBlocks"] >= 1 and stats["kvCacheStats"]["tokensPerBlock"] == 32
+    assert _run(read()) == [], "nothing new: upstream yields nothing until the next iteration"
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=2) as quiet:
+        quiet.generate(PROMPT, trtllm.SamplingParams(max_tokens=2))
+        assert quiet.get_stats(2) == [], "without enable_iter_perf_stats the PyTorch backend keeps none"
+
+
+def test_more_than_one_rank_needs_the_launch(trtllm, tiny_gpt2):
+    with pytest.raises(RuntimeError, match="only under trtllm-llmapi-launch"):
+        trtllm.LLM(model=str(tiny_gpt2), tensor_parallel_size=2)
+
+
+def test_shutdown_is_final(trtllm, tiny_gpt2):
+    llm = trtllm.LLM(model=str(tiny_gpt2))
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="shutting down or has already been shut down"):
+        llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=2))
