@@ -37,6 +37,7 @@ from launcher.contracts.records import read_rank_records
 from launcher.contracts.trtllm_versions import LEADER_NODE_MODULE, WORKER_NODE_MODULE, has_stop_action
 from tests._llmapi import (
     environ_of,
+    flag,
     grpc_client,
     inputs,
     job_processes,
@@ -46,7 +47,17 @@ from tests._llmapi import (
     text_of,
     token_headers,
 )
-from tests.e2e import cli, listening_ports, private_job_index, processes_under, status, submit, wait_for, write_spec
+from tests.e2e import (
+    CLI,
+    cli,
+    listening_ports,
+    private_job_index,
+    processes_under,
+    status,
+    submit,
+    wait_for,
+    write_spec,
+)
 from tests.steps import GPU_PACE_MS, LONG_REQUEST, STEPS_AFTER_STOP
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
@@ -329,6 +340,64 @@ def test_an_ordered_stop_of_tp2_ends_every_process_as_its_release_ends_it_and_ki
             assert "still running; sending" not in logs, logs[-3000:]
             assert ("--action stop" in logs) == has_stop_action(release), logs[-3000:]
             records = read_rank_records(JobPaths(deploy, job))
+            assert sorted((r.rank, r.exit_code, r.signal) for r in records) == [(0, 0, None), (1, 0, None)]
+        finally:
+            if job:
+                subprocess.run(["scancel", job], capture_output=True, check=False)
+
+
+def test_an_ordered_stop_waits_for_the_generation_in_flight_by_the_engines_metrics(
+    slurm_cluster, tritonserver, tiny_gpt2, tmp_path
+):
+    """The drain of an llmapi replica knows what is in flight from the model's engine metrics
+    (nv_trt_llm_request_metrics): a stream started before `hpc-serve cancel` runs to its last token, and only then
+    does the leader SIGTERM tritonserver, saying why ("nothing in flight ... tritonserver's metrics"), well before
+    the drain time; nothing is killed. Streamed the way NVIDIA's llmapi client streams (gRPC, `streaming` true)."""
+    import queue
+
+    job = ""
+    with private_job_index(tmp_path):
+        try:
+            paced = {CPU_MIN_STEP_VAR: str(GPU_PACE_MS)}
+            job, job_dir = submit(
+                write_spec(tmp_path, "llmapi-drain", tiny_gpt2, tp=2, nodes=2, workflow="llmapi", env=paced)
+            )
+            deploy = Path(job_dir).parent.parent
+            (endpoint,) = status(job)["endpoints"]
+            token = (deploy / "access_token").read_text().strip()
+            paths = JobPaths(deploy, job)
+
+            def sigterm_sent() -> str:
+                logs = "\n".join(p.read_text() for p in paths.rank_logs("err"))
+                return next((line for line in logs.splitlines() if "sending SIGTERM to tritonserver" in line), "")
+
+            client = grpc_client(endpoint)
+            events: queue.Queue = queue.Queue()
+
+            def arrived(result, error) -> None:  # whether the SIGTERM was sent, read as each response arrives
+                events.put((result, error, bool(sigterm_sent())))
+
+            client.start_stream(callback=arrived, headers=token_headers(token))
+            request = inputs(PROMPT, LONG // 2, streaming=flag(), sampling_param_ignore_eos=flag())
+            client.async_stream_infer(MODEL, request, request_id="drain")
+            first, error, _ = events.get(timeout=60)
+            assert error is None, error
+            cancel = subprocess.Popen([*CLI, "cancel", job], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            texts = [text_of(first)]
+            while True:
+                result, error, stopped = events.get(timeout=60)
+                assert error is None, error
+                texts.append(text_of(result))
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    break
+            assert not stopped, "tritonserver was told to stop while a generation was in flight"
+            client.stop_stream()
+            assert len(texts) == LONG // 2, "every token of the generation in flight came"
+            assert cancel.wait(120) == 0, cancel.stdout.read() if cancel.stdout else ""
+            reason = wait_for(sigterm_sent, 60, "the leader's SIGTERM to tritonserver")
+            assert "nothing in flight" in reason and "metrics" in reason, reason
+            wait_for(lambda: status(job)["state"] not in ("READY", "RUNNING", "STOPPING"), 120, "the job to end")
+            records = read_rank_records(paths)
             assert sorted((r.rank, r.exit_code, r.signal) for r in records) == [(0, 0, None), (1, 0, None)]
         finally:
             if job:
