@@ -1,5 +1,5 @@
-"""The gateway and hpc-serve's clients over the llmapi workflow, on the Slurm test cluster: a tp 2 job across node1
-and node2 (rank 0 on node1: leader node and tritonserver; rank 1 on node2: a worker node), its `tensorrt_llm`
+"""The gateway and hpc-serve's clients over the llmapi workflow, on the Slurm test cluster: a tp 1 job, and a tp 2 job
+across node1 and node2 (rank 0 on node1: leader node and tritonserver; rank 1 on node2: a worker node), its `tensorrt_llm`
 model decoupled (the spec's default), `hpc-serve gateway` in front of it. Clients no one here wrote: the `openai`
 package and curl; then `hpc-serve generate` and `hpc.client`, through the gateway and direct to the replica.
 
@@ -34,15 +34,18 @@ LONG = LONG_REQUEST
 STEPS_AFTER_LEAVING = STEPS_AFTER_STOP
 
 
-@pytest.fixture(scope="module")
-def served(slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
-    """{"job", "deploy", "token", "url", "client"}: the READY job and a gateway on it."""
-    folder = tmp_path_factory.mktemp("llmapi-gw")
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def served(request, slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
+    """{"job", "deploy", "token", "url", "client"}: the READY job (tp 1 on one node, or tp 2 across two) and a
+    gateway on it."""
+    tp = request.param
+    folder = tmp_path_factory.mktemp(f"llmapi-gw-tp{tp}")
     job = ""
     with private_job_index(folder):
         try:
             paced = {CPU_MIN_STEP_VAR: str(GPU_PACE_MS)}
-            job, job_dir = submit(write_spec(folder, NAME, tiny_gpt2, tp=2, nodes=2, workflow="llmapi", env=paced))
+            spec = write_spec(folder, NAME, tiny_gpt2, tp=tp, nodes=tp, workflow="llmapi", env=paced)
+            job, job_dir = submit(spec)
             deploy = Path(job_dir).parent.parent
             token = (deploy / "access_token").read_text().strip()
             port, log = free_port(), folder / "gateway.log"
