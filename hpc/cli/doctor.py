@@ -1,6 +1,7 @@
-"""`hpc-serve doctor [SPEC] [--probe] [--write-profile [PATH]]`: is this cluster ready for the spec?
+"""`hpc-serve doctor [SPEC] [--probe] [--serve] [--write-profile [PATH]]`: is this cluster ready for the spec?
 
-Exit 0 when every check passes (warnings allowed), 1 when one fails, 2 for a spec with problems. Without a
+Exit 0 when every check passes (warnings allowed), 1 when one fails, 2 for a spec with problems. `--serve`
+submits the spec and runs a battery against it (hpc/doctor/serve.py); a SPEC is needed for it. Without a
 SPEC the checks are those of hpc-serve in general: the schema's defaults (the default partition, pmix, no
 container, no GPUs, workdir ./runs).
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc.cli.support import EXIT_USAGE, err, load_spec_or_exit
+from hpc.doctor.serve_options import MODEL_CHOICES, SERVE_TIMEOUT_S
 
 if TYPE_CHECKING:
     from hpc.spec import Spec
@@ -35,7 +37,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from hpc.doctor.report import exit_code, print_report, skip
 
     console = Console()
-    spec = load_spec_or_exit(args.spec, preview=True) if args.spec else general_spec()
+    if args.serve and not args.spec:
+        err("--serve needs a SPEC: it submits that spec and runs requests against it")
+        return EXIT_USAGE
+    # --serve submits the spec: loaded as `submit` loads it (model folders must exist)
+    spec = load_spec_or_exit(args.spec, preview=not args.serve) if args.spec else general_spec()
     source = args.spec or "hpc-serve's defaults (no SPEC)"
     checks, facts = login_checks(spec)
     folder = None
@@ -47,6 +53,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
             probe_checks, folder = run_probe(spec, facts, args.probe_timeout, say=console.print)
             checks += probe_checks
+    if args.serve:
+        if any(c.status == "fail" for c in checks):
+            checks.append(skip("serve", "not submitted: fix the failures above first"))
+        else:
+            from hpc.doctor.serve import run_serve
+
+            say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
+            checks += run_serve(spec, args.serve_timeout, args.models, say=say)
     title = f"hpc-serve doctor: {source}" + (f" (Slurm {facts.slurm_version})" if facts.slurm_version else "")
     print_report(checks, title, console)
     code = exit_code(checks)
@@ -86,6 +100,26 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="also submit a tiny job: shared workdir, tritonserver starts, GPUs, TensorRT-LLM version on a node",
     )
     p.add_argument("--probe-timeout", type=float, default=180.0, metavar="S", help="seconds to wait for the probe job")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="also submit the spec (one replica), run a battery of requests against it and cancel it: "
+        "the first run with a new image or cluster",
+    )
+    p.add_argument(
+        "--serve-timeout",
+        type=float,
+        default=SERVE_TIMEOUT_S,
+        metavar="S",
+        help="--serve: seconds the job may take to be READY (queue included) before it is cancelled",
+    )
+    p.add_argument(
+        "--models",
+        choices=MODEL_CHOICES,
+        default="spec",
+        help="--serve: the llmapi model(s) to run the battery on: the spec's, hpc-serve's, the image's, or both "
+        "in turn (backend tensorrtllm; backend cpu has only hpc-serve's)",
+    )
     p.add_argument(
         "--write-profile",
         nargs="?",

@@ -3,5 +3,7 @@ what is missing.
 
 One module per concern: `parse` (what Slurm's commands print), `login` (the checks from the login node),
 `probe` and `node` (the `--probe` job and what it runs on a compute node), `report` (the checks' results and
-the rich table), `profile` (`--write-profile`), `verdicts` (the probe job's checks), `cli` (the command).
+the rich table), `profile` (`--write-profile`), `verdicts` (the probe job's checks), `serve` and `battery`
+(`--serve`: a job of the spec, the requests against it, its ordered stop; `serve_options` its CLI defaults),
+`cli` (the command).
 """

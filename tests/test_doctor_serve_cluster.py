@@ -1,0 +1,67 @@
+"""`hpc-serve doctor SPEC --serve` on the Slurm test cluster, on a tp 2 llmapi CPU spec across node1 and node2
+(the embedded default's model on the launch a GPU cluster runs): every row ok and exit 0; a job that cannot be
+READY within the bound exits 1; Ctrl-C while the job runs cancels it. Each time, no job of it is left."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+
+import pytest
+
+from tests.e2e import CLI, cli, private_job_index, wait_for, write_spec
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
+ROWS = ("ready", "unary", "streamed", "stop string", "ignore_eos length", "client gone", "16 concurrent",
+        "bad request", "engine metrics", "ordered stop")  # fmt: skip
+
+
+@pytest.fixture
+def doctor_spec(slurm_cluster, tritonserver, tiny_gpt2, tmp_path, monkeypatch):
+    """(spec path, the name its doctor job runs under) of a tp 2 llmapi spec across node1/node2."""
+    monkeypatch.setenv("COLUMNS", "400")  # one line per row
+    with private_job_index(tmp_path):
+        yield write_spec(tmp_path, "dserve", tiny_gpt2, tp=2, nodes=2, workflow="llmapi"), "dserve-doctor"
+
+
+def jobs_named(name: str) -> list[str]:
+    """`squeue`'s lines of the jobs of that name (queued or running)."""
+    out = subprocess.run(["squeue", "-h", "--name", name, "-o", "%i %T"], capture_output=True, text=True).stdout
+    return out.split("\n") if out.strip() else []
+
+
+def test_serve_passes_on_tp2_across_two_nodes_and_leaves_no_job(doctor_spec):
+    spec, name = doctor_spec
+    proc = cli("doctor", str(spec), "--serve", "--serve-timeout", "150", timeout=280, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for row in ROWS:
+        assert re.search(rf"│ {re.escape(row)}\s+│ ok ", out), f"{row} not ok:\n{out}"
+    assert "FAIL" not in out and not jobs_named(name)
+
+
+def test_a_job_not_ready_within_the_bound_fails_and_is_cancelled(doctor_spec):
+    spec, name = doctor_spec
+    proc = cli("doctor", str(spec), "--serve", "--serve-timeout", "0", timeout=200, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert re.search(r"│ ready\s+│ fail .*after 0 s; cancelled", out), out
+    assert not jobs_named(name)
+
+
+def test_ctrl_c_while_the_job_runs_cancels_it(doctor_spec):
+    spec, name = doctor_spec
+    proc = subprocess.Popen([*CLI, "doctor", str(spec), "--serve"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: any(line.endswith("RUNNING") for line in jobs_named(name)), 120, "the job RUNNING", 0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out.decode(errors="replace")
+    assert proc.returncode == 130, text
+    assert "cancelling job" in text, text
+    # the cancel returned once Slurm said the job ended; squeue may list it COMPLETING a moment longer
+    wait_for(lambda: not jobs_named(name), 10, "squeue without the job", 0.2)
