@@ -33,6 +33,8 @@ TRITON_CONFIG = "triton_config"
 DECOUPLED_LINE = "  decoupled: true\n"
 
 
+#: the template's first output line: hpc-serve's model's own output goes after it
+FIRST_OUTPUT_LINE = '  { name: "text_output" data_type: TYPE_STRING dims: [-1] },\n'
 #: the template's last input line: hpc-serve's model's own inputs go before it
 LAST_INPUT_LINE = '  { name: "stop" data_type: TYPE_BOOL dims: [ 1 ] optional: true }\n'
 
@@ -41,15 +43,17 @@ def config_text(decoupled: bool = True, own_inputs: bool = False) -> str:
     """The `tensorrt_llm/config.pbtxt` text; `decoupled` is model.yaml's `triton_config.decoupled`, written into
     the file because tritonserver runs with --disable-auto-complete-config (which ignores model.yaml);
     `own_inputs`: declare hpc-serve's model's inputs beyond upstream's (the image's model would ignore them)."""
-    from backend.models.llmapi_io import OWN_INPUTS
+    from backend.models.llmapi_io import KV_EVENTS_OUTPUT, KV_EVENTS_SINCE, OWN_INPUTS
 
     text = TEMPLATE.read_text(encoding="utf-8")
     if own_inputs:
+        kinds = [*((name, kind) for name, (kind, _) in OWN_INPUTS.items()), (KV_EVENTS_SINCE, "TYPE_INT64")]
         lines = "".join(
-            f'  {{ name: "{name}" data_type: {kind} dims: [ 1 ] optional: true }},\n'
-            for name, (kind, _) in OWN_INPUTS.items()
+            f'  {{ name: "{name}" data_type: {kind} dims: [ 1 ] optional: true }},\n' for name, kind in kinds
         )
         text = text.replace(LAST_INPUT_LINE, "  ## hpc-serve's model only ##\n" + lines + LAST_INPUT_LINE, 1)
+        output = f'  {{ name: "{KV_EVENTS_OUTPUT}" data_type: TYPE_STRING dims: [ -1 ] }},\n'
+        text = text.replace(FIRST_OUTPUT_LINE, FIRST_OUTPUT_LINE + output, 1)
     return text if decoupled else text.replace(DECOUPLED_LINE, DECOUPLED_LINE.replace("true", "false"), 1)
 
 

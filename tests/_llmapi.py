@@ -74,7 +74,12 @@ class Job:
 
 def repository(tmp: Path, checkpoint: str, tp: int = 1) -> Path:
     """`tensorrt_llm` (decoupled, cancellation polled every 10 ms) and `tensorrt_llm_unary` (decoupled false)."""
-    args = {"model": checkpoint, "tensor_parallel_size": tp, "max_batch_size": 4}
+    args = {
+        "model": checkpoint,
+        "tensor_parallel_size": tp,
+        "max_batch_size": 4,
+        "kv_cache_config": {"event_buffer_max_size": 256},  # the KV-cache events request (hpc-serve's model)
+    }
     out = tmp / "repo"
     write_llmapi_repository(out, {**args, "triton_config": {"cancellation_check_period_ms": 10}})
     write_llmapi_repository(tmp / "unary", {**args, "triton_config": {"decoupled": False}})

@@ -122,11 +122,12 @@ def test_the_engines_iteration_stats_are_triton_metrics(job):
     counter = ("nv_trt_llm_general_metrics", "iteration_counter")
 
     def reading(family_kind: tuple[str, str]) -> float | None:
+        """The gauge of the model the request went to (each model instance has its LLM and its own gauges)."""
         family, kind = family_kind
         found = [
-            v
-            for (name, labels), v in prometheus_samples(url).items()
-            if name == family and kind in dict(labels).values()
+            value
+            for (name, labels), value in prometheus_samples(url).items()
+            if name == family and kind in dict(labels).values() and dict(labels).get("model") == UNARY
         ]
         return found[0] if found else None
 
@@ -134,6 +135,31 @@ def test_the_engines_iteration_stats_are_triton_metrics(job):
     assert reading(("nv_trt_llm_request_metrics", "active")) == 0
     assert reading(("nv_trt_llm_kv_cache_block_metrics", "max")) >= 1
     assert reading(("nv_trt_llm_kv_cache_block_metrics", "tokens_per")) == 32
+
+
+def test_kv_cache_events_come_on_request_after_an_event_id(job, tiny_gpt2):
+    """hpc-serve's model keeps the LLM's KV-cache events (model.yaml kv_cache_config.event_buffer_max_size) and
+    answers `kv_cache_events_since` with those after that event id, one JSON list, for routers that follow what
+    each replica holds: a prompt of two full blocks is stored as two chained blocks with its tokens."""
+    import json
+
+    from backend.models.tokenizer import load_tokenizer
+
+    def events_after(since: int) -> list[dict]:
+        asked = inputs("", None, kv_cache_events_since=np.array([since], np.int64))
+        return json.loads(grpc(job).infer(UNARY, asked).as_numpy("kv_cache_events")[0])
+
+    last = max((e["event_id"] for e in events_after(-1)), default=-1)
+    prompt = " ".join(f"w{i}" for i in range(60))
+    ids = load_tokenizer(tiny_gpt2).encode(prompt)
+    assert len(ids) > 64, "two full blocks of 32"
+    _greedy(job, prompt, max_tokens=1)
+    new = wait_for(lambda: events_after(last), 30, "the prompt's KV-cache events")
+    stored = [e["data"] for e in new if e["data"]["type"] == "stored"]
+    assert stored and stored[0]["parent_hash"] is None
+    blocks = [b for s in stored for b in s["blocks"]]
+    assert [t["token_id"] for t in blocks[0]["tokens"]] == ids[:32]
+    assert events_after(max(e["event_id"] for e in new)) == [], "nothing after the newest"
 
 
 def test_cancel_sequence_like_test_llmapi_cancel(job):

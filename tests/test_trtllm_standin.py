@@ -171,7 +171,7 @@ def test_iteration_stats_come_as_upstreams_dicts_once_per_new_iteration(trtllm, 
     llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=3))
 
     async def read() -> list[dict]:
-        return [s async for s in llm.get_stats_async(2)]
+        return [s async for s in llm.get_stats_async(0.3)]
 
     (stats,) = _run(read())
     assert stats["iter"] >= 3 and stats["numActiveRequests"] == 0 and stats["numQueuedRequests"] == 0
@@ -179,7 +179,7 @@ def test_iteration_stats_come_as_upstreams_dicts_once_per_new_iteration(trtllm, 
     assert _run(read()) == [], "nothing new: upstream yields nothing until the next iteration"
     with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=2) as quiet:
         quiet.generate(PROMPT, trtllm.SamplingParams(max_tokens=2))
-        assert quiet.get_stats(2) == [], "without enable_iter_perf_stats the PyTorch backend keeps none"
+        assert quiet.get_stats(0.3) == [], "without enable_iter_perf_stats the PyTorch backend keeps none"
 
 
 def test_more_than_one_rank_needs_the_launch(trtllm, tiny_gpt2):
@@ -192,3 +192,53 @@ def test_shutdown_is_final(trtllm, tiny_gpt2):
     llm.shutdown()
     with pytest.raises(RuntimeError, match="shutting down or has already been shut down"):
         llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=2))
+
+
+# ------------------------------------------------------------------------------------------------ KV-cache events
+def test_kv_cache_events_follow_the_cached_blocks_in_upstreams_shape(trtllm, tiny_gpt2):
+    """kv_cache_config.event_buffer_max_size > 0 with block reuse: "created", then "stored" for a prompt's new full
+    blocks (chained by parent_hash, with their tokens), nothing for a prompt found whole in the cache, "removed"
+    when blocks are evicted; reading before any request is upstream's AssertionError."""
+    kv = {"event_buffer_max_size": 64, "tokens_per_block": 4, "max_tokens": 48}
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=2, kv_cache_config=kv) as llm:
+        with pytest.raises(AssertionError, match="KV Event IterationResult is not properly instantiated"):
+            llm.get_kv_cache_events(0.1)
+        prompt = list(range(10, 19))  # 9 tokens: 2 full blocks of 4 (the last token is always computed)
+        llm.generate(prompt, trtllm.SamplingParams(max_tokens=1, end_id=-1))
+        events = llm.get_kv_cache_events(0.2)
+        assert [e["data"]["type"] for e in events] == ["created", "stored"]
+        assert [e["event_id"] for e in events] == [0, 1] and events[0]["window_size"] >= 9
+        stored = events[1]["data"]
+        assert stored["parent_hash"] is None
+        assert [[t["token_id"] for t in b["tokens"]] for b in stored["blocks"]] == [prompt[:4], prompt[4:8]]
+        llm.generate(prompt, trtllm.SamplingParams(max_tokens=1, end_id=-1))
+        assert llm.get_kv_cache_events(0.2) == [], "found whole in the cache: nothing new is stored"
+        longer = [*prompt[:8], 40, 41, 42, 43, 44]
+        llm.generate(longer, trtllm.SamplingParams(max_tokens=1, end_id=-1))
+        (more,) = llm.get_kv_cache_events(0.2)
+        assert more["data"]["parent_hash"] == stored["blocks"][1]["block_hash"], "chained after the cached prefix"
+        for start in range(100, 160, 12):  # new prompts until the cache must evict
+            llm.generate(list(range(start, start + 9)), trtllm.SamplingParams(max_tokens=1, end_id=-1))
+        kinds = [e["data"]["type"] for e in llm.get_kv_cache_events(0.2)]
+        assert "removed" in kinds and "stored" in kinds
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=2) as quiet:
+        quiet.generate(PROMPT, trtllm.SamplingParams(max_tokens=2))
+        assert quiet.get_kv_cache_events(0.1) == [], "upstream's default event_buffer_max_size is 0: none"
+
+
+def test_stats_run_on_while_the_engine_steps(trtllm, llm):
+    """upstream's IterationResult: `async for` over get_stats_async yields each new iteration until none came for
+    `timeout` seconds, so a reader that waits for the loop to end sees nothing while requests run."""
+
+    async def during() -> tuple[int, bool]:
+        result = llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=60, ignore_eos=True), streaming=True)
+        seen, active = 0, False
+        async for stats in llm.get_stats_async(0.5):
+            seen += 1
+            active = active or stats["numActiveRequests"] == 1
+            if seen == 3:
+                break
+        await result.aresult()
+        return seen, active
+
+    assert _run(during()) == (3, True)

@@ -54,6 +54,7 @@ class Engine:
         heartbeat_s: float = 1.0,
         min_step_s: float = 0.0,
         block_reuse: bool = False,
+        on_kv_event: Callable[[dict], None] | None = None,
     ) -> None:
         if shard is None:
             if model_dir is None:
@@ -72,7 +73,8 @@ class Engine:
         self.budget = KVBudget(max_tokens_in_kv_cache, block_size)
         self.scheduler = Scheduler(self.budget, self.max_batch_size, max_seq)
         #: KV blocks kept for later prompts (prefix_cache.py; kv_cache_config.enable_block_reuse), None: off
-        self.reuse = PrefixReuse(block_size) if block_reuse else None
+        #: on_kv_event: each change of those blocks, as TensorRT-LLM's KV-cache event data (engine thread)
+        self.reuse = PrefixReuse(block_size, on_kv_event) if block_reuse else None
         self.heartbeat_s = heartbeat_s
         #: the least time a step takes on the engine thread (the `min_step_ms` parameter: a GPU's pace)
         self.min_step_s = min_step_s

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +80,11 @@ class BlockIndex:
         for key in reversed(keys):  # used now, a block's prefix last: eviction takes a chain from its end
             self._blocks.move_to_end(key)
         return reuse
+
+    def block_at(self, prompt: Sequence[int] | np.ndarray, position: int) -> int | None:
+        """The id of `prompt`'s block at `position`, if cached."""
+        keys = self._keys(prompt)
+        return self._blocks.get(keys[position]) if 0 <= position < len(keys) else None
 
     def evict_to(self, capacity: int, keep: Sequence[int] = ()) -> list[int]:
         """Evict least recently used blocks until at most `capacity` remain (never one of `keep`: the blocks the
@@ -139,13 +144,40 @@ class StepBlocks:
     drops: list[int]
 
 
+def stored_event(parent: int | None, blocks: Sequence[tuple[int, Sequence[int] | np.ndarray]]) -> dict:
+    """TensorRT-LLM's KV-cache event data for blocks kept (KVCacheEventSerializer's "stored"): each block's hash (its
+    id here) and tokens, chained from `parent` (the block before the first, None at a prompt's start)."""
+    return {
+        "type": "stored",
+        "parent_hash": parent,
+        "blocks": [
+            {
+                "type": "stored_block",
+                "block_hash": block,
+                "tokens": [{"type": "unique_token", "token_id": int(t), "token_extra_id": 0} for t in tokens],
+                "cache_level": 0,
+                "priority": 35,
+            }
+            for block, tokens in blocks
+        ],
+    }
+
+
+def removed_event(blocks: Sequence[int]) -> dict:
+    """TensorRT-LLM's KV-cache event data for blocks evicted ("removed")."""
+    return {"type": "removed", "block_hashes": list(blocks)}
+
+
 class PrefixReuse:
     """The leader's block reuse: places each admitted prompt in the index and makes the step's block work; after a
-    failed step (the ranks may not have kept its blocks) it forgets every block and has the ranks drop them."""
+    failed step (the ranks may not have kept its blocks) it forgets every block and has the ranks drop them.
+    `on_event`: each change of the cached blocks as TensorRT-LLM's KV-cache event data (kv_cache_config's
+    event_buffer_max_size), for routers that follow what each replica holds."""
 
-    def __init__(self, tokens_per_block: int) -> None:
+    def __init__(self, tokens_per_block: int, on_event: Callable[[dict], None] | None = None) -> None:
         self.index = BlockIndex(tokens_per_block)
         self._forgotten: list[int] = []
+        self.on_event = on_event
 
     @property
     def tokens_per_block(self) -> int:
@@ -161,6 +193,8 @@ class PrefixReuse:
         busy = [b for r in placed for b in [*r.found, *(block for _, block in r.keep)]]
         drops = [*self._forgotten, *self.index.evict_to(free_blocks, keep=busy)]
         self._forgotten = []
+        if self.on_event is not None:
+            self._events(prompts, placed, drops)
         blocks = StepBlocks(
             prefills=[(slot, ids[r.start :]) for (slot, ids), r in zip(prompts, placed, strict=True)],
             starts=[r.start for r in placed],
@@ -169,6 +203,18 @@ class PrefixReuse:
             drops=drops,
         )
         return blocks, placed
+
+    def _events(self, prompts: Sequence[tuple[int, np.ndarray]], placed: list[Reuse], drops: list[int]) -> None:
+        assert self.on_event is not None
+        bs = self.tokens_per_block
+        if drops:
+            self.on_event(removed_event(drops))
+        for (_, ids), reuse in zip(prompts, placed, strict=True):
+            kept = [(block, ids[p * bs : (p + 1) * bs]) for p, block in reuse.keep]
+            if kept:
+                first = reuse.keep[0][0]
+                parent = self.index.block_at(ids, first - 1) if first > 0 else None
+                self.on_event(stored_event(parent, kept))
 
     def forget(self) -> None:
         """A step failed: no block is trusted any more; the next plan drops them all on every rank."""

@@ -19,6 +19,7 @@ finalize awaits the requests in flight, then shuts the LLM down.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import os
@@ -30,10 +31,12 @@ import numpy as np
 
 from backend.models.engine_metrics import EngineMetrics
 from backend.models.llmapi_io import (
+    KV_EVENTS_OUTPUT,
     Completion,
     InputError,
     LlmRequest,
     is_stop,
+    kv_events_since,
     parse_request,
     response_arrays,
 )
@@ -45,9 +48,13 @@ CANCELLED = "Request cancelled by client"
 NO_REQUEST_ID = "A request id must be provided for request cancellation"
 #: how often finalize says how many requests it still awaits (upstream logs it every second)
 AWAIT_LOG_S = 1.0
-#: how often the engine's iteration stats are read into the metrics (and how long one read may wait)
+#: how often the engine's iteration stats are set into the metrics (the LLM yields one per iteration while it
+#: steps), and how long a read waits for a new one before it starts again
 STATS_PERIOD_S = 0.2
 STATS_TIMEOUT_S = 1.0
+KV_EVENTS_OFF = (
+    "KV-cache events are off: set llm_api.kv_cache_config.event_buffer_max_size above 0 (with enable_block_reuse)"
+)
 
 
 def read_model_yaml(model_dir: str) -> dict[str, Any]:
@@ -141,7 +148,14 @@ class TritonPythonModel:
         self.metrics: EngineMetrics | None = None
         if llm_args["enable_iter_perf_stats"]:
             self.metrics = EngineMetrics(pb_utils, args["model_name"], args["model_version"], None)
-            self._stats_task = asyncio.run_coroutine_threadsafe(self._read_stats(), self.loop)
+        kv = llm_args.get("kv_cache_config") or {}
+        kept = int(kv.get("event_buffer_max_size", 0) or 0) if isinstance(kv, dict) else 0
+        #: the latest KV-cache events (kv_cache_config.event_buffer_max_size of them), for `kv_cache_events_since`
+        self.kv_events: collections.deque[dict[str, Any]] | None = (
+            collections.deque(maxlen=kept) if kept > 0 and kv.get("enable_block_reuse", True) else None
+        )
+        #: the stats and events readers start with the first request: before it, the LLM has neither to give
+        self._readers_started = False
         self._cancel_thread = threading.Thread(target=self._cancellation_loop, name="llmapi-cancel", daemon=True)
         self._cancel_thread.start()
         import tensorrt_llm
@@ -162,6 +176,10 @@ class TritonPythonModel:
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
             if is_stop(inputs):
                 self._stop(request, sender)
+                return
+            since = kv_events_since(inputs)
+            if since is not None:
+                self._send_kv_events(sender, since)
                 return
             params = parse_request(inputs)
             if params.streaming and not self.decoupled:
@@ -203,6 +221,26 @@ class TritonPythonModel:
             self._abort(live)
         self._send_cancelled(sender)
 
+    def _send_kv_events(self, sender: Any, since: int) -> None:
+        """The KV-cache events after event id `since` that the model still keeps, as one JSON list."""
+        if self.kv_events is None:
+            raise InputError(KV_EVENTS_OFF)
+        events = [e for e in list(self.kv_events) if int(e.get("event_id", -1)) > since]
+        tensor = pb_utils.Tensor(KV_EVENTS_OUTPUT, np.array([json.dumps(events).encode()], dtype=np.object_))
+        sender.send(
+            pb_utils.InferenceResponse(output_tensors=[tensor]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        )
+
+    def _start_readers(self) -> None:
+        """The stats and KV-cache events readers, once (the first request made the LLM's iteration results)."""
+        if self._readers_started:
+            return
+        self._readers_started = True
+        if self.metrics is not None:
+            asyncio.run_coroutine_threadsafe(self._read_stats(), self.loop)
+        if self.kv_events is not None:
+            asyncio.run_coroutine_threadsafe(self._read_kv_events(), self.loop)
+
     def _submit(self, request: Any, sender: Any, params: LlmRequest) -> None:
         live = _Live(next(self._ids), request, sender, params, request.request_id() or "")
         with self._lock:
@@ -217,6 +255,7 @@ class TritonPythonModel:
             live.output = self.llm.generate_async(
                 live.params.prompt, sampling_params(live.params), streaming=live.params.streaming
             )
+            self._start_readers()
             if live.done:  # aborted while it was being submitted
                 live.output.abort()
             async for output in live.output:
@@ -299,17 +338,36 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ stats, cancellation
     async def _read_stats(self) -> None:
-        """The engine's iteration stats into the metrics, the latest of each read."""
+        """The engine's iteration stats into the metrics: the LLM yields one per iteration for as long as it steps
+        (a read ends only after STATS_TIMEOUT_S without one), so the gauges are set from within the read, at most
+        every STATS_PERIOD_S, and with the last one when it ends."""
         assert self.metrics is not None
+        loop = asyncio.get_running_loop()
         while not self._shutdown.is_set():
-            latest = None
+            latest, set_at = None, 0.0
             try:
                 async for stats in self.llm.get_stats_async(STATS_TIMEOUT_S):
                     latest = stats
+                    if loop.time() - set_at >= STATS_PERIOD_S:
+                        self.metrics.update_from_iteration(stats)
+                        latest, set_at = None, loop.time()
             except Exception as e:  # noqa: BLE001 - the metrics go stale; requests are not affected
                 pb_utils.Logger.log_warn(f"[trtllm] could not read the engine's stats: {type(e).__name__}: {e}")
+                await asyncio.sleep(STATS_TIMEOUT_S)
             if latest is not None:
                 self.metrics.update_from_iteration(latest)
+            await asyncio.sleep(STATS_PERIOD_S)
+
+    async def _read_kv_events(self) -> None:
+        """The engine's KV-cache events into `kv_events`, as they come."""
+        assert self.kv_events is not None
+        while not self._shutdown.is_set():
+            try:
+                async for event in self.llm.get_kv_cache_events_async(STATS_TIMEOUT_S):
+                    self.kv_events.append(event)
+            except Exception as e:  # noqa: BLE001 - routers see no new events; requests are not affected
+                pb_utils.Logger.log_warn(f"[trtllm] could not read the KV-cache events: {type(e).__name__}: {e}")
+                await asyncio.sleep(STATS_TIMEOUT_S)
             await asyncio.sleep(STATS_PERIOD_S)
 
     def _cancellation_loop(self) -> None:

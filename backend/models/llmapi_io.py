@@ -36,6 +36,9 @@ OWN_INPUTS = {
     "sampling_param_min_tokens": ("TYPE_INT32", "min_tokens"),
     "sampling_param_repetition_penalty": ("TYPE_FP32", "repetition_penalty"),
 }
+#: hpc-serve's model's KV-cache events request: `kv_cache_events_since` (the last event id the caller has; the
+#: events after it come back as one JSON list in `kv_cache_events`), for routers that follow each replica's cache
+KV_EVENTS_SINCE, KV_EVENTS_OUTPUT = "kv_cache_events_since", "kv_cache_events"
 #: perf outputs in the order upstream appends them
 PERF_OUTPUTS = (
     "kv_cache_reused_block",
@@ -107,6 +110,13 @@ def _text(value: object, name: str) -> str:
         except UnicodeDecodeError as e:
             raise InputError(f"input '{name}' is not valid UTF-8 text ({e}); send the text UTF-8 encoded") from None
     return str(value)
+
+
+def kv_events_since(inputs: Mapping[str, np.ndarray]) -> int | None:
+    """The event id after which a KV-cache events request wants the events (-1: all kept), None for any other
+    request."""
+    value = scalar(inputs, KV_EVENTS_SINCE)
+    return None if value is None else int(value)  # type: ignore[call-overload]
 
 
 def is_stop(inputs: Mapping[str, np.ndarray]) -> bool:

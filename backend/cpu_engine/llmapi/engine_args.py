@@ -20,7 +20,7 @@ from backend.cpu_engine.prefix_cache import DEFAULT_TOKENS_PER_BLOCK
 #: per request in numpy
 DEFAULT_MAX_BATCH_SIZE = 8
 USED = ("model", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_seq_len", "kv_cache_config")
-KV_USED = ("max_tokens", "enable_block_reuse", "tokens_per_block")
+KV_USED = ("max_tokens", "enable_block_reuse", "tokens_per_block", "event_buffer_max_size")
 #: read by the model (backend/models/llmapi.py), not the engine
 MODEL_SIDE = ("tokenizer", "backend", "gpus_per_node", "trust_remote_code")
 
@@ -47,6 +47,9 @@ class EngineArgs:
     #: kv_cache_config.enable_block_reuse / tokens_per_block (KvCacheConfig's defaults in TensorRT-LLM's llm_args.py)
     block_reuse: bool = True
     tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK
+    #: kv_cache_config.event_buffer_max_size: KV-cache events kept for `get_kv_cache_events` (0: none, upstream's
+    #: default; events need block reuse too)
+    kv_event_buffer: int = 0
 
 
 def _int(args: Mapping[str, Any], key: str, default: int | None) -> int | None:
@@ -55,6 +58,13 @@ def _int(args: Mapping[str, Any], key: str, default: int | None) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise EngineArgsError(f"model.yaml: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _count(args: Mapping[str, Any], key: str) -> int:
+    value = args.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise EngineArgsError(f"model.yaml: kv_cache_config.{key} must be an integer >= 0, got {value!r}")
     return value
 
 
@@ -103,4 +113,5 @@ def engine_args(llm_args: Mapping[str, Any], world_size: int) -> EngineArgs:
         ignored=ignored,
         block_reuse=reuse,
         tokens_per_block=_int(kv, "tokens_per_block", DEFAULT_TOKENS_PER_BLOCK) or DEFAULT_TOKENS_PER_BLOCK,
+        kv_event_buffer=_count(kv, "event_buffer_max_size"),
     )

@@ -15,6 +15,7 @@ if the release's leader node ends with its client (`stop_on_disconnect`), or on 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import logging
 import os
@@ -83,6 +84,11 @@ class LeaderNode:
         self._told_workers = False
         self._connections = itertools.count(1)
         self.stop = threading.Event()
+        #: KV-cache events not yet read (kv_cache_config.event_buffer_max_size of them at most, oldest dropped)
+        self.kv_events: collections.deque[dict[str, Any]] | None = None
+        self._kv_event_ids = itertools.count()
+        self._kv_lock = threading.Lock()
+        self._window = 0  # the attention window the events name: the model's context
 
     # ------------------------------------------------------------------ connections
     def serve(self, channel: p.Channel) -> None:
@@ -103,6 +109,8 @@ class LeaderNode:
                         self.engine.cancel(scope + message.request_id)
                 elif isinstance(message, p.StatsQuery):
                     channel.send(self.stats())
+                elif isinstance(message, p.KvEventsQuery):
+                    channel.send(self.take_kv_events())
                 elif isinstance(message, p.Shutdown):
                     log.info("leader node: the model unloads; stopping")
                     self.stop.set()
@@ -143,6 +151,10 @@ class LeaderNode:
             self._told_workers = True
             self.comm.bcast_obj(args.load)  # the workers load their shards meanwhile (worker_node.py)
         shard = load_shard(args.load.model, self.comm, args.load.max_batch_size, args.load.max_seq_len)
+        events = args.kv_event_buffer > 0 and args.block_reuse
+        if events:
+            self.kv_events = collections.deque(maxlen=args.kv_event_buffer)
+            self._window = shard.max_seq_len
         engine = Engine(
             shard=shard,
             max_batch_size=args.load.max_batch_size,
@@ -150,7 +162,10 @@ class LeaderNode:
             block_size=args.tokens_per_block,
             block_reuse=args.block_reuse,
             min_step_s=self.min_step_s,
+            on_kv_event=self._kv_event if events else None,
         )
+        if events:
+            self._kv_event({"type": "created", "num_blocks_per_cache_level": [engine.budget.max_blocks, 0]})
         engine.start()
         self.engine = engine
         log.info(
@@ -225,6 +240,20 @@ class LeaderNode:
                 pass
 
         return on_output
+
+    def _kv_event(self, data: dict[str, Any]) -> None:
+        """One KV-cache event in TensorRT-LLM's envelope, kept until read (engine thread)."""
+        with self._kv_lock:
+            if self.kv_events is not None:
+                self.kv_events.append({"event_id": next(self._kv_event_ids), "data": data, "window_size": self._window})
+
+    def take_kv_events(self) -> p.KvEvents:
+        with self._kv_lock:
+            if self.kv_events is None:
+                return p.KvEvents([])
+            events = list(self.kv_events)
+            self.kv_events.clear()
+        return p.KvEvents(events)
 
     def stats(self) -> p.Stats:
         if self.engine is None:

@@ -12,7 +12,8 @@ can come off the wire).
 
 Conversation: the model connects, sends `Load` (model.yaml's LLM arguments) and gets `Loaded` or `LoadFailed`;
 then `Submit`s, `Abort`s and, at unload, `Shutdown`. The leader answers each submitted request with `Output`s:
-one per engine step that made tokens when streaming, else one final. `StatsQuery` → `Stats` (any connection).
+one per engine step that made tokens when streaming, else one final. `StatsQuery` → `Stats`, `KvEventsQuery` →
+`KvEvents` (any connection).
 """
 
 from __future__ import annotations
@@ -131,6 +132,19 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class KvEventsQuery:
+    pass
+
+
+@dataclass(frozen=True)
+class KvEvents:
+    """The KV-cache events since the last query (TensorRT-LLM's envelope: event_id, data, window_size), oldest first;
+    none when the LLM keeps none (kv_cache_config.event_buffer_max_size 0, or no block reuse)."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Perf:
     """A request's perf metrics as TensorRT-LLM reports them (RequestPerfMetrics): its timestamps, and its prompt's
     KV blocks found in the engine's cache (reused, copied instead of computed: prefix_cache.py) or not (missed)."""
@@ -164,7 +178,21 @@ class Output:
 
 MESSAGES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Load, Loaded, LoadFailed, Submit, Abort, Shutdown, StatsQuery, Stats, Output, Sampling, Perf)
+    for cls in (
+        Load,
+        Loaded,
+        LoadFailed,
+        Submit,
+        Abort,
+        Shutdown,
+        StatsQuery,
+        Stats,
+        KvEventsQuery,
+        KvEvents,
+        Output,
+        Sampling,
+        Perf,
+    )
 }
 #: fields that hold another message type (decoded into it)
 _NESTED = {(Submit, "sampling"): Sampling, (Output, "perf"): Perf}

@@ -14,6 +14,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from multiprocessing import Pipe
 from typing import Any
@@ -28,6 +29,13 @@ from .tokenizer import TransformersTokenizer, tokenizer_factory
 
 log = logging.getLogger("tensorrt_llm")
 RequestOutput = GenerationResult
+#: how often a stats or events read asks the engine again while it waits for a new item
+ITEM_POLL_S = 0.05
+
+
+async def _empty() -> AsyncIterator[dict[str, Any]]:
+    return
+    yield  # an async generator that yields nothing
 
 
 class LLM:
@@ -54,9 +62,11 @@ class LLM:
         self._ids = itertools.count(1)
         self._results: dict[int, GenerationResult] = {}
         self._lock = threading.Lock()
-        self._stats: list[p.Stats] = []
-        self._stats_reply = threading.Condition(self._lock)
+        self._replies: dict[type, p.Stats | p.KvEvents] = {}
+        self._ask_lock = threading.Lock()
+        self._reply = threading.Condition(self._lock)
         self._last_stats_iteration = 0
+        self._submitted = False  # a request was made: upstream's stats and events exist from then on
         self._shut = False
         self._broken: str | None = None
         self._local: threading.Thread | None = None
@@ -128,6 +138,7 @@ class LLM:
         )
         with self._lock:
             self._results[request_id] = result
+            self._submitted = True
         end_id = None if sampling_params.ignore_eos else sampling_params.end_id
         sampling = p.Sampling(
             max_tokens=sampling_params.max_tokens,
@@ -236,52 +247,100 @@ class LLM:
                         del self._results[request_id]
                 if result is not None:
                     result._deliver(message)
-            elif isinstance(message, p.Stats):
+            elif isinstance(message, p.Stats | p.KvEvents):
                 with self._lock:
-                    self._stats.append(message)
-                    self._stats_reply.notify_all()
+                    self._replies[type(message)] = message
+                    self._reply.notify_all()
 
     def _fail_all(self, reason: str) -> None:
         self._broken = reason
         with self._lock:
             results, self._results = list(self._results.values()), {}
-            self._stats_reply.notify_all()
+            self._reply.notify_all()
         for result in results:
             result._deliver(reason)
 
-    # ------------------------------------------------------------------ stats
-    def _query_stats(self, timeout: float) -> list[dict[str, Any]]:
-        """The iterations since the last read, as upstream's iteration stats (the latest step stands for all:
-        the CPU engine keeps no per-iteration history); nothing when no step ran or the LLM was built without
-        enable_iter_perf_stats."""
-        if not self.args.get("enable_iter_perf_stats") or self._broken:
+    # ------------------------------------------------------------------ stats and KV-cache events
+    def _ask(self, query: p.StatsQuery | p.KvEventsQuery, timeout: float) -> p.Stats | p.KvEvents | None:
+        """One query to the engine and its answer (None: no answer in `timeout`, or the executor is gone)."""
+        kind = p.Stats if isinstance(query, p.StatsQuery) else p.KvEvents
+        with self._ask_lock:  # one query of each kind at a time; a late answer to an earlier one is replaced
+            with self._lock:
+                self._replies.pop(kind, None)
+            try:
+                self._channel.send(query)
+            except OSError:
+                return None
+            with self._lock:
+                if not self._reply.wait_for(lambda: kind in self._replies or bool(self._broken), timeout):
+                    return None
+                return self._replies.pop(kind, None)
+
+    def _new_stats(self, timeout: float) -> list[dict[str, Any]]:
+        """The iterations since the last read, as upstream's iteration stats (the latest step stands for those not
+        read: the CPU engine keeps no per-iteration history)."""
+        if not self.args.get("enable_iter_perf_stats"):
             return []
-        with self._lock:
-            self._stats.clear()
-        try:
-            self._channel.send(p.StatsQuery())
-        except OSError:
-            return []
-        with self._lock:
-            if not self._stats_reply.wait_for(lambda: bool(self._stats) or bool(self._broken), timeout):
-                return []
-            if not self._stats:
-                return []
-            s = self._stats.pop()
-        if s.iterations == self._last_stats_iteration:
+        s = self._ask(p.StatsQuery(), timeout)
+        if not isinstance(s, p.Stats) or s.iterations == self._last_stats_iteration:
             return []
         self._last_stats_iteration = s.iterations
         return [iteration_stats(s)]
 
-    def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:
-        return self._query_stats(timeout)
+    def _new_kv_events(self, timeout: float) -> list[dict[str, Any]]:
+        events = self._ask(p.KvEventsQuery(), timeout)
+        return list(events.events) if isinstance(events, p.KvEvents) else []
 
-    async def _stats_async(self, timeout: float) -> AsyncIterator[dict[str, Any]]:
-        for item in await asyncio.get_running_loop().run_in_executor(None, self._query_stats, timeout):
-            yield item
+    def _gather(self, read: Callable[[float], list[dict[str, Any]]], timeout: float) -> list[dict[str, Any]]:
+        """upstream's IterationResult.get_results: every item that comes, until none came for `timeout` s."""
+        items: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            new = read(timeout)
+            if new:
+                items += new
+                deadline = time.monotonic() + timeout
+            else:
+                time.sleep(ITEM_POLL_S)
+        return items
+
+    async def _iterate(
+        self, read: Callable[[float], list[dict[str, Any]]], timeout: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        """upstream's IterationResult as an async iterator: each item as it comes; the iteration ends once none
+        came for `timeout` seconds (so it runs on while the engine keeps stepping)."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            new = await loop.run_in_executor(None, read, timeout)
+            if not new:
+                await asyncio.sleep(ITEM_POLL_S)
+                continue
+            deadline = time.monotonic() + timeout
+            for item in new:
+                yield item
+
+    def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:
+        return self._gather(self._new_stats, timeout) if self._submitted else []
 
     def get_stats_async(self, timeout: float = 2) -> AsyncIterator[dict[str, Any]]:
-        return self._stats_async(timeout)
+        """Nothing before the first request (upstream prints that the stats are not available yet)."""
+        if not self._submitted:
+            return _empty()
+        return self._iterate(self._new_stats, timeout)
+
+    def _check_kv_events(self) -> None:
+        assert self._submitted, "KV Event IterationResult is not properly instantiated."
+
+    def get_kv_cache_events(self, timeout: float = 2) -> list[dict[str, Any]]:
+        """The KV-cache events since the last read (needs kv_cache_config.event_buffer_max_size > 0 and block
+        reuse, as upstream's docstring says; without them, none)."""
+        self._check_kv_events()
+        return self._gather(self._new_kv_events, timeout)
+
+    def get_kv_cache_events_async(self, timeout: float = 2) -> AsyncIterator[dict[str, Any]]:
+        self._check_kv_events()
+        return self._iterate(self._new_kv_events, timeout)
 
     # ------------------------------------------------------------------ lifetime
     def shutdown(self) -> None:
