@@ -5,6 +5,7 @@ job: tests/test_doctor_serve_cluster.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,7 @@ from tests.e2e import cli
 
 
 def spec(tmp_path: Path, **over) -> Spec:
-    data = {
+    data: dict[str, Any] = {
         "name": "s",
         "workdir": str(tmp_path),
         "model": {"backend": "cpu", "workflow": "llmapi", "checkpoint_dir": str(tmp_path), "tp_size": 2},
@@ -91,9 +92,11 @@ def test_length_verdict():
 
 def test_client_gone_concurrent_bad_request_metrics():
     left, after = Answer(text="x", events=3, left=True), Answer(text="y", events=1)
-    assert gone_verdict(left, True, 0.2, after).status == "ok"
-    assert gone_verdict(left, True, None, after).status == "fail"  # the engine kept the request
-    assert gone_verdict(Answer(text="x", events=9), True, None, after).status == "fail"  # never left
+    assert gone_verdict(left, True, True, 0.2, after).status == "ok"
+    unseen = gone_verdict(left, True, False, 0.0, after)
+    assert unseen.status == "ok" and "never showed" in unseen.detail
+    assert gone_verdict(left, True, True, None, after).status == "fail"  # the engine kept the request
+    assert gone_verdict(Answer(text="x", events=9), True, True, None, after).status == "fail"  # never left
     assert concurrent_verdict([after] * 16, 1.0).status == "ok"
     assert concurrent_verdict([after] * 15 + [None], 1.0).status == "fail"
     named = [("sampling_param_max_tokens", Answer(error="input 'sampling_param_max_tokens' must be at least 1"))]

@@ -46,11 +46,13 @@ REQUEST_TIMEOUT_S = 120.0
 STREAM_TOKENS, STOP_TOKENS, FIXED_TOKENS = 32, 32, 24
 #: the answer a client leaves: long enough to be still generating when it leaves
 LEFT_TOKENS = 512
+#: a client leaves once the engine's gauges show its request, or after this many responses (an engine faster than
+#: the gauges' 0.2 s reading period may have made the whole answer by then), reading them every GAUGE_POLL_S
+LEAVE_EVENTS, GAUGE_POLL_S = 64, 0.05
 #: requests sent at once
 CONCURRENT = 16
-#: how long a left request may hold the engine before the check fails, and how long the engine's gauges may take
-#: to show a request at all (the model reads the engine's stats every 0.2 s: backend/models/llmapi.py)
-IDLE_WAIT_S, BUSY_WAIT_S = 30.0, 10.0
+#: how long a left request may hold the engine before the check fails
+IDLE_WAIT_S = 30.0
 #: the engine families the metrics page must have (the ordered stop's drain reads the first)
 ENGINE_FAMILIES = (ENGINE_REQUEST_FAMILY, ENGINE_KV_CACHE_FAMILY)
 #: what a fix says when the cause is in the replica: its log
@@ -323,17 +325,31 @@ class Battery:
         if not self.replica.decoupled:
             return skip("client gone", "the model is not decoupled (triton.decoupled: false): no stream to leave")
         gauges = self.replica.in_flight() is not None
+        seen, done = threading.Event(), threading.Event()
 
-        def leave(answer: Answer) -> bool:  # once the engine's gauges show the request (or there are none)
-            if not gauges or answer.first_s is None:
-                return answer.first_s is not None
-            return (self.replica.in_flight() or 0) >= 1 or answer.total_s > BUSY_WAIT_S
+        def watch() -> None:  # the gauges, read beside the stream (not between its responses: that slows it)
+            while not done.is_set():
+                try:
+                    if (self.replica.in_flight() or 0) >= 1:
+                        seen.set()
+                        return
+                except OSError:
+                    return
+                done.wait(GAUGE_POLL_S)
 
+        def leave(answer: Answer) -> bool:  # once the gauges show the request, or LEAVE_EVENTS responses in
+            return answer.events >= 1 and (not gauges or seen.is_set() or answer.events >= LEAVE_EVENTS)
+
+        if gauges:
+            threading.Thread(target=watch, name="doctor-gauges", daemon=True).start()
         ignore = None if self.image else True
-        left = self.replica.ask(request(PROMPT, LEFT_TOKENS, streaming=True, ignore_eos=ignore), leave=leave)
+        try:
+            left = self.replica.ask(request(PROMPT, LEFT_TOKENS, streaming=True, ignore_eos=ignore), leave=leave)
+        finally:
+            done.set()
         idle_s = self._idle_after() if gauges and left.left else None
         after = self.replica.ask(request(PROMPT, 8))
-        return gone_verdict(left, gauges, idle_s, after)
+        return gone_verdict(left, gauges, seen.is_set(), idle_s, after)
 
     def _idle_after(self) -> float | None:
         """Seconds until the engine holds nothing (None: not within IDLE_WAIT_S)."""
@@ -467,8 +483,9 @@ def length_verdict(answer: Answer, asked: int, counted: int | None, note: str = 
     return fail(name, f"{found}, but the text is {counted} tokens (the model's tokenizer)", SEE_LOG)
 
 
-def gone_verdict(left: Answer, gauges: bool, idle_s: float | None, after: Answer) -> Check:
-    """The client left mid-stream; the engine idle again (its gauges at 0), and the replica answers on."""
+def gone_verdict(left: Answer, gauges: bool, seen: bool, idle_s: float | None, after: Answer) -> Check:
+    """The client left mid-stream; the engine idle again (its gauges at 0), and the replica answers on. `seen`:
+    the gauges showed the request before the client left (else it was shorter than their reading period)."""
     name = "client gone"
     if left.error is not None:
         return fail(name, f"the stream failed before the client left: {left.error}", SEE_LOG)
@@ -476,7 +493,7 @@ def gone_verdict(left: Answer, gauges: bool, idle_s: float | None, after: Answer
         return fail(
             name,
             f"the answer ended ({left.events} events, {_secs(left.total_s)}) before the client could leave",
-            "not measured: a longer answer is needed (the engine was faster than its gauges); run again",
+            "the model answered in one response: a streamed answer is needed to leave it; " + SEE_LOG,
         )
     found = f"left after {left.events} events ({_secs(left.total_s)})"
     if after.error is not None or not after.text:
@@ -489,7 +506,8 @@ def gone_verdict(left: Answer, gauges: bool, idle_s: float | None, after: Answer
             f"{found}; the engine still held a request {IDLE_WAIT_S:g} s later (metrics' active + waiting)",
             "the model does not abort a request whose client left: " + SEE_LOG,
         )
-    return ok(name, f"{found}; engine idle {_secs(idle_s)} later; answers after")
+    unseen = "" if seen else " (its gauges never showed the request: shorter than their 0.2 s reading period)"
+    return ok(name, f"{found}; engine idle {_secs(idle_s)} later{unseen}; answers after")
 
 
 def concurrent_verdict(answers: Sequence[Answer | None], wall_s: float) -> Check:
