@@ -22,7 +22,7 @@ from hpc.doctor.battery import (
     unary_verdict,
 )
 from hpc.doctor.report import exit_code
-from hpc.doctor.serve import SIGNALLED_WORDS, models_to_run, smallest
+from hpc.doctor.serve import models_to_run, smallest
 from hpc.doctor.serve import stop_verdict as ordered_stop_verdict
 from hpc.jobs.status import JobStatus
 from hpc.spec import Spec
@@ -119,7 +119,7 @@ def test_ordered_stop_verdict_and_exit_code():
         ended, [clean[0], RankExitRecord(rank=1, exit_code=137, signal="SIGKILL")], 2, 100.0, 5, []
     )
     assert killed.status == "fail" and exit_code([good, killed]) == 1
-    signalled = ordered_stop_verdict(ended, clean, 2, 100.0, 5.0, [f"0: {SIGNALLED_WORDS} SIGTERM"])
+    signalled = ordered_stop_verdict(ended, clean, 2, 100.0, 5.0, ["rank 0's leader node: SIGTERM"])
     assert signalled.status == "fail"
     assert ordered_stop_verdict(ended, clean[:1], 2, 100.0, 5.0, []).status == "fail"  # rank 1 wrote nothing
     assert ordered_stop_verdict(JobStatus("7", "CANCELLING"), clean, 2, 100.0, 5.0, []).status == "fail"

@@ -83,7 +83,7 @@ def test_a_leader_node_that_ignores_sigterm_is_ended_with_its_group(tmp_path):
     grandchild = int(node.ring[0])
     node.end_patience = (0.1, 0.2)
     rc = node.end()
-    assert rc == -signal.SIGKILL
+    assert (rc, node.signalled) == (-signal.SIGKILL, "SIGKILL"), "the rank's record says what it took"
     while (fields := _stat_fields(grandchild)) is not None and fields[0] != "Z":  # gone, or dead and not yet reaped
         time.sleep(0.01)
 

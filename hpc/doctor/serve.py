@@ -35,9 +35,6 @@ from launcher.contracts.records import RankExitRecord, read_rank_records
 #: an ordered stop of a replica with nothing in flight should end within this (issue 33: a tp 2 stop across two
 #: nodes in 10 s or less); longer is a warning, not a failure
 STOP_TARGET_S = 10.0
-#: the words launcher/node/llmapi.py `LeaderNode.end` logs when the leader node did not end by itself and is
-#: signalled: no record says it (docs/decisions.md "doctor --serve")
-SIGNALLED_WORDS = "still running; sending"
 #: the suffix of the doctor's deployment name
 NAME_SUFFIX = "-doctor"
 
@@ -207,20 +204,10 @@ def ordered_stop(ref: JobRef, world: int) -> Check:
     status = cancel(ref)
     returned_s = time.time() - asked
     records = read_rank_records(ref.paths)
-    signalled = [
-        f"{path.name}: {line.strip()}"
-        for path in ref.paths.rank_logs("err") + ref.paths.rank_logs("out")
-        for line in _lines(path)
-        if SIGNALLED_WORDS in line
+    signalled = [  # the launcher had to signal a leader node to end it (its rank's record says so)
+        f"rank {r.rank}'s leader node: {r.leader_node_signal}" for r in records if r.leader_node_signal is not None
     ]
     return stop_verdict(status, records, world, asked, returned_s, signalled)
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
 
 
 def stop_verdict(

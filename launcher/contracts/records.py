@@ -210,6 +210,10 @@ class RankExitRecord(Record):
     ended_at: float = 0.0
     error: str | None = None
     cause_rank: int | None = None
+    #: llmapi rank 0: how its leader node ended after tritonserver: its exit code, and the signal the launcher had
+    #: to send it (None: it ended as its release ends it, by itself or `--action stop`; "SIGTERM", "SIGKILL")
+    leader_node_exit: int | None = None
+    leader_node_signal: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -219,7 +223,7 @@ class RankExitRecord(Record):
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
-        for key in ("error", "cause_rank"):
+        for key in ("error", "cause_rank", "leader_node_exit", "leader_node_signal"):
             if data[key] is None:
                 del data[key]  # present only when the launcher gave up, or ended the rank for a peer
         return data

@@ -134,6 +134,8 @@ class LeaderNode:
         self.env = {**engine_env(plan, env), **self.proxy}
         self.version = trtllm_version(self.env)
         self.child: Child | None = None
+        #: the last signal `end` had to send (None: it ended as its release ends it)
+        self.signalled: str | None = None
         #: the rank's log ring: tritonserver's output joins it (run.py passes it to the supervisor's spawn)
         self.ring: collections.deque[str] = collections.deque(maxlen=LOG_RING)
         #: (to end by itself, after SIGTERM) before SIGKILL: see LEADER_NODE_EXIT_S
@@ -194,6 +196,7 @@ class LeaderNode:
         for sig, patience in waits:
             if sig is not None and child.proc.poll() is None:
                 log(f"leader node pid {child.proc.pid} still running; sending {signal.Signals(sig).name} to its group")
+                self.signalled = signal.Signals(sig).name
                 Supervisor.kill_group(child, sig)
             if _wait(child, patience):
                 break

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import time
@@ -331,8 +332,22 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
             return _finish(plan, info, sup, child, rc)
         finally:
             if node is not None:
-                node.end()
+                _record_leader_node(plan, info, node.end(), node.signalled)
     raise AssertionError("unreachable")
+
+
+def _record_leader_node(plan: LaunchPlan, info: RankInfo, exit_code: int | None, signalled: str | None) -> None:
+    """Add how the leader node ended to rank 0's exit record (written before it was ended: the record must not
+    wait), so that `status`, tests and doctor read it from the record rather than from log text."""
+    path = job_paths(plan, info).rank_record(info.job_rank)
+    record = records.RankExitRecord.read(path)
+    if record is None:
+        return
+    ended = dataclasses.replace(record, leader_node_exit=exit_code, leader_node_signal=signalled)
+    try:
+        records.write_json_atomic(path, ended.to_dict())
+    except OSError as exc:
+        log(f"could not add the leader node's end to the rank record: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
