@@ -4,6 +4,7 @@ READY within the bound exits 1; Ctrl-C while the job runs cancels it. Each time,
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -51,17 +52,28 @@ def test_a_job_not_ready_within_the_bound_fails_and_is_cancelled(doctor_spec):
 
 
 def test_ctrl_c_while_the_job_runs_cancels_it(doctor_spec):
+    """SIGINT once the CLI said the job is READY (its battery is then under way): exit 130, the job cancelled."""
     spec, name = doctor_spec
-    proc = subprocess.Popen([*CLI, "doctor", str(spec), "--serve"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [*CLI, "doctor", str(spec), "--serve"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
     try:
-        wait_for(lambda: any(line.endswith("RUNNING") for line in jobs_named(name)), 120, "the job RUNNING", 0.2)
-        proc.send_signal(signal.SIGINT)
+        assert proc.stdout is not None
+        for raw in proc.stdout:  # the CLI's own lines, as it prints them: the event to interrupt at
+            lines.append(raw.decode(errors="replace"))
+            if re.search(r"\d+ READY ", lines[-1]):
+                proc.send_signal(signal.SIGINT)
+                break
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    text = out.decode(errors="replace")
+    text = "".join(lines) + out.decode(errors="replace")
     assert proc.returncode == 130, text
     assert "cancelling job" in text, text
     # the cancel returned once Slurm said the job ended; squeue may list it COMPLETING a moment longer
-    wait_for(lambda: not jobs_named(name), 10, "squeue without the job", 0.2)
+    wait_for(lambda: not jobs_named(name), 60, "squeue without the job", 0.2)

@@ -84,8 +84,10 @@ class LeaderNode:
         self._told_workers = False
         self._connections = itertools.count(1)
         self.stop = threading.Event()
-        #: KV-cache events not yet read (kv_cache_config.event_buffer_max_size of them at most, oldest dropped)
+        #: the latest KV-cache events (kv_cache_config.event_buffer_max_size of them at most, oldest dropped); each
+        #: connection reads those after the last it read (`_kv_read`), so every LLM connected sees every event
         self.kv_events: collections.deque[dict[str, Any]] | None = None
+        self._kv_read: dict[str, int] = {}
         self._kv_event_ids = itertools.count()
         self._kv_lock = threading.Lock()
         self._window = 0  # the attention window the events name: the model's context
@@ -110,7 +112,7 @@ class LeaderNode:
                 elif isinstance(message, p.StatsQuery):
                     channel.send(self.stats())
                 elif isinstance(message, p.KvEventsQuery):
-                    channel.send(self.take_kv_events())
+                    channel.send(self.take_kv_events(scope))
                 elif isinstance(message, p.Shutdown):
                     log.info("leader node: the model unloads; stopping")
                     self.stop.set()
@@ -247,12 +249,15 @@ class LeaderNode:
             if self.kv_events is not None:
                 self.kv_events.append({"event_id": next(self._kv_event_ids), "data": data, "window_size": self._window})
 
-    def take_kv_events(self) -> p.KvEvents:
+    def take_kv_events(self, reader: str = "") -> p.KvEvents:
+        """The events `reader` (a connection) has not read yet, oldest first."""
         with self._kv_lock:
             if self.kv_events is None:
                 return p.KvEvents([])
-            events = list(self.kv_events)
-            self.kv_events.clear()
+            after = self._kv_read.get(reader, -1)
+            events = [e for e in self.kv_events if e["event_id"] > after]
+            if events:
+                self._kv_read[reader] = events[-1]["event_id"]
         return p.KvEvents(events)
 
     def stats(self) -> p.Stats:
