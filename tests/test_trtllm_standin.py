@@ -242,3 +242,15 @@ def test_stats_run_on_while_the_engine_steps(trtllm, llm):
         return seen, active
 
     assert _run(during()) == (3, True)
+
+
+def test_model_yaml_goes_through_update_llm_args_with_extra_dict_as_upstreams_model_does(trtllm, tiny_gpt2):
+    """Sections become their classes, built from the mapping's keys: a misspelt kv_cache_config key fails there."""
+    from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
+
+    args = update_llm_args_with_extra_dict({}, {"model": str(tiny_gpt2), "kv_cache_config": {"tokens_per_block": 16}})
+    assert isinstance(args["kv_cache_config"], trtllm.KvCacheConfig) and args["kv_cache_config"].tokens_per_block == 16
+    with trtllm.LLM(**args) as llm:
+        assert llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=2)).finished
+    with pytest.raises(TypeError, match="tokens_per_blok"):
+        update_llm_args_with_extra_dict({}, {"kv_cache_config": {"tokens_per_blok": 16}})

@@ -123,6 +123,7 @@ class TritonPythonModel:
         global pb_utils
         import triton_python_backend_utils as _pb
         from tensorrt_llm import LLM
+        from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
 
         pb_utils = _pb
         config = json.loads(args["model_config"])
@@ -135,7 +136,11 @@ class TritonPythonModel:
         # the engine's metrics are its iteration stats, which the PyTorch backend keeps only when asked (False
         # by default); model.yaml may still say false
         llm_args.setdefault("enable_iter_perf_stats", True)
-        self.llm = LLM(**llm_args)
+        kv = llm_args.get("kv_cache_config") or {}
+        kept = int(kv.get("event_buffer_max_size", 0) or 0) if isinstance(kv, dict) else 0
+        reuse = not isinstance(kv, dict) or kv.get("enable_block_reuse", True)
+        # as upstream's model.py: the configuration sections become their classes (speculative decoding, ...)
+        self.llm = LLM(**update_llm_args_with_extra_dict({}, llm_args))
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)  # a request left `_live` (finalize awaits them)
@@ -148,11 +153,9 @@ class TritonPythonModel:
         self.metrics: EngineMetrics | None = None
         if llm_args["enable_iter_perf_stats"]:
             self.metrics = EngineMetrics(pb_utils, args["model_name"], args["model_version"], None)
-        kv = llm_args.get("kv_cache_config") or {}
-        kept = int(kv.get("event_buffer_max_size", 0) or 0) if isinstance(kv, dict) else 0
         #: the latest KV-cache events (kv_cache_config.event_buffer_max_size of them), for `kv_cache_events_since`
         self.kv_events: collections.deque[dict[str, Any]] | None = (
-            collections.deque(maxlen=kept) if kept > 0 and kv.get("enable_block_reuse", True) else None
+            collections.deque(maxlen=kept) if kept > 0 and reuse else None
         )
         #: the stats and events readers start with the first request: before it, the LLM has neither to give
         self._readers_started = False

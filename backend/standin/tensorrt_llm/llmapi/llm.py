@@ -10,6 +10,7 @@ its workers then; the CPU stand-in asks for the launch above when tensor_paralle
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -31,6 +32,12 @@ log = logging.getLogger("tensorrt_llm")
 RequestOutput = GenerationResult
 #: how often a stats or events read asks the engine again while it waits for a new item
 ITEM_POLL_S = 0.05
+
+
+def _as_mapping(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 async def _empty() -> AsyncIterator[dict[str, Any]]:
@@ -56,6 +63,8 @@ class LLM:
     ) -> None:
         if not isinstance(model, str | os.PathLike):
             raise TypeError(f"model must be a path or a Hugging Face name, got {type(model).__name__}")
+        # a section given as its class (KvCacheConfig(...)) travels to the leader node as its mapping
+        kwargs = {k: _as_mapping(v) for k, v in kwargs.items()}
         self.args: dict[str, Any] = {"model": str(model), "tensor_parallel_size": tensor_parallel_size, **kwargs}
         if tokenizer is not None:
             self.args["tokenizer"] = str(tokenizer)
