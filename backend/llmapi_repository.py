@@ -43,7 +43,7 @@ def config_text(decoupled: bool = True, own_inputs: bool = False) -> str:
     """The `tensorrt_llm/config.pbtxt` text; `decoupled` is model.yaml's `triton_config.decoupled`, written into
     the file because tritonserver runs with --disable-auto-complete-config (which ignores model.yaml);
     `own_inputs`: declare hpc-serve's model's inputs beyond upstream's (the image's model would ignore them)."""
-    from backend.models.llmapi_io import KV_EVENTS_OUTPUT, KV_EVENTS_SINCE, OWN_INPUTS
+    from backend.models.llmapi_io import KV_EVENTS_OUTPUT, KV_EVENTS_SINCE, LOGPROBS_OUTPUT, OWN_INPUTS
 
     text = TEMPLATE.read_text(encoding="utf-8")
     if own_inputs:
@@ -52,7 +52,10 @@ def config_text(decoupled: bool = True, own_inputs: bool = False) -> str:
             f'  {{ name: "{name}" data_type: {kind} dims: [ 1 ] optional: true }},\n' for name, kind in kinds
         )
         text = text.replace(LAST_INPUT_LINE, "  ## hpc-serve's model only ##\n" + lines + LAST_INPUT_LINE, 1)
-        output = f'  {{ name: "{KV_EVENTS_OUTPUT}" data_type: TYPE_STRING dims: [ -1 ] }},\n'
+        output = (
+            f'  {{ name: "{KV_EVENTS_OUTPUT}" data_type: TYPE_STRING dims: [ -1 ] }},\n'
+            f'  {{ name: "{LOGPROBS_OUTPUT}" data_type: TYPE_FP32 dims: [ -1 ] }},\n'
+        )
         text = text.replace(FIRST_OUTPUT_LINE, FIRST_OUTPUT_LINE + output, 1)
     return text if decoupled else text.replace(DECOUPLED_LINE, DECOUPLED_LINE.replace("true", "false"), 1)
 

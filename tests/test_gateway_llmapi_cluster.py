@@ -230,10 +230,43 @@ def test_the_engines_extensions_ignore_eos_min_tokens_and_repetition_penalty_rea
     assert json.loads(curl.stdout)["usage"]["completion_tokens"] == 12, curl.stdout
 
 
-def test_log_probabilities_are_a_400_naming_the_field(served):
+def test_log_probabilities_of_the_chosen_tokens_whole_and_streamed(served):
+    """hpc-serve's model returns the LLM API's log probabilities (`output_log_probs`, the new tokens' per response):
+    one per generated token, their texts make the text, the same streamed and whole (greedy), and they sum to the
+    model's cumulative log probability; alternatives are a 400."""
+    client = served["client"]
+    out = client.completions.create(
+        model=NAME, prompt=PROMPT, max_tokens=8, logprobs=0, extra_body={"ignore_eos": True}
+    )
+    lp = out.choices[0].logprobs
+    assert len(lp.token_logprobs) == out.usage.completion_tokens == 8
+    assert "".join(lp.tokens) == out.choices[0].text and all(v <= 0 for v in lp.token_logprobs)
+    direct = httpx.post(
+        served["url"] + "/v2/models/tensorrt_llm/generate",
+        json={
+            "text_input": PROMPT,
+            "sampling_param_max_tokens": 8,
+            "sampling_param_ignore_eos": True,
+            "return_cumulative_logprob": True,
+        },
+        headers=_auth(served),
+        timeout=60,
+    ).json()
+    assert sum(lp.token_logprobs) == pytest.approx(float(direct["cumulative_logprob"]), abs=1e-3)
+    chunks = list(
+        client.completions.create(
+            model=NAME, prompt=PROMPT, max_tokens=8, logprobs=0, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
+    streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(lp.token_logprobs)
+    chat = client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, logprobs=True
+    )
+    assert "".join(t.token for t in chat.choices[0].logprobs.content) == chat.choices[0].message.content
     with pytest.raises(openai.BadRequestError) as exc:
-        served["client"].completions.create(model=NAME, prompt=PROMPT, max_tokens=2, logprobs=0)
-    assert exc.value.body["param"] == "logprobs" and "no log probabilities" in exc.value.body["message"]
+        client.completions.create(model=NAME, prompt=PROMPT, max_tokens=2, logprobs=2)
+    assert exc.value.body["param"] == "logprobs"
 
 
 def _auth(served: dict) -> dict[str, str]:

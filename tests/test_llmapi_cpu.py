@@ -100,6 +100,20 @@ def test_streaming_is_token_by_token(job):
     assert len(texts) == 6 and all(len(a) < len(b) for a, b in zip(texts, texts[1:], strict=False)), texts
 
 
+def test_log_probabilities_come_with_each_response_for_its_new_tokens(job):
+    """sampling_param_logprobs 1: `output_log_probs` holds the new tokens' log probabilities in every streamed
+    response (one a token here) and all of them in a whole one, summing to cumulative_logprob."""
+    asked = {"sampling_param_logprobs": np.array([1], np.int32), "sampling_param_ignore_eos": flag()}
+    client, events = stream(job, inputs(PROMPT, 6, streaming=flag(), **asked))
+    per_event = [list(r.as_numpy("output_log_probs")) for r in collect(events)]
+    client.stop_stream()
+    assert [len(v) for v in per_event] == [1] * 6 and all(v[0] <= 0 for v in per_event)
+    whole = grpc(job).infer(UNARY, inputs(PROMPT, 6, return_cumulative_logprob=flag(), **asked), request_id="lp")
+    values = whole.as_numpy("output_log_probs")
+    assert len(values) == 6 and sum(values) == pytest.approx(float(whole.as_numpy("cumulative_logprob")[0]), abs=1e-3)
+    assert list(values) == pytest.approx([v[0] for v in per_event], abs=1e-5), "greedy: the same tokens"
+
+
 def test_hpc_serves_own_inputs_reach_the_engine(job):
     """ignore_eos makes max_tokens; repetition_penalty changes the greedy text (the tiny model repeats itself), the
     same way twice; min_tokens is taken (what each does to the tokens: tests/test_trtllm_standin.py)."""

@@ -33,6 +33,7 @@ EVERYTHING = GenerateParams(
     repetition_penalty=1.1,
     min_tokens=2,
     ignore_eos=True,
+    logprobs=True,
 )
 
 
@@ -59,7 +60,7 @@ def test_llmapi_requests_use_only_inputs_the_model_declares_with_their_types_and
     assert {f"sampling_param_{n}" for n in ("temperature", "top_p", "top_k", "seed", "stop", "max_tokens")} <= sent
     assert {"streaming", "sampling_param_exclude_input_from_output", "return_finish_reason"} <= sent
     assert {t.name() for t in LlmapiIO().stop_tensors()} == {"text_input", "stop"}
-    own = {f"sampling_param_{n}" for n in ("ignore_eos", "min_tokens", "repetition_penalty")}
+    own = {f"sampling_param_{n}" for n in ("ignore_eos", "min_tokens", "repetition_penalty", "logprobs")}
     assert own <= sent
 
 

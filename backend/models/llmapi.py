@@ -92,6 +92,7 @@ class _Live:
     params: LlmRequest
     user_id: str
     output: Any = None  # the RequestOutput, once generate_async returned it
+    logprobs_sent: int = 0  # the generated tokens whose log probabilities went out already
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -272,14 +273,27 @@ class TritonPythonModel:
                     if output.outputs[0].finish_reason == "cancelled":
                         self._send_cancelled(live.sender)
                     else:
-                        self._send(live, self._completion(output), final=True)
+                        self._send(live, self._completion(output, live), final=True)
         except Exception as e:  # noqa: BLE001 - RequestError, or generate_async refusing the request
             if live.claim_final():
                 self._send_error(live.sender, e)
         finally:
             self._unregister(live.internal_id)
 
-    def _completion(self, output: Any) -> Completion:
+    def _new_logprobs(self, live: _Live, out: Any) -> tuple[float, ...] | None:
+        """The log probabilities of the tokens generated since the last response (each the chosen token's:
+        TensorRT-LLM gives a {token id: Logprob} per token, with alternatives when asked for more)."""
+        if not live.params.sampling.get("logprobs"):
+            return None
+        generated = list(out.token_ids)[-len(out.logprobs) :] if out.logprobs else []
+        values = []
+        for token, entry in zip(generated, out.logprobs, strict=False):
+            chosen = entry.get(token) or max(entry.values(), key=lambda lp: lp.logprob)
+            values.append(float(chosen.logprob))
+        new, live.logprobs_sent = tuple(values[live.logprobs_sent :]), len(values)
+        return new
+
+    def _completion(self, output: Any, live: _Live) -> Completion:
         out = output.outputs[0]
         perf = None
         metrics = getattr(out, "request_perf_metrics", None)
@@ -302,6 +316,7 @@ class TritonPythonModel:
             stop_reason=out.stop_reason,
             cumulative_logprob=out.cumulative_logprob,
             perf=perf,
+            logprobs=self._new_logprobs(live, out),
         )
 
     def _unregister(self, internal_id: int) -> None:
@@ -329,7 +344,8 @@ class TritonPythonModel:
         sending on it then crashes tritonserver (2.51: SIGSEGV in TRITONBACKEND_ResponseSend)."""
         with live.lock:
             if not live.done:
-                self._send(live, Completion(output.outputs[0].text), final=False)
+                out = output.outputs[0]
+                self._send(live, Completion(out.text, logprobs=self._new_logprobs(live, out)), final=False)
 
     def _send(self, live: _Live, completion: Completion, final: bool) -> None:
         arrays = response_arrays(completion, live.params)

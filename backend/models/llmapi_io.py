@@ -35,7 +35,11 @@ OWN_INPUTS = {
     "sampling_param_ignore_eos": ("TYPE_BOOL", "ignore_eos"),
     "sampling_param_min_tokens": ("TYPE_INT32", "min_tokens"),
     "sampling_param_repetition_penalty": ("TYPE_FP32", "repetition_penalty"),
+    "sampling_param_logprobs": ("TYPE_INT32", "logprobs"),
 }
+#: hpc-serve's model's output of the generated tokens' log probabilities (asked with sampling_param_logprobs): a
+#: streamed response carries the new tokens' only, the ensemble's `output_log_probs` likewise
+LOGPROBS_OUTPUT = "output_log_probs"
 #: hpc-serve's model's KV-cache events request: `kv_cache_events_since` (the last event id the caller has; the
 #: events after it come back as one JSON list in `kv_cache_events`), for routers that follow each replica's cache
 KV_EVENTS_SINCE, KV_EVENTS_OUTPUT = "kv_cache_events_since", "kv_cache_events"
@@ -180,6 +184,7 @@ def parse_request(inputs: Mapping[str, np.ndarray]) -> LlmRequest:
         "presence_penalty": _number(inputs, "sampling_param_presence_penalty", -math.inf),
         "repetition_penalty": _positive(inputs, "sampling_param_repetition_penalty"),
         "min_tokens": _count(inputs, "sampling_param_min_tokens", 0),
+        "logprobs": _logprobs(inputs),
         "seed": None if seed is None else int(seed),  # type: ignore[call-overload]
         "ignore_eos": None if ignore_eos is None else bool(ignore_eos),
     }
@@ -196,6 +201,18 @@ def parse_request(inputs: Mapping[str, np.ndarray]) -> LlmRequest:
             return_cumulative_logprob=bool(scalar(inputs, "return_cumulative_logprob") or False),
         ),
     )
+
+
+def _logprobs(inputs: Mapping[str, np.ndarray]) -> int | None:
+    """`sampling_param_logprobs`: 1 asks for the chosen tokens' log probabilities (0 or absent: none); more
+    alternatives are not returned (`output_log_probs` holds one value a token)."""
+    count = _count(inputs, "sampling_param_logprobs", 0)
+    if count not in (None, 0, 1):
+        raise InputError(
+            f"input 'sampling_param_logprobs' is {count}: the model returns the chosen tokens' log probabilities "
+            "(use 1), not alternatives"
+        )
+    return count or None
 
 
 def _positive(inputs: Mapping[str, np.ndarray], name: str) -> float | None:
@@ -218,6 +235,8 @@ class Completion:
     stop_reason: str | int | None = None
     cumulative_logprob: float | None = None
     perf: Mapping[str, int | float] | None = None
+    #: the log probabilities of the tokens this response adds (asked with sampling_param_logprobs)
+    logprobs: tuple[float, ...] | None = None
 
 
 def response_arrays(completion: Completion, request: LlmRequest) -> dict[str, np.ndarray]:
@@ -230,6 +249,8 @@ def response_arrays(completion: Completion, request: LlmRequest) -> dict[str, np
         out["stop_reason"] = _strings(completion.stop_reason)
     if cfg.return_cumulative_logprob:
         out["cumulative_logprob"] = _strings(completion.cumulative_logprob)
+    if completion.logprobs is not None:
+        out[LOGPROBS_OUTPUT] = np.asarray(completion.logprobs, dtype=np.float32)
     if request.return_perf_metrics and completion.perf is not None:
         for name in PERF_OUTPUTS:
             out[name] = _strings(completion.perf[name])

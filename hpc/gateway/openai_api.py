@@ -97,8 +97,8 @@ def _params(req: Sampling, prompt: str, max_tokens: int, logprobs: bool) -> Gene
 #: what a request for the prompt's log probabilities (echo with logprobs, as lm-evaluation-harness's loglikelihood
 #: tasks send) is told
 NO_PROMPT_LOGPROBS = (
-    "the prompt's log probabilities are not served: neither workflow's model returns them (the ensemble returns "
-    "the generated tokens' only, the llmapi model none per token)"
+    "the prompt's log probabilities are not served: neither workflow's model returns them (both return the "
+    "generated tokens' only)"
 )
 NO_SEVERAL_LOGPROBS = "not served with several choices (n > 1 or a list of prompts): ask for one choice a request"
 NO_TOP = "the model returns the chosen tokens' log probabilities, not the most likely alternatives"

@@ -163,7 +163,7 @@ IMAGE_MODEL_LACKS = {
     **{
         name: f"the image's llmapi model has no {name} input; serve hpc-serve's model (spec model.llmapi_model: "
         "hpc-serve) for it"
-        for name in ("ignore_eos", "min_tokens", "repetition_penalty")
+        for name in ("ignore_eos", "min_tokens", "repetition_penalty", "logprobs")
     },
 }
 
@@ -216,10 +216,12 @@ class LlmapiIO:
                 arrays[f"sampling_param_{name}"] = _scalar(value, dtype, triton, False)
         if params.ignore_eos:
             arrays["sampling_param_ignore_eos"] = _scalar(True, bool, "BOOL", False)
+        if params.logprobs:  # the chosen tokens' (hpc-serve's model: `output_log_probs`, new tokens per response)
+            arrays["sampling_param_logprobs"] = _scalar(1, np.int32, "INT32", False)
         return infer_inputs(arrays)
 
     def decoder(self, params: GenerateParams) -> Decoder:
-        return CumulativeText(params.stop)
+        return CumulativeText(params.stop, params.logprobs)
 
     def stop_tensors(self) -> list[grpcclient.InferInput]:
         """`stop`, and the one required input (`text_input`, never read: the model checks `stop` first)."""
@@ -234,9 +236,12 @@ class LlmapiIO:
 class CumulativeText:
     """The llmapi model's cumulative texts → deltas (module docstring)."""
 
-    def __init__(self, stop: Sequence[str]) -> None:
+    def __init__(self, stop: Sequence[str], logprobs: bool = False) -> None:
         self.stop = [s for s in stop if s]
         self.sent = ""
+        self.logprobs = logprobs
+        #: log probabilities of tokens whose text is held back (a character's first bytes): sent with it
+        self._pending: tuple[float, ...] = ()
 
     def feed(self, infer_response: Any, final: bool) -> Chunk | None:
         named = outputs(infer_response)
@@ -249,11 +254,15 @@ class CumulativeText:
             text += reason  # the stop string the engine left out (module docstring)
         if not final and finish is None:
             text = text.rstrip(REPLACEMENT)
+        if self.logprobs:
+            self._pending += fp32_values(named.get("output_log_probs", b""))
         delta = self._delta(text)
         if not delta and not final:
             return None
         perf = _perf(named) if final else None
-        return Chunk(delta, None, finish_reason=finish if finish in ("stop", "length") else None, perf=perf)
+        logprobs, self._pending = self._pending, ()
+        reason = finish if finish in ("stop", "length") else None
+        return Chunk(delta, None, logprobs=logprobs, finish_reason=reason, perf=perf)
 
     def _delta(self, text: str) -> str:
         """What `text` adds to the text given so far. An engine that revised earlier text (a character settled
