@@ -202,6 +202,7 @@ def test_llm_api_lists_every_bad_key_at_its_line_with_did_you_mean_and_the_field
         ("kv_cache_config: {free_gpu_memory_fraction: 1.5}", "llm_api.kv_cache_config.free_gpu_memory_fraction", "1"),
         ("enable_chunked_prefill: maybe", "llm_api.enable_chunked_prefill", "boolean"),
         ("cuda_graph_config: {batch_sizes: [one]}", "llm_api.cuda_graph_config.batch_sizes.0", "integer"),
+        ("kv_cache_config: null", "llm_api.kv_cache_config", "leave it out for TensorRT-LLM's defaults"),
     ],
 )
 def test_named_llm_api_arguments_are_checked(tmp_path, hf, entry, field, words):

@@ -62,6 +62,9 @@ def smallest(spec: Spec, model: str) -> Spec:
     data.update(replicas=1, gateway=None, renew=None, requeue=False)
     data["name"] = spec.name[: 64 - len(NAME_SUFFIX)] + NAME_SUFFIX
     data["model"]["llmapi_model"] = model
+    # llm_api as the spec gave it: a dump of every field would write the ones not given as null into model.yaml
+    # (`kv_cache_config: null`, which TensorRT-LLM's update_llm_args_with_extra_dict cannot take)
+    data["llm_api"] = spec.llm_api.arguments() if spec.llm_api is not None else None
     if model == OWN_MODEL:
         data["model"]["model_files_from"] = None
     return Spec.model_validate(data)

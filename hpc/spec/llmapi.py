@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hpc.spec.llm_args import LLM_API_ARGS, suggestion
 from launcher.contracts.llmapi import ENGINE
@@ -68,6 +68,19 @@ class LlmApiSpec(_PassThrough):
     enable_chunked_prefill: bool | None = Field(None, description="split long prompts over several steps")
     cuda_graph_config: CudaGraphConfig | None = Field(None, description="null: no CUDA graphs")
     trust_remote_code: bool | None = Field(None, description="run the checkpoint's own modelling code")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kv_section(cls, data: Any) -> Any:
+        """A kv_cache_config given as null is no KvCacheConfig: TensorRT-LLM's update_llm_args_with_extra_dict
+        builds the class from the mapping, and the model fails to load (unlike cuda_graph_config, where null
+        means no CUDA graphs)."""
+        if isinstance(data, dict) and "kv_cache_config" in data and data["kv_cache_config"] is None:
+            raise ValueError(
+                "@kv_cache_config: null is not a kv_cache_config: leave it out for TensorRT-LLM's defaults, or give "
+                "its keys"
+            )
+        return data
 
     def arguments(self) -> dict[str, Any]:
         """The keys the spec gave (named and passed through), nested sections likewise: model.yaml's LLM args."""
