@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -52,7 +53,8 @@ def test_a_job_not_ready_within_the_bound_fails_and_is_cancelled(doctor_spec):
 
 
 def test_ctrl_c_while_the_job_runs_cancels_it(doctor_spec):
-    """SIGINT once the CLI said the job is READY (its battery is then under way): exit 130, the job cancelled."""
+    """SIGINT once the CLI said which job it submitted (it then waits for READY and runs the battery, seconds at
+    least): exit 130, the job cancelled. Each line the CLI printed is kept with when it came, for a failure."""
     spec, name = doctor_spec
     proc = subprocess.Popen(
         [*CLI, "doctor", str(spec), "--serve"],
@@ -61,12 +63,14 @@ def test_ctrl_c_while_the_job_runs_cancels_it(doctor_spec):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     lines: list[str] = []
+    start = time.monotonic()
     try:
         assert proc.stdout is not None
         for raw in proc.stdout:  # the CLI's own lines, as it prints them: the event to interrupt at
-            lines.append(raw.decode(errors="replace"))
-            if re.search(r"\d+ READY ", lines[-1]):
+            lines.append(f"[{time.monotonic() - start:6.2f} s] {raw.decode(errors='replace')}")
+            if re.search(r"job \d+ submitted", lines[-1]):
                 proc.send_signal(signal.SIGINT)
+                lines.append(f"[{time.monotonic() - start:6.2f} s] (the test sent SIGINT)\n")
                 break
         out, _ = proc.communicate(timeout=120)
     finally:
