@@ -8,11 +8,12 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.e2e import CLI, cli, private_job_index, wait_for, write_spec
+from tests.e2e import cli, private_job_index, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
 ROWS = ("ready", "unary", "streamed", "stop string", "ignore_eos length", "client gone", "16 concurrent",
@@ -27,6 +28,17 @@ def doctor_spec(slurm_cluster, tritonserver, tiny_gpt2, tmp_path, monkeypatch):
         yield write_spec(tmp_path, "dserve", tiny_gpt2, tp=2, nodes=2, workflow="llmapi"), "dserve-doctor"
 
 
+#: the CLI as a terminal's foreground process gets Ctrl-C: with SIGINT's default Python handler, even when this test
+#: runs in a shell's background job, whose children inherit SIGINT ignored (and a Python started so never installs
+#: its KeyboardInterrupt handler: a test command started with `&` lost this test's SIGINT 3 runs of 3)
+AT_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('hpc.cli.main', run_name='__main__', alter_sys=True)",
+]
+
+
 def jobs_named(name: str) -> list[str]:
     """`squeue`'s lines of the jobs of that name (queued or running)."""
     out = subprocess.run(["squeue", "-h", "--name", name, "-o", "%i %T"], capture_output=True, text=True).stdout
@@ -38,8 +50,9 @@ def test_serve_passes_on_tp2_across_two_nodes_and_leaves_no_job(doctor_spec):
     proc = cli("doctor", str(spec), "--serve", "--serve-timeout", "150", timeout=280, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    for row in ROWS:
-        assert re.search(rf"│ {re.escape(row)}\s+│ ok ", out), f"{row} not ok:\n{out}"
+    for row in ROWS:  # the ordered stop's time is a warning past 10 s, never a failure: a loaded machine may take longer
+        result = "(ok|warn)" if row == "ordered stop" else "ok"
+        assert re.search(rf"│ {re.escape(row)}\s+│ {result} ", out), f"{row} not ok:\n{out}"
     assert "FAIL" not in out and not jobs_named(name)
 
 
@@ -57,7 +70,7 @@ def test_ctrl_c_while_the_job_runs_cancels_it(doctor_spec):
     least): exit 130, the job cancelled. Each line the CLI printed is kept with when it came, for a failure."""
     spec, name = doctor_spec
     proc = subprocess.Popen(
-        [*CLI, "doctor", str(spec), "--serve"],
+        [*AT_A_TERMINAL, "doctor", str(spec), "--serve"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
