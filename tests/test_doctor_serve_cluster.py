@@ -50,7 +50,9 @@ def test_serve_passes_on_tp2_across_two_nodes_and_leaves_no_job(doctor_spec):
     proc = cli("doctor", str(spec), "--serve", "--serve-timeout", "150", timeout=280, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    for row in ROWS:  # the ordered stop's time is a warning past 10 s, never a failure: a loaded machine may take longer
+    for (
+        row
+    ) in ROWS:  # the ordered stop's time is a warning past 10 s, never a failure: a loaded machine may take longer
         result = "(ok|warn)" if row == "ordered stop" else "ok"
         assert re.search(rf"│ {re.escape(row)}\s+│ {result} ", out), f"{row} not ok:\n{out}"
     assert "FAIL" not in out and not jobs_named(name)
