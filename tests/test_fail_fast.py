@@ -166,3 +166,20 @@ def test_peer_watch_follows_a_failed_peer_to_its_cause(tmp_path: Path) -> None:
         and failure.cause_rank == 6
         and failure.why.startswith("rank 6 of replica 2 failed (exit code 3)")
     )
+
+
+def test_the_failed_ranks_record_is_asked_for_before_its_tritonserver_is_killed(tmp_path: Path) -> None:
+    """The kill makes MPI peers abort and Slurm may SIGKILL the whole step before the launcher reaps tritonserver
+    (a contended CI run lost the record so: `status` said "unknown status"); the record is written first."""
+    from launcher.node.supervise import Supervisor
+    from launcher.node.watch import Failure
+
+    sup = Supervisor(stop_grace_s=5)
+    failure = Failure("the stub died", signal="SIGKILL", exit_code=-signal.SIGKILL)
+    sup.watch = lambda _stopping: failure
+    seen: list[tuple[bool, float | None]] = []
+    sup.before_kill = lambda child: seen.append((child.proc.poll() is None, sup.failed_at))
+    child = sup.spawn([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    assert sup.wait(child, interval=0.01) == -signal.SIGKILL
+    assert len(seen) == 1 and seen[0][0], "asked once, while tritonserver still ran"
+    assert sup.failure is failure and seen[0][1] is not None

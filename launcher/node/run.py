@@ -119,21 +119,64 @@ def _single_node(env: dict[str, str] | os._Environ) -> bool:
     return nodes is None or nodes.strip() == "1"
 
 
-def _record_failure(plan: LaunchPlan, info: RankInfo, code: int, message: str, tail: Sequence[str] = ()) -> None:
-    """The launcher gave up before (or instead of) running tritonserver: say why in the rank's exit record."""
-    record = records.RankExitRecord(
-        rank=info.job_rank,
-        host=info.node,
-        exit_code=code,
-        signal=None,
-        log_tail=list(tail)[-LOG_TAIL:] + [message],
-        ended_at=time.time(),
-        error=message,
-    )
+def _write_record(plan: LaunchPlan, info: RankInfo, record: records.RankExitRecord) -> None:
     try:
         records.write_json_atomic(job_paths(plan, info).rank_record(info.job_rank), record.to_dict())
     except OSError as exc:
         log(f"could not write the rank record: {exc}")
+
+
+def _record_failure(plan: LaunchPlan, info: RankInfo, code: int, message: str, tail: Sequence[str] = ()) -> None:
+    """The launcher gave up before (or instead of) running tritonserver: say why in the rank's exit record."""
+    _write_record(plan, info, _rank_record(info, code, None, list(tail)[-LOG_TAIL:], message, None, time.time()))
+
+
+def _rank_record(
+    info: RankInfo,
+    code: int | None,
+    sig: str | None,
+    tail: list[str],
+    error: str | None,
+    cause: int | None,
+    ended_at: float,
+) -> records.RankExitRecord:
+    """This rank's exit record; ``error`` also ends its log tail."""
+    return records.RankExitRecord(
+        rank=info.job_rank,
+        host=info.node,
+        exit_code=code,
+        signal=sig,
+        log_tail=tail + ([error] if error else []),
+        ended_at=ended_at,
+        error=error,
+        cause_rank=cause,
+    )
+
+
+def _exit_record(
+    info: RankInfo, sup: Supervisor, child: Child, rc: int, error: str | None = None, gave_up: int | None = None
+) -> records.RankExitRecord:
+    """The rank's exit record for tritonserver's return code ``rc``, and why the launcher ended it, if it did."""
+    sig, cause = signal_name(rc), None
+    code: int | None = rc
+    if gave_up is not None:
+        sig, code = None, gave_up
+    failure = sup.failure  # the launcher ended it (launcher/node/watch.py): a dead stub, a failed peer
+    if failure is not None:
+        error = error or failure.why
+        cause = failure.cause_rank
+        if failure.signal is not None or failure.exit_code is not None:  # the stub's end is the rank's
+            sig, code = failure.signal, failure.exit_code
+    # tritonserver's option table ("| key | value |", "+---+") says nothing about why a rank died.
+    tail = [line for line in child.ring if line.strip() and not line.startswith(("|", "+-"))][-LOG_TAIL:]
+    # the first write's time is kept: which rank failed first is told by it (hpc/jobs/track.py)
+    return _rank_record(info, code, sig, tail, error, cause, sup.failed_at or time.time())
+
+
+def _record_before_kill(plan: LaunchPlan, info: RankInfo, sup: Supervisor, child: Child) -> None:
+    """The record of a rank the launcher is about to SIGKILL (a dead stub, a failed peer), written before the kill:
+    the kill makes MPI peers abort, and Slurm may SIGKILL the whole step before tritonserver is even reaped."""
+    _write_record(plan, info, _exit_record(info, sup, child, -signal.SIGKILL))
 
 
 def _finish(
@@ -152,33 +195,10 @@ def _finish(
         # A follower whose leader stopped: TensorRT-LLM workers exit(0) then; ours end their tritonserver.
         log(f"rank {info.job_rank}: released by the leader")
         rc = 0
-    sig, cause = signal_name(rc), None
-    code: int | None = rc
-    if gave_up is not None:
-        sig, code = None, gave_up
-    failure = sup.failure  # the launcher ended it (launcher/node/watch.py): a dead stub, a failed peer
-    if failure is not None:
-        error = error or failure.why
-        cause = failure.cause_rank
-        if failure.signal is not None or failure.exit_code is not None:  # the stub's end is the rank's
-            sig, code = failure.signal, failure.exit_code
-    ended_at = time.time()  # the second write keeps it: which rank failed first is told by it (hpc/jobs/track.py)
+    sup.failed_at = sup.failed_at or time.time()
 
     def write_record() -> None:
-        # tritonserver's option table ("| key | value |", "+---+") says nothing about why a rank died.
-        tail = [line for line in child.ring if line.strip() and not line.startswith(("|", "+-"))][-LOG_TAIL:]
-        if error:
-            tail.append(error)
-        record = records.RankExitRecord(
-            rank=info.job_rank,
-            host=info.node,
-            exit_code=code,
-            signal=sig,
-            log_tail=tail,
-            ended_at=ended_at,
-            error=error,
-            cause_rank=cause,
-        )
+        record = _exit_record(info, sup, child, rc, error, gave_up)
         records.write_json_atomic(job_paths(plan, info).rank_record(info.job_rank), record.to_dict())
 
     # Record first: when a rank dies its MPI peers abort and Slurm may SIGKILL this step within a second,
@@ -186,6 +206,7 @@ def _finish(
     write_record()
     sup.reap_group(child)
     write_record()
+    error = error or (sup.failure.why if sup.failure is not None else None)
     removed = remove_shm_regions(info.job_rank, info.job_id)  # a killed stub or tritonserver leaves them
     log(
         f"rank {info.job_rank}: {child.name} exited with {signal_name(rc) or rc}"
@@ -200,6 +221,7 @@ def serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup:
     sup = sup or supervisor(plan, info, me)
     watch = rank_watch(plan, info, me)
     sup.watch = watch.check
+    sup.before_kill = lambda child: _record_before_kill(plan, info, sup, child)
     remove_shm_regions(info.job_rank, info.job_id)  # a requeued job's earlier run on this node may have left some
     if orphans := remove_orphan_regions():
         log(f"rank {info.job_rank}: removed {len(orphans)} shared-memory regions in /dev/shm that killed jobs left")

@@ -188,6 +188,10 @@ class Supervisor:
         #: a dead stub); its answer is kept in ``failure`` and the child's group is SIGKILLed
         self.watch: Callable[[bool], Failure | None] | None = None
         self.failure: Failure | None = None
+        #: called with the child once ``failure`` is set, before its group is SIGKILLed (the rank's exit record)
+        self.before_kill: Callable[[Child], None] | None = None
+        #: when the rank failed or ended (time.time()), kept across the record's writes
+        self.failed_at: float | None = None
 
     # -- signals -----------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -264,6 +268,9 @@ class Supervisor:
         if rc is None and self.watch is not None and self.failure is None:
             self.failure = self.watch(self.stopping)
             if self.failure is not None:
+                self.failed_at = time.time()
+                if self.before_kill is not None:
+                    self.before_kill(child)
                 log(f"{self.failure.why}; sending SIGKILL to tritonserver's process group {child.proc.pid}")
                 self.kill_group(child, signal.SIGKILL)
                 return None
