@@ -74,22 +74,11 @@ def cli(*args: str, timeout: float = 240, check: bool = True) -> subprocess.Comp
     return proc
 
 
-#: tritonserver 2.51's python backend aborting while its stubs start on a starved machine (its shared-memory
-#: mutex is given up after a timeout: triton-inference-server/server#8882, tensorrtllm_backend#521). hpc-serve
-#: reports it as it should (the rank, SIGABRT, these words); it is no failure of what a test checks, so `submit`
-#: tries once more when a job ends with it before READY (seen twice in ~2,000 tests with two busy loops)
-UPSTREAM_START_CRASH = "boost::interprocess::lock_exception"
-
-
 def submit(spec: Path, *extra: str, timeout: float = 240) -> tuple[str, Path]:
-    """`hpc-serve submit SPEC --wait` → (job id, job folder); asserts READY (a second try after the upstream
-    crash above only)."""
-    for attempt in (1, 2):
-        proc = cli("submit", str(spec), "--wait", "--timeout", str(timeout - 20), *extra, timeout=timeout, check=False)
-        first = proc.stdout.splitlines()[0].split() if proc.stdout.strip() else ["?", "?"]
-        if proc.returncode == 0 or attempt == 2 or UPSTREAM_START_CRASH not in proc.stdout + proc.stderr:
-            break
-        print(f"job {first[0]}: tritonserver's python backend aborted while starting ({UPSTREAM_START_CRASH}); again")
+    """`hpc-serve submit SPEC --wait` → (job id, job folder); asserts READY. Never a second try: a job that crashes
+    here is a product failure to find or to handle."""
+    proc = cli("submit", str(spec), "--wait", "--timeout", str(timeout - 20), *extra, timeout=timeout, check=False)
+    first = proc.stdout.splitlines()[0].split() if proc.stdout.strip() else ["?", "?"]
     assert proc.returncode == 0, f"submit did not reach READY:\n{proc.stdout}\n{proc.stderr}"
     return first[0], Path(first[1])
 

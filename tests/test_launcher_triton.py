@@ -512,3 +512,22 @@ def test_sigkilled_launcher_leaves_no_tritonserver(tmp_path: Path, launchers: li
     run.proc.kill()
     run.proc.wait(10)
     assert wait_gone(str(dep / "triton_model_repo"), 10) == []
+
+
+def test_two_jobs_with_one_id_on_one_node_keep_their_own_shared_memory(tmp_path: Path, launchers: list) -> None:
+    """Two clusters' jobs share ids, and both may run on one host (its /dev/shm shared). The python backend opens its
+    regions with open_or_create and builds a new allocator in whatever it opened, so two servers with one region
+    name would corrupt each other; 2.51's names its regions <prefix><uuid>, so one job id is safe (issue 34 ruled
+    this cause of the start crash out so). Were a release to name them <prefix><count> again, this fails."""
+    a = Launcher(make_deployment(tmp_path / "a", {"identity": IDENTITY}), "7")
+    launchers.append(a)
+    ea = a.endpoint()
+    assert infer(ea["http_port"]) == [1.0, 2.0, 3.0]
+    b = Launcher(make_deployment(tmp_path / "b", {"identity": IDENTITY}), "7")
+    launchers.append(b)
+    eb = b.endpoint()
+    for _ in range(20):  # the first one's stub, after the second's came up beside it
+        assert infer(ea["http_port"]) == [1.0, 2.0, 3.0] and infer(eb["http_port"]) == [1.0, 2.0, 3.0]
+    a.stop()
+    b.stop()
+    assert a.proc.returncode == 0 and b.proc.returncode == 0, a.logs() + b.logs()
