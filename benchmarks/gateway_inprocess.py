@@ -53,8 +53,10 @@ class FakeEngine:
         self.tokens, self.prefill_s = tokens, prefill_s
 
     async def stream(
-        self, grpc_url: str, params: GenerateParams, token: str | None = None, workflow: str = "engine"
+        self, grpc_url: str, params: GenerateParams, token: str | None = None, *how: Any
     ) -> AsyncIterator[Chunk]:
+        """TritonEngine.stream's call: `how` is the replica's workflow, decoupled and llmapi model (the gateway
+        passes them), which a fake replica has no use for."""
         Clock.called = time.perf_counter()
         try:  # as TritonEngine does once the request was written (hpc/serving/idle.py), where the tree has it
             from hpc.serving.idle import run_deferred
