@@ -66,6 +66,7 @@ from gateway_sides import (  # noqa: E402
 )
 
 from launcher.contracts.job_index import HOME_ENV  # noqa: E402
+from launcher.contracts.llmapi import LLMAPI, WORKFLOWS  # noqa: E402
 
 
 async def part1(
@@ -78,14 +79,13 @@ async def part1(
     floors: dict[str, str],
 ) -> None:
     """Part 1: latency one stream at a time (skipped with `--requests 0`), then throughput."""
-    grpc_url, metrics_url = record.grpc_url, record.metrics_url
-    sides = Sides(url, token, grpc_url, "bench-gw", args.max_tokens)
+    sides = Sides(url, token, record, "bench-gw", args.max_tokens)
     sides.floor_urls = floors
     names = (*SIDES, "baseline") if "baseline" in floors else SIDES
     try:
         if args.requests:
             await latency_part(args, sides, names, log)
-        await throughput_part(args, sides, pid, metrics_url)
+        await throughput_part(args, sides, pid, record.metrics_url)
     finally:
         await sides.close()
 
@@ -138,8 +138,8 @@ async def throughput_part(args: argparse.Namespace, sides: Sides, pid: int, metr
     """Part 1's throughput: `--concurrency` streams per side, rounds alternating, with the engine's steps."""
     order = ("direct", *GW_SIDES, *(("gw_two",) if "second" in sides.floor_urls else ()))
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in order}
-    for side in order:  # warm-up at full batch
-        await throughput(getattr(sides, side), args.concurrency, 2, None)
+    for side in order:  # warm-up at full batch: 2 s, or a round where rounds are shorter (a smoke test)
+        await throughput(getattr(sides, side), args.concurrency, min(2.0, args.seconds), None)
     for r in range(args.rounds):
         for side in order if r % 2 == 0 else order[::-1]:
             gw_pid = None if side == "direct" else pid
@@ -182,6 +182,13 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=8, help="shared prefixes: requests in flight")
     parser.add_argument("--cache-docs", type=int, default=8, help="shared prefixes: documents a replica's cache holds")
     parser.add_argument("--auth", choices=["token", "none"], default="token", help="the jobs' `auth:`")
+    parser.add_argument(
+        "--workflow",
+        choices=WORKFLOWS,
+        default=LLMAPI,
+        help="part 1's job: the llmapi workflow (the spec's default) or the engine workflow's ensemble; part 2 "
+        "is llmapi's (its KV cache is sized by llm_api.kv_cache_config)",
+    )
     parser.add_argument("--part", choices=["all", "overhead", "prefix"], default="all", help="run one part only")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint folder; default: a tiny random GPT-2")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (deployments, gateway logs)")
@@ -211,7 +218,8 @@ def main() -> int:
     try:
         if args.part in ("all", "overhead"):
             pin("engine")
-            with job(write_spec(work, "bench-gw", checkpoint, replicas=1, auth=args.auth)) as (job_id, job_dir):
+            spec = write_spec(work, "bench-gw", checkpoint, replicas=1, auth=args.auth, workflow=args.workflow)
+            with job(spec) as (job_id, job_dir):
                 pin("client")
                 (record,) = read_endpoints(JobPaths.of_folder(job_dir))
                 token = cli("token", job_id).strip() if args.auth == "token" else None
@@ -219,9 +227,9 @@ def main() -> int:
                     baseline(job_id, work, args.baseline) as base,  # first: it gives way to this tree's gateway
                     gateway_beside(job_id, work) as second,  # gw_two's other half
                     gateway(job_id, work) as (url, pid, log),
-                    floor_relay(record.grpc_url, token) as floor,
-                    floor_relay(record.grpc_url, token, "--late-head") as floor_late,
-                    floor_relay(record.grpc_url, token, "--fastapi") as floor_fastapi,
+                    floor_relay(record, token) as floor,
+                    floor_relay(record, token, "--late-head") as floor_late,
+                    floor_relay(record, token, "--fastapi") as floor_fastapi,
                 ):
                     floors = {"floor": floor, "floor_late": floor_late, "floor_fastapi": floor_fastapi} if FLOOR else {}
                     floors |= ({"baseline": base} if base else {}) | ({"second": second} if second else {})

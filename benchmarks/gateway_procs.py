@@ -13,9 +13,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
+
+from launcher.contracts.llmapi import ENGINE, LLMAPI
 
 CLI = [sys.executable, "-m", "hpc.cli.main"]
 #: aiohttp is the client of the relays and of the other gateways (an extra, not a dependency)
@@ -58,17 +61,28 @@ def cli(*args: str) -> str:
     return proc.stdout
 
 
-def write_spec(work: Path, name: str, checkpoint: Path, replicas: int, auth: str, llm_api: dict | None = None) -> Path:
-    """A local deployment of the CPU engine (the llmapi workflow, the default), with `llm_api:` when given."""
+def write_spec(
+    work: Path,
+    name: str,
+    checkpoint: Path,
+    replicas: int,
+    auth: str,
+    llm_api: dict | None = None,
+    workflow: str = LLMAPI,
+) -> Path:
+    """A local deployment of the CPU engine on `workflow` (default llmapi, the spec's default), a batch of 64
+    (`llm_api.max_batch_size`, or the engine workflow's `triton.triton_max_batch_size`), with `llm_api:` when
+    given (llmapi only)."""
+    batch = {"triton_max_batch_size": 64} if workflow == ENGINE else {}
     spec = {
         "auth": auth,
         "name": name,
         "workdir": str(work / "runs"),
         "slurm": {"nodes": 1, "ntasks_per_node": replicas, "time": "00:30:00"},
-        "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint), "tp_size": 1},
-        "triton": {"triton_max_batch_size": 64, "ready_timeout_s": 300},
+        "model": {"backend": "cpu", "workflow": workflow, "checkpoint_dir": str(checkpoint), "tp_size": 1},
+        "triton": {**batch, "ready_timeout_s": 300},
         "replicas": replicas,
-        **({"llm_api": llm_api} if llm_api else {}),
+        **({"llm_api": llm_api or {"max_batch_size": 64}} if workflow == LLMAPI else {}),
     }
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -116,8 +130,9 @@ def gateway(job_id: str, work: Path, *options: str, source: Path | None = None) 
 
 
 @contextmanager
-def floor_relay(grpc_url: str, token: str | None, *options: str) -> Iterator[str]:
-    """benchmarks/minimal_relay.py in its own process (where aiohttp, its client here, is installed): its URL."""
+def floor_relay(record: Any, token: str | None, *options: str) -> Iterator[str]:
+    """benchmarks/minimal_relay.py in its own process (where aiohttp, its client here, is installed) in front of
+    the replica of endpoint record `record`, on its workflow: its URL."""
     if not AIOHTTP:
         yield ""
         return
@@ -125,7 +140,8 @@ def floor_relay(grpc_url: str, token: str | None, *options: str) -> Iterator[str
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     relay = Path(__file__).resolve().parent / "minimal_relay.py"
-    command = [sys.executable, str(relay), grpc_url, str(port), *([token] if token else []), *options]
+    command = [sys.executable, str(relay), record.grpc_url, str(port), *([token] if token else []), *options]
+    command += ["--workflow", record.workflow]
     proc = subprocess.Popen(command, preexec_fn=on_relay_cores)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -18,7 +18,19 @@ from typing import Any
 import httpx
 from gateway_procs import AIOHTTP
 
+from launcher.contracts import model_names
+from launcher.contracts.llmapi import ENGINE
+
 PROMPT = "Once upon a time"
+#: the Triton passthrough's model and body per workflow (`generate_stream`): the ensemble's inputs, or the llmapi
+#: model's (upstream's names)
+PASSTHROUGH = {
+    "engine": (model_names.ENSEMBLE, lambda n: {"text_input": PROMPT, "max_tokens": n, "stream": True}),
+    "llmapi": (
+        model_names.TENSORRT_LLM,
+        lambda n: {"text_input": PROMPT, "sampling_param_max_tokens": n, "streaming": True},
+    ),
+}
 
 
 def engine_steps(metrics_url: str) -> float:
@@ -90,12 +102,18 @@ class Reading:
 
 
 class Sides:
-    """One request, either way: (seconds to the first text, seconds in all, tokens generated)."""
+    """One request, either way: (seconds to the first text, seconds in all, tokens generated). Every side asks
+    with `ignore_eos`, so each generation runs to `max_tokens` whatever the random model's end token says: the
+    same work each way, and a count for the llmapi model, which reports none (hpc/serving/model_io.py)."""
 
-    def __init__(self, url: str, token: str | None, grpc_url: str, model: str, max_tokens: int) -> None:
+    def __init__(self, url: str, token: str | None, record: Any, model: str, max_tokens: int) -> None:
         from hpc.serving.triton import TritonEngine
 
-        self.url, self.token, self.grpc_url, self.model, self.max_tokens = url, token, grpc_url, model, max_tokens
+        self.url, self.token, self.model, self.max_tokens = url, token, model, max_tokens
+        #: the replica: its gRPC address and what its endpoint record says of its model (workflow, decoupled,
+        #: which llmapi model), as the gateway reads them
+        self.grpc_url = record.grpc_url
+        self.how = (record.workflow, record.decoupled, record.llmapi_model)
         self.engine = TritonEngine()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
@@ -113,7 +131,7 @@ class Sides:
 
     def _body(self) -> dict:
         body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens, "stream": True}
-        return body | {"stream_options": {"include_usage": True}}
+        return body | {"stream_options": {"include_usage": True}, "ignore_eos": True}
 
     async def gateway(self) -> tuple[float, float, int]:
         reading = Reading()
@@ -168,10 +186,12 @@ class Sides:
 
     async def passthrough(self) -> tuple[float, float, int]:
         """Triton's generate_stream through the gateway: its relay alone (no OpenAI shapes, no gRPC)."""
-        body = {"text_input": PROMPT, "max_tokens": self.max_tokens, "stream": True}
+        model, body = PASSTHROUGH.get(self.how[0], PASSTHROUGH[ENGINE])
         t0 = time.perf_counter()
         first, tokens = None, 0
-        async with self.http.stream("POST", "/v2/models/ensemble/generate_stream", json=body) as response:
+        async with self.http.stream(
+            "POST", f"/v2/models/{model}/generate_stream", json=body(self.max_tokens)
+        ) as response:
             async for line in response.aiter_lines():
                 if line.startswith("data:"):
                     if first is None and '"text_output":""' not in line.replace(" ", ""):
@@ -184,11 +204,13 @@ class Sides:
 
         t0 = time.perf_counter()
         first, tokens = None, 0
-        async for chunk in self.engine.stream(self.grpc_url, GenerateParams(PROMPT, self.max_tokens), self.token):
+        params = GenerateParams(PROMPT, self.max_tokens, ignore_eos=True)
+        async for chunk in self.engine.stream(self.grpc_url, params, self.token, *self.how):
             if first is None and chunk.text:  # as the gateway's first event: the first text, not the first token
                 first = time.perf_counter() - t0
-            tokens += chunk.tokens
-        return first or 0.0, time.perf_counter() - t0, tokens
+            tokens += chunk.tokens or 0
+        # a model that counts no tokens (llmapi) ran to max_tokens: ignore_eos, as the gateway then counts
+        return first or 0.0, time.perf_counter() - t0, tokens or self.max_tokens
 
 
 #: the gateway with aiohttp as the client, where it is installed (an extra, not a dependency)
@@ -204,11 +226,12 @@ SIDES = ("direct", *GW_SIDES, *FLOOR, "passthrough")
 
 async def latency(sides: Sides, n: int, names: tuple[str, ...] = SIDES) -> dict[str, dict[str, list[float]]]:
     out: dict[str, dict[str, list[float]]] = {s: {"ttft": [], "total": []} for s in names}
-    for i in range(n + 20):  # 20 unmeasured warm-up rounds
+    warm = min(20, n)  # unmeasured warm-up rounds: 20, fewer only in a run shorter than that (a smoke test)
+    for i in range(n + warm):
         k = i % len(names)
         for side in names[k:] + names[:k]:  # each side first in turn
             ttft, total, _ = await getattr(sides, side)()
-            if i >= 20:
+            if i >= warm:
                 out[side]["ttft"].append(ttft)
                 out[side]["total"].append(total)
     return out
