@@ -9,12 +9,17 @@ rate of a plain loop of tritonclient calls, side by side, as a ratio.
            with more, the server has capacity to spare on a machine with free cores, and the loop still
            talks to one replica, as such a script does)
 
+The job serves the llmapi workflow (the spec's default: the loop sends to its `tensorrt_llm` model) unless
+`--workflow engine` (the loop sends to the engine workflow's `ensemble`); the loop asks the model the replica's
+endpoint record names, with the tensors hpc/serving/model_io.py makes for it, as hpc-serve's clients do.
+
 Rounds alternate the two (loop first in odd rounds); the median of each side is reported, and the loadgen's
 own CPU time per request (this process: getrusage), which is what would cap it: 1000 / that is the rate one
 core of load generator can drive. When the measured ratio is lower than that capacity, the server (which shares
 the machine) is the limit, not the generator.
 
-    python benchmarks/bench_loadgen.py [--requests 300] [--concurrency 32] [--rounds 3] [--replicas 1] [--keep]
+    python benchmarks/bench_loadgen.py [--requests 300] [--concurrency 32] [--rounds 3] [--replicas 1]
+                                       [--workflow llmapi|engine] [--keep]
 """
 
 from __future__ import annotations
@@ -31,13 +36,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
-from launcher.contracts import model_names
 from launcher.contracts.job_index import HOME_ENV  # noqa: E402
+from launcher.contracts.llmapi import ENGINE, LLMAPI, WORKFLOWS  # noqa: E402
 
 CLI = [sys.executable, "-m", "hpc.cli.main"]
 
@@ -49,19 +55,21 @@ def cli(*args: str) -> str:
     return proc.stdout
 
 
-def start_job(work: Path, replicas: int) -> tuple[str, str]:
-    """A READY local job of a tiny random GPT-2 with `replicas` replicas → (job id, the first replica's gRPC
-    address: the loop's). More replicas give the server capacity to spare, so that on a machine with free cores
-    the rate measured is the load generator's and not one replica's ceiling."""
+def start_job(work: Path, replicas: int, workflow: str) -> tuple[str, Any]:
+    """A READY local job of a tiny random GPT-2 on `workflow` with `replicas` replicas → (job id, the first
+    replica's endpoint record: the loop's). More replicas give the server capacity to spare, so that on a machine
+    with free cores the rate measured is the load generator's and not one replica's ceiling."""
     cli("init-model", str(work / "ckpt"))
+    batch = {"triton_max_batch_size": 64} if workflow == ENGINE else {}  # llmapi's: llm_api.max_batch_size
     spec = {
         "auth": "none",
         "name": "loadgen",
         "workdir": str(work / "runs"),
         "replicas": replicas,
         "slurm": {"nodes": 1, "ntasks_per_node": replicas, "time": "00:30:00"},
-        "model": {"backend": "cpu", "checkpoint_dir": str(work / "ckpt"), "tp_size": 1},
-        "triton": {"triton_max_batch_size": 64, "ready_timeout_s": 300},
+        "model": {"backend": "cpu", "workflow": workflow, "checkpoint_dir": str(work / "ckpt"), "tp_size": 1},
+        "triton": {**batch, "ready_timeout_s": 300},
+        **({"llm_api": {"max_batch_size": 64}} if workflow == LLMAPI else {}),
     }
     (work / "loadgen.yaml").write_text(yaml.safe_dump(spec))
     job = cli("submit", str(work / "loadgen.yaml"), "--executor", "local", "--wait").split()[0]
@@ -70,23 +78,25 @@ def start_job(work: Path, replicas: int) -> tuple[str, str]:
     endpoints = job_endpoints(job)
     if len(endpoints) != replicas:
         raise SystemExit(f"{job}: {len(endpoints)} of {replicas} replicas ready")
-    return job, endpoints[0].grpc_url
+    return job, endpoints[0]
 
 
-def plain_loop(grpc_url: str, prompt: str, count: int) -> float:
-    """Requests per second of one thread sending the ensemble request after request over one gRPC stream."""
+def plain_loop(replica: Any, prompt: str, count: int) -> float:
+    """Requests per second of one thread sending the replica's generation model (the ensemble, or llmapi's
+    `tensorrt_llm`) request after request over one gRPC stream."""
     import tritonclient.grpc as grpcclient
 
-    from hpc.serving.model_io import EnsembleIO, GenerateParams
+    from hpc.serving.model_io import GenerateParams, model_io
 
-    tensors = EnsembleIO().tensors(GenerateParams(prompt=prompt, max_tokens=1))
+    io = model_io(replica.workflow, replica.decoupled, replica.llmapi_model)
+    tensors = io.tensors(GenerateParams(prompt=prompt, max_tokens=1))
     answers: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(grpc_url)
+    client = grpcclient.InferenceServerClient(replica.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
         start = time.perf_counter()
         for _ in range(count):
-            client.async_stream_infer(model_names.ENSEMBLE, tensors, enable_empty_final_response=True)
+            client.async_stream_infer(io.model, tensors, enable_empty_final_response=True)
             while True:
                 result, error = answers.get(timeout=60)
                 if error is not None:
@@ -133,6 +143,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=1, help="replicas of the served job (server capacity)")
+    parser.add_argument("--workflow", choices=WORKFLOWS, default=LLMAPI, help="the job's (default: llmapi)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
@@ -140,14 +151,15 @@ def main() -> None:
     prompt = "Once upon a time"
     job = ""
     try:
-        job, grpc_url = start_job(work, args.replicas)
-        plain_loop(grpc_url, prompt, 20)  # warm-up
+        job, replica = start_job(work, args.replicas, args.workflow)
+        print(f"job {job}: {args.workflow} workflow, the loop asks {replica.grpc_url}", flush=True)
+        plain_loop(replica, prompt, 20)  # warm-up
         loops, gens, cpus = [], [], []
         for i in range(1, args.rounds + 1):
             order = ("loop", "loadgen") if i % 2 else ("loadgen", "loop")
             for side in order:
                 if side == "loop":
-                    loops.append(plain_loop(grpc_url, prompt, args.requests))
+                    loops.append(plain_loop(replica, prompt, args.requests))
                 else:
                     rate, cpu = loadgen(job, prompt, args.requests, args.concurrency)
                     gens.append(rate)
