@@ -16,14 +16,19 @@ both, alternating which goes first:
              (`launcher.node.server.resolve`, `launcher.node.server_env.child_env`), the same argv (`launcher.node.command.build_argv`:
              same repository, `--disable-auto-complete-config`, python shm prefix, fresh ports), started with
              Popen; t0 = just before Popen; READY = the first 200 from /v2/health/ready (polled every 2 ms) and
-             then the same first request hpc-serve's READY includes (one token through the ensemble,
-             launcher/node/warmup.py), so both sides mean "a token came back".
+             then the same first request hpc-serve's READY includes (one token through the model the
+             launcher warms up, launcher/node/warmup.py `choose`), so both sides mean "a token came back".
+             On the llmapi workflow (the default; `--workflow engine` for the ensemble) bare is what
+             `trtllm-llmapi-launch tritonserver` does by hand: the leader node first (the CPU engine's stand-in of
+             `tensorrt_llm.llmapi.mgmn_leader_node`), then tritonserver, joined by their IPC address and key
+             (launcher/contracts/llmapi.py), t0 just before the leader node's Popen.
 
 Both are stopped and every process is gone before the next measurement starts. Printed: every round, the
 medians, and the ratio median(hpc-serve) / median(bare); for hpc-serve also where its time went
 (supervisor up, tritonserver spawned, ready, record visible), from the record's own timestamps.
 
-    python benchmarks/bench_startup.py [--rounds 5] [--executor local|slurm] [--checkpoint DIR] [--keep]
+    python benchmarks/bench_startup.py [--rounds 5] [--executor local|slurm] [--workflow llmapi|engine]
+                                       [--checkpoint DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -47,14 +52,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
-from launcher.contracts import model_names
 from launcher.contracts.job_index import HOME_ENV  # noqa: E402
+from launcher.contracts.llmapi import ENGINE, LLMAPI, WORKFLOWS  # noqa: E402
 from launcher.contracts.records import EndpointRecord  # noqa: E402
 
 POLL_S = 0.002
 
 
-def write_spec(folder: Path, checkpoint: Path, *, partition: str | None = None) -> Path:
+def write_spec(folder: Path, checkpoint: Path, *, partition: str | None = None, workflow: str = LLMAPI) -> Path:
+    batch = {"triton_max_batch_size": 8} if workflow == ENGINE else {}  # llmapi's: llm_api.max_batch_size
     spec = {
         "name": "bench-startup",
         "workdir": str(folder / "runs"),
@@ -64,8 +70,9 @@ def write_spec(folder: Path, checkpoint: Path, *, partition: str | None = None) 
             "time": "00:10:00",
             **({"partition": partition} if partition else {}),
         },
-        "model": {"backend": "cpu", "checkpoint_dir": str(checkpoint), "tp_size": 1},
-        "triton": {"triton_max_batch_size": 8, "ready_timeout_s": 300},
+        "model": {"backend": "cpu", "workflow": workflow, "checkpoint_dir": str(checkpoint), "tp_size": 1},
+        "triton": {**batch, "ready_timeout_s": 300},
+        **({"llm_api": {"max_batch_size": 8}} if workflow == LLMAPI else {}),
     }
     path = folder / "bench-startup.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -168,14 +175,30 @@ def run_hpc_slurm(deploy_dir: Path) -> dict:
     }
 
 
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM `proc`'s process group, SIGKILL what is left of it after 40 s, and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=40)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def run_bare(deploy_dir: Path, n: int) -> dict:
+    from launcher.contracts.llmapi import new_hmac_key, proxy_env, without_mpi
     from launcher.contracts.plan import LaunchPlan
     from launcher.contracts.urls import READY_PATH, http_url, open_direct
     from launcher.node.command import build_argv
-    from launcher.node.ports import allocate
+    from launcher.node.llmapi import engine_env, leader_node_argv
+    from launcher.node.ports import allocate, free_ports
     from launcher.node.server import resolve
     from launcher.node.server_env import child_env
-    from launcher.node.warmup import Warmup, send
+    from launcher.node.warmup import choose, send
 
     plan = LaunchPlan.read(deploy_dir)
     server = resolve(plan.tritonserver)
@@ -192,16 +215,30 @@ def run_bare(deploy_dir: Path, n: int) -> dict:
         server_args=plan.server_args,
     )
     env = child_env(plan, server)
+    warmup = choose(Path(plan.model_repository), 60)  # the bare server has no token: nothing to send
+    assert warmup is not None, f"{plan.model_repository}: no model to send the first token to"
     url = http_url("127.0.0.1", ports.http, READY_PATH)
     log = open(deploy_dir / "logs" / f"bare-{n}.log", "wb")
+    leader = None
     t0 = time.time()
+    if plan.workflow == LLMAPI:  # trtllm-llmapi-launch's steps: the leader node, then tritonserver beside it
+        proxy = proxy_env(free_ports(1)[0], new_hmac_key())
+        leader = subprocess.Popen(
+            leader_node_argv(),
+            env={**engine_env(plan, env), **proxy},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        env = {**without_mpi(env), **proxy}
     proc = subprocess.Popen(
         argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )
     try:
         while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"bare tritonserver exited {proc.returncode}; see {log.name}")
+            if proc.poll() is not None or (leader is not None and leader.poll() is not None):
+                raise RuntimeError(f"bare tritonserver or its leader node exited; see {log.name}")
             try:
                 with open_direct(url, timeout=1) as resp:
                     if resp.status == 200:
@@ -210,19 +247,12 @@ def run_bare(deploy_dir: Path, n: int) -> dict:
                 pass
             time.sleep(POLL_S)
         t_ready = time.time()
-        send(Warmup(model_names.ENSEMBLE, 60), ports.http)  # the bare server has no token: nothing to send
+        send(warmup, ports.http)
         t_token = time.time()
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=40)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        stop_group(proc)
+        if leader is not None:  # after tritonserver, as trtllm-llmapi-launch ends it
+            stop_group(leader)
         log.close()
         wait_gone(plan.model_repository)
     http = http_started(Path(log.name))
@@ -238,6 +268,7 @@ def main() -> int:
     parser.add_argument("--executor", choices=["local", "slurm"], default="local")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint folder; default: a tiny random GPT-2")
     parser.add_argument("--partition", help="with --executor slurm")
+    parser.add_argument("--workflow", choices=WORKFLOWS, default=LLMAPI, help="the deployment's (default: llmapi)")
     parser.add_argument("--workdir", type=Path, help="where deployments go (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the deployments")
     args = parser.parse_args()
@@ -254,11 +285,12 @@ def main() -> int:
         from backend.cpu_engine.init_model import create_checkpoint
 
         checkpoint = Path(create_checkpoint(work / "tiny-gpt2", family="gpt2", size="tiny", seed=0))
-    spec = load_spec(write_spec(work, checkpoint, partition=args.partition))
+    spec = load_spec(write_spec(work, checkpoint, partition=args.partition, workflow=args.workflow))
     server = resolve(None)
     print(
         f"tritonserver: {server.argv0} ({server.source})\nbackends: {server.backend_dir}\n"
-        f"checkpoint: {checkpoint}\nexecutor: {args.executor}, {args.rounds} rounds, alternating order\n"
+        f"checkpoint: {checkpoint}\nexecutor: {args.executor}, {args.workflow} workflow, {args.rounds} rounds, "
+        "alternating order\n"
     )
 
     run_hpc = run_hpc_local if args.executor == "local" else run_hpc_slurm
