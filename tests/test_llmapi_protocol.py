@@ -75,11 +75,18 @@ def test_stop_strings_and_hpc_serves_own_inputs_become_sampling_params_keywords(
             sampling_param_ignore_eos=np.array([True]),
             sampling_param_min_tokens=np.array([3], np.int32),
             sampling_param_repetition_penalty=np.array([1.25], np.float32),
+            sampling_param_length_penalty=np.array([-0.5], np.float32),
+            sampling_param_top_k=np.array([5], np.int32),
+            sampling_param_seed=np.array([2**64 - 1], np.uint64),
         )
     )
     kwargs = req.sampling_kwargs()
     assert kwargs["stop"] == ["END", "\u00e9"], "text, as SamplingParams tokenizes it (upstream passes bytes)"
     assert (kwargs["ignore_eos"], kwargs["min_tokens"], kwargs["repetition_penalty"]) == (True, 3, 1.25)
+    assert (kwargs["length_penalty"], kwargs["top_k"], kwargs["seed"]) == (-0.5, 5, 2**64 - 1)
+    from backend.standin.tensorrt_llm.sampling_params import SamplingParams  # upstream's keywords and checks
+
+    assert SamplingParams(**kwargs).length_penalty == -0.5
 
 
 @pytest.mark.parametrize(
@@ -95,6 +102,7 @@ def test_stop_strings_and_hpc_serves_own_inputs_become_sampling_params_keywords(
         ({"sampling_param_best_of": np.array([2], np.int32)}, "'sampling_param_best_of' is 2"),
         ({"sampling_param_repetition_penalty": np.array([0], np.float32)}, "'sampling_param_repetition_penalty' must"),
         ({"sampling_param_min_tokens": np.array([-1], np.int32)}, "'sampling_param_min_tokens' must be at least 0"),
+        ({"sampling_param_length_penalty": np.array([np.nan], np.float32)}, "'sampling_param_length_penalty' must be"),
         ({"streaming": np.array([True, False])}, "Expected a scalar tensor for tensor streaming"),
         ({"text_input": np.array([b"\xff"], dtype=np.object_)}, "'text_input' is not valid UTF-8"),
     ],

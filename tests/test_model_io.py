@@ -31,6 +31,7 @@ EVERYTHING = GenerateParams(
     presence_penalty=0.1,
     frequency_penalty=-0.2,
     repetition_penalty=1.1,
+    length_penalty=0.9,
     min_tokens=2,
     ignore_eos=True,
     logprobs=True,
@@ -60,7 +61,8 @@ def test_llmapi_requests_use_only_inputs_the_model_declares_with_their_types_and
     assert {f"sampling_param_{n}" for n in ("temperature", "top_p", "top_k", "seed", "stop", "max_tokens")} <= sent
     assert {"streaming", "sampling_param_exclude_input_from_output", "return_finish_reason"} <= sent
     assert {t.name() for t in LlmapiIO().stop_tensors()} == {"text_input", "stop"}
-    own = {f"sampling_param_{n}" for n in ("ignore_eos", "min_tokens", "repetition_penalty", "logprobs")}
+    own = {f"sampling_param_{n}" for n in ("ignore_eos", "min_tokens", "repetition_penalty", "length_penalty")}
+    own.add("sampling_param_logprobs")
     assert own <= sent
 
 
@@ -71,10 +73,15 @@ def test_the_images_llmapi_model_is_sent_only_what_it_takes_and_a_parameter_it_l
     declared = _declared(config_text(own_inputs=False))
     plain = GenerateParams("x", 4, temperature=0.5, seed=1)
     assert {t.name() for t in image.tensors(plain)} <= set(declared)
-    for field, value in (("stop", ("END",)), ("ignore_eos", True), ("min_tokens", 2), ("repetition_penalty", 1.2)):
+    asked = (("stop", ("END",)), ("ignore_eos", True), ("min_tokens", 2), ("repetition_penalty", 1.2))
+    for field, value in (*asked, ("length_penalty", 0.8), ("logprobs", True)):
         with pytest.raises(NotTaken) as refused:
             image.tensors(GenerateParams("x", 4, **{field: value}))
         assert refused.value.param == field and "llmapi_model: hpc-serve" in str(refused.value)
+    # what asks for nothing (vLLM's benchmark sends repetition_penalty 1.0 always) is served, and not sent
+    neutral = GenerateParams("x", 4, stop=[], min_tokens=0, repetition_penalty=1.0, length_penalty=1.0, top_k=5)
+    assert {t.name() for t in image.tensors(neutral)} <= set(declared)
+    assert "sampling_param_top_k" in {t.name() for t in image.tensors(neutral)}, "upstream's input: taken"
     assert model_io(LLMAPI, True, OWN_MODEL).tensors(GenerateParams("x", 4, stop=("END",)))
     assert model_io(LLMAPI, True, "").tensors(GenerateParams("x", 4, ignore_eos=True)), "an older record: ours"
 
@@ -84,7 +91,7 @@ def test_each_workflow_has_its_generation_model_and_an_unknown_one_is_the_engine
     assert model_io(ENGINE).model == model_names.ENSEMBLE == model_io("older-record").model
     tensors = {t.name(): t for t in EnsembleIO().tensors(EVERYTHING)}
     assert {"text_input", "max_tokens", "stream", "stop_words", "temperature", "seed"} <= set(tensors)
-    assert {"min_tokens", "repetition_penalty", "end_id"} <= set(tensors), "ignore_eos: no end token (end_id -1)"
+    assert {"min_tokens", "repetition_penalty", "length_penalty", "end_id"} <= set(tensors), "ignore_eos: end_id -1"
     assert {t.name() for t in EnsembleIO().stop_tensors()} >= {"input_ids", "stop"}
 
 

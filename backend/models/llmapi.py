@@ -7,8 +7,8 @@ and `shutdown`.
 
 What it adds to upstream's (docs/compatibility.md): token-by-token streaming (each event carries the cumulative
 text, as upstream's would), stop strings given to SamplingParams as text, `ignore_eos`, `min_tokens`,
-`repetition_penalty`, and the engine's iteration stats as Triton metrics under TensorRT-LLM's `nv_trt_llm_*`
-names (backend/models/engine_metrics.py), which an ordered stop reads to know what is in flight.
+`repetition_penalty`, `length_penalty`, and the engine's iteration stats as Triton metrics under TensorRT-LLM's
+`nv_trt_llm_*` names (backend/models/engine_metrics.py), which an ordered stop reads to know what is in flight.
 
 As upstream: model.yaml (or `$LLM_CONFIG_PATH`) holds the LLM arguments and `triton_config`; a `stop` request
 aborts the requests of its request id and answers CANCELLED; every `cancellation_check_period_ms` a request

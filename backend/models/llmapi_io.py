@@ -6,7 +6,8 @@ Requests: `text_input` (element 0, UTF-8), scalar inputs checked with upstream's
 for tensor {name}"), `sampling_param_*` → SamplingParams' keyword arguments with upstream's defaults added
 (exclude_input_from_output False, return_perf_metrics False; max_tokens 32, SamplingParams' own default), `stop`
 strings decoded to text (upstream hands the BYTES array to SamplingParams as it is, which its tokenizer refuses),
-`streaming`, `return_*`; and hpc-serve's additions (OWN_INPUTS: ignore_eos, min_tokens, repetition_penalty).
+`streaming`, `return_*`; and hpc-serve's additions (OWN_INPUTS: ignore_eos, min_tokens, repetition_penalty,
+length_penalty, logprobs).
 TensorRT-LLM checks values inside SamplingParams and its executor; here each bad value gets an error naming its
 input first.
 
@@ -35,6 +36,7 @@ OWN_INPUTS = {
     "sampling_param_ignore_eos": ("TYPE_BOOL", "ignore_eos"),
     "sampling_param_min_tokens": ("TYPE_INT32", "min_tokens"),
     "sampling_param_repetition_penalty": ("TYPE_FP32", "repetition_penalty"),
+    "sampling_param_length_penalty": ("TYPE_FP32", "length_penalty"),
     "sampling_param_logprobs": ("TYPE_INT32", "logprobs"),
 }
 #: hpc-serve's model's output of the generated tokens' log probabilities (asked with sampling_param_logprobs): a
@@ -183,6 +185,7 @@ def parse_request(inputs: Mapping[str, np.ndarray]) -> LlmRequest:
         "frequency_penalty": _number(inputs, "sampling_param_frequency_penalty", -math.inf),
         "presence_penalty": _number(inputs, "sampling_param_presence_penalty", -math.inf),
         "repetition_penalty": _positive(inputs, "sampling_param_repetition_penalty"),
+        "length_penalty": _number(inputs, "sampling_param_length_penalty", -math.inf),
         "min_tokens": _count(inputs, "sampling_param_min_tokens", 0),
         "logprobs": _logprobs(inputs),
         "seed": None if seed is None else int(seed),  # type: ignore[call-overload]

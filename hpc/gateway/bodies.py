@@ -144,10 +144,13 @@ class Sampling(Part):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     # the engines' extensions of OpenAI's bodies that vLLM, aiperf and genai-perf send (TensorRT-LLM's
-    # SamplingParams of these names): served on the llmapi workflow by hpc-serve's model and by the ensemble
+    # SamplingParams of these names): served on the llmapi workflow by hpc-serve's model and by the ensemble;
+    # the image's llmapi model lacks them (hpc/serving/model_io.py IMAGE_MODEL_LACKS: a 400 naming the field)
     ignore_eos: bool = False
     min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
+    #: beam search's length penalty: accepted as TensorRT-LLM takes it, no effect on the one beam served here
+    length_penalty: float | None = Field(default=None, ge=-100.0, le=100.0)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -88,6 +88,7 @@ def _params(req: Sampling, prompt: str, max_tokens: int, logprobs: bool) -> Gene
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty,
+        length_penalty=req.length_penalty,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,

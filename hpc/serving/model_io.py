@@ -6,15 +6,14 @@ tensors from (hpc/serving/triton.py sends them).
   `stop_words`, ...). Each streamed response carries the new tokens' text as bytes, cut anywhere, even inside a
   character, so they are decoded incrementally; one response per token, so the responses count the tokens.
 - llmapi: TensorRT-LLM's LLM API model `tensorrt_llm` (all_models/llmapi: `text_input`, `streaming`,
-  `sampling_param_*`, `return_*`, with the request's perf metrics asked for; reference
-  /work/notes/issue23-facts.md §1-2). Each response carries the
+  `sampling_param_*`, `return_*`, with the request's perf metrics asked for). Each response carries the
   *cumulative* text of the generation (the LLM API's `CompletionOutput.text`), decoded by the engine, so a
   character still incomplete ends it as U+FFFD: the delta is what the text grew by, and a trailing U+FFFD is held
   back until a later response (or the final one) settles it. The engine leaves a stop string out of its final
   text (`include_stop_str_in_output` is False), after it may have streamed part of it: the final response's
   `stop_reason` names it, and it is put back, so the caller's stop rule (hpc/serving/text.py) cuts the same text
   on both workflows. The model returns no token counts and, with TensorRT-LLM 1.2.x's model.py, one response for
-  a whole streamed request (issue23-facts §0): its chunks' `tokens` is None, and callers count the text's.
+  a whole streamed request: its chunks' `tokens` is None, and callers count the text's.
 
 Both ask for the prompt left out of the output, and always stream (hpc/serving/triton.py says why).
 """
@@ -70,6 +69,8 @@ class GenerateParams:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    #: beam search's length penalty (TensorRT-LLM's SamplingParams.length_penalty): no effect on one beam
+    length_penalty: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool = False  # generate max_tokens whatever the model's end token says (benchmarks' fixed lengths)
     logprobs: bool = False  # ask for the chosen tokens' log probabilities (the ensemble's `return_log_probs`)
@@ -154,18 +155,33 @@ _SAMPLING = (
     ("presence_penalty", np.float32, "FP32"),
     ("frequency_penalty", np.float32, "FP32"),
     ("repetition_penalty", np.float32, "FP32"),
+    ("length_penalty", np.float32, "FP32"),
     ("min_tokens", np.int32, "INT32"),
 )
 #: what the image's llmapi model (NVIDIA's model.py and helpers.py) cannot take that hpc-serve's can, and why
+#: (hpc-serve's model's own inputs: backend/models/llmapi_io.py OWN_INPUTS)
 IMAGE_MODEL_LACKS = {
     "stop": "the image's llmapi model passes stop strings to the tokenizer as bytes, which it refuses (TensorRT-LLM "
     "helpers.py); serve hpc-serve's model (spec model.llmapi_model: hpc-serve) for stop strings",
     **{
         name: f"the image's llmapi model has no {name} input; serve hpc-serve's model (spec model.llmapi_model: "
         "hpc-serve) for it"
-        for name in ("ignore_eos", "min_tokens", "repetition_penalty", "logprobs")
+        for name in ("ignore_eos", "min_tokens", "repetition_penalty", "length_penalty", "logprobs")
     },
 }
+
+
+#: the values of those that ask for nothing (no effect, or none on one beam), which benchmark clients send as they
+#: are (vLLM's completions: `repetition_penalty: 1.0`): not refused, and not sent to the image's model, which has
+#: no input for them; so are no stop strings, `ignore_eos` and `logprobs` false
+NEUTRAL = {"min_tokens": 0, "repetition_penalty": 1.0, "length_penalty": 1.0}
+
+
+def _asks(name: str, value: Any) -> bool:
+    """`value` of parameter `name` asks the model for something."""
+    if name == "stop" or isinstance(value, bool):
+        return bool(value)
+    return value is not None and value != NEUTRAL.get(name)
 
 
 class _BytesDecoder:
@@ -198,7 +214,7 @@ class LlmapiIO:
     def tensors(self, params: GenerateParams) -> list[grpcclient.InferInput]:
         if not self.own_inputs:
             for name, why in IMAGE_MODEL_LACKS.items():
-                if getattr(params, name):
+                if _asks(name, getattr(params, name)):
                     raise NotTaken(name, why)
         arrays: dict[str, tuple[np.ndarray, str]] = {
             "text_input": (np.array([params.prompt.encode()], dtype=object), "BYTES"),
@@ -212,7 +228,7 @@ class LlmapiIO:
         if params.stop:
             arrays["sampling_param_stop"] = (np.array([s.encode() for s in params.stop], dtype=object), "BYTES")
         for name, dtype, triton in _SAMPLING:
-            if (value := getattr(params, name)) is not None:
+            if (value := getattr(params, name)) is not None and (self.own_inputs or name not in IMAGE_MODEL_LACKS):
                 arrays[f"sampling_param_{name}"] = _scalar(value, dtype, triton, False)
         if params.ignore_eos:
             arrays["sampling_param_ignore_eos"] = _scalar(True, bool, "BOOL", False)

@@ -149,6 +149,7 @@ class LLM:
             self._results[request_id] = result
             self._submitted = True
         end_id = None if sampling_params.ignore_eos else sampling_params.end_id
+        # length_penalty is not passed: it scores finished beams, and one beam is made (upstream's at beam width 1)
         sampling = p.Sampling(
             max_tokens=sampling_params.max_tokens,
             temperature=sampling_params.temperature,
