@@ -25,7 +25,7 @@ from hpc.spec.renew import duration_seconds, format_duration
 from launcher.contracts.config import RENEW_NOTICE_S, RENEW_STARTUP_S, STOP_LEAD_S
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.plan import LaunchPlan
-from launcher.contracts.records import ChainRecord, RenewStop, read_chain, write_json_atomic
+from launcher.contracts.records import ChainRecord, EndpointRecord, RenewStop, read_chain, write_json_atomic
 from launcher.contracts.renew_plan import (
     ENV_CHAIN_INDEX,
     ENV_PREDECESSOR,
@@ -328,14 +328,22 @@ def test_chain_view_names_a_pending_successor_and_why(tmp_path):
 
 
 def test_discovery_drains_a_handed_over_or_stopping_job_only_while_another_serves(tmp_path):
+    """A renewer's mark drains a whole job; a leader's stopping mark its own replica (job 2's replica 1, rank 2,
+    serves on while replica 0 stops: replica_policy restart or keep-serving)."""
     target, deploy = _deployment(tmp_path)
     for job in ("1", "2", "3", "4"):
         JobPaths(deploy, job).create()
     DrainingMark(at=1.0, successor="3").write(JobPaths(deploy, "1").draining)
+    for replica, rank in ((0, 0), (1, 2)):
+        record = EndpointRecord(job_id="2", replica=replica, rank=rank, address="n", http_port=1)
+        record.write(JobPaths(deploy, "2").endpoint(replica))
     StopNotice(signal="SIGTERM", at=1.0, drain_until=11.0).write(JobPaths(deploy, "2").stopping(0))
     DrainingMark(at=1.0, final=True).write(JobPaths(deploy, "4").draining)
     draining = draining_jobs(target)
-    assert draining == {"1": False, "2": True, "4": True}
+    assert draining == {"1": False, "2/0": True, "4": True}
+    serving_on = [Replica(key=key, http_url="", grpc_url="") for key in ("2/0", "2/1")]
+    mark_draining(serving_on, draining)
+    assert [r.draining for r in serving_on] == [True, False]
 
     def replicas(*jobs: str) -> list[Replica]:
         return [Replica(key=f"{job}/0", http_url="", grpc_url="") for job in jobs]

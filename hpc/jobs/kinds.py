@@ -63,13 +63,16 @@ from launcher.contracts.layout import (
     SUB_NAME,
     JobPaths,
 )
-from launcher.contracts.plan import KEEP_SERVING, PlanError
+from launcher.contracts.plan import KEEP_SERVING, RESTART, PlanError
 from launcher.contracts.records import (
+    RESTARTING,
     RankExitRecord,
     StartupRecord,
+    read_ended_run,
     read_endpoints,
     read_gateway,
     read_rank_records,
+    read_replica_restarts,
     read_startups,
 )
 
@@ -174,20 +177,30 @@ class ServingJob(JobKind):
             return
         self._plan_error = None
         replicas, per_replica = plan.replicas, plan.world_size_per_replica
-        keep_serving = plan.replica_policy == KEEP_SERVING
+        keep_serving, restart = plan.replica_policy == KEEP_SERVING, plan.replica_policy == RESTART
         running = status.state == "RUNNING"
         endpoints = read_endpoints(ref.paths) if running else []
         ranks = read_rank_records(ref.paths)
         failure = first_failure(ranks)
-        dead = dead_replicas(ranks, per_replica) if keep_serving else {}
+        dead = dead_replicas(ranks, per_replica) if keep_serving or restart else {}
+        down: set[int] = set()  # restart: replicas the `.sub` starts again, not counted against READY
+        if restart:
+            serving = {e.replica for e in endpoints}
+            down = self._restarts_of(status, dead, serving)
+            down = down if running else set()
+            # the cause is a replica's that is not started again (the bound, or a rank that gave up for good)
+            failure = first_failure([r for r in ranks if r.rank // per_replica not in down]) if running else failure
+            dead = {}
         if keep_serving and running and len(dead) < replicas:
             failure = None  # the others serve on (`dead_replicas` says which died, and why)
             endpoints = [e for e in endpoints if e.replica not in dead]
+        endpoints = [e for e in endpoints if e.replica not in down]
         if running:
             if failure is not None:
                 status.state = "FAILED"
             else:
-                status.state = "READY" if len(endpoints) >= replicas - len(dead) else "STARTING"
+                ready = len(endpoints) >= replicas - len(dead) - len(down) and (endpoints or not down)
+                status.state = "READY" if ready else "STARTING"
         elif status.state in ("COMPLETED", "CANCELLED", "TIMEOUT"):
             failure = failure if status.state == "COMPLETED" else None  # ranks killed by scancel or the time limit
             if failure is not None:
@@ -219,6 +232,26 @@ class ServingJob(JobKind):
             status.starting = [
                 r for r in self._starting if r.replica not in ready and r.replica not in status.dead_replicas
             ]
+
+    def _restarts_of(self, status: JobStatus, dead: dict[int, RankExitRecord], serving: set[int]) -> set[int]:
+        """replica_policy restart: what the `.sub` did about each replica that ended (its ReplicaRestart, the cause
+        of its last run's end) into ``status``; the replicas that are down and start again: those the `.sub`
+        restarts and that serve no endpoint yet, and those dead now that it has not taken up yet (it restarts them
+        unless their record says it gave up)."""
+        paths = self.ref.paths
+        records = read_replica_restarts(paths)
+        status.replica_restarts = records
+        for replica, record in records.items():
+            if record.restarts and (cause := first_failure(read_ended_run(paths, replica, record.restarts))):
+                status.restart_causes[replica] = cause
+        down = {r for r, record in records.items() if record.outcome == RESTARTING and r not in serving}
+        for replica, cause in dead.items():
+            latest = records.get(replica)
+            if latest is None or latest.outcome == RESTARTING:
+                status.restart_causes[replica] = cause
+                down.add(replica)
+        status.restarting = sorted(down)
+        return down
 
     def _restarts(self) -> int:
         try:

@@ -16,7 +16,7 @@ from hpc.scheduler import slurm
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import TERMINAL, SlurmError, on_cluster
 from launcher.contracts.job_index import entry_name
-from launcher.contracts.records import EndpointRecord, RankExitRecord, StartupRecord
+from launcher.contracts.records import RESTARTING, EndpointRecord, RankExitRecord, ReplicaRestart, StartupRecord
 
 if TYPE_CHECKING:
     from hpc.serving.gateway_record import GatewayLine  # imported when a gateway is asked for: `status` stays light
@@ -38,6 +38,12 @@ class JobStatus:
     dead_replicas: dict[int, RankExitRecord] = field(default_factory=dict)
     #: how many times Slurm requeued and restarted the job ($SLURM_RESTART_COUNT of the run going on)
     restarts: int = 0
+    #: replica_policy restart: each restarted replica's latest ReplicaRestart, and the failure that ended its last
+    #: run (or the one that ended it now, while the `.sub` has not taken it up yet)
+    replica_restarts: dict[int, ReplicaRestart] = field(default_factory=dict)
+    restart_causes: dict[int, RankExitRecord] = field(default_factory=dict)
+    #: ... the replicas down now that are (or will be) started again
+    restarting: list[int] = field(default_factory=list)
     #: the job's kind (hpc/jobs/kinds.py `JobKind.kind`): "serving", "gateway" (READY once its record answers) or
     #: "build" (its steps)
     kind: str = "serving"
@@ -88,6 +94,7 @@ class JobStatus:
             text += " " + ", ".join(e.http_url for e in self.endpoints)
         if self.restarts:
             text += f" (restarts: {self.restarts})"
+        text += "".join(f"\n{line}" for line in self.restart_lines())
         if self.dead_replicas and not self.failed_rank:
             alive = self.replicas - len(self.dead_replicas)
             text += f" ({alive}/{self.replicas} replicas serving)"
@@ -98,6 +105,26 @@ class JobStatus:
         elif self.reason and self.state in TERMINAL:
             text += f" ({self.reason})"
         return text
+
+    def restart_lines(self) -> list[str]:
+        """`replica 1 READY (restarts: 1 of 3; last: rank 2 on node2 exited with signal SIGKILL at 12:03:04)`: one
+        line for each replica that replica_policy restart restarted or is restarting."""
+        ready, now, lines = {e.replica for e in self.endpoints}, time.time(), []
+        for replica in sorted(set(self.replica_restarts) | set(self.restarting)):
+            record = self.replica_restarts.get(replica)
+            if replica in ready:
+                state = "READY"
+            elif record is not None and record.outcome != RESTARTING:
+                state = f"not restarted ({record.outcome})"
+            elif record is not None and replica in self.restarting and record.restart_at > now:
+                state = f"restarting in {record.restart_at - now:.0f} s"
+            else:
+                state = "restarting"
+            count = f"restarts: {record.restarts} of {record.max_restarts}" if record is not None else "restarts: 0"
+            cause = self.restart_causes.get(replica)
+            last = f"; last: {short_failure(cause)}" if cause is not None else ""
+            lines.append(f"replica {replica} {state} ({count}{last})")
+        return lines
 
     @property
     def label(self) -> str:
@@ -111,6 +138,8 @@ class JobStatus:
         data["failed_rank"] = self.failed_rank.to_dict() if self.failed_rank else None
         data["starting"] = [r.to_dict() for r in self.starting]
         data["dead_replicas"] = {str(k): r.to_dict() for k, r in sorted(self.dead_replicas.items())}
+        data["replica_restarts"] = {str(k): r.to_dict() for k, r in sorted(self.replica_restarts.items())}
+        data["restart_causes"] = {str(k): r.to_dict() for k, r in sorted(self.restart_causes.items())}
         data["gateway"] = self.gateway.to_json() if self.gateway else None
         return data
 
@@ -129,6 +158,15 @@ def describe_failure(record: RankExitRecord) -> str:
     ]
     lines += [f"  | {line}" for line in record.log_tail]
     return "\n".join(lines)
+
+
+def short_failure(record: RankExitRecord) -> str:
+    """`rank 2 on node2 exited with signal SIGKILL (the python backend stub ... killed by SIGABRT) at 12:03:04`."""
+    how = f"signal {record.signal}" if record.signal else f"exit code {record.exit_code}"
+    where = f" on {record.host}" if record.host and record.host != "?" else ""
+    why = f" ({record.error.split(';')[0]})" if record.error else ""
+    at = f" at {time.strftime('%H:%M:%S', time.localtime(record.ended_at))}" if record.ended_at else ""
+    return f"rank {record.rank}{where} exited with {how}{why}{at}"
 
 
 def failure_without_record(ref: JobRef, ranks: list[RankExitRecord], world: int) -> RankExitRecord | None:

@@ -43,13 +43,15 @@ from launcher.contracts.layout import (
     SH_NAME,
     SHIPPED_PACKAGES,
     SOURCE_ROOT,
+    STARTING_NAME,
     SUB_NAME,
     Deployment,
     gateway_record,
     template_values,
 )
 from launcher.contracts.llmapi import ENGINE, LLMAPI, OWN_MODEL
-from launcher.contracts.plan import FAIL_JOB, LaunchPlan
+from launcher.contracts.plan import FAIL_JOB, RESTART, LaunchPlan
+from launcher.contracts.records import GAVE_UP, NOT_RESTARTABLE, RESTARTING, ReplicaRestart
 from launcher.contracts.renew_plan import RenewPlan
 from launcher.contracts.stop_records import stop_request_format
 from launcher.node.command import shm_glob_shell
@@ -279,11 +281,17 @@ def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
                 "cleanup": [f"--nodes={step.nodes}", f"--ntasks={step.nodes}", f"--relative={step.relative}"],
                 "shm": [shm_glob_shell(rank) for rank in step.ranks()],
                 "endpoint": f"{ENDPOINTS_NAME}/{ENDPOINT_NAME.format(replica=step.replica)}",
+                "starting": f"{ENDPOINTS_NAME}/{STARTING_NAME.format(replica=step.replica)}",
+                "ranks": list(step.ranks()),
             }
             for step in steps
         ],
         "step_cpus": any(step.shares_node for step in steps) and not spec.slurm.cpus_per_task,
-        "fail_job": spec.replica_policy == FAIL_JOB,
+        "fail_job": spec.replica_policy in (FAIL_JOB, RESTART),  # restart: once a replica is not restarted
+        "restart": spec.replica_policy == RESTART,
+        "restart_bounds": spec.restart_bounds,
+        "restart_format": ReplicaRestart.shell(spec.restart_bounds.max_restarts),
+        "restart_outcomes": {"restarting": RESTARTING, "gave_up": GAVE_UP, "not_restartable": NOT_RESTARTABLE},
     }
 
 

@@ -30,6 +30,7 @@ from hpc.serving.balancer import Balancer, Replica
 from hpc.serving.deployment import Target, as_replica, deployment_folders, job_folders, job_of_key, published
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 from launcher.contracts.job_index import entry_name_of
+from launcher.contracts.records import read_endpoints
 from launcher.contracts.stop_records import is_final
 from launcher.contracts.urls import READY_PATH
 
@@ -47,23 +48,30 @@ SLOW_CHECKS_KEPT = 2
 
 def draining_jobs(target: Target) -> dict[str, bool]:
     """Jobs of the deployment that take no new requests (by entry name, `33@twin`, as replica keys name them: job
-    ids are per cluster) → whether even when no other replica serves (ending for good: stopping, or a renewer's
-    `final` mark) or only while another does (handed over to a successor)."""
+    ids are per cluster), and replicas (by key, `33@twin/1`) whose leader began its ordered stop → whether even
+    when no other replica serves (ending for good: stopping, or a renewer's `final` mark) or only while another
+    does (handed over to a successor). A stopping leader drains its own replica only: one replica of a job may
+    end (replica_policy keep-serving, restart) while the others serve on."""
     found: dict[str, bool] = {}
     for paths in job_folders(target):
-        if paths.stopping_marks() or is_final(paths.draining):
-            found[entry_name_of(paths)] = True
+        entry = entry_name_of(paths)
+        if is_final(paths.draining):
+            found[entry] = True
         elif paths.draining.exists():
-            found[entry_name_of(paths)] = False
+            found[entry] = False
+        stopping = {mark.name.split(".")[0] for mark in paths.stopping_marks()}  # rank-<leader's rank>
+        for record in read_endpoints(paths) if stopping else []:
+            if f"rank-{record.rank}" in stopping:
+                found[f"{entry}/{record.replica}"] = True
     return found
 
 
 def mark_draining(replicas: list[Replica], draining: Mapping[str, bool]) -> None:
-    """Set each replica's `draining` from its job's (see `draining_jobs`)."""
-    job = {r.key: job_of_key(r.key) for r in replicas}
-    open_ = any(job[r.key] not in draining for r in replicas)
+    """Set each replica's `draining` from its own or its job's (see `draining_jobs`)."""
+    state = {r.key: draining.get(r.key, draining.get(job_of_key(r.key))) for r in replicas}
+    open_ = any(state[r.key] is None for r in replicas)
     for replica in replicas:
-        replica.draining = job[replica.key] in draining and (open_ or draining[job[replica.key]])
+        replica.draining = state[replica.key] is not None and (open_ or bool(state[replica.key]))
 
 
 @dataclass

@@ -44,6 +44,7 @@ from hpc.spec.llmapi import LlmApiSpec
 from hpc.spec.model import ModelSpec
 from hpc.spec.placement import PlacementError, replica_steps
 from hpc.spec.renew import RenewSpec, format_duration
+from hpc.spec.restart import RestartSpec
 from launcher.contracts.auth import MODES as AUTH_MODES
 from launcher.contracts.auth import TOKEN as AUTH_TOKEN
 from launcher.contracts.config import DEFAULT_READY_TIMEOUT_S, DEFAULT_WARMUP_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
@@ -298,10 +299,14 @@ class Spec(_Section):
         description="independent copies of the model in the job, each one srun step with its own endpoint; "
         "tp × pp × replicas must equal nodes × ntasks_per_node",
     )
-    replica_policy: Literal["fail-job", "keep-serving"] = Field(
+    replica_policy: Literal["fail-job", "keep-serving", "restart"] = Field(
         "fail-job",
-        description="when a replica dies: fail-job ends the job (every replica stops in order); keep-serving lets "
-        "the others serve on (`status` shows the dead one)",
+        description="when a replica dies without being asked: fail-job ends the job (every replica stops in order); "
+        "keep-serving lets the others serve on (`status` shows the dead one); restart starts it again on the same "
+        "nodes (bounded by restart:), the others serving meanwhile",
+    )
+    restart: RestartSpec | None = Field(
+        None, description="replica_policy restart: how often and how soon (default: 3 in a row, from 10s, doubling)"
     )
     requeue: bool = Field(
         False,
@@ -350,6 +355,11 @@ class Spec(_Section):
                 data = {**data, "model": {**data["model"], "workflow": ENGINE}}
         return data
 
+    @property
+    def restart_bounds(self) -> RestartSpec:
+        """`restart:`, its defaults where the spec gives none (used with replica_policy restart)."""
+        return self.restart or RestartSpec()
+
     @model_validator(mode="after")
     def _fits(self) -> Spec:
         s, m = self.slurm, self.model
@@ -386,6 +396,11 @@ class Spec(_Section):
             raise ValueError(f"@replicas: {exc}") from None
         if self.renew is not None:
             self._renew_fits()
+        if self.restart is not None and self.replica_policy != "restart":
+            raise ValueError(
+                f"@restart: restart: bounds replica_policy restart, but replica_policy is {self.replica_policy}; "
+                "set replica_policy: restart, or drop restart:"
+            )
         if m.workflow == ENGINE and m.backend == "tensorrtllm" and m.engine_dir is None and self.build is None:
             raise ValueError(
                 "@model.engine_dir: model.backend tensorrtllm needs model.engine_dir (the trtllm-build output), "

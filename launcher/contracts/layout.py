@@ -70,6 +70,13 @@ LOCAL_STATE_NAME = "local.json"
 #: and moves the records of the run before into `previous/<run>/` (run 0 is the first)
 RESTART_COUNT_NAME = "restart_count"
 PREVIOUS_RUNS_NAME = "previous"
+#: replica_policy restart: in `D/jobs/<job_id>/replica_restarts/`, each replica's latest ReplicaRestart
+#: (`replica-<r>.json`, launcher/contracts/records.py) and the records of each run of it that ended
+#: (`replica-<r>/<n>/`: its ranks' exit records, moved there by the `.sub` before restart n)
+REPLICA_RESTARTS_NAME = "replica_restarts"
+#: in `ranks/`: the rank's launcher gave up on something a restart cannot change (the plan, a fixed port, the
+#: token): the `.sub` restarts no replica of it
+NO_RESTART_SUFFIX = ".no_restart"
 #: renewal (launcher/jobscript/renew.py): in `D/jobs/<job_id>/`, the job's place in its chain (written by its own renewer)
 CHAIN_NAME = "chain.json"
 #: ... and its mark once a successor serves: clients send it no new requests (hpc/serving/discovery.py)
@@ -310,6 +317,22 @@ class JobPaths:
         """`$SLURM_RESTART_COUNT` of the run going on (0 until Slurm requeues the job), written by the `.sub`."""
         return self.folder / RESTART_COUNT_NAME
 
+    def no_restart(self, rank: int) -> Path:
+        """Written by a rank's launcher that gave up on what a restart cannot change (NO_RESTART_SUFFIX)."""
+        return self.ranks_dir / f"rank-{rank}{NO_RESTART_SUFFIX}"
+
+    @property
+    def replica_restarts_dir(self) -> Path:
+        return self.folder / REPLICA_RESTARTS_NAME
+
+    def replica_restart(self, replica: int) -> Path:
+        """The replica's latest ReplicaRestart (replica_policy restart), written by the `.sub` when its step ended."""
+        return self.replica_restarts_dir / f"replica-{replica}.json"
+
+    def replica_ended_run(self, replica: int, restart: int) -> Path:
+        """The rank records of the run of `replica` that ended before restart `restart` (1: the first restart)."""
+        return self.replica_restarts_dir / f"replica-{replica}" / str(restart)
+
     def previous_run(self, run: int) -> Path:
         """Where the `.sub` of a requeued job moved the endpoints and rank records of run `run` (0: the first)."""
         return self.folder / PREVIOUS_RUNS_NAME / str(run)
@@ -383,10 +406,13 @@ def template_values(deploy_dir: Path) -> dict[str, str]:
         "endpoints_name": ENDPOINTS_NAME,
         "ranks_name": RANKS_NAME,
         "stop_request_name": STOP_REQUEST_NAME,
+        "cancel_marker_name": CANCEL_MARKER_NAME,
         "stopping_glob": STOPPING_GLOB,
         "rank_log_example": str(dep.job("<job id>").rank_log("<rank>")),
         "restart_count_name": RESTART_COUNT_NAME,
         "previous_runs_name": PREVIOUS_RUNS_NAME,
+        "replica_restarts_name": REPLICA_RESTARTS_NAME,
+        "no_restart_suffix": NO_RESTART_SUFFIX,
         "gateway_sub_path": str(dep.gateway_sub),
         "gateway_marker_name": GATEWAY_JOB_MARKER_NAME,
         "build_sub_path": str(dep.build_sub),

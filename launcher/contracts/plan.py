@@ -42,8 +42,8 @@ from launcher.contracts.renew_plan import RenewPlan
 #: launch.json's version: a plan of another version is refused (a reader cannot know what it means)
 VERSION = 1
 #: ``replica_policy``: a failed replica ends the job (the .sub stops the others in order), or the others serve on
-FAIL_JOB, KEEP_SERVING = "fail-job", "keep-serving"
-REPLICA_POLICIES = (FAIL_JOB, KEEP_SERVING)
+FAIL_JOB, KEEP_SERVING, RESTART = "fail-job", "keep-serving", "restart"
+REPLICA_POLICIES = (FAIL_JOB, KEEP_SERVING, RESTART)
 GPU_BINDINGS = (PER_RANK, GPU_NONE)
 #: the keys a plan must have (see the module's docstring)
 REQUIRED = ("model_repository", "replicas", "world_size_per_replica")

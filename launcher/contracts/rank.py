@@ -18,6 +18,9 @@ JOB_ID_ENV = "HPC_SERVE_JOB_ID"
 #: Set by the `.sub` on each replica's own `srun` step (one MPI world per replica, hpc/spec/placement.py): the replica
 #: the step serves. Without it, the starter's world holds every replica (`mpirun -n`, an interactive `srun`).
 STEP_REPLICA_ENV = "HPC_SERVE_STEP_REPLICA"
+#: replica_policy restart: how many times the `.sub` restarted the step's replica before this run (its endpoint
+#: record says so: records.EndpointRecord.restarts)
+REPLICA_RESTARTS_ENV = "HPC_SERVE_REPLICA_RESTARTS"
 #: What the launcher decided about a rank's place, handed to tritonserver (and so to the models) through the
 #: environment: the models never parse the process starter's variables themselves (DEVELOPERS.md "Shared contracts").
 WORLD_SIZE_ENV = "HPC_SERVE_WORLD_SIZE"
@@ -76,7 +79,17 @@ def template_values() -> dict[str, str]:
     """The variables the `.sub` templates set or read (hpc/render/jobfiles.py and hpc/jobs/build_script.py pass them
     beside layout.template_values), so no template re-types one: a replica step's, and the job id the local
     executor hands a script that runs without Slurm."""
-    return {"step_replica_env": STEP_REPLICA_ENV, "job_id_env": JOB_ID_ENV}
+    return {
+        "step_replica_env": STEP_REPLICA_ENV,
+        "job_id_env": JOB_ID_ENV,
+        "replica_restarts_env": REPLICA_RESTARTS_ENV,
+    }
+
+
+def replica_restarts(env: Mapping[str, str] | None = None) -> int:
+    """``REPLICA_RESTARTS_ENV``: 0 outside a restarted replica's step (or when it is not a count)."""
+    value = (os.environ if env is None else env).get(REPLICA_RESTARTS_ENV, "0")
+    return int(value) if value.isdigit() else 0
 
 
 def given_job_id(env: Mapping[str, str] | None = None) -> str | None:

@@ -165,6 +165,8 @@ class EndpointRecord(Record):
     #: llmapi: which `tensorrt_llm` model serves (launcher/contracts/llmapi.py OWN_MODEL, IMAGE_MODEL): the image's
     #: takes fewer inputs (hpc/serving/model_io.py); an older record has none: taken as hpc-serve's
     llmapi_model: str = ""
+    #: replica_policy restart: how many times the job restarted this replica before this run (0: its first)
+    restarts: int = 0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EndpointRecord:
@@ -180,6 +182,7 @@ class EndpointRecord(Record):
             metrics_port=int(record.metrics_port),
             decoupled=record.decoupled is not False,  # only an explicit false is a unary model
             pid=int(record.pid),
+            restarts=int(record.restarts or 0),
         )
 
     @property
@@ -227,6 +230,40 @@ class RankExitRecord(Record):
             if data[key] is None:
                 del data[key]  # present only when the launcher gave up, or ended the rank for a peer
         return data
+
+
+#: ReplicaRestart.outcome: the `.sub` starts the replica again at ``restart_at``; or it does not, and the job ends
+#: as fail-job ends it: the bound was reached, or a rank gave up on what a restart cannot change (NO_RESTART_SUFFIX)
+RESTARTING, GAVE_UP, NOT_RESTARTABLE = "restarting", "gave-up", "not-restartable"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaRestart(Record):
+    """replica_policy restart: replica ``replica``'s step ended without being asked (exit status ``exit_status`` at
+    ``ended_at``), and what the `.sub` does about it (``outcome``). ``restarts``: the restarts so far, this one
+    included; the rank records of the run that ended are in JobPaths.replica_ended_run(replica, restarts)."""
+
+    version: int = VERSION
+    replica: int
+    restarts: int
+    exit_status: int
+    ended_at: float
+    restart_at: float
+    outcome: str
+    max_restarts: int = 0
+
+    @classmethod
+    def shell(cls, max_restarts: int) -> str:
+        """The `.sub`'s printf format: replica, restarts, exit status, ended at, restart at (epoch s), outcome."""
+        return cls.shell_format(
+            ["replica", "restarts", "exit_status", "ended_at", "restart_at", "outcome"], max_restarts=max_restarts
+        )
+
+
+def read_replica_restarts(job: JobPaths) -> dict[int, ReplicaRestart]:
+    """Every replica's latest ReplicaRestart of a job (replica_policy restart), by replica."""
+    found = _read(job.replica_restarts_dir, "replica-*.json", ReplicaRestart)
+    return {record.replica: record for record in found}
 
 
 def _read(folder: Path, pattern: str, kind: type[_R]) -> list[_R]:
@@ -300,6 +337,12 @@ def read_endpoints(job: JobPaths) -> list[EndpointRecord]:
 def read_rank_records(job: JobPaths) -> list[RankExitRecord]:
     """Every rank exit record of a job, by rank."""
     return sorted(_read(job.ranks_dir, RANK_RECORD_GLOB, RankExitRecord), key=lambda r: r.rank)
+
+
+def read_ended_run(job: JobPaths, replica: int, restart: int) -> list[RankExitRecord]:
+    """The rank exit records of the run of ``replica`` that ended before its restart ``restart``, by rank."""
+    folder = job.replica_ended_run(replica, restart)
+    return sorted(_read(folder, RANK_RECORD_GLOB, RankExitRecord), key=lambda r: r.rank)
 
 
 @dataclass(frozen=True, kw_only=True)

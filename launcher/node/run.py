@@ -16,7 +16,7 @@ from launcher.contracts.job_index import job_cluster
 from launcher.contracts.layout import Deployment
 from launcher.contracts.llmapi import LLMAPI
 from launcher.contracts.plan import LaunchPlan, PlanError
-from launcher.contracts.rank import RankInfo, Role, WorldSizeError, detect, role
+from launcher.contracts.rank import RankInfo, Role, WorldSizeError, detect, replica_restarts, role
 from launcher.contracts.stop_records import StopNotice
 from launcher.node.command import build_argv, remove_orphan_regions, remove_shm_regions
 from launcher.node.llmapi import (
@@ -119,9 +119,16 @@ def _single_node(env: dict[str, str] | os._Environ) -> bool:
     return nodes is None or nodes.strip() == "1"
 
 
+#: what a restart of the replica (replica_policy restart) cannot change: the `.sub` is told not to try
+NOT_RESTARTABLE = (EXIT_CONFIG, EXIT_PORT)
+
+
 def _write_record(plan: LaunchPlan, info: RankInfo, record: records.RankExitRecord) -> None:
+    paths = job_paths(plan, info)
     try:
-        records.write_json_atomic(job_paths(plan, info).rank_record(info.job_rank), record.to_dict())
+        records.write_json_atomic(paths.rank_record(info.job_rank), record.to_dict())
+        if record.signal is None and record.exit_code in NOT_RESTARTABLE:
+            paths.no_restart(info.job_rank).touch()  # the `.sub` looks once the step ended
     except OSError as exc:
         log(f"could not write the rank record: {exc}")
 
@@ -198,8 +205,7 @@ def _finish(
     sup.failed_at = sup.failed_at or time.time()
 
     def write_record() -> None:
-        record = _exit_record(info, sup, child, rc, error, gave_up)
-        records.write_json_atomic(job_paths(plan, info).rank_record(info.job_rank), record.to_dict())
+        _write_record(plan, info, _exit_record(info, sup, child, rc, error, gave_up))
 
     # Record first: when a rank dies its MPI peers abort and Slurm may SIGKILL this step within a second,
     # so the record must not wait for the stubs to be reaped. Rewritten after, with the complete log tail.
@@ -336,6 +342,7 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
                     workflow=plan.workflow,
                     decoupled=plan.decoupled,
                     llmapi_model=plan.llmapi_model,
+                    restarts=replica_restarts(os.environ),
                 )
                 records.write_json_atomic(endpoint, record.to_dict())
                 clear_phase(job_paths(plan, info), me)
