@@ -103,15 +103,17 @@ def paced_gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
 
 
 @contextlib.contextmanager
-def gateway_on_a_job(tmp_path_factory, checkpoint: Path, paced: bool = False) -> Iterator[dict]:
+def gateway_on_a_job(
+    tmp_path_factory, checkpoint: Path, paced: bool = False, workflow: str = "engine"
+) -> Iterator[dict]:
     """The `gateway` fixture's job and gateway; `paced`: the job's engine steps at a GPU's pace (tests/steps.py
-    `GPU_PACE_MS`)."""
+    `GPU_PACE_MS`); `workflow`: the spec's (llmapi: hpc-serve's llmapi model over the CPU stand-in)."""
     from tests.e2e import CLI, cli, free_port, gateway_ready, local_jobs, stop_process, wait_for, write_spec
     from tests.steps import GPU_PACE_MS
 
     folder = tmp_path_factory.mktemp("gateway")
     triton = {"parameters": {"min_step_ms": GPU_PACE_MS}} if paced else None
-    spec = write_spec(folder, "gw", checkpoint, tp=1, triton=triton)
+    spec = write_spec(folder, "gw", checkpoint, tp=1, triton=triton, workflow=workflow)
     with local_jobs(folder, spec, 1) as jobs:
         ((job, _),) = jobs
         token = cli("token", job).stdout.strip()
