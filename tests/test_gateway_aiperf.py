@@ -7,7 +7,7 @@ aiperf is run from a virtual environment of its own: its pins (pyzmq 26.4, orjso
 rich 14.1, ...) would replace what this package is tested with, so it is no test extra. The environment is the
 one `$HPC_SERVE_AIPERF` names (the `aiperf` program), else `aiperf` on PATH, else one installed from PyPI
 (`pip install aiperf==AIPERF_VERSION`) into pytest's cache folder once (`.pytest_cache`, kept between runs);
-where that install fails (no index reachable) the aiperf test is skipped, saying so."""
+where that install fails (no index reachable) the aiperf test is skipped, saying so (on CI it fails: tests/_env.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests._env import unavailable
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -57,7 +59,7 @@ def aiperf(request, tmp_path_factory) -> str:
     if on_path:
         return on_path
     if sys.version_info < (3, 11):
-        pytest.skip(f"aiperf {AIPERF_VERSION} needs Python 3.11 or later (set ${AIPERF_VAR} to an installed one)")
+        unavailable(f"aiperf {AIPERF_VERSION} needs Python 3.11 or later (set ${AIPERF_VAR} to an installed one)")
     cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: this session's folder then
     name = f"aiperf-{AIPERF_VERSION}"
     folder = Path(cache.mkdir(name)) if cache is not None else tmp_path_factory.mktemp(name)
@@ -66,7 +68,7 @@ def aiperf(request, tmp_path_factory) -> str:
         venv.create(folder, with_pip=True, clear=True)
         why = _install(folder)
         if why:
-            pytest.skip(
+            unavailable(
                 f"aiperf {AIPERF_VERSION} did not install from the package index into {folder} (set ${AIPERF_VAR} "
                 f"to an installed aiperf): {why}"
             )
