@@ -12,6 +12,7 @@ every run's cause kept.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -179,6 +180,9 @@ def test_each_process_of_a_replica_killed_under_load_is_restarted_inside_the_job
     for failure in failed["leader node"] + failed["worker node"]:
         assert failure.startswith("500 ") and "the model failed the request" in failure, failure
     assert len(ports) > 1, "a restarted replica gets fresh ports"
+    metrics = httpx.get(llmapi_job["url"] + "/metrics", timeout=10).text
+    counted = re.search(rf'hpc_serve_gateway_replica_restarts{{replica="{job}(@[^/"]*)?/1"}} (\S+)', metrics)
+    assert counted is not None and float(counted.group(2)) == len(KILLS), "the gateway's metrics count the restarts"
     text = cli("status", job).stdout
     assert f"replica 1 READY (restarts: {len(KILLS)} of {RESTART['max_restarts']}; last: rank " in text, text
     assert _replica(status(job), 0)["restarts"] == 0, "the other replica served on, never restarted"

@@ -64,6 +64,11 @@ class ReplicaCollector(Collector):
             "healthy": GaugeMetricFamily(
                 f"{PREFIX}_replica_healthy", "1 unless the replica is benched after a failure", labels=["replica"]
             ),
+            "restarts": GaugeMetricFamily(
+                f"{PREFIX}_replica_restarts",
+                "Times its job restarted the replica after it died (replica_policy restart)",
+                labels=["replica"],
+            ),
             "kv_reused_blocks": CounterMetricFamily(
                 f"{PREFIX}_replica_kv_reused_blocks",
                 "KV-cache blocks of its requests' prompts the replica's engine found cached (llmapi perf metrics)",
@@ -76,7 +81,7 @@ class ReplicaCollector(Collector):
             ),
         }
         for r in replicas:
-            values = {k: getattr(r, k) for k in (*_COUNTED, "draining")}
+            values = {k: getattr(r, k) for k in (*_COUNTED, "draining", "restarts")}
             values["healthy"] = r.key in healthy
             for name, family in families.items():
                 family.add_metric([r.key], float(values[name]))

@@ -24,7 +24,7 @@ from typing import Any
 # The folder's names from launcher/contracts/layout.py (stdlib, cheap), not from hpc/render/jobfiles.py: that import pulls in
 # pydantic, jinja2 and the spec (~0.14 s), all on the critical path between a local job's start and its ranks'.
 from launcher.contracts.layout import Deployment, JobPaths, rank_log_name
-from launcher.contracts.plan import FAIL_JOB, LaunchPlan
+from launcher.contracts.plan import FAIL_JOB, RESTART, LaunchPlan
 from launcher.contracts.rank import JOB_ID_ENV, STEP_REPLICA_ENV
 from launcher.contracts.records import VERSION, Record
 
@@ -110,7 +110,8 @@ def main(argv: list[str]) -> int:
     else:  # one step per replica, started together (the .sub's start_replica)
         plan = LaunchPlan.read(deploy_dir)
         world = plan.world_size_per_replica
-        fail_job = plan.replica_policy == FAIL_JOB
+        # restart is the Slurm script's (tensorrt_llm_triton.sub): a local job ends as fail-job ends it
+        fail_job = plan.replica_policy in (FAIL_JOB, RESTART)
         steps = [
             subprocess.Popen(
                 rank_command(deploy_dir, job_dir, job_id, world, k * world), env={**env, STEP_REPLICA_ENV: str(k)}

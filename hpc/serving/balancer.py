@@ -75,6 +75,8 @@ class Replica:
     #: where its cache is
     kv_reused_blocks: int = 0
     kv_missed_blocks: int = 0
+    #: how many times its job restarted it (replica_policy restart; its endpoint record's count)
+    restarts: int = 0
 
 
 class NoReplica(RuntimeError):

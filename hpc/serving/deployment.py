@@ -236,4 +236,5 @@ def as_replica(record: EndpointRecord) -> Replica:
         workflow=record.workflow,
         decoupled=record.decoupled,
         llmapi_model=record.llmapi_model,
+        restarts=record.restarts,
     )
