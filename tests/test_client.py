@@ -14,6 +14,7 @@ from hpc.client import AsyncClient, AuthError, Busy, Client, NotReady, RequestEr
 from hpc.client.transport import _refusal, generate_params
 from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated
 from hpc.serving.retry import stream_with_retry, taken_whole
+from hpc.serving.triton import ContextTooLong, ModelError, failed_internally
 from tests.e2e import write_spec
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,6 +45,8 @@ class Replicas:
                 raise Full(replica.key)
             if replica.key.startswith("locked"):
                 raise PermissionError(replica.key)  # e.g. a refused token: neither benched nor retried
+            if replica.key.startswith("broken"):
+                raise ModelError(f"the model failed the request on {replica.key}")  # an engine that died
             yield "a"
             if replica.key.startswith("flaky"):
                 raise Down(replica.key)
@@ -90,6 +93,42 @@ def test_no_retry_once_a_piece_was_yielded_and_the_errors_when_none_is_left():
     with pytest.raises(NoReplica) as exc:
         _run("dead", "dead2")
     assert not isinstance(exc.value, Saturated)
+
+
+def _failing(*keys: str) -> tuple[list[str], Replicas, Balancer]:
+    balancer = Balancer()
+    balancer.update([Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in keys])
+    replicas = Replicas()
+
+    async def collect() -> list[str]:
+        stream = stream_with_retry(balancer, replicas.attempt, Down, Full, failed=failed_internally)
+        return [item async for item in stream]
+
+    return asyncio.run(collect()), replicas, balancer
+
+
+def test_a_model_failure_before_the_first_byte_is_tried_once_more_elsewhere_and_not_benched():
+    got, replicas, balancer = _failing("broken", "live")
+    assert got == ["a", "b"] and replicas.asked == ["broken", "live"]
+    assert [r.failures for r in balancer.replicas] == [0, 0], "not benched: the request may be what it failed on"
+    with pytest.raises(ModelError, match="on broken"):  # once only: the first failure is the answer
+        _failing("broken", "broken2", "live")
+    with pytest.raises(ModelError, match="on broken"):  # none left to try: the model's error, not a 503
+        _failing("broken")
+    with pytest.raises(ContextTooLong):  # a refusal of what the request asked is the client's at once
+        asyncio.run(_refused())
+
+
+async def _refused() -> None:
+    balancer = Balancer()
+    balancer.update([Replica(key=k, http_url=k, grpc_url=k) for k in ("a", "b")])
+
+    async def attempt(replica: Replica) -> AsyncGenerator[str, None]:
+        raise ContextTooLong("too long")
+        yield ""
+
+    async for _ in stream_with_retry(balancer, attempt, Down, Full, failed=failed_internally):
+        pass
 
 
 def test_an_answer_taken_whole_is_retried_when_its_replica_breaks_half_way():

@@ -33,7 +33,14 @@ from hpc.serving.gateway_record import live_gateway
 from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.retry import stream_with_retry, taken_whole
 from hpc.serving.text import StopStream
-from hpc.serving.triton import ModelError, ReplicaBusy, ReplicaUnavailable, TokenRefused, TritonEngine
+from hpc.serving.triton import (
+    ModelError,
+    ReplicaBusy,
+    ReplicaUnavailable,
+    TokenRefused,
+    TritonEngine,
+    failed_internally,
+)
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 from launcher.contracts.records import EndpointRecord, GatewayRecord
 
@@ -189,7 +196,13 @@ class AsyncClient:
         stops = StopStream(params.stop)  # cut as the gateway cuts: the same text either way
         try:
             chunks_of = stream_with_retry(
-                self._balancer, attempt, ReplicaUnavailable, ReplicaBusy, prefix_key(params.prompt), retried
+                self._balancer,
+                attempt,
+                ReplicaUnavailable,
+                ReplicaBusy,
+                prefix_key(params.prompt),
+                retried,
+                failed=failed_internally,
             )
             async with aclosing(chunks_of) as chunks:
                 async for chunk in chunks:

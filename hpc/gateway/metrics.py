@@ -115,7 +115,8 @@ class Metrics:
         self.output_tokens = Counter(f"{PREFIX}_output_tokens", "Generated tokens", ["route"], registry=r)
         self.retries = Counter(
             f"{PREFIX}_retries",
-            "Requests sent again to another replica: unavailable (failed before its first byte), busy (queue full)",
+            "Requests sent again to another replica: unavailable (failed before its first byte), busy (queue full), "
+            "stopping, model_error (the model failed it before its first byte: tried once more)",
             ["reason"],
             registry=r,
         )

@@ -29,7 +29,7 @@ from hpc.serving.discovery import Discovery
 from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.retry import stream_with_retry, taken_whole
 from hpc.serving.text import ChatTemplate
-from hpc.serving.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, TritonEngine
+from hpc.serving.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, TritonEngine, failed_internally
 from hpc.spec.files import context_length
 from hpc.spec.limits import PREFIX_CHARS
 
@@ -96,6 +96,11 @@ class Gateway:
         if isinstance(exc, ReplicaBusy | ReplicaStopping):
             reason, why = ("busy", "its queue full") if isinstance(exc, ReplicaBusy) else ("stopping", "it is stopping")
             log.info("replica %s refused a request, %s (%s); tried on another", replica.key, why, exc)
+        elif failed_internally(exc):
+            reason = "model_error"
+            log.warning(
+                "replica %s failed a request before its first byte (%s); tried once on another", replica.key, exc
+            )
         else:
             reason = "unavailable"
             log.warning("replica %s failed before its first byte (%s); retried on another", replica.key, exc)
@@ -128,6 +133,7 @@ class Gateway:
             on_retry=self.retried,
             on_pick=picked,
             on_first=on_first,
+            failed=failed_internally,
         )
 
     async def first(self, items: AsyncIterator[T]) -> T | None:

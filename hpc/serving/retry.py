@@ -29,6 +29,7 @@ async def stream_with_retry(
     on_retry: Callable[[Replica, BaseException], None] | None = None,
     on_pick: Callable[[Replica, int], None] | None = None,
     on_first: Callable[[], None] | None = None,
+    failed: Callable[[BaseException], bool] = lambda _exc: False,
 ) -> AsyncGenerator[T, None]:
     """What `attempt(replica)` yields, from the replica the balancer picks (`prefix_key`: its affinity key).
     Before the first item, a replica that raises `unavailable` is benched (`mark_failed`) and one that raises
@@ -36,13 +37,18 @@ async def stream_with_retry(
     `on_retry(replica, error)` follows either. `on_pick(replica, tried)` is called as a replica is chosen
     (`tried`: how many this request was sent to before), `on_first()` as the first item comes. Raises the balancer's NoReplica when none is left
     (Saturated when every ready one is full, or one refused), and any other error of the attempt, or its error
-    once an item was yielded, as it is."""
+    once an item was yielded, as it is. An error for which `failed(error)` holds (the model failed the request
+    before its first item: an engine that died takes requests until its launcher sees it) is tried once more on
+    another replica, without benching the first; a second one, or none left to try, raises it."""
     tried: list[str] = []
     refusals = 0
+    failure: BaseException | None = None
     while True:
         try:
             replica = balancer.pick(exclude=tried, prefix_key=prefix_key)
         except NoReplica:
+            if failure is not None:
+                raise failure from None
             if refusals:
                 raise Saturated(f"{refusals} replica(s) refused the request: their queues are full") from None
             raise
@@ -71,6 +77,12 @@ async def stream_with_retry(
                 if started:
                     raise
                 balancer.mark_failed(replica)
+                if on_retry is not None:
+                    on_retry(replica, exc)
+            except Exception as exc:
+                if started or failure is not None or not failed(exc):
+                    raise
+                failure = exc
                 if on_retry is not None:
                     on_retry(replica, exc)
             finally:

@@ -72,7 +72,15 @@ def lost_status(exc: grpc.aio.AioRpcError) -> bool:
 
 
 class ModelError(RuntimeError):
-    """The model refused or failed the request (its own words): the client's answer, no retry."""
+    """The model refused or failed the request (its own words): the client's answer. A plain one (not busy, the
+    context, an input) before the first byte is tried once more on another replica (`failed_internally`)."""
+
+
+def failed_internally(exc: BaseException) -> bool:
+    """A model's failure that another replica may not share: a plain ModelError (a 500), not a refusal of what the
+    request asked. An engine whose own process died fails what its model takes until the launcher ends the
+    replica (measured: docs/decisions.md "Replica restarts")."""
+    return type(exc) is ModelError
 
 
 class ReplicaBusy(ModelError):
