@@ -22,6 +22,11 @@ from launcher.contracts import model_names
 from launcher.contracts.llmapi import ENGINE
 
 PROMPT = "Once upon a time"
+#: how long the clients keep an idle connection: less than the servers' (uvicorn's `timeout_keep_alive`, 5 s, the
+#: gateway's and the relays'), so that a client never sends on a connection the server is closing. Why: a side
+#: idle for about 5 s between its throughput rounds (short rounds) lost a request to that race, as aiohttp's
+#: ServerDisconnectedError (httpx's default expiry is the same 5 s)
+KEEPALIVE_S = 2.0
 #: the Triton passthrough's model and body per workflow (`generate_stream`): the ensemble's inputs, or the llmapi
 #: model's (upstream's names)
 PASSTHROUGH = {
@@ -116,7 +121,7 @@ class Sides:
         self.how = (record.workflow, record.decoupled, record.llmapi_model)
         self.engine = TritonEngine()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=KEEPALIVE_S)
         self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=300, limits=limits, trust_env=False)
 
         self.aio: Any = None  # an aiohttp session, made on the loop that uses it
@@ -170,7 +175,8 @@ class Sides:
 
         if self.aio is None:
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            self.aio = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=1024))
+            connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=KEEPALIVE_S)
+            self.aio = aiohttp.ClientSession(headers=headers, connector=connector)
         reading = Reading()
         async with self.aio.post(url, json=self._body()) as response:
             async for raw in response.content:
