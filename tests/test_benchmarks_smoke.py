@@ -6,7 +6,7 @@ and not on the day someone needs its numbers (issue 34: `Request for unknown mod
 The helper modules are run through the scripts that import them: gateway_procs.py, gateway_sides.py and
 gateway_prefix.py by bench_gateway.py, soak_jobs.py by soak.py, minimal_relay.py's apps by gateway_inprocess.py
 (in one process) and, where aiohttp is installed, by bench_gateway.py (its `floor` sides, in a process of their own).
-benchmarks/device/run.sh runs bench_loadgen.py and bench_gateway.py on a lent machine; the same scripts run here.
+benchmarks/device/run.sh runs bench_loadgen.py and bench_gateway.py on a lent machine: its loadgen part runs here.
 """
 
 from __future__ import annotations
@@ -85,6 +85,21 @@ def test_bench_loadgen(tritonserver, hpc_home, workflow):
     assert f"{workflow} workflow" in out
     assert number(r"^ratio loadgen / loop: ([\d.]+)", out) > 0
     number(r"^load generator CPU per request, median: ([\d.]+) ms", out)
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_device_run_sh_loadgen(tritonserver, hpc_home, tmp_path):
+    """benchmarks/device/run.sh, its loadgen part (its gateway part is bench_gateway.py, run below), on this machine:
+    without the lent machine's bundle (.whl/site.tar.xz) it uses what is installed."""
+    env = os.environ | {"OUT": str(tmp_path), "PARTS": "loadgen", "REQUESTS": "10", "REPLICAS": "1"}
+    proc = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "device" / "run.sh")], env=env, capture_output=True, text=True, timeout=290
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert number(r"^ratio loadgen / loop: ([\d.]+)", (tmp_path / "loadgen.txt").read_text()) > 0
 
 
 @pytest.mark.triton

@@ -6,14 +6,18 @@
 # .whl/site.tar.xz: a site-packages folder for that machine's Python 3.12 with what its image lacks
 # (nvidia-pytriton's tritonserver, tritonclient, numpy 1.26 for the python backend stub, fastapi, uvicorn,
 # httptools, pydantic, submitit); everything else (grpcio, httpx, aiohttp, uvloop, jinja2, pyyaml,
-# tokenizers) is in the image. Results: $OUT (default /tmp/device-bench). With .whl/base.tar (`git archive -o
+# tokenizers) is in the image; without that file (any machine with the project installed) nothing is added.
+# Results: $OUT (default /tmp/device-bench). With .whl/base.tar (`git archive -o
 # .whl/base.tar COMMIT`), that commit's gateway is one more latency side, measured against this one in the same run.
+# Smallest: PARTS="loadgen gateway" REQUESTS=10 REPLICAS=1 ROUNDS=1 SECONDS_EACH=1 bash benchmarks/device/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO="$PWD"
 export OUT="${OUT:-/tmp/device-bench}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT" /tmp/site
-tar xJf .whl/site.tar.xz -C /tmp/site
+if [ -f .whl/site.tar.xz ]; then
+    tar xJf .whl/site.tar.xz -C /tmp/site
+fi
 if [ -f .whl/head.tar ]; then  # a commit's tree (`git archive -o .whl/head.tar HEAD`), not a working tree mid-edit
     rm -rf /tmp/head && mkdir -p /tmp/head && tar xf .whl/head.tar -C /tmp/head && cd /tmp/head
 fi
