@@ -54,11 +54,19 @@ def test_each_record_reads_back_as_written(tmp_path: Path, record: Record) -> No
     assert record.to_dict()["version"] == VERSION
 
 
-def test_a_missing_or_half_written_file_reads_as_none(tmp_path: Path) -> None:
+def test_a_missing_or_broken_file_reads_as_none_and_a_broken_one_is_said_once(tmp_path: Path, capsys) -> None:
+    """Records are written whole, so only "not there" is silent: a file that is not JSON, or JSON that does not fit
+    the record's schema (a bug, a hand edit), reads as none and is said once on stderr, naming the file."""
     assert StopNotice.read(tmp_path / "none") is None
-    (tmp_path / "half").write_text('{"signal": "SIGTERM", "at"')
-    assert StopNotice.read(tmp_path / "half") is None
     assert not is_final(tmp_path / "none")
+    assert capsys.readouterr().err == ""
+    (tmp_path / "half").write_text('{"signal": "SIGTERM", "at"')
+    (tmp_path / "unfit").write_text('{"signal": "SIGTERM"}')  # no `at`, no `drain_until`
+    for _ in range(2):
+        assert StopNotice.read(tmp_path / "half") is None and StopNotice.read(tmp_path / "unfit") is None
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2 and all("is not a readable StopNotice" in line for line in said), said
+    assert str(tmp_path / "half") in said[0] and str(tmp_path / "unfit") in said[1]
 
 
 def test_the_subs_stop_request_is_the_record(tmp_path: Path) -> None:

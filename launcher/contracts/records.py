@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,20 @@ def advertised_address(node: str, single_node: bool, env: Mapping[str, str] | No
 _R = TypeVar("_R", bound="Record")
 
 
+#: the files said once to be no record of their kind (Record.read)
+_REPORTED: set[tuple[str, str]] = set()
+
+
+def _report(path: Path, kind: type, exc: BaseException) -> None:
+    key = (str(path), kind.__name__)
+    if key not in _REPORTED:
+        _REPORTED.add(key)
+        print(
+            f"hpc-serve: {path} is not a readable {kind.__name__} ({type(exc).__name__}: {exc}); ignored",
+            file=sys.stderr,
+        )
+
+
 class Record:
     """to/from dict for the record dataclasses below (and launcher/contracts/stop_records.py, launcher/contracts/build_records.py):
     unknown keys are ignored, missing ones take defaults; ``write`` and ``read`` a record's file whole."""
@@ -114,11 +129,20 @@ class Record:
 
     @classmethod
     def read(cls: type[_R], path: Path) -> _R | None:
-        """The record at ``path``, or None: none there, being replaced right now, or not one of these."""
+        """The record at ``path``, or None: none there yet (or any more). A file that is there but is not one of
+        these (not JSON, a schema it does not fit, unreadable) is None too, and said once on stderr: records are
+        written whole (``write_json_atomic``), so that is a bug or a hand edit, never a record half written."""
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            return cls.from_dict(data)
-        except (OSError, ValueError, TypeError, AttributeError):
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            _report(path, cls, exc)
+            return None
+        try:
+            return cls.from_dict(json.loads(text))
+        except (ValueError, TypeError, AttributeError) as exc:
+            _report(path, cls, exc)
             return None
 
     @classmethod
@@ -267,13 +291,9 @@ def read_replica_restarts(job: JobPaths) -> dict[int, ReplicaRestart]:
 
 
 def _read(folder: Path, pattern: str, kind: type[_R]) -> list[_R]:
-    found = []
-    for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
-        try:
-            found.append(kind.from_dict(json.loads(path.read_text())))
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue  # a record being replaced right now (or a hand-written partial one); the next poll sees it
-    return found
+    """Every record of ``kind`` in ``folder`` (Record.read: one that is not one is left out, and said once)."""
+    records = (kind.read(path) for path in sorted(folder.glob(pattern))) if folder.is_dir() else iter(())
+    return [record for record in records if record is not None]
 
 
 #: A replica leader's startup phases (StartupRecord.phase), in order: tritonserver loads its models until
@@ -320,12 +340,7 @@ class StartupRecord(Record):
 
 def read_startups(job: JobPaths) -> list[StartupRecord]:
     """Every replica leader's startup record of a job, by replica (replicas not yet ready or ended)."""
-    found = []
-    for path in job.starting_records():
-        try:
-            found.append(StartupRecord.from_dict(json.loads(path.read_text())))
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue  # being replaced right now: the next poll sees it
+    found = [record for path in job.starting_records() if (record := StartupRecord.read(path)) is not None]
     return sorted(found, key=lambda r: r.replica)
 
 
@@ -379,11 +394,8 @@ class ChainRecord(Record):
 
 
 def read_chain(job: JobPaths) -> ChainRecord | None:
-    """The job's chain record, or None (no renewal, not started yet, or being replaced right now)."""
-    try:
-        return ChainRecord.from_dict(json.loads(job.chain.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+    """The job's chain record, or None (no renewal, or not started yet)."""
+    return ChainRecord.read(job.chain)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -404,11 +416,8 @@ class GatewayRecord(Record):
 
 
 def read_gateway(path: Path) -> GatewayRecord | None:
-    """The gateway record at `path`, or None when there is none (or it is being replaced right now)."""
-    try:
-        return GatewayRecord.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+    """The gateway record at `path`, or None when there is none."""
+    return GatewayRecord.read(path)
 
 
 @dataclass(frozen=True, kw_only=True)

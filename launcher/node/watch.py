@@ -18,7 +18,6 @@ Standard library only; the /proc readers take the folder as an argument so tests
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -177,10 +176,7 @@ class StubWatch:
 
 
 def _read_record(path: Path) -> RankExitRecord | None:
-    try:
-        return RankExitRecord.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+    return RankExitRecord.read(path)
 
 
 class PeerWatch:
