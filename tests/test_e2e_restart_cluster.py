@@ -290,3 +290,47 @@ def test_a_crash_loop_ends_the_job_after_the_bound_with_every_cause(
     assert all(any(r.failed for r in read_ended_run(paths, 0, n)) for n in (1, 2)), "the two restarted runs' causes"
     assert shown["failed_rank"] is not None, "and the last run's"
     assert not processes_under(job_dir.parent.parent)
+
+
+def _crash_before_ready(job: str, job_dir: Path) -> None:
+    """SIGABRT replica 0's tritonserver while its models load, as python_backend r24.10's stub health race aborts
+    it at startup (boost::interprocess::lock_exception; docs/decisions.md "The start crash"): found as it
+    appears, before any endpoint record."""
+    server = wait_for(
+        lambda: next((pid for pid, cmd in _job_processes(job, 0) if "/bin/tritonserver " in cmd), None),
+        120,
+        "replica 0's tritonserver to start",
+        interval=0.05,
+    )
+    assert not JobPaths.of_folder(job_dir).endpoint(0).exists(), "the replica became READY before the crash"
+    os.kill(server, signal.SIGABRT)
+
+
+def test_a_start_crash_is_restarted_once_under_fail_job_and_a_second_fails_the_job(
+    slurm_cluster, tritonserver, tiny_gpt2, folder
+):
+    """The default policy (fail-job): tritonserver (or a stub) aborting before its replica was ever READY is the
+    python backend's start crash, not the job's fault; the replica starts again once and the job serves. A second
+    start crash ends the job as fail-job does, both causes kept."""
+    spec = write_spec(folder, "rs-crash", tiny_gpt2, tp=1, auth="none")
+    proc = cli("submit", str(spec))
+    job, job_dir = proc.stdout.split()[0], Path(proc.stdout.split()[1])
+    try:
+        _crash_before_ready(job, job_dir)
+        shown = wait_for(lambda: (s := status(job)).get("state") in ("READY", "FAILED") and s, 240, "READY again")
+        assert shown["state"] == "READY", cli("status", job).stdout
+        assert shown["replica_restarts"]["0"]["restarts"] == 1 and shown["restart_causes"]["0"]["signal"] == "SIGABRT"
+        assert "replica 0 READY (restarts: 1 of 1; last: rank 0 " in cli("status", job).stdout
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    proc = cli("submit", str(spec))
+    job, job_dir = proc.stdout.split()[0], Path(proc.stdout.split()[1])
+    try:
+        _crash_before_ready(job, job_dir)
+        wait_for(lambda: status(job).get("replica_restarts", {}).get("0"), 60, "the first restart")
+        _crash_before_ready(job, job_dir)
+        wait_for(lambda: status(job).get("state") == "FAILED", 120, "the job to fail")
+        shown = status(job)
+        assert shown["replica_restarts"]["0"]["outcome"] == GAVE_UP and shown["failed_rank"]["signal"] == "SIGABRT"
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)

@@ -63,7 +63,9 @@ def test_the_sub_restarts_with_the_specs_bounds_and_is_sound_shell(tmp_path, ckp
     assert ReplicaRestart.shell(5).replace("\\n", "") in sub.replace("\\n", ""), "the record's format, typed once"
     assert 'ranks="2 3"' in sub, "replica 1's ranks, whose records move aside before it starts again"
     plain = render(load_spec(_spec(tmp_path, ckpt)), tmp_path / "plain")
-    assert "restart_replica" not in plain.sub.read_text()
+    text = plain.sub.read_text()
+    assert 'if [ "$crash" -eq 0 ]; then return 1; fi' in text, "fail-job restarts a start crash only"
+    assert '[ "$count" -gt 1 ]' in text and ".start_crash" in text
     check_script(plain.sub)
 
 

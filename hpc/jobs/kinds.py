@@ -55,6 +55,7 @@ from hpc.jobs.executors import executor_of
 from hpc.jobs.status import JobStatus, dead_replicas, failure_without_record, first_failure
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import state_class
+from launcher.contracts.config import START_CRASH_RESTARTS
 from launcher.contracts.layout import (
     BUILD_JOB_MARKER_NAME,
     BUILD_SUB_NAME,
@@ -182,15 +183,14 @@ class ServingJob(JobKind):
         endpoints = read_endpoints(ref.paths) if running else []
         ranks = read_rank_records(ref.paths)
         failure = first_failure(ranks)
-        dead = dead_replicas(ranks, per_replica) if keep_serving or restart else {}
-        down: set[int] = set()  # restart: replicas the `.sub` starts again, not counted against READY
-        if restart:
-            serving = {e.replica for e in endpoints}
-            down = self._restarts_of(status, dead, serving)
-            down = down if running else set()
-            # the cause is a replica's that is not started again (the bound, or a rank that gave up for good)
-            failure = first_failure([r for r in ranks if r.rank // per_replica not in down]) if running else failure
-            dead = {}
+        # replicas the `.sub` starts again (restart; any policy: a start crash), not counted against READY
+        serving = {e.replica for e in endpoints}
+        down = self._restarts_of(status, dead_replicas(ranks, per_replica), serving, per_replica, restart)
+        down = down if running else set()
+        if down:  # the cause is a replica's that is not started again (the bound, or a rank that gave up for good)
+            failure = first_failure([r for r in ranks if r.rank // per_replica not in down])
+        kept = [r for r in ranks if r.rank // per_replica not in down]
+        dead = dead_replicas(kept, per_replica) if keep_serving else {}
         if keep_serving and running and len(dead) < replicas:
             failure = None  # the others serve on (`dead_replicas` says which died, and why)
             endpoints = [e for e in endpoints if e.replica not in dead]
@@ -233,11 +233,18 @@ class ServingJob(JobKind):
                 r for r in self._starting if r.replica not in ready and r.replica not in status.dead_replicas
             ]
 
-    def _restarts_of(self, status: JobStatus, dead: dict[int, RankExitRecord], serving: set[int]) -> set[int]:
-        """replica_policy restart: what the `.sub` did about each replica that ended (its ReplicaRestart, the cause
-        of its last run's end) into ``status``; the replicas that are down and start again: those the `.sub`
-        restarts and that serve no endpoint yet, and those dead now that it has not taken up yet (it restarts them
-        unless their record says it gave up)."""
+    def _restarts_of(
+        self,
+        status: JobStatus,
+        dead: dict[int, RankExitRecord],
+        serving: set[int],
+        per_replica: int,
+        restart: bool,
+    ) -> set[int]:
+        """What the `.sub` did about each replica that ended (its ReplicaRestart, the cause of its last run's end)
+        into ``status``; the replicas that are down and start again: those it restarts that serve no endpoint yet,
+        and those dead now that it has not taken up yet and will restart (replica_policy restart: unless their
+        record says it gave up; any policy: a start crash, START_CRASH_RESTARTS times)."""
         paths = self.ref.paths
         records = read_replica_restarts(paths)
         status.replica_restarts = records
@@ -247,7 +254,13 @@ class ServingJob(JobKind):
         down = {r for r, record in records.items() if record.outcome == RESTARTING and r not in serving}
         for replica, cause in dead.items():
             latest = records.get(replica)
-            if latest is None or latest.outcome == RESTARTING:
+            if restart:
+                again = latest is None or latest.outcome == RESTARTING
+            else:
+                ranks = range(replica * per_replica, (replica + 1) * per_replica)
+                crashed = any(paths.start_crash(rank).exists() for rank in ranks)
+                again = crashed and (latest is None or latest.restarts < START_CRASH_RESTARTS)
+            if again:
                 status.restart_causes[replica] = cause
                 down.add(replica)
         status.restarting = sorted(down)

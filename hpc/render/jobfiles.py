@@ -32,7 +32,7 @@ from hpc.spec.files import is_script_safe_path
 from hpc.spec.placement import replica_steps, step_options
 from launcher.contracts import job_index, model_names
 from launcher.contracts.auth import TOKEN as AUTH_TOKEN
-from launcher.contracts.config import STOP_ACK_S, STOP_LEAD_S, default_env, renew_notice_s
+from launcher.contracts.config import START_CRASH_RESTARTS, STOP_ACK_S, STOP_LEAD_S, default_env, renew_notice_s
 
 # the folder's names live in launcher/contracts/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.contracts.layout import (
@@ -272,6 +272,8 @@ def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
     """What the `.sub` needs to run one srun step per replica (hpc/spec/placement.py) and to clean up after one: each
     step's placement options, and the nodes and shared-memory regions of its ranks."""
     steps = replica_steps(spec.replicas, spec.world_size_per_replica, spec.slurm.nodes, spec.tasks_per_node)
+    # restart: its bound; any other policy restarts a start crash only (launcher/contracts/config.py)
+    max_restarts = spec.restart_bounds.max_restarts if spec.replica_policy == RESTART else START_CRASH_RESTARTS
     return {
         "steps": [
             {
@@ -290,7 +292,9 @@ def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
         "fail_job": spec.replica_policy in (FAIL_JOB, RESTART),  # restart: once a replica is not restarted
         "restart": spec.replica_policy == RESTART,
         "restart_bounds": spec.restart_bounds,
-        "restart_format": ReplicaRestart.shell(spec.restart_bounds.max_restarts),
+        "max_restarts": max_restarts,
+        "start_crash_restarts": START_CRASH_RESTARTS,
+        "restart_format": ReplicaRestart.shell(max_restarts),
         "restart_outcomes": {"restarting": RESTARTING, "gave_up": GAVE_UP, "not_restartable": NOT_RESTARTABLE},
     }
 

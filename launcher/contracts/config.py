@@ -11,6 +11,12 @@ STOP_OVERHEAD_S = 20.0
 #: Slurm's time-limit warning comes this long before the end (the .sub's --signal=B:USR1@<this>), early enough
 #: for an ordered stop; a renewing job's renewer starts that stop itself at this lead, on its own clock.
 STOP_LEAD_S = int(DEFAULT_DRAIN_S + STOP_OVERHEAD_S)
+#: A replica that crashed before it was ever READY (tritonserver or a python stub killed by a signal while the models
+#: load or warm up: python_backend r24.10's stub health race, docs/decisions.md "The start crash") is started again
+#: this many times whatever its replica_policy; restart's own bound counts it too.
+START_CRASH_RESTARTS = 1
+#: ... the signals that make a start crash (an abort or a fault; not SIGKILL/SIGTERM, which someone sent)
+START_CRASH_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS")
 #: A leader's backstop, SIGTERM → SIGKILL of its tritonserver group: this long after the drain (``stop_grace_s``).
 STOP_GRACE_AFTER_DRAIN_S = 3.0
 #: A stopping leader's launcher holds SIGTERM back while its model drains (launcher/node/stop.py LeaderDrain): a model

@@ -77,6 +77,9 @@ REPLICA_RESTARTS_NAME = "replica_restarts"
 #: in `ranks/`: the rank's launcher gave up on something a restart cannot change (the plan, a fixed port, the
 #: token): the `.sub` restarts no replica of it
 NO_RESTART_SUFFIX = ".no_restart"
+#: in `ranks/`: the rank crashed (config.START_CRASH_SIGNALS) before its replica was ever READY: the `.sub` starts
+#: the replica again (config.START_CRASH_RESTARTS) under any replica_policy
+START_CRASH_SUFFIX = ".start_crash"
 #: renewal (launcher/jobscript/renew.py): in `D/jobs/<job_id>/`, the job's place in its chain (written by its own renewer)
 CHAIN_NAME = "chain.json"
 #: ... and its mark once a successor serves: clients send it no new requests (hpc/serving/discovery.py)
@@ -321,6 +324,10 @@ class JobPaths:
         """Written by a rank's launcher that gave up on what a restart cannot change (NO_RESTART_SUFFIX)."""
         return self.ranks_dir / f"rank-{rank}{NO_RESTART_SUFFIX}"
 
+    def start_crash(self, rank: int) -> Path:
+        """Written by a rank's launcher whose tritonserver or stub crashed before its replica was READY."""
+        return self.ranks_dir / f"rank-{rank}{START_CRASH_SUFFIX}"
+
     @property
     def replica_restarts_dir(self) -> Path:
         return self.folder / REPLICA_RESTARTS_NAME
@@ -413,6 +420,7 @@ def template_values(deploy_dir: Path) -> dict[str, str]:
         "previous_runs_name": PREVIOUS_RUNS_NAME,
         "replica_restarts_name": REPLICA_RESTARTS_NAME,
         "no_restart_suffix": NO_RESTART_SUFFIX,
+        "start_crash_suffix": START_CRASH_SUFFIX,
         "gateway_sub_path": str(dep.gateway_sub),
         "gateway_marker_name": GATEWAY_JOB_MARKER_NAME,
         "build_sub_path": str(dep.build_sub),

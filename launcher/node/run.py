@@ -194,18 +194,28 @@ def _finish(
     rc: int,
     error: str | None = None,
     gave_up: int | None = None,
+    ready: bool | None = None,
 ) -> int:
     """Write the rank's exit record, reap tritonserver's group, remove its shared memory; the exit code.
     ``gave_up``: the launcher's own exit code when it stopped tritonserver itself (ready timeout, token check,
-    warm-up): the record carries it, since tritonserver's exit after that SIGTERM is a clean 0."""
+    warm-up): the record carries it, since tritonserver's exit after that SIGTERM is a clean 0. ``ready``: the
+    leader's word that its replica was READY (a follower looks for the replica's endpoint record)."""
     if release_path(plan, info).exists() and sup.failure is None:
         # A follower whose leader stopped: TensorRT-LLM workers exit(0) then; ours end their tritonserver.
         log(f"rank {info.job_rank}: released by the leader")
         rc = 0
     sup.failed_at = sup.failed_at or time.time()
+    replica = info.job_rank // plan.world_size_per_replica
 
     def write_record() -> None:
-        _write_record(plan, info, _exit_record(info, sup, child, rc, error, gave_up))
+        record = _exit_record(info, sup, child, rc, error, gave_up)
+        was_ready = ready if ready is not None else job_paths(plan, info).endpoint(replica).exists()
+        if record.signal in config.START_CRASH_SIGNALS and not was_ready:
+            try:  # before the record: the `.sub` reads both once the step ended
+                job_paths(plan, info).start_crash(info.job_rank).touch()
+            except OSError as exc:
+                log(f"could not mark the start crash: {exc}")
+        _write_record(plan, info, record)
 
     # Record first: when a rank dies its MPI peers abort and Slurm may SIGKILL this step within a second,
     # so the record must not wait for the stubs to be reaped. Rewritten after, with the complete log tail.
@@ -358,7 +368,7 @@ def _serve(plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary, sup
                     endpoint.unlink()
                 except FileNotFoundError:
                     pass
-            return _finish(plan, info, sup, child, rc)
+            return _finish(plan, info, sup, child, rc, ready=state == "ready")
         finally:
             if node is not None:
                 _record_leader_node(plan, info, node.end(), node.signalled)
