@@ -69,3 +69,28 @@ def test_release_lets_every_gauge_go_while_the_object_is_still_held() -> None:
     gc.collect()
     assert not [r for r in gauges + families if r() is not None]
     hook(stats())  # a step that ends after the release sets nothing and does not fail
+
+
+def test_an_engine_that_stopped_stepping_holds_no_request_in_its_gauges() -> None:
+    """The LLM API yields iteration stats only while the engine steps: the last one may count a request aborted in
+    it (a client gone), and no later one says it is gone. The model sets that one's `idle_iteration` once a read
+    ended (no iteration for a second): no request active, queued or scheduled; the KV cache as it was."""
+    from backend.models.engine_metrics import idle_iteration
+
+    last = {
+        "iter": 9,
+        "numActiveRequests": 1,
+        "numQueuedRequests": 2,
+        "numCompletedRequests": 5,
+        "inflightBatchingStats": {"numScheduledRequests": 1, "numGenRequests": 1, "numContextRequests": 0},
+        "kvCacheStats": {"usedNumBlocks": 3, "maxNumBlocks": 8},
+    }
+    metrics = EngineMetrics(StubUtils, "tensorrt_llm", "1", None)
+    metrics.update_from_iteration(last)
+    metrics.update_from_iteration(idle_iteration(last))
+    by_name = {(g.labels.get(FAMILIES[name][0]), name): g for (name, _), g in metrics._gauges.items()}
+    for kind in ("active", "waiting", "scheduled"):
+        assert by_name[(kind, "nv_trt_llm_request_metrics")].value == 0, kind
+    assert by_name[("used", "nv_trt_llm_kv_cache_block_metrics")].value == 3
+    assert by_name[("iteration_counter", "nv_trt_llm_general_metrics")].value == 9
+    assert last["numActiveRequests"] == 1, "the engine's own stats are left as they were"

@@ -76,7 +76,7 @@ def test_a_missing_required_key_names_the_file_and_the_key(tmp_path: Path, key: 
         ({"replicas": "two"}, "replicas must be a number, got 'two'"),
         ({"world_size_per_replica": 0}, "world_size_per_replica must be at least 1, got 0"),
         ({"mode": "solo"}, "mode must be one of leader, orchestrator, got 'solo'"),
-        ({"replica_policy": "retry"}, "replica_policy must be one of fail-job, keep-serving, got 'retry'"),
+        ({"replica_policy": "retry"}, "replica_policy must be one of fail-job, keep-serving, restart, got 'retry'"),
         ({"renew": [60]}, "renew must be an object"),
         ({"renew": {"before_s": 60}}, "renew is malformed: stop_lead_s is required"),
     ],

@@ -22,7 +22,7 @@ from hpc.render import jobfiles as R
 from hpc.spec import Spec, load_spec, parse_spec
 from launcher.contracts.layout import BUILD_SUB_NAME, JobPaths
 from launcher.contracts.plan import LaunchPlan
-from launcher.contracts.rank import STEP_REPLICA_ENV
+from launcher.contracts.rank import REPLICA_RESTARTS_ENV, STEP_REPLICA_ENV
 from launcher.contracts.stop_records import BY_TIME_LIMIT, StopNotice, StopRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,13 +96,19 @@ def srun_argv(sub: str) -> list[str]:
     assert argv[0] == f"{STEP_REPLICA_ENV}=$replica", (
         "each step's ranks learn their replica (launcher/contracts/rank.py)"
     )
+    assert argv[1] == f"{REPLICA_RESTARTS_ENV}=${{RESTARTED[replica]:-0}}", "and how often it was restarted"
     assert argv[-1] == "&", "srun runs in the background so the .sub's traps can act (ordered stop)"
-    return [arg for arg in argv[1:-1] if arg != "$@"]
+    return [arg for arg in argv[2:-1] if arg != "$@"]
 
 
 def replica_starts(sub: str) -> list[list[str]]:
-    """Each `start_replica K OPTIONS` line of the .sub, split: one srun step per replica (hpc/spec/placement.py)."""
-    return [shlex.split(line)[1:] for line in sub.splitlines() if line.startswith("start_replica ")]
+    """Each `K) start_replica K OPTIONS ;;` case of the .sub's launch_replica, split: one srun step per replica
+    (hpc/spec/placement.py), started the same way at the job's start and at a restart."""
+    cases = [shlex.split(line.strip())[2:-1] for line in sub.splitlines() if ") start_replica " in line]
+    assert [line.strip() for line in sub.splitlines() if line.startswith("launch_replica ")] == [
+        f"launch_replica {case[0]}" for case in cases
+    ], "every replica is launched once at the start"
+    return cases
 
 
 def parse_pbtxt(path: Path) -> mc.ModelConfig:
@@ -291,7 +297,7 @@ def test_one_step_per_replica_on_nodes_of_its_own(tmp_path):
         ["1", "--nodes=1", "--ntasks=2", "--relative=1", "--distribution=block"],
     ]
     assert {"#SBATCH --requeue", "#SBATCH --open-mode=append"} <= set(sbatch_header(sub))
-    assert 'rm -f "$JOB_DIR/endpoints/replica-1.json"' in sub
+    assert '1) endpoint="$JOB_DIR/endpoints/replica-1.json"' in sub and 'rm -f "$endpoint"' in sub
     assert 'bash -c "rm -f /dev/shm/prefix2_${SLURM_JOB_ID}_* /dev/shm/prefix3_${SLURM_JOB_ID}_*"' in sub
     stop_others = "    stop_job"
     assert stop_others in sub.splitlines()

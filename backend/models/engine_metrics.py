@@ -72,6 +72,14 @@ def from_iteration(it: Mapping[str, Any]) -> SimpleNamespace:
     )
 
 
+def idle_iteration(it: Mapping[str, Any]) -> dict[str, Any]:
+    """An iteration's stats as an engine that stopped stepping has them: no request active, queued or scheduled
+    (the KV cache and the counts so far as they were)."""
+    batch = dict(it.get("inflightBatchingStats") or {})
+    batch.update(numScheduledRequests=0, numContextRequests=0, numGenRequests=0, numCtxTokens=0)
+    return {**it, "numActiveRequests": 0, "numQueuedRequests": 0, "inflightBatchingStats": batch}
+
+
 class EngineMetrics:
     """The gauges of one model instance: made in `initialize` from the engine's first stats (none yet: zeros), set
     after each step."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.models.engine_metrics import EngineMetrics
+from backend.models.engine_metrics import EngineMetrics, idle_iteration
 from backend.models.llmapi_io import (
     KV_EVENTS_OUTPUT,
     Completion,
@@ -359,22 +359,26 @@ class TritonPythonModel:
     async def _read_stats(self) -> None:
         """The engine's iteration stats into the metrics: the LLM yields one per iteration for as long as it steps
         (a read ends only after STATS_TIMEOUT_S without one), so the gauges are set from within the read, at most
-        every STATS_PERIOD_S, and with the last one when it ends."""
+        every STATS_PERIOD_S. A read that ended means the engine did not step
+        for STATS_TIMEOUT_S, which it does only while it holds no request: the request gauges then read 0 (the
+        last iteration may have counted a request aborted in it, and no later one comes to say it is gone)."""
         assert self.metrics is not None
         loop = asyncio.get_running_loop()
+        last: dict[str, Any] | None = None
         while not self._shutdown.is_set():
-            latest, set_at = None, 0.0
+            set_at = 0.0
             try:
                 async for stats in self.llm.get_stats_async(STATS_TIMEOUT_S):
-                    latest = stats
+                    last = stats
                     if loop.time() - set_at >= STATS_PERIOD_S:
                         self.metrics.update_from_iteration(stats)
-                        latest, set_at = None, loop.time()
+                        set_at = loop.time()
             except Exception as e:  # noqa: BLE001 - the metrics go stale; requests are not affected
                 pb_utils.Logger.log_warn(f"[trtllm] could not read the engine's stats: {type(e).__name__}: {e}")
                 await asyncio.sleep(STATS_TIMEOUT_S)
-            if latest is not None:
-                self.metrics.update_from_iteration(latest)
+                continue
+            if last is not None:
+                self.metrics.update_from_iteration(idle_iteration(last))
             await asyncio.sleep(STATS_PERIOD_S)
 
     async def _read_kv_events(self) -> None:
