@@ -103,6 +103,14 @@ def create_app(
         app.add_middleware(FastPath, routes=openai_api.router.routes)
     app.add_middleware(BodyLimit, limit=max_body_mb * 2**20 if max_body_mb else None)
     app.add_middleware(AccessLog, metrics=app.state.metrics)
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's, with the streamed answers' schemas (openai_api.describe_streams)."""
+        if app.openapi_schema is None:
+            app.openapi_schema = openai_api.describe_streams(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's way to extend its schema
     return app
 
 

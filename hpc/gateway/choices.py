@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpc.gateway.accesslog import RequestRecord
+from hpc.gateway.answers import ChatCompletionChunk, CompletionChunk
 from hpc.gateway.errors import APIError
 from hpc.gateway.state import Gateway
 from hpc.serving.model_io import Chunk, GenerateParams
@@ -110,24 +111,41 @@ DONE = b"data: [DONE]\n\n"
 
 
 class Events:
-    """One stream's SSE events, as bytes. Why pre-encoded: a streamed answer is one event per token, and only its
-    text changes; the envelope (id, object, created, model) and the choice around the text are encoded once, so
-    an event costs one `json.dumps` of its text (not of the whole dictionary), and Starlette sends bytes as they
-    are. The JSON is the same as `json.dumps` of the whole event."""
+    """One stream's SSE events, as bytes: chunks of the route's model (hpc/gateway/answers.py `CompletionChunk`,
+    `ChatCompletionChunk`), made as dictionaries and encoded by `json.dumps`, not by pydantic: a stream is an event
+    per token, and a model per event cost 3 to 6 times the event (docs/decisions.md); tests/test_gateway_answers.py
+    checks every kind of event against its model, key for key. Why pre-encoded: only a piece's text changes; the
+    envelope (id, object, created, model) and the choice around the text are encoded once, so a text piece costs
+    one `json.dumps` of its text, and Starlette sends bytes as they are. The JSON is `json.dumps` of the whole
+    event."""
 
-    def __init__(self, rid: str, kind: str, created: int, model: str, chat: bool) -> None:
+    def __init__(self, rid: str, created: int, model: str, chat: bool) -> None:
+        self.chat = chat
+        kind = (ChatCompletionChunk if chat else CompletionChunk).model_fields["object"].default
         envelope = json.dumps({"id": rid, "object": kind, "created": created, "model": model})
         self._head = f'data: {envelope[:-1]}, "choices": '.encode()
         self._piece = self._head + (b'[{"index": 0, "delta": {"content": ' if chat else b'[{"index": 0, "text": ')
         self._tail = (b"}, " if chat else b", ") + b'"finish_reason": null, "logprobs": null}]}\n\n'
+
+    def choice(
+        self, index: int, text: str | None, finish: str | None = None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """A choice of an event: text (None: the finish's, which adds none), its finish, its log probabilities."""
+        if self.chat:
+            delta = {} if text is None else {"content": text}
+            return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+
+    @staticmethod
+    def opening(index: int) -> dict[str, Any]:
+        """A chat stream's first choice of `index`: the role, no text, and no `logprobs` key."""
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
 
     def piece(self, text: str) -> bytes:
         """The event of a text piece without log probabilities (the common one)."""
         return self._piece + json.dumps(text).encode() + self._tail
 
     def event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        """The event of `choices` (`choice`, `opening`); `extra`: the chunk's other keys (`usage`, the timing's)."""
         fields = "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in extra.items())
         return self._head + f"{json.dumps(choices)}{fields}}}\n\n".encode()
-
-
-DONE = b"data: [DONE]\n\n"

@@ -6,6 +6,7 @@ replica, bad token) the same way whichever API they speak; what a replica answer
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import Request
@@ -15,6 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from hpc.gateway.answers import ErrorBody, ErrorDetail
 from hpc.gateway.bodies import UNKNOWN, nearest
 
 
@@ -34,8 +36,13 @@ class APIError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.headers = dict(headers or {})
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+    def body(self) -> dict[str, Any]:
+        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorBody(error=detail).wire()
+
+    def event(self) -> bytes:
+        """The error as a stream's SSE event (a stream that failed after its answer started)."""
+        return f"data: {json.dumps(self.body())}\n\n".encode()
 
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
@@ -88,6 +95,12 @@ ERROR_KINDS = {
     500: "model_error",
     502: "replica_failed",
     503: "no_replica",
+}
+
+
+#: how `/openapi.json` describes the error answers (FastAPI's `responses`)
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": kind} for status, kind in ERROR_KINDS.items()
 }
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import secrets
 import time
 import uuid
@@ -30,6 +29,7 @@ from typing import Any, TypeVar
 from fastapi.responses import JSONResponse
 
 from hpc.gateway.accesslog import RequestRecord
+from hpc.gateway.answers import ChatCompletion, Completion
 from hpc.gateway.choices import DONE, Events, Tally, answer_error, finish_of, replica_header, usage_of
 from hpc.gateway.errors import APIError
 from hpc.gateway.state import Gateway
@@ -119,20 +119,13 @@ async def answer(
         raise
     _merge_records(record, subs)
     record.first_token()
-    events = Events(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", _kind(chat, True), int(time.time()),
-                    gw.model_name, chat)  # fmt: skip
+    events = Events(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), gw.model_name, chat)
     relay = _Relay(gw, prompts, choices, n, chat, record, events, echo)
     return EventStream(
         relay.events(firsts, pieces, counted, include_usage),
         media_type="text/event-stream",
         headers=replica_header([sub.replica for sub in subs]),
     )
-
-
-def _kind(chat: bool, stream: bool) -> str:
-    if stream:
-        return "chat.completion.chunk" if chat else "text_completion"
-    return "chat.completion" if chat else "text_completion"
 
 
 async def _whole(gw: Gateway, params: GenerateParams, record: RequestRecord) -> Tally:
@@ -180,13 +173,12 @@ def _json(
         out.append(choice)
     body = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-        "object": _kind(chat, False),
         "created": int(time.time()),
         "model": gw.model_name,
         "choices": out,
         "usage": usage_of(sum(prompt_tokens), completion, record),
     }
-    return JSONResponse(body)
+    return JSONResponse((ChatCompletion if chat else Completion).model_validate(body).wire())
 
 
 @dataclasses.dataclass
@@ -202,22 +194,13 @@ class _Relay:
     out: Events
     echo: bool
 
-    def _choice(self, index: int, text: str | None, finish: str | None = None) -> dict[str, Any]:
-        if self.chat:
-            delta = {} if text is None else {"content": text}
-            return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
-
     def _opening(self) -> bytes:
         """Chat's role events, or (echo) each prompt in front of its choices."""
         if self.chat:
-            return b"".join(
-                self.out.event([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-                for i in range(len(self.choices))
-            )
+            return b"".join(self.out.event([self.out.opening(i)]) for i in range(len(self.choices)))
         if self.echo:
             return b"".join(
-                self.out.event([self._choice(i, self.prompts[i // self.n].prompt)]) for i in range(len(self.choices))
+                self.out.event([self.out.choice(i, self.prompts[i // self.n].prompt)]) for i in range(len(self.choices))
             )
         return b""
 
@@ -244,12 +227,12 @@ class _Relay:
                     continue
                 if isinstance(item, BaseException):
                     self.record.error = "stream_failed"
-                    yield f"data: {json.dumps(APIError(500, str(item), 'server_error').body())}\n\n".encode()
+                    yield APIError(500, str(item), "server_error").event()
                     return
                 if item is not None:
                     tallies[index].add(item)
                     if text := stops[index].feed(item.text):
-                        yield self.out.event([self._choice(index, text)])
+                        yield self.out.event([self.out.choice(index, text)])
                     if not stops[index].stopped:
                         continue
                     tasks[index].cancel()  # its stop sequence came: the rest of its generation is not needed
@@ -277,8 +260,8 @@ class _Relay:
         tokens = tally.completion_tokens(self.gw, params.max_tokens, prompt_tokens)
         mine = {"completion_tokens": tokens, "total_tokens": prompt_tokens + tokens}
         finish = finish_of(stops.stopped, mine, params, self.gw.context_length, tally.finish)
-        text = self.out.event([self._choice(index, rest)]) if rest else b""
-        return text + self.out.event([self._choice(index, None, finish)])
+        text = self.out.event([self.out.choice(index, rest)]) if rest else b""
+        return text + self.out.event([self.out.choice(index, None, finish)])
 
 
 async def _pump(

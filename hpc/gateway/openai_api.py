@@ -13,7 +13,6 @@ one is answered here. Each answer names the replica that served it in `x-hpc-ser
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -21,13 +20,23 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
+from pydantic.json_schema import models_json_schema
 
 from hpc.gateway import fanout
 from hpc.gateway.accesslog import RequestRecord, record_of
+from hpc.gateway.answers import (
+    Answer,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChunk,
+    ModelCard,
+    ModelList,
+)
 from hpc.gateway.auth import authorized
 from hpc.gateway.bodies import ChatRequest, CompletionRequest, Sampling
 from hpc.gateway.choices import DONE, Events, Tally, answer_error, finish_of, replica_header, usage_of
-from hpc.gateway.errors import APIError, bad_request, unauthorized
+from hpc.gateway.errors import ERRORS, APIError, bad_request, unauthorized
 from hpc.gateway.logprobs import TokenTrail, chat_logprobs, completion_logprobs
 from hpc.gateway.state import Gateway
 from hpc.gateway.streaming import EventStream
@@ -58,11 +67,9 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 DEFAULT_CHAT_MAX_TOKENS = 256  # chat has "up to the context"; a bound keeps a forgotten max_tokens cheap
 
 
-@router.get("/v1/models")
-async def list_models(request: Request) -> dict:
-    gw = gateway_of(request)
-    model = {"id": gw.model_name, "object": "model", "created": 0, "owned_by": "hpc-serve"}
-    return {"object": "list", "data": [model]}
+@router.get("/v1/models", response_model=ModelList, responses=ERRORS)
+async def list_models(request: Request) -> ModelList:
+    return ModelList(data=[ModelCard(id=gateway_of(request).model_name, created=0, owned_by="hpc-serve")])
 
 
 def _check_model(gw: Gateway, model: str) -> None:
@@ -110,12 +117,35 @@ COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 
 
-@router.post(COMPLETIONS_PATH)
+#: the answers streamed as SSE events, which `/openapi.json` describes by `describe_streams`
+STREAMED: tuple[type[Answer], ...] = (CompletionChunk, ChatCompletionChunk)
+_SCHEMAS = "#/components/schemas/"
+
+
+def _answers(whole: type[Answer], chunk: type[Answer]) -> dict[int | str, dict[str, Any]]:
+    """What `/openapi.json` says a generation route answers: `whole` as JSON; with `stream`, SSE events, each
+    `data: ` and a `chunk` (the last `data: [DONE]`); or an error."""
+    said = f"With `stream`: SSE events, each `data: ` and a {chunk.__name__}, the last `data: [DONE]`."
+    events = {"text/event-stream": {"schema": {"$ref": _SCHEMAS + chunk.__name__}}}
+    return {200: {"model": whole, "description": said, "content": events}} | ERRORS
+
+
+def describe_streams(openapi: dict[str, Any]) -> dict[str, Any]:
+    """`openapi` (FastAPI's) with the STREAMED models' schemas, which `_answers` refers to and FastAPI does not
+    make (it makes those of a response's `model` only)."""
+    _, found = models_json_schema([(m, "serialization") for m in STREAMED], ref_template=_SCHEMAS + "{model}")
+    schemas = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in found.get("$defs", {}).items():
+        schemas.setdefault(name, schema)
+    return openapi
+
+
+@router.post(COMPLETIONS_PATH, response_model=Completion, responses=_answers(Completion, CompletionChunk))
 async def completions(body: CompletionRequest, request: Request) -> Any:
     return await complete(gateway_of(request), body, record_of(request))
 
 
-@router.post(CHAT_PATH)
+@router.post(CHAT_PATH, response_model=ChatCompletion, responses=_answers(ChatCompletion, ChatCompletionChunk))
 async def chat_completions(body: ChatRequest, request: Request) -> Any:
     return await chat_complete(gateway_of(request), body, record_of(request))
 
@@ -178,10 +208,7 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     # what the answer needs that the replica's first piece does not decide is made while the replica works on the
     # request (idle.py): neither before it leaves nor after its first piece came, where it adds to the first token
     rid = idle.Later(lambda: f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
-    chunks = "chat.completion.chunk" if chat else "text_completion"
-    events = (
-        idle.Later(lambda: Events(rid.get(), chunks, int(time.time()), gw.model_name, chat)) if body.stream else None
-    )
+    events = idle.Later(lambda: Events(rid.get(), int(time.time()), gw.model_name, chat)) if body.stream else None
     pieces = gw.generate(params, record, whole=not body.stream)  # not streamed: a replica lost half-way is retried
     try:
         first = await gw.first(pieces)  # errors before the first piece are HTTP errors, not stream events
@@ -213,26 +240,15 @@ async def _answer(gw: Gateway, body: Sampling, params: GenerateParams, chat: boo
     usage = usage_of(prompt_tokens, tally.completion_tokens(gw, params.max_tokens, prompt_tokens), record)
     record.kv_blocks(tally.perf)
     logprobs = _logprobs(chat, trail.finish(len(text))) if params.logprobs else None
-    choice: dict[str, Any] = {
-        "index": 0,
-        "finish_reason": finish_of(stopped, usage, params, gw.context_length, tally.finish),
-        "logprobs": logprobs,
-    }
+    finish = finish_of(stopped, usage, params, gw.context_length, tally.finish)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
-    kind = "chat.completion" if chat else "text_completion"
-    out = {
-        "id": rid.get(),
-        "object": kind,
-        "created": int(time.time()),
-        "model": gw.model_name,
-        "choices": [choice],
-        "usage": usage,
-        **_timing(record, tally),
-    }
-    return JSONResponse(out, headers=headers)
+    whole = ChatCompletion if chat else Completion
+    out = {"id": rid.get(), "created": int(time.time()), "model": gw.model_name, "choices": [choice], "usage": usage}
+    return JSONResponse(whole.model_validate(out | _timing(record, tally)).wire(), headers=headers)
 
 
 def _timing(record: RequestRecord, tally: Tally) -> dict[str, Any]:
@@ -264,14 +280,7 @@ async def _sse(
         logprobs = None
         if params.logprobs:
             logprobs = _logprobs(chat, trail.finish(sent) if final else trail.sent(sent))
-        if chat:
-            return {
-                "index": 0,
-                "delta": {} if text is None else {"content": text},
-                "finish_reason": finish,
-                "logprobs": logprobs,
-            }
-        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        return events.choice(0, text, finish, logprobs)
 
     def piece(text: str) -> bytes:
         return events.event([delta(text)]) if params.logprobs else events.piece(text)
@@ -280,7 +289,7 @@ async def _sse(
     # first text, and the last text with the finish, the usage and [DONE]
     pending = b""
     if chat:
-        pending = events.event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        pending = events.event([events.opening(0)])
     stops, tally, counted = StopStream(params.stop), Tally(), None
     try:
         chunk = first  # taken already, to tell errors from answers; then the rest (no generator around them)
@@ -302,7 +311,7 @@ async def _sse(
         record.kv_blocks(tally.perf)
     except (ModelError, ReplicaUnavailable) as exc:
         record.error = "stream_failed"
-        yield pending + f"data: {json.dumps(APIError(500, str(exc), 'server_error').body())}\n\n".encode()
+        yield pending + APIError(500, str(exc), "server_error").event()
         return
     finally:
         if counted is not None:
