@@ -229,3 +229,5 @@ def test_openapi_describes_every_answer(tiny_gpt2, tokenizer):
     refs = set(re.findall(r'"#/components/schemas/([^"]+)"', json.dumps(spec)))
     assert refs <= set(schemas), refs - set(schemas)
     assert "hpc_serve_engine_timing" in schemas["ChatCompletionChunk"]["properties"]
+    statuses = {status for path in spec["paths"].values() for op in path.values() for status in op["responses"]}
+    assert "422" not in statuses, "a request that does not validate is answered 400 (hpc/gateway/errors.py)"

@@ -28,6 +28,7 @@ from hpc.gateway.errors import (
     http_error_handler,
     unexpected_error_handler,
     validation_error_handler,
+    without_422,
 )
 from hpc.gateway.fastpath import FastPath
 from hpc.gateway.metrics import Metrics
@@ -105,9 +106,9 @@ def create_app(
     app.add_middleware(AccessLog, metrics=app.state.metrics)
 
     def openapi() -> dict[str, Any]:
-        """FastAPI's, with the streamed answers' schemas (openai_api.describe_streams)."""
+        """FastAPI's, with the streamed answers' schemas and without the 422 the gateway never answers."""
         if app.openapi_schema is None:
-            app.openapi_schema = openai_api.describe_streams(FastAPI.openapi(app))
+            app.openapi_schema = without_422(openai_api.describe_streams(FastAPI.openapi(app)))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's way to extend its schema
