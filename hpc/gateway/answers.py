@@ -1,17 +1,15 @@
 """The answers of the OpenAI routes as pydantic models: `/v1/models`, a completion and a chat completion (whole and
 as stream chunks, with their choices, usage and log probabilities), and the error body.
 
-Why models: the FastAPI routes declare them, so `/openapi.json` describes the answers as well as the requests,
-and an answer is checked against its shape where it is made: a whole answer, `/v1/models` and an error are made
-by their model (hpc/gateway/openai_api.py, fanout.py, errors.py) on both paths (the fast path runs the same
-route functions). A stream's events are not, being one a token (hpc/gateway/choices.py `Events`: dictionaries
-and a template; tests/test_gateway_answers.py holds each kind to its model). The field names and their order are
-OpenAI's and what the gateway has always sent (the openai package, LangChain and aiperf read them); hpc-serve's
-own key, the engine's timestamps (hpc/serving/engine_timing.py), is one too.
+Why: the routes declare them, so `/openapi.json` describes answers as well as requests, and whole answers,
+`/v1/models` and errors are made by them on both paths (the fast path runs the same route functions). A stream's
+events, one a token, are not (hpc/gateway/choices.py `Events`; docs/decisions.md has the cost): the tests hold
+each kind to its model. Names, types and order are OpenAI's as the gateway has always sent them, with its own
+key, the engine's timestamps (hpc/serving/engine_timing.py).
 
-Present or not: OpenAI's shapes tell a key that is null from one that is absent (a chat stream's opening event has
-no `logprobs`, a streamed delta no `role` after the first, the timing only when a client asked). The rule here: a
-field whose default is None is sent only when it was given; every other field is always sent, null or not.
+Present or absent: OpenAI's shapes tell a null key from a missing one (a chat stream's opening event has no
+`logprobs`, a delta no `role` after the first). The rule: a field whose default is None is sent only when given;
+every other is always sent, null or not.
 """
 
 from __future__ import annotations
