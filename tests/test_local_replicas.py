@@ -1,7 +1,6 @@
-"""The local executor runs a job's replicas as the `.sub` does on Slurm: one step per replica, started together,
-each its own MPI world (`mpirun -n TP×PP`), because TensorRT-LLM's leader mode takes MPI_COMM_WORLD as the
-model's world (hpc/spec/placement.py). Before, one `mpirun -n TP×PP×replicas` held every replica, which only the CPU
-engine could split.
+"""The local executor runs a job's replicas with the `.sub` itself (hpc/jobs/local_slurm.py): one step per replica,
+started together, each its own MPI world (`mpirun -n TP×PP`), because TensorRT-LLM's leader mode takes
+MPI_COMM_WORLD as the model's world (hpc/spec/placement.py).
 """
 
 from __future__ import annotations
@@ -41,8 +40,11 @@ def test_each_replica_is_an_mpi_world_of_its_own(tmp_path: Path, tiny_gpt2, hpc_
     try:
         paths = JobPaths.of_folder(job_dir)
         assert [e.replica for e in read_endpoints(paths)] == [0, 1]
-        steps = json.loads(paths.local_state.read_text())["child_pids"]
-        assert len(steps) == 2, steps  # one mpirun per replica
+        (script,) = json.loads(paths.local_state.read_text())["child_pids"]  # the job's own .sub
+        assert Path(f"/proc/{script}/cmdline").read_bytes().split(b"\0")[1].endswith(b".sub")
+        steps = [pid for pid in job_processes(job) if Path(f"/proc/{pid}/comm").read_text().strip() == "mpirun"]
+        assert len(steps) == 2, steps  # one mpirun per replica, each a step of the .sub
+        assert all(script in _ancestors(step) for step in steps)
         for step in steps:
             argv = Path(f"/proc/{step}/cmdline").read_bytes().split(b"\0")
             assert argv[argv.index(b"-n") + 1] == b"2", argv  # a world of tp 2, not 4

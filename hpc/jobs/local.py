@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpc.jobs.local_slurm import job_processes
 from hpc.scheduler.index import JobRef, register
 from launcher.contracts.config import CANCEL_GRACE_S
 from launcher.contracts.job_index import index_dir
 from launcher.contracts.layout import JobPaths, with_source_root
-from launcher.contracts.rank import JOB_ID_ENV
 
 if TYPE_CHECKING:
     from hpc.jobs.kinds import JobKind
@@ -100,22 +100,6 @@ def processes_mentioning(text: str) -> list[tuple[int, str]]:
         if text in cmdline and state != "Z":
             found.append((int(entry.name), cmdline))
     return found
-
-
-def job_processes(job_id: str) -> list[int]:
-    """Pids of every process started for a local job (they all carry HPC_SERVE_JOB_ID in their environment):
-    the sweep that makes sure `cancel` leaves no tritonserver or python stub behind."""
-    marker = f"{JOB_ID_ENV}={job_id}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
 
 
 def _running(pid: int) -> bool:

@@ -281,7 +281,7 @@ def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
                 "options": step_options(step, spec.slurm.cpus_per_task, gpus),
                 # one task on each of the step's nodes, beside whatever still runs there
                 "cleanup": [f"--nodes={step.nodes}", f"--ntasks={step.nodes}", f"--relative={step.relative}"],
-                "shm": [shm_glob_shell(rank) for rank in step.ranks()],
+                "shm": [shm_glob_shell(rank, "${JOB_ID}") for rank in step.ranks()],
                 "endpoint": f"{ENDPOINTS_NAME}/{ENDPOINT_NAME.format(replica=step.replica)}",
                 "starting": f"{ENDPOINTS_NAME}/{STARTING_NAME.format(replica=step.replica)}",
                 "ranks": list(step.ranks()),
