@@ -157,7 +157,7 @@ def test_probe_script_quotes_everything_from_the_spec(tmp_path):
     assert shlex.split(module) == ["module", "load", "cuda/12.4; rm -rf ~"]
     step = next(line for line in text.splitlines() if line.startswith("srun "))
     assert "/opt/triton server/bin/tritonserver" in shlex.split(step)
-    assert "#SBATCH --time=02:00" in text and "#SBATCH --output=/dev/null" in text
+    assert "#SBATCH --time=02:00" in text and "#SBATCH -o /dev/null" in text
     # the probe runs its checks with the bundle the script carries, not files of the (maybe unshared) workdir
     out = subprocess.run(
         ["bash", "-c", f"awk '/<<.BUNDLE./{{f=1;next}}/^BUNDLE$/{{f=0}}f' {shlex.quote(str(script))} | base64 -d | tar -tzf -"],
@@ -477,3 +477,21 @@ def test_the_written_profile_says_which_workflow_the_images_tensorrt_llm_serves(
     (note,) = [n for n in notes if "TensorRT-LLM" in n]
     assert f"the image {image} has TensorRT-LLM {version}: " in note and says in note, note
     assert note.endswith(says), "only the workflows it serves"
+
+
+def test_test_only_asks_for_what_the_serving_script_asks_for(tmp_path):
+    """doctor's `sbatch --test-only` passes the serving job's own #SBATCH options (hpc/render/sbatch.py), all but
+    its name and files: doctor cannot approve an allocation that submit then asks for differently."""
+    from hpc.render.jobfiles import render_scripts
+    from hpc.render.sbatch import test_only_argv
+    from launcher.contracts.config import STOP_LEAD_S
+    from launcher.contracts.layout import SUB_NAME
+
+    slurm = {"account": "acct", "partition": "cpu", "qos": "high", "mem": "8G", "exclusive": True}
+    s = spec(tmp_path, slurm={**slurm, "cpus_per_task": 4, "sbatch_args": ["--mail-type=END"]}, requeue=True)
+    script = render_scripts(s, tmp_path / "d")[SUB_NAME]
+    asked = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+    argv = test_only_argv(s)
+    assert argv[:2] == ["sbatch", "--test-only"] and argv[-1] == "--wrap=true"
+    assert " ".join(argv[2:-1]) == " ".join(a for a in asked if not a.startswith(("-J ", "-o ", "-e "))), asked
+    assert {"--exclusive", "--requeue", "--nodes=1", "--mail-type=END", f"--signal=B:USR1@{STOP_LEAD_S}"} <= set(argv)

@@ -29,7 +29,7 @@ from pathlib import Path
 from backend.llmapi_repository import LLMAPI_MODULE as CPU_LLMAPI_MODULE
 from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
 from hpc.doctor import node
-from hpc.doctor.login import Facts, sbatch_options
+from hpc.doctor.login import Facts
 from hpc.doctor.report import Check, fail
 from hpc.doctor.verdicts import (
     FROM_LOGIN,
@@ -45,6 +45,7 @@ from hpc.doctor.verdicts import (
     verdicts,
 )
 from hpc.render.jobfiles import _srun_and_wrapper
+from hpc.render.sbatch import probe_options
 from hpc.scheduler import slurm
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds
@@ -130,12 +131,7 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
     lines = [
         "#!/bin/bash",
         f"# hpc-serve doctor --probe for {spec.name}: checks on a compute node, then exits.",
-        "#SBATCH --job-name=hpc-serve-doctor",
-        "#SBATCH --output=/dev/null",  # a workdir the node lacks must not keep the job from starting
-        "#SBATCH --chdir=/",
-        "#SBATCH --nodes=1",
-        "#SBATCH --ntasks=1",
-        *(f"#SBATCH {opt}" for opt in sbatch_options(spec, time=probe_time(facts, seconds))),
+        *probe_options(spec, probe_time(facts, seconds)).lines(),
         "set -u",
         f"PROBE={q(str(folder))}",
         f"LOCAL={q(str(local))}",
