@@ -19,9 +19,8 @@ from backend.cpu_engine.checkpoint import CheckpointError, load_config, load_wei
 from backend.cpu_engine.model import TransformerShard
 from backend.cpu_engine.shards import ShardedWeights, _Place, write_sharded
 from hpc.jobs.build_plan import plan_build, served_spec
-from hpc.jobs.build_script import build_steps
+from hpc.jobs.build_script import build_steps, write_build
 from hpc.jobs.local_run import LocalState
-from hpc.render.build import write_build
 from hpc.spec import SpecError, load_spec
 from hpc.spec.files import context_length
 from launcher.contracts.build_records import BuildStep
@@ -598,7 +597,7 @@ def test_the_build_scripts_steps_write_their_records(tmp_path):
     its exit status, in the records' own format (render passes it in: launcher/contracts/build_records.py)."""
     import re
 
-    from hpc.render.build import render_build_script
+    from hpc.jobs.build_script import render_build_script
     from launcher.contracts.layout import JobPaths
 
     spec = load_spec(write(tmp_path, CPU))

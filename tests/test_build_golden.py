@@ -1,4 +1,4 @@
-"""The engine build scripts (`D/build.sub`, hpc/render/build.py) line for line against tests/golden_builds/<name>/:
+"""The engine build scripts (`D/build.sub`, hpc/jobs/build_script.py) line for line against tests/golden_builds/<name>/:
 every tool's exact command line (convert_checkpoint.py / quantize.py / trtllm-build and their flags), the job's
 #SBATCH lines and the container wrapping. Regenerate after an intended change with:
 UPDATE_GOLDEN=1 python -m pytest tests/test_build_golden.py"""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc.jobs.build_plan import plan_build
-from hpc.render.build import render_build_script
+from hpc.jobs.build_script import render_build_script
 from hpc.spec import load_spec
 from launcher.contracts.layout import BUILD_SUB_NAME
 from tests._golden import check_script, normalise

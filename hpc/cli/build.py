@@ -74,7 +74,7 @@ def build_scripts(spec: Spec, deploy_dir: Path) -> tuple[Spec, dict[str, str]]:
     if spec.build is None:
         return spec, {}
     from hpc.jobs.build import prepare
-    from hpc.render.build import render_build_script
+    from hpc.jobs.build_script import render_build_script
     from launcher.contracts.layout import BUILD_SUB_NAME
 
     prepared = prepare(spec)

@@ -78,7 +78,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     build_sub = None
     if prepared is not None and prepared.plan.cached is None:
-        from hpc.render.build import write_build
+        from hpc.jobs.build_script import write_build
 
         build_sub = write_build(prepared.spec, prepared.plan, out.deploy_dir, templates)
     print(f"rendered {out.deploy_dir}")

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.jobs.build_plan import BuildPlan, plan_build, served_spec
+from hpc.jobs.build_script import write_build
 from hpc.jobs.executors import Executor, LocalExecutor
 from hpc.jobs.kinds import BuildJob, job_class_of
-from hpc.render.build import write_build
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import TERMINAL
 from hpc.spec import Spec

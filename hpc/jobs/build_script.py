@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from hpc.jobs.build_plan import BuildPlan
+from hpc.render.build import STAGING, BuildScript, render_build, shell_word
+from hpc.render.jobfiles import ship_packages
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node
 from launcher.contracts.layout import Deployment
-
-#: the placeholder of the job's staging folder in command lines (the script's `$STAGING`, known only at run time)
-STAGING = "$STAGING"
 
 
 def _python(spec: Spec) -> str:
@@ -91,3 +90,31 @@ def _steps(spec: Spec, plan: BuildPlan, deploy_dir: Path) -> list[dict[str, Any]
         {"name": "trtllm-build", "argv": [*trtllm_build, *plugins, *b.build_args]},
         {"name": "record", "argv": [*record, f"{STAGING}/engine"]},
     ]
+
+
+def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path | None = None) -> str:
+    """The text of `D/build.sub` (what `render` writes and the golden tests compare): the plan's steps, rendered
+    by hpc/render/build.py."""
+    b = spec.build
+    assert b is not None
+    build = BuildScript(plan.source, plan.engine_dir, b.output_dir, plan.key, build_steps(spec, plan, deploy_dir))
+    return render_build(spec, build, deploy_dir, templates)
+
+
+def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path | None = None) -> Path:
+    """Write `D/build.sub` and `D/build_request.json` (and the shipped packages, when `render` has not) into an
+    existing or new deployment folder; the script's path. Creates no checkpoint and no engine. `templates`: a
+    site's folder that overrides hpc/render/templates/ (`hpc-serve render --templates`), as for the other scripts."""
+    dep = Deployment(deploy_dir)
+    deploy_dir.mkdir(parents=True, exist_ok=True)
+    dep.logs_dir.mkdir(exist_ok=True)
+    dep.jobs_dir.mkdir(exist_ok=True)
+    if not (dep.runtime / "launcher").is_dir():
+        ship_packages(dep.runtime)
+    steps = build_steps(spec, plan, deploy_dir)
+    plan.request_file([{"name": s["name"], "command": " ".join(map(shell_word, s["argv"]))} for s in steps]).write(
+        dep.build_request
+    )
+    dep.build_sub.write_text(render_build_script(spec, plan, deploy_dir, templates))
+    dep.build_sub.chmod(0o755)
+    return dep.build_sub

@@ -1,17 +1,17 @@
-"""The build job's script and request (`D/build.sub`, `D/build_request.json`): hpc/jobs/build_script.py's steps
-rendered with hpc/render/templates/build.sub.j2, its #SBATCH lines from hpc/render/sbatch.py, its srun flags and
-container wrapper the serving job's (hpc/render/jobfiles.py)."""
+"""The build job's script (`D/build.sub`, hpc/render/templates/build.sub.j2): the steps hpc/jobs/build_script.py
+decides, rendered with the job's #SBATCH lines (hpc/render/sbatch.py) and the serving job's srun flags and
+container wrapper (hpc/render/jobfiles.py), mounting the build's own folders."""
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import launcher.contracts.rank
 from hpc import __version__
-from hpc.jobs.build_plan import BuildPlan
-from hpc.jobs.build_script import STAGING, build_steps
-from hpc.render.jobfiles import _environment, _srun_and_wrapper, ship_packages
+from hpc.render.jobfiles import _environment, _srun_and_wrapper
 from hpc.render.sbatch import build_options
 from hpc.spec import Spec
 from launcher.contracts import job_index
@@ -21,10 +21,12 @@ from launcher.contracts.layout import (
     BUILD_SUB_NAME,
     BUILDING_MARKER_NAME,
     RUNTIME_NAME,
-    Deployment,
     template_values,
 )
 from launcher.jobscript.build_record import BUILD_STARTED_ENV
+
+#: the placeholder of the job's staging folder in command lines (the script's `$STAGING`, known only at run time)
+STAGING = "$STAGING"
 
 
 def shell_word(arg: object) -> str:
@@ -36,29 +38,40 @@ def shell_word(arg: object) -> str:
     return shlex.quote(text)
 
 
-def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path | None = None) -> str:
-    """The text of `D/build.sub` (what `render` writes and the golden tests compare)."""
-    b = spec.build
-    assert b is not None
+@dataclass(frozen=True)
+class BuildScript:
+    """What a build job does (hpc/jobs/build_script.py decides it): builds `source` into `engine_dir` under
+    `output_root`, named by `key`, with `steps` (each one's name, argv, and `unless`: a path whose existence skips
+    it, or None)."""
+
+    source: Path
+    engine_dir: Path
+    output_root: Path
+    key: str
+    steps: list[dict[str, Any]]
+
+
+def render_build(spec: Spec, build: BuildScript, deploy_dir: Path, templates: Path | None = None) -> str:
+    """The text of `D/build.sub`."""
     env = _environment(templates)
     env.filters["sh"] = shell_word
-    srun, wrapper = _srun_and_wrapper(spec, deploy_dir, (plan.source, b.output_dir))
+    srun, wrapper = _srun_and_wrapper(spec, deploy_dir, (build.source, build.output_root))
     context = {
         "spec": spec,
         "version": __version__,
         "deploy_dir": str(deploy_dir),
         "backend_words": "TensorRT-LLM" if spec.model.backend == "tensorrtllm" else "CPU engine shards",
-        "source": str(plan.source),
-        "engine_dir": str(plan.engine_dir),
-        "output_root": str(b.output_dir),
-        "key": plan.key,
+        "source": str(build.source),
+        "engine_dir": str(build.engine_dir),
+        "output_root": str(build.output_root),
+        "key": build.key,
         # the job's own names in the engine cache, with its id as the script knows it (launcher/contracts/layout.py)
-        "staging_name": BUILD_STAGING_NAME.format(key=plan.key, job="$JOB_ID"),
-        "building_marker_name": BUILDING_MARKER_NAME.format(key=plan.key, job="$JOB_ID"),
+        "staging_name": BUILD_STAGING_NAME.format(key=build.key, job="$JOB_ID"),
+        "building_marker_name": BUILDING_MARKER_NAME.format(key=build.key, job="$JOB_ID"),
         "sbatch_lines": build_options(spec, deploy_dir).lines(),
         "srun_args": srun,
         "wrapper": wrapper,
-        "steps": build_steps(spec, plan, deploy_dir),
+        "steps": build.steps,
         "runtime_name": RUNTIME_NAME,
         "build_started_env": BUILD_STARTED_ENV,
         # how the steps record themselves (launcher/contracts/build_records.py): `status` reads those records, not the log
@@ -69,22 +82,3 @@ def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates
         **launcher.contracts.rank.template_values(),
     }
     return env.get_template(BUILD_SUB_NAME + ".j2").render(context)
-
-
-def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path | None = None) -> Path:
-    """Write `D/build.sub` and `D/build_request.json` (and the shipped packages, when `render` has not) into an
-    existing or new deployment folder; the script's path. Creates no checkpoint and no engine. `templates`: a
-    site's folder that overrides hpc/render/templates/ (`hpc-serve render --templates`), as for the other scripts."""
-    dep = Deployment(deploy_dir)
-    deploy_dir.mkdir(parents=True, exist_ok=True)
-    dep.logs_dir.mkdir(exist_ok=True)
-    dep.jobs_dir.mkdir(exist_ok=True)
-    if not (dep.runtime / "launcher").is_dir():
-        ship_packages(dep.runtime)
-    steps = build_steps(spec, plan, deploy_dir)
-    plan.request_file([{"name": s["name"], "command": " ".join(map(shell_word, s["argv"]))} for s in steps]).write(
-        dep.build_request
-    )
-    dep.build_sub.write_text(render_build_script(spec, plan, deploy_dir, templates))
-    dep.build_sub.chmod(0o755)
-    return dep.build_sub
