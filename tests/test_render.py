@@ -766,3 +766,29 @@ def test_the_subs_stop_asks_the_launchers_first(tmp_path):
         assert not JobPaths(tmp_path / "d", job).cancel_marker.exists()  # the job was not cancelled: COMPLETED
     assert not (tmp_path / "scancel-7").exists()
     assert (tmp_path / "scancel-8").read_text().split() == ["--signal=TERM", "8"]
+
+
+def test_one_module_writes_sbatch_lines():
+    """Every job's #SBATCH lines come from hpc/render/sbatch.py (`SbatchOptions.lines`): no other module has a
+    string that starts one, and the templates only print the lines they are given (outside their comments)."""
+    import ast
+
+    root = Path(R.__file__).resolve().parents[2]
+    writers = set()
+    for top in ("hpc", "launcher", "backend"):
+        for path in (root / top).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            # a spec field's description names the option it sets (text, not a line of a script)
+            described = {id(k.value) for k in ast.walk(tree) if isinstance(k, ast.keyword) and k.arg == "description"}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in described:
+                    if any(line.lstrip().startswith("#SBATCH ") for line in node.value.splitlines()):
+                        writers.add(str(path.relative_to(root)))
+                elif isinstance(node, ast.JoinedStr) and node.values:
+                    first = node.values[0]
+                    if isinstance(first, ast.Constant) and str(first.value).startswith("#SBATCH"):
+                        writers.add(str(path.relative_to(root)))
+    assert writers == {"hpc/render/sbatch.py"}, writers
+    for template in R.DEFAULT_TEMPLATES.glob("*.j2"):
+        code = re.sub(r"\{#.*?#\}", "", template.read_text(), flags=re.S)
+        assert "#SBATCH" not in code, template.name
