@@ -18,6 +18,7 @@ from hpc.doctor.report import Check, exit_code, fail, ok
 from hpc.doctor.verdicts import ProbeJob, verdicts
 from hpc.spec import Spec
 from launcher.contracts.layout import SHIPPED_PACKAGES, SOURCE_ROOT
+from tests._golden import check_script
 
 PARTITIONS = (
     "PartitionName=debug AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A "
@@ -150,14 +151,14 @@ def test_probe_script_quotes_everything_from_the_spec(tmp_path):
     )
     script = write_probe(s, Facts(partition="debug", partitions=[]), tmp_path / "a dir" / "probe", "abc123")
     text = script.read_text()
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    check_script(script)  # bash parses it, shellcheck finds nothing (as for every rendered script)
     export = next(line for line in text.splitlines() if line.startswith("export X="))
     assert shlex.split(export) == ["export", f"X={hostile}"]
     module = next(line for line in text.splitlines() if line.startswith("module load"))
     assert shlex.split(module) == ["module", "load", "cuda/12.4; rm -rf ~"]
     step = next(line for line in text.splitlines() if line.startswith("srun "))
     assert "/opt/triton server/bin/tritonserver" in shlex.split(step)
-    assert "#SBATCH --time=02:00" in text and "#SBATCH --output=/dev/null" in text
+    assert "#SBATCH --time=02:00" in text and "#SBATCH -o /dev/null" in text
     # the probe runs its checks with the bundle the script carries, not files of the (maybe unshared) workdir
     out = subprocess.run(
         ["bash", "-c", f"awk '/<<.BUNDLE./{{f=1;next}}/^BUNDLE$/{{f=0}}f' {shlex.quote(str(script))} | base64 -d | tar -tzf -"],
@@ -477,3 +478,50 @@ def test_the_written_profile_says_which_workflow_the_images_tensorrt_llm_serves(
     (note,) = [n for n in notes if "TensorRT-LLM" in n]
     assert f"the image {image} has TensorRT-LLM {version}: " in note and says in note, note
     assert note.endswith(says), "only the workflows it serves"
+
+
+def test_test_only_asks_for_what_the_serving_script_asks_for(tmp_path):
+    """doctor's `sbatch --test-only` passes the serving job's own #SBATCH options (hpc/render/sbatch.py), all but
+    its name and files: doctor cannot approve an allocation that submit then asks for differently."""
+    from hpc.render.jobfiles import render_scripts
+    from hpc.render.sbatch import test_only_argv
+    from launcher.contracts.config import STOP_LEAD_S
+    from launcher.contracts.layout import SUB_NAME
+
+    slurm = {"account": "acct", "partition": "cpu", "qos": "high", "mem": "8G", "exclusive": True}
+    s = spec(tmp_path, slurm={**slurm, "cpus_per_task": 4, "sbatch_args": ["--mail-type=END"]}, requeue=True)
+    script = render_scripts(s, tmp_path / "d")[SUB_NAME]
+    asked = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+    argv = test_only_argv(s)
+    assert argv[:2] == ["sbatch", "--test-only"] and argv[-1] == "--wrap=true"
+    assert " ".join(argv[2:-1]) == " ".join(a for a in asked if not a.startswith(("-J ", "-o ", "-e "))), asked
+    assert {"--exclusive", "--requeue", "--nodes=1", "--mail-type=END", f"--signal=B:USR1@{STOP_LEAD_S}"} <= set(argv)
+
+
+def test_the_probe_job_is_read_through_the_watcher(tmp_path, monkeypatch):
+    """The probe is a job kind (hpc/jobs/kinds.py DoctorProbeJob): its state comes from the process's throttled
+    watcher (one sacct per refresh), its exit code and node from one scontrol once it ended."""
+    from hpc.doctor import probe
+    from hpc.jobs.kinds import DoctorProbeJob
+    from hpc.scheduler import slurm, watch
+    from hpc.scheduler.index import JobRef
+    from launcher.contracts.slurm import Result
+
+    asked: list[str] = []
+    states = iter(["PENDING", "RUNNING", "COMPLETED"])
+
+    def cluster(argv, timeout, **_):
+        asked.append(argv[0])
+        if argv[0] == "sacct":
+            return Result(0, f"5|{next(states)}\n", "")
+        if argv[0] == "scontrol":
+            return Result(0, "JobId=5 JobState=COMPLETED ExitCode=4:0 NodeList=n1\n", "")
+        return Result(0, "", "")  # squeue: no longer listed
+
+    gateway = slurm.Slurm(runner=cluster)
+    monkeypatch.setattr(slurm, "default", gateway)
+    monkeypatch.setattr(watch, "shared", watch.SlurmWatcher(gateway, min_delay_s=0.0))
+    job = ProbeJob("5")
+    assert probe._wait(job, DoctorProbeJob(JobRef("5", tmp_path / "probe")), timeout_s=60, poll_s=0) is None
+    assert (job.state, job.exit_code, job.node) == ("COMPLETED", 4, "n1")
+    assert asked.count("sacct") == 3 and asked.count("scontrol") == 1, asked

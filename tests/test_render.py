@@ -536,8 +536,9 @@ def test_cli_render_with_site_template(tmp_path):
 
 @pytest.mark.slow
 def test_a_site_sbatch_header_shapes_every_job_script(tmp_path):
-    """The three job scripts take their #SBATCH lines from one macro (hpc/render/templates/_sbatch.j2): a site's copy
-    of that file with one more line changes the serving, gateway and build scripts alike."""
+    """The three job scripts print their #SBATCH lines (hpc/render/sbatch.py's) with one macro
+    (hpc/render/templates/_sbatch.j2): a site's copy of that file with one more line changes the serving, gateway
+    and build scripts alike."""
     (tmp_path / "spec.yaml").write_text(
         "name: site\nslurm: {nodes: 1}\nmodel: {backend: cpu, workflow: engine, checkpoint_dir: ckpt, init: {family: gpt2}}\n"
         "gateway: {}\nbuild: {output_dir: engines}\n"
@@ -545,15 +546,16 @@ def test_a_site_sbatch_header_shapes_every_job_script(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     default = (R.DEFAULT_TEMPLATES / "_sbatch.j2").read_text()
-    name_line = "#SBATCH -J {{ job_name }}\n"
-    assert default.count(name_line) == 1
-    (site / "_sbatch.j2").write_text(default.replace(name_line, name_line + "#SBATCH --comment=site-header\n"))
+    printed = "{% for line in lines %}{{ line }}\n{% endfor %}"
+    assert default.count(printed) == 1
+    (site / "_sbatch.j2").write_text(default.replace(printed, printed + "#SBATCH --comment=site-header\n"))
     scripts = (R.SUB_NAME, R.GATEWAY_SUB_NAME, BUILD_SUB_NAME)
     result = _cli("render", "spec.yaml", "-o", "d", "--templates", str(site), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     for name in scripts:
         lines = (tmp_path / "d" / name).read_text().splitlines()
-        assert lines[lines.index("#SBATCH --comment=site-header") - 1].startswith("#SBATCH -J site"), name
+        header = lines[: lines.index("#SBATCH --comment=site-header")]
+        assert header[-1].startswith("#SBATCH ") and "#SBATCH -J site" in "\n".join(header), name
     assert _cli("render", "spec.yaml", "-o", "d", cwd=tmp_path).returncode == 0
     for name in scripts:
         assert "site-header" not in (tmp_path / "d" / name).read_text(), name
@@ -764,3 +766,29 @@ def test_the_subs_stop_asks_the_launchers_first(tmp_path):
         assert not JobPaths(tmp_path / "d", job).cancel_marker.exists()  # the job was not cancelled: COMPLETED
     assert not (tmp_path / "scancel-7").exists()
     assert (tmp_path / "scancel-8").read_text().split() == ["--signal=TERM", "8"]
+
+
+def test_one_module_writes_sbatch_lines():
+    """Every job's #SBATCH lines come from hpc/render/sbatch.py (`SbatchOptions.lines`): no other module has a
+    string that starts one, and the templates only print the lines they are given (outside their comments)."""
+    import ast
+
+    root = Path(R.__file__).resolve().parents[2]
+    writers = set()
+    for top in ("hpc", "launcher", "backend"):
+        for path in (root / top).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            # a spec field's description names the option it sets (text, not a line of a script)
+            described = {id(k.value) for k in ast.walk(tree) if isinstance(k, ast.keyword) and k.arg == "description"}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in described:
+                    if any(line.lstrip().startswith("#SBATCH ") for line in node.value.splitlines()):
+                        writers.add(str(path.relative_to(root)))
+                elif isinstance(node, ast.JoinedStr) and node.values:
+                    first = node.values[0]
+                    if isinstance(first, ast.Constant) and str(first.value).startswith("#SBATCH"):
+                        writers.add(str(path.relative_to(root)))
+    assert writers == {"hpc/render/sbatch.py"}, writers
+    for template in R.DEFAULT_TEMPLATES.glob("*.j2"):
+        code = re.sub(r"\{#.*?#\}", "", template.read_text(), flags=re.S)
+        assert "#SBATCH" not in code, template.name

@@ -24,6 +24,7 @@ from hpc.doctor.parse import (
     slurm_version,
 )
 from hpc.doctor.report import Check, fail, ok, skip, warn
+from hpc.render.sbatch import test_only_argv
 from hpc.scheduler import slurm
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds
@@ -358,41 +359,11 @@ def _workdir(spec: Spec) -> Check:
     return ok("workdir", f"{workdir} writable here{made}; --probe checks the nodes see it")
 
 
-def sbatch_options(spec: Spec, time: str | None = None) -> list[str]:
-    """The spec's allocation as sbatch options (what the rendered `.sub`'s #SBATCH lines ask for), for
-    `sbatch --test-only`; the probe job takes the same placement options with one node and a short `time`."""
-    s = spec.slurm
-    gres = s.gres or (f"gpu:{s.gpus_per_node}" if s.gpus_per_node else None)
-    opts = [f"--time={time or s.time}"]
-    for flag, value in (
-        ("--partition", s.partition),
-        ("--account", s.account),
-        ("--qos", s.qos),
-        ("--gres", gres),
-        ("--mem", s.mem),
-        ("--constraint", s.constraint),
-        ("--reservation", s.reservation),
-        ("--cpus-per-task", s.cpus_per_task),
-    ):
-        if value:
-            opts.append(f"{flag}={value}")
-    return opts
-
-
 def _test_only(spec: Spec, facts: Facts) -> Check:
-    s = spec.slurm
-    argv = [
-        "sbatch",
-        "--test-only",
-        *sbatch_options(spec),
-        f"--nodes={s.nodes}",
-        f"--ntasks-per-node={spec.tasks_per_node}",
-        *(["--exclusive"] if s.exclusive else []),
-        *s.sbatch_args,
-        "--wrap=true",
-    ]
+    """`sbatch --test-only` with the options of the serving job's own #SBATCH lines (hpc/render/sbatch.py): what
+    it approves is what submit asks for."""
     try:
-        result = slurm.default.run(argv, repeatable=False)
+        result = slurm.default.run(test_only_argv(spec), repeatable=False)
     except slurm.SlurmError as exc:
         return fail("sbatch --test-only", exc.stderr or str(exc), "change the slurm: field Slurm's message names")
     said = (result.stderr or result.stdout).strip().splitlines()

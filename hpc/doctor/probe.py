@@ -9,8 +9,11 @@ GPUs, and reads the installed TensorRT-LLM version. The workdir is shared when t
 submitted, and this node sees the one the job wrote. The verdict comes back twice: as JSON in the probe folder,
 and as bits of the job's exit code, so a workdir that is not shared still yields every verdict.
 
-The job is cancelled when the wait runs out or on Ctrl-C. Every value from the spec that reaches the script is
-shell-quoted; the #SBATCH lines take only values the spec's schema already restricts to Slurm words.
+The script is rendered by hpc/render/probe.py (templates/probe.sub.j2, its #SBATCH lines hpc/render/sbatch.py's);
+every value from the spec that reaches it is shell-quoted, and the #SBATCH lines take only values the spec's
+schema already restricts to Slurm words. The job is a job kind (hpc/jobs/kinds.py `DoctorProbeJob`): its state
+is read through the process's throttled watcher, and its exit code and node once it ended. It is cancelled when
+the wait runs out or on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import base64
 import io
 import json
 import secrets
-import shlex
 import sys
 import tarfile
 import time
@@ -29,14 +31,13 @@ from pathlib import Path
 from backend.llmapi_repository import LLMAPI_MODULE as CPU_LLMAPI_MODULE
 from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
 from hpc.doctor import node
-from hpc.doctor.login import Facts, sbatch_options
+from hpc.doctor.login import Facts
 from hpc.doctor.report import Check, fail
 from hpc.doctor.verdicts import (
     FROM_LOGIN,
     FROM_NODE,
     JOB_OUT,
     RESULTS,
-    SCRIPT,
     STEP_BIT,
     WORKDIR_BIT,
     ProbeJob,
@@ -44,8 +45,11 @@ from hpc.doctor.verdicts import (
     model_import_targets,
     verdicts,
 )
-from hpc.render.jobfiles import _srun_and_wrapper
+from hpc.jobs.kinds import DoctorProbeJob
+from hpc.render.probe import render_probe_script
 from hpc.scheduler import slurm
+from hpc.scheduler.index import JobRef
+from hpc.scheduler.watch import watcher
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds
 from launcher.contracts.layout import SHIPPED_PACKAGES, SOURCE_ROOT
@@ -106,7 +110,6 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
     folder.mkdir(parents=True)
     (folder / FROM_LOGIN).write_text(nonce + "\n")
     local = Path(f"/tmp/hpc-serve-doctor-{nonce}")  # on the node; mounted into the container as it is
-    srun, wrapper = _srun_and_wrapper(spec, local)
     python = sys.executable if spec.container.type == "none" else spec.container.python
     node_args = [str(local / RESULTS), "--python-label", python_label(spec)]
     node_args += [arg for module in model_modules(spec) for arg in ("--import", module)]
@@ -126,67 +129,36 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
     imports = model_import_targets(spec)
     node_args += [arg for target in imports for arg in ("--model-import", *target)]
     seconds = PROBE_TIME_S + (node.IMPORT_TIMEOUT_S if imports else 0)
-    q = shlex.quote
-    lines = [
-        "#!/bin/bash",
-        f"# hpc-serve doctor --probe for {spec.name}: checks on a compute node, then exits.",
-        "#SBATCH --job-name=hpc-serve-doctor",
-        "#SBATCH --output=/dev/null",  # a workdir the node lacks must not keep the job from starting
-        "#SBATCH --chdir=/",
-        "#SBATCH --nodes=1",
-        "#SBATCH --ntasks=1",
-        *(f"#SBATCH {opt}" for opt in sbatch_options(spec, time=probe_time(facts, seconds))),
-        "set -u",
-        f"PROBE={q(str(folder))}",
-        f"LOCAL={q(str(local))}",
-        f"NONCE={q(nonce)}",
-        "rc=0",
-        'mkdir -p "$PROBE" 2>/dev/null && exec >"$PROBE/' + JOB_OUT + '" 2>&1',
-        f'if [ "$(cat "$PROBE/{FROM_LOGIN}" 2>/dev/null)" != "$NONCE" ]; then',
-        f'  echo "the login node\'s $PROBE/{FROM_LOGIN} is not here"; rc={WORKDIR_BIT}',
-        "fi",
-        f'echo "$NONCE ${{SLURMD_NODENAME:-$(hostname)}}" >"$PROBE/{FROM_NODE}"',
-        "trap 'rm -rf \"$LOCAL\"' EXIT",
-        'mkdir -p "$LOCAL" && base64 -d <<\'BUNDLE\' | tar -xzf - -C "$LOCAL"',
-        node_bundle(),
-        "BUNDLE",
-        *(f"module load {q(m)}" for m in spec.slurm.modules),
-        *spec.slurm.setup,  # the spec's own shell lines, run as written (as the .sub does)
-        *(f"export {k}={q(v)}" for k, v in spec.slurm.env.items()),
-        " ".join(
-            [
-                "srun --nodes=1 --ntasks=1",
-                f"--mpi={q(spec.slurm.mpi)}",
-                *map(q, srun),
-                *map(q, wrapper),
-                q(python),
-                '"$LOCAL/node.py"',
-            ]
-            + [q(a) for a in node_args]
-        ),
-        "step=$?",
-        f'cp "$LOCAL/{RESULTS}" "$PROBE/{RESULTS}" 2>/dev/null',
-        # node.py's exit is a sum of its bits; anything else means the step itself failed (srun, the container)
-        f'case $step in {node_exits()}) ;; *) echo "node step exited $step"; step={STEP_BIT} ;; esac',
-        "exit $((rc | step))",
-    ]
-    script = folder / SCRIPT
-    script.write_text("\n".join(lines) + "\n")
+    values = {
+        "folder": str(folder),
+        "nonce": nonce,
+        "python": python,
+        "node_args": node_args,
+        "bundle": node_bundle(),
+        "node_exits": node_exits(),  # node.py's exit is a sum of its bits; anything else: the step itself failed
+        "job_out": JOB_OUT,
+        "from_login": FROM_LOGIN,
+        "from_node": FROM_NODE,
+        "results": RESULTS,
+        "workdir_bit": WORKDIR_BIT,
+        "step_bit": STEP_BIT,
+    }
+    text = render_probe_script(spec, time=probe_time(facts, seconds), local=local, values=values)
+    script = folder / DoctorProbeJob.script
+    script.write_text(text)
     return script
 
 
-def _state(job_id: str) -> tuple[str, int | None, str, str]:
-    """(state, exit code, reason, node) from scontrol, else sacct (the job ended MinJobAge ago)."""
+def _outcome(job_id: str) -> tuple[int | None, str]:
+    """(exit code, node) of the ended job: scontrol, else sacct (it ended MinJobAge ago). Asked once, after the
+    watcher saw the end; the state itself is the watcher's."""
     record = slurm.default.scontrol_jobs([job_id]).get(job_id)
     if record is None:
-        rows = slurm.default.sacct([job_id], ["JobID", "State", "ExitCode", "NodeList"])
+        rows = slurm.default.sacct([job_id], ["JobID", "ExitCode", "NodeList"])
         row = next((r for r in rows if r.get("JobID") == job_id), None)
-        if row is None:
-            return "UNKNOWN", None, "", ""
-        record = {"JobState": row["State"].split(" ")[0], "ExitCode": row["ExitCode"], "NodeList": row["NodeList"]}
-    code = record.get("ExitCode", "")
-    exit_code = int(code.split(":")[0]) if code.split(":")[0].isdigit() else None
-    return record.get("JobState", "UNKNOWN"), exit_code, record.get("Reason", ""), record.get("NodeList", "")
+        record = {"ExitCode": row["ExitCode"], "NodeList": row["NodeList"]} if row is not None else {}
+    code = record.get("ExitCode", "").split(":")[0]
+    return (int(code) if code.isdigit() else None), record.get("NodeList", "")
 
 
 def run_probe(
@@ -211,9 +183,10 @@ def run_probe(
         job = ProbeJob(slurm.default.sbatch(script))
     except slurm.SlurmError as exc:
         return [fail("probe job", f"sbatch refused it: {exc}", "change the slurm: field Slurm's message names")], folder
+    watcher().arm(job.job_id)  # just submitted: asked about now, then at 2, 4, 8 … s
     try:  # from here on, Ctrl-C cancels the job
         say(f"probe job {job.job_id} submitted to {facts.partition} (waiting at most {timeout_s:g} s; {folder})")
-        late = _wait(job, timeout_s, poll_s)
+        late = _wait(job, DoctorProbeJob(JobRef(job.job_id, folder)), timeout_s, poll_s)
     except KeyboardInterrupt:
         slurm.default.scancel(job.job_id)
         say(f"probe job {job.job_id} cancelled")
@@ -228,13 +201,16 @@ def run_probe(
     return verdicts(spec, job, folder), folder
 
 
-def _wait(job: ProbeJob, timeout_s: float, poll_s: float) -> Check | None:
-    """Poll the job until it ends (None) or `timeout_s` passes: then cancel it and return the failure."""
+def _wait(job: ProbeJob, kind: DoctorProbeJob, timeout_s: float, poll_s: float) -> Check | None:
+    """Wait for the job to end (None), reading its state through the watcher (which asks Slurm only as often as
+    its schedule says), or until `timeout_s` passes: then cancel it and return the failure."""
     start = time.monotonic()
     while True:
-        job.state, job.exit_code, reason, job.node = _state(job.job_id)
+        status = kind.status()
+        job.state, reason = status.scheduler_state or "UNKNOWN", status.reason
         job.elapsed_s = time.monotonic() - start
         if slurm.ended(job.state):
+            job.exit_code, job.node = _outcome(job.job_id)
             return None
         if job.elapsed_s > timeout_s:
             slurm.default.scancel(job.job_id)

@@ -1,4 +1,4 @@
-"""The build job's script (`D/build.sub`, hpc/render/templates/build.sub.j2): its steps' exact command lines.
+"""What the build job runs (`D/build.sub`, rendered by hpc/render/build.py): its steps' exact command lines.
 
 For `backend: tensorrtllm`, upstream's workflow: `convert_checkpoint.py --tp_size --pp_size` (or `quantize.py
 --qformat` when `build.quantization` is set) into a TensorRT-LLM checkpoint with one `rank<r>.safetensors` per
@@ -13,40 +13,16 @@ For `backend: cpu`: `model.init`'s checkpoint when it is missing, then one rank 
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-import launcher.contracts.rank
-from hpc import __version__
 from hpc.jobs.build_plan import BuildPlan
-from hpc.render.jobfiles import _environment, _srun_and_wrapper, ship_packages
+from hpc.render.build import STAGING, BuildScript, render_build, shell_word
+from hpc.render.jobfiles import ship_packages
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node
-from launcher.contracts import job_index
-from launcher.contracts.build_records import FAILURE_FORMAT, STEP_FORMAT
-from launcher.contracts.layout import (
-    BUILD_STAGING_NAME,
-    BUILD_SUB_NAME,
-    BUILDING_MARKER_NAME,
-    RUNTIME_NAME,
-    Deployment,
-    template_values,
-)
-from launcher.jobscript.build_record import BUILD_STARTED_ENV
-
-#: the placeholder of the job's staging folder in command lines (the script's `$STAGING`, known only at run time)
-STAGING = "$STAGING"
-
-
-def _sh(arg: object) -> str:
-    """Shell text of one argument: quoted, except the staging folder's variable in front."""
-    text = str(arg)
-    if text == STAGING or text.startswith(STAGING + "/"):
-        rest = text[len(STAGING) :]
-        return '"$STAGING"' + (shlex.quote(rest) if rest else "")
-    return shlex.quote(text)
+from launcher.contracts.layout import Deployment
 
 
 def _python(spec: Spec) -> str:
@@ -116,49 +92,13 @@ def _steps(spec: Spec, plan: BuildPlan, deploy_dir: Path) -> list[dict[str, Any]
     ]
 
 
-def build_gres(spec: Spec) -> str | None:
-    """The build job's GPUs: as many as the tools use at once (one per rank, at most a node's)."""
-    if spec.model.backend != "tensorrtllm":
-        return None
-    count = min(spec.model.tp_size * spec.model.pp_size, build_gpus_per_node(spec))
-    return f"gpu:{count}"
-
-
 def render_build_script(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path | None = None) -> str:
-    """The text of `D/build.sub` (what `render` writes and the golden tests compare)."""
+    """The text of `D/build.sub` (what `render` writes and the golden tests compare): the plan's steps, rendered
+    by hpc/render/build.py."""
     b = spec.build
     assert b is not None
-    env = _environment(templates)
-    env.filters["sh"] = _sh
-    srun, wrapper = _srun_and_wrapper(spec, deploy_dir, (plan.source, b.output_dir))
-    context = {
-        "spec": spec,
-        "version": __version__,
-        "deploy_dir": str(deploy_dir),
-        "backend_words": "TensorRT-LLM" if spec.model.backend == "tensorrtllm" else "CPU engine shards",
-        "source": str(plan.source),
-        "engine_dir": str(plan.engine_dir),
-        "output_root": str(b.output_dir),
-        "key": plan.key,
-        # the job's own names in the engine cache, with its id as the script knows it (launcher/contracts/layout.py)
-        "staging_name": BUILD_STAGING_NAME.format(key=plan.key, job="$JOB_ID"),
-        "building_marker_name": BUILDING_MARKER_NAME.format(key=plan.key, job="$JOB_ID"),
-        "partition": b.partition or spec.slurm.partition,
-        "time": b.time or spec.slurm.time,
-        "gres": build_gres(spec),
-        "srun_args": srun,
-        "wrapper": wrapper,
-        "steps": build_steps(spec, plan, deploy_dir),
-        "runtime_name": RUNTIME_NAME,
-        "build_started_env": BUILD_STARTED_ENV,
-        # how the steps record themselves (launcher/contracts/build_records.py): `status` reads those records, not the log
-        "build_step_format": STEP_FORMAT,
-        "build_failure_format": FAILURE_FORMAT,
-        **template_values(deploy_dir),
-        **job_index.template_values(),
-        **launcher.contracts.rank.template_values(),
-    }
-    return env.get_template(BUILD_SUB_NAME + ".j2").render(context)
+    build = BuildScript(plan.source, plan.engine_dir, b.output_dir, plan.key, build_steps(spec, plan, deploy_dir))
+    return render_build(spec, build, deploy_dir, templates)
 
 
 def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path | None = None) -> Path:
@@ -172,7 +112,7 @@ def write_build(spec: Spec, plan: BuildPlan, deploy_dir: Path, templates: Path |
     if not (dep.runtime / "launcher").is_dir():
         ship_packages(dep.runtime)
     steps = build_steps(spec, plan, deploy_dir)
-    plan.request_file([{"name": s["name"], "command": " ".join(_sh(a) for a in s["argv"])} for s in steps]).write(
+    plan.request_file([{"name": s["name"], "command": " ".join(map(shell_word, s["argv"]))} for s in steps]).write(
         dep.build_request
     )
     dep.build_sub.write_text(render_build_script(spec, plan, deploy_dir, templates))

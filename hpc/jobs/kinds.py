@@ -344,6 +344,18 @@ class BuildJob(JobKind):
         status.reason = build_reason(self.ref, status.state, status.reason)
 
 
+class DoctorProbeJob(JobKind):
+    """`hpc-serve doctor --probe`'s job (hpc/doctor/probe.py): a few checks on one node, then its end. Its folder is
+    the probe's, outside any deployment (no marker, not in KINDS); its state is the scheduler's, read like every
+    kind's through the process's throttled watcher, never polled on its own."""
+
+    kind = "probe"
+    script = "probe.sub"  # in the probe folder (hpc/render/probe.py renders it)
+    marker = None
+    stoppable = False  # scancel ends it
+    live = ()
+
+
 #: every kind; the marked ones first: a folder without a marker is a serving job's
 KINDS: tuple[type[JobKind], ...] = (GatewayJob, BuildJob, ServingJob)
 

@@ -1,6 +1,6 @@
 """Spec → deployment folder: the sbatch script, the per-rank script, the launch plan and the model repository.
 
-This is the one place where the spec is turned into things that run: the `#SBATCH` lines, the srun line
+This is the one place where the spec is turned into things that run: the `#SBATCH` lines (hpc/render/sbatch.py), the srun line
 and its container flags, the per-rank environment, the upstream model-repository parameters, and the
 launch plan the per-rank launcher reads. Every user string that reaches a script is shell-quoted here
 (the `q` filter) or was rejected by the spec.
@@ -25,6 +25,7 @@ import launcher.contracts.rank
 from hpc import __version__
 from hpc.render.gpu_binding import gpu_decision
 from hpc.render.llmapi import model_yaml_args, model_yaml_header
+from hpc.render.sbatch import gateway_options, serving_gres, serving_options
 from hpc.serving.auth import ensure_deployment_token
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
 from hpc.spec.checks import slurm_time_seconds
@@ -224,13 +225,12 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
     """The text of the two scripts, without touching the disk (what `job_script()` shows)."""
     env = _environment(templates)
     srun, wrapper = _srun_and_wrapper(spec, deploy_dir)
-    gres = spec.slurm.gres or (f"gpu:{spec.slurm.gpus_per_node}" if spec.slurm.gpus_per_node else None)
     python = sys.executable if spec.container.type == "none" else spec.container.python
     context = {
         "spec": spec,
         "version": __version__,
         "deploy_dir": str(deploy_dir),
-        "gres": gres,
+        "sbatch_lines": serving_options(spec, deploy_dir).lines(),
         "srun_args": srun,
         "wrapper": wrapper,
         "python": python,
@@ -243,7 +243,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         "renew": spec.renew is not None,
         "renew_python": sys.executable,
         "site_profile": site_profile(spec),
-        **replica_context(spec, gres is not None),
+        **replica_context(spec, serving_gres(spec) is not None),
         **template_values(deploy_dir),  # every name and path in the folder (launcher/contracts/layout.py)
         **job_index.template_values(),  # the lines that index the job (launcher/contracts/job_index.py)
         **launcher.contracts.rank.template_values(),  # the variables the scripts set for a rank or read (launcher/contracts/rank.py)
@@ -304,19 +304,15 @@ GATEWAY_RESTARTS = 5
 
 
 def gateway_context(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
-    """What the gateway's own script adds: its job's Slurm settings (the serving job's account, partition, qos
-    and time unless `gateway:` says otherwise), and the interpreter and source of this hpc-serve install (the
-    gateway is `hpc/` code, never run in the serving job's container)."""
-    g, s = spec.gateway, spec.slurm
+    """What the gateway's own script adds: its job's #SBATCH lines (hpc/render/sbatch.py), and the interpreter
+    and source of this hpc-serve install (the gateway is `hpc/` code, never run in the serving job's container)."""
+    g = spec.gateway
     assert g is not None
     return {
         "gateway": g,
         "workdir": str(deploy_dir.parent),
         "record_path": str(gateway_record(deploy_dir.parent, spec.name)),
-        "account": g.account or s.account,
-        "partition": g.partition or s.partition,
-        "qos": g.qos or s.qos,
-        "time": g.time or s.time,
+        "sbatch_lines": gateway_options(spec, deploy_dir).lines(),
         "python": sys.executable,
         "source_root": str(SOURCE_ROOT),
         "renew": spec.renew is not None,  # the gateway job renews itself too (hpc/jobs/renewal.py)
