@@ -283,7 +283,7 @@ def test_sub_header_and_srun_line(tmp_path):
     assert argv[-2:] == ["bash", "$DEPLOY_DIR/tensorrt_llm_triton.sh"]
     assert "trap stop_job USR1 TERM" in sub  # ordered stop, not srun's (test_the_subs_stop_asks_the_launchers_first)
     assert f"DEPLOY_DIR={d}" in sub.splitlines()
-    assert 'JOB_DIR="$DEPLOY_DIR/jobs/$SLURM_JOB_ID"' in sub
+    assert 'JOB_DIR="$DEPLOY_DIR/jobs/$JOB_ID"' in sub
     assert "nvidia-smi" not in sub  # no clock lock unless asked for
 
 
@@ -298,7 +298,7 @@ def test_one_step_per_replica_on_nodes_of_its_own(tmp_path):
     ]
     assert {"#SBATCH --requeue", "#SBATCH --open-mode=append"} <= set(sbatch_header(sub))
     assert '1) endpoint="$JOB_DIR/endpoints/replica-1.json"' in sub and 'rm -f "$endpoint"' in sub
-    assert 'bash -c "rm -f /dev/shm/prefix2_${SLURM_JOB_ID}_* /dev/shm/prefix3_${SLURM_JOB_ID}_*"' in sub
+    assert 'bash -c "rm -f /dev/shm/prefix2_${JOB_ID}_* /dev/shm/prefix3_${JOB_ID}_*"' in sub
     stop_others = "    stop_job"
     assert stop_others in sub.splitlines()
     keep = cpu_spec(
@@ -753,8 +753,8 @@ def test_the_subs_stop_asks_the_launchers_first(tmp_path):
         paths = JobPaths(tmp_path / "d", job).create()
         if leader_stops:  # the leader's launcher answers the request at once
             StopNotice(signal="SIGTERM", at=time.time(), drain_until=time.time() + 10).write(paths.stopping(0))
-        script = f"set -euo pipefail\nJOB_DIR={shlex.quote(str(paths.folder))}\n{function.group(0)}stop_job\nwait\n"
-        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID=job)
+        script = f"set -euo pipefail\nJOB_ID={job}\nJOB_DIR={shlex.quote(str(paths.folder))}\n{function.group(0)}stop_job\nwait\n"
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
         env["SCANCEL_LOG"] = str(tmp_path / f"scancel-{job}")
         return subprocess.Popen(["bash", "-c", script], env=env)
 
