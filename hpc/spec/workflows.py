@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 from backend.llmapi_repository import LLMAPI_MODULE as CPU_LLMAPI_MODULE
 from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
 from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL, IMAGE_MODEL_DIR, LLMAPI, OWN_MODEL
+from launcher.contracts.trtllm_versions import FIRST_LLMAPI, LAST_ENGINE
 
 if TYPE_CHECKING:
     from hpc.spec.build import BuildSpec
@@ -197,6 +198,8 @@ class Workflow(ABC):
     per_rank_binding: ClassVar[bool]
     #: `render` says where the running model.py comes from; `doctor --serve` has a battery for its model
     chooses_model_py: ClassVar[bool]
+    #: the doctor's fix when the node's TensorRT-LLM does not serve this workflow (WORKFLOW_RELEASES says which do)
+    trtllm_fix: ClassVar[str]
 
     @abstractmethod
     def check_model(self, model: ModelSpec) -> None:
@@ -227,6 +230,10 @@ class Engine(Workflow):
     spawns_ranks = True
     per_rank_binding = True
     chooses_model_py = False
+    trtllm_fix = (
+        f"the engine workflow needs TensorRT-LLM {LAST_ENGINE} or older (NGC tritonserver up to 25.xx "
+        "-trtllm-python-py3 with TensorRT-LLM 1.2); or serve the Hugging Face checkpoint with model.workflow: llmapi"
+    )
 
     def check_model(self, model: ModelSpec) -> None:
         model.backend_strategy.check_engine_model(model)
@@ -255,6 +262,10 @@ class Llmapi(Workflow):
     spawns_ranks = False
     per_rank_binding = False
     chooses_model_py = True
+    trtllm_fix = (
+        f"use an image with TensorRT-LLM {FIRST_LLMAPI} or newer (NGC tritonserver 25.09+ -trtllm-python-py3), "
+        "or serve a trtllm-build engine with model.workflow: engine"
+    )
 
     def check_model(self, model: ModelSpec) -> None:
         """A Hugging Face checkpoint and nothing of an engine; where the image's model files are."""
