@@ -20,6 +20,7 @@ from backend.llmapi_repository import LLMAPI_MODULE as CPU_LLMAPI_MODULE
 from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
 from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL, IMAGE_MODEL_DIR, LLMAPI, OWN_MODEL
 from launcher.contracts.trtllm_versions import FIRST_LLMAPI, LAST_ENGINE
+from launcher.contracts.workflows import RANK_BACKENDS, RANK_WORKFLOWS, RankBackend, RankWorkflow
 
 if TYPE_CHECKING:
     from hpc.spec.build import BuildSpec
@@ -68,6 +69,11 @@ class Backend(ABC):
     @abstractmethod
     def check_build(self, spec: Spec, build: BuildSpec) -> None:
         """How `build:` fits this engine; ValueError("@build.field: what, and the fix")."""
+
+    @property
+    def rank(self) -> RankBackend:
+        """What the ranks and the build job ask of this backend (launcher/contracts/workflows.py)."""
+        return RANK_BACKENDS[self.name]
 
     def engine_source(self, model: ModelSpec) -> Path:
         """The folder the engine workflow's model reads."""
@@ -216,6 +222,11 @@ class Workflow(ABC):
     @abstractmethod
     def model_modules(self, backend: Backend) -> list[str]:
         """The modules tritonserver's python stubs import when the models start (the doctor's probe imports them)."""
+
+    @property
+    def rank(self) -> RankWorkflow:
+        """What the ranks ask of this workflow (launcher/contracts/workflows.py)."""
+        return RANK_WORKFLOWS[self.name]
 
     def serves_built_engine(self, backend: Backend) -> bool:
         """The model reads a trtllm-build engine (model.engine_dir or a build's output)."""
