@@ -53,6 +53,9 @@ class Backend(ABC):
     tp_size_parameter: ClassVar[bool]
     #: what runs under hpc-serve's llmapi model, for `render`'s output
     llmapi_engine_words: ClassVar[str]
+    #: the engine, in the serving script's first comment line, and what a build job makes, in the build script's
+    script_words: ClassVar[str]
+    build_words: ClassVar[str]
     #: the python modules the engine workflow's `tensorrt_llm` model and the llmapi workflow's own model add to
     #: the repository's (backend/repository.py, backend/llmapi_repository.py)
     ensemble_modules: ClassVar[tuple[str, ...]]
@@ -95,6 +98,8 @@ class TensorRTLLM(Backend):
     splits_kv_heads = False
     tp_size_parameter = False
     llmapi_engine_words = "TensorRT-LLM"
+    script_words = "TensorRT-LLM"
+    build_words = "TensorRT-LLM"
     ensemble_modules = ()
     llmapi_modules = ()
 
@@ -143,6 +148,8 @@ class Cpu(Backend):
     splits_kv_heads = True
     tp_size_parameter = True
     llmapi_engine_words = "the CPU engine's stand-in of TensorRT-LLM"
+    script_words = "the hpc-serve CPU engine"
+    build_words = "CPU engine shards"
     ensemble_modules = (CPU_ENGINE_MODULE,)
     llmapi_modules = (CPU_LLMAPI_MODULE,)
 
