@@ -1,13 +1,14 @@
 """The workflow and backend strategies: one object per `model.workflow` (engine, llmapi) and per `model.backend`
 (tensorrtllm, cpu) that answers every question whose answer differs between them, so that callers ask the object
 (`spec.model.workflow_strategy`, `spec.model.backend_strategy`) instead of testing the spec's strings, and adding a
-workflow or a backend is adding one class here (DEVELOPERS.md, "Adding a workflow or a backend").
+workflow or a backend is adding one class here (DEVELOPERS.md, "How to add things").
 
 What differs is a class attribute; behaviour that differs (the spec's checks, which modules a replica imports) is a
 method. The registries are keyed by the spec's YAML values (launcher/contracts/llmapi.py WORKFLOWS, BACKENDS),
-which stay the spec's and the records' names. The login side's layers above hpc.spec (the ModelIO of
-hpc/serving/model_io.py, render's repository writer) ask these objects too; the rank side reads its facts from
-launcher/contracts, the backend side from backend/parameters.py (neither imports hpc).
+which stay the spec's and the records' names. What other processes ask sits in tables keyed by the same names,
+since they cannot import hpc or hold no spec: the ranks' (launcher/contracts/workflows.py, this module's `.rank`),
+the backend's repository (backend/parameters.py REPOSITORY_BACKENDS) and the gateway's ModelIO, chosen by a
+replica's record (hpc/serving/model_io.py WORKFLOW_IO).
 """
 
 from __future__ import annotations
