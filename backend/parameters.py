@@ -12,10 +12,39 @@ import difflib
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
+#: the python model that serves `tensorrt_llm` with backend cpu (the CPU engine)
+CPU_ENGINE_MODULE = "backend.models.tensorrt_llm_cpu"
+
+
+@dataclass(frozen=True)
+class RepositoryBackend:
+    """What the engine workflow's model repository takes from a backend (the spec's `model.backend`): the
+    `tensorrt_llm` model's Triton backend, the parameters it needs beyond REQUIRED_PARAMETERS, and the python
+    module that serves it (None: TensorRT-LLM's C++ backend) with the config.pbtxt values that module needs.
+    The backend side of the login side's backend strategy (hpc/spec/workflows.py); a new backend adds one."""
+
+    name: str
+    triton_backend: str
+    required: frozenset[str] = frozenset()
+    module: str | None = None
+    overrides: Mapping[str, str] = field(default_factory=dict)
+
+
+#: each backend's repository facts, by the spec's `model.backend`
+REPOSITORY_BACKENDS: dict[str, RepositoryBackend] = {
+    b.name: b
+    for b in (
+        # the C++ backend rejects an unset `gpt_model_type`: batching_strategy is required
+        RepositoryBackend("tensorrtllm", "tensorrtllm", required=frozenset({"batching_strategy"})),
+        # a python model must be handed CPU tensors (upstream's "no" is for the GPU python backend)
+        RepositoryBackend("cpu", "python", module=CPU_ENGINE_MODULE, overrides={"FORCE_CPU_ONLY_INPUT_TENSORS": "yes"}),
+    )
+}
 Backend = Literal["tensorrtllm", "cpu"]
-BACKENDS: tuple[str, ...] = ("tensorrtllm", "cpu")
+BACKENDS: tuple[str, ...] = tuple(REPOSITORY_BACKENDS)
 
 _DTYPES = frozenset(
     {
@@ -154,14 +183,12 @@ REQUIRED_PARAMETERS: frozenset[str] = frozenset(
 #: What upstream `fill_template.py` silently injects; pass `{**UPSTREAM_DEFAULTS, **params}` to opt in.
 UPSTREAM_DEFAULTS: Mapping[str, object] = {"max_queue_size": 0, "max_queue_delay_microseconds": 0}
 
-_TRITON_BACKEND = {"tensorrtllm": "tensorrtllm", "cpu": "python"}
-
 
 def required_parameters(backend: Backend) -> frozenset[str]:
     """Required keys for `backend`; TensorRT-LLM also needs `batching_strategy` (the C++ backend rejects
     an unset `gpt_model_type`), the CPU engine has a single scheduler."""
     _check_backend(backend)
-    return REQUIRED_PARAMETERS | ({"batching_strategy"} if backend == "tensorrtllm" else frozenset())
+    return REQUIRED_PARAMETERS | REPOSITORY_BACKENDS[backend].required
 
 
 # ----------------------------------------------------------------------------------------------- validation
@@ -290,7 +317,7 @@ def validate_parameters(backend: Backend, params: Mapping[str, object]) -> dict[
     for key, text in values.items():
         if "${" in text:  # consumers treat `${...}` as "unset"; never write one
             raise ValueError(f"parameter {key!r} contains '${{', which reads as an unfilled template placeholder")
-    expected = _TRITON_BACKEND[backend]
+    expected = REPOSITORY_BACKENDS[backend].triton_backend
     if values.setdefault("triton_backend", expected) != expected:
         raise ValueError(
             f"parameter 'triton_backend'={values['triton_backend']!r} contradicts "

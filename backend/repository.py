@@ -28,8 +28,10 @@ from pathlib import Path
 
 from backend.parameters import (  # re-exported: the repository's callers import the table from here too
     BACKENDS,
+    CPU_ENGINE_MODULE,
     HPC_SERVE_PARAMETERS,
     KNOWN_PARAMETERS,
+    REPOSITORY_BACKENDS,
     REQUIRED_PARAMETERS,
     UPSTREAM_DEFAULTS,
     Backend,
@@ -48,7 +50,6 @@ PYTHON_MODEL_MODULES: dict[str, str] = {
     model_names.POSTPROCESSING: "backend.models.postprocessing",
     model_names.TENSORRT_LLM_BLS: "backend.models.bls",
 }
-CPU_ENGINE_MODULE = "backend.models.tensorrt_llm_cpu"
 MARKER_FILE = ".hpc-serve-repository.json"
 
 
@@ -175,10 +176,8 @@ def render_repository(backend: Backend, params: Mapping[str, object]) -> dict[st
     for model in MODELS:
         module = PYTHON_MODEL_MODULES.get(model.name)
         overrides: dict[str, str] = {}
-        if model.name == model_names.TENSORRT_LLM and backend == "cpu":
-            module = CPU_ENGINE_MODULE
-            # A python model must be handed CPU tensors (upstream's "no" is for the GPU python backend).
-            overrides["FORCE_CPU_ONLY_INPUT_TENSORS"] = "yes"
+        if model.name == model_names.TENSORRT_LLM:  # the backend's python model, if it has one (its table)
+            module, overrides = REPOSITORY_BACKENDS[backend].module, dict(REPOSITORY_BACKENDS[backend].overrides)
         files[f"{model.name}/config.pbtxt"] = render_config(model, scalar, string, overrides)
         # Every model needs a version directory; TensorRT-LLM's stays empty (engine via gpt_model_path).
         files[f"{model.name}/1/"] = ""
@@ -294,8 +293,10 @@ def main(argv: list[str] | None = None) -> None:
 
 __all__ = [
     "BACKENDS",
+    "CPU_ENGINE_MODULE",
     "HPC_SERVE_PARAMETERS",
     "KNOWN_PARAMETERS",
+    "REPOSITORY_BACKENDS",
     "REQUIRED_PARAMETERS",
     "UPSTREAM_DEFAULTS",
     "Backend",

@@ -396,9 +396,13 @@ def test_llmapi_node_checks_the_model_files_their_generation_and_the_checkpoint(
 )
 def test_which_tensorrt_llm_versions_have_which_workflow(version, engine, llmapi):
     from hpc.doctor import node
+    from launcher.contracts import trtllm_versions as tv
+    from launcher.contracts.llmapi import WORKFLOWS
 
-    last, first = node.version_key(node.LAST_ENGINE), node.version_key(node.FIRST_LLMAPI)
-    assert (node.version_key(version) <= last, node.version_key(version) >= first) == (engine, llmapi)
+    last, first = tv.version_key(tv.LAST_ENGINE), tv.version_key(tv.FIRST_LLMAPI)
+    assert (tv.version_key(version) <= last, tv.version_key(version) >= first) == (engine, llmapi)
+    assert set(node.workflows_of(version)) == {w for w, has in (("engine", engine), ("llmapi", llmapi)) if has}
+    assert set(tv.WORKFLOW_RELEASES) == set(WORKFLOWS)  # one entry per workflow
 
 
 def test_probe_of_an_llmapi_spec_checks_the_checkpoint_and_the_images_model_files(tmp_path):

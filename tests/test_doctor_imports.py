@@ -103,7 +103,7 @@ def test_the_table_of_images_versions_and_defects():
     assert tv.known_defects("1.2.1", "site/triton:fixed") == (openai,)
     assert tv.known_defects("1.1.0", None) == () and tv.known_defects(None, None) == ()
     assert all(tv.ngc_release(f"tritonserver:{r}-trtllm-python-py3") == r for r in tv.NGC_TRTLLM)
-    assert tv.version_key("1.0.3.2510") == tv.version_key("1.0.3") and node.version_key is tv.version_key
+    assert tv.version_key("1.0.3.2510") == tv.version_key("1.0.3") and node.WORKFLOW_RELEASES is tv.WORKFLOW_RELEASES
 
 
 def test_named_imports_of_a_model_file(tmp_path):

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from hpc.cli.support import EXIT_JOB_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, TIMEOUT_HELP, load_spec_or_exit
-from launcher.contracts.llmapi import LLMAPI
 
 if TYPE_CHECKING:
     from hpc.scheduler.index import JobRef
@@ -23,7 +22,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from hpc.scheduler.slurm import SlurmError
 
     spec = load_spec_or_exit(args.spec)
-    if spec.model.workflow == LLMAPI:  # a build: section is an error on this workflow (hpc/spec/llmapi.py)
+    if not spec.workflow_strategy.builds_engines:  # a build: section is an error there (hpc/spec/llmapi.py)
         print(
             f"{args.spec}: model.workflow llmapi serves the Hugging Face checkpoint {spec.model.checkpoint_dir} "
             "as it is (TensorRT-LLM's LLM API loads it when the job starts): no engine to build; "

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from hpc.cli.support import EXIT_OK, EXIT_USAGE, HelpFormatter, load_spec_or_exit
 from hpc.cli.support import err as _err
-from launcher.contracts.llmapi import LLMAPI
 
 if TYPE_CHECKING:
     from hpc.spec import Spec
@@ -87,7 +86,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     print(describe(spec))
     for path in (out.sub, out.sh, out.model_repository, out.launch):
         print(f"  {path}")
-    if spec.model.workflow == LLMAPI:
+    if spec.workflow_strategy.chooses_model_py:
         from hpc.render.llmapi import model_files_source
 
         print(f"  {model_files_source(spec)}")

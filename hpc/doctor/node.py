@@ -45,7 +45,9 @@ PYTHON_DIR = Path(__file__).resolve().parent / "python"
 if __name__ == "__main__":  # run from the probe's bundle: its launcher/ and backend/ first, what the ranks import
     sys.path.insert(0, str(PYTHON_DIR))
 
-from launcher.contracts.trtllm_versions import version_key  # noqa: E402 - stdlib only, Python 3.7-clean
+from launcher.contracts.trtllm_versions import (  # noqa: E402 - stdlib only, Python 3.7-clean
+    WORKFLOW_RELEASES,
+)
 
 #: the exit bit of each check; `imports` shares TensorRT-LLM's (all 8 bits are taken): RESULTS tells them apart
 BITS = {
@@ -57,9 +59,6 @@ BITS = {
     "llmapi_files": 64,
     "checkpoint": 128,
 }
-#: the last TensorRT-LLM with the TensorRT-engine path (trtllm-build, the C++ backend, the ensemble), and the
-#: first with the LLM API's PyTorch backend that the llmapi model serves (../shared/reference/tensorrt_llm_llmapi.md)
-LAST_ENGINE, FIRST_LLMAPI = "1.3.0rc20", "1.0.0"
 #: what tells the llmapi model.py's generations apart (reference §4): the newer one deletes the MPI job's
 #: variables at import (every stub an MPI singleton), the older one serves multi-rank by MPICommExecutor
 NEW_MODEL_MARK, OLD_MODEL_MARK = "gpu_device_ids", "MPICommExecutor"
@@ -172,12 +171,7 @@ def check_trtllm(expected: str) -> dict:
 
 def workflows_of(version: str) -> list[str]:
     """The TensorRT-LLM workflows a version serves: the engine path until LAST_ENGINE, llmapi from FIRST_LLMAPI."""
-    key = version_key(version)
-    return [
-        w
-        for w, has in (("llmapi", key >= version_key(FIRST_LLMAPI)), ("engine", key <= version_key(LAST_ENGINE)))
-        if has
-    ]
+    return [w for w, releases in WORKFLOW_RELEASES.items() if releases.serves(version)]
 
 
 def check_trtllm_workflow(workflow: str) -> dict:
@@ -189,16 +183,9 @@ def check_trtllm_workflow(workflow: str) -> dict:
         found = importlib.metadata.version("tensorrt_llm")
     except importlib.metadata.PackageNotFoundError:
         return {"ok": False, "detail": f"tensorrt_llm is not installed for {sys.executable}", "version": None}
-    if workflow == "engine":
-        ok = version_key(found) <= version_key(LAST_ENGINE)
-        has = (
-            f"has the engine workflow (<= {LAST_ENGINE})"
-            if ok
-            else f"has no engine workflow (gone after {LAST_ENGINE})"
-        )
-    else:
-        ok = version_key(found) >= version_key(FIRST_LLMAPI)
-        has = f"serves the llmapi workflow (>= {FIRST_LLMAPI})" if ok else f"predates the llmapi model ({FIRST_LLMAPI})"
+    releases = WORKFLOW_RELEASES.get(workflow, WORKFLOW_RELEASES["llmapi"])
+    ok = releases.serves(found)
+    has = releases.has if ok else releases.has_not
     return {"ok": ok, "detail": f"tensorrt_llm {found} {has}", "version": found}
 
 

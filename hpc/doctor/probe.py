@@ -28,8 +28,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from backend.llmapi_repository import LLMAPI_MODULE as CPU_LLMAPI_MODULE
-from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
 from hpc.doctor import node
 from hpc.doctor.login import Facts
 from hpc.doctor.report import Check, fail
@@ -53,7 +51,6 @@ from hpc.scheduler.watch import watcher
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds
 from launcher.contracts.layout import SHIPPED_PACKAGES, SOURCE_ROOT
-from launcher.contracts.llmapi import LLMAPI
 
 #: the probe job's time limit: its checks take seconds, and the model imports (node.IMPORT_TIMEOUT_S, run side
 #: by side) add at most their bound
@@ -84,10 +81,7 @@ def node_bundle() -> str:
 def model_modules(spec: Spec) -> list[str]:
     """The modules tritonserver's python stubs import when the spec's models start (backend/repository.py's and
     backend/llmapi_repository.py's; with TensorRT-LLM on llmapi, the image's own model.py, not ours)."""
-    cpu = spec.model.backend == "cpu"
-    if spec.model.workflow == LLMAPI:
-        return [CPU_LLMAPI_MODULE] if cpu else []
-    return [*PYTHON_MODEL_MODULES.values(), *([CPU_ENGINE_MODULE] if cpu else [])]
+    return spec.workflow_strategy.model_modules(spec.backend_strategy)
 
 
 def python_label(spec: Spec) -> str:
@@ -120,9 +114,9 @@ def write_probe(spec: Spec, facts: Facts, folder: Path, nonce: str) -> Path:
     node_args += ["--mpi", spec.slurm.mpi]
     if version := engine_version(spec):
         node_args += ["--trtllm", version]
-    elif spec.model.backend == "tensorrtllm":
+    elif spec.backend_strategy.imports_tensorrt_llm:
         node_args += ["--workflow", str(spec.model.workflow)]
-    if spec.model.workflow == LLMAPI:
+    if spec.workflow_strategy.serves_checkpoint:
         node_args += ["--checkpoint", str(spec.model.checkpoint_dir)]
         if spec.model.model_files_from is not None:
             node_args += ["--llmapi-files", str(spec.model.model_files_from)]

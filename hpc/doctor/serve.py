@@ -29,7 +29,7 @@ from hpc.doctor.report import Check, fail, ok, skip, warn
 from hpc.jobs.status import JobStatus, describe_failure
 from hpc.scheduler.index import JobRef
 from hpc.spec import Spec
-from launcher.contracts.llmapi import IMAGE_MODEL, LLMAPI, OWN_MODEL
+from launcher.contracts.llmapi import IMAGE_MODEL, OWN_MODEL
 from launcher.contracts.records import RankExitRecord, read_rank_records
 
 #: an ordered stop of a replica with nothing in flight should end within this (issue 33: a tp 2 stop across two
@@ -45,7 +45,7 @@ def models_to_run(spec: Spec, choice: str) -> tuple[list[str], list[Check]]:
     """The llmapi models to run the battery on, and a skip row for a model the spec's backend cannot run."""
     own = spec.model.llmapi_model or OWN_MODEL
     wanted = {"spec": [own], "both": [OWN_MODEL, IMAGE_MODEL]}.get(choice, [choice])
-    if spec.model.backend == "cpu" and IMAGE_MODEL in wanted:
+    if not spec.backend_strategy.runs_image_model and IMAGE_MODEL in wanted:
         why = "backend cpu has only hpc-serve's model (the image's model.py runs on TensorRT-LLM: backend tensorrtllm)"
         return [OWN_MODEL], [skip("image's model", why)]
     return wanted, []
@@ -118,7 +118,7 @@ def sigterm_interrupts() -> Iterator[None]:
 
 def run_serve(spec: Spec, timeout_s: float, models: str = "spec", say: Say = print) -> list[Check]:
     """The battery on each model asked for; every job it submitted is ended when it returns or raises."""
-    if spec.model.workflow != LLMAPI:
+    if not spec.workflow_strategy.chooses_model_py:
         return [skip("serve", f"model.workflow {spec.model.workflow}: --serve checks the llmapi workflow's model only")]
     wanted, checks = models_to_run(spec, models)
     label = len(wanted) > 1

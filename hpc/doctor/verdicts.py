@@ -12,7 +12,7 @@ from pathlib import Path
 from hpc.doctor import node
 from hpc.doctor.report import Check, fail, ok, skip, warn
 from hpc.spec import Spec
-from launcher.contracts.llmapi import IMAGE_MODEL_DIR, LLMAPI
+from launcher.contracts.llmapi import IMAGE_MODEL_DIR
 from launcher.contracts.trtllm_versions import (
     LEADER_NODE_MODULE,
     WORKER_NODE_MODULE,
@@ -57,7 +57,7 @@ class ProbeJob:
 
 def engine_version(spec: Spec) -> str | None:
     """The TensorRT-LLM version trtllm-build wrote into the engine's config.json (`version`), if any."""
-    if spec.model.backend != "tensorrtllm" or spec.model.engine_dir is None:
+    if not spec.backend_strategy.serves_built_engine or spec.model.engine_dir is None:
         return None
     try:
         config = json.loads((Path(spec.model.engine_dir) / "config.json").read_text())
@@ -109,7 +109,7 @@ def verdicts(spec: Spec, job: ProbeJob, folder: Path) -> list[Check]:
         checks.append(skip("gpus", "slurm.gpus_per_node is 0"))
     checks.append(_node_check(spec, job, "pmix", 0, PMIX_FIX.format(mpi=spec.slurm.mpi)))
     checks.append(_trtllm_check(spec, job))
-    if spec.model.workflow == LLMAPI:
+    if spec.workflow_strategy.serves_checkpoint:
         checks += _llmapi_checks(spec, job, folder)
     return checks
 
@@ -118,7 +118,7 @@ def _gpus_why(spec: Spec) -> str:
     """Why the node needs slurm.gpus_per_node GPUs: on TensorRT-LLM, rank r opens GPU r % gpus_per_node (the spec
     already holds a node's ranks to at most that many), so a node showing fewer puts ranks on missing GPUs."""
     why = f"slurm.gpus_per_node {spec.slurm.gpus_per_node}"
-    if spec.model.backend == "tensorrtllm":
+    if spec.backend_strategy.uses_gpus:
         why += (
             f", for the node's {spec.tasks_per_node} ranks (tp_size {spec.model.tp_size} × pp_size "
             f"{spec.model.pp_size} × replicas {spec.replicas} over {spec.slurm.nodes} node(s)), rank r on GPU r % "
@@ -130,20 +130,12 @@ def _gpus_why(spec: Spec) -> str:
 def _trtllm_check(spec: Spec, job: ProbeJob) -> Check:
     """The image's TensorRT-LLM against the engine's version, else against the spec's workflow."""
     version = engine_version(spec)
-    if spec.model.backend != "tensorrtllm":
+    if not spec.backend_strategy.imports_tensorrt_llm:
         return skip("tensorrt_llm", f"model.backend {spec.model.backend}: no TensorRT-LLM")
     if version is not None:
         fix = f"use an image with tensorrt_llm {version}, or rebuild the engine with the image's TensorRT-LLM"
-    elif spec.model.workflow == LLMAPI:
-        fix = (
-            f"use an image with TensorRT-LLM {node.FIRST_LLMAPI} or newer (NGC tritonserver 25.09+ -trtllm-python-py3), "
-            "or serve a trtllm-build engine with model.workflow: engine"
-        )
     else:
-        fix = (
-            f"the engine workflow needs TensorRT-LLM {node.LAST_ENGINE} or older (NGC tritonserver up to 25.xx "
-            "-trtllm-python-py3 with TensorRT-LLM 1.2); or serve the Hugging Face checkpoint with model.workflow: llmapi"
-        )
+        fix = spec.workflow_strategy.trtllm_fix
     return _node_check(spec, job, "tensorrt_llm", node.BITS["tensorrt_llm"], fix)
 
 
@@ -154,8 +146,8 @@ def _llmapi_checks(spec: Spec, job: ProbeJob, folder: Path) -> list[Check]:
         "container: container.mounts), readable by the job's user"
     )
     checks = [_node_check(spec, job, "checkpoint", node.BITS["checkpoint"], checkpoint_fix)]
-    if spec.model.backend != "tensorrtllm":
-        checks.append(skip("llmapi_files", "model.backend cpu serves hpc-serve's own llmapi model"))
+    if not spec.backend_strategy.runs_image_model:
+        checks.append(skip("llmapi_files", f"model.backend {spec.model.backend} serves hpc-serve's own llmapi model"))
         return checks
     files_fix = (
         f"set model.model_files_from to the folder of the image's all_models/llmapi/tensorrt_llm/1 (model.py, "
@@ -178,7 +170,7 @@ def model_import_targets(spec: Spec) -> list[tuple[str, str, str]]:
     as node.py `--model-import` (kind, label, target): tensorrt_llm's names the model imports, the leader node's
     module (and the worker node's, for a replica of more than one rank), the image's model.py when it serves,
     and hpc-serve's own model (imported either way: its verdict says whether the spec could switch to it)."""
-    if spec.model.workflow != LLMAPI or spec.model.backend != "tensorrtllm":
+    if not spec.workflow_strategy.chooses_model_py or not spec.backend_strategy.imports_tensorrt_llm:
         return []
     targets = [
         ("module", IMPORT_TRTLLM, "tensorrt_llm:LLM,SamplingParams"),

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from launcher.contracts.gpu import NONE, PER_RANK, POLICIES
-from launcher.contracts.llmapi import LLMAPI
 
 if TYPE_CHECKING:
     from hpc.spec import Spec
@@ -110,11 +109,11 @@ def gpu_decision(spec: Spec) -> Decision:
     gpus = s.gpus_per_node or (1 if s.gres and "gpu" in s.gres else 0)
     return decide(
         s.gpu_binding,
-        gpus if m.backend == "tensorrtllm" else 0,
+        gpus if m.backend_strategy.uses_gpus else 0,
         m.tp_size * m.pp_size,
         spec.tasks_per_node,
         orchestrator=spec.mode == "orchestrator",
-        llmapi=m.workflow == LLMAPI,
+        llmapi=not m.workflow_strategy.per_rank_binding,
     )
 
 

@@ -50,7 +50,7 @@ from launcher.contracts.layout import (
     gateway_record,
     template_values,
 )
-from launcher.contracts.llmapi import ENGINE, LLMAPI, OWN_MODEL
+from launcher.contracts.llmapi import ENGINE, OWN_MODEL
 from launcher.contracts.plan import FAIL_JOB, RESTART, LaunchPlan
 from launcher.contracts.records import GAVE_UP, NOT_RESTARTABLE, RESTARTING, ReplicaRestart
 from launcher.contracts.renew_plan import RenewPlan
@@ -90,7 +90,7 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
             "tensorrt_llm_model_name": model_names.TENSORRT_LLM,
         }
     )
-    if m.backend == "cpu":
+    if m.backend_strategy.tp_size_parameter:
         params["tp_size"] = m.tp_size
     params.update(gpu_decision(spec).parameters)  # what TensorRT-LLM needs to agree with the binding
     params.update(t.parameters)
@@ -100,15 +100,15 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
 def write_repository(spec: Spec, out_dir: Path) -> None:
     """The model repository of the spec's workflow: llmapi's one `tensorrt_llm` model configured by model.yaml
     (hpc/render/llmapi.py), or the engine workflow's five models filled with `repository_parameters`."""
-    if spec.model.workflow == LLMAPI:
+    if spec.workflow_strategy.ensemble_repository:
+        from backend.repository import write_model_repository
+
+        write_model_repository(out_dir, spec.model.backend, repository_parameters(spec))
+    else:
         from backend.llmapi_repository import write_llmapi_repository
 
         own = spec.model.llmapi_model == OWN_MODEL  # else the image's model files (the launcher copies them)
         write_llmapi_repository(out_dir, model_yaml_args(spec), OWN_MODEL if own else None, model_yaml_header(spec))
-    else:
-        from backend.repository import write_model_repository
-
-        write_model_repository(out_dir, spec.model.backend, repository_parameters(spec))
 
 
 def launch_plan(spec: Spec, deploy_dir: Path) -> LaunchPlan:

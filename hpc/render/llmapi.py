@@ -50,7 +50,7 @@ def model_files_source(spec: Spec) -> str:
 
     m = spec.model
     if m.llmapi_model == OWN_MODEL:
-        engine = "TensorRT-LLM" if m.backend == "tensorrtllm" else "the CPU engine's stand-in of TensorRT-LLM"
+        engine = m.backend_strategy.llmapi_engine_words
         return f"model.py: hpc-serve's llmapi model ({LLMAPI_MODULE}, a shim in the repository) over {engine}"
     where = "inside the image" if spec.container.type != "none" else "on each node"
     return (

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import codecs
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -350,17 +350,21 @@ def fp32_values(raw: bytes) -> tuple[float, ...]:
 
 _LENGTH = struct.Struct("<I")
 
-#: each workflow's generation model
-MODEL_IO: dict[str, ModelIO] = {ENGINE: EnsembleIO(), LLMAPI: LlmapiIO()}
 #: the llmapi models by (decoupled, hpc-serve's model): a model that is not decoupled (triton.decoupled false,
 #: upstream's default) is asked for one whole response; the image's takes fewer inputs
 LLMAPI_IO = {(d, own): LlmapiIO(streaming=d, own_inputs=own) for d in (True, False) for own in (True, False)}
+#: each workflow's generation model (the spec's model.workflow, a record's `workflow`), by (decoupled,
+#: llmapi_model): the gateway side of the workflow strategy (hpc/spec/workflows.py); a new workflow adds its own
+WORKFLOW_IO: dict[str, Callable[[bool, str], ModelIO]] = {
+    ENGINE: lambda decoupled, llmapi_model: MODEL_IO[ENGINE],
+    LLMAPI: lambda decoupled, llmapi_model: LLMAPI_IO[(decoupled, llmapi_model != IMAGE_MODEL)],
+}
+#: each workflow's generation model as its defaults ask it
+MODEL_IO: dict[str, ModelIO] = {ENGINE: EnsembleIO(), LLMAPI: LLMAPI_IO[(True, True)]}
 
 
 def model_io(workflow: str, decoupled: bool = True, llmapi_model: str = "") -> ModelIO:
     """The generation model of `workflow` (a replica's endpoint record says which; an older one: engine), asked
     the way its transaction policy takes (`decoupled`) and its model's inputs allow (`llmapi_model`, also from the
     record; "" is hpc-serve's)."""
-    if workflow == LLMAPI:
-        return LLMAPI_IO[(decoupled, llmapi_model != IMAGE_MODEL)]
-    return MODEL_IO.get(workflow, MODEL_IO[ENGINE])
+    return WORKFLOW_IO.get(workflow, WORKFLOW_IO[ENGINE])(decoupled, llmapi_model)

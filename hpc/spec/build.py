@@ -179,7 +179,7 @@ def build_limits(spec: Spec) -> dict[str, int | None]:
     return {
         "tp_size": spec.model.tp_size,
         "pp_size": spec.model.pp_size,
-        "gpus_per_node": build_gpus_per_node(spec) if spec.model.backend == "tensorrtllm" else None,
+        "gpus_per_node": build_gpus_per_node(spec) if spec.backend_strategy.uses_gpus else None,
         "max_batch_size": b.max_batch_size or spec.triton.triton_max_batch_size,
         "max_input_len": b.max_input_len,
         "max_seq_len": b.max_seq_len,
@@ -191,40 +191,7 @@ def check_build(spec: Spec) -> None:
     """How `build:` fits the rest of the spec; ValueError("@build.field: what, and the fix")."""
     b, m = spec.build, spec.model
     assert b is not None
-    if m.backend == "tensorrtllm":
-        if m.engine_dir is not None:
-            raise ValueError(
-                "@model.engine_dir: with a build: section the engine is the build's output (a folder under "
-                "build.output_dir); drop model.engine_dir, or drop build: to serve that engine as it is"
-            )
-        if b.checkpoint_dir is None:
-            raise ValueError("@build.checkpoint_dir: the build needs the Hugging Face checkpoint to convert")
-        if b.quantization is None and not b.convert_script:
-            raise ValueError(
-                "@build.convert_script: give the convert_checkpoint.py of the model's family in the container, "
-                "e.g. /app/tensorrt_llm/examples/llama/convert_checkpoint.py (or set build.quantization)"
-            )
-        if (b.kv_cache_dtype or b.calib_size) and b.quantization is None:
-            raise ValueError("@build.quantization: kv_cache_dtype and calib_size are quantize.py's; set quantization")
-    else:
-        cpu_only = [
-            name
-            for name in ("quantization", "kv_cache_dtype", "calib_size", "convert_script", "max_num_tokens")
-            if getattr(b, name) is not None
-        ]
-        cpu_only += [name for name in ("plugins", "convert_args", "quantize_args", "build_args") if getattr(b, name)]
-        if cpu_only:
-            raise ValueError(
-                f"@build.{cpu_only[0]}: is for backend tensorrtllm; the CPU engine's build only creates and shards "
-                "the checkpoint (float32)"
-            )
-        if b.dtype not in ("auto", "float32"):
-            raise ValueError("@build.dtype: the CPU engine computes in float32; use auto or float32")
-        if b.checkpoint_dir is not None and m.checkpoint_dir is not None and b.checkpoint_dir != m.checkpoint_dir:
-            raise ValueError(
-                "@build.checkpoint_dir: with backend cpu the build reads model.checkpoint_dir (which model.init "
-                "creates); drop build.checkpoint_dir or make them the same"
-            )
+    m.backend_strategy.check_build(spec, b)
     if b.max_seq_len is not None and b.max_input_len > b.max_seq_len:
         raise ValueError(
             f"@build.max_input_len: {b.max_input_len} is more than build.max_seq_len {b.max_seq_len} (prompt plus "

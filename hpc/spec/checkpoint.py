@@ -12,8 +12,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.contracts.llmapi import LLMAPI
-
 if TYPE_CHECKING:
     from hpc.spec.schema import Spec
 
@@ -34,7 +32,7 @@ def _folder(spec: Spec) -> Path | None:
     """The checkpoint to read: the llmapi workflow's, when it exists."""
     m = spec.model
     folder = m.checkpoint_dir
-    return folder if m.workflow == LLMAPI and folder is not None and folder.is_dir() else None
+    return folder if m.workflow_strategy.serves_checkpoint and folder is not None and folder.is_dir() else None
 
 
 def checkpoint_missing(spec: Spec) -> list[Finding]:
@@ -68,24 +66,22 @@ def checkpoint_conflicts(spec: Spec) -> list[Finding]:
         return [(loc, f"{folder}/config.json cannot be read as JSON: {exc}")]
     if not isinstance(config, dict):
         return [(loc, f"{folder}/config.json is not a JSON object")]
-    return _architecture(config, folder, spec.model.backend) + _split(config, spec)
+    return _architecture(config, folder, spec.model.backend_strategy.supported_architectures()) + _split(config, spec)
 
 
-def _architecture(config: dict, folder: Path, backend: str) -> list[Finding]:
+def _architecture(config: dict, folder: Path, supported: tuple[str, ...] | None) -> list[Finding]:
     """`architectures` names the model class TensorRT-LLM (or the CPU engine) builds."""
     loc = ("model", "checkpoint_dir")
     archs = config.get("architectures")
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
         return [(loc, f'{folder}/config.json names no architecture ("architectures": ["LlamaForCausalLM"], ...)')]
-    if backend == "cpu":
-        from backend.cpu_engine.checkpoint import SUPPORTED_ARCHITECTURES
-
-        if not set(archs) & set(SUPPORTED_ARCHITECTURES):
+    if supported is not None:  # the CPU engine's (None: whatever TensorRT-LLM builds)
+        if not set(archs) & set(supported):
             return [
                 (
                     loc,
                     f"{folder}: architecture {', '.join(archs)} is not one the CPU engine runs "
-                    f"({', '.join(SUPPORTED_ARCHITECTURES)})",
+                    f"({', '.join(supported)})",
                 )
             ]
     return []
@@ -99,7 +95,7 @@ def _split(config: dict, spec: Spec) -> list[Finding]:
     text: dict = nested if isinstance(nested, dict) else config
     heads = _number(text, "num_attention_heads", "n_head")
     kv = _number(text, "num_key_value_heads") or heads
-    split = (heads, kv) if m.backend == "cpu" else (heads,)
+    split = (heads, kv) if m.backend_strategy.splits_kv_heads else (heads,)
     if any(h and h % m.tp_size for h in split):
         found.append(
             (

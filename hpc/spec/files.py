@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc.spec.checkpoint import checkpoint_conflicts, checkpoint_missing
-from launcher.contracts.llmapi import ENGINE
 
 if TYPE_CHECKING:
     from hpc.spec.model import ModelSpec
@@ -38,7 +37,7 @@ def missing_inputs(spec: Spec) -> list[Finding]:
     is not missing."""
     found: list[Finding] = []
     m = spec.model
-    if m.backend == "tensorrtllm" and m.engine_dir is not None and not m.engine_dir.is_dir():
+    if m.backend_strategy.serves_built_engine and m.engine_dir is not None and not m.engine_dir.is_dir():
         found.append((("model", "engine_dir"), f"{m.engine_dir} does not exist; point it at the trtllm-build output"))
     if m.checkpoint_dir is not None and not m.checkpoint_dir.is_dir() and m.init is None:
         found.append(
@@ -46,7 +45,7 @@ def missing_inputs(spec: Spec) -> list[Finding]:
                 ("model", "checkpoint_dir"),
                 f"{m.checkpoint_dir} does not exist; create one with `hpc-serve init-model {m.checkpoint_dir}` "
                 "or add `init: {family: gpt2}` to have `hpc-serve submit` create it"
-                if m.backend == "cpu"
+                if m.backend_strategy.makes_checkpoints
                 else f"{m.checkpoint_dir} does not exist; point it at a Hugging Face checkpoint folder "
                 "(config.json, *.safetensors, tokenizer files)",
             )
@@ -115,7 +114,7 @@ def conflicts(spec: Spec) -> list[Finding]:
 
 def _parallelism_conflicts(m: ModelSpec) -> list[Finding]:
     """An engine built for another TP×PP, or a CPU checkpoint whose heads tp_size does not divide."""
-    if m.backend == "tensorrtllm" and m.engine_dir is not None and m.engine_dir.is_dir():
+    if m.backend_strategy.serves_built_engine and m.engine_dir is not None and m.engine_dir.is_dir():
         built = _engine_parallelism(m.engine_dir)
         if built and built != (m.tp_size, m.pp_size):
             return [
@@ -125,7 +124,8 @@ def _parallelism_conflicts(m: ModelSpec) -> list[Finding]:
                     f"the spec says tp_size {m.tp_size} × pp_size {m.pp_size}; rebuild or change the spec",
                 )
             ]
-    if m.backend == "cpu" and m.workflow == ENGINE and m.checkpoint_dir is not None and m.checkpoint_dir.is_dir():
+    shards = m.workflow_strategy.ensemble_repository and not m.serves_built_engine  # the CPU engine shards it
+    if shards and m.checkpoint_dir is not None and m.checkpoint_dir.is_dir():
         heads = _attention_heads(m.checkpoint_dir)
         if heads and any(h % m.tp_size for h in heads):
             return [(("model", "tp_size"), f"tp_size {m.tp_size} does not divide the model's attention heads {heads}")]
@@ -180,7 +180,7 @@ def engine_limit_conflicts(spec: Spec) -> list[Finding]:
     engine's config.json when `model.engine_dir` holds one; with a `build:` section, the build's own arguments
     (hpc/spec/build.py `build_limits`): both refused here, before a GPU hour is spent."""
     m = spec.model
-    if m.backend != "tensorrtllm" or m.workflow != ENGINE:
+    if not m.serves_built_engine:
         return []
     if spec.build is not None:
         from hpc.spec.build import build_limits
@@ -246,7 +246,7 @@ def context_length(model: ModelSpec, max_seq_len: int | None = None) -> int | No
     Why the gateway asks: a request whose new tokens would pass it is cut to the room left (a warning, not an
     error, in TensorRT-LLM and the CPU engine alike), and OpenAI clients read `finish_reason` "length" for a cut."""
     config = _read_config(model.source_dir)
-    if model.backend == "tensorrtllm" and model.workflow == ENGINE:
+    if model.serves_built_engine:
         limits = engine_limits(config)
         return limits["max_seq_len"] if limits else None
     from backend.cpu_engine.checkpoint import CheckpointError, parse_config

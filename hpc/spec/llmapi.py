@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hpc.spec.llm_args import LLM_API_ARGS, suggestion
-from launcher.contracts.llmapi import ENGINE
 
 if TYPE_CHECKING:
     from hpc.spec.schema import Spec
@@ -135,13 +134,14 @@ def _set_differently(section: BaseModel, name: str) -> bool:
 
 def workflow_findings(spec: Spec) -> list[Finding]:
     """Every field of the other workflow that the spec sets, and every llm_api key that is not an LLM API
-    argument or that another field decides: one finding each, at its own key."""
-    workflow = spec.model.workflow
+    argument or that another field decides: one finding each, at its own key (the workflow's strategy,
+    hpc/spec/workflows.py, says which)."""
+    return spec.model.workflow_strategy.findings(spec)
+
+
+def llmapi_findings(spec: Spec) -> list[Finding]:
+    """On llmapi: the engine workflow's fields the spec sets, and the llm_api keys it cannot take."""
     why = _LLMAPI_DEFAULT if spec.model._workflow_inferred else "model.workflow is llmapi"
-    if workflow == ENGINE:
-        if spec.llm_api is not None:
-            return [(("llm_api",), "llm_api is for model.workflow: llmapi; the engine workflow is set by triton:")]
-        return []
     found: list[Finding] = []
     for name, instead in ENGINE_TRITON_FIELDS.items():
         if _set_differently(spec.triton, name):

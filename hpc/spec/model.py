@@ -12,16 +12,8 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from hpc.spec.checks import _no_newline, _Section
 from hpc.spec.llmapi import WORKFLOW_HELP
-from launcher.contracts.llmapi import (
-    ENGINE,
-    IMAGE_MODEL,
-    IMAGE_MODEL_DIR,
-    LLMAPI,
-    LLMAPI_MODELS,
-    MODEL_FILES,
-    OWN_MODEL,
-    WORKFLOWS,
-)
+from hpc.spec.workflows import BACKEND_STRATEGIES, WORKFLOW_STRATEGIES, Backend, Workflow
+from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL_DIR, LLMAPI, LLMAPI_MODELS, MODEL_FILES, WORKFLOWS
 
 
 class ModelInit(_Section):
@@ -92,79 +84,30 @@ class ModelSpec(_Section):
         if self.workflow is None:  # see WORKFLOW_HELP; a build: section makes it engine (Spec._build_is_engine)
             self.workflow = ENGINE if self.engine_dir is not None else LLMAPI
             self._workflow_inferred = True
-        if self.workflow == LLMAPI:
-            self._llmapi_dirs()
-        elif self.backend == "tensorrtllm":  # engine_dir: required unless a build: section makes it (Spec._fits)
-            if self.checkpoint_dir is not None or self.init is not None:
-                raise ValueError(
-                    "@checkpoint_dir: with model.workflow engine, model.checkpoint_dir and model.init are for "
-                    "backend: cpu; use engine_dir (or model.workflow: llmapi to serve a Hugging Face checkpoint)"
-                )
-            if self.tokenizer_dir is None:
-                raise ValueError("@tokenizer_dir: model.backend tensorrtllm needs model.tokenizer_dir")
-        else:
-            if self.checkpoint_dir is None:
-                raise ValueError(
-                    "@checkpoint_dir: model.backend cpu needs model.checkpoint_dir (a Hugging Face folder)"
-                )
-            if self.engine_dir is not None:
-                raise ValueError(
-                    "@engine_dir: model.engine_dir is for backend: tensorrtllm; use checkpoint_dir with backend: cpu"
-                )
-        if self.workflow == ENGINE and self.model_files_from is not None:
-            raise ValueError("@model_files_from: model.model_files_from is for model.workflow: llmapi")
-        if self.workflow == ENGINE and self.llmapi_model is not None:
-            raise ValueError("@llmapi_model: model.llmapi_model is for model.workflow: llmapi")
-        if self.backend == "cpu" and self.pp_size != 1:
-            raise ValueError(
-                "@pp_size: model.pp_size must be 1 with backend: cpu (the CPU engine splits by tensor only)"
-            )
+        self.workflow_strategy.check_model(self)
+        self.backend_strategy.check_model(self)
         return self
 
-    def _llmapi_dirs(self) -> None:
-        """A Hugging Face checkpoint and nothing of an engine; where the image's model files are."""
-        if self.engine_dir is not None:
-            raise ValueError(
-                "@engine_dir: model.engine_dir is a trtllm-build engine, for model.workflow: engine; the llmapi "
-                "workflow serves a Hugging Face checkpoint (model.checkpoint_dir), or set model.workflow: engine"
-            )
-        if self.checkpoint_dir is None:
-            raise ValueError(
-                "@checkpoint_dir: model.workflow llmapi needs model.checkpoint_dir (a Hugging Face checkpoint folder: "
-                "config.json, *.safetensors, tokenizer files)"
-            )
-        if self.tokenizer_dir is not None:
-            raise ValueError(
-                "@tokenizer_dir: the llmapi workflow reads the tokenizer from model.checkpoint_dir; "
-                "to use another folder, set llm_api.tokenizer"
-            )
-        if self.init is not None and self.backend != "cpu":
-            raise ValueError("@init: model.init makes a random-weight checkpoint for backend: cpu only")
-        given = self.llmapi_model is not None
-        if not given:
-            self.llmapi_model = IMAGE_MODEL if self.model_files_from is not None else OWN_MODEL
-        if self.llmapi_model == OWN_MODEL and self.model_files_from is not None:
-            raise ValueError(
-                "@model_files_from: model.model_files_from names the image's model files, for llmapi_model: image; "
-                "remove it to serve hpc-serve's model"
-            )
-        if self.llmapi_model == IMAGE_MODEL:
-            if self.backend == "cpu":
-                field = "llmapi_model" if given else "model_files_from"
-                raise ValueError(
-                    f"@{field}: the image's model.py runs only over TensorRT-LLM (backend: tensorrtllm); "
-                    f"backend cpu serves hpc-serve's model: remove model.{field}"
-                )
-            if self.model_files_from is None:
-                self.model_files_from = IMAGE_MODEL_DIR
+    @property
+    def workflow_strategy(self) -> Workflow:
+        """The object that answers every question whose answer depends on `workflow` (hpc/spec/workflows.py)."""
+        return WORKFLOW_STRATEGIES[self.workflow or LLMAPI]
+
+    @property
+    def backend_strategy(self) -> Backend:
+        """The object that answers every question whose answer depends on `backend` (hpc/spec/workflows.py)."""
+        return BACKEND_STRATEGIES[self.backend]
+
+    @property
+    def serves_built_engine(self) -> bool:
+        """The model reads a trtllm-build engine: model.engine_dir, or a build: section's output."""
+        return self.workflow_strategy.serves_built_engine(self.backend_strategy)
 
     @property
     def source_dir(self) -> Path:
         """The folder the model reads: the engine (`gpt_model_path`) of the engine workflow's TensorRT-LLM, the
         Hugging Face checkpoint otherwise."""
-        if self.backend == "tensorrtllm" and self.workflow == ENGINE:
-            return self.engine_dir  # type: ignore[return-value]
-        return self.checkpoint_dir  # type: ignore[return-value]
+        return self.workflow_strategy.source_dir(self)
 
     @property
     def tokenizer(self) -> Path:

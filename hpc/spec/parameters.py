@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from backend.repository import normalize_parameter
-from launcher.contracts.llmapi import ENGINE
 
 if TYPE_CHECKING:
     from hpc.spec.schema import Spec
@@ -46,7 +45,7 @@ def parameter_findings(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
     """Every `triton.parameters` entry that a named spec field already sets, or whose value has the wrong type
     (the repository's own check, so `validate` catches what `render` would refuse)."""
     findings: list[tuple[tuple[str, ...], str]] = []
-    if spec.model.workflow != ENGINE:  # no repository parameters: hpc/spec/llmapi.py refuses the section
+    if not spec.workflow_strategy.ensemble_repository:  # no parameters: hpc/spec/llmapi.py refuses the section
         return findings
     for key, value in spec.triton.parameters.items():
         loc = ("triton", "parameters", key)

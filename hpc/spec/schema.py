@@ -45,12 +45,13 @@ from hpc.spec.model import ModelSpec
 from hpc.spec.placement import PlacementError, replica_steps
 from hpc.spec.renew import RenewSpec, format_duration
 from hpc.spec.restart import RestartSpec
+from hpc.spec.workflows import Backend, Workflow
 from launcher.contracts.auth import MODES as AUTH_MODES
 from launcher.contracts.auth import TOKEN as AUTH_TOKEN
 from launcher.contracts.config import DEFAULT_READY_TIMEOUT_S, DEFAULT_WARMUP_TIMEOUT_S, RENEW_STARTUP_S, STOP_LEAD_S
 from launcher.contracts.gpu import PER_RANK
 from launcher.contracts.gpu import POLICIES as GPU_POLICIES
-from launcher.contracts.llmapi import ENGINE, LLMAPI
+from launcher.contracts.llmapi import ENGINE
 
 #: the start of the description of a `triton:` field that only the engine workflow's model repository reads (on
 #: llmapi, setting one is an error naming its llm_api counterpart: hpc/spec/llmapi.py ENGINE_TRITON_FIELDS)
@@ -339,10 +340,20 @@ class Spec(_Section):
         return self.world_size_per_replica * self.replicas
 
     @property
+    def workflow_strategy(self) -> Workflow:
+        """`model.workflow`'s strategy (hpc/spec/workflows.py): ask it, do not test the string."""
+        return self.model.workflow_strategy
+
+    @property
+    def backend_strategy(self) -> Backend:
+        """`model.backend`'s strategy (hpc/spec/workflows.py): ask it, do not test the string."""
+        return self.model.backend_strategy
+
+    @property
     def tasks_per_node(self) -> int:
         if self.slurm.ntasks_per_node is not None:
             return self.slurm.ntasks_per_node
-        if self.slurm.gpus_per_node and self.model.backend == "tensorrtllm":
+        if self.slurm.gpus_per_node and self.backend_strategy.uses_gpus:
             return self.slurm.gpus_per_node
         return max(1, self.world_size // self.slurm.nodes)
 
@@ -369,16 +380,16 @@ class Spec(_Section):
                 raise ValueError(
                     "@mode: mode orchestrator works on a single node only (MPI_Comm_spawn); use mode: leader"
                 )
-            if m.backend != "tensorrtllm":
+            if not self.backend_strategy.spawns_ranks:
                 raise ValueError(
                     "@mode: mode orchestrator needs model.backend tensorrtllm; the CPU engine uses leader mode"
                 )
-            if m.workflow == LLMAPI:
+            if not self.workflow_strategy.spawns_ranks:
                 raise ValueError(
                     "@mode: mode orchestrator is the engine workflow's (the C++ backend spawns its ranks); "
                     "the llmapi workflow runs in leader mode"
                 )
-        if m.workflow == LLMAPI and s.gpu_binding == PER_RANK:
+        if not self.workflow_strategy.per_rank_binding and s.gpu_binding == PER_RANK:
             raise ValueError(
                 "@slurm.gpu_binding: per-rank binding breaks the llmapi workflow: TensorRT-LLM's PyTorch workers "
                 "open cuda:<rank % gpus_per_node> (its Mapping), an invalid ordinal where a rank sees one GPU "
@@ -401,14 +412,14 @@ class Spec(_Section):
                 f"@restart: restart: bounds replica_policy restart, but replica_policy is {self.replica_policy}; "
                 "set replica_policy: restart, or drop restart:"
             )
-        if m.workflow == ENGINE and m.backend == "tensorrtllm" and m.engine_dir is None and self.build is None:
+        if m.serves_built_engine and m.engine_dir is None and self.build is None:
             raise ValueError(
                 "@model.engine_dir: model.backend tensorrtllm needs model.engine_dir (the trtllm-build output), "
                 "or a build: section that builds it"
             )
-        if self.build is not None and m.workflow == ENGINE:  # on llmapi: a finding (hpc/spec/llmapi.py)
+        if self.build is not None and self.workflow_strategy.builds_engines:  # else a finding (hpc/spec/llmapi.py)
             check_build(self)  # hpc/spec/build.py
-        if m.backend == "tensorrtllm" and self.mode == "leader":
+        if self.backend_strategy.uses_gpus and self.mode == "leader":
             if s.gpus_per_node and self.tasks_per_node > s.gpus_per_node:
                 raise ValueError(
                     f"@slurm.gpus_per_node: {self.tasks_per_node} ranks per node but slurm.gpus_per_node is {s.gpus_per_node}: "

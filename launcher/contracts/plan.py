@@ -35,9 +35,10 @@ from launcher.contracts.config import (
 from launcher.contracts.gpu import NONE as GPU_NONE
 from launcher.contracts.gpu import PER_RANK
 from launcher.contracts.layout import LAUNCH_NAME
-from launcher.contracts.llmapi import BACKENDS, ENGINE, IMAGE_MODEL, LLMAPI, OWN_MODEL, WORKFLOWS
+from launcher.contracts.llmapi import BACKENDS, ENGINE, IMAGE_MODEL, OWN_MODEL, WORKFLOWS
 from launcher.contracts.records import write_json_atomic
 from launcher.contracts.renew_plan import RenewPlan
+from launcher.contracts.workflows import rank_workflow
 
 #: launch.json's version: a plan of another version is refused (a reader cannot know what it means)
 VERSION = 1
@@ -122,7 +123,7 @@ class LaunchPlan:
     def llmapi_model(self) -> str:
         """llmapi: which `tensorrt_llm` model serves: the image's when its files are copied in, else hpc-serve's;
         "" on the engine workflow."""
-        if self.workflow != LLMAPI:
+        if not rank_workflow(self.workflow).llmapi_launch:
             return ""
         return IMAGE_MODEL if self.model_files_from else OWN_MODEL
 

@@ -94,6 +94,46 @@ def version_key(version: str) -> tuple[int, ...]:
 STOP_ACTION_SINCE = "1.0.0"
 
 
+#: the last TensorRT-LLM with the TensorRT-engine path (trtllm-build, the C++ backend, the ensemble), and the
+#: first with the LLM API's PyTorch backend that the llmapi model serves
+LAST_ENGINE, FIRST_LLMAPI = "1.3.0rc20", "1.0.0"
+
+
+@dataclass(frozen=True)
+class WorkflowReleases:
+    """The TensorRT-LLM releases that serve a workflow (`first`, `last`: None is no bound), and how the doctor
+    says that a version does (`has`) or does not (`has_not`)."""
+
+    first: str | None
+    last: str | None
+    has: str
+    has_not: str
+
+    def serves(self, version: str) -> bool:
+        key = version_key(version)
+        return (self.first is None or key >= version_key(self.first)) and (
+            self.last is None or key <= version_key(self.last)
+        )
+
+
+#: each workflow's releases, by the spec's `model.workflow` (launcher/contracts/llmapi.py's LLMAPI and ENGINE,
+#: spelled out: that module is not Python 3.7-clean; a test keeps the keys equal to its WORKFLOWS)
+WORKFLOW_RELEASES: dict[str, WorkflowReleases] = {
+    "llmapi": WorkflowReleases(
+        FIRST_LLMAPI,
+        None,
+        f"serves the llmapi workflow (>= {FIRST_LLMAPI})",
+        f"predates the llmapi model ({FIRST_LLMAPI})",
+    ),
+    "engine": WorkflowReleases(
+        None,
+        LAST_ENGINE,
+        f"has the engine workflow (<= {LAST_ENGINE})",
+        f"has no engine workflow (gone after {LAST_ENGINE})",
+    ),
+}
+
+
 def has_stop_action(version: str) -> bool:
     """`python -m tensorrt_llm.llmapi.mgmn_leader_node --action stop` ends this release's leader node."""
     return version_key(version) >= version_key(STOP_ACTION_SINCE)

@@ -25,6 +25,7 @@ from typing import Any
 from launcher.contracts.build_records import BuildRecord, BuildRequest
 from launcher.contracts.layout import BUILD_RECORD_NAME
 from launcher.contracts.rank import given_job_id
+from launcher.contracts.workflows import rank_backend
 
 #: the epoch second the build job's script started its steps (build.sub sets it: render passes this name)
 BUILD_STARTED_ENV = "HPC_SERVE_BUILD_STARTED"
@@ -54,11 +55,12 @@ def read_record(engine_dir: Path) -> BuildRecord | None:
 
 def tool_version(backend: str) -> str | None:
     """The version of the tool that built the engine, as installed where the job ran (None if unknown)."""
-    if backend != "tensorrtllm":
+    found = rank_backend(backend)
+    if found is None or not found.tool_packages:
         return None
     from importlib import metadata
 
-    for name in ("tensorrt_llm", "tensorrt-llm"):
+    for name in found.tool_packages:
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
