@@ -25,7 +25,7 @@ from hpc.render.jobfiles import _environment, _srun_and_wrapper, ship_packages
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node
 from launcher.contracts import job_index
-from launcher.contracts.build_records import FAILURE_FORMAT, STEP_FORMAT
+from launcher.contracts.build_records import BUILD_STARTED_ENV, FAILURE_FORMAT, STEP_FORMAT
 from launcher.contracts.layout import (
     BUILD_STAGING_NAME,
     BUILD_SUB_NAME,
@@ -34,7 +34,6 @@ from launcher.contracts.layout import (
     Deployment,
     template_values,
 )
-from launcher.jobscript.build_record import BUILD_STARTED_ENV
 
 #: the placeholder of the job's staging folder in command lines (the script's `$STAGING`, known only at run time)
 STAGING = "$STAGING"

@@ -33,6 +33,7 @@ from typing import Any
 
 from hpc.serving.deployment import Target, job_folders
 from hpc.serving.gateway_record import record_path
+from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.records import GatewayRecord, RenewStop, SuccessorRecord, read_gateway
 from launcher.contracts.renew_plan import RenewPlan
@@ -117,7 +118,7 @@ class GatewayRenewer:
         states = [job_status(ref).state for ref in refs]
         if any(state in UNDER_WAY for state in states):
             return True
-        return None if "UNKNOWN" in states else False
+        return None if JobState.UNKNOWN in states else False
 
     def submit(self) -> str:
         """sbatch `D/gateway.sub` again; the successor's id, written where it will look (raises SlurmError)."""

@@ -44,8 +44,8 @@ from launcher.contracts.plan import LaunchPlan, PlanError
 from launcher.contracts.records import ChainRecord, RenewStop, read_chain, read_endpoints, write_json_atomic
 from launcher.contracts.renew_plan import RenewPlan, chain_place, format_time, successor_env
 from launcher.contracts.slurm import Slurm, SlurmError, ended
-from launcher.contracts.stop_records import BY_RENEWER, DrainingMark, StopRequest
-from launcher.node.stop import metrics_in_flight, stop_acknowledged
+from launcher.contracts.stop_records import BY_RENEWER, DrainingMark, StopRequest, stop_acknowledged
+from launcher.node.stop import metrics_in_flight
 
 POLL_S = 0.5
 #: how often the job's end is read again (a time limit an admin changed is picked up within this); the gateway's
