@@ -18,7 +18,7 @@ of draining:
 A successor that has not started by the time limit takes over whenever it starts (Slurm's SIGTERM stops the
 predecessor as before). Its scheduler state is logged as it changes (`PENDING (Resources)` says why the address
 may go down at the limit); one that ends before it serves (a crash at start) is replaced at once, at most
-SUCCESSOR_ATTEMPTS times, as a serving job's is (launcher/jobscript/renew.py). `max_jobs` bounds the serving
+SUCCESSOR_ATTEMPTS times, as a serving job's is (launcher/contracts/successor.py). `max_jobs` bounds the serving
 chain, not its gateway: the gateway renews while a serving job is under way.
 """
 
@@ -37,8 +37,10 @@ from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.records import GatewayRecord, RenewStop, SuccessorRecord, read_gateway
 from launcher.contracts.renew_plan import RenewPlan
-from launcher.jobscript.renew import (
+from launcher.contracts.slurm import Slurm
+from launcher.contracts.successor import (
     END_REFRESH_S,
+    QUERY_TIMEOUT_S,
     SBATCH_RETRY_S,
     SUCCESSOR_ATTEMPTS,
     SUCCESSOR_STATE_S,
@@ -49,6 +51,8 @@ from launcher.jobscript.renew import (
 )
 
 log = logging.getLogger("hpc_serve.gateway")
+#: the gateway renewer's Slurm commands, paced as a serving job's renewer's (launcher/contracts/successor.py)
+SLURM = Slurm(timeout_s=QUERY_TIMEOUT_S)
 
 #: how often the record is read for the successor's, once one was submitted
 RECORD_POLL_S = 1.0
@@ -133,7 +137,7 @@ class GatewayRenewer:
         """Log the successor's scheduler state as it changes; forget one that ended before it served, so that
         another is submitted at once (why_not bounds them)."""
         assert self.successor is not None
-        state = job_state(self.successor)
+        state = job_state(SLURM, self.successor)
         if state[0] and state != self._successor_state:
             self._successor_state = state
             log.info("gateway job %s: its successor %s is %s", self.job_id, self.successor, described(state))
@@ -167,7 +171,7 @@ class GatewayRenewer:
         while not server.should_exit:
             now = time.time()
             if now >= read_end_at:
-                _, end = await asyncio.to_thread(job_times, self.job_id)
+                _, end = await asyncio.to_thread(job_times, SLURM, self.job_id)
                 read_end_at = now + (END_REFRESH_S if end is not None else UNSURE_RETRY_S)
             if self.successor is None and end is not None and now >= max(self.plan.renew_at(end), submit_at):
                 why = await asyncio.to_thread(self.why_not, now)
