@@ -4,7 +4,8 @@ The state machine is the job's kind's (hpc/jobs/kinds.py: serving, gateway and b
 completed with what concerns any job: the Slurm cluster it belongs to, and, when asked, its deployment's gateway.
 Here, above the kinds, the executors and the deployment's gateway (hpc/jobs/gateway.py), because stopping a job
 asks all three: its kind whether its ranks stop in order, its executor to stop it, and the gateway whether it
-goes with the deployment's last job.
+goes with the deployment's last job. The deployment's gateway (hpc/jobs/gateway.py, and through it the spec's
+modules) is imported only where a gateway is asked about, so that `status` of a job stays light.
 
 A job of another Slurm cluster than SLURM_CONF's (clusters may share $HOME, and so the job index) is asked about
 on its own cluster (`sacct`/`squeue -M`, hpc/jobs/executors.py); when that cluster cannot be asked it is UNKNOWN,
@@ -16,26 +17,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hpc.jobs.executors import executor_of, unreachable, watch
-from hpc.jobs.gateway import (
-    UNDER_WAY,
-    GatewayJob,
-    deployment_gateway,
-    gateway_jobs_to_stop,
-    job_line,
-    serving_jobs,
-)
-from hpc.jobs.kinds import job_class_of, job_of
+from hpc.jobs.kinds import GatewayJob, job_class_of, job_of
 from hpc.jobs.status import JobStatus
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import SlurmError, on_cluster
-from hpc.serving.deployment import target_of_folder
-from hpc.serving.gateway_record import GatewayLine, withdraw_job
-from hpc.spec import SpecError
 from launcher.contracts.config import CANCEL_GRACE_S
 from launcher.contracts.job_states import JobState
 from launcher.contracts.stop_records import BY_CANCEL, StopRequest
+
+if TYPE_CHECKING:
+    from hpc.serving.gateway_record import GatewayLine
 
 UNKNOWN_GIVE_UP_S = 120.0
 #: `wait`'s back-off: 1 s after a change, growing with the time since (an eighth of it) up to 5 s. Only the
@@ -52,6 +46,10 @@ def job_status(ref: JobRef, with_gateway: bool = False) -> JobStatus:
     if status.unreachable:
         return status  # nothing of it is known here: no gateway line either
     if with_gateway:
+        from hpc.jobs.gateway import deployment_gateway
+        from hpc.serving.deployment import target_of_folder
+        from hpc.spec import SpecError
+
         try:
             status.gateway = deployment_gateway(target_of_folder(ref.deploy_dir))
         except (SpecError, OSError):
@@ -127,6 +125,10 @@ def after_cancel(ref: JobRef, grace_s: float) -> GatewayLine | None:
 
     A gateway job: the record it may have left (killed before it could remove it) goes. A serving job: the
     gateway jobs are cancelled too when no other serving job of the deployment is still under way."""
+    from hpc.jobs.gateway import UNDER_WAY, deployment_gateway, gateway_jobs_to_stop, job_line, serving_jobs
+    from hpc.serving.deployment import target_of_folder
+    from hpc.serving.gateway_record import GatewayLine, withdraw_job
+
     target = target_of_folder(ref.deploy_dir)
     if job_class_of(ref.job_dir) is GatewayJob:
         withdraw_job(target, ref.job_id)
