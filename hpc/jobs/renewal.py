@@ -31,6 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc.jobs.executors import SlurmExecutor, watch
+from hpc.jobs.gateway import UNDER_WAY, serving_jobs
+from hpc.jobs.kinds import GatewayJob
+from hpc.jobs.track import job_status
+from hpc.scheduler.slurm import SlurmError
 from hpc.serving.deployment import Target, job_folders
 from hpc.serving.gateway_record import record_path
 from launcher.contracts.job_states import JobState
@@ -113,10 +118,6 @@ class GatewayRenewer:
     def _serving(self) -> bool | None:
         """Whether a serving job of the deployment is under way; None when none is but Slurm could not say of
         one (UNKNOWN: a command that timed out), which is no reason to let the deployment's address go."""
-        from hpc.jobs.executors import watch
-        from hpc.jobs.gateway import UNDER_WAY, serving_jobs
-        from hpc.jobs.track import job_status
-
         refs = serving_jobs(self.target)
         watch(refs)
         states = [job_status(ref).state for ref in refs]
@@ -126,9 +127,6 @@ class GatewayRenewer:
 
     def submit(self) -> str:
         """sbatch `D/gateway.sub` again; the successor's id, written where it will look (raises SlurmError)."""
-        from hpc.jobs.executors import SlurmExecutor
-        from hpc.jobs.kinds import GatewayJob
-
         ref = SlurmExecutor().submit(GatewayJob, self.deploy_dir)
         SuccessorRecord(job_id=ref.job_id, at=time.time()).write(self.paths.gateway_successor)
         return ref.job_id
@@ -164,8 +162,6 @@ class GatewayRenewer:
 
     async def run(self, server: Any) -> None:
         """Until the successor serves (then `server.should_exit`), or the server stops."""
-        from hpc.scheduler.slurm import SlurmError
-
         end: float | None = None
         read_end_at = submit_at = watched_at = 0.0
         while not server.should_exit:
