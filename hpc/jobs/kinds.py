@@ -11,8 +11,8 @@ them, and the build job had no CANCELLING. As in submitit (`Executor.job_class`)
 whose subclasses set `submit_command` / `cancel_command` as class attributes), what differs between kinds is
 data on the class (`kind`, `script`, `marker`, `stoppable`, `live`), the state machine is the base class's
 (`JobKind.status`: the scheduler's state, the kind's own records, then the rules every kind shares), and each
-kind overrides only what its records say (`observe`, `explain`). `job_class_of(job_dir)` is the one place that
-tells a job folder's kind.
+kind overrides only what its records say (`observe`, `explain`) and its own words for it (`describe`, what
+`JobStatus.summary` prints). `job_class_of(job_dir)` is the one place that tells a job folder's kind.
 
 Where each transition is observed:
 - PENDING, and the end states: the job's executor (hpc/jobs/executors.py): Slurm through the process's shared,
@@ -189,7 +189,7 @@ class JobKind:
             status.state = JobState.CANCELLED
         if status.state in (JobState.CANCELLING, JobState.STOPPING):
             status.endpoints, status.url = [], None
-        if status.state != "FAILED":
+        if status.state != JobState.FAILED:
             status.failed_rank = None
 
 
@@ -257,7 +257,7 @@ class ServingJob(JobKind):
         """A job whose launch.json cannot be read (the error names the file and the key): never taken as "1 replica
         of 1 rank". Its ranks refuse the same plan (the launcher exits 2), so a job that runs is FAILED for that
         reason; a pending or ended one keeps the scheduler's state, the error added to its reason."""
-        if status.state == "RUNNING":
+        if status.state == JobState.RUNNING:
             status.state = JobState.FAILED
         status.reason = "; ".join(filter(None, (status.reason, str(error))))
         status.restarts = self._restarts()
@@ -270,7 +270,7 @@ class ServingJob(JobKind):
             status.failed_rank = failure_without_record(self.ref, self._ranks, self._world)
         if status.state not in ACTIVE:
             status.dead_replicas = {}
-        if status.state == "STARTING":
+        if status.state == JobState.STARTING:
             ready = {e.replica for e in status.endpoints}
             status.starting = [
                 r for r in self._starting if r.replica not in ready and r.replica not in status.dead_replicas
@@ -363,7 +363,7 @@ class GatewayJob(JobKind):
 
     def observe(self, status: JobStatus) -> None:
         """READY once the deployment's address record names this job and answers there; STARTING until then."""
-        if status.state != "RUNNING":
+        if status.state != JobState.RUNNING:
             return
         from hpc.serving.deployment import target_of_folder
         from hpc.serving.gateway_record import answers, record_path
@@ -376,7 +376,7 @@ class GatewayJob(JobKind):
             status.state = JobState.STARTING
 
     def explain(self, status: JobStatus) -> None:
-        if status.state == "FAILED":
+        if status.state == JobState.FAILED:
             status.reason = self._log_reason() or status.reason
 
     @classmethod
@@ -422,7 +422,7 @@ class BuildJob(JobKind):
         it runs."""
         if self.ref.paths.build_failure.exists():
             status.state = JobState.FAILED
-        elif status.state == "RUNNING":
+        elif status.state == JobState.RUNNING:
             status.state = JobState.BUILDING
 
     def explain(self, status: JobStatus) -> None:

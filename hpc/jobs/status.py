@@ -1,8 +1,8 @@
 """What `hpc-serve status` says of a job (`JobStatus`), and why a serving job failed: the rank records that name
 the cause, or, when Slurm ended the job before any rank could write one, the ranks without a record.
 
-The state itself is read by the job's kind (hpc/jobs/kinds.py); `hpc.jobs.track.job_status` adds its cluster and its
-deployment's gateway. Nothing here is parsed from log text: a log's last lines are only shown.
+The state itself is read, and summed up, by the job's kind (hpc/jobs/kinds.py); `hpc.jobs.track.job_status` adds
+its cluster and its deployment's gateway. Nothing here is parsed from log text: a log's last lines are only shown.
 """
 
 from __future__ import annotations
