@@ -147,7 +147,7 @@ def run_hpc_local(deploy_dir: Path) -> dict:
 def run_hpc_slurm(deploy_dir: Path) -> dict:
     from hpc.jobs.executors import SlurmExecutor
     from hpc.jobs.kinds import ServingJob
-    from hpc.jobs.submit import cancel
+    from hpc.jobs.track import cancel
     from hpc.scheduler import slurm
 
     t_submit = time.time()

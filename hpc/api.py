@@ -58,8 +58,8 @@ class Job:
         return Client.from_job(self.ref, replica=replica, model=model)
 
     def cancel(self, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
-        """Ordered stop, then scancel, then wait for the end: the same `hpc.jobs.submit.cancel` as the CLI's."""
-        from hpc.jobs.submit import cancel
+        """Ordered stop, then scancel, then wait for the end: the same `hpc.jobs.track.cancel` as the CLI's."""
+        from hpc.jobs.track import cancel
 
         return cancel(self.ref, grace_s)
 

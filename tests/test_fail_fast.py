@@ -17,7 +17,8 @@ import pytest
 from hpc.spec.placement import PlacementError, replica_steps
 from launcher.contracts import records
 from launcher.contracts.rank import STEP_REPLICA_ENV, RankInfo, WorldSizeError, detect, role
-from launcher.node.command import remove_shm_regions, shm_glob_shell, shm_prefix
+from launcher.contracts.shm import shm_glob_shell, shm_prefix
+from launcher.node.command import remove_shm_regions
 from launcher.node.watch import PeerWatch, StubWatch, group_stubs, zombie_returncode
 
 

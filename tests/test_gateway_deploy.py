@@ -380,8 +380,7 @@ def test_the_gateway_as_a_local_job(hpc_home, tmp_path, tiny_gpt2):
     its id stops it and the record goes (the Slurm side: tests/test_gateway_job_cluster.py)."""
     from hpc.jobs.executors import LocalExecutor
     from hpc.jobs.kinds import GatewayJob, job_class_of
-    from hpc.jobs.submit import cancel
-    from hpc.jobs.track import job_status
+    from hpc.jobs.track import cancel, job_status
 
     runs = tmp_path / "runs"
     spec = parse_spec(spec_text("svc", tiny_gpt2, runs, gateway={"host": "127.0.0.1"}))
@@ -422,7 +421,7 @@ def test_two_submits_at_once_start_one_gateway_job(hpc_home, tmp_path, tiny_gpt2
 
     from hpc.jobs.executors import LocalExecutor
     from hpc.jobs.gateway import ensure_gateway, gateway_jobs
-    from hpc.jobs.submit import cancel
+    from hpc.jobs.track import cancel
     from hpc.serving.deployment import target_of_folder
 
     runs = tmp_path / "runs"
@@ -449,12 +448,12 @@ def test_two_submits_at_once_start_one_gateway_job(hpc_home, tmp_path, tiny_gpt2
 def test_cancel_of_a_deployment_whose_serving_jobs_ended_stops_its_gateway_too(hpc_home, tmp_path, tiny_gpt2):
     """Found by hand on the test cluster: after the tp 2 job FAILED (a worker killed), `hpc-serve cancel NAME` said
     "no job under way" and left the gateway job serving 503s until its time limit. The gateway went only with the
-    cancel of the last serving job (hpc/jobs/gateway.py `after_cancel`), and here there was none to cancel."""
+    cancel of the last serving job (hpc/jobs/track.py `after_cancel`), and here there was none to cancel."""
     from hpc.jobs.chain import cancel_deployment
     from hpc.jobs.executors import LocalExecutor
     from hpc.jobs.gateway import ensure_gateway, gateway_jobs
     from hpc.jobs.kinds import GatewayJob
-    from hpc.jobs.submit import cancel
+    from hpc.jobs.track import cancel
     from hpc.serving.deployment import target_of_folder
 
     runs = tmp_path / "runs"

@@ -21,8 +21,7 @@ from hpc.cli.support import EXIT_JOB_FAILED
 from hpc.jobs.executors import SlurmExecutor, watch
 from hpc.jobs.kinds import GatewayJob
 from hpc.jobs.status import JobStatus
-from hpc.jobs.submit import cancel
-from hpc.jobs.track import job_status, wait
+from hpc.jobs.track import cancel, job_status, wait
 from hpc.scheduler import slurm
 from hpc.scheduler import watch as slurm_watch
 from hpc.scheduler.index import JobNotFound, find_job, list_jobs, register
@@ -231,7 +230,7 @@ def test_a_job_of_an_unreachable_cluster_says_whose_it_is(tmp_path, hpc_home, cl
 
 
 def test_cancel_of_another_clusters_job_goes_to_that_cluster(tmp_path, hpc_home, clusters, monkeypatch) -> None:
-    monkeypatch.setattr("hpc.jobs.submit.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
+    monkeypatch.setattr("hpc.jobs.track.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
     clusters.states.update({("hpcserve", "33"): "RUNNING", ("twin", "33"): "PENDING"})
     register("33", job_folder(tmp_path, "33"), "twin")
     ref = find_job("33")
@@ -282,7 +281,7 @@ def test_cancel_of_a_deployment_goes_past_a_job_it_cannot_cancel(tmp_path, hpc_h
     """A deployment whose jobs are of three clusters, one that cannot be asked (`ghost`): `cancel` of the
     deployment names that job, its cluster and why, cancels every other one on its own cluster (two of them job
     33, in two folders: told apart by folder, not by id), and exits non-zero."""
-    monkeypatch.setattr("hpc.jobs.submit.after_cancel", lambda ref, grace_s: None)  # no gateway here
+    monkeypatch.setattr("hpc.jobs.track.after_cancel", lambda ref, grace_s: None)  # no gateway here
     clusters.away.add("ghost")
     clusters.states.update({("hpcserve", "33"): "PENDING", ("twin", "33"): "PENDING", ("hpcserve", "34"): "PENDING"})
     for name, job, cluster in (("dep-a", "33", "ghost"), ("dep-b", "33", "hpcserve"), ("dep-c", "33", "twin")):
@@ -315,16 +314,16 @@ def test_cancel_of_a_deployment_goes_past_a_job_it_cannot_cancel(tmp_path, hpc_h
 def test_cancel_of_a_gateway_job_asks_no_state_first(tmp_path, hpc_home, clusters, monkeypatch) -> None:
     """A gateway job has no ranks to stop in order, so `cancel` does not ask its state before the scancel (that
     probes the gateway); whether its cluster can be asked is the scheduler's answer alone."""
-    monkeypatch.setattr("hpc.jobs.submit.after_cancel", lambda ref, grace_s: None)
+    monkeypatch.setattr("hpc.jobs.track.after_cancel", lambda ref, grace_s: None)
     waited = JobStatus("35", "CANCELLED")
-    monkeypatch.setattr("hpc.jobs.submit.wait", lambda ref, until, timeout: waited)
+    monkeypatch.setattr("hpc.jobs.track.wait", lambda ref, until, timeout: waited)
     asked: list[str] = []
 
     def job_status(ref, with_gateway=False) -> JobStatus:
         asked.append(ref.job_id)
         return JobStatus(ref.job_id, "READY")
 
-    monkeypatch.setattr("hpc.jobs.submit.job_status", job_status)
+    monkeypatch.setattr("hpc.jobs.track.job_status", job_status)
     clusters.states.update({("hpcserve", "35"): "RUNNING", ("twin", "36"): "RUNNING"})
     for job, cluster in (("35", "hpcserve"), ("36", "twin")):
         folder = job_folder(tmp_path, job)

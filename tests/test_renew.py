@@ -22,6 +22,7 @@ from hpc.serving.discovery import draining_jobs, mark_draining
 from hpc.spec import SpecError, load_spec
 from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.renew import duration_seconds, format_duration
+from launcher.contracts import successor
 from launcher.contracts.config import RENEW_NOTICE_S, RENEW_STARTUP_S, STOP_LEAD_S
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.plan import LaunchPlan
@@ -256,7 +257,7 @@ def test_the_renewer_logs_what_failed_and_reads_a_job_gone(renew_slurm, capsys):
     err = capsys.readouterr().err
     assert "`squeue -h -j 9 -o %S|%e` exited with 1: squeue: error: Invalid user" in err and "scancel" not in err
     fake_command(renew_slurm, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1')
-    assert renew.job_state("9") == (renew.NOT_LISTED, "") and renew.gone_or_ended(renew.job_state("9"))
+    assert renew.job_state("9") == (successor.NOT_LISTED, "") and renew.gone_or_ended(renew.job_state("9"))
 
 
 # ------------------------------------------------------------------------------------------------ markers, records

@@ -21,8 +21,8 @@ import pytest
 from _triton import REPO_ROOT, find_tritonserver, tritonserver
 from test_pre_post import build_tokenizer
 
-from backend.models.detokenize import STREAM_REQUEST_PREFIX
 from backend.repository import write_model_repository
+from launcher.contracts.model_names import STREAM_REQUEST_PREFIX
 from tests._env import unavailable
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]

@@ -6,6 +6,7 @@ wait; and no other module may spell one of Slurm's own end words."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -15,11 +16,13 @@ import yaml
 
 from hpc.jobs.executors import SlurmExecutor
 from hpc.jobs.kinds import KINDS, JobKind
+from hpc.jobs.status import SUMMARIES, JobStatus
 from hpc.jobs.track import job_status
 from hpc.scheduler import slurm
 from hpc.scheduler import watch as slurm_watch
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.watch import SlurmWatcher
+from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import JobPaths
 from launcher.contracts.slurm import STATE_CLASS, TERMINAL, TERMINAL_RAW, Result, Slurm, ended, state_class
 from launcher.jobscript import renew
@@ -119,3 +122,27 @@ def test_renewer_and_login_side_share_the_gateway():
     """hpc.scheduler.slurm's gateway is the launcher's, with the cluster's name on top: one retry and job-gone rule."""
     assert issubclass(slurm.Slurm, Slurm) and slurm.ended is ended and slurm.TERMINAL is TERMINAL
     assert isinstance(renew.SLURM, Slurm) and slurm_watch.ended is ended
+
+
+def test_a_job_state_reads_as_its_word():
+    """`JobState` members are the words themselves: compared with, printed, formatted and written to JSON
+    (`status --json`, the records) as before they were members."""
+    status = JobStatus("7", JobState.READY, kind="gateway", url="http://node1:8000")
+    assert status.state == "READY" and str(status.state) == f"{status.state}" == "READY"
+    assert json.loads(json.dumps(status.to_json()))["state"] == "READY"
+    assert state_class("CANCELLED by 0") is JobState.CANCELLED and state_class("UNKNOWN") == "UNKNOWN"
+    assert all(isinstance(state, JobState) for state in (*STATE_CLASS.values(), *TERMINAL))
+
+
+def test_every_job_kind_words_its_own_summary():
+    """`JobStatus.summary` is its kind's (`JobKind.describe`), for every kind there is."""
+    assert {kind.kind for kind in KINDS} <= set(SUMMARIES)
+    assert JobStatus("7", JobState.READY, kind="gateway", url="http://node1:8000").summary() == (
+        "7 READY (gateway) http://node1:8000"
+    )
+    assert JobStatus("8", JobState.BUILDING, "step 1 (trtllm-build)", kind="build").summary() == (
+        "8 BUILDING (build) step 1 (trtllm-build)"
+    )
+    assert (
+        JobStatus("9", JobState.STOPPING).summary() == "9 STOPPING (the job is ending; Slurm is stopping its processes)"
+    )

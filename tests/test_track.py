@@ -307,7 +307,7 @@ def test_ranks_killed_by_scancel_or_time_limit_are_not_a_failure(tmp_path, sched
 
 
 def test_cancel_marker_makes_a_stopped_job_cancelled(tmp_path, scheduler):
-    """`hpc.jobs.submit.cancel` writes the marker, then SIGTERMs every rank: ranks ending (cleanly or not) must not
+    """`hpc.jobs.track.cancel` writes the marker, then SIGTERMs every rank: ranks ending (cleanly or not) must not
     read as COMPLETED or FAILED once the job has ended."""
 
     ref = make_job(tmp_path)
@@ -511,9 +511,9 @@ def test_local_supervisor_stays_light():
 def test_cancel_of_a_local_build_job_reads_cancelling_until_its_script_has_gone(tmp_path, hpc_home, monkeypatch):
     """`hpc-serve cancel` of a build job, for real under the local executor: while its script is still stopping
     (here: held in its TERM trap until the test lets it go) the job is CANCELLING, not BUILDING; then CANCELLED."""
-    from hpc.jobs.submit import cancel
+    from hpc.jobs.track import cancel
 
-    monkeypatch.setattr("hpc.jobs.submit.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
+    monkeypatch.setattr("hpc.jobs.track.after_cancel", lambda ref, grace_s: None)  # no deployment (spec.yaml) here
     deploy = tmp_path / "d"
     Deployment(deploy).logs_dir.mkdir(parents=True)  # as render and the build's script writer make it
     (deploy / BUILD_SUB_NAME).write_text(

@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from launcher.contracts.build_records import SHARD_FORMAT
+
 from .checkpoint import CheckpointError, iter_tensors, load_config, load_weights
 
-SHARD_FORMAT = 1
 MAPPING_KEY = "mapping"
 FORMAT_KEY = "hpc_serve_shards"
 #: what the source folder holds that is not the model's weights or config: copied along (tokenizer and friends)

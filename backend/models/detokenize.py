@@ -18,12 +18,6 @@ from collections.abc import Callable, Sequence
 
 REPLACEMENT = "\ufffd"
 
-#: A request id that starts with this marks a streaming request whose id is unique (hpc-serve's clients send
-#: ``hpc-serve-stream:<uuid4>``).  Triton's ensemble passes the client's request id to postprocessing but
-#: nothing else per stream (a step may not mix tensors from before a decoupled model with its outputs), so this
-#: is the only way postprocessing can tell one stream's chunks from another's.
-STREAM_REQUEST_PREFIX = "hpc-serve-stream:"
-
 #: tokens → text (a tokenizer's decode with its options bound)
 Decode = Callable[[Sequence[int]], str]
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from launcher.contracts.llmapi import PERF_OUTPUTS
+
 #: SamplingParams.max_tokens' default in the LLM API
 DEFAULT_MAX_TOKENS = 32
 TEXT_INPUT = "text_input"
@@ -45,18 +47,6 @@ LOGPROBS_OUTPUT = "output_log_probs"
 #: hpc-serve's model's KV-cache events request: `kv_cache_events_since` (the last event id the caller has; the
 #: events after it come back as one JSON list in `kv_cache_events`), for routers that follow each replica's cache
 KV_EVENTS_SINCE, KV_EVENTS_OUTPUT = "kv_cache_events_since", "kv_cache_events"
-#: perf outputs in the order upstream appends them
-PERF_OUTPUTS = (
-    "kv_cache_reused_block",
-    "kv_cache_hit_rate",
-    "kv_cache_alloc_new_blocks",
-    "kv_cache_alloc_total_blocks",
-    "kv_cache_missed_block",
-    "arrival_time_ns",
-    "first_scheduled_time_ns",
-    "first_token_time_ns",
-    "last_token_time_ns",
-)
 #: speculative decoding's (none on the CPU engine: upstream's values for a request without drafts)
 DRAFT_OUTPUTS = {"acceptance_rate": 0.0, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0}
 

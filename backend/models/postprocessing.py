@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from backend.models import model_parameter, parse_bool
-from backend.models.detokenize import STREAM_REQUEST_PREFIX, StreamTable
+from backend.models.detokenize import StreamTable
 from backend.models.tokenizer import TextTokenizer, tokenizer_from_config
 from launcher.contracts import model_names
 
@@ -107,7 +107,11 @@ class TritonPythonModel:
 
     def _stream_key(self, request: Any) -> str | None:
         request_id = request.request_id() or ""
-        return request_id if self.streaming is not None and request_id.startswith(STREAM_REQUEST_PREFIX) else None
+        return (
+            request_id
+            if self.streaming is not None and request_id.startswith(model_names.STREAM_REQUEST_PREFIX)
+            else None
+        )
 
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = self._pb

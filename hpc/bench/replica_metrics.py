@@ -25,10 +25,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from backend.models.engine_metrics import KV_CACHE, REQUEST
 from hpc.serving.deployment import replica_key  # the gateway's keys: `33@twin/0` (job ids are per cluster)
 from hpc.serving.metrics import DEFAULT_PREFIXES, Sample, parse, scrape
 from launcher.contracts import model_names
+from launcher.contracts.prometheus import ENGINE_KV_CACHE_FAMILY as KV_CACHE
+from launcher.contracts.prometheus import ENGINE_REQUEST_FAMILY as REQUEST
 from launcher.contracts.records import EndpointRecord
 
 #: upstream's output-token histogram (name without _sum / _count)

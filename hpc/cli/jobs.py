@@ -128,7 +128,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     """A job: its ordered stop (a successor its renewer already submitted goes on). A deployment: every job of it,
     and no renewal submits another (hpc/jobs/chain.py)."""
     from hpc.jobs.chain import cancel_deployment, successor_under_way
-    from hpc.jobs.submit import cancel
+    from hpc.jobs.track import cancel
     from hpc.scheduler.slurm import SlurmError
 
     target, refs = job_or_deployment(args.target)

@@ -176,7 +176,7 @@ def _wait_ready(ref: JobRef, timeout_s: float, say: Say) -> JobStatus:
 def _cancel(ref: JobRef, say: Say) -> None:
     """`hpc-serve cancel`'s ordered stop; a second Ctrl-C (or any error in it) ends the job with plain scancel."""
     from hpc.jobs.executors import executor_of
-    from hpc.jobs.submit import cancel
+    from hpc.jobs.track import cancel
 
     say(f"cancelling job {ref.job_id} (ordered stop; Ctrl-C again: scancel at once)")
     try:
@@ -201,7 +201,7 @@ def ready_verdict(status: JobStatus, waited_s: float, timeout_s: float, job_id: 
 
 def ordered_stop(ref: JobRef, world: int) -> Check:
     """`hpc-serve cancel` of the job, timed, and how its ranks ended."""
-    from hpc.jobs.submit import cancel
+    from hpc.jobs.track import cancel
 
     asked = time.time()
     status = cancel(ref)

@@ -23,17 +23,16 @@ from hpc.jobs.build_plan import BuildPlan, plan_build, served_spec
 from hpc.jobs.build_script import write_build
 from hpc.jobs.executors import Executor, LocalExecutor
 from hpc.jobs.kinds import BuildJob, job_class_of
+from hpc.jobs.track import wait
 from hpc.scheduler.index import JobRef
-from hpc.scheduler.slurm import TERMINAL
 from hpc.spec import Spec
-from launcher.contracts.build_records import BuildingMarker, BuildRequest, BuildStep
-from launcher.contracts.layout import Deployment, JobPaths, building_marker, building_markers
+from launcher.contracts.build_records import BuildingMarker
+from launcher.contracts.job_states import JobState
+from launcher.contracts.layout import Deployment, building_marker, building_markers
 
-#: lines of a failed build's output that `status` shows
-TAIL_LINES = 12
 #: a build in these states makes the engine a second submission needs: that one waits for it instead of building
 #: again (STOPPING: Slurm's COMPLETING, its end not known yet; a build being cancelled is not waited for)
-UNDER_WAY = ("PENDING", "BUILDING", "STOPPING")
+UNDER_WAY = (JobState.PENDING, JobState.BUILDING, JobState.STOPPING)
 
 
 @dataclass(frozen=True)
@@ -69,10 +68,8 @@ def start(
         _mark_building(plan, ref)
         note(f"build {ref.job_id} → {plan.engine_dir}")
     if isinstance(runner, LocalExecutor):
-        from hpc.jobs.track import wait
-
         status = wait(ref, until=())
-        if status.state != "COMPLETED":
+        if status.state != JobState.COMPLETED:
             raise BuildFailed(status.summary())
         return None
     return ref
@@ -112,70 +109,3 @@ def build_jobs(deploy_dir: Path) -> list[JobRef]:
     jobs = Deployment(deploy_dir).jobs_dir
     found = sorted(jobs.iterdir()) if jobs.is_dir() else []
     return [JobRef(folder.name, folder) for folder in found if job_class_of(folder) is BuildJob]
-
-
-def build_reason(ref: JobRef, state: str, reason: str | None) -> str | None:
-    """What `status` says beside a build job's state (hpc/jobs/kinds.py `BuildJob`): the step it is at (or that a
-    stop interrupts), the engine it built, the step that failed with its command, or Slurm's reason."""
-    paths = ref.paths
-    if state == "FAILED" and paths.build_failure.exists():
-        return describe_build_failure(ref)
-    if state in ("BUILDING", "CANCELLING", "STOPPING"):
-        return _current_step(ref)
-    if state == "COMPLETED":
-        return _built(ref)
-    if state in TERMINAL:  # COMPLETED, above: what it built
-        return (reason or "") + _tail_text(paths)
-    return reason
-
-
-def _request(ref: JobRef) -> BuildRequest:
-    return BuildRequest.read(Deployment(ref.deploy_dir).build_request) or BuildRequest()
-
-
-def _built(ref: JobRef) -> str | None:
-    from launcher.jobscript.build_record import read_record
-
-    engine = _request(ref).engine_dir
-    if not engine:
-        return None
-    record = read_record(Path(engine))
-    took = record.took_s if record is not None else None
-    return f"engine {engine}" + (f" (built in {took:.0f} s)" if took is not None else "")
-
-
-def _current_step(ref: JobRef) -> str | None:
-    """`step 1 (trtllm-build): <its command>`: the step the job's script runs now, from its record (never from the
-    log's text: launcher/contracts/build_records.py); None before the first."""
-    step = BuildStep.read(ref.paths.build_step)
-    if step is None:
-        return None
-    command = _command(ref, step.step)
-    return step.describe() + (f": {command}" if command else "")
-
-
-def _command(ref: JobRef, number: int) -> str | None:
-    """Step `number`'s command line, as the build request lists it."""
-    return _request(ref).command(number)
-
-
-def _tail(paths: JobPaths) -> list[str]:
-    try:
-        return paths.build_log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
-    except OSError:
-        return []
-
-
-def _tail_text(paths: JobPaths) -> str:
-    lines = _tail(paths)
-    return ("; last lines:\n" + "\n".join(f"  | {line}" for line in lines)) if lines else ""
-
-
-def describe_build_failure(ref: JobRef) -> str:
-    """`step 1 (trtllm-build) failed with exit status 1: <command>` and the last lines of the steps' output."""
-    failure = BuildStep.read(ref.paths.build_failure)
-    if failure is None:  # there, but no record of a step (written by hand?): its output may say more
-        return "a step failed" + _tail_text(ref.paths)
-    command = _command(ref, failure.step)
-    text = f"{failure.describe()} failed with exit status {failure.exit_code}"
-    return text + (f": {command}" if command else "") + _tail_text(ref.paths)

@@ -2,7 +2,7 @@
 
 An engine folder is named by what built it: the source checkpoint's name, the backend and tp/pp, and a key,
 the SHA-256 of the *request* (every argument that changes the engine, and the tool: the container image, or
-the CPU engine's shard format) together with the *identity of the inputs* (launcher/jobscript/build_record.py: every
+the CPU engine's shard format) together with the *identity of the inputs* (launcher/contracts/build_records.py: every
 checkpoint file's size and mtime and the config's hash; for a checkpoint `model.init` has yet to create, the
 init arguments). So a changed spec or checkpoint builds into a new folder beside the old one, and an engine
 that a running job reads is never written again.
@@ -20,13 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: the CPU engine's sharded layout (backend/cpu_engine/shards.py); a new layout must not match old engines
-from backend.cpu_engine.shards import SHARD_FORMAT  # noqa: E402  (numpy + safetensors only, no model code)
 from hpc.spec import Spec
 from hpc.spec.build import build_gpus_per_node, source_checkpoint
-from launcher.contracts.build_records import BuildRequest
+from launcher.contracts.build_records import SHARD_FORMAT, BuildRequest, checkpoint_identity, read_record
 from launcher.contracts.layout import BUILD_RECORD_NAME
-from launcher.jobscript.build_record import checkpoint_identity, read_record
 
 
 @dataclass(frozen=True)

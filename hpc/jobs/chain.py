@@ -18,12 +18,13 @@ from typing import Any
 from hpc.jobs.executors import watch
 from hpc.jobs.gateway import gateway_jobs_to_stop, serving_jobs
 from hpc.jobs.status import JobStatus
-from hpc.jobs.track import job_status
+from hpc.jobs.track import cancel, job_status
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import SlurmError
 from hpc.serving.deployment import Target, deployment_folders
 from launcher.contracts.config import CANCEL_GRACE_S
 from launcher.contracts.job_index import entry_of
+from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment
 from launcher.contracts.records import ChainRecord, RenewStop, read_chain
 
@@ -55,9 +56,9 @@ class ChainLink:
         """The successor column: its id and state (why it waits, when pending), or why there is none."""
         if self.successor:
             text = f"{self.successor} {self.successor_state}".rstrip()
-            if self.successor_state == "PENDING":
+            if self.successor_state == JobState.PENDING:
                 text = f"successor {self.successor} pending: {self.successor_reason or 'no reason given'}"
-                if self.state in ("STARTING", "READY"):
+                if self.state in (JobState.STARTING, JobState.READY):
                     text += f"; {self.job_id} serves until its end"
             return text
         return self.note or "-"
@@ -144,12 +145,10 @@ class DeploymentCancel:
 def cancel_deployment(target: Target, grace_s: float = CANCEL_GRACE_S) -> DeploymentCancel:
     """Stop the whole deployment: no renewer submits anything more, and every serving job still under way is
     cancelled (pending ones first, so that none starts meanwhile; then the others, each an ordered stop). Its
-    gateway job goes with the last one (hpc/jobs/gateway.py `after_cancel`), or after them when none was left.
+    gateway job goes with the last one (hpc/jobs/track.py `after_cancel`), or after them when none was left.
     A job that cannot be cancelled (of a cluster that cannot be asked from here, or one whose scancel Slurm
     refused) is left and named; the others are cancelled all the same. Jobs are told apart by their folder: job
     ids are unique per Slurm cluster only, and a deployment's folders may hold the jobs of two clusters."""
-    from hpc.jobs.submit import cancel
-
     stop_renewals(target)
     done: dict[Path, JobStatus] = {}
     refused: dict[Path, str] = {}
@@ -160,10 +159,10 @@ def cancel_deployment(target: Target, grace_s: float = CANCEL_GRACE_S) -> Deploy
         live = [ref for ref in refs if not statuses[ref.job_dir].done]
         if not live:
             break
-        live.sort(key=lambda ref: statuses[ref.job_dir].state != "PENDING")
+        live.sort(key=lambda ref: statuses[ref.job_dir].state != JobState.PENDING)
         for ref in live:
             status = statuses[ref.job_dir]
-            if status.unreachable:  # nothing can be sent to it from here (hpc.jobs.submit.cancel would refuse)
+            if status.unreachable:  # nothing can be sent to it from here (hpc.jobs.track.cancel would refuse)
                 refused[ref.job_dir] = _not_cancelled(ref, status.reason or "its cluster cannot be asked from here")
                 continue
             try:
@@ -176,9 +175,7 @@ def cancel_deployment(target: Target, grace_s: float = CANCEL_GRACE_S) -> Deploy
 
 def _cancel_gateways(target: Target, grace_s: float, done: dict[Path, JobStatus], refused: dict[Path, str]) -> None:
     """The gateway jobs still under way once the serving jobs are stopped: those of a deployment whose serving jobs
-    had all ended before (FAILED, TIMEOUT), which no serving job's cancel took along (gateway.py `after_cancel`)."""
-    from hpc.jobs.submit import cancel
-
+    had all ended before (FAILED, TIMEOUT), which no serving job's cancel took along (track.py `after_cancel`)."""
     for ref in gateway_jobs_to_stop(target):
         try:
             done[ref.job_dir] = cancel(ref, grace_s)
@@ -216,7 +213,7 @@ def job_chain_line(ref: JobRef) -> str | None:
         successor = job_status(JobRef(record.successor, ref.paths.deployment.job(record.successor).folder))
         link = ChainLink(ref.job_id, job_status(ref).state, successor=record.successor)
         link.successor_state, link.successor_reason = successor.state, successor.reason or ""
-        parts.append(link.next if successor.state == "PENDING" else f"successor {link.next}")
+        parts.append(link.next if successor.state == JobState.PENDING else f"successor {link.next}")
     elif record.note:
         parts.append(record.note)
     elif record.renew_at:
@@ -236,5 +233,5 @@ def current_job(target: Target) -> JobRef | None:
     """The deployment's job that started last (a renewal chain's current one), else its newest; None: no job."""
     jobs = serving_jobs(target)
     watch(jobs)
-    started = [ref for ref in jobs if job_status(ref).state not in ("PENDING", "UNKNOWN")]
+    started = [ref for ref in jobs if job_status(ref).state not in (JobState.PENDING, JobState.UNKNOWN)]
     return max(started or jobs, key=_indexed_at, default=None)

@@ -27,9 +27,10 @@ from hpc.jobs.local import JOB_ID_PREFIX, cancel_local, local_state, submit_loca
 from hpc.scheduler import slurm
 from hpc.scheduler.index import JobRef, register
 from hpc.scheduler.watch import watcher
+from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.records import read_rank_records
-from launcher.node.stop import stop_acknowledged
+from launcher.contracts.stop_records import stop_acknowledged
 
 if TYPE_CHECKING:
     from hpc.jobs.kinds import JobKind  # which imports this module: what a kind is, not how it runs
@@ -96,7 +97,7 @@ class SlurmExecutor(Executor):
     def scheduler_state(self, ref: JobRef) -> tuple[str, str | None]:
         cluster = self.other_cluster(ref)
         raw, reason = watcher().state(ref.job_id, cluster)
-        if cluster is not None and raw == "UNKNOWN":
+        if cluster is not None and raw == JobState.UNKNOWN:
             return raw, elsewhere(ref.job_id, cluster)
         return raw, reason
 
@@ -177,7 +178,7 @@ def unreachable(ref: JobRef) -> str | None:
     if executor.other_cluster(ref) is None:
         return None
     raw, reason = executor.scheduler_state(ref)
-    return reason if raw == "UNKNOWN" else None
+    return reason if raw == JobState.UNKNOWN else None
 
 
 def elsewhere(job_id: str, cluster: str) -> str:

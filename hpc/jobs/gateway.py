@@ -5,7 +5,7 @@ Why a job apart from the serving jobs and not a step inside them: the gateway's 
 job (a renewed successor, a second job for more capacity), so its life cannot be tied to one of them. Hence:
 - `submit` reuses the deployment's gateway when one answers (started by hand or as a job) or a gateway job is
   still pending or starting, and submits a new one only otherwise;
-- `cancel` of a serving job leaves the gateway alone while another job of the deployment is pending or
+- `cancel` of a serving job (hpc/jobs/track.py) leaves the gateway alone while another job of the deployment is pending or
   running (it still serves those), and cancels the gateway job with the deployment's last job (nothing left
   to serve: it would only hold a node until its time limit). A gateway started by hand (`hpc-serve gateway` on
   a login node) is never stopped by hpc-serve: it is the user's own process.
@@ -21,15 +21,16 @@ from pathlib import Path
 
 from hpc.jobs.executors import Executor
 from hpc.jobs.kinds import GatewayJob, job_class_of
-from hpc.jobs.status import TERMINAL
 from hpc.scheduler.index import JobRef
+from hpc.scheduler.slurm import TERMINAL
 from hpc.serving.deployment import Target, job_folders, target_of_folder
-from hpc.serving.gateway_record import GatewayLine, answers, live_gateway, record_path, withdraw_job
+from hpc.serving.gateway_record import GatewayLine, answers, live_gateway, record_path
+from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, gateway_lock
 from launcher.contracts.records import read_gateway
 
 #: job states in which a gateway job serves or will serve (hpc/jobs/kinds.py's words)
-UNDER_WAY = ("PENDING", "STARTING", "READY")
+UNDER_WAY = (JobState.PENDING, JobState.STARTING, JobState.READY)
 
 
 def gateway_jobs(target: Target) -> list[JobRef]:
@@ -58,11 +59,11 @@ def deployment_gateway(target: Target) -> GatewayLine | None:
     else how its newest gateway job ended. None: it never had one."""
     record = read_gateway(record_path(target))
     if record is not None and answers(record, target):
-        return GatewayLine("READY", job_id=record.job_id, url=record.url, host=record.host, pid=record.pid)
+        return GatewayLine(JobState.READY, job_id=record.job_id, url=record.url, host=record.host, pid=record.pid)
     newest: tuple[JobRef, GatewayLine] | None = None
     for ref in reversed(gateway_jobs(target)):
         line = job_line(ref, target)
-        if line.state in UNDER_WAY or line.state == "CANCELLING":
+        if line.state in UNDER_WAY or line.state == JobState.CANCELLING:
             return line
         newest = newest or (ref, line)
     if record is not None and newest is not None and newest[1].job_id == record.job_id and newest[1].state in TERMINAL:
@@ -112,39 +113,20 @@ def ensure_gateway(deploy_dir: Path, runner: Executor) -> GatewayStart:
 def _ensure_gateway(deploy_dir: Path, runner: Executor, target: Target) -> GatewayStart:
     live = live_gateway(target)
     if live is not None:
-        return GatewayStart(GatewayLine("READY", job_id=live.job_id, url=live.url, host=live.host, pid=live.pid))
+        return GatewayStart(GatewayLine(JobState.READY, job_id=live.job_id, url=live.url, host=live.host, pid=live.pid))
     for ref in reversed(gateway_jobs(target)):
         line = job_line(ref, target)
         if line.state in UNDER_WAY:
             return GatewayStart(line)
     job = runner.submit(GatewayJob, deploy_dir)
-    return GatewayStart(GatewayLine("PENDING", job_id=job.job_id), job)
+    return GatewayStart(GatewayLine(JobState.PENDING, job_id=job.job_id), job)
 
 
 def gateway_jobs_to_stop(target: Target) -> list[JobRef]:
     """The deployment's gateway jobs that a cancel of the deployment (or of its last serving job) stops: those
     under way, and those whose cancel is (CANCELLING: cancelling again waits for its end)."""
-    return [job for job in gateway_jobs(target) if GatewayJob(job, target).status().state in (*UNDER_WAY, "CANCELLING")]
-
-
-def after_cancel(ref: JobRef, grace_s: float) -> GatewayLine | None:
-    """What cancelling `ref` means for the deployment's gateway; the gateway's line afterwards (None: none).
-
-    A gateway job: the record it may have left (killed before it could remove it) goes. A serving job: the
-    gateway jobs are cancelled too when no other serving job of the deployment is still under way."""
-    from hpc.jobs.executors import watch
-    from hpc.jobs.submit import cancel
-    from hpc.jobs.track import job_status
-
-    target = target_of_folder(ref.deploy_dir)
-    if job_class_of(ref.job_dir) is GatewayJob:
-        withdraw_job(target, ref.job_id)
-        return job_line(ref, target)
-    others = [job for job in serving_jobs(target) if job.job_id != ref.job_id]
-    watch(others)  # one sacct for all of them
-    if any(job_status(job).state in UNDER_WAY for job in others):
-        return deployment_gateway(target)
-    ended = [cancel(job, grace_s) for job in gateway_jobs_to_stop(target)]  # which come back here for the record
-    if ended:  # what became of the gateway this cancel stopped (not an older one that ended before)
-        return GatewayLine(ended[-1].state, job_id=ended[-1].job_id, reason=ended[-1].reason)
-    return deployment_gateway(target)
+    return [
+        job
+        for job in gateway_jobs(target)
+        if GatewayJob(job, target).status().state in (*UNDER_WAY, JobState.CANCELLING)
+    ]

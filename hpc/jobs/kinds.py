@@ -11,8 +11,8 @@ them, and the build job had no CANCELLING. As in submitit (`Executor.job_class`)
 whose subclasses set `submit_command` / `cancel_command` as class attributes), what differs between kinds is
 data on the class (`kind`, `script`, `marker`, `stoppable`, `live`), the state machine is the base class's
 (`JobKind.status`: the scheduler's state, the kind's own records, then the rules every kind shares), and each
-kind overrides only what its records say (`observe`, `explain`). `job_class_of(job_dir)` is the one place that
-tells a job folder's kind.
+kind overrides only what its records say (`observe`, `explain`) and its own words for it (`describe`, what
+`JobStatus.summary` prints). `job_class_of(job_dir)` is the one place that tells a job folder's kind.
 
 Where each transition is observed:
 - PENDING, and the end states: the job's executor (hpc/jobs/executors.py): Slurm through the process's shared,
@@ -48,20 +48,31 @@ tails are only shown.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpc.jobs.executors import executor_of
-from hpc.jobs.status import JobStatus, dead_replicas, failure_without_record, first_failure
+from hpc.jobs.status import (
+    SUMMARIES,
+    JobStatus,
+    dead_replicas,
+    describe_failure,
+    failure_without_record,
+    first_failure,
+)
 from hpc.scheduler.index import JobRef
-from hpc.scheduler.slurm import state_class
+from hpc.scheduler.slurm import TERMINAL, state_class
+from launcher.contracts.build_records import BuildRequest, BuildStep, read_record
 from launcher.contracts.config import START_CRASH_RESTARTS
+from launcher.contracts.job_states import COMPLETING, JobState
 from launcher.contracts.layout import (
     BUILD_JOB_MARKER_NAME,
     BUILD_SUB_NAME,
     GATEWAY_JOB_MARKER_NAME,
     GATEWAY_SUB_NAME,
     SUB_NAME,
+    Deployment,
     JobPaths,
 )
 from launcher.contracts.plan import KEEP_SERVING, RESTART, PlanError
@@ -81,7 +92,16 @@ if TYPE_CHECKING:
     from hpc.serving.deployment import Target
 
 #: a job's states while it is under way (a keep-serving job lists its dead replicas only then)
-ACTIVE = ("PENDING", "STARTING", "READY", "BUILDING", "CANCELLING", "STOPPING")
+ACTIVE = (
+    JobState.PENDING,
+    JobState.STARTING,
+    JobState.READY,
+    JobState.BUILDING,
+    JobState.CANCELLING,
+    JobState.STOPPING,
+)
+#: lines of a failed build's output that `status` shows
+TAIL_LINES = 12
 
 
 class JobKind:
@@ -98,10 +118,31 @@ class JobKind:
     #: scancel stops it; the local executor starts the ranks itself rather than running its script
     stoppable: ClassVar[bool]
     #: what it reads while it runs undisturbed: Slurm's COMPLETING turns these into STOPPING
-    live: ClassVar[tuple[str, ...]]
+    live: ClassVar[tuple[JobState, ...]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each kind's account of its status is what a status of that kind says (hpc/jobs/status.py SUMMARIES)."""
+        super().__init_subclass__(**kwargs)
+        SUMMARIES[cls.kind] = cls.summary
 
     def __init__(self, ref: JobRef) -> None:
         self.ref = ref
+
+    @classmethod
+    def summary(cls, status: JobStatus) -> str:
+        """What `hpc-serve status` prints of a job of this kind: the kind's own account (`describe`; for a job of
+        another cluster that cannot be asked, only why), then the deployment's gateway when it was asked for."""
+        text = f"{status.label} {status.state} ({status.reason})" if status.unreachable else cls.describe(status)
+        return text + cls._gateway_line(status)
+
+    @classmethod
+    def describe(cls, status: JobStatus) -> str:
+        """The job's state and what the kind says of it."""
+        return f"{status.label} {status.state}"
+
+    @classmethod
+    def _gateway_line(cls, status: JobStatus) -> str:
+        return f"\n{status.gateway.summary()}" if status.gateway is not None else ""
 
     @classmethod
     def mark(cls, paths: JobPaths) -> None:
@@ -123,7 +164,7 @@ class JobKind:
         account of the state it came to (`explain`)."""
         raw, reason = executor_of(self.ref).scheduler_state(self.ref)
         status = JobStatus(self.ref.job_id, state_class(raw), reason, raw, str(self.ref.job_dir), kind=self.kind)
-        running = status.state == "RUNNING"
+        running = status.state == JobState.RUNNING
         self.observe(status)
         self._settle(status, running)
         self.explain(status)
@@ -136,19 +177,19 @@ class JobKind:
         """Fill in what `status` says of the state the job came to (a reason, what failed)."""
 
     def _settle(self, status: JobStatus, running: bool) -> None:
-        """A stop the user asked for (the cancel marker, `hpc.jobs.submit.cancel`): CANCELLING while the scheduler runs the
+        """A stop the user asked for (the cancel marker, `hpc.jobs.track.cancel`): CANCELLING while the scheduler runs the
         job, CANCELLED once it ended however its processes exited. Slurm's COMPLETING without it: STOPPING. A job
         that stops offers nothing (no endpoint, no URL), and only a FAILED job names a failed rank."""
         cancelled = self.ref.cancel_marker.exists()
         if cancelled and running:
-            status.state = "CANCELLING"
-        elif status.scheduler_state == "COMPLETING" and status.state in self.live:
-            status.state = "STOPPING"  # the job is ending (time limit, scancel): nothing to offer
-        elif cancelled and status.state in ("COMPLETED", "FAILED"):
-            status.state = "CANCELLED"
-        if status.state in ("CANCELLING", "STOPPING"):
+            status.state = JobState.CANCELLING
+        elif status.scheduler_state == COMPLETING and status.state in self.live:
+            status.state = JobState.STOPPING  # the job is ending (time limit, scancel): nothing to offer
+        elif cancelled and status.state in (JobState.COMPLETED, JobState.FAILED):
+            status.state = JobState.CANCELLED
+        if status.state in (JobState.CANCELLING, JobState.STOPPING):
             status.endpoints, status.url = [], None
-        if status.state != "FAILED":
+        if status.state != JobState.FAILED:
             status.failed_rank = None
 
 
@@ -159,7 +200,7 @@ class ServingJob(JobKind):
     script = SUB_NAME
     marker = None
     stoppable = True
-    live = ("STARTING", "READY")
+    live = (JobState.STARTING, JobState.READY)
 
     # what `observe` read that `explain` needs: why the plan could not be read, the rank records, the job's world
     # size, the startup records
@@ -179,7 +220,7 @@ class ServingJob(JobKind):
         self._plan_error = None
         replicas, per_replica = plan.replicas, plan.world_size_per_replica
         keep_serving, restart = plan.replica_policy == KEEP_SERVING, plan.replica_policy == RESTART
-        running = status.state == "RUNNING"
+        running = status.state == JobState.RUNNING
         endpoints = read_endpoints(ref.paths) if running else []
         ranks = read_rank_records(ref.paths)
         failure = first_failure(ranks)
@@ -197,14 +238,16 @@ class ServingJob(JobKind):
         endpoints = [e for e in endpoints if e.replica not in down]
         if running:
             if failure is not None:
-                status.state = "FAILED"
+                status.state = JobState.FAILED
             else:
                 ready = len(endpoints) >= replicas - len(dead) - len(down) and (endpoints or not down)
-                status.state = "READY" if ready else "STARTING"
-        elif status.state in ("COMPLETED", "CANCELLED", "TIMEOUT"):
-            failure = failure if status.state == "COMPLETED" else None  # ranks killed by scancel or the time limit
+                status.state = JobState.READY if ready else JobState.STARTING
+        elif status.state in (JobState.COMPLETED, JobState.CANCELLED, JobState.TIMEOUT):
+            failure = (
+                failure if status.state == JobState.COMPLETED else None
+            )  # ranks killed by scancel or the time limit
             if failure is not None:
-                status.state = "FAILED"
+                status.state = JobState.FAILED
         status.endpoints, status.replicas, status.failed_rank = endpoints, replicas, failure
         status.dead_replicas, status.restarts = dead, self._restarts()
         self._ranks, self._world = ranks, replicas * per_replica
@@ -214,8 +257,8 @@ class ServingJob(JobKind):
         """A job whose launch.json cannot be read (the error names the file and the key): never taken as "1 replica
         of 1 rank". Its ranks refuse the same plan (the launcher exits 2), so a job that runs is FAILED for that
         reason; a pending or ended one keeps the scheduler's state, the error added to its reason."""
-        if status.state == "RUNNING":
-            status.state = "FAILED"
+        if status.state == JobState.RUNNING:
+            status.state = JobState.FAILED
         status.reason = "; ".join(filter(None, (status.reason, str(error))))
         status.restarts = self._restarts()
         self._plan_error, self._ranks, self._world, self._starting = error, [], 0, []
@@ -223,15 +266,47 @@ class ServingJob(JobKind):
     def explain(self, status: JobStatus) -> None:
         """FAILED names a rank (else the ranks without a record; none when the plan that says how many there are
         cannot be read); STARTING what the replicas not ready wait for."""
-        if status.state == "FAILED" and status.failed_rank is None and self._plan_error is None:
+        if status.state == JobState.FAILED and status.failed_rank is None and self._plan_error is None:
             status.failed_rank = failure_without_record(self.ref, self._ranks, self._world)
         if status.state not in ACTIVE:
             status.dead_replicas = {}
-        if status.state == "STARTING":
+        if status.state == JobState.STARTING:
             ready = {e.replica for e in status.endpoints}
             status.starting = [
                 r for r in self._starting if r.replica not in ready and r.replica not in status.dead_replicas
             ]
+
+    @classmethod
+    def describe(cls, status: JobStatus) -> str:
+        """The state; while PENDING Slurm's reason, STARTING what the replicas wait for, READY their addresses;
+        restarts, dead replicas and the failed rank (with its last log lines) below."""
+        text = f"{status.label} {status.state}"
+        state = status.state
+        if state == JobState.PENDING and status.reason:
+            text += f" ({status.reason})"
+        elif state == JobState.STARTING:
+            now = time.time()
+            waiting = "".join(f"; {record.describe(now)}" for record in status.starting)
+            text += f" ({len(status.endpoints)}/{status.replicas} replicas ready{waiting})"
+        elif state == JobState.CANCELLING:
+            text += " (ranks stopping: in-flight requests drain, then the leaders release their followers)"
+        elif state == JobState.STOPPING:
+            text += " (the job is ending; Slurm is stopping its processes)"
+        elif state == JobState.READY:
+            text += " " + ", ".join(e.http_url for e in status.endpoints)
+        if status.restarts:
+            text += f" (restarts: {status.restarts})"
+        text += "".join(f"\n{line}" for line in status.restart_lines())
+        if status.dead_replicas and not status.failed_rank:
+            alive = status.replicas - len(status.dead_replicas)
+            text += f" ({alive}/{status.replicas} replicas serving)"
+            for replica, record in sorted(status.dead_replicas.items()):
+                text += f"\nreplica {replica} dead: " + describe_failure(record)
+        if status.failed_rank:
+            text += "\n" + describe_failure(status.failed_rank)
+        elif status.reason and state in TERMINAL:
+            text += f" ({status.reason})"
+        return text
 
     def _restarts_of(
         self,
@@ -280,7 +355,7 @@ class GatewayJob(JobKind):
     script = GATEWAY_SUB_NAME
     marker = GATEWAY_JOB_MARKER_NAME
     stoppable = False  # it stops on scancel's SIGTERM
-    live = ("STARTING", "READY")
+    live = (JobState.STARTING, JobState.READY)
 
     def __init__(self, ref: JobRef, target: Target | None = None) -> None:
         super().__init__(ref)
@@ -288,7 +363,7 @@ class GatewayJob(JobKind):
 
     def observe(self, status: JobStatus) -> None:
         """READY once the deployment's address record names this job and answers there; STARTING until then."""
-        if status.state != "RUNNING":
+        if status.state != JobState.RUNNING:
             return
         from hpc.serving.deployment import target_of_folder
         from hpc.serving.gateway_record import answers, record_path
@@ -296,13 +371,26 @@ class GatewayJob(JobKind):
         target = self.target or target_of_folder(self.ref.deploy_dir)
         record = read_gateway(record_path(target))
         if record is not None and record.job_id == self.ref.job_id and answers(record, target):
-            status.state, status.url = "READY", record.url
+            status.state, status.url = JobState.READY, record.url
         else:
-            status.state = "STARTING"
+            status.state = JobState.STARTING
 
     def explain(self, status: JobStatus) -> None:
-        if status.state == "FAILED":
+        if status.state == JobState.FAILED:
             status.reason = self._log_reason() or status.reason
+
+    @classmethod
+    def describe(cls, status: JobStatus) -> str:
+        """The state, its URL while READY, and why while PENDING or once FAILED."""
+        text = f"{status.label} {status.state} (gateway)" + (f" {status.url}" if status.url else "")
+        return text + (
+            f" ({status.reason})" if status.reason and status.state in (JobState.PENDING, JobState.FAILED) else ""
+        )
+
+    @classmethod
+    def _gateway_line(cls, status: JobStatus) -> str:
+        """A gateway job is the deployment's gateway: no second line for it."""
+        return ""
 
     def _log_reason(self) -> str | None:
         """Why a gateway job failed, in its own words: the last `hpc-serve: …` line of its batch log, else its last
@@ -327,21 +415,71 @@ class BuildJob(JobKind):
     script = BUILD_SUB_NAME
     marker = BUILD_JOB_MARKER_NAME
     stoppable = False  # its steps stop on scancel's SIGTERM
-    live = ("BUILDING",)
+    live = (JobState.BUILDING,)
 
     def observe(self, status: JobStatus) -> None:
         """FAILED as soon as the script recorded a failed step (before Slurm has seen the job end); BUILDING while
         it runs."""
         if self.ref.paths.build_failure.exists():
-            status.state = "FAILED"
-        elif status.state == "RUNNING":
-            status.state = "BUILDING"
+            status.state = JobState.FAILED
+        elif status.state == JobState.RUNNING:
+            status.state = JobState.BUILDING
 
     def explain(self, status: JobStatus) -> None:
-        """The step it is at, what it built, or the failed step with its command and its output's last lines."""
-        from hpc.jobs.build import build_reason
+        """What `status` says beside the state: the step it is at (or that a stop interrupts), the engine it built,
+        the step that failed with its command and its output's last lines, or Slurm's reason."""
+        state, paths = status.state, self.ref.paths
+        if state == JobState.FAILED and paths.build_failure.exists():
+            status.reason = self.describe_failure()
+        elif state in (JobState.BUILDING, JobState.CANCELLING, JobState.STOPPING):
+            status.reason = self._current_step()
+        elif state == JobState.COMPLETED:
+            status.reason = self._built()
+        elif state in TERMINAL:
+            status.reason = (status.reason or "") + self._tail_text()
 
-        status.reason = build_reason(self.ref, status.state, status.reason)
+    @classmethod
+    def describe(cls, status: JobStatus) -> str:
+        """Slurm's reason while PENDING, else the step or the engine (`explain`)."""
+        if status.state == JobState.PENDING:
+            return f"{status.label} PENDING (build" + (f"; {status.reason})" if status.reason else ")")
+        return f"{status.label} {status.state} (build)" + (f" {status.reason}" if status.reason else "")
+
+    def describe_failure(self) -> str:
+        """`step 1 (trtllm-build) failed with exit status 1: <command>` and the last lines of the steps' output."""
+        failure = BuildStep.read(self.ref.paths.build_failure)
+        if failure is None:  # there, but no record of a step (written by hand?): its output may say more
+            return "a step failed" + self._tail_text()
+        command = self._request().command(failure.step)
+        text = f"{failure.describe()} failed with exit status {failure.exit_code}"
+        return text + (f": {command}" if command else "") + self._tail_text()
+
+    def _request(self) -> BuildRequest:
+        return BuildRequest.read(Deployment(self.ref.deploy_dir).build_request) or BuildRequest()
+
+    def _built(self) -> str | None:
+        engine = self._request().engine_dir
+        if not engine:
+            return None
+        record = read_record(Path(engine))
+        took = record.took_s if record is not None else None
+        return f"engine {engine}" + (f" (built in {took:.0f} s)" if took is not None else "")
+
+    def _current_step(self) -> str | None:
+        """`step 1 (trtllm-build): <its command>`: the step the job's script runs now, from its record (never from
+        the log's text: launcher/contracts/build_records.py); None before the first."""
+        step = BuildStep.read(self.ref.paths.build_step)
+        if step is None:
+            return None
+        command = self._request().command(step.step)
+        return step.describe() + (f": {command}" if command else "")
+
+    def _tail_text(self) -> str:
+        try:
+            lines = self.ref.paths.build_log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+        except OSError:
+            lines = []
+        return ("; last lines:\n" + "\n".join(f"  | {line}" for line in lines)) if lines else ""
 
 
 class DoctorProbeJob(JobKind):

@@ -18,7 +18,7 @@ of draining:
 A successor that has not started by the time limit takes over whenever it starts (Slurm's SIGTERM stops the
 predecessor as before). Its scheduler state is logged as it changes (`PENDING (Resources)` says why the address
 may go down at the limit); one that ends before it serves (a crash at start) is replaced at once, at most
-SUCCESSOR_ATTEMPTS times, as a serving job's is (launcher/jobscript/renew.py). `max_jobs` bounds the serving
+SUCCESSOR_ATTEMPTS times, as a serving job's is (launcher/contracts/successor.py). `max_jobs` bounds the serving
 chain, not its gateway: the gateway renews while a serving job is under way.
 """
 
@@ -31,13 +31,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc.jobs.executors import SlurmExecutor, watch
+from hpc.jobs.gateway import UNDER_WAY, serving_jobs
+from hpc.jobs.kinds import GatewayJob
+from hpc.jobs.track import job_status
+from hpc.scheduler.slurm import SlurmError
 from hpc.serving.deployment import Target, job_folders
 from hpc.serving.gateway_record import record_path
+from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.records import GatewayRecord, RenewStop, SuccessorRecord, read_gateway
 from launcher.contracts.renew_plan import RenewPlan
-from launcher.jobscript.renew import (
+from launcher.contracts.slurm import Slurm
+from launcher.contracts.successor import (
     END_REFRESH_S,
+    QUERY_TIMEOUT_S,
     SBATCH_RETRY_S,
     SUCCESSOR_ATTEMPTS,
     SUCCESSOR_STATE_S,
@@ -48,6 +56,8 @@ from launcher.jobscript.renew import (
 )
 
 log = logging.getLogger("hpc_serve.gateway")
+#: the gateway renewer's Slurm commands, paced as a serving job's renewer's (launcher/contracts/successor.py)
+SLURM = Slurm(timeout_s=QUERY_TIMEOUT_S)
 
 #: how often the record is read for the successor's, once one was submitted
 RECORD_POLL_S = 1.0
@@ -108,22 +118,15 @@ class GatewayRenewer:
     def _serving(self) -> bool | None:
         """Whether a serving job of the deployment is under way; None when none is but Slurm could not say of
         one (UNKNOWN: a command that timed out), which is no reason to let the deployment's address go."""
-        from hpc.jobs.executors import watch
-        from hpc.jobs.gateway import UNDER_WAY, serving_jobs
-        from hpc.jobs.track import job_status
-
         refs = serving_jobs(self.target)
         watch(refs)
         states = [job_status(ref).state for ref in refs]
         if any(state in UNDER_WAY for state in states):
             return True
-        return None if "UNKNOWN" in states else False
+        return None if JobState.UNKNOWN in states else False
 
     def submit(self) -> str:
         """sbatch `D/gateway.sub` again; the successor's id, written where it will look (raises SlurmError)."""
-        from hpc.jobs.executors import SlurmExecutor
-        from hpc.jobs.kinds import GatewayJob
-
         ref = SlurmExecutor().submit(GatewayJob, self.deploy_dir)
         SuccessorRecord(job_id=ref.job_id, at=time.time()).write(self.paths.gateway_successor)
         return ref.job_id
@@ -132,7 +135,7 @@ class GatewayRenewer:
         """Log the successor's scheduler state as it changes; forget one that ended before it served, so that
         another is submitted at once (why_not bounds them)."""
         assert self.successor is not None
-        state = job_state(self.successor)
+        state = job_state(SLURM, self.successor)
         if state[0] and state != self._successor_state:
             self._successor_state = state
             log.info("gateway job %s: its successor %s is %s", self.job_id, self.successor, described(state))
@@ -159,14 +162,12 @@ class GatewayRenewer:
 
     async def run(self, server: Any) -> None:
         """Until the successor serves (then `server.should_exit`), or the server stops."""
-        from hpc.scheduler.slurm import SlurmError
-
         end: float | None = None
         read_end_at = submit_at = watched_at = 0.0
         while not server.should_exit:
             now = time.time()
             if now >= read_end_at:
-                _, end = await asyncio.to_thread(job_times, self.job_id)
+                _, end = await asyncio.to_thread(job_times, SLURM, self.job_id)
                 read_end_at = now + (END_REFRESH_S if end is not None else UNSURE_RETRY_S)
             if self.successor is None and end is not None and now >= max(self.plan.renew_at(end), submit_at):
                 why = await asyncio.to_thread(self.why_not, now)

@@ -1,13 +1,14 @@
 """What `hpc-serve status` says of a job (`JobStatus`), and why a serving job failed: the rank records that name
 the cause, or, when Slurm ended the job before any rank could write one, the ranks without a record.
 
-The state itself is read by the job's kind (hpc/jobs/kinds.py); `hpc.jobs.track.job_status` adds its cluster and its
-deployment's gateway. Nothing here is parsed from log text: a log's last lines are only shown.
+The state itself is read, and summed up, by the job's kind (hpc/jobs/kinds.py); `hpc.jobs.track.job_status` adds
+its cluster and its deployment's gateway. Nothing here is parsed from log text: a log's last lines are only shown.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,10 +17,17 @@ from hpc.scheduler import slurm
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import TERMINAL, SlurmError, on_cluster
 from launcher.contracts.job_index import entry_name
+from launcher.contracts.job_states import JobState
 from launcher.contracts.records import RESTARTING, EndpointRecord, RankExitRecord, ReplicaRestart, StartupRecord
 
 if TYPE_CHECKING:
     from hpc.serving.gateway_record import GatewayLine  # imported when a gateway is asked for: `status` stays light
+
+
+#: each job kind's account of a status of its kind (hpc/jobs/kinds.py `JobKind.summary`), by `JobStatus.kind`. A kind
+#: enters its own as it is defined: a status is made by its kind, so what it says is its kind's, and no list of
+#: kinds is kept here.
+SUMMARIES: dict[str, Callable[[JobStatus], str]] = {}
 
 
 @dataclass
@@ -27,6 +35,7 @@ class JobStatus:
     """What `hpc-serve status` shows and `--json` prints."""
 
     job_id: str
+    #: a `JobState` (launcher/contracts/job_states.py; a Slurm word it does not know is kept as it is)
     state: str
     reason: str | None = None
     scheduler_state: str | None = None
@@ -51,7 +60,7 @@ class JobStatus:
     starting: list[StartupRecord] = field(default_factory=list)
     #: a gateway job's URL while READY
     url: str | None = None
-    #: the deployment's gateway, when asked for (`job_status(ref, with_gateway=True)`, `hpc.jobs.submit.cancel`)
+    #: the deployment's gateway, when asked for (`job_status(ref, with_gateway=True)`, `hpc.jobs.track.cancel`)
     gateway: GatewayLine | None = None
     #: the Slurm cluster the job belongs to (its folder's record; None: a local job, or no record: the current one)
     cluster: str | None = None
@@ -66,45 +75,8 @@ class JobStatus:
         return self.state in TERMINAL
 
     def summary(self) -> str:
-        text = self._summary()
-        return text + (f"\n{self.gateway.summary()}" if self.gateway is not None and self.kind != "gateway" else "")
-
-    def _summary(self) -> str:
-        if self.unreachable:
-            return f"{self.label} {self.state} ({self.reason})"
-        if self.kind == "build":  # hpc/jobs/kinds.py BuildJob: Slurm's reason, the step, the engine
-            if self.state == "PENDING":
-                return f"{self.label} PENDING (build" + (f"; {self.reason})" if self.reason else ")")
-            return f"{self.label} {self.state} (build)" + (f" {self.reason}" if self.reason else "")
-        if self.kind == "gateway":
-            text = f"{self.label} {self.state} (gateway)" + (f" {self.url}" if self.url else "")
-            return text + (f" ({self.reason})" if self.reason and self.state in ("PENDING", "FAILED") else "")
-        text = f"{self.label} {self.state}"
-        if self.state == "PENDING" and self.reason:
-            text += f" ({self.reason})"
-        elif self.state == "STARTING":
-            now = time.time()
-            waiting = "".join(f"; {record.describe(now)}" for record in self.starting)
-            text += f" ({len(self.endpoints)}/{self.replicas} replicas ready{waiting})"
-        elif self.state == "CANCELLING":
-            text += " (ranks stopping: in-flight requests drain, then the leaders release their followers)"
-        elif self.state == "STOPPING":
-            text += " (the job is ending; Slurm is stopping its processes)"
-        elif self.state == "READY":
-            text += " " + ", ".join(e.http_url for e in self.endpoints)
-        if self.restarts:
-            text += f" (restarts: {self.restarts})"
-        text += "".join(f"\n{line}" for line in self.restart_lines())
-        if self.dead_replicas and not self.failed_rank:
-            alive = self.replicas - len(self.dead_replicas)
-            text += f" ({alive}/{self.replicas} replicas serving)"
-            for replica, record in sorted(self.dead_replicas.items()):
-                text += f"\nreplica {replica} dead: " + describe_failure(record)
-        if self.failed_rank:
-            text += "\n" + describe_failure(self.failed_rank)
-        elif self.reason and self.state in TERMINAL:
-            text += f" ({self.reason})"
-        return text
+        """What `hpc-serve status` prints: the job's kind's account of it (hpc/jobs/kinds.py `JobKind.summary`)."""
+        return SUMMARIES[self.kind](self)
 
     def restart_lines(self) -> list[str]:
         """`replica 1 READY (restarts: 1 of 3; last: rank 2 on node2 exited with signal SIGKILL at 12:03:04)`: one
@@ -113,7 +85,7 @@ class JobStatus:
         for replica in sorted(set(self.replica_restarts) | set(self.restarting)):
             record = self.replica_restarts.get(replica)
             if replica in ready:
-                state = "READY"
+                state = JobState.READY.value
             elif record is not None and record.outcome != RESTARTING:
                 state = f"not restarted ({record.outcome})"
             elif record is not None and replica in self.restarting and record.restart_at > now:

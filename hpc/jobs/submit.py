@@ -1,6 +1,6 @@
 """Submit a spec: plan its jobs, render them into a fresh deployment folder, then hand them to an executor
-(hpc/jobs/executors.py: exactly their scripts to sbatch, or the local executor) in dependency order. Also `cancel`, the
-other end of a job's life.
+(hpc/jobs/executors.py: exactly their scripts to sbatch, or the local executor) in dependency order. The other end of
+a job's life, `cancel`, is hpc/jobs/track.py's.
 
 A submission is up to three jobs, one of each kind (hpc/jobs/kinds.py): the engine build (a `build:` section whose
 engine is not built yet), the deployment's gateway (an enabled `gateway:` section), and the serving job, which
@@ -12,29 +12,23 @@ is reused.
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from hpc.jobs.executors import Executor, executor_named, executor_of, unreachable
-from hpc.jobs.gateway import after_cancel, ensure_gateway
-from hpc.jobs.kinds import ServingJob, job_class_of
+from hpc.jobs.build import PreparedBuild, prepare, start
+from hpc.jobs.executors import Executor, executor_named
+from hpc.jobs.gateway import ensure_gateway
+from hpc.jobs.kinds import ServingJob
 from hpc.jobs.model_init import ensure_model
-from hpc.jobs.status import JobStatus
-from hpc.jobs.track import job_status, wait
+from hpc.jobs.track import wait
 from hpc.render.jobfiles import render
 from hpc.scheduler.index import JobRef
-from hpc.scheduler.slurm import SlurmError, on_cluster
+from hpc.scheduler.slurm import SlurmError
 from hpc.spec import Spec
 from hpc.spec.site import profile_summary
 from launcher.contracts.config import CANCEL_GRACE_S
-from launcher.contracts.stop_records import BY_CANCEL, StopRequest
-
-if TYPE_CHECKING:
-    from hpc.jobs.build import PreparedBuild
 
 
 class SubmitError(RuntimeError):
@@ -69,8 +63,6 @@ def plan_jobs(spec: Spec) -> JobsPlan:
     if spec.build is None:
         ensure_model(spec)
         return JobsPlan(spec, gateway=gateway)
-    from hpc.jobs.build import prepare
-
     prepared = prepare(spec)
     return JobsPlan(prepared.served, prepared, gateway)
 
@@ -85,8 +77,6 @@ def submit_jobs(
     returned."""
     after = None
     if jobs.build is not None:
-        from hpc.jobs.build import start
-
         after = start(jobs.build, runner, deploy_dir, note)
         if after is not None and after.deploy_dir == deploy_dir:  # not another submission's build
             started.append(after)
@@ -130,25 +120,3 @@ def undo(started: list[JobRef], runner: Executor) -> None:
         runner.cancel(ref, 0, stoppable=False)
     for ref in started:
         wait(ref, until=(), timeout=CANCEL_GRACE_S)
-
-
-def cancel(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> JobStatus:
-    """Ordered stop first, then scancel for whatever is left, then wait until the job has ended (at most
-    `grace_s` + 60 s); the job's last status. The CLI's `cancel` and `hpc.api.Job.cancel` are this.
-
-    The job's executor sends the stop (hpc/jobs/executors.py): each leader's tritonserver stops taking requests,
-    drains those in flight (launch.json drain_s) and unloads, which releases its followers; followers wait for
-    that release (bounded) instead of leaving first. The marker records that the user asked for this: the job
-    reads CANCELLING until no rank process is left, then CANCELLED (not COMPLETED or FAILED, however its ranks
-    ended)."""
-    why = unreachable(ref)
-    if why is not None:  # of another cluster that cannot be asked: nor can it be told (nothing is written)
-        raise SlurmError(["scancel", *on_cluster(ref.cluster), ref.job_id], f"not sent: {why}")
-    # before the marker changes it; a job without ranks (a gateway's, a build's) stops on scancel's SIGTERM, and its
-    # state is not asked (a gateway's probes the gateway)
-    stoppable = job_class_of(ref.job_dir).stoppable and job_status(ref).state in ("STARTING", "READY", "CANCELLING")
-    StopRequest(at=time.time(), by=BY_CANCEL).write(ref.cancel_marker)
-    executor_of(ref).cancel(ref, grace_s, stoppable)
-    status = wait(ref, until=(), timeout=grace_s + 60)
-    status.gateway = after_cancel(ref, grace_s)  # the gateway goes with the deployment's last job (hpc/jobs/gateway.py)
-    return status

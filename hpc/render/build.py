@@ -15,7 +15,7 @@ from hpc.render.jobfiles import _environment, _srun_and_wrapper
 from hpc.render.sbatch import build_options
 from hpc.spec import Spec
 from launcher.contracts import job_index
-from launcher.contracts.build_records import FAILURE_FORMAT, STEP_FORMAT
+from launcher.contracts.build_records import BUILD_STARTED_ENV, FAILURE_FORMAT, STEP_FORMAT
 from launcher.contracts.layout import (
     BUILD_STAGING_NAME,
     BUILD_SUB_NAME,
@@ -23,7 +23,6 @@ from launcher.contracts.layout import (
     RUNTIME_NAME,
     template_values,
 )
-from launcher.jobscript.build_record import BUILD_STARTED_ENV
 
 #: the placeholder of the job's staging folder in command lines (the script's `$STAGING`, known only at run time)
 STAGING = "$STAGING"

@@ -54,8 +54,8 @@ from launcher.contracts.llmapi import ENGINE, OWN_MODEL
 from launcher.contracts.plan import FAIL_JOB, RESTART, LaunchPlan
 from launcher.contracts.records import GAVE_UP, NOT_RESTARTABLE, RESTARTING, ReplicaRestart
 from launcher.contracts.renew_plan import RenewPlan
+from launcher.contracts.shm import shm_glob_shell
 from launcher.contracts.stop_records import stop_request_format
-from launcher.node.command import shm_glob_shell
 
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
 

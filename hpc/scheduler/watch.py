@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from hpc.scheduler import slurm
 from hpc.scheduler.slurm import MAX_DELAY_S, SlurmError, SlurmNotInstalled, ended
+from launcher.contracts.job_states import JobState
 
 MIN_DELAY_S = 2.0
 #: a watched job: (its cluster, None for the current one; its id)
@@ -38,7 +39,7 @@ Key = tuple[str | None, str]
 class _Job:
     armed_at: float
     sacct: str | None = None  # the last state sacct gave, None while it has none
-    state: tuple[str, str | None] = ("UNKNOWN", None)
+    state: tuple[str, str | None] = (JobState.UNKNOWN, None)
     answered: bool = False  # a refresh has covered it (its first question waits for none)
     final: bool = False
 
@@ -129,7 +130,9 @@ class SlurmWatcher:
             self._failed(cluster, exc)
         for job_id, job in todo.items():
             job.sacct = states.get(job_id, job.sacct)
-        wanted = [job_id for job_id, job in todo.items() if job.sacct in (None, "PENDING") or ended(job.sacct or "")]
+        wanted = [
+            job_id for job_id, job in todo.items() if job.sacct in (None, JobState.PENDING) or ended(job.sacct or "")
+        ]
         queue = self._ask(ask(gateway.squeue), wanted, cluster)
         unknown = [job_id for job_id, job in todo.items() if job.sacct is None and job_id not in (queue or {})]
         control = self._ask(ask(gateway.scontrol_jobs), unknown, cluster) if unknown else {}
@@ -164,12 +167,16 @@ class SlurmWatcher:
         calls PENDING, and for one sacct says has ended while squeue still shows it COMPLETING (sacct records
         the end as soon as a job starts ending); scontrol for a job neither knows. When squeue was needed and
         failed for now, the last answer stands (better than UNKNOWN, or an end cached too early)."""
-        state, reason = job.sacct or "UNKNOWN", None
+        state, reason = job.sacct or JobState.UNKNOWN, None
         if listed is not None and not (ended(state) and ended(listed[0])):
             state, reason = listed
-        if state == "UNKNOWN" and control:
-            state, reason = control.get("JobState", "UNKNOWN"), control.get("Reason")
-        elif squeue_failed and (job.sacct in (None, "PENDING") or ended(state)) and job.state[0] != "UNKNOWN":
+        if state == JobState.UNKNOWN and control:
+            state, reason = control.get("JobState", JobState.UNKNOWN), control.get("Reason")
+        elif (
+            squeue_failed
+            and (job.sacct in (None, JobState.PENDING) or ended(state))
+            and job.state[0] != JobState.UNKNOWN
+        ):
             return job.state
         return state, (None if reason in (None, "None", "(null)") else reason)
 

@@ -29,10 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from backend.models.llmapi_io import PERF_OUTPUTS
 from hpc.serving.abandon import infer_inputs
 from launcher.contracts import model_names
-from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL, LLMAPI
+from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL, LLMAPI, PERF_OUTPUTS
 
 #: what an engine whose text is not settled yet ends its cumulative text with (a character cut mid-way)
 REPLACEMENT = "\ufffd"

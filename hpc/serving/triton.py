@@ -25,13 +25,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
-from backend.models.detokenize import STREAM_REQUEST_PREFIX
-from backend.refusals import BUSY_MARKERS, CONTEXT_MARKERS, STOPPING_MARKERS
 from hpc.serving.abandon import Reader, abandon, stop_generation, stream_request
 from hpc.serving.auth import grpc_headers
 from hpc.serving.idle import run_deferred
 from hpc.serving.model_io import Chunk, GenerateParams, ModelIO, NotTaken, model_io
 from launcher.contracts.llmapi import ENGINE
+from launcher.contracts.model_names import STREAM_REQUEST_PREFIX
+from launcher.contracts.refusals import BUSY_MARKERS, CONTEXT_MARKERS, STOPPING_MARKERS
 
 #: how long a finished stream is given to end by itself before it is cancelled (see `_end`)
 STREAM_END_S = 2.0
@@ -109,7 +109,7 @@ class ReplicaStopping(ReplicaUnavailable):
 
 def model_error(message: str) -> ModelError | ReplicaStopping:
     """The error for a refusal in the stream: ReplicaBusy for a full queue, ReplicaStopping for a replica whose
-    stop has begun, ContextTooLong for a request longer than the model's context (backend/refusals.py),
+    stop has begun, ContextTooLong for a request longer than the model's context (launcher/contracts/refusals.py),
     ModelError otherwise."""
     lowered = message.lower()
     if any(m in lowered for m in BUSY_MARKERS):

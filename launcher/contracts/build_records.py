@@ -16,10 +16,20 @@ no state is read from its text. Standard library only (the build script's values
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from launcher.contracts.layout import BUILD_RECORD_NAME
 from launcher.contracts.records import VERSION, Record
+
+#: the epoch second the build job's script started its steps (build.sub sets it: render passes this name)
+BUILD_STARTED_ENV = "HPC_SERVE_BUILD_STARTED"
+#: the CPU engine's sharded layout (backend/cpu_engine/shards.py writes it into each folder): part of a build's
+#: request, so a new layout never matches engines cut in an older one
+SHARD_FORMAT = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +74,7 @@ class BuildRequest(Record):
 @dataclass(frozen=True, kw_only=True)
 class BuildRecord(Record):
     """What built an engine folder: the request and the identity of its inputs as the job read them
-    (launcher/jobscript/build_record.py ``checkpoint_identity``), the tool's version, the job, and when."""
+    (``checkpoint_identity``), the tool's version, the job, and when."""
 
     version: int = VERSION
     key: str = ""
@@ -90,3 +100,26 @@ class BuildingMarker(Record):
     version: int = VERSION
     job_id: str = ""
     job_dir: str = ""
+
+
+def read_record(engine_dir: Path) -> BuildRecord | None:
+    """The build record of an engine folder, or None (not built by hpc-serve, or unreadable)."""
+    return BuildRecord.read(engine_dir / BUILD_RECORD_NAME)
+
+
+def checkpoint_identity(folder: Path) -> dict[str, Any]:
+    """{"files": [[path, size, mtime_ns], ...], "config_sha256": ...} of a checkpoint folder (hidden entries,
+    such as a staging folder of ours, left out): what the build job records and `submit` compares, one
+    definition of "the same inputs" for both."""
+    files: list[list[Any]] = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            if name.startswith("."):
+                continue
+            path = Path(root) / name
+            stat = path.stat()
+            files.append([str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns])
+    config = folder / "config.json"
+    digest = hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
+    return {"files": files, "config_sha256": digest}

@@ -99,3 +99,18 @@ def proxy_env(port: int, key: str) -> dict[str, str]:
 def without_mpi(env: Mapping[str, str]) -> dict[str, str]:
     """`env` less every MPI/Slurm job variable: tritonserver's environment on this workflow."""
     return {k: v for k, v in env.items() if not k.startswith(MPI_ENV_PREFIXES)}
+
+
+#: the LLM API model's perf outputs, in the order upstream appends them (backend/models/llmapi_io.py sends them,
+#: hpc/serving/model_io.py reads them)
+PERF_OUTPUTS = (
+    "kv_cache_reused_block",
+    "kv_cache_hit_rate",
+    "kv_cache_alloc_new_blocks",
+    "kv_cache_alloc_total_blocks",
+    "kv_cache_missed_block",
+    "arrival_time_ns",
+    "first_scheduled_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+)

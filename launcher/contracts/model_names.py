@@ -26,3 +26,9 @@ TENSORRT_LLM_BLS = "tensorrt_llm_bls"
 #: max_tokens 10^12, found by hand)
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
+
+#: A request id that starts with this marks a streaming request whose id is unique (hpc-serve's clients send
+#: ``hpc-serve-stream:<uuid4>``).  Triton's ensemble passes the client's request id to postprocessing but
+#: nothing else per stream (a step may not mix tensors from before a decoupled model with its outputs), so this
+#: is the only way postprocessing (backend/models/postprocessing.py) can tell one stream's chunks from another's.
+STREAM_REQUEST_PREFIX = "hpc-serve-stream:"

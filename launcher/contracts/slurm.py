@@ -32,38 +32,38 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from launcher.contracts.job_states import TERMINAL, JobState
+
 DEFAULT_TIMEOUT_S = 30.0
 ATTEMPTS = 3
 BACKOFF_S = 1.0
 
 #: Slurm's raw job states, as the state hpc-serve reads them as (RUNNING is refined by the job folder): every
 #: state name of Slurm's that hpc-serve knows. A word not here (UNKNOWN: nothing could tell) is shown as it is.
-STATE_CLASS = {
-    "PENDING": "PENDING",
-    "CONFIGURING": "PENDING",
-    "REQUEUED": "PENDING",
-    "REQUEUE_HOLD": "PENDING",
-    "REQUEUE_FED": "PENDING",
-    "RESV_DEL_HOLD": "PENDING",
-    "SUSPENDED": "PENDING",
-    "RUNNING": "RUNNING",
-    "COMPLETING": "RUNNING",
-    "STAGE_OUT": "RUNNING",
-    "SIGNALING": "RUNNING",
-    "RESIZING": "RUNNING",
-    "COMPLETED": "COMPLETED",
-    "FAILED": "FAILED",
-    "NODE_FAIL": "FAILED",
-    "OUT_OF_MEMORY": "FAILED",
-    "BOOT_FAIL": "FAILED",
-    "CANCELLED": "CANCELLED",
-    "PREEMPTED": "CANCELLED",
-    "REVOKED": "CANCELLED",
-    "TIMEOUT": "TIMEOUT",
-    "DEADLINE": "TIMEOUT",
+STATE_CLASS: dict[str, JobState] = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING,
+    "REQUEUED": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.PENDING,
+    "REQUEUE_FED": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
+    "SUSPENDED": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "COMPLETED": JobState.COMPLETED,
+    "FAILED": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED,
+    "PREEMPTED": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED,
+    "TIMEOUT": JobState.TIMEOUT,
+    "DEADLINE": JobState.TIMEOUT,
 }
-#: the end states, as hpc-serve names them: a job in one of these does not leave it
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 #: Slurm's own words for those (NODE_FAIL, PREEMPTED, REVOKED, DEADLINE …)
 TERMINAL_RAW = frozenset(raw for raw, state in STATE_CLASS.items() if state in TERMINAL)
 

@@ -18,11 +18,14 @@ Standard library only: the launcher, the renewer and the CPU engine's model (ins
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.contracts.config import STOP_ACK_S
+from launcher.contracts.layout import JobPaths
 from launcher.contracts.records import VERSION, Record
 
 #: who wrote a StopRequest
@@ -91,3 +94,16 @@ def is_final(mark: Path) -> bool:
     """Whether the draining mark at ``mark`` says ``final`` (False without one, or while it is replaced)."""
     record = DrainingMark.read(mark)
     return record is not None and record.final
+
+
+def stop_acknowledged(paths: JobPaths, within_s: float = STOP_ACK_S, poll_s: float = 0.1) -> bool:
+    """Whether a leader of the job started its ordered stop (its ``rank-<r>.stopping``) within ``within_s`` of a
+    stop request (the cancel marker, the job's own stop request). Who asked (``hpc-serve cancel``, the job's
+    renewer) falls back to ``scancel --signal=TERM`` when not: launchers from before they watched the files, or a
+    leader not started yet."""
+    deadline = time.monotonic() + within_s
+    while not paths.stopping_marks():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True

@@ -14,43 +14,16 @@ there (another build of the same request finished first) is kept, never overwrit
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from launcher.contracts.build_records import BuildRecord, BuildRequest
+from launcher.contracts.build_records import BUILD_STARTED_ENV, BuildRecord, BuildRequest, checkpoint_identity
 from launcher.contracts.layout import BUILD_RECORD_NAME
 from launcher.contracts.rank import given_job_id
 from launcher.contracts.workflows import rank_backend
-
-#: the epoch second the build job's script started its steps (build.sub sets it: render passes this name)
-BUILD_STARTED_ENV = "HPC_SERVE_BUILD_STARTED"
-
-
-def checkpoint_identity(folder: Path) -> dict[str, Any]:
-    """{"files": [[path, size, mtime_ns], ...], "config_sha256": ...} of a checkpoint folder (hidden entries,
-    such as a staging folder of ours, left out)."""
-    files: list[list[Any]] = []
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(names):
-            if name.startswith("."):
-                continue
-            path = Path(root) / name
-            stat = path.stat()
-            files.append([str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns])
-    config = folder / "config.json"
-    digest = hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
-    return {"files": files, "config_sha256": digest}
-
-
-def read_record(engine_dir: Path) -> BuildRecord | None:
-    """The build record of an engine folder, or None (not built by hpc-serve, or unreadable)."""
-    return BuildRecord.read(engine_dir / BUILD_RECORD_NAME)
 
 
 def tool_version(backend: str) -> str | None:

@@ -32,78 +32,47 @@ import argparse
 import dataclasses
 import os
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from launcher.contracts import successor
 from launcher.contracts.config import STOP_ACK_S
 from launcher.contracts.job_index import job_cluster, link_index
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.plan import LaunchPlan, PlanError
 from launcher.contracts.records import ChainRecord, RenewStop, read_chain, read_endpoints, write_json_atomic
 from launcher.contracts.renew_plan import RenewPlan, chain_place, format_time, successor_env
-from launcher.contracts.slurm import Slurm, SlurmError, ended
-from launcher.contracts.stop_records import BY_RENEWER, DrainingMark, StopRequest
-from launcher.node.stop import metrics_in_flight, stop_acknowledged
+from launcher.contracts.slurm import Slurm, SlurmError
+from launcher.contracts.stop_records import BY_RENEWER, DrainingMark, StopRequest, stop_acknowledged
+from launcher.contracts.successor import (
+    END_REFRESH_S,
+    QUERY_TIMEOUT_S,
+    SBATCH_RETRY_S,
+    SUCCESSOR_ATTEMPTS,
+    SUCCESSOR_STATE_S,
+    described,
+    gone_or_ended,
+    log,
+)
+from launcher.node.stop import metrics_in_flight
 
 POLL_S = 0.5
-#: how often the job's end is read again (a time limit an admin changed is picked up within this); the gateway's
-#: renewer too (hpc/jobs/renewal.py)
-END_REFRESH_S = 60.0
-#: how often the successor's scheduler state is asked for while it is not READY
-SUCCESSOR_STATE_S = 5.0
-#: a failed sbatch is tried again this long after (the gateway's renewer too)
-SBATCH_RETRY_S = 30.0
-#: successors a job submits at most when each ends before it is READY (a rank that died while loading: seen once
-#: in 1,836 tests under load, tritonserver 2.51's python backend aborting on `boost::interprocess::lock_exception`,
-#: a known intermittent crash); the job serves on meanwhile, and another successor may still take over in time
-SUCCESSOR_ATTEMPTS = 3
 #: sbatch's one try: one that timed out may have queued the successor, so it is not repeated (launcher/contracts/slurm.py)
 SBATCH_TIMEOUT_S = 30.0
-#: each try of a question or a signal: with the retries of transient trouble (1 s, 2 s apart), one call stays
-#: within about SBATCH_TIMEOUT_S, so that the loop still starts the ordered stop on time
-QUERY_TIMEOUT_S = 10.0
 METRICS_TIMEOUT_S = 2.0
-#: job_state's word for a job squeue no longer lists (it ended more than MinJobAge ago, or never was)
-NOT_LISTED = "GONE"
 #: the renewer's Slurm commands
 SLURM = Slurm(timeout_s=QUERY_TIMEOUT_S)
 
 
-def log(msg: str) -> None:
-    """To the batch script's stderr (``D/logs/<job>.err``), with a prefix and the time."""
-    print(f"[hpc-serve renew {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def job_times(job_id: str) -> tuple[float | None, float | None]:
-    """(start, end) of a job as Slurm says now; None for what it cannot tell (a failure is logged)."""
-    try:
-        return SLURM.job_times(job_id)
-    except SlurmError as exc:
-        log(str(exc))
-        return None, None
+    """(start, end) of a job as Slurm says now (launcher/contracts/successor.py)."""
+    return successor.job_times(SLURM, job_id)
 
 
 def job_state(job_id: str) -> tuple[str, str]:
-    """(state, reason) as squeue says; ("", "") when it could not be asked, (NOT_LISTED, "") when it no longer
-    lists the job."""
-    try:
-        listed = SLURM.squeue([job_id])
-    except SlurmError:
-        return "", ""
-    state, reason = listed.get(job_id, (NOT_LISTED, None))
-    return state, reason or ""
-
-
-def gone_or_ended(state: tuple[str, str]) -> bool:
-    """Whether a job_state says the job will not serve: squeue no longer lists it, or lists it in an end state."""
-    return state[0] == NOT_LISTED or ended(state[0])
-
-
-def described(state: tuple[str, str]) -> str:
-    """`PENDING (Resources)`: a job_state as the log and chain.json's note say it."""
-    return state[0] + (f" ({state[1]})" if state[1] else "")
+    """(state, reason) as squeue says (launcher/contracts/successor.py)."""
+    return successor.job_state(SLURM, job_id)
 
 
 def scancel(job_id: str, sig: str | None = None) -> None:

@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.contracts.config import STOP_ACK_S
-from launcher.contracts.layout import JobPaths
 from launcher.contracts.stop_records import DRAINED, DrainReport
 
 #: stop signals that Slurm may send to every process of a step; a follower's tritonserver ignores them all
@@ -119,18 +117,6 @@ def metrics_in_flight(url: str, timeout_s: float = METRICS_TIMEOUT_S) -> Callabl
             return None
 
     return probe
-
-
-def stop_acknowledged(paths: JobPaths, within_s: float = STOP_ACK_S, poll_s: float = 0.1) -> bool:
-    """Whether a leader of the job started its ordered stop (its ``rank-<r>.stopping``) within ``within_s`` of a
-    stop request (the cancel marker, the job's own stop request). Who asked falls back to ``scancel
-    --signal=TERM`` when not: launchers from before they watched the files, or a leader not started yet."""
-    deadline = time.monotonic() + within_s
-    while not paths.stopping_marks():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
-    return True
 
 
 class LeaderDrain:
