@@ -1,6 +1,6 @@
 """Write the Triton model repository (ensemble, preprocessing, tensorrt_llm, postprocessing, tensorrt_llm_bls).
 
-This is upstream `tools/fill_template.py` done right (see ../shared/reference/tensorrtllm_backend.md §2):
+This is upstream `tools/fill_template.py` done right (docs/decisions.md "The engine workflow's model repository"):
 
 * keys are the upstream fill keys (`KNOWN_PARAMETERS`); an unknown key is a ValueError with a did-you-mean,
   not a silent no-op;

@@ -1,6 +1,6 @@
-"""One CLI grammar (issue 25): TARGET is read the same way by every command that takes one, a flag means one
-thing on every command that has it, every argument says what it is and what leaving it out means, and the exit
-codes are the table of hpc/cli/support.py, which docs/cli.md lists."""
+"""One CLI grammar (docs/decisions.md "One CLI grammar"): TARGET is read the same way by every command that takes one, a
+flag means one thing on every command that has it, every argument says what it is and what leaving it out means, and the
+exit codes are the table of hpc/cli/support.py, which docs/cli.md lists."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Two Slurm clusters that share $HOME, and so the job index, on this machine (issue 21).
+"""Two Slurm clusters that share $HOME, and so the job index, on this machine (docs/decisions.md "The job index
+keys jobs by cluster").
 
 The module starts a second one-node cluster (ci/cluster/twin.sh: ClusterName `twin`, registered in the test
 cluster's slurmdbd) whose first job id is the id of an hpc-serve job just queued, held, on the test cluster: the

@@ -58,9 +58,10 @@ BITS = {
     "checkpoint": 128,
 }
 #: the last TensorRT-LLM with the TensorRT-engine path (trtllm-build, the C++ backend, the ensemble), and the
-#: first with the LLM API's PyTorch backend that the llmapi model serves (../shared/reference/tensorrt_llm_llmapi.md)
+#: first with the LLM API's PyTorch backend that the llmapi model serves (docs/decisions.md "The llmapi model as
+#: upstream ships it")
 LAST_ENGINE, FIRST_LLMAPI = "1.3.0rc20", "1.0.0"
-#: what tells the llmapi model.py's generations apart (reference §4): the newer one deletes the MPI job's
+#: what tells the llmapi model.py's generations apart: the newer one deletes the MPI job's
 #: variables at import (every stub an MPI singleton), the older one serves multi-rank by MPICommExecutor
 NEW_MODEL_MARK, OLD_MODEL_MARK = "gpu_device_ids", "MPICommExecutor"
 #: the oldest Python the rank-side code runs on: pyproject.toml's requires-python (a test keeps them equal)

@@ -1,4 +1,4 @@
-"""`hpc-serve gateway`: one address in front of every READY replica of a deployment (issue 10).
+"""`hpc-serve gateway`: one address in front of every READY replica of a deployment.
 
 Why a package of its own: it is the only part of hpc-serve that runs an async web server, and its
 dependencies (FastAPI, uvicorn, httpx, tritonclient's asyncio client) are imported only here, so the rest of

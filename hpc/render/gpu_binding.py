@@ -8,7 +8,7 @@ Login side and light to import (`validate` prints the decision).
 When binding is on, TensorRT-LLM must agree: by default it picks device ``rank % gpus_per_node`` (with
 ``gpus_per_node`` clamped to the visible count) and the backend always passes ``num_nodes`` (default 1), so the
 rendered ``tensorrt_llm`` config gets ``gpu_device_ids "0"`` and ``num_nodes = tp × pp`` (``bound_parameters``).
-Sources (read for issue 12, /work/notes/issue12_device_research.md):
+Sources (docs/decisions.md "One GPU per rank"):
 
 - tensorrtllm_backend@c2e65b88d852 ``inflight_batcher_llm/src/model_state.cc:97-146`` (``gpu_device_ids``: ``,``
   list, ``;`` per instance) and ``model_instance_state.cc:239-284`` (``getParallelConfigFromParams``:
