@@ -78,3 +78,12 @@ def test_the_patterns_catch_pointers(line: str) -> None:
 )
 def test_the_patterns_leave_upstream_citations(line: str) -> None:
     assert not any(pattern.search(line) for pattern in OUTSIDE.values())
+
+
+def test_the_gateway_package_names_each_of_its_modules() -> None:
+    """hpc/gateway/__init__.py's docstring is the package's map: a module added or moved changes it too."""
+    package = ROOT / "hpc" / "gateway"
+    doc = (package / "__init__.py").read_text().split('"""')[1]
+    words = set(re.findall(r"\w+", doc))
+    missing = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__" and p.stem not in words)
+    assert not missing, f"hpc/gateway/__init__.py does not name: {missing}"
