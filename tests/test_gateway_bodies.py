@@ -142,7 +142,7 @@ def test_an_integer_past_what_its_tensor_holds_is_a_400_naming_it(app, path, fie
     ],
 )
 def test_a_body_that_is_no_json_object_or_not_sent_as_json_says_so(app, content_type, body, said):
-    """Not pydantic's "Input should be a valid dictionary or object to extract fields from" (found by hand)."""
+    """Not pydantic's "Input should be a valid dictionary or object to extract fields from"."""
 
     async def go() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:

@@ -476,8 +476,8 @@ def test_cancel_of_a_deployment_whose_serving_jobs_ended_stops_its_gateway_too(h
 def test_a_gateway_job_that_ended_leaving_its_record_is_shown_ended_with_how_to_start_another(
     hpc_home, tmp_path, monkeypatch
 ):
-    """Not "UNREACHABLE ... a stale record", which reads as if it might still come back (found by hand after the
-    gateway was killed and its job FAILED)."""
+    """Not "UNREACHABLE ... a stale record", which reads as if it might still come back (what it
+    said once the gateway was killed and its job FAILED)."""
     from hpc.jobs.executors import SlurmExecutor
     from hpc.jobs.gateway import deployment_gateway
     from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME

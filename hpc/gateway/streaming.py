@@ -15,10 +15,9 @@ left for the replica (hpc/serving/idle.py: while the replica works, not on the w
 over (`WATCH` in the scope's state). Why: a client that leaves before its first token
 (or before a whole answer that is not streamed) was otherwise seen only once the first piece came, so its request
 waited in the replica's queue, was prefilled and made its first token for nobody, counted as outstanding all that
-while, and was logged as a 200 (measured: the disconnect seen 40-360 ms after uvicorn's `connection_lost`, at the
-first piece, on the loaded 2-core CI machine). Now its task is cancelled where it waits (the replica's stream ends
-by its id, hpc/serving/abandon.py, which stops a request still queued in the engine), nothing is sent, and the
-access log records 499.
+while, and was logged as a 200 (docs/decisions.md "Clients gone before their answer"). Now its task is cancelled
+where it waits (the replica's stream ends by its id, hpc/serving/abandon.py, which stops a request still queued in
+the engine), nothing is sent, and the access log records 499.
 """
 
 from __future__ import annotations
