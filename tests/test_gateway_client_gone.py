@@ -23,8 +23,8 @@ ROUNDS = 5
 @pytest.fixture(scope="module")
 def gateway(paced_gateway):
     """The engine at a GPU's pace (tests/conftest.py): a stream of 200 tokens holds its slot 4 s at least, however
-    fast the CPU. Unpaced, the tiny model ran them in a fraction of a second, and on a loaded 2-core machine a slot
-    came free before the two waiting clients left in all 5 rounds (2026-11-28)."""
+    fast the CPU. Unpaced, the tiny model runs them in a fraction of a second, and on a loaded 2-core machine a slot
+    comes free before the two waiting clients leave."""
     return paced_gateway
 
 
