@@ -28,8 +28,8 @@ CPU_STOPPING = "the server is stopping"
 #: tritonserver's, for a request that reaches a model being unloaded or gone (its stop has begun): "Server is
 #: stopping, scheduler for model has stopped accepting new inference requests", "Request for unknown model:
 #: 'ensemble' has no available versions". Not its "Request for unknown model: 'ensemble' is not found": a model the
-#: replica never had (the passthrough asked for the engine workflow's ensemble of an llmapi deployment, found by
-#: hand), tried on every replica and then a 503 "no replica is ready", where tritonserver's own 404 says it
+#: replica never had (the passthrough asked for the engine workflow's ensemble of an llmapi deployment): read so, it
+#: would be tried on every replica and then a 503 "no replica is ready", where tritonserver's own 404 says it
 TRITON_STOPPING = ("scheduler for model has stopped accepting", "has no available versions")
 #: lower case, as matched: the replica takes no request any more, another one may (the request is retried there)
 STOPPING_MARKERS = (CPU_STOPPING, *TRITON_STOPPING)
