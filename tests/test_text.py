@@ -1,5 +1,5 @@
 """No tracked text points outside the repository: not at this machine's folders, a notes folder, a shared reference
-folder beside the checkout, or a private issue number.
+folder beside the checkout, or a private issue or session number.
 
 Why: a reader of the repository has none of those; a pointer to one is a dead end, and the fact behind it is lost.
 The fact goes into docs/decisions.md (with upstream links at pinned commits), and the text cites that section or
@@ -23,6 +23,7 @@ OUTSIDE = {
     "a notes folder": re.compile(r"(?<![\w.-])not[e]s/"),
     "a private issue number": re.compile(r"\bissues?[ -]?#?\d+|\bissue\d+", re.IGNORECASE),
     "a section of a reference file": re.compile(r"\b(?:reference|facts)(?:\.md)? §", re.IGNORECASE),
+    "a private session number": re.compile(r"\bsess[i]on \d+\b", re.IGNORECASE),
 }
 
 
@@ -61,6 +62,7 @@ def test_no_text_points_outside_the_repository() -> None:
         "(iss" + "ue 12)",
         "iss" + "ue23-facts",
         "(refe" + "rence §4)",
+        "(2026-11-23, sess" + "ion 8)",
     ],
 )
 def test_the_patterns_catch_pointers(line: str) -> None:
