@@ -30,7 +30,7 @@ NAME = "llmapi-gw"
 PROMPT = "Once upon a time"
 LONG = LONG_REQUEST
 #: engine steps a generation may run on after its client left: the gateway stops it at once, the model aborts it
-#: at its next look (was 60, 1.2 s: tighter than every other stop's bound, for a way with one more process in it)
+#: at its next look (the same bound as every other stop's, though this way has one more process in it)
 STEPS_AFTER_LEAVING = STEPS_AFTER_STOP
 
 
