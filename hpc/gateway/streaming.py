@@ -3,8 +3,8 @@ without Starlette's per-response anyio task group.
 
 Why: uvicorn (0.54) speaks ASGI spec 2.3, where a send to a closed connection is silently dropped, so Starlette's
 `StreamingResponse` runs every response in a task group with a second task listening for `http.disconnect`. That
-group is created and torn down for each request of a gateway that answers thousands of short streams: in a
-cProfile of 320 streamed completions it was the largest single cost of the HTTP side after the socket writes.
+group is created and torn down for each request of a gateway that answers thousands of short streams: the
+largest single cost of the HTTP side after the socket writes (docs/decisions.md "The gateway's own time").
 Here one plain asyncio task awaits `receive()`; when it brings `http.disconnect`, the response's own task is
 cancelled (so an upstream that has not produced its next token yet is abandoned at once, as before: the body
 iterator's `finally` ends the replica's stream), and the cancellation is absorbed. Servers speaking spec 2.4
