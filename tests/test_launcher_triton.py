@@ -381,7 +381,7 @@ def test_blocked_follower_opens_no_port_and_sigkill_is_recorded(tmp_path: Path, 
 
 
 def test_follower_that_finishes_loading_still_opens_no_port(tmp_path: Path, launchers: list) -> None:
-    """Upstream's #243: a follower that does load binds the leader's ports.  Ours cannot bind anything."""
+    """tensorrtllm_backend#243: a follower that does load binds the leader's ports.  Ours cannot bind anything."""
     run, _ = _follower(tmp_path, {"identity": IDENTITY}, ["identity"], release_wait_s=1)
     launchers.append(run)
     run.wait_for(
