@@ -1,5 +1,5 @@
 """Write the llmapi workflow's model repository: TensorRT-LLM's one python model `tensorrt_llm`, laid out as upstream
-lays out `triton_backend/all_models/llmapi` (reference: /work/notes/issue23-facts.md §1, §6):
+lays out `triton_backend/all_models/llmapi` (docs/decisions.md "The llmapi model as upstream ships it"):
 
     tensorrt_llm/config.pbtxt     backend/templates/llmapi/tensorrt_llm/config.pbtxt, decoupled as model.yaml says;
                                   hpc-serve's model declares its own inputs too (llmapi_io.OWN_INPUTS)

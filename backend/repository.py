@@ -1,6 +1,6 @@
 """Write the Triton model repository (ensemble, preprocessing, tensorrt_llm, postprocessing, tensorrt_llm_bls).
 
-This is upstream `tools/fill_template.py` done right (see ../shared/reference/tensorrtllm_backend.md §2):
+This is upstream `tools/fill_template.py` done right (docs/decisions.md "The engine workflow's model repository"):
 
 * keys are the upstream fill keys (`KNOWN_PARAMETERS`); an unknown key is a ValueError with a did-you-mean,
   not a silent no-op;
@@ -190,8 +190,8 @@ def render_repository(backend: Backend, params: Mapping[str, object]) -> dict[st
 def shim(model_name: str, module: str) -> str:
     """The model.py of a python model: it imports the real code from the hpc-serve tree the launcher put on
     PYTHONPATH (the deployment's shipped copy, `D/python`). The python backend's stub embeds Python without
-    honouring PYTHONPATH (measured with tritonserver 2.51: the variable is in its environment, not in
-    sys.path), so the shim puts the entries there itself; without this the stubs import hpc-serve only where
+    honouring PYTHONPATH (docs/decisions.md "Python stubs ignore PYTHONPATH": the variable is in its
+    environment, not in sys.path), so the shim puts the entries there itself; without this the stubs import hpc-serve only where
     it is pip-installed, and a cluster running from source, or a container given only the deployment folder,
     fails with `No module named 'backend'`."""
     return (

@@ -1,8 +1,8 @@
 """tritonserver 2.51's python backend (r24.10) frees the shared memory a stub is about to read when the stub has
 not shown itself healthy for about a second: a one-model toy (`echo`, a BYTES input), none of hpc-serve's models.
-Why it is kept: it is issue 34's start crash (a `preprocessing` stub's SIGABRT in `deserialize_bytes_tensor`, and
-tritonserver's own `boost::interprocess::lock_exception` while loading), shown to be the python backend's, not
-our models' or our /dev/shm sweeps' (and what to send upstream).
+Why it is kept: it is docs/decisions.md "The start crash" (a `preprocessing` stub's SIGABRT in
+`deserialize_bytes_tensor`, and tritonserver's own `boost::interprocess::lock_exception` while loading), shown to be the
+python backend's, not our models' or our /dev/shm sweeps' (and what to send upstream).
 
 The mechanism (python_backend r24.10): while tritonserver waits for a stub (`StubLauncher::ReceiveMessageFromStub`,
 stub_launcher.cc, for the model's initialize and for every execute) it sets the stub's health flag false and waits

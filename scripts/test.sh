@@ -17,8 +17,8 @@ python3 -m mypy --python-version 3.10
 # Two pytests side by side, so the command takes the longer of the two, not their sum: beside, the tests that
 # wait out Slurm time limits (marker `timelimit`: minutes of wall clock, little CPU) and those that run
 # tritonserver on this machine without Slurm (`triton and not cluster`: CPU while the others wait on the cluster);
-# in front, the rest. Measured uncontended at 5e95729 (2026-11-28): the front one 1,094 s with only `timelimit`
-# beside (348 s); the tritonserver tests are 357 s of it. With arguments, one pytest runs what they name.
+# in front, the rest (the times behind the split: docs/decisions.md "The test command's two pytests"). With
+# arguments, one pytest runs what they name.
 if (($#)); then
     exec python3 -m pytest -ra --durations=30 "$@"
 fi

@@ -1,6 +1,7 @@
 """Helpers of the llmapi tests on the CPU engine (tests/test_llmapi_cpu*.py): the engine's nodes in TensorRT-LLM's
 process layout (a leader node, under mpirun with worker nodes for tp > 1), a repository with a decoupled and a
-unary `tensorrt_llm`, and tritonclient calls shaped like upstream's llmapi clients (issue23-facts.md §7)."""
+unary `tensorrt_llm`, and tritonclient calls shaped like upstream's llmapi clients (docs/decisions.md "The llmapi
+model as upstream ships it")."""
 
 from __future__ import annotations
 

@@ -51,8 +51,8 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 def test_the_last_stop_goes_out_while_the_earlier_ones_wait_for_their_answers() -> None:
-    """Once the engine holds the request (`settled`), the stop that counts goes at once: before, it waited for every
-    earlier stop's answer (330 ms each under load), or, with a replica that answered none, never went."""
+    """Once the engine holds the request (`settled`), the stop that counts goes at once, not after every earlier
+    stop's answer (each may take hundreds of ms under load, and a replica may answer none)."""
 
     async def scenario() -> None:
         stops, settled = Stops(), asyncio.Event()

@@ -266,8 +266,9 @@ nv_inference_pending_request_count{{model="tensorrt_llm",version="1"}} 0
 
 
 def test_metrics_of_an_llmapi_replica_are_what_it_has_and_no_invented_figures():
-    """The llmapi model publishes Triton's per-model counters only (reference §5): requests and failures are
-    its; tokens, batch and KV figures are None (shown as "—"), with where tokens are counted instead."""
+    """The llmapi model publishes Triton's per-model counters only (docs/decisions.md "The llmapi model as upstream
+    ships it"): requests and failures are its; tokens, batch and KV figures are None (shown as "—"), with where
+    tokens are counted instead."""
     from hpc.serving.metrics import parse
 
     def values(**numbers: float) -> dict[str, float]:

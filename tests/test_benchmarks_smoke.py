@@ -1,7 +1,7 @@
 """Every benchmark in benchmarks/ runs at HEAD: each script once at its smallest size, as a subprocess, checked for
 its exit status and the result lines it prints (ratios, counts), never for how fast anything was. A benchmark is a
 script nobody runs every day, so what rots in it (a spec field that moved, a model name that changed) shows here
-and not on the day someone needs its numbers (issue 34: `Request for unknown model: 'ensemble'`).
+and not on the day someone needs its numbers (as once `Request for unknown model: 'ensemble'`).
 
 The helper modules are run through the scripts that import them: gateway_procs.py, gateway_sides.py and
 gateway_prefix.py by bench_gateway.py, soak_jobs.py by soak.py, minimal_relay.py's apps by gateway_inprocess.py

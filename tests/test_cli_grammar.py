@@ -1,6 +1,6 @@
-"""One CLI grammar (issue 25): TARGET is read the same way by every command that takes one, a flag means one
-thing on every command that has it, every argument says what it is and what leaving it out means, and the exit
-codes are the table of hpc/cli/support.py, which docs/cli.md lists."""
+"""One CLI grammar (docs/decisions.md "One CLI grammar"): TARGET is read the same way by every command that takes one, a
+flag means one thing on every command that has it, every argument says what it is and what leaving it out means, and the
+exit codes are the table of hpc/cli/support.py, which docs/cli.md lists."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_every_default_is_said_in_the_help():
 
 def test_target_is_one_positional_with_one_meaning_on_every_command():
     """The commands that take a deployment or a job all call it TARGET and explain it with the same words;
-    none has a positional named after a job alone (`wait job` was one)."""
+    none has a positional named after a job alone (such as `wait job`)."""
     takers = set()
     for name, action in _arguments():
         if action.option_strings:

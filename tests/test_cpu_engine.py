@@ -376,8 +376,8 @@ def test_cancelling_the_last_request_reports_its_blocks_free(llama: Path) -> Non
 def test_a_stop_that_matches_nothing_is_logged_and_dropped(llama: Path, caplog) -> None:
     """As in TensorRT-LLM's backend, a stop for an id the engine does not hold does nothing (DEVELOPERS.md,
     "Abandoned streams"); the log tells one that came after its request ended from one that matched nothing.
-    A stop while the engine is idle used to wait in the engine until the next request's step, and then stopped a
-    request of that id that came after it: a stop is settled when it comes, idle or not."""
+    A stop is settled when it comes, idle or not: one left waiting for the engine's next step would stop a
+    later request of that id."""
     caplog.set_level(logging.INFO, logger="hpc_serve.cpu_engine")
     eng = Engine(str(llama), max_tokens_in_kv_cache=256)
     eng.start()

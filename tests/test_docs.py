@@ -159,8 +159,8 @@ SOURCE_REF = re.compile(
 
 
 def test_every_file_the_code_names_exists():
-    """The code's own references (`see launcher/contracts/layout.py`, `hpc/jobs/chain.py:40`) lead somewhere:
-    two once named files that had gone (`hpc/routing/__init__.py:1`, `launcher/layout.py:328`)."""
+    """The code's own references (`see launcher/contracts/layout.py`, `hpc/jobs/chain.py:40`) lead somewhere,
+    even after the file they name moved or lost the line."""
     sources = [
         p
         for folder in ("hpc", "launcher", "backend", "tests", "scripts", "benchmarks")

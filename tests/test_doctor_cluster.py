@@ -324,7 +324,7 @@ def test_ctrl_c_cancels_the_probe(slurm_cluster, tmp_path):
 
 
 def test_probe_of_a_broken_stand_in_image_names_the_failed_import_and_the_known_defect(slurm_cluster, tmp_path):
-    """issue 33: an image whose python cannot import the llmapi model (`container.type: none`, a tensorrt_llm
+    """An image whose python cannot import the llmapi model (`container.type: none`, a tensorrt_llm
     1.2.1 first on PYTHONPATH whose import reaches an openai without PartReasoningText, as NGC 26.03-26.07's
     does). The probe job imports on the node what the model imports, and the report fails each import with the
     exception and the known defect's fix; doctor exits 1."""

@@ -124,8 +124,8 @@ def test_a_body_that_is_not_json_is_400_saying_so_and_where(app, path):
     ],
 )
 def test_an_integer_past_what_its_tensor_holds_is_a_400_naming_it(app, path, field, bound):
-    """Found by hand on the tp 2 gateway: max_tokens or top_k of 10^12 wrapped round in the INT32 tensor (a 500,
-    "must be at least 1, got -727379968") and a seed of 10^30 was a bare "Internal Server Error"."""
+    """Past the tensor's range, max_tokens or top_k of 10^12 would wrap round in the INT32 tensor (a 500, "must be
+    at least 1, got -727379968") and a seed of 10^30 be a bare "Internal Server Error"."""
     body = {"model": "m", "prompt": "x"} if path == COMPLETIONS else {"model": "m", "messages": HI}
     error = _error(_post(app, path, {**body, field: bound + 1}))
     assert error["param"] == field and str(bound) in error["message"], error
@@ -142,7 +142,7 @@ def test_an_integer_past_what_its_tensor_holds_is_a_400_naming_it(app, path, fie
     ],
 )
 def test_a_body_that_is_no_json_object_or_not_sent_as_json_says_so(app, content_type, body, said):
-    """Not pydantic's "Input should be a valid dictionary or object to extract fields from" (found by hand)."""
+    """Not pydantic's "Input should be a valid dictionary or object to extract fields from"."""
 
     async def go() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:

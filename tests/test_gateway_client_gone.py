@@ -23,8 +23,8 @@ ROUNDS = 5
 @pytest.fixture(scope="module")
 def gateway(paced_gateway):
     """The engine at a GPU's pace (tests/conftest.py): a stream of 200 tokens holds its slot 4 s at least, however
-    fast the CPU. Unpaced, the tiny model ran them in a fraction of a second, and on a loaded 2-core machine a slot
-    came free before the two waiting clients left in all 5 rounds (2026-11-28)."""
+    fast the CPU. Unpaced, the tiny model runs them in a fraction of a second, and on a loaded 2-core machine a slot
+    comes free before the two waiting clients leave."""
     return paced_gateway
 
 
@@ -45,8 +45,8 @@ def test_a_client_gone_before_its_first_token_ends_its_request_at_once(gateway):
     """Clients that close their connection while their request waits for its first token (streamed) or its whole
     answer (not streamed) end it then: the gateway's requests in flight drop while the replica is still busy, and
     the access log records 499 without tokens. They wait because the replica's engine is full (BATCH streams run
-    meanwhile); before the watch, each waited for a free slot and made its first token for nobody, and was logged
-    as a 200.
+    meanwhile); unwatched, each would wait for a free slot, make its first token for nobody, and be logged as a
+    200.
 
     The premise is that the engine has no slot for the two when their clients leave. Under a loaded CPU it may
     have one (a stream ended in the engine before the gateway relayed its last events): a waiting request then

@@ -446,9 +446,9 @@ def test_two_submits_at_once_start_one_gateway_job(hpc_home, tmp_path, tiny_gpt2
 
 @pytest.mark.slow
 def test_cancel_of_a_deployment_whose_serving_jobs_ended_stops_its_gateway_too(hpc_home, tmp_path, tiny_gpt2):
-    """Found by hand on the test cluster: after the tp 2 job FAILED (a worker killed), `hpc-serve cancel NAME` said
-    "no job under way" and left the gateway job serving 503s until its time limit. The gateway went only with the
-    cancel of the last serving job (hpc/jobs/track.py `after_cancel`), and here there was none to cancel."""
+    """After the serving job FAILED (a worker killed), `hpc-serve cancel NAME` must not say "no job under way" and
+    leave the gateway job serving 503s until its time limit: the gateway goes with the cancel of the last serving
+    job (hpc/jobs/track.py `after_cancel`), or, when none is left, with the cancel of the deployment."""
     from hpc.jobs.chain import cancel_deployment
     from hpc.jobs.executors import LocalExecutor
     from hpc.jobs.gateway import ensure_gateway, gateway_jobs
@@ -475,8 +475,8 @@ def test_cancel_of_a_deployment_whose_serving_jobs_ended_stops_its_gateway_too(h
 def test_a_gateway_job_that_ended_leaving_its_record_is_shown_ended_with_how_to_start_another(
     hpc_home, tmp_path, monkeypatch
 ):
-    """Not "UNREACHABLE ... a stale record", which reads as if it might still come back (found by hand after the
-    gateway was killed and its job FAILED)."""
+    """Not "UNREACHABLE ... a stale record", which reads as if it might still come back (what it
+    said once the gateway was killed and its job FAILED)."""
     from hpc.jobs.executors import SlurmExecutor
     from hpc.jobs.gateway import deployment_gateway
     from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME

@@ -278,7 +278,7 @@ def test_triton_passthrough(gateway):
 
 def test_triton_routes_it_does_not_forward_say_so_to_tritonclient(gateway):
     """tritonclient's infer through the gateway: a Triton-shaped 404 that names what is forwarded and where the
-    rest is served (it was FastAPI's bare "Not Found")."""
+    rest is served, not FastAPI's bare "Not Found"."""
     import numpy as np
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException

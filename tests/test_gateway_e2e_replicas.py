@@ -66,12 +66,12 @@ def _full_request_steps(metrics_url: str, send) -> float:
 
 def test_a_client_gone_before_its_generate_answer_ends_the_replicas_generation(gateway):
     """Triton's `generate` (through the gateway's passthrough) answers only once the whole text is made, so a
-    client that leaves meanwhile (curl's --max-time, a client timeout) was seen only then, after the replica had
-    made every token for no one. Now the gateway stops the request by its id when its client leaves (and again
-    until the answer comes: hpc/serving/abandon.py `stop_until`): the engine makes a part of the tokens asked.
-    The bound, half of them, leaves the stop ~2 s at the engine's GPU pace (docs/decisions.md "Clients gone before
-    their answer": the gateway's process was seen unscheduled for 430 ms under two busy loops); CI saw 200 of 200
-    at the tiny model's own pace."""
+    client that leaves meanwhile (curl's --max-time, a client timeout) would be seen only then, after the replica
+    made every token for no one. The gateway stops the request by its id when its client leaves (and again until
+    the answer comes: hpc/serving/abandon.py `stop_until`): the engine makes a part of the tokens asked. The bound,
+    half of them, leaves the stop ~2 s at the engine's GPU pace, since the gateway's process may go unscheduled
+    for hundreds of ms under load (docs/decisions.md "Clients gone before their answer"); at the tiny model's own
+    pace the engine can make all 200 before the stop lands."""
     (job, job_dir) = gateway["jobs"][0]
     (record,) = read_endpoints(JobPaths.of_folder(job_dir))
     url = gateway["url"] + "/v2/models/ensemble/generate"

@@ -118,8 +118,8 @@ def test_status_and_endpoints_show_the_gateway_first(deployment):
 
 def test_a_gateway_killed_outright_is_started_again_by_its_job(deployment):
     """SIGKILL (what an out-of-memory killer sends) to the gateway process: the job starts it again (gateway.sub),
-    it publishes a new record and serves, the job stays READY, and its log says so. It used to take the job down
-    (FAILED), and the deployment's address with it, until someone submitted another (found by hand)."""
+    it publishes a new record and serves, the job stays READY, and its log says so, rather than the job
+    ending FAILED and the deployment's address with it (docs/decisions.md "A gateway job starts its gateway again")."""
     import os
     import signal
 

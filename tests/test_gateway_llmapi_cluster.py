@@ -30,7 +30,7 @@ NAME = "llmapi-gw"
 PROMPT = "Once upon a time"
 LONG = LONG_REQUEST
 #: engine steps a generation may run on after its client left: the gateway stops it at once, the model aborts it
-#: at its next look (was 60, 1.2 s: tighter than every other stop's bound, for a way with one more process in it)
+#: at its next look (the same bound as every other stop's, though this way has one more process in it)
 STEPS_AFTER_LEAVING = STEPS_AFTER_STOP
 
 
@@ -287,8 +287,8 @@ def test_curl_generate_and_generate_stream_of_tensorrt_llm_through_the_gateway(s
     )
     events = [json.loads(line[5:]) for line in streamed.stdout.decode().splitlines() if line.startswith("data:")]
     assert len(events) > 1 and answer["text_output"] == PROMPT + events[-1]["text_output"], events
-    # the engine workflow's model, which this deployment lacks: tritonserver's own 404 (it was a 503 "no replica
-    # of the deployment is ready", found by hand: its words were taken for a stopping replica's)
+    # the engine workflow's model, which this deployment lacks: tritonserver's own 404, not a 503 "no replica
+    # of the deployment is ready" (those words read as a stopping replica's)
     other = served["url"] + "/v2/models/ensemble/generate"
     wrong = subprocess.run(
         ["curl", "-sS", "-w", " %{http_code}", "-H", auth, "-d", json.dumps({"text_input": PROMPT}), other],

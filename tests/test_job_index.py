@@ -405,7 +405,7 @@ def test_an_id_with_glob_characters_names_no_other_job(tmp_path, hpc_home) -> No
 
 
 def test_status_without_a_target_shows_the_newest_serving_job_not_its_gateway(tmp_path, hpc_home) -> None:
-    """A submit with `gateway:` indexes its gateway job last; `status` showed that one line (found by hand), where the
+    """A submit with `gateway:` indexes its gateway job last; `status` of that is one line, where the
     serving job's status shows the job and its gateway."""
     import os
 

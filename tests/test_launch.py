@@ -1,7 +1,7 @@
 """`hpc-serve launch SPEC`: which rank renders, and that every rank of one step agrees on the folder.
 
-The case that used to break: `mpirun hpc-serve launch spec.yaml` inside a Slurm allocation, where every rank
-inherits the batch step's stale SLURM_PROCID=0 and so each one thought it was rank 0 and rendered.
+The case that breaks naive code: `mpirun hpc-serve launch spec.yaml` inside a Slurm allocation, where every rank
+inherits the batch step's stale SLURM_PROCID=0, so each one would think it is rank 0 and render.
 """
 
 from __future__ import annotations

@@ -381,7 +381,7 @@ def test_blocked_follower_opens_no_port_and_sigkill_is_recorded(tmp_path: Path, 
 
 
 def test_follower_that_finishes_loading_still_opens_no_port(tmp_path: Path, launchers: list) -> None:
-    """Upstream's #243: a follower that does load binds the leader's ports.  Ours cannot bind anything."""
+    """tensorrtllm_backend#243: a follower that does load binds the leader's ports.  Ours cannot bind anything."""
     run, _ = _follower(tmp_path, {"identity": IDENTITY}, ["identity"], release_wait_s=1)
     launchers.append(run)
     run.wait_for(
@@ -517,8 +517,9 @@ def test_sigkilled_launcher_leaves_no_tritonserver(tmp_path: Path, launchers: li
 def test_two_jobs_with_one_id_on_one_node_keep_their_own_shared_memory(tmp_path: Path, launchers: list) -> None:
     """Two clusters' jobs share ids, and both may run on one host (its /dev/shm shared). The python backend opens its
     regions with open_or_create and builds a new allocator in whatever it opened, so two servers with one region
-    name would corrupt each other; 2.51's names its regions <prefix><uuid>, so one job id is safe (issue 34 ruled
-    this cause of the start crash out so). Were a release to name them <prefix><count> again, this fails."""
+    name would corrupt each other; 2.51's names its regions <prefix><uuid>, so one job id is safe (which rules
+    this cause of the start crash out: docs/decisions.md "The start crash"). Were a release to name them
+    <prefix><count> again, this fails."""
     a = Launcher(make_deployment(tmp_path / "a", {"identity": IDENTITY}), "7")
     launchers.append(a)
     ea = a.endpoint()

@@ -3,11 +3,11 @@ process layout: the leader node (`python -m backend.cpu_engine.llmapi.leader_nod
 tritonserver, both given the spawn-proxy variables (launcher/contracts/llmapi.py proxy_env), on a repository
 written by backend/llmapi_repository.py.
 
-Two models share the leader node: `tensorrt_llm` (decoupled: streaming) and `tensorrt_llm_unary` (model.yaml
-`decoupled: false`, upstream's default: unary gRPC `infer`, as tools/llmapi_client.py and
-tools/tests/test_llmapi_cancel.py send). Client calls are shaped like those (issue23-facts.md §7). The leader
-runs its steps at a GPU's pace (tests/steps.py) so that a stop's effect is counted in engine steps, read from the
-leader node itself (protocol.StatsQuery), never timed.
+Two models share the leader node: `tensorrt_llm` (decoupled: streaming) and `tensorrt_llm_unary` (model.yaml `decoupled:
+false`, upstream's default: unary gRPC `infer`, as tools/llmapi_client.py and tools/tests/test_llmapi_cancel.py send).
+Client calls are shaped like those (docs/decisions.md "The llmapi model as upstream ships it"). The leader runs its
+steps at a GPU's pace (tests/steps.py) so that a stop's effect is counted in engine steps, read from the leader node
+itself (protocol.StatsQuery), never timed.
 """
 
 from __future__ import annotations

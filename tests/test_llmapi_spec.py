@@ -213,7 +213,7 @@ def test_named_llm_api_arguments_are_checked(tmp_path, hf, entry, field, words):
 
 def test_the_table_tags_each_name_with_its_releases():
     assert LLM_API_ARGS["max_batch_size"] == (V1_2_1, MAIN)
-    assert LLM_API_ARGS["sampler_type"] == (V1_2_1,), "1.2.1 only (facts §4)"
+    assert LLM_API_ARGS["sampler_type"] == (V1_2_1,), "1.2.1 only"
     assert LLM_API_ARGS["num_serve_frontends"] == (MAIN,)
     assert {"kv_cache_config", "cuda_graph_config", "trust_remote_code", "max_seq_len"} <= set(LLM_API_ARGS)
 

@@ -66,7 +66,7 @@ nv_untyped +Inf
 
 
 def test_the_parser_reads_a_page_as_prometheus_client_does():
-    """The launcher's stdlib parser, in hpc.serving.metrics' view, against the library hpc-serve used to parse with."""
+    """The launcher's stdlib parser, in hpc.serving.metrics' view, against prometheus_client's parser."""
     from prometheus_client.parser import text_string_to_metric_families
 
     def key(name: str, labels: dict, value: float) -> tuple:
@@ -102,8 +102,8 @@ def test_requests_in_flight_read_from_any_label_order_and_value():
 
 
 def test_the_snapshot_table_folds_long_metric_names_instead_of_cutting_them():
-    """At 80 columns (a terminal's default, and rich's when piped) every gateway family's name ended in "…" at
-    the same place, and eight rows read "hpc_serve_gateway_replica_…" (found by hand)."""
+    """At 80 columns (a terminal's default, and rich's when piped) a cut would end every gateway family's name in
+    "…" at the same place: eight rows would read "hpc_serve_gateway_replica_…"."""
     from rich.console import Console
 
     from hpc.bench.metrics_view import snapshot_table

@@ -235,7 +235,7 @@ def renew_slurm(tmp_path, monkeypatch) -> Path:
 
 
 def test_the_renewer_retries_a_busy_controller(renew_slurm):
-    """It used to take one failed squeue as "not known" for that round; now the gateway's retries hold."""
+    """One failed squeue is not taken as "not known" for that round: launcher/contracts/slurm.py's retries hold."""
     fake_command(
         renew_slurm,
         "squeue",

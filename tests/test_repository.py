@@ -1,5 +1,5 @@
 """backend/repository.py: generated configs parse as Triton ModelConfig and match the upstream reference
-(../shared/reference/tensorrtllm_backend.md §3), values are typed and escaped, bad params are rejected."""
+(docs/decisions.md "The engine workflow's model repository"), values are typed and escaped, bad params are rejected."""
 
 from __future__ import annotations
 

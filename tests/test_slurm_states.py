@@ -1,6 +1,6 @@
 """One set of end states, read by every user (launcher/contracts/slurm.py: `TERMINAL_RAW`, Slurm's words, and `TERMINAL`,
-hpc-serve's). Five lists used to say it, and the renewer's lacked REVOKED: a successor Slurm revoked kept its
-predecessor waiting for it until the time limit. Here every reader is asked about every end state: a serving,
+hpc-serve's): a reader whose list lacked one (REVOKED, say) would keep a predecessor waiting for a successor Slurm
+revoked until the time limit. Here every reader is asked about every end state: a serving,
 build and gateway job's status, the watcher's cache, the renewer's successor check and the cluster tests'
 wait; and no other module may spell one of Slurm's own end words."""
 

@@ -2,9 +2,9 @@
 tritonserver and CPU engine): `hpc-serve cancel` while 4 clients keep streaming must end the job CANCELLED with
 the rank's tritonserver exiting 0, and every client stream must end, with its final response or a clear error.
 
-Before the drain came ahead of the SIGTERM (launcher/node/stop.py LeaderDrain), tritonserver's own stop refused the
-next `postprocessing` step of each streaming ensemble, the ensemble stayed "in flight" until the exit timeout,
-and tritonserver exited 1 (or was SIGKILLed): the stop took ~18 s and the job read FAILED.
+Why the drain comes ahead of the SIGTERM (launcher/node/stop.py LeaderDrain): tritonserver's own stop refuses the
+next `postprocessing` step of each streaming ensemble, which then stays "in flight" until the exit timeout, and
+tritonserver exits 1 (or is SIGKILLed): the job would read FAILED (docs/decisions.md "Ordered stop").
 """
 
 from __future__ import annotations

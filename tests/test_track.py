@@ -141,8 +141,8 @@ def test_other_waiting_slurm_states_are_pending(tmp_path, scheduler, raw):
 
 
 def test_a_plan_without_its_shape_is_an_error_not_one_rank(tmp_path, scheduler):
-    """A launch.json without world_size_per_replica was once read here as "1 replica of 1 rank", while the launcher
-    took tp × pp: now both refuse it, and `status` says which file and which key."""
+    """A launch.json without world_size_per_replica is not read as "1 replica of 1 rank" (the launcher would take
+    tp × pp): both refuse it, and `status` says which file and which key."""
     ref = make_job(tmp_path, replicas=2)
     launch = ref.paths.deployment.launch
     data = json.loads(launch.read_text())
@@ -374,8 +374,8 @@ def test_a_folder_is_told_by_its_marker(tmp_path):
 
 
 def test_a_build_job_being_cancelled_is_cancelling_then_cancelled(tmp_path, scheduler):
-    """The build job had no CANCELLING: cancelled while BUILDING it read BUILDING until Slurm ended it, then FAILED
-    when the step scancel killed had recorded its exit. It now reads as every kind does."""
+    """A build job cancelled while BUILDING reads CANCELLING, then CANCELLED, as every kind does: not BUILDING until
+    Slurm ended it, then FAILED once the step scancel killed recorded its exit."""
     ref = make_job(tmp_path, "811")
     BuildJob.mark(ref.paths)
     Deployment(ref.deploy_dir).build_request.write_text(

@@ -1,10 +1,11 @@
-"""Two Slurm clusters that share $HOME, and so the job index, on this machine (issue 21).
+"""Two Slurm clusters that share $HOME, and so the job index, on this machine (docs/decisions.md "The job index
+keys jobs by cluster").
 
 The module starts a second one-node cluster (ci/cluster/twin.sh: ClusterName `twin`, registered in the test
 cluster's slurmdbd) whose first job id is the id of an hpc-serve job just queued, held, on the test cluster: the
 two jobs share an id, as jobs of two clusters do. Then, with SLURM_CONF at either cluster, `list`, `status` and
 `cancel` must each see and act on its own job: the other cluster's through `-M`, and a job of a cluster that cannot
-be asked says whose it is. Before the fix, `list` at twin showed the test cluster's folder with twin's job's state.
+be asked says whose it is, never the test cluster's folder with twin's job's state.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """hpc-serve installed from its wheel (not editable), the way users install it: render and a real job.
 
-The bug this guards: the ranks' source root used to be ``Path(__file__).parent.parent``, which after a wheel
-install is ``site-packages``; it was put first on every rank's PYTHONPATH and bind-mounted into containers,
-shadowing the container's own numpy and friends.  Now only hpc-serve's own packages are shipped to the ranks.
+What this guards: a ranks' source root taken as ``Path(__file__).parent.parent`` is ``site-packages`` after a
+wheel install; put first on every rank's PYTHONPATH and bind-mounted into containers, it would shadow the
+container's own numpy and friends. Only hpc-serve's own packages are shipped to the ranks.
 The venv sees this machine's other packages through a plain path (not a site dir), so the editable install's
 import hook stays out of it, as in submitit's installable_wheel test target.
 """

@@ -1,8 +1,8 @@
 """Per-request checks against the model, made before a request may join a batch.
 
 Why before: a request joins a batch step shared with every other request in flight and, under tensor
-parallelism, with the follower ranks.  A token id outside the vocabulary used to raise inside that step (and a
-negative one silently wrapped around); checked here, a bad request gets its own error naming the input and the
+parallelism, with the follower ranks.  A token id outside the vocabulary would raise inside that step (and a
+negative one would wrap around silently); checked here, a bad request gets its own error naming the input and the
 allowed range, and nobody else notices.  Messages use the upstream ``tensorrt_llm`` input names.
 """
 

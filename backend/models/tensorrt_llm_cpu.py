@@ -106,7 +106,7 @@ def _finalize_mpi() -> str:
 
 class _TritonLog(logging.Handler):
     """Hands the engine's log records (logger ``hpc_serve.cpu_engine``) to Triton's log. Why: inside the stub
-    nothing configures Python logging, so its info lines were lost and its warnings reached stderr unmarked."""
+    nothing configures Python logging, so its info lines would be lost and its warnings reach stderr unmarked."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

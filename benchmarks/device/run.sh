@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmarks that need free cores, on the lent 16-core machine (`run` tool; carry [".whl"]):
-#   bench_loadgen.py   the load generator against a plain tritonclient loop (issue 13: >= 3x)
-#   bench_gateway.py   what the gateway adds, latency and throughput (issue 10: <= 1 ms p50, >= 0.95); CPUS=E:G:C
+#   bench_loadgen.py   the load generator against a plain tritonclient loop (target: >= 3x)
+#   bench_gateway.py   what the gateway adds, latency and throughput (targets: <= 1 ms p50, >= 0.95); CPUS=E:G:C
 #                      puts the engine, the gateways and the clients on cores of their own (0-7:8-11:12-15)
 # .whl/site.tar.xz: a site-packages folder for that machine's Python 3.12 with what its image lacks
 # (nvidia-pytriton's tritonserver, tritonclient, numpy 1.26 for the python backend stub, fastapi, uvicorn,

@@ -40,7 +40,7 @@ def deployment_for_spec(spec_path: Path) -> Path:
                     f"({prepared.plan.engine_dir}); build it first: hpc-serve build {spec_path} --wait"
                 )
             spec = prepared.served
-        ensure_model(spec)  # this step serves the spec, so `model.init` is due now (render no longer does it)
+        ensure_model(spec)  # this step serves the spec, so `model.init` is due now (render does not do it)
         render(spec, deploy_dir)
         job_id = os.environ.get("SLURM_JOB_ID")
         if job_id:

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 
 def _latest_job() -> JobRef:
-    """The newest job that is not a gateway's: a submit with `gateway:` indexes its gateway job last, and `status`
-    of it showed one line, where the serving job's status shows the job and the gateway (found by hand)."""
+    """The newest job that is not a gateway's: a submit with `gateway:` indexes its gateway job last, and the
+    gateway job's `status` is one line, where the serving job's shows the job and the gateway."""
     from hpc.jobs.kinds import GatewayJob, job_class_of
     from hpc.scheduler.index import list_jobs
 

@@ -1,8 +1,8 @@
 """What every `hpc-serve` command module shares: the exit-code table, error printing, loading a spec or exiting,
 finding the job or deployment a command names or exiting.
 
-Why a module of its own: the command modules (cli, jobs_cli, query_cli, launch) used to import these from each other,
-which made an import cycle; now they all import from here and from nothing of each other.
+Why a module of its own: the command modules (main, jobs, query, views, launch, gateway, build, bench, doctor)
+take these from here rather than from each other, so sharing them makes no import cycle.
 """
 
 from __future__ import annotations

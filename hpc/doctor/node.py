@@ -59,7 +59,7 @@ BITS = {
     "llmapi_files": 64,
     "checkpoint": 128,
 }
-#: what tells the llmapi model.py's generations apart (reference §4): the newer one deletes the MPI job's
+#: what tells the llmapi model.py's generations apart: the newer one deletes the MPI job's
 #: variables at import (every stub an MPI singleton), the older one serves multi-rank by MPICommExecutor
 NEW_MODEL_MARK, OLD_MODEL_MARK = "gpu_device_ids", "MPICommExecutor"
 #: the oldest Python the rank-side code runs on: pyproject.toml's requires-python (a test keeps them equal)

@@ -32,7 +32,7 @@ from hpc.spec import Spec
 from launcher.contracts.llmapi import IMAGE_MODEL, OWN_MODEL
 from launcher.contracts.records import RankExitRecord, read_rank_records
 
-#: an ordered stop of a replica with nothing in flight should end within this (issue 33: a tp 2 stop across two
+#: an ordered stop of a replica with nothing in flight should end within this (a tp 2 stop across two
 #: nodes in 10 s or less); longer is a warning, not a failure
 STOP_TARGET_S = 10.0
 #: the suffix of the doctor's deployment name

@@ -2,7 +2,7 @@
 may keep as many connections open as the node lets a process.
 
 Why: uvicorn keeps a connection that never sends a request, or sends its head byte by byte, open for good
-(measured with uvicorn 0.54: still open after minutes; its keep-alive timeout only starts after a response).
+(its keep-alive timeout only starts after a response: docs/decisions.md "The gateway's own time").
 Each holds a file descriptor, and a gateway out of descriptors accepts no connection at all: a careless client
 (or a slowloris) would take the deployment's one address down. nginx's `client_header_timeout` is the model:
 a head not complete in time gets 408 and the connection is closed. The descriptor limit: login nodes often

@@ -4,8 +4,8 @@ request this path would answer with a validation error, goes to FastAPI unchange
 
 Why: at one stream the gateway's added latency is what it does before the first token leaves, and FastAPI's part
 of that (route matching over every route, the dependency graph with the token check, parsing the body to Python
-objects and validating those, two more middleware layers) measured ~0.5 ms of the ~1.5 ms the gateway added on 16
-free cores (benchmarks/minimal_relay.py's `floor` against its `--fastapi` variant). Here the body is validated
+objects and validating those, two more middleware layers) was a third of it (docs/decisions.md "The gateway's own
+time"). Here the body is validated
 from its bytes in one pydantic call (`model_validate_json`) and the same route function runs (openai_api's
 `complete` / `chat_complete`), so answers are the same. What stays FastAPI's, byte for byte: a missing or wrong
 token (401), a body that does not parse or validate (400 with the field), a content type that is not JSON, and

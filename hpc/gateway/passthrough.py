@@ -270,8 +270,7 @@ async def _let_go(upstream: httpx.Response, reader: Reader | None, stop: Stop | 
     """Done with a replica's answer. One left before its end (`reader`: its client went away) with an id to stop
     it by is stopped and read to its end in the background (hpc/serving/abandon.py), not cut off. Why:
     tritonserver 2.51 never releases an ensemble request whose HTTP stream was closed while it generated, as over
-    gRPC (5 `generate_stream`s closed early left "5 in-flight inferences" at the replica's stop, which waited out
-    its exit timeout and exited 1)."""
+    gRPC: the replica's stop then waits out its exit timeout and exits 1 (docs/decisions.md "Abandoned streams")."""
     if reader is not None and stop is not None and abandon(reader, stop) is not None:
         return  # the background task closes it
     if reader is not None:

@@ -3,8 +3,8 @@ without Starlette's per-response anyio task group.
 
 Why: uvicorn (0.54) speaks ASGI spec 2.3, where a send to a closed connection is silently dropped, so Starlette's
 `StreamingResponse` runs every response in a task group with a second task listening for `http.disconnect`. That
-group is created and torn down for each request of a gateway that answers thousands of short streams: in a
-cProfile of 320 streamed completions it was the largest single cost of the HTTP side after the socket writes.
+group is created and torn down for each request of a gateway that answers thousands of short streams: the
+largest single cost of the HTTP side after the socket writes (docs/decisions.md "The gateway's own time").
 Here one plain asyncio task awaits `receive()`; when it brings `http.disconnect`, the response's own task is
 cancelled (so an upstream that has not produced its next token yet is abandoned at once, as before: the body
 iterator's `finally` ends the replica's stream), and the cancellation is absorbed. Servers speaking spec 2.4
@@ -15,10 +15,9 @@ left for the replica (hpc/serving/idle.py: while the replica works, not on the w
 over (`WATCH` in the scope's state). Why: a client that leaves before its first token
 (or before a whole answer that is not streamed) was otherwise seen only once the first piece came, so its request
 waited in the replica's queue, was prefilled and made its first token for nobody, counted as outstanding all that
-while, and was logged as a 200 (measured: the disconnect seen 40-360 ms after uvicorn's `connection_lost`, at the
-first piece, on the loaded 2-core CI machine). Now its task is cancelled where it waits (the replica's stream ends
-by its id, hpc/serving/abandon.py, which stops a request still queued in the engine), nothing is sent, and the
-access log records 499.
+while, and was logged as a 200 (docs/decisions.md "Clients gone before their answer"). Now its task is cancelled
+where it waits (the replica's stream ends by its id, hpc/serving/abandon.py, which stops a request still queued in
+the engine), nothing is sent, and the access log records 499.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a job runs: a Slurm cluster or this machine, one class each.
 
 Why classes: what differs between the two (how a job is submitted, where its scheduler state comes from, how
-it is stopped) used to be `job_id.startswith("local-")` tests scattered over the tree. dask-jobqueue's `Job` /
+it is stopped) would otherwise be `job_id.startswith("local-")` tests scattered over the tree. dask-jobqueue's `Job` /
 `LocalJob` is the model: one interface, and a local class that does here what the other asks Slurm to do.
 `executor_of(job)` is the one place that tells a job's executor from its id.
 

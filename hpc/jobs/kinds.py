@@ -5,9 +5,8 @@
                          running ↘ CANCELLING (hpc-serve cancel) → CANCELLED
                                  ↘ STOPPING (Slurm's COMPLETING: ending, processes still there) → end state
 
-Why a family: the serving job, the deployment's gateway job and the engine build job each had a marker test, an
-executor method and a state function of their own; the cancel and COMPLETING rules were copied between two of
-them, and the build job had no CANCELLING. As in submitit (`Executor.job_class`) and dask-jobqueue (a `Job`
+Why a family: the serving job, the deployment's gateway job and the engine build job share the cancel and
+COMPLETING rules, which separate marker tests, executor methods and state functions would copy. As in submitit (`Executor.job_class`) and dask-jobqueue (a `Job`
 whose subclasses set `submit_command` / `cancel_command` as class attributes), what differs between kinds is
 data on the class (`kind`, `script`, `marker`, `stoppable`, `live`), the state machine is the base class's
 (`JobKind.status`: the scheduler's state, the kind's own records, then the rules every kind shares), and each

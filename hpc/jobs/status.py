@@ -145,8 +145,8 @@ def failure_without_record(ref: JobRef, ranks: list[RankExitRecord], world: int)
     """The scheduler says FAILED and no rank recorded a failure: Slurm ended the step before a launcher could
     write its record (a launcher SIGKILLed with its tritonserver: the OOM killer, PMIx aborting the step). The
     fact left is which ranks of the job (``world`` of them) wrote no record; the first of them is named, with
-    the last lines of its log as text to read (nothing is parsed from them). Once slurmstepd's PMIx error
-    named the dead rank and was parsed here; a record's absence says it without depending on its wording."""
+    the last lines of its log as text to read (nothing is parsed from them: a record's absence says which rank
+    died without depending on slurmstepd's wording, docs/decisions.md "No state from log text")."""
     recorded = {r.rank for r in ranks}
     # a rank with no log never started (the batch script failed before srun): nothing to name
     missing = [r for r in range(max(world, 1)) if r not in recorded and ref.paths.rank_log(r, "err").exists()]

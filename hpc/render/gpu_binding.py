@@ -8,21 +8,9 @@ Login side and light to import (`validate` prints the decision).
 When binding is on, TensorRT-LLM must agree: by default it picks device ``rank % gpus_per_node`` (with
 ``gpus_per_node`` clamped to the visible count) and the backend always passes ``num_nodes`` (default 1), so the
 rendered ``tensorrt_llm`` config gets ``gpu_device_ids "0"`` and ``num_nodes = tp × pp`` (``bound_parameters``).
-Sources (read for issue 12, /work/notes/issue12_device_research.md):
-
-- tensorrtllm_backend@c2e65b88d852 ``inflight_batcher_llm/src/model_state.cc:97-146`` (``gpu_device_ids``: ``,``
-  list, ``;`` per instance) and ``model_instance_state.cc:239-284`` (``getParallelConfigFromParams``:
-  ``setDeviceIds``, always ``setNumNodes(num_nodes)``); the backend never calls ``cudaSetDevice`` itself.
-- TensorRT-LLM ``cpp/tensorrt_llm/runtime/worldConfig.cpp``@65b31db1 (device ids default ``iota(gpusPerNode)``,
-  ``mpi()`` clamps ``gpusPerNode`` to ``cudaGetDeviceCount``, ``getDevice() = deviceIds[rank % size]``);
-  ``executorImpl.cpp``@b35ac1b6 ``initializeWorkers``: with ``numNodes`` set, ``deviceIds.size() × numNodes``
-  must equal ``tp × pp × cp``.
-- The caveat that makes ``auto`` keep a node's GPUs visible when peers of a replica share it:
-  ``allreducePlugin.cpp``@005b299b ``setGroupTopology`` uses node-local ranks as CUDA ordinals, so with one visible
-  GPU ``cudaDeviceCanAccessPeer(0, 1)`` fails with an invalid ordinal and the rank aborts (TensorRT-LLM#1667;
-  NVIDIA reverted ``CUDA_VISIBLE_DEVICES=$SLURM_LOCALID`` in its own Slurm scripts, PRs #16892/#16893), and NCCL
-  cannot use P2P/IPC between processes that do not see each other's GPU (nccl#129, #324).
-  Reordering the list (own GPU first) would not help: TensorRT-LLM and the plugin both take ordinal = local rank.
+Why ``auto`` keeps a node's GPUs visible when ranks of one replica share it (TensorRT-LLM's all-reduce plugin and
+NCCL take node-local ranks as CUDA ordinals), and the upstream sources at their commits: docs/decisions.md "One GPU
+per rank".
 """
 
 from __future__ import annotations

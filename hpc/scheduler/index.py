@@ -111,7 +111,7 @@ def find_job(job: str) -> JobRef:
     if as_path.is_dir() and JobPaths.is_job_folder(as_path):
         return JobRef(as_path.name, as_path.resolve())
     # Only a plain id is looked up in the index (job_index.entries): `index_dir() / "/abs/path"` is "/abs/path"
-    # itself, which made a deployment folder passed by mistake "found" as a job whose id was that path.
+    # itself, which would make a deployment folder passed by mistake "found" as a job whose id is that path.
     found = entries(job)
     if found:
         cluster, link = _pick(job, found)

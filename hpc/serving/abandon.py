@@ -15,8 +15,8 @@ When: the engine stops only a request it holds; a stop whose id matches nothing 
 response may not have reached the engine yet (the ensemble's preprocessing runs first), so its stop is sent again
 (`stop_until`: after RESTOP_FIRST_S, doubling up to RESTOP_MAX_S) until the first response shows that the engine
 holds the request, and once more then. Why not only at the first response: under load the engine's responses
-queue up on their way out while it goes on generating (measured on the loaded 2-core CI machine: the engine had made
-149 of 240 tokens by the time the first one reached the client, and its stop then came 3-9 ms later); a stop
+queue up on their way out while it goes on generating (docs/decisions.md "Abandoned streams": the engine had made
+149 of 240 tokens by the time the first one reached the client); a stop
 sent again every so often lands within one interval of the request's arrival in the engine, however late its
 responses are (tests/test_gateway_abandon.py fails without it).
 

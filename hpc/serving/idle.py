@@ -3,8 +3,8 @@ replica prefills, instead of before the request leaves (where each microsecond a
 token) or once its first piece came (likewise).
 
 Why: at one stream the gateway finds its caches cold (the other processes ran since its last request), and
-measured so (in-process, caches emptied between requests) the disconnect watch and the answer's id and envelope
-cost ~100 us before the request left. How: `collect()` gives the request's task a list in a context variable;
+then the disconnect watch and the answer's id and envelope cost about 100 us before the request left
+(docs/decisions.md "The gateway's own time"). How: `collect()` gives the request's task a list in a context variable;
 `Later(make)` puts its `make` there; the engine calls `run_deferred()` once the request was written to the
 replica (hpc/serving/triton.py: in the request stream that gRPC's own task consumes, a task created in the
 request's context, so it sees the same list). What has not run when it is needed (a request that never left:

@@ -4,9 +4,9 @@ for prefix affinity).
 Why a table and not a hash alone: a replica's cache holds some number of prefixes, so what matters is how many
 of the prefixes in use each replica is home to. Hashing (rendezvous, Thaler & Ravishankar) spreads them only as
 evenly as chance does: 16 documents over 2 replicas split 10/6 as often as not, and with caches of 8 documents the
-replica with 10 thrashes while the other has room (bench_gateway.py's shared-prefix part measured it: 71 of 112
-reuse opportunities kept). So a new prefix goes to the replica home to the fewest prefixes, ties broken by the
-prefix's rendezvous rank (so that two gateways, or a gateway and `hpc.client`, that start alike agree), and stays
+replica with 10 thrashes while the other has room (docs/decisions.md "Prefix affinity with bounded load"). So a new
+prefix goes to the replica home to the fewest prefixes, ties broken by the prefix's rendezvous rank (so that two
+gateways, or a gateway and `hpc.client`, that start alike agree), and stays
 there. A replica that leaves (its job ended or drains) gives its prefixes to the others as they are next asked
 for; one that joins takes new prefixes, and prefixes of any replica home to more than `slack` × the mean as they
 are next asked for, so a deployment that grows rebalances by moving only what it must. The table keeps the

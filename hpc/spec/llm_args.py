@@ -2,7 +2,7 @@
 spec's `llm_api:` section is checked against them, so a misspelt name gets a did-you-mean instead of failing on
 a GPU node when `LLM(**args)` refuses it.
 
-Sources (read in the search index, not at a git tag: /work/notes/issue23-facts.md §4):
+Sources (the docs of each release, not the tag's code: docs/decisions.md "TensorRT-LLM versions and known defects"):
 - 1.2.1: TensorRT-LLM's gh-pages docs of the tag, `1.2.1/_modules/tensorrt_llm/llmapi/llm_args.html`
   (NVIDIA/TensorRT-LLM@58fb435e), BaseLlmArgs and TorchLlmArgs. Fields declared after TorchLlmArgs' validators
   were not read, so a 1.2.1 name missing here may still exist: such a name passes through with a note.

@@ -1,7 +1,7 @@
 """The spec reference (docs/spec.md), made from the schema itself: `python -m hpc.spec.reference > docs/spec.md`.
 
-Why generated: a hand-written table of keys drifts from the models (it listed keys, not their types or defaults,
-and half the fields had no description at all). Here the pydantic models are the one source: each section's
+Why generated: a hand-written table of keys drifts from the models, and leaves out types, defaults and
+descriptions. Here the pydantic models are the one source: each section's
 fields with their type, default and `Field(description=...)`, so a field added without a description shows up as
 an empty cell, and tests/test_docs.py fails until it has one and docs/spec.md is regenerated.
 """

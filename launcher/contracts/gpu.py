@@ -2,7 +2,7 @@
 
 Why: a CUDA process makes a context (~580 MiB measured with tritonserver 2.51, the python stub too) on every GPU
 it can see, so with every rank seeing every GPU of its node, 8 ranks cost each GPU ~4 GiB before the engine sizes
-its KV cache; ``CUDA_VISIBLE_DEVICES=<the rank's GPU>`` stops it (issue 12, DEVELOPERS.md "One GPU per rank").
+its KV cache; ``CUDA_VISIBLE_DEVICES=<the rank's GPU>`` stops it (DEVELOPERS.md "One GPU per rank").
 Whether a job binds at all, and the ``tensorrt_llm`` parameters that agree with it, is decided on the submit side
 once per spec (hpc/render/gpu_binding.py, which also cites why ``auto`` keeps a node's GPUs visible for peers); a rank
 reads only the result.
@@ -17,7 +17,7 @@ Slurm's styles, as the launcher finds them in its environment:
 
 TensorRT-LLM ``cpp/tensorrt_llm/runtime/worldConfig.cpp``@65b31db1 clamps ``gpusPerNode`` to
 ``cudaGetDeviceCount`` and picks ``deviceIds[rank % size]``: with the rank's one GPU visible and told
-``gpu_device_ids "0"``, that is its own (sources: /work/notes/issue12_device_research.md).
+``gpu_device_ids "0"``, that is its own (sources: docs/decisions.md "One GPU per rank").
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The job index: `~/.hpc-serve/jobs/<job_id>@<cluster>` → `D/jobs/<job_id>`, how a job is found from its id.
 
 Why the cluster is in each entry's name: many sites run several Slurm clusters that share $HOME, and a job id is
-unique only within its cluster (job 33 of one and job 33 of the other are two jobs). An index keyed by the id
-alone held one of them, and `hpc-serve list` with SLURM_CONF at the second cluster showed the first cluster's job
-folders with the states of the second cluster's jobs that had the same ids. So a Slurm job's entry names its
+unique only within its cluster (job 33 of one and job 33 of the other are two jobs; docs/decisions.md "The job
+index keys jobs by cluster" says what an index keyed by the id alone showed). So a Slurm job's entry names its
 cluster (Slurm's ClusterName), its job folder records it (`layout.CLUSTER_NAME`), and readers ask the job's own
 cluster (hpc/jobs/executors.py). Entries without a cluster: local jobs (`local-<hex>`, this machine's), and Slurm
 jobs indexed before clusters were recorded, which are taken to be the current cluster's.

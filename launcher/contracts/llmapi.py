@@ -2,7 +2,7 @@
 NVIDIA launches it on Slurm (`srun --mpi=pmix ... trtllm-llmapi-launch tritonserver`). One definition for render,
 the launcher, the CPU engine's stand-in processes and the tests. Standard library only, Python 3.10.
 
-The process layout (reference: ../shared/reference/tensorrt_llm_llmapi.md §4; TensorRT-LLM's
+The process layout (docs/decisions.md "The llmapi launch without trtllm-llmapi-launch"; TensorRT-LLM's
 `tensorrt_llm/llmapi/trtllm-llmapi-launch`): a replica's step has tp × pp tasks. Its rank 0 runs the *leader node*
 (MPI rank 0 of the engine, a session server on a loopback IPC address) and tritonserver, whose `tensorrt_llm`
 model reaches the leader node over that address instead of spawning MPI workers; tritonserver runs with the

@@ -22,8 +22,8 @@ TENSORRT_LLM_BLS = "tensorrt_llm_bls"
 
 #: the largest values the models' INT32 inputs (max_tokens, top_k) and UINT64 input (seed) hold: what the gateway's
 #: OpenAI bodies (hpc/gateway/bodies.py) and the CLI's flags accept at most, so that a larger one is refused naming
-#: its field or flag, not wrapped round on its way into the model (a 500 "must be at least 1, got -727379968" for
-#: max_tokens 10^12, found by hand)
+#: its field or flag, not wrapped round on its way into the model (max_tokens 10^12 would be a 500 "must be at
+#: least 1, got -727379968")
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
 

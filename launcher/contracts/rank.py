@@ -169,9 +169,9 @@ _STARTER = {
 def role(info: RankInfo, tp_size: int, pp_size: int, replicas: int, world_size_per_replica: int | None = None) -> Role:
     """Map the global rank onto (replica, leader) and refuse a world that does not fit the plan.
 
-    In TRT-LLM leader mode a replica is ``tp×pp`` consecutive ranks and only its first rank serves; a wrong world
-    size is the root cause of upstream's "port already in use" reports (#243), so it is rejected up front with the
-    numbers and the fix.  ``world_size_per_replica`` overrides ``tp×pp`` (orchestrator mode uses 1).
+    In TRT-LLM leader mode a replica is ``tp×pp`` consecutive ranks and only its first rank serves; a wrong world size
+    is the root cause of upstream's "port already in use" reports (tensorrtllm_backend#243), so it is rejected up front
+    with the numbers and the fix.  ``world_size_per_replica`` overrides ``tp×pp`` (orchestrator mode uses 1).
     """
     wpr = world_size_per_replica if world_size_per_replica is not None else tp_size * pp_size
     if wpr < 1 or replicas < 1:

@@ -4,9 +4,8 @@ Standard library only: both sides build on it. The renewer (launcher/jobscript/r
 render put in ``D/python``, where hpc-serve may not be installed; the login side (`hpc.scheduler.slurm`) adds what only it
 needs (the cluster's name, cached) and the watcher (`hpc.scheduler.watch`) over it.
 
-Why one module: each call site used to handle timeouts and return codes its own way (one had no timeout, one
-dropped scancel's errors, one turned every failure into an empty answer, the renewer matched "Invalid job id"
-by hand and never retried). Here every call has a timeout; a failure raises `SlurmError` carrying the command,
+Why one module: so that no call site handles timeouts and return codes its own way (docs/decisions.md "One
+way to run a Slurm command"). Here every call has a timeout; a failure raises `SlurmError` carrying the command,
 its exit code and its stderr; and transient controller trouble (a busy slurmctld answers "Socket timed out",
 "Unable to contact slurm controller", `slurm_load_jobs error`) is retried with a back-off, only where repeating
 the command is safe: a timed-out `sbatch` may have queued the job, so sbatch is retried only when the

@@ -1,4 +1,4 @@
-"""Prove one GPU per rank on a machine with ≥ 2 GPUs (issue 12): two ranks started by the real launcher.
+"""Prove one GPU per rank on a machine with ≥ 2 GPUs: two ranks started by the real launcher.
 
 For each ``gpu_binding`` (per-rank, then none) it writes a deployment folder (launch.json: tp 1 × 2 replicas, so
 each rank is a leader and no MPI is needed) whose model repository holds one CUDA python model, starts

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU per rank, proven on a machine with ≥ 2 GPUs (issue 12; DEVELOPERS.md "One GPU per rank").
+# One GPU per rank, proven on a machine with ≥ 2 GPUs (DEVELOPERS.md "One GPU per rank").
 # Needs: python3 with torch and numpy; tritonserver from the nvidia-pytriton wheel, either installed or as a
 # wheel in .whl/ (the device tool's way: `pip download nvidia-pytriton==0.7.0` for cp312 manylinux x86_64).
 # Usage: scripts/gpu/prove_gpu_binding.sh   (results: $OUT or /tmp/gpu-proof: gpu_binding.json, rank logs)

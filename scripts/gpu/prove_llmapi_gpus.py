@@ -1,5 +1,5 @@
 """Prove on a machine with ≥ 2 GPUs that hpc-serve's llmapi launch never hides the GPU a TensorRT-LLM worker opens
-(issue 23, "GPU visibility"; /work/notes/issue23-facts.md §5).
+(docs/decisions.md "One GPU per rank").
 
 TensorRT-LLM's PyTorch worker picks ``global_rank % torch.cuda.device_count()`` itself. For each ``gpu_binding``
 ("none", then "per-rank") this writes a deployment folder (launch.json through LaunchPlan: workflow llmapi, backend

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llmapi GPU visibility, proven on a machine with ≥ 2 GPUs (issue 23; scripts/gpu/prove_llmapi_gpus.py says what).
+# llmapi GPU visibility, proven on a machine with ≥ 2 GPUs (scripts/gpu/prove_llmapi_gpus.py says what).
 # Needs: python3 with torch; tritonserver from the nvidia-pytriton wheel, installed or as a wheel in
 # ${PYTRITON_WHEEL_DIR:-.whl} (the device tool's way, as for prove_gpu_binding.sh).
 # numpy ≥ 2 breaks every output tensor of tritonserver 2.51's python stub ("output tensor shape does not match size

@@ -5,7 +5,7 @@ NVIDIA/TensorRT-LLM@000bd1a6 tensorrt_llm/executor/base_worker.py): ``device_id 
 torch.cuda.device_count(); torch.cuda.set_device(device_id)``, with ``global_rank`` = MPI COMM_WORLD's rank; not the
 local rank, and blind to ``CUDA_VISIBLE_DEVICES``. Its ``Mapping`` (tensorrt_llm/mapping.py) also takes
 ``local_rank = rank % gpus_per_node`` as a CUDA ordinal in some paths (the MNNVL all-reduce workspace, MoE):
-``mapping_probe`` opens that ordinal too (/work/notes/issue23-facts.md §5).
+``mapping_probe`` opens that ordinal too (docs/decisions.md "One GPU per rank").
 
 Read by the stand-in nodes, the stand-in model (scripts/gpu/llmapi_standin/model/) and the proof script, so the
 report's names are written once. Standard library at import; torch only inside ``open_gpu``.
