@@ -99,8 +99,7 @@ def child_env(
         env["PYTHONPATH"] = with_source_root(env["PYTHONPATH"], root / STANDIN_ROOT)
     if info is not None and me is not None:
         per_replica = plan.world_size_per_replica
-        side_file = stop_path(plan, info) if me.leader else release_path(plan, info)
-        env.update(placement_env(info, me, per_replica, str(side_file)))
+        env.update(placement_env(info, me, per_replica, str(stop_path(plan, info)), str(release_path(plan, info))))
         threads = threads_per_rank(env)
         for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(name, threads)
