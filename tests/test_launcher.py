@@ -474,3 +474,39 @@ def test_dry_run_prints_the_follower_command(
         "--allow-metrics=false",
         "--log-verbose=1",
     ]
+
+
+def test_every_workflow_and_rank_has_one_role(tmp_path: Path) -> None:
+    """launcher/node/run.py ROLES: the launcher's one workflow decision covers every workflow, leader or not, and
+    each role says what it runs: a leader serves on ports, a follower on none; an llmapi worker runs no
+    tritonserver."""
+    from launcher.contracts.llmapi import LLMAPI, WORKFLOWS
+    from launcher.node import run
+
+    assert set(run.ROLES) == {(workflow, leader) for workflow in WORKFLOWS for leader in (True, False)}
+    server = ServerBinary("/ts")
+    for (workflow, leader), kind in run.ROLES.items():
+        info = RankInfo(0 if leader else 1, 0, 2, "n", "7", "single")
+        plan = make_plan(tmp_path, world_size_per_replica=2, workflow=workflow)
+        rank = run.rank_role(plan, info, role(info, 2, 1, 1), server)
+        assert type(rank) is kind and rank.leads is leader
+        ports = rank.dry_run_ports()
+        assert (ports is not None) is leader
+        argv = rank.argv(ports)
+        assert (argv[0] == "/ts") is not (workflow == LLMAPI and not leader), (kind, argv)
+
+
+def test_states_keep_their_text_in_records(tmp_path: Path) -> None:
+    """The launcher's states are str Enums: a startup record carries the phase's text, as before, and one read
+    back (plain text) equals its Phase."""
+    from launcher.node.ready import ReadyState
+    from launcher.node.stop import KILL, TERM, WAIT
+
+    path = tmp_path / "replica-0.starting"
+    records.StartupRecord(replica=0, phase=records.WARMING_UP, since=1.0).write(path)
+    assert json.loads(path.read_text())["phase"] == "warming-up"
+    read = records.StartupRecord.read(path)
+    assert read is not None and read.phase == records.Phase.WARMING_UP and "warming up" in read.describe(2.0)
+    assert [p.value for p in records.PHASES] == ["loading", "warming-up"]
+    assert (WAIT, TERM, KILL) == ("wait", "term", "kill")
+    assert ReadyState("ready-timeout") is ReadyState.READY_TIMEOUT

@@ -128,6 +128,12 @@ class LaunchPlan:
         return IMAGE_MODEL if self.model_files_from else OWN_MODEL
 
     @property
+    def imports_standin(self) -> bool:
+        """llmapi on backend cpu: the ranks' `import tensorrt_llm` is the CPU engine's stand-in (llmapi.STANDIN_ROOT
+        on their PYTHONPATH)."""
+        return self.workflow == LLMAPI and self.backend == "cpu"
+
+    @property
     def world_size(self) -> int:
         """Ranks of the whole job: every replica's."""
         return self.replicas * self.world_size_per_replica

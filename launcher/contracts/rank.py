@@ -220,14 +220,17 @@ class Placement:
     release_file: str | None = None
 
 
-def placement_env(info: RankInfo, me: Role, ranks_per_replica: int, side_file: str) -> dict[str, str]:
+def placement_env(
+    info: RankInfo, me: Role, ranks_per_replica: int, stop_file: str, release_file: str
+) -> dict[str, str]:
     """The variables the launcher sets for its tritonserver: world size, replica, ranks per replica, and the
-    leader's stop file or the follower's release file (``side_file``)."""
+    side file of the rank's role: a leader's stop file, or a follower's release file."""
+    side = {STOP_FILE_ENV: stop_file} if me.leader else {RELEASE_FILE_ENV: release_file}
     return {
         WORLD_SIZE_ENV: str(info.world_size),
         REPLICA_ENV: str(me.replica),
         RANKS_PER_REPLICA_ENV: str(ranks_per_replica),
-        STOP_FILE_ENV if me.leader else RELEASE_FILE_ENV: side_file,
+        **side,
     }
 
 

@@ -10,6 +10,7 @@ version (fields it lacks get defaults) or a newer one (fields it does not know a
 from __future__ import annotations
 
 import dataclasses
+import enum
 import ipaddress
 import json
 import os
@@ -296,14 +297,20 @@ def _read(folder: Path, pattern: str, kind: type[_R]) -> list[_R]:
     return [record for record in records if record is not None]
 
 
-#: A replica leader's startup phases (StartupRecord.phase), in order: tritonserver loads its models until
-#: ``/v2/health/ready`` answers 200, then one real request must come back (launcher/node/warmup.py) before the
-#: endpoint record is published; ``status`` says which one a STARTING replica is in.
-LOADING = "loading"
-WARMING_UP = "warming-up"
-PHASES = (LOADING, WARMING_UP)
+class Phase(str, enum.Enum):
+    """A replica leader's startup phases (StartupRecord.phase), in order: tritonserver loads its models until
+    ``/v2/health/ready`` answers 200, then one real request must come back (launcher/node/warmup.py) before the
+    endpoint record is published; ``status`` says which one a STARTING replica is in. str-valued: the record
+    carries the value, and a record read back holds the plain text (equal to its Phase)."""
+
+    LOADING = "loading"
+    WARMING_UP = "warming-up"
+
+
+LOADING, WARMING_UP = Phase.LOADING, Phase.WARMING_UP
+PHASES = tuple(Phase)
 #: what ``status`` says a replica in each phase is waiting for
-PHASE_TEXT = {LOADING: "loading the models", WARMING_UP: "warming up"}
+PHASE_TEXT: dict[str, str] = {LOADING: "loading the models", WARMING_UP: "warming up"}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import os
 import signal
 import time
@@ -92,6 +93,16 @@ def in_flight(paths: JobPaths) -> int | None:
             return None
         total += active
     return total
+
+
+class Phase(str, enum.Enum):
+    """Where a renewer is (module docstring's steps): WAIT for the time to submit a successor (or to submit it
+    again), SUCCESSOR submitted and not READY yet, DRAINING once it is, SERVE on to the end without one."""
+
+    WAIT = "wait"
+    SUCCESSOR = "successor"
+    DRAINING = "draining"
+    SERVE = "serve"
 
 
 class Renewer:
@@ -167,18 +178,18 @@ class Renewer:
             return None
         return successor
 
-    def successor_lost(self, successor: str | None, state: str) -> str:
-        """A successor ended before it was READY: submit another at once (the next phase, "wait", does), unless
-        SUCCESSOR_ATTEMPTS of them ended so; then this job serves on to its end ("serve")."""
+    def successor_lost(self, successor: str | None, state: str) -> Phase:
+        """A successor ended before it was READY: submit another at once (the next phase, WAIT, does), unless
+        SUCCESSOR_ATTEMPTS of them ended so; then this job serves on to its end (SERVE)."""
         self.lost_successors += 1
         note = f"successor {successor} ended ({state}) before it was READY"
         if self.lost_successors >= SUCCESSOR_ATTEMPTS:
             self.save(note=f"{note}; {self.lost_successors} successors did: no more")
             log(f"{note}; {self.lost_successors} successors did, none more is submitted")
-            return "serve"
+            return Phase.SERVE
         self.save(note=f"{note}; submitting another")
         log(f"{note}; submitting another ({self.lost_successors + 1} of at most {SUCCESSOR_ATTEMPTS})")
-        return "wait"
+        return Phase.WAIT
 
     def successor_ready(self, successor: str) -> bool:
         return len(read_endpoints(JobPaths(self.deployment.root, successor))) >= self.replicas
@@ -203,7 +214,7 @@ class Renewer:
                 f"job {self.job_id} (job {self.record.index} of its chain) ends {format_time(self.end)}: successor at "
                 f"{format_time(self.plan.renew_at(self.end))}, ordered stop by {format_time(self.plan.stop_at(self.end))}"
             )
-        phase = "successor" if self.record.successor else "wait"
+        phase = Phase.SUCCESSOR if self.record.successor else Phase.WAIT
         read_at = checked_at = time.monotonic()
         marked_at = retry_at = 0.0
         final = False
@@ -222,27 +233,27 @@ class Renewer:
                 time.sleep(POLL_S)
                 continue
             successor = self.record.successor
-            if phase == "wait" and now >= max(self.plan.renew_at(self.end), retry_at):
+            if phase is Phase.WAIT and now >= max(self.plan.renew_at(self.end), retry_at):
                 reason = self.plan.why_not(self.record.index, now, self.chain_stopped())
                 if reason:
                     self.save(note=f"no successor: {reason}")
                     log(f"no successor: {reason}")
-                    phase = "serve"
+                    phase = Phase.SERVE
                 elif self.submit() is not None:
                     log(f"submitted the successor {self.record.successor}")
-                    phase = "successor"
+                    phase = Phase.SUCCESSOR
                 elif self.record.successor:  # submitted, then cancelled at once
-                    phase = "serve"
+                    phase = Phase.SERVE
                 else:
                     self.save(note="sbatch of the successor failed (see this job's log); trying again")
                     retry_at = now + SBATCH_RETRY_S
-            elif phase == "successor" and self.successor_ready(successor):
+            elif phase is Phase.SUCCESSOR and self.successor_ready(successor):
                 marked_at = now
                 DrainingMark(at=now, successor=successor).write(self.paths.draining)
                 self.save(handover_at=now, note=f"successor {successor} READY: draining")
                 log(f"successor {successor} is READY: this job takes no new requests, stops once idle")
-                phase = "draining"
-            elif phase == "successor" and time.monotonic() - checked_at >= SUCCESSOR_STATE_S:
+                phase = Phase.DRAINING
+            elif phase is Phase.SUCCESSOR and time.monotonic() - checked_at >= SUCCESSOR_STATE_S:
                 checked_at = time.monotonic()
                 new = job_state(successor)
                 if new != state and new[0]:
@@ -250,19 +261,19 @@ class Renewer:
                     log(f"successor {successor}: {described(new)}")
                 if gone_or_ended(new):
                     phase = self.successor_lost(successor, new[0])
-            elif phase == "draining" and now >= self.plan.idle_from(marked_at):
+            elif phase is Phase.DRAINING and now >= self.plan.idle_from(marked_at):
                 busy = in_flight(self.paths)
                 if busy == 0:
                     return self.stop(f"handed over to {successor}: no request in flight")
                 if now >= self.plan.drain_until(marked_at, self.end):
                     left = "an unknown number of" if busy is None else str(busy)
                     return self.stop(f"handed over to {successor}: drain timeout with {left} requests in flight")
-            if phase in ("serve", "successor") and not final and now >= self.plan.final_drain_at(self.end):
+            if phase in (Phase.SERVE, Phase.SUCCESSOR) and not final and now >= self.plan.final_drain_at(self.end):
                 final = True
                 DrainingMark(at=now, final=True).write(self.paths.draining)
                 log(f"no successor serves yet: no new requests from now on; ordered stop in {self.plan.notice_s:g} s")
             if now >= self.plan.stop_at(self.end):
-                if phase == "successor":
+                if phase is Phase.SUCCESSOR:
                     why = described(state) if state[0] else "not READY"
                     return self.stop(
                         f"successor {successor} still {why} at this job's end; it takes over when it starts"

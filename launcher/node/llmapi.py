@@ -136,7 +136,7 @@ class LeaderNode:
         self.child: Child | None = None
         #: the last signal `end` had to send (None: it ended as its release ends it)
         self.signalled: str | None = None
-        #: the rank's log ring: tritonserver's output joins it (run.py passes it to the supervisor's spawn)
+        #: the rank's log ring: tritonserver's output joins it (roles.py LlmapiLeader passes it to the supervisor's spawn)
         self.ring: collections.deque[str] = collections.deque(maxlen=LOG_RING)
         #: (to end by itself, after SIGTERM) before SIGKILL: see LEADER_NODE_EXIT_S
         self.end_patience = (LEADER_NODE_EXIT_S, LEADER_NODE_TERM_S)

@@ -7,15 +7,16 @@
 4. warming up: one real request, one generated token through the ensemble, must come back (launcher/node/warmup.py),
    within ``warmup_timeout_s``.
 
-Only then does run.py publish the endpoint record, so READY (hpc/jobs/track.py) means a token came back. Each phase is
-written to the replica's startup record (records.StartupRecord, ``endpoints/replica-<k>.starting``) so that
-``hpc-serve status`` says what a STARTING replica waits for; the record is removed when the rank publishes or
-ends. Why a module of its own: run.py is the rank's life (ports, processes, records); this is the one sequence
-that decides READY.
+Only then does the leader's role (launcher/node/roles.py) publish the endpoint record, so READY (hpc/jobs/track.py)
+means a token came back. Each phase is written to the replica's startup record (records.StartupRecord,
+``endpoints/replica-<k>.starting``) so that ``hpc-serve status`` says what a STARTING replica waits for; the record
+is removed when the rank publishes or ends. Why a module of its own: roles.py is the rank's life (ports, processes,
+records); this is the one sequence that decides READY.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,21 +26,38 @@ from launcher.contracts.job_index import job_cluster
 from launcher.contracts.layout import JobPaths
 from launcher.contracts.plan import LaunchPlan
 from launcher.contracts.rank import RankInfo, Role
-from launcher.node.supervise import Child, Supervisor, log, wait_ready
-from launcher.node.warmup import MODELS, choose, warm_up
+from launcher.node.supervise import Child, HealthWait, Supervisor, log, wait_ready
+from launcher.node.warmup import MODELS, WarmupState, choose, warm_up
 from launcher.node.watch import RankWatch
 
-#: Readiness.state values other than "ready" | "exited" | "stopping": the launcher gave up, and why
-READY_TIMEOUT, AUTH_FAILED, WARMUP_FAILED = "ready-timeout", "auth", "warmup"
+
+class ReadyState(str, enum.Enum):
+    """Where a leader's way to READY ended: READY; EXITED (tritonserver ended, or fail-fast ended it); STOPPING (a
+    stop signal came first); or why the launcher gave up on it (the rest: launcher/node/roles.py GAVE_UP)."""
+
+    READY = "ready"
+    EXITED = "exited"
+    STOPPING = "stopping"
+    READY_TIMEOUT = "ready-timeout"
+    AUTH_FAILED = "auth"
+    WARMUP_FAILED = "warmup"
+
+
+#: a wait (for the health check, for the warm-up's answer) that ended with the server, or with a stop
+_ENDED: dict[HealthWait | WarmupState, ReadyState] = {
+    HealthWait.EXITED: ReadyState.EXITED,
+    HealthWait.STOPPING: ReadyState.STOPPING,
+    WarmupState.EXITED: ReadyState.EXITED,
+    WarmupState.STOPPING: ReadyState.STOPPING,
+}
 
 
 @dataclass(frozen=True)
 class Readiness:
-    """``state``: "ready", "exited" (tritonserver ended, or fail-fast ended it), "stopping" (a stop signal came
-    first), or why the launcher gave up (READY_TIMEOUT, AUTH_FAILED, WARMUP_FAILED; ``error`` says it).
-    ``loaded_s``/``warmup_s``: how long loading and the warm-up took (the log line and the measurements)."""
+    """``state``: a ReadyState (``error`` says why the launcher gave up, when it did). ``loaded_s``/``warmup_s``:
+    how long loading and the warm-up took (the log line and the measurements)."""
 
-    state: str
+    state: ReadyState
     error: str = ""
     loaded_s: float = 0.0
     warmup_s: float = 0.0
@@ -88,29 +106,30 @@ def become_ready(
     start = time.monotonic()
     state = wait_ready(sup, child, http_port, plan.ready_timeout_s)
     loaded = time.monotonic() - start
-    if state == "timeout":
-        return Readiness(READY_TIMEOUT, f"not ready after ready_timeout_s={plan.ready_timeout_s:g} s", loaded)
-    if state != "ready":
-        return Readiness(state, loaded_s=loaded)
+    if state is HealthWait.TIMEOUT:
+        why = f"not ready after ready_timeout_s={plan.ready_timeout_s:g} s"
+        return Readiness(ReadyState.READY_TIMEOUT, why, loaded)
+    if state is not HealthWait.READY:
+        return Readiness(_ENDED[state], loaded_s=loaded)
     token: str | None = None
     if guard is not None:
         try:  # before anything is sent or published: an unprotected server must never be offered
             guard.verify(http_port)
             token = auth.read_token(guard.token_file)
         except auth.AuthSetupError as exc:
-            return Readiness(AUTH_FAILED, str(exc), loaded)
+            return Readiness(ReadyState.AUTH_FAILED, str(exc), loaded)
         log("auth: token: checked that tritonserver refuses requests without the deployment's token")
     watch.arm_stubs(child.proc.pid)  # from now on a dead stub ends the rank (launcher/node/watch.py)
     warmup = choose(Path(plan.model_repository), plan.warmup_timeout_s, token)
     if warmup is None:
         log(f"no {' or '.join(MODELS)} model in {plan.model_repository}: READY on its health check alone")
-        return Readiness("ready", loaded_s=loaded)
+        return Readiness(ReadyState.READY, loaded_s=loaded)
     write_phase(paths, info, me, child, records.WARMING_UP, warmup.detail)
     outcome = warm_up(sup, child, warmup, http_port)
-    if outcome.state == "ok":
+    if outcome.state is WarmupState.OK:
         log(f"warm-up: {warmup.detail} came back in {outcome.seconds:.3f} s ({outcome.text!r})")
-        return Readiness("ready", loaded_s=loaded, warmup_s=outcome.seconds)
-    if outcome.state in ("failed", "timeout"):
+        return Readiness(ReadyState.READY, loaded_s=loaded, warmup_s=outcome.seconds)
+    if outcome.state in (WarmupState.FAILED, WarmupState.TIMEOUT):
         why = f"warm-up request ({warmup.detail}, POST {warmup.path}) failed: {outcome.why}"
-        return Readiness(WARMUP_FAILED, why, loaded, outcome.seconds)
-    return Readiness(outcome.state, loaded_s=loaded, warmup_s=outcome.seconds)
+        return Readiness(ReadyState.WARMUP_FAILED, why, loaded, outcome.seconds)
+    return Readiness(_ENDED[outcome.state], loaded_s=loaded, warmup_s=outcome.seconds)

@@ -12,7 +12,7 @@ from pathlib import Path
 from launcher.contracts import config
 from launcher.contracts.gpu import node_gpu_count, rank_gpus
 from launcher.contracts.layout import Deployment, JobPaths, with_source_root
-from launcher.contracts.llmapi import LLMAPI, STANDIN_ROOT
+from launcher.contracts.llmapi import STANDIN_ROOT
 from launcher.contracts.plan import LaunchPlan
 from launcher.contracts.rank import RankInfo, Role, placement_env
 from launcher.node.server import ServerBinary, merge_env
@@ -95,12 +95,11 @@ def child_env(
     env = merge_env(env, server.env)
     root = Deployment(Path(plan.deployment_dir)).runtime_root
     env["PYTHONPATH"] = with_source_root(env.get("PYTHONPATH"), root)
-    if plan.workflow == LLMAPI and plan.backend == "cpu":  # `import tensorrt_llm` is the CPU engine's stand-in
+    if plan.imports_standin:
         env["PYTHONPATH"] = with_source_root(env["PYTHONPATH"], root / STANDIN_ROOT)
     if info is not None and me is not None:
         per_replica = plan.world_size_per_replica
-        side_file = stop_path(plan, info) if me.leader else release_path(plan, info)
-        env.update(placement_env(info, me, per_replica, str(side_file)))
+        env.update(placement_env(info, me, per_replica, str(stop_path(plan, info)), str(release_path(plan, info))))
         threads = threads_per_rank(env)
         for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(name, threads)

@@ -16,6 +16,7 @@ Pure logic with an injectable clock, so the bounds are unit-tested without sleep
 
 from __future__ import annotations
 
+import enum
 import signal
 import time
 from collections.abc import Callable
@@ -29,7 +30,16 @@ FOLLOWER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1
 #: a leader's tritonserver ignores those, and the launcher forwards them as SIGTERM instead
 LEADER_IGNORES = (signal.SIGHUP, signal.SIGUSR1)
 
-WAIT, TERM, KILL = "wait", "term", "kill"
+
+class Action(str, enum.Enum):
+    """What a follower's supervisor does at a poll (``FollowerStop.action``): wait on, SIGTERM, or SIGKILL."""
+
+    WAIT = "wait"
+    TERM = "term"
+    KILL = "kill"
+
+
+WAIT, TERM, KILL = Action.WAIT, Action.TERM, Action.KILL
 
 
 class FollowerStop:
@@ -69,7 +79,7 @@ class FollowerStop:
             self.deadline = deadline
             self.reason = f"no release from the leader within {wait_s:g} s"
 
-    def action(self) -> tuple[str, str]:
+    def action(self) -> tuple[Action, str]:
         """What to do at this poll: (WAIT | TERM | KILL, why)."""
         if self.deadline is None or self.killed:
             return WAIT, ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
+import enum
 import os
 import shlex
 import signal
@@ -388,22 +389,32 @@ def is_ready(http_port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> b
         return False
 
 
-def wait_ready(sup: Supervisor, child: Child, http_port: int, timeout_s: float) -> str:
-    """ "ready" | "exited" | "stopping" | "timeout".  Polls every 20 ms for the first 10 s (a small repository is
-    ready in ~0.3 s, and every poll gap is added to the time to READY), then backs off to 0.25 s so a 15-minute
-    TRT-LLM load does not spin."""
+class HealthWait(str, enum.Enum):
+    """How ``wait_ready`` ended: tritonserver's health check said ready, tritonserver ended (or the fail-fast watch
+    ended it), a stop signal came first, or ``timeout_s`` ran out."""
+
+    READY = "ready"
+    EXITED = "exited"
+    STOPPING = "stopping"
+    TIMEOUT = "timeout"
+
+
+def wait_ready(sup: Supervisor, child: Child, http_port: int, timeout_s: float) -> HealthWait:
+    """Wait for ``/v2/health/ready``.  Polls every 20 ms for the first 10 s (a small repository is ready in
+    ~0.3 s, and every poll gap is added to the time to READY), then backs off to 0.25 s so a 15-minute TRT-LLM
+    load does not spin."""
     start = time.monotonic()
     deadline = start + timeout_s
     interval = 0.02
     while True:
         if sup.poll(child) is not None:
-            return "exited"
+            return HealthWait.EXITED
         if sup.stopping:
-            return "stopping"
+            return HealthWait.STOPPING
         if is_ready(http_port):
-            return "ready"
+            return HealthWait.READY
         if time.monotonic() >= deadline:
-            return "timeout"
+            return HealthWait.TIMEOUT
         time.sleep(interval)
         if time.monotonic() - start > 10:
             interval = min(interval * 1.5, 0.25)

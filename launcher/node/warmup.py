@@ -23,6 +23,7 @@ port, and are in this request's collectives. Standard library only (urllib), lik
 
 from __future__ import annotations
 
+import enum
 import json
 import threading
 import time
@@ -147,12 +148,22 @@ def send(warmup: Warmup, port: int, host: str = "127.0.0.1") -> str:
     raise WarmupFailed("the stream ended without a response")
 
 
+class WarmupState(str, enum.Enum):
+    """How a warm-up ended: an answer with text, an error answer, no answer in time, tritonserver ended (or the
+    launcher's fail-fast ended it), or a stop signal came first."""
+
+    OK = "ok"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    EXITED = "exited"
+    STOPPING = "stopping"
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """How a warm-up went: ``state`` "ok" | "failed" | "timeout" | "exited" (tritonserver, or the launcher's
-    fail-fast ended it) | "stopping" (a stop signal came first); ``why`` the error; ``seconds`` how long."""
+    """How a warm-up went: ``state``; ``why`` the error; ``seconds`` how long; ``text`` the token's text."""
 
-    state: str
+    state: WarmupState
     why: str = ""
     seconds: float = 0.0
     text: str = ""
@@ -179,14 +190,13 @@ def warm_up(sup: Supervisor, child: Child, warmup: Warmup, port: int, host: str 
         thread.join(0.01)
         took = time.monotonic() - start
         if sup.poll(child) is not None:
-            return Outcome("exited", seconds=took)
+            return Outcome(WarmupState.EXITED, seconds=took)
         if sup.stopping:
-            return Outcome("stopping", seconds=took)
+            return Outcome(WarmupState.STOPPING, seconds=took)
         if not thread.is_alive():
             if "error" in result:
-                return Outcome("failed", result["error"], took)
-            return Outcome("ok", seconds=took, text=result.get("text", ""))
+                return Outcome(WarmupState.FAILED, result["error"], took)
+            return Outcome(WarmupState.OK, seconds=took, text=result.get("text", ""))
         if took >= warmup.timeout_s:
-            return Outcome(
-                "timeout", f"no answer within warmup_timeout_s={warmup.timeout_s:g} s (launch.json)", seconds=took
-            )
+            why = f"no answer within warmup_timeout_s={warmup.timeout_s:g} s (launch.json)"
+            return Outcome(WarmupState.TIMEOUT, why, seconds=took)
