@@ -60,7 +60,7 @@ def build_request(spec: Spec) -> dict[str, Any]:
     b, m = spec.build, spec.model
     assert b is not None
     request: dict[str, Any] = {"backend": m.backend, "tp_size": m.tp_size, "pp_size": m.pp_size}
-    if m.backend == "cpu":
+    if m.backend_strategy.makes_checkpoints:  # its build writes hpc-serve shards
         request["tool"] = {"name": "hpc-serve shards", "format": SHARD_FORMAT}
         return request
     request.update(
@@ -85,7 +85,7 @@ def build_request(spec: Spec) -> dict[str, Any]:
 
 def init_request(spec: Spec) -> dict[str, Any] | None:
     """The `model.init` arguments when the build creates the checkpoint (backend cpu), else None."""
-    init = spec.model.init if spec.model.backend == "cpu" else None
+    init = spec.model.init if spec.model.backend_strategy.makes_checkpoints else None
     return init.model_dump(mode="json") if init is not None else None
 
 
@@ -137,7 +137,7 @@ def served_spec(spec: Spec, engine_dir: Path) -> Spec:
     """The spec the serving job runs: the built engine in place of the build (no `build:`, no `model.init`), so
     the deployment folder is an ordinary one for a fixed engine."""
     m = spec.model
-    if m.backend == "tensorrtllm":
+    if m.backend_strategy.serves_built_engine:
         model = m.model_copy(update={"engine_dir": engine_dir})
     else:  # the sharded folder carries the tokenizer files; a tokenizer_dir of the spec's own stays
         model = m.model_copy(update={"checkpoint_dir": engine_dir, "init": None})

@@ -39,7 +39,7 @@ def _steps(spec: Spec, plan: BuildPlan, deploy_dir: Path) -> list[dict[str, Any]
     assert b is not None
     python, src = _python(spec), str(plan.source)
     record = [python, "-m", "launcher.jobscript.build_record", "finish", str(Deployment(deploy_dir).build_request)]
-    if m.backend == "cpu":
+    if m.backend_strategy.makes_checkpoints:
         steps: list[dict[str, Any]] = []
         if m.init is not None:  # the checkpoint model.init asks for, made here rather than by submit
             init = ["--family", m.init.family, "--size", m.init.size, "--weights-seed", str(m.init.seed)]

@@ -16,7 +16,7 @@ from hpc.spec import ModelInit, Spec
 def model_to_create(spec: Spec) -> tuple[Path, ModelInit] | None:
     """The checkpoint folder `model.init` asks for and how, when it does not hold a checkpoint yet; else None."""
     m = spec.model
-    if m.backend != "cpu" or m.init is None or m.checkpoint_dir is None or spec.build is not None:
+    if not m.backend_strategy.makes_checkpoints or m.init is None or m.checkpoint_dir is None or spec.build is not None:
         return None  # with a build: section the build job creates it (hpc/jobs/build_script.py)
     return None if (m.checkpoint_dir / "config.json").exists() else (m.checkpoint_dir, m.init)
 

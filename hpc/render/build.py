@@ -59,7 +59,7 @@ def render_build(spec: Spec, build: BuildScript, deploy_dir: Path, templates: Pa
         "spec": spec,
         "version": __version__,
         "deploy_dir": str(deploy_dir),
-        "backend_words": "TensorRT-LLM" if spec.model.backend == "tensorrtllm" else "CPU engine shards",
+        "backend_words": spec.model.backend_strategy.build_words,
         "source": str(build.source),
         "engine_dir": str(build.engine_dir),
         "output_root": str(build.output_root),

@@ -102,7 +102,7 @@ def serving_gres(spec: Spec) -> str | None:
 
 def build_gres(spec: Spec) -> str | None:
     """The build job's GPUs: as many as the tools use at once (one per rank, at most a node's)."""
-    if spec.model.backend != "tensorrtllm":
+    if not spec.model.backend_strategy.uses_gpus:
         return None
     count = min(spec.model.tp_size * spec.model.pp_size, build_gpus_per_node(spec))
     return f"gpu:{count}"

@@ -38,7 +38,7 @@ from launcher.contracts.layout import LAUNCH_NAME
 from launcher.contracts.llmapi import BACKENDS, ENGINE, IMAGE_MODEL, OWN_MODEL, WORKFLOWS
 from launcher.contracts.records import write_json_atomic
 from launcher.contracts.renew_plan import RenewPlan
-from launcher.contracts.workflows import rank_workflow
+from launcher.contracts.workflows import rank_backend, rank_workflow
 
 #: launch.json's version: a plan of another version is refused (a reader cannot know what it means)
 VERSION = 1
@@ -131,7 +131,8 @@ class LaunchPlan:
     def imports_standin(self) -> bool:
         """llmapi on backend cpu: the ranks' `import tensorrt_llm` is the CPU engine's stand-in (llmapi.STANDIN_ROOT
         on their PYTHONPATH)."""
-        return self.workflow == LLMAPI and self.backend == "cpu"
+        backend = rank_backend(self.backend)
+        return rank_workflow(self.workflow).imports_tensorrt_llm and backend is not None and backend.standin
 
     @property
     def world_size(self) -> int:
