@@ -212,8 +212,8 @@ def check_llmapi_files(folder: str) -> dict:
 def check_pmix(mpi: str) -> dict:
     """The step runs under PMIx when the spec's srun --mpi asks for it (the ranks' MPI, mpi4py and TensorRT-LLM's
     workers, initialise through it), and the GDS the ranks will use: the launcher sets PMIX_MCA_gds=hash for
-    every process it starts (launch.json `env`; NVIDIA's triton_task.sh calls it required: tensorrtllm_backend
-    #553), whatever the site's environment says."""
+    every process it starts (launch.json `env`; NVIDIA's triton_task.sh calls it required:
+    tensorrtllm_backend#553), whatever the site's environment says."""
     gds = os.environ.get("PMIX_MCA_gds")
     site = f"the step's PMIX_MCA_gds is {gds}" if gds else "the step sets no PMIX_MCA_gds"
     detail = f"{site}; the ranks run with hash (launch.json env)"

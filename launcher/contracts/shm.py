@@ -13,8 +13,9 @@ SHM_DIR = Path("/dev/shm")
 
 
 def shm_prefix(rank: int | str, job_id: str) -> str:
-    """``prefix<rank>_<job>_``: upstream's ``prefix<rank>_`` shape (#684), plus the job id so two deployments
-    sharing a node's /dev/shm never collide (newer python_backend also randomises region names, PR #351; the prefix is cheap insurance).
+    """``prefix<rank>_<job>_``: upstream's ``prefix<rank>_`` shape (tensorrtllm_backend#684), plus the job id so two
+    deployments sharing a node's /dev/shm never collide (newer python_backend releases also randomise region names,
+    triton-inference-server/python_backend#351; the prefix is cheap insurance).
     Job ids keep letters, digits and '-' only, so no rank's prefix starts another's (`prefix1_7_` vs `prefix1_70_`)."""
     return _prefix(rank, re.sub(r"[^A-Za-z0-9-]", "-", job_id))
 

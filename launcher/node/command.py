@@ -109,12 +109,11 @@ def build_argv(
 ) -> list[str]:
     """Build the command line.
 
-    Leader: the whole repository (default model control) on ``ports``.  Follower: only ``follower_models`` with
-    explicit model control (the python pre/post/BLS models stay on the leader, as in launch_triton_server.py), and
-    all three endpoints disabled, so even a follower that finishes loading (the root cause of #243) cannot take
-    a port.  ``exit_timeout_s`` bounds tritonserver's own graceful stop (drain in-flight requests, unload), so a
-    cancel ends in a known time (launch.json ``drain_s``).  ``server_args`` come last so a user can override
-    anything.
+    Leader: the whole repository (default model control) on ``ports``.  Follower: only ``follower_models`` with explicit
+    model control (the python pre/post/BLS models stay on the leader, as in launch_triton_server.py), and all three
+    endpoints disabled, so even a follower that finishes loading (the root cause of tensorrtllm_backend#243) cannot take
+    a port.  ``exit_timeout_s`` bounds tritonserver's own graceful stop (drain in-flight requests, unload), so a cancel
+    ends in a known time (launch.json ``drain_s``).  ``server_args`` come last so a user can override anything.
     """
     argv = [argv0, f"--model-repository={model_repository}", "--disable-auto-complete-config"]
     if backend_dir:

@@ -1,11 +1,10 @@
 """Port choice for the replica leader: honour fixed ports, pick free ones for ``auto``, tell a port collision.
 
-Upstream gives every rank the same fixed ports (#243); two deployments sharing a node then collide.  ``auto`` asks
-the kernel for free ports (bind to port 0) on the leader's node; the small window between our probe and
-tritonserver's own bind is covered by retrying with fresh ports when tritonserver exited and one of its ports
-turns out to be taken. That is told by trying to bind the port (``taken``), a fact, never by reading
-tritonserver's log for "already in use": wording changes between versions, and a model's own log line could
-say it.
+Upstream gives every rank the same fixed ports (tensorrtllm_backend#243); two deployments sharing a node then collide.
+``auto`` asks the kernel for free ports (bind to port 0) on the leader's node; the small window between our probe and
+tritonserver's own bind is covered by retrying with fresh ports when tritonserver exited and one of its ports turns out
+to be taken. That is told by trying to bind the port (``taken``), a fact, never by reading tritonserver's log for
+"already in use": wording changes between versions, and a model's own log line could say it.
 """
 
 from __future__ import annotations

@@ -83,10 +83,10 @@ def child_env(
     info: RankInfo | None = None,
     me: Role | None = None,
 ) -> dict[str, str]:
-    """Environment of tritonserver: ours, + launch.json ``env`` (its defaults, e.g. PMIX_MCA_gds=hash (#553),
-    for a plan that lacks them: config.default_env), + the server's library path, + the hpc-serve source root
-    first on PYTHONPATH (for the python backend stubs; with the llmapi workflow on backend cpu, the stand-in of
-    TensorRT-LLM before it), + what the CPU engine needs to know of its place
+    """Environment of tritonserver: ours, + launch.json ``env`` (its defaults, e.g. PMIX_MCA_gds=hash
+    (tensorrtllm_backend#553), for a plan that lacks them: config.default_env), + the server's library path, + the
+    hpc-serve source root first on PYTHONPATH (for the python backend stubs; with the llmapi workflow on backend cpu,
+    the stand-in of TensorRT-LLM before it), + what the CPU engine needs to know of its place
     (launcher/contracts/rank.py placement_env): the world size and its replica (one MPI communicator per replica), and
     the leader's stop file or the follower's release file."""
     env = merge_env(dict(os.environ if base is None else base), plan.env)
