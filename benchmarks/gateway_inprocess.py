@@ -11,8 +11,8 @@ fake engine notes when it is called (the request would leave for the replica the
   CPU               the process's CPU time per request
 
 Why `--cold` (the default): at one stream the gateway is idle between requests while other processes run, so it
-finds its caches emptied, and its code then runs several times slower than in a tight loop (the lent 16-core
-machine measured ~0.6 ms more than the floor, this benchmark warm ~0.1 ms). Between requests `--cold` touches
+finds its caches emptied, and its code then runs several times slower than in a tight loop (docs/decisions.md
+"The gateway's own time"). Between requests `--cold` touches
 64 MB and runs unrelated Python. The two apps take turns request by request, so both meet the same machine.
 
     python benchmarks/gateway_inprocess.py [--requests 1000] [--tokens 32] [--prefill-ms 2] [--warm]

@@ -19,7 +19,8 @@ from tests._env import unavailable as _unavailable
 
 # pytest keeps the assertion-rewritten test modules as bytecode only where writing bytecode is on; with
 # PYTHONDONTWRITEBYTECODE=1 (set on some machines) it rewrites all ~100 again on every run, most of the unit
-# tier's collection (12 s of 15 measured on 2 cores). The cache is pytest's own, under tests/__pycache__.
+# tier's collection (docs/decisions.md "The test command's two pytests"). The cache is pytest's own, under
+# tests/__pycache__.
 sys.dont_write_bytecode = False
 
 

@@ -101,9 +101,9 @@ def test_the_passthrough_leaves_no_connection_that_holds_up_a_replicas_stop(
     tmp_path: Path, tiny_gpt2, hpc_home, tritonserver
 ) -> None:
     """Triton passthrough requests, then the job stopped at once, the gateway still running: tritonserver's
-    ordered stop waits for every open HTTP connection, so the gateway's kept-alive connection from the last
-    request made it wait out its exit timeout and exit 1 (`cancel` took 11.3 s; hpc/serving/discovery.py
-    `CLOSED_AFTER`)."""
+    ordered stop waits for every open HTTP connection, so a kept-alive connection of the gateway's from the last
+    request would make it wait out its exit timeout and exit 1 (docs/decisions.md "Ordered stop";
+    hpc/serving/discovery.py `CLOSED_AFTER`)."""
     from hpc.jobs.local import job_processes
 
     spec = write_spec(tmp_path, "keepalive", tiny_gpt2, triton={"decoupled": True})

@@ -243,7 +243,7 @@ def test_render_writes_the_gateway_script_and_removes_it_when_disabled(tmp_path,
 # ------------------------------------------------------------------------------------- the address record
 def test_accepted_connections_send_without_delay():
     """asyncio sets TCP_NODELAY on an accepted connection only when the listening socket's proto is TCP
-    (asyncio.base_events._set_nodelay); a socket made without it delayed every response with a body ~40 ms.
+    (asyncio.base_events._set_nodelay); a socket made without it delays every response with a body ~40 ms.
     Checked on a connection the listening socket really accepted, as asyncio's own transport sets it."""
     import asyncio
     import socket

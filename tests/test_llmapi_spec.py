@@ -386,7 +386,7 @@ def test_a_checkpoint_saved_by_init_model_passes(tmp_path, tiny_gpt2):
 
 def test_gpu_binding_on_llmapi_is_none_and_per_rank_is_refused(tmp_path, hf):
     """TensorRT-LLM's PyTorch workers open cuda:<rank % gpus_per_node>: a rank that sees one GPU fails on an
-    invalid ordinal (measured on 2 H100s, scripts/gpu/results/), so auto resolves to none on this workflow."""
+    invalid ordinal (docs/decisions.md "One GPU per rank"), so auto resolves to none on this workflow."""
     from hpc.render.gpu_binding import gpu_decision
 
     spec = load_spec(write(tmp_path, GPU))

@@ -100,7 +100,7 @@ def test_a_long_text_is_encoded_alike_and_with_the_gil_released(tok):
     """From RELEASE_GIL_CHARS on, encoding goes through `encode_batch`: the same ids as `encode` gives, and other
     threads run meanwhile (the gateway counts a long prompt on a worker thread while its event loop relays
     streams). Measured as the longest pause of a thread ticking every millisecond beside the encoding: with the
-    GIL held it is the whole encoding (1.5 s of 1.5 s on the 2-core VM), released a few milliseconds."""
+    GIL held it is the whole encoding, released a few milliseconds (docs/decisions.md "The gateway's own time")."""
     text = "Hello world, hello Triton! The lazy dog. " * 20_000  # 820 000 characters
     assert len(text) >= RELEASE_GIL_CHARS
     assert tok.encode(text) == tok.encode(text[: RELEASE_GIL_CHARS - 1] + text[RELEASE_GIL_CHARS - 1 :])

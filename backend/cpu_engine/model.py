@@ -126,7 +126,7 @@ class TransformerShard(WeightLoading):
         """``x [T, in] @ w.T`` for ``w`` stored ``[out, in]``, computed as ``(w @ x.T).T``.
 
         Why: with few rows (decode) OpenBLAS's sgemm is markedly faster with the weight as the left operand
-        (measured ~1.8x at 8 rows, ~1.15x at 32 on 256..1024-wide layers).  The result is a transposed
+        (docs/decisions.md "The CPU engine's linear layers").  The result is a transposed
         (F-ordered) view; elementwise ops keep that order, and the next ``_linear`` turns it back into a
         contiguous right operand, so nothing is copied.
         """

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 #: from this many characters `_FastBackend.encode` goes through `encode_batch`, which releases the GIL while it
-#: works; `encode` holds it (a 1.4 MB text held it 1.5 s on the 2-core VM), so another thread, an event loop
-#: relaying streams, could not run meanwhile. Below it a text is encoded in about a millisecond or less.
+#: works; `encode` holds it (for seconds on a long text: docs/decisions.md "The gateway's own time"), so another
+#: thread, an event loop relaying streams, could not run meanwhile. Below it a text is encoded in about a
+#: millisecond or less.
 RELEASE_GIL_CHARS = 2048
 
 

@@ -124,8 +124,7 @@ def _balancer(app: FastAPI) -> Balancer | None:
 def _no_telemetry() -> dict[str, Any]:
     """FastAPI's native OpenTelemetry off, where FastAPI has it (recent versions): the gateway has its own
     Prometheus metrics and access log (hpc/gateway/accesslog.py), and with it on FastAPI looks for OpenTelemetry
-    providers on every request, a few environment look-ups each (~40 us of the ~75 us before the first middleware,
-    in-process on the 2-core VM)."""
+    providers on every request, a few environment look-ups each (docs/decisions.md "The gateway's own time")."""
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
         return {}
     return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}

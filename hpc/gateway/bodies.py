@@ -80,7 +80,7 @@ def unknown(name: str, known: Iterable[str], what: str, at: list[str | int]) -> 
 class Part(BaseModel):
     """A body or a part of one. Its keys that are no field are kept (`extra="allow"`) for `check_keys`, which the
     body's one check calls. Why not `extra="forbid"`: its error says only "Extra inputs are not permitted", and
-    why not a validator on each part: a Python call per message, 0.4 us each (a request may have 4096)."""
+    why not a validator on each part: a Python call per message (a request may have 4096)."""
 
     model_config = ConfigDict(extra="allow")
     #: keys accepted and ignored (name → why)
@@ -111,8 +111,8 @@ class StreamOptions(Part):
     include_usage: bool = False
 
 
-#: messages a chat request may give: each costs ~3 us of validation on the gateway's event loop, which stalls every
-#: stream meanwhile (400 000 tiny messages in a 14 MB body: 1.5 s); this many are ~12 ms
+#: messages a chat request may give: each is validated on the gateway's event loop, which stalls every stream
+#: meanwhile; this many take milliseconds (docs/decisions.md "The gateway's own time")
 MAX_MESSAGES = 4096
 #: stop sequences a request may give (OpenAI takes 4; each is looked for in every streamed piece)
 MAX_STOPS = 64

@@ -237,12 +237,12 @@ async def _forward(request: Request, model: str, endpoint: str) -> Response:
 
 
 class _StopWhenGone:
-    """Until a request's answer starts: when its client leaves, stop the request by its id, again and again until
-    the answer comes (`stop_until`: a stop that came before the engine held the request is dropped,
-    hpc/serving/abandon.py). Why: a `generate` answer starts only once it is whole, so a client gone meanwhile was
-    seen only then, after the replica made every token of it for no one (a stream's client is watched from its
-    first event on, hpc/gateway/streaming.py). The request is not cut off: its answer, the shorter for the stop,
-    comes back and goes to no one."""
+    """Until a request's answer starts: when its client leaves, stop the request by its id, again and again until the
+    answer comes (`stop_until`: a stop that came before the engine held the request is dropped, hpc/serving/abandon.py).
+    Why: a `generate` answer starts only once it is whole, so without this a client gone meanwhile would be seen only
+    then, after the replica made every token of it for no one (a stream's client is watched from its first event on,
+    hpc/gateway/streaming.py). The request is not cut off: its answer, the shorter for the stop, comes back and goes to
+    no one."""
 
     def __init__(self, receive: Receive, stop: Stop) -> None:
         self.seen = False

@@ -59,7 +59,7 @@ def listen(host: str, port: int, shared: bool = False) -> socket.socket:
     (hpc/jobs/renewal.py); only such jobs ask for it, so no other gateway shares a port by accident."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named explicitly: asyncio turns Nagle off (TCP_NODELAY) on accepted connections only when
-    # the listening socket says it is TCP; without it every response with a body waited ~40 ms for an ACK
+    # the listening socket says it is TCP; without it every response with a body waits ~40 ms for an ACK
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if shared:

@@ -47,9 +47,8 @@ from launcher.contracts.llmapi import ENGINE
 
 #: a prefix's replica takes it while its load stays within this many times the mean load, or within this many
 #: requests above the mean, whichever is more: an engine batches a few requests more at little cost, while a
-#: request sent elsewhere prefills its whole prompt again (bench_gateway.py's shared-prefix part: with 8 requests
-#: in flight over 2 replicas, 1.25 x the mean alone sent 15 of 128 away from their cache, and kept 90 of 112
-#: reuse opportunities; with the slack, see benchmarks/README.md)
+#: request sent elsewhere prefills its whole prompt again (bench_gateway.py's shared-prefix part measures both:
+#: docs/decisions.md "Prefix affinity with bounded load")
 LOAD_FACTOR, LOAD_SLACK = 1.25, 4
 
 

@@ -51,7 +51,7 @@ def target_of_spec(spec: Spec, workdir: Path, named_folder: Path | None = None) 
     return Target(workdir, spec.name, Path(spec.model.tokenizer), named_folder, spec.model, max_seq_len)
 
 
-#: the YAML loader: libyaml's where PyYAML was built with it (about 10x faster than the pure-Python one)
+#: the YAML loader: libyaml's where PyYAML was built with it (much faster than the pure-Python one)
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 #: spec file → ((mtime_ns, size), its `name`): see `_spec_name`
 _names: dict[Path, tuple[tuple[int, int], str | None]] = {}
@@ -60,8 +60,8 @@ _names: dict[Path, tuple[tuple[int, int], str | None]] = {}
 def _spec_name(folder: Path) -> str | None:
     """The `name` in a deployment folder's resolved spec. Cached by the file's modification time and size. Why:
     a gateway asks for every folder of its workdir that could be its deployment's at each discovery refresh
-    (every few seconds, for days), on a thread that holds the GIL while it parses: ~15 ms a file on a busy
-    2-core machine, stalling the event loop that relays every stream. Render writes the file once."""
+    (every few seconds, for days), on a thread that holds the GIL while it parses, stalling the event loop that
+    relays every stream (docs/decisions.md "The gateway's own time"). Render writes the file once."""
     path = folder / SPEC_NAME
     try:
         stat = path.stat()

@@ -40,7 +40,7 @@ HEALTH_TIMEOUT_S = 2.0
 #: the headers of every HTTP request to a replica: its connection closes after the answer. Why: an idle
 #: keep-alive connection makes the replica's tritonserver, at its ordered stop, wait for it to close ("Found 1 HTTP
 #: service connections") until its exit timeout expires, and then exit 1: a failed job instead of a completed one
-#: (the health checks did so first; the Triton passthrough did too: `cancel` took 11.3 s, exit 1)
+#: (the health checks' and the Triton passthrough's connections alike: docs/decisions.md "Ordered stop")
 CLOSED_AFTER: Mapping[str, str] = MappingProxyType({"Connection": "close"})
 #: how many health checks in a row may time out before a replica in use is dropped
 SLOW_CHECKS_KEPT = 2

@@ -322,8 +322,8 @@ def outputs(infer_response: Any) -> dict[str, bytes]:
 def text_and_logprobs(infer_response: Any, logprobs: bool) -> tuple[bytes, tuple[float, ...]] | None:
     """A response's `text_output` bytes and (when asked) `output_log_probs`, or None without text (the empty
     final response). Read from the raw bytes Triton sent. Why not tritonclient's InferResult and `as_numpy`:
-    per streamed token that built numpy object arrays to join them again, ~0.07 ms of the gateway's CPU per
-    token in a profile (a 32-token answer: more than 2 ms)."""
+    per streamed token they build numpy object arrays to join them again, a cost in the gateway's CPU per token
+    (docs/decisions.md "The gateway's own time")."""
     named = outputs(infer_response)
     if "text_output" not in named:
         return None
