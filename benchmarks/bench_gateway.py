@@ -7,7 +7,7 @@ process) in front of it. The same generation (prompt, `max_tokens`, greedy) two 
   gateway  POST /v1/completions with `stream: true` over HTTP (httpx, one connection pool), read to `[DONE]`
            (latency also: `passthrough`, Triton's generate_stream through the gateway: its HTTP relay alone)
   gw_aiohttp  the same request with aiohttp as the client (when installed): what of the gateway side is the
-           HTTP client's own cost (httpx, which the openai package uses, spends ~4x aiohttp's CPU per request)
+           HTTP client's own cost (httpx, which the openai package uses, spends several times aiohttp's CPU per request)
   direct   the ensemble over Triton's gRPC streaming API to the replica the gateway uses (tritonclient's
            asyncio client, through hpc.serving.triton.TritonEngine: the very request the gateway sends)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (scripts/test.sh) N times in a row while two busy loops compete for the CPU: how a change is
-# proven not to depend on timing luck (a 2-core CI machine once failed 3 of 1,547 tests on timing). Stops at the
+# proven not to depend on timing luck (docs/decisions.md "The test command's two pytests"). Stops at the
 # first failed run; prints each run's exit code and time.   Usage: bash scripts/test_contended.sh [N] [pytest args]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

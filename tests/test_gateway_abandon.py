@@ -187,8 +187,8 @@ def test_a_stop_that_came_before_its_request_is_sent_again_at_the_first_response
     for an id it does not hold. abandon() stops such a stream again until its first response shows the engine
     holds it (`stop_until`), so the engine makes a few of the tokens asked, not all. Made deterministic by sending
     the request only after the engine said the stop matched nothing; fails without the stops sent again (240 of
-    240). CI once saw 146 of 240 when the second stop waited for the first response: under load the engine's
-    responses queue on their way out while it goes on. The engine runs at a GPU's pace (tests/steps.py
+    240), and a stop sent again only at the first response comes late: under load the engine's responses queue on their
+    way out while it goes on (docs/decisions.md "Abandoned streams"). The engine runs at a GPU's pace (tests/steps.py
     `GPU_PACE_MS`): the bound, half the tokens, leaves the stops more than two seconds."""
     from backend.repository import write_model_repository
     from tests.test_cpu_engine_triton import _params

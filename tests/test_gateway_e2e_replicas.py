@@ -103,9 +103,9 @@ def test_a_client_gone_mid_stream_ends_the_replicas_generation(gateway, path):
     hpc/serving/abandon.py): the engine makes a few of the tokens asked, not all of them, and the gateway's
     count of the replica's requests in flight returns to 0. A full stream of the same request first shows how
     many it would be. The bound, as in the test before: half of them. At the tiny model's own pace the engine
-    made every token before the first had been through postprocessing and the gateway. On the OpenAI route and
-    both of Triton's pipelines: the BLS gave its `tensorrt_llm` request no id, so the stop matched nothing there
-    (200 of 200)."""
+    would make every token before the first had been through postprocessing and the gateway. On the OpenAI route
+    and both of Triton's pipelines: the BLS gives its `tensorrt_llm` request the client's request id, without which
+    the stop matches nothing there (200 of 200; backend/models/bls.py)."""
     (job, job_dir) = gateway["jobs"][0]
     (record,) = read_endpoints(JobPaths.of_folder(job_dir))
     if path.startswith("/v1/"):
@@ -136,10 +136,10 @@ def test_a_client_gone_mid_stream_ends_the_replicas_generation(gateway, path):
 
 def test_a_full_replica_is_429_with_retry_after_and_the_access_log_says_so(serve_app, gateway, caplog):
     """A gateway that lets one request in flight per replica: a second request while a stream runs is refused
-    (OpenAI and Triton routes alike) and the stream is not disturbed; one JSON access line per request. CI once
-    saw the second request served: the stream, 0.5 s at the tiny model's own pace, had ended before it came. At
-    the engine's GPU pace it runs 4 s or more after its first token (199 steps of at least 20 ms), and the
-    engine's count of finished requests shows it was still running when the others were refused."""
+    (OpenAI and Triton routes alike) and the stream is not disturbed; one JSON access line per request. The stream
+    runs at the engine's GPU pace, 4 s or more after its first token (199 steps of at least 20 ms), since at the tiny
+    model's own pace (0.5 s) it may end before the second request comes (docs/decisions.md "Abandoned streams");
+    the engine's count of finished requests shows it was still running when the others were refused."""
     caplog.set_level(logging.INFO, logger="hpc_serve.gateway.access")
     url = serve_app(gateway["job"], max_outstanding=1)
     client = openai.OpenAI(base_url=url + "/v1", api_key=gateway["token"], max_retries=0)

@@ -156,8 +156,8 @@ def test_shm_prefixes_distinct_per_rank_and_job() -> None:
 
 
 def test_regions_no_process_maps_are_swept_and_live_or_young_ones_kept(tmp_path: Path) -> None:
-    """What killed ranks leave (a plain scancel past KillWait, a local job's SIGKILL sweep): the leak measured here
-    was 1,687 regions (1.7 GB) in /dev/shm after a day of test runs. A region some process maps is live
+    """What killed ranks leave (a plain scancel past KillWait, a local job's SIGKILL sweep) adds up in /dev/shm
+    (docs/decisions.md "Fail-fast"). A region some process maps is live
     (tritonserver and its stubs map theirs while they run), a young one may be a server's between shm_open and
     mmap, and a file not named as hpc-serve names regions is not its to remove."""
     import mmap

@@ -287,7 +287,7 @@ def test_a_requeued_job_keeps_its_place_and_its_successor(tmp_path):
 
 
 def test_a_successor_that_ends_before_ready_is_replaced_a_bounded_number_of_times(tmp_path, capsys):
-    """A successor whose rank died while loading (a contended CI run saw tritonserver 2.51's python backend abort):
+    """A successor whose rank died while loading (e.g. tritonserver 2.51's python backend aborting under load):
     the job submits another at once, and serves on; after SUCCESSOR_ATTEMPTS lost, no more."""
     from launcher.jobscript.renew import SUCCESSOR_ATTEMPTS
 
@@ -402,8 +402,8 @@ def test_the_gateway_renews_while_a_serving_job_is_under_way_and_asks_again_soon
 def test_the_gateway_logs_its_pending_successor_and_replaces_one_that_ended_before_it_served(
     tmp_path, renew_slurm, monkeypatch, caplog
 ):
-    """A successor PENDING on Resources is said in the gateway's log (CI saw one wait out its predecessor's
-    limit, and the log did not say why); one that ended before it served is replaced at once, at most
+    """A successor PENDING on Resources is said in the gateway's log (else one may wait out its predecessor's
+    limit with no word of why); one that ended before it served is replaced at once, at most
     SUCCESSOR_ATTEMPTS times, as a serving job's successor is."""
     import logging
 

@@ -123,7 +123,7 @@ class BlsPipeline:
     def run(self, inputs: Mapping[str, np.ndarray], request_id: str = "") -> Iterator[dict[str, np.ndarray]]:
         """The request's outputs. `request_id`, the client's request's id, goes to its `tensorrt_llm` request as
         the ensemble gives its id to its steps: a stop by that id (hpc/serving/abandon.py, a client's own `stop`
-        request) then reaches the generation; without it a stop matched nothing and the engine made every token."""
+        request) then reaches the generation; without it a stop would match nothing and the engine make every token."""
         stream = _flag(inputs, "stream")
         self._check(inputs, stream)
         pre_inputs = {dst: inputs[src] for dst, src in PREPROCESSING_INPUT_MAP if inputs.get(src) is not None}

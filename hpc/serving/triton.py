@@ -65,9 +65,8 @@ LOST_STATUS = "Internal error from Core"
 
 def lost_status(exc: grpc.aio.AioRpcError) -> bool:
     """Whether the call's real status was lost (see `LOST_STATUS`). tritonserver refuses a call without the right
-    token as soon as it reads the call's headers, so a refused stream often ends this way: 193 of 300
-    concurrent streams with a wrong token did (tritonserver 2.51, grpcio 1.85), the other 107 read UNAVAILABLE
-    "This protocol is restricted"."""
+    token as soon as it reads the call's headers, so a refused stream often ends this way (docs/decisions.md
+    "Access control through a preloaded shim")."""
     return exc.code() == grpc.StatusCode.INTERNAL and exc.details() == LOST_STATUS
 
 
