@@ -425,8 +425,8 @@ def _generated_steps(server: Triton) -> float:
 
 N_LONG = 240  # the checkpoint has 256 positions; at one token per step, cancelling must end it well before
 #: the model these tests count steps of: at a GPU's pace, where the bound (N_LONG / 2) leaves the cancel or stop
-#: more than 2 s (at the tiny model's own pace the engine outruns the responses: 149 steps before the first one
-#: reached a client on a loaded machine)
+#: more than 2 s (at the tiny model's own pace the engine outruns the responses on a loaded machine:
+#: docs/decisions.md "Abandoned streams")
 PACED = "tensorrt_llm_paced"
 
 

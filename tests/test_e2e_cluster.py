@@ -299,7 +299,7 @@ def test_time_limit_under_load_is_an_ordered_stop_and_the_job_completes(jobs, tm
     """Slurm's time-limit warning (the .sub's --signal=B:USR1) stops the ranks in order before the limit, with
     4 clients streaming through the ensemble: the .sub writes the job's stop request, which the launchers watch
     (a signal to the steps would reach the leader's tritonserver before its model drained: with streams in
-    flight it then exited 1 or was SIGKILLed). The leader drains, both ranks exit 0, every stream ends with its
+    flight it would then exit 1 or be SIGKILLed). The leader drains, both ranks exit 0, every stream ends with its
     final response or a clear error, and the job ends COMPLETED, not TIMEOUT or FAILED. Three minutes: "the
     signal may be sent up to 60 seconds earlier than specified" (sbatch(1), --signal), so the warning (@30) may
     come at the first minute's end of a 2-minute job, and a job slow to be READY on a busy machine would have had

@@ -230,7 +230,7 @@ def test_stats_run_on_while_the_engine_steps(trtllm, llm):
     """upstream's IterationResult: `async for` over get_stats_async yields each new iteration until none came for
     `timeout` seconds, so it runs on across requests and a reader that waits for the loop to end waits as long as
     the engine steps. Each item here comes after a request ran to its end inside the loop: no race with the
-    engine's pace (a request racing the reads lost on a loaded CI core)."""
+    engine's pace (a request racing the reads can lose on a loaded core)."""
 
     async def during() -> list[int]:
         await llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=4)).aresult()  # stats exist from here

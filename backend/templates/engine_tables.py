@@ -157,8 +157,9 @@ LLM_PARAMETERS: tuple[Param, ...] = (
     Param("tp_size", "tp_size"),
     Param("pp_size", "pp_size"),
     # The CPU engine's least step time (ms). Why: a GPU's decode step takes ~10-50 ms and the tiny test model's
-    # well under 1 ms, so on a loaded machine the engine ran 100+ steps while a stop crossed the gateway and
-    # tritonserver; at a GPU's pace the same delay is a few steps, as on a cluster.
+    # well under 1 ms, so on a loaded machine the engine runs 100+ steps while a stop crosses the gateway and
+    # tritonserver (docs/decisions.md "Abandoned streams"); at a GPU's pace the same delay is a few steps, as on a
+    # cluster.
     Param("min_step_ms", "min_step_ms"),
 )
 
