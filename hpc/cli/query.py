@@ -40,7 +40,9 @@ def _latest_job() -> JobRef:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from hpc.jobs.kinds import job_class_of
     from hpc.jobs.track import job_status
+    from launcher.contracts.job_states import JobState
 
     target, refs = job_or_deployment(args.target) if args.target else (None, [_latest_job()])
     if target is None or len(refs) == 1:
@@ -51,7 +53,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(status.to_json(), indent=2) if args.json else status.summary())
         if chain:
             print(chain)
-        if not args.json and status.kind == "serving" and status.state != "READY":
+        if not args.json and job_class_of(refs[0].job_dir).after_builds and status.state != JobState.READY:
             from hpc.cli.build import print_builds
 
             print_builds(refs[0])
@@ -68,6 +70,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Column, Table
 
     from hpc.jobs.executors import watch
+    from hpc.jobs.kinds import job_class_of
     from hpc.jobs.track import job_status
     from hpc.scheduler.index import list_jobs
 
@@ -79,8 +82,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         status = job_status(ref)
         detail = status.reason or status.url or ", ".join(f"{e.address}:{e.http_port}" for e in status.endpoints)
         # a job of another cluster than SLURM_CONF's reads `33@twin`: ids are per cluster (launcher/contracts/job_index.py)
-        job = f"{status.label} ({status.kind})" if status.kind in ("gateway", "build") else status.label
-        table.add_row(job, status.state, detail or "", str(ref.deploy_dir))
+        table.add_row(job_class_of(ref.job_dir).list_label(status), status.state, detail or "", str(ref.deploy_dir))
         rows.append(status.to_json())
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -25,7 +25,7 @@ from launcher.contracts.trtllm_versions import (
 #: did not run node.py
 WORKDIR_BIT, STEP_BIT = 1, 16
 #: the probe folder's files
-FROM_LOGIN, FROM_NODE, RESULTS, JOB_OUT, SCRIPT = "from-login", "from-node", "node.json", "job.out", "probe.sub"
+FROM_LOGIN, FROM_NODE, RESULTS, JOB_OUT = "from-login", "from-node", "node.json", "job.out"
 #: what to do when srun --mpi=pmix gives a step no PMIx
 PMIX_FIX = (
     "the site's Slurm has no working PMIx plugin for srun --mpi={mpi}: pick one that `srun --mpi=list` shows "

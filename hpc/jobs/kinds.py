@@ -114,8 +114,10 @@ class JobKind:
     #: pending job is known too); None: the unmarked folder, a serving job's
     marker: ClassVar[str | None]
     #: `cancel` stops its ranks in order first (they watch the cancel marker, launcher/node/stop.py), else a plain
-    #: scancel stops it; the local executor starts the ranks itself rather than running its script
+    #: scancel stops it
     stoppable: ClassVar[bool]
+    #: it runs after the deployment's engine builds: `status` lists them while it is not READY
+    after_builds: ClassVar[bool] = False
     #: what it reads while it runs undisturbed: Slurm's COMPLETING turns these into STOPPING
     live: ClassVar[tuple[JobState, ...]]
 
@@ -126,6 +128,11 @@ class JobKind:
 
     def __init__(self, ref: JobRef) -> None:
         self.ref = ref
+
+    @classmethod
+    def list_label(cls, status: JobStatus) -> str:
+        """The job as `hpc-serve list` names it: its id (`33@twin` for another cluster's) and its kind."""
+        return f"{status.label} ({cls.kind})"
 
     @classmethod
     def summary(cls, status: JobStatus) -> str:
@@ -199,6 +206,13 @@ class ServingJob(JobKind):
     script = SUB_NAME
     marker = None
     stoppable = True
+    after_builds = True
+
+    @classmethod
+    def list_label(cls, status: JobStatus) -> str:
+        """A serving job is named by its id alone: most jobs in the list serve."""
+        return status.label
+
     live = (JobState.STARTING, JobState.READY)
 
     # what `observe` read that `explain` needs: why the plan could not be read, the rank records, the job's world
