@@ -33,8 +33,6 @@ HPC_MAY_IMPORT = {
 #: circles among the modules of one subpackage that are there today, each broken by an import inside a function;
 #: a new circle, or one of these grown by a module, fails the test. Remove an entry once its circle is gone.
 KNOWN_CYCLES = {
-    frozenset({"hpc.doctor.gateway", "hpc.doctor.login"}): "login's checks call the gateway's, which build on "
-    "login's judge_partition/judge_time",
     frozenset({"hpc.spec.load", "hpc.spec.site"}): "a site profile is loaded as a spec is, and a spec is merged "
     "with its site profile",
     frozenset(
