@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import yaml
 
-from backend.cpu_engine.checkpoint import CheckpointError, load_config, load_weights
+from backend.cpu_engine.checkpoint import CheckpointError, load_config
 from backend.cpu_engine.model import TransformerShard
-from backend.cpu_engine.shards import ShardedWeights, _Place, write_sharded
+from backend.cpu_engine.shards import _Place, write_sharded
+from backend.cpu_engine.tensors import ShardedWeights, load_weights
 from hpc.jobs.build_plan import plan_build, served_spec
 from hpc.jobs.build_script import build_steps, write_build
 from hpc.jobs.local_run import LocalState

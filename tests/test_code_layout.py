@@ -30,22 +30,6 @@ HPC_MAY_IMPORT = {
     "launcher.node.server": "`hpc-serve doctor --node` runs on a compute node and asks the launcher's own "
     "resolution of the tritonserver binary, so it checks what a rank would run",
 }
-#: circles among the modules of one subpackage that are there today, each broken by an import inside a function;
-#: a new circle, or one of these grown by a module, fails the test. Remove an entry once its circle is gone.
-KNOWN_CYCLES = {
-    frozenset({"hpc.doctor.gateway", "hpc.doctor.login"}): "login's checks call the gateway's, which build on "
-    "login's judge_partition/judge_time",
-    frozenset({"hpc.spec.load", "hpc.spec.site"}): "a site profile is loaded as a spec is, and a spec is merged "
-    "with its site profile",
-    frozenset(
-        {
-            "backend.cpu_engine.checkpoint",
-            "backend.cpu_engine.model",
-            "backend.cpu_engine.shards",
-            "backend.cpu_engine.weights",
-        }
-    ): "a sharded checkpoint is loaded through checkpoint.py and cut with the model's own weight split",
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -176,8 +160,8 @@ def test_no_circle_of_imports_inside_a_subpackage():
     inside = {
         module: frozenset(t for t in targets if _package(t) == _package(module)) for module, targets in graph.items()
     }
-    new = sorted(sorted(cycle) for cycle in _cycles(inside) if cycle not in KNOWN_CYCLES)
-    assert new == [], f"modules of one subpackage that import each other in a circle: {new}"
+    circles = sorted(sorted(cycle) for cycle in _cycles(inside))
+    assert circles == [], f"modules of one subpackage that import each other in a circle: {circles}"
 
 
 def test_hpc_imports_no_rank_side_code():

@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend.cpu_engine.checkpoint import CheckpointError, load_config, load_weights
+from backend.cpu_engine.checkpoint import CheckpointError, load_config
 from backend.cpu_engine.engine import Engine
 from backend.cpu_engine.init_model import create_checkpoint
 from backend.cpu_engine.model import TransformerShard
 from backend.cpu_engine.sampling import SamplingParams
 from backend.cpu_engine.scheduler import GenerationRequest
+from backend.cpu_engine.tensors import load_weights
 from backend.cpu_engine.triton_io import InputError, encode_words_list, parse_inputs, parse_words_list
 
 TEXTS = [

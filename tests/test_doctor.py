@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpc.doctor import parse
-from hpc.doctor.login import Facts
+from hpc.doctor.facts import Facts
 from hpc.doctor.probe import write_probe
 from hpc.doctor.profile import profile_values
 from hpc.doctor.report import Check, exit_code, fail, ok
@@ -314,8 +314,8 @@ def test_time_and_partition_rules_from_facts(tmp_path):
 def test_gateway_job_partition_and_time_from_facts(tmp_path):
     """The gateway job (spec `gateway:`) gets its own partition and time checks; values it inherits from slurm:
     say so, and every fix names the gateway. field that overrides them."""
+    from hpc.doctor.facts import judge_partition
     from hpc.doctor.gateway import gateway_checks
-    from hpc.doctor.login import judge_partition
 
     short = "PartitionName=short AllowAccounts=ALL Default=NO MaxTime=00:05:00 State=UP TotalNodes=2\n"
     facts = Facts(partitions=parse.scontrol_records(PARTITIONS + short), partition="debug")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpc.doctor import node
-from hpc.doctor.login import Facts
+from hpc.doctor.facts import Facts
 from hpc.doctor.probe import write_probe
 from hpc.doctor.verdicts import (
     IMPORT_IMAGE_MODEL,

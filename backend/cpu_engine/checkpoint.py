@@ -178,15 +178,3 @@ def iter_tensors(files: Iterable[str]) -> Iterable[tuple[str, np.ndarray]]:
                 if arr.dtype != np.float32 and (np.issubdtype(arr.dtype, np.floating) or arr.dtype.name == "bfloat16"):
                     arr = arr.astype(np.float32)
                 yield name, arr
-
-
-def load_weights(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """All tensors of a checkpoint folder as fp32 numpy arrays, keyed by HF name; for a sharded folder (one file
-    per tensor-parallel rank, backend/cpu_engine/shards.py) a `ShardedWeights` that reads only the rank's file
-    when the shard asks for it."""
-    from .shards import ShardedWeights, sharded_mapping
-
-    mapping = sharded_mapping(path)
-    if mapping is not None:
-        return ShardedWeights(path, mapping)
-    return dict(iter_tensors(safetensors_files(path)))

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import logging
 
-from .checkpoint import load_config, load_weights
+from .checkpoint import load_config
 from .lockstep import StepFailed
 from .model import TransformerShard
 from .parallel import Communicator, LeaderDied
+from .tensors import load_weights
 
 log = logging.getLogger("hpc_serve.cpu_engine")
 

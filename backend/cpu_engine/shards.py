@@ -9,7 +9,7 @@ Layout of a sharded folder (the build step writes it: ``python -m backend.cpu_en
                            that rank computes with (backend/cpu_engine/weights.py decides the split, once)
     tokenizer files        copied from the source, so the folder serves on its own
 
-`load_weights` (backend/cpu_engine/checkpoint.py) returns a `ShardedWeights` for such a folder: nothing is read
+`load_weights` (backend/cpu_engine/tensors.py) returns a `ShardedWeights` for such a folder: nothing is read
 until the shard asks for its rank's file with `for_rank`, which also refuses a tp_size the folder was not cut
 for (with both numbers).
 """
@@ -28,49 +28,12 @@ import numpy as np
 
 from launcher.contracts.build_records import SHARD_FORMAT
 
-from .checkpoint import CheckpointError, iter_tensors, load_config, load_weights
+from .checkpoint import CheckpointError, load_config
+from .model import TransformerShard
+from .tensors import FORMAT_KEY, MAPPING_KEY, ShardedWeights, load_weights, rank_file
 
-MAPPING_KEY = "mapping"
-FORMAT_KEY = "hpc_serve_shards"
 #: what the source folder holds that is not the model's weights or config: copied along (tokenizer and friends)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")
-
-
-def rank_file(folder: str | os.PathLike[str], rank: int) -> str:
-    return os.path.join(os.fspath(folder), f"rank{rank}.safetensors")
-
-
-def sharded_mapping(folder: str | os.PathLike[str]) -> dict[str, int] | None:
-    """The folder's `mapping` when it is a sharded checkpoint of ours (config + rank0 file), else None."""
-    try:
-        with open(os.path.join(os.fspath(folder), "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
-    mapping = config.get(MAPPING_KEY) if isinstance(config, dict) else None
-    if not isinstance(mapping, dict) or FORMAT_KEY not in config or not os.path.isfile(rank_file(folder, 0)):
-        return None
-    return {k: int(v) for k, v in mapping.items() if isinstance(v, int)}
-
-
-class ShardedWeights(dict):
-    """A sharded checkpoint, not yet read: `TransformerShard` asks for its own rank's tensors (`for_rank`)."""
-
-    def __init__(self, folder: str | os.PathLike[str], mapping: dict[str, int]) -> None:
-        super().__init__()
-        self.folder = os.fspath(folder)
-        self.tp_size = int(mapping.get("tp_size", 1))
-
-    def for_rank(self, tp_size: int, rank: int) -> dict[str, np.ndarray]:
-        if tp_size != self.tp_size:
-            raise CheckpointError(
-                f"{self.folder} is sharded for tp_size {self.tp_size}, but the model runs with tp_size {tp_size}; "
-                "build it again for this tp_size (hpc-serve build) or serve the whole checkpoint"
-            )
-        path = rank_file(self.folder, rank)
-        if not os.path.isfile(path):
-            raise CheckpointError(f"sharded checkpoint {self.folder} has no {os.path.basename(path)}")
-        return dict(iter_tensors([path]))
 
 
 def write_sharded(source: str | os.PathLike[str], out: str | os.PathLike[str], tp_size: int) -> list[str]:
@@ -79,8 +42,6 @@ def write_sharded(source: str | os.PathLike[str], out: str | os.PathLike[str], t
     Each rank's part is what `TransformerShard` keeps of the whole checkpoint for that rank, so a sharded folder
     serves token for token what the whole one does."""
     from safetensors.numpy import save_file
-
-    from .model import TransformerShard
 
     config = load_config(source)
     weights = load_weights(source)

@@ -18,6 +18,7 @@ import numpy as np
 
 from .checkpoint import CheckpointError, ModelConfig
 from .layers import rope_tables
+from .tensors import ShardedWeights
 
 #: a sharded checkpoint's tensor names (TensorRT-LLM's convert_checkpoint spelling) → the shard's attributes
 LAYER_TENSORS = {
@@ -91,8 +92,6 @@ class WeightLoading:
 
     def _load(self, weights: dict[str, np.ndarray]) -> None:
         """A whole checkpoint's tensors (HF names), or a sharded checkpoint (`ShardedWeights`): this rank's file."""
-        from .shards import ShardedWeights
-
         if isinstance(weights, ShardedWeights):
             self._load_rank(weights.for_rank(self.tp, self.rank))
             return

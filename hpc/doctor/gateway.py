@@ -10,7 +10,7 @@ one applied, and each fix names the `gateway.` field that overrides it.
 
 from __future__ import annotations
 
-from hpc.doctor.login import Facts, judge_partition, judge_time
+from hpc.doctor.facts import Facts, judge_partition, judge_time
 from hpc.doctor.report import Check, skip, warn
 from hpc.spec import Spec
 from hpc.spec.checks import slurm_time_seconds

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpc.doctor import node
-from hpc.doctor.login import Facts
+from hpc.doctor.facts import Facts
 from hpc.doctor.report import Check, fail
 from hpc.doctor.verdicts import (
     FROM_LOGIN,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc.doctor.login import Facts
+from hpc.doctor.facts import Facts
 from hpc.doctor.node import workflows_of
 from hpc.doctor.report import Check
 from hpc.spec import Spec

@@ -1,8 +1,9 @@
 """The YAML job spec: schema (`schema`), the parameter table's spec side (`parameters`), file-system checks
-(`files`), loading with errors that point at a line (`load`) and site profiles merged under a spec (`site`).
-Import from here."""
+(`files`), documents read with each key's line and their problems (`document`), loading with errors that point
+at a line (`load`) and site profiles merged under a spec (`site`). Import from here."""
 
-from hpc.spec.load import Problem, Provenance, SpecError, dump_spec, load_spec, parse_spec, preview_spec, provenance
+from hpc.spec.document import Problem, Provenance, SpecError, provenance
+from hpc.spec.load import dump_spec, load_spec, parse_spec, preview_spec
 from hpc.spec.model import ModelInit, ModelSpec
 from hpc.spec.parameters import NAMED_PARAMETERS, PARAMETER_OWNERS, parameter_findings
 from hpc.spec.schema import (

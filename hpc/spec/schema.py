@@ -327,7 +327,7 @@ class Spec(_Section):
     )
 
     _name = field_validator("name")(_check(_NAME, "name (letters, digits, '.', '_', '-'; 64 at most)"))
-    # where each value came from: the spec file, the site profile, or the default (hpc.spec.load.Provenance)
+    # where each value came from: the spec file, the site profile, or the default (hpc.spec.document.Provenance)
     _provenance: Any = PrivateAttr(None)
 
     @property

@@ -4,7 +4,7 @@ clusters that differ.
 A profile is a spec without the deployment: any key of hpc/spec/schema.py except what is served and how it
 is shaped (`DEPLOYMENT_KEYS`), checked by the same schema (there is one definition of every field). It is
 found at `$HPC_SERVE_SITE` (set but empty: no profile), else `~/.config/hpc-serve/site.yaml`, else
-`/etc/hpc-serve/site.yaml`, and merged under the spec by `hpc.spec.load.merge`: mappings key by key, any
+`/etc/hpc-serve/site.yaml`, and merged under the spec by `hpc.spec.document.merge`: mappings key by key, any
 other value of the spec (a scalar, a list, null) replaces the profile's whole, so a spec can always drop a
 site's mounts or modules (`mounts: []`) or its account (`account: null`). The spec overrides the profile,
 the profile overrides the schema's defaults, and every value keeps where it came from (`Provenance`:
@@ -29,7 +29,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from hpc.spec.load import (
+from hpc.spec.document import (
     RESOLVED_MARK,
     KeyPath,
     Problem,
@@ -79,7 +79,7 @@ HEADER = """\
 
 @dataclass(frozen=True)
 class Profile:
-    """A site profile as read: its file, its mapping, and each key's line (hpc.spec.load.Sources)."""
+    """A site profile as read: its file, its mapping, and each key's line (hpc.spec.document.Sources)."""
 
     file: str
     data: dict[str, Any]
