@@ -1,9 +1,10 @@
-"""Spec → deployment folder: the sbatch script, the per-rank script, the launch plan and the model repository.
+"""Deployment plan → deployment folder: the sbatch script, the per-rank script, the launch plan and the model
+repository.
 
-This is the one place where the spec is turned into things that run: the `#SBATCH` lines (hpc/render/sbatch.py), the srun line
-and its container flags, the per-rank environment, the upstream model-repository parameters, and the
-launch plan the per-rank launcher reads. Every user string that reaches a script is shell-quoted here
-(the `q` filter) or was rejected by the spec.
+This is the one place where a `DeploymentPlan` (hpc/render/deployment_plan.py: made once from the spec) is turned into
+things that run: the `#SBATCH` lines (hpc/render/sbatch.py), the srun line and its container flags, the per-rank
+environment, the upstream model-repository parameters, and the launch plan the per-rank launcher reads. Every user
+string that reaches a script is shell-quoted here (the `q` filter) or was rejected by the spec.
 """
 
 from __future__ import annotations
