@@ -9,6 +9,7 @@ import json
 import pytest
 
 from hpc.render import jobfiles as R
+from hpc.render.deployment_plan import plan_deployment
 from hpc.render.gpu_binding import bound_parameters, decide, describe, gpu_decision
 from hpc.spec import SpecError
 from launcher.contracts.gpu import NONE, PER_RANK, GpuBindingError, node_gpu_count, rank_gpus
@@ -145,7 +146,7 @@ def test_tp1_replicas_render_per_rank_and_the_tensorrt_llm_parameters(tmp_path):
 def test_tp2_on_one_node_renders_no_binding(tmp_path):
     spec = gpu_spec(tmp_path, tp=2)
     assert gpu_decision(spec).binding == NONE
-    assert "gpu_device_ids" not in R.repository_parameters(spec)
+    assert "gpu_device_ids" not in R.repository_parameters(plan_deployment(spec, tmp_path / "d"))
 
 
 def test_cpu_backend_never_binds(tmp_path):

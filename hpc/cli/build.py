@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from hpc.cli.support import EXIT_JOB_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, TIMEOUT_HELP, load_spec_or_exit
 
 if TYPE_CHECKING:
+    from hpc.jobs.submit import JobsPlan
     from hpc.scheduler.index import JobRef
-    from hpc.spec import Spec
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -67,19 +66,16 @@ def cmd_build(args: argparse.Namespace) -> int:
     return EXIT_OK if status.state == "COMPLETED" else EXIT_JOB_FAILED
 
 
-def build_scripts(spec: Spec, deploy_dir: Path) -> tuple[Spec, dict[str, str]]:
-    """`submit --dry-run`: the spec that serves (the built engine in place of `build:`) and, when the engine is
-    not built yet, the build job's script, by name."""
-    if spec.build is None:
-        return spec, {}
-    from hpc.jobs.build import prepare
+def build_scripts(jobs: JobsPlan) -> dict[str, str]:
+    """`submit --dry-run`: the build job's script of a submission's plan, by name, when it builds an engine not
+    built yet; else none."""
+    prepared = jobs.build
+    if prepared is None or prepared.plan.cached is not None:
+        return {}
     from hpc.jobs.build_script import render_build_script
     from launcher.contracts.layout import BUILD_SUB_NAME
 
-    prepared = prepare(spec)
-    if prepared.plan.cached is not None:
-        return prepared.served, {}
-    return prepared.served, {BUILD_SUB_NAME: render_build_script(spec, prepared.plan, deploy_dir)}
+    return {BUILD_SUB_NAME: render_build_script(prepared.spec, prepared.plan, jobs.deployment.deploy_dir)}
 
 
 def print_builds(ref: JobRef, file: TextIO | None = None) -> None:

@@ -77,15 +77,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     spec = load_spec_or_exit(args.spec, preview=args.dry_run)
     if args.dry_run:
         from hpc.cli.build import build_scripts
-        from hpc.jobs.submit import new_deployment_dir
-        from hpc.render.jobfiles import render_scripts
+        from hpc.jobs.submit import new_deployment_dir, plan_jobs
+        from hpc.render.jobfiles import plan_scripts
         from hpc.spec.site import profile_summary
 
         # the line `submit` says first: the scripts below hold the profile's values
         print(profile_summary(spec, explained=True), file=sys.stderr)
         deploy_dir = new_deployment_dir(spec)
-        spec, scripts = build_scripts(spec, deploy_dir)  # a build: section's script first (hpc/jobs/)
-        scripts.update(render_scripts(spec, deploy_dir))
+        jobs = plan_jobs(spec, deploy_dir)  # what `submit` plans, once
+        scripts = build_scripts(jobs)  # a build: section's script first (hpc/jobs/)
+        scripts.update(plan_scripts(jobs.deployment))
         for name, text in scripts.items():
             print(f"# ==> {deploy_dir / name} <==")
             print(text)

@@ -55,7 +55,9 @@ def _explain(spec: Spec, everything: bool) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from hpc.render.jobfiles import render
+    from hpc.jobs.submit import plan_jobs
+    from hpc.render.deployment_plan import deployment_folder
+    from hpc.render.jobfiles import render_plan
 
     spec = load_spec_or_exit(args.spec, preview=True)
     if args.templates and not Path(args.templates).is_dir():
@@ -63,15 +65,13 @@ def cmd_render(args: argparse.Namespace) -> int:
             f"--templates {args.templates}: no such folder (it should hold some of hpc/render/templates/, e.g. _sbatch.j2)"
         )
         return EXIT_USAGE
-    prepared = None
-    if spec.build is not None:  # the deployment serves the engine the build makes (hpc/jobs/): both scripts
-        from hpc.jobs.build import prepare
-
-        prepared = prepare(spec)
-        spec = prepared.served
+    # what `submit` would run, planned once: with a build: section the deployment serves the engine the build
+    # makes (hpc/jobs/), and both scripts are written
+    jobs = plan_jobs(spec, deployment_folder(args.output))
+    prepared, spec = jobs.build, jobs.served
     templates = Path(args.templates) if args.templates else None
     try:
-        out = render(spec, args.output, templates=templates)
+        out = render_plan(jobs.deployment, templates=templates)
     except ValueError as exc:
         _err(str(exc))
         return EXIT_USAGE
@@ -81,9 +81,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
         build_sub = write_build(prepared.spec, prepared.plan, out.deploy_dir, templates)
     print(f"rendered {out.deploy_dir}")
-    from hpc.render.gpu_binding import describe
-
-    print(describe(spec))
+    print(jobs.deployment.gpu.line())
     for path in (out.sub, out.sh, out.model_repository, out.launch):
         print(f"  {path}")
     if spec.workflow_strategy.chooses_model_py:
@@ -92,9 +90,9 @@ def cmd_render(args: argparse.Namespace) -> int:
         print(f"  {model_files_source(spec)}")
     if out.gateway_sub is not None:
         print(f"  {out.gateway_sub}  (the gateway's own job: one per deployment, it serves every job of it)")
-    from hpc.jobs.model_init import init_command
+    from hpc.jobs.model_init import create_command
 
-    first = init_command(spec)
+    first = create_command(jobs.model)
     if prepared is not None and build_sub is None:
         print(f"  (engine {prepared.plan.cached}: built already for this spec, no build job)")
     if build_sub is not None:  # the engine build first, serving after it (hpc/jobs/)

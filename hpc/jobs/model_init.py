@@ -23,7 +23,11 @@ def model_to_create(spec: Spec) -> tuple[Path, ModelInit] | None:
 
 def init_command(spec: Spec) -> str | None:
     """`hpc-serve init-model ...` that creates exactly what `ensure_model` would, or None if nothing is due."""
-    due = model_to_create(spec)
+    return create_command(model_to_create(spec))
+
+
+def create_command(due: tuple[Path, ModelInit] | None) -> str | None:
+    """`hpc-serve init-model ...` that creates `due` (`model_to_create`'s), or None if nothing is due."""
     if due is None:
         return None
     target, init = due
@@ -32,7 +36,11 @@ def init_command(spec: Spec) -> str | None:
 
 def ensure_model(spec: Spec) -> Path | None:
     """Create the checkpoint and tokenizer `model.init` asks for if they are missing; the folder created, or None."""
-    due = model_to_create(spec)
+    return create_model(model_to_create(spec))
+
+
+def create_model(due: tuple[Path, ModelInit] | None) -> Path | None:
+    """Create `due` (`model_to_create`'s: the checkpoint folder and how); the folder created, or None."""
     if due is None:
         return None
     from backend.cpu_engine.init_model import create_checkpoint

@@ -33,6 +33,10 @@ class Decision:
     why: str
     parameters: dict[str, str] = field(default_factory=dict)
 
+    def line(self) -> str:
+        """The line `validate` and `render` print."""
+        return f"  GPU binding: {self.binding} ({self.why})"
+
 
 def decide(
     policy: str,
@@ -106,6 +110,5 @@ def gpu_decision(spec: Spec) -> Decision:
 
 
 def describe(spec: Spec) -> str:
-    """The line `validate` and `render` print."""
-    decision = gpu_decision(spec)
-    return f"  GPU binding: {decision.binding} ({decision.why})"
+    """The line `validate` prints (`render` prints its plan's: `Decision.line`)."""
+    return gpu_decision(spec).line()

@@ -1,9 +1,10 @@
-"""Spec → deployment folder: the sbatch script, the per-rank script, the launch plan and the model repository.
+"""Deployment plan → deployment folder: the sbatch script, the per-rank script, the launch plan and the model
+repository.
 
-This is the one place where the spec is turned into things that run: the `#SBATCH` lines (hpc/render/sbatch.py), the srun line
-and its container flags, the per-rank environment, the upstream model-repository parameters, and the
-launch plan the per-rank launcher reads. Every user string that reaches a script is shell-quoted here
-(the `q` filter) or was rejected by the spec.
+This is the one place where a `DeploymentPlan` (hpc/render/deployment_plan.py: made once from the spec) is turned into
+things that run: the `#SBATCH` lines (hpc/render/sbatch.py), the srun line and its container flags, the per-rank
+environment, the upstream model-repository parameters, and the launch plan the per-rank launcher reads. Every user
+string that reaches a script is shell-quoted here (the `q` filter) or was rejected by the spec.
 """
 
 from __future__ import annotations
@@ -23,17 +24,15 @@ import jinja2
 
 import launcher.contracts.rank
 from hpc import __version__
-from hpc.render.gpu_binding import gpu_decision
+from hpc.render.deployment_plan import DeploymentPlan, deployment_folder, plan_deployment
 from hpc.render.llmapi import model_yaml_args, model_yaml_header
 from hpc.render.sbatch import gateway_options, serving_gres, serving_options
 from hpc.serving.auth import ensure_deployment_token
 from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
-from hpc.spec.checks import slurm_time_seconds
 from hpc.spec.files import is_script_safe_path
-from hpc.spec.placement import replica_steps, step_options
+from hpc.spec.placement import step_options
 from launcher.contracts import job_index, model_names
-from launcher.contracts.auth import TOKEN as AUTH_TOKEN
-from launcher.contracts.config import START_CRASH_RESTARTS, STOP_ACK_S, STOP_LEAD_S, default_env, renew_notice_s
+from launcher.contracts.config import START_CRASH_RESTARTS, STOP_ACK_S, STOP_LEAD_S
 
 # the folder's names live in launcher/contracts/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.contracts.layout import (
@@ -50,10 +49,9 @@ from launcher.contracts.layout import (
     gateway_record,
     template_values,
 )
-from launcher.contracts.llmapi import ENGINE, OWN_MODEL
+from launcher.contracts.llmapi import OWN_MODEL
 from launcher.contracts.plan import FAIL_JOB, RESTART, LaunchPlan
 from launcher.contracts.records import GAVE_UP, NOT_RESTARTABLE, RESTARTING, ReplicaRestart
-from launcher.contracts.renew_plan import RenewPlan
 from launcher.contracts.shm import shm_glob_shell
 from launcher.contracts.stop_records import stop_request_format
 
@@ -72,9 +70,10 @@ class Rendered:
     gateway_sub: Path | None = None  # only for a spec with an enabled `gateway:` section
 
 
-def repository_parameters(spec: Spec) -> dict[str, Any]:
-    """The upstream fill_template parameters for the five models, from the spec (the one place this mapping is
-    decided). `triton.parameters` entries override or add to them."""
+def repository_parameters(plan: DeploymentPlan) -> dict[str, Any]:
+    """The upstream fill_template parameters for the five models, from the plan's spec and GPU binding (the one
+    place this mapping is decided). `triton.parameters` entries override or add to them."""
+    spec = plan.spec
     t, m = spec.triton, spec.model
     params: dict[str, Any] = {
         param: getattr(t, field) for field, param in NAMED_PARAMETERS.items() if getattr(t, field) is not None
@@ -92,18 +91,19 @@ def repository_parameters(spec: Spec) -> dict[str, Any]:
     )
     if m.backend_strategy.tp_size_parameter:
         params["tp_size"] = m.tp_size
-    params.update(gpu_decision(spec).parameters)  # what TensorRT-LLM needs to agree with the binding
+    params.update(plan.gpu.parameters)  # what TensorRT-LLM needs to agree with the binding
     params.update(t.parameters)
     return params
 
 
-def write_repository(spec: Spec, out_dir: Path) -> None:
-    """The model repository of the spec's workflow: llmapi's one `tensorrt_llm` model configured by model.yaml
+def write_repository(plan: DeploymentPlan, out_dir: Path) -> None:
+    """The model repository of the plan's workflow: llmapi's one `tensorrt_llm` model configured by model.yaml
     (hpc/render/llmapi.py), or the engine workflow's five models filled with `repository_parameters`."""
+    spec = plan.spec
     if spec.workflow_strategy.ensemble_repository:
         from backend.repository import write_model_repository
 
-        write_model_repository(out_dir, spec.model.backend, repository_parameters(spec))
+        write_model_repository(out_dir, spec.model.backend, repository_parameters(plan))
     else:
         from backend.llmapi_repository import write_llmapi_repository
 
@@ -112,50 +112,8 @@ def write_repository(spec: Spec, out_dir: Path) -> None:
 
 
 def launch_plan(spec: Spec, deploy_dir: Path) -> LaunchPlan:
-    """The launcher's only input (DEVELOPERS.md, "launch.json"): what every rank needs and nothing else."""
-    return LaunchPlan(
-        name=spec.name,
-        deployment_dir=deploy_dir,
-        model_repository=str(Deployment(deploy_dir).model_repository),
-        tp_size=spec.model.tp_size,
-        pp_size=spec.model.pp_size,
-        replicas=spec.replicas,
-        world_size_per_replica=spec.world_size_per_replica,
-        mode=spec.mode,
-        tritonserver=spec.triton.server,
-        ports=spec.triton.ports.model_dump(),
-        follower_models=(model_names.TENSORRT_LLM,),
-        server_args=(f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args),
-        ready_timeout_s=spec.triton.ready_timeout_s,
-        warmup_timeout_s=spec.triton.warmup_timeout_s,
-        env=default_env(spec.mode),
-        auth=spec.auth,
-        gpu_binding=gpu_decision(spec).binding,
-        replica_policy=spec.replica_policy,
-        renew=renew_plan(spec) if spec.renew is not None else None,
-        workflow=spec.model.workflow or ENGINE,  # never None once validated (hpc/spec/schema.py ModelSpec._dirs)
-        backend=spec.model.backend,
-        model_files_from=spec.model.model_files_from,
-        decoupled=spec.triton.decoupled,
-    )
-
-
-def renew_plan(spec: Spec) -> RenewPlan:
-    """launch.json's `renew` block: what the job's renewer (launcher/jobscript/renew.py, launcher/contracts/renew_plan.py) acts on.
-    `notice_s`: how long until every client has seen a draining mark (their discovery's refresh, plus
-    `NOTICE_MARGIN_S`)."""
-    r = spec.renew
-    assert r is not None
-    refresh = spec.gateway.refresh_s if spec.gateway is not None and spec.gateway.enabled else 0.0
-    return RenewPlan(
-        before_s=r.before_s,
-        stop_lead_s=STOP_LEAD_S,
-        time_limit_s=slurm_time_seconds(spec.slurm.time),
-        max_jobs=r.max_jobs,
-        until=r.until_epoch,
-        drain_s=r.drain_s,
-        notice_s=renew_notice_s(refresh),
-    )
+    """launch.json's plan for `spec` served from `deploy_dir` (hpc/render/deployment_plan.py decides it)."""
+    return plan_deployment(spec, deploy_dir).launch
 
 
 def _container_mounts(spec: Spec, deploy_dir: Path, paths: Sequence[Path | None] | None = None) -> list[str]:
@@ -222,7 +180,14 @@ def _environment(templates: Path | None) -> jinja2.Environment:
 
 
 def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) -> dict[str, str]:
-    """The text of the two scripts, without touching the disk (what `job_script()` shows)."""
+    """The text of the scripts of `spec` served from `deploy_dir`, without touching the disk (`plan_scripts`)."""
+    return plan_scripts(plan_deployment(spec, deploy_dir), templates)
+
+
+def plan_scripts(plan: DeploymentPlan, templates: Path | None = None) -> dict[str, str]:
+    """The text of the two scripts (and the gateway's, when the plan runs one), without touching the disk (what
+    `submit --dry-run` prints)."""
+    spec, deploy_dir = plan.spec, plan.deploy_dir
     env = _environment(templates)
     srun, wrapper = _srun_and_wrapper(spec, deploy_dir)
     python = sys.executable if spec.container.type == "none" else spec.container.python
@@ -243,7 +208,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         "renew": spec.renew is not None,
         "renew_python": sys.executable,
         "site_profile": site_profile(spec),
-        **replica_context(spec, serving_gres(spec) is not None),
+        **replica_context(plan, serving_gres(spec) is not None),
         **template_values(deploy_dir),  # every name and path in the folder (launcher/contracts/layout.py)
         **job_index.template_values(),  # the lines that index the job (launcher/contracts/job_index.py)
         **launcher.contracts.rank.template_values(),  # the variables the scripts set for a rank or read (launcher/contracts/rank.py)
@@ -252,7 +217,7 @@ def render_scripts(spec: Spec, deploy_dir: Path, templates: Path | None = None) 
         SUB_NAME: env.get_template(SUB_NAME + ".j2").render(context),
         SH_NAME: env.get_template(SH_NAME + ".j2").render(context),
     }
-    if spec.gateway is not None and spec.gateway.enabled:
+    if plan.gateway:
         scripts[GATEWAY_SUB_NAME] = env.get_template(GATEWAY_SUB_NAME + ".j2").render(
             context | gateway_context(spec, deploy_dir)
         )
@@ -268,10 +233,10 @@ def site_profile(spec: Spec) -> str | None:
     return " ".join(str(Path(origin.profile).resolve()).splitlines())
 
 
-def replica_context(spec: Spec, gpus: bool) -> dict[str, Any]:
-    """What the `.sub` needs to run one srun step per replica (hpc/spec/placement.py) and to clean up after one: each
-    step's placement options, and the nodes and shared-memory regions of its ranks."""
-    steps = replica_steps(spec.replicas, spec.world_size_per_replica, spec.slurm.nodes, spec.tasks_per_node)
+def replica_context(plan: DeploymentPlan, gpus: bool) -> dict[str, Any]:
+    """What the `.sub` needs to run the plan's srun step per replica (hpc/spec/placement.py) and to clean up after
+    one: each step's placement options, and the nodes and shared-memory regions of its ranks."""
+    spec, steps = plan.spec, plan.steps
     # restart: its bound; any other policy restarts a start crash only (launcher/contracts/config.py)
     max_restarts = spec.restart_bounds.max_restarts if spec.replica_policy == RESTART else START_CRASH_RESTARTS
     return {
@@ -328,14 +293,19 @@ def ship_packages(dest: Path) -> None:
 
 
 def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Rendered:
-    """Write the deployment folder. Files are written to a temporary sibling first and moved into place, so a
-    failure leaves no half-written deployment behind; an existing folder's job records are kept.
+    """Write the deployment folder of `spec` into `out_dir` (`render_plan` of its plan)."""
+    return render_plan(plan_deployment(spec, deployment_folder(out_dir)), templates)
 
-    Render is a preview: it writes into `out_dir` only and never creates the model a spec's `model.init` asks
-    for (hpc/jobs/model_init.py does, from `submit`, `launch SPEC` or `hpc-serve init-model`)."""
+
+def render_plan(plan: DeploymentPlan, templates: Path | None = None) -> Rendered:
+    """Write the plan's deployment folder. Files are written to a temporary sibling first and moved into place, so
+    a failure leaves no half-written deployment behind; an existing folder's job records are kept.
+
+    Render is a preview: it writes into the plan's folder only and never creates the model a spec's `model.init`
+    asks for (hpc/jobs/model_init.py does, from `submit`, `launch SPEC` or `hpc-serve init-model`)."""
     from backend.repository import check_replaceable
 
-    deploy_dir = Path(out_dir).expanduser().resolve()
+    spec, deploy_dir = plan.spec, plan.deploy_dir
     if not is_script_safe_path(deploy_dir):
         raise ValueError(
             f"{deploy_dir}: the deployment folder's path must not contain spaces, quotes or shell characters "
@@ -346,24 +316,24 @@ def render(spec: Spec, out_dir: str | Path, templates: Path | None = None) -> Re
             f"{deploy_dir}: with container.type {spec.container.type} the deployment folder is mounted as SRC:DST "
             "in a comma-separated list, so its path must not contain ',' or ':'"
         )
-    scripts = render_scripts(spec, deploy_dir, templates)
+    scripts = plan_scripts(plan, templates)
     dep = Deployment(deploy_dir)
     check_replaceable(dep.model_repository)  # before anything is written: nothing half-done
     deploy_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{deploy_dir.name}.", dir=deploy_dir.parent))
     staged = Deployment(staging)
     try:
-        write_repository(spec, staged.model_repository)
+        write_repository(plan, staged.model_repository)
         ship_packages(staged.runtime)
         for name, text in scripts.items():
             (staging / name).write_text(text)
             (staging / name).chmod(0o755)
-        launch_plan(spec, deploy_dir).write(staged.launch)
+        plan.launch.write(staged.launch)
         staged.spec.write_text(dump_spec(spec))
         deploy_dir.mkdir(exist_ok=True)
         dep.logs_dir.mkdir(exist_ok=True)
         dep.jobs_dir.mkdir(exist_ok=True)
-        if spec.auth == AUTH_TOKEN:  # before launch.json: a rank that sees it reads the token
+        if plan.token:  # before launch.json: a rank that sees it reads the token
             ensure_deployment_token(deploy_dir, spec.workdir, spec.name)
         # launch.json goes last: ranks of `hpc-serve launch SPEC` wait for it as the sign that all is in place.
         for entry in sorted(staging.iterdir(), key=lambda e: e.name == LAUNCH_NAME):
