@@ -68,7 +68,7 @@ def test_only_the_ranks_own_regions_are_removed(tmp_path: Path) -> None:
         (tmp_path / name).write_bytes(b"x")
     assert sorted(remove_shm_regions(1, "70", tmp_path)) == names[:2]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
-    assert shm_glob_shell(1) == "/dev/shm/prefix1_${SLURM_JOB_ID}_*"
+    assert shm_glob_shell(1) == "/dev/shm/prefix1_${JOB_ID}_*"
 
 
 # ------------------------------------------------------------------------------------------- the watches

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 import backend.repository
 from hpc.render import jobfiles as R
+from hpc.render.deployment_plan import plan_deployment
 from hpc.spec import Spec, load_spec, parse_spec
 from launcher.contracts.layout import BUILD_SUB_NAME, JobPaths
 from launcher.contracts.plan import LaunchPlan
@@ -200,7 +201,7 @@ def test_launch_json_fixed_ports_server_and_orchestrator(tmp_path):
         mode="orchestrator",
         triton={"ports": {"http": 9000, "grpc": 9001, "metrics": "auto"}, "server": "/opt/ts"},
     )
-    plan = R.launch_plan(spec, tmp_path / "d")
+    plan = plan_deployment(spec, tmp_path / "d").launch
     assert plan.ports == {"http": 9000, "grpc": 9001, "metrics": "auto"}
     assert plan.tritonserver == "/opt/ts"
     assert plan.world_size_per_replica == 1 and plan.tp_size == 2 and plan.mode == "orchestrator"

@@ -64,7 +64,7 @@ def _end_follower_process() -> None:
 
     Order matters. MPI first: meeting the leader in a bounded MPI_Finalize (see ``_finalize_mpi``) is what
     shows the leader really released us, not merely fell silent. Then the release file, which makes the
-    launcher report this rank's end as a clean one (launcher/node/run.py release_path); it is not written when the
+    launcher report this rank's end as a clean one (launcher/node/server_env.py release_path); it is not written when the
     leader is gone. Last the parent tritonserver: it is still loading this model (never ready, no ports) and
     the launcher started it ignoring the stop signals (so that Slurm's SIGTERM, sent to every process of the
     step at once, cannot end a follower before its leader released it), hence SIGKILL; exiting the stub alone

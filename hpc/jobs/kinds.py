@@ -70,6 +70,7 @@ from launcher.contracts.layout import (
     BUILD_SUB_NAME,
     GATEWAY_JOB_MARKER_NAME,
     GATEWAY_SUB_NAME,
+    PROBE_SUB_NAME,
     SUB_NAME,
     Deployment,
     JobPaths,
@@ -501,7 +502,7 @@ class DoctorProbeJob(JobKind):
     kind's through the process's throttled watcher, never polled on its own."""
 
     kind = "probe"
-    script = "probe.sub"  # in the probe folder (hpc/render/probe.py renders it)
+    script = PROBE_SUB_NAME  # in the probe folder (hpc/render/probe.py renders it)
     marker = None
     stoppable = False  # scancel ends it
     live = ()

@@ -112,8 +112,9 @@ def _running(pid: int) -> bool:
 
 
 def cancel_local(ref: JobRef, grace_s: float = CANCEL_GRACE_S) -> None:
-    """SIGTERM the supervisor (mpirun passes it to every launcher, which stops tritonserver gracefully), wait
-    for the ranks to go, then SIGKILL whatever is left."""
+    """SIGTERM the supervisor (it passes it to the job's script, whose trap stops the ranks in order, as scancel's
+    does under Slurm; the launchers also see the cancel marker), wait for the ranks to go, then SIGKILL whatever is
+    left."""
     from hpc.jobs.local_run import LocalState, write_state
 
     state = LocalState.of(ref.job_dir)

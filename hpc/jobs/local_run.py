@@ -6,8 +6,8 @@ rank itself for one), TensorRT-LLM's leader mode taking MPI_COMM_WORLD as the mo
 The local executor gives laptops and CI the same job folder as Slurm: per-rank logs named
 `<job>_<rank>_log.out|err`, endpoint and rank records from the launcher, and a `local.json` that plays
 the part of `sacct` (state, exit code). It runs detached (its own session) so the submitting shell can go.
-Usage (by hpc/jobs/local.py): python -m hpc.jobs.local_run DEPLOY_DIR JOB_ID [SCRIPT]: the ranks, or SCRIPT of the
-deployment folder as one process (a gateway's or a build's: hpc/jobs/kinds.py `script`).
+Usage (by hpc/jobs/local.py): python -m hpc.jobs.local_run DEPLOY_DIR JOB_ID [SCRIPT]: the serving job's `.sub`, or
+SCRIPT of the deployment folder (a gateway's or a build's: hpc/jobs/kinds.py `script`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class LocalState(Record):
     #: RUNNING, then COMPLETED, FAILED or CANCELLED (Slurm's words: hpc/jobs/status.py reads them so)
     state: str = "UNKNOWN"
     pid: int | None = None  # the supervisor's
-    child_pids: list[int] = field(default_factory=list)  # each replica's step
+    child_pids: list[int] = field(default_factory=list)  # the bash that runs the job's script
     world_size: int = 0
     started_at: float | None = None
     ended_at: float | None = None

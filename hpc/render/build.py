@@ -11,7 +11,7 @@ from typing import Any
 
 import launcher.contracts.rank
 from hpc import __version__
-from hpc.render.jobfiles import _environment, _srun_and_wrapper
+from hpc.render.jobfiles import srun_and_wrapper, template_environment
 from hpc.render.sbatch import build_options
 from hpc.spec import Spec
 from launcher.contracts import job_index
@@ -52,9 +52,9 @@ class BuildScript:
 
 def render_build(spec: Spec, build: BuildScript, deploy_dir: Path, templates: Path | None = None) -> str:
     """The text of `D/build.sub`."""
-    env = _environment(templates)
+    env = template_environment(templates)
     env.filters["sh"] = shell_word
-    srun, wrapper = _srun_and_wrapper(spec, deploy_dir, (build.source, build.output_root))
+    srun, wrapper = srun_and_wrapper(spec, deploy_dir, (build.source, build.output_root))
     context = {
         "spec": spec,
         "version": __version__,

@@ -32,7 +32,7 @@ from hpc.spec import NAMED_PARAMETERS, Spec, dump_spec, provenance
 from hpc.spec.files import is_script_safe_path
 from hpc.spec.placement import step_options
 from launcher.contracts import job_index, model_names
-from launcher.contracts.config import START_CRASH_RESTARTS, STOP_ACK_S, STOP_LEAD_S
+from launcher.contracts.config import START_CRASH_RESTARTS, STOP_ACK_S
 
 # the folder's names live in launcher/contracts/layout.py (SUB_NAME and SH_NAME are also render_scripts' keys)
 from launcher.contracts.layout import (
@@ -50,7 +50,7 @@ from launcher.contracts.layout import (
     template_values,
 )
 from launcher.contracts.llmapi import OWN_MODEL
-from launcher.contracts.plan import FAIL_JOB, RESTART, LaunchPlan
+from launcher.contracts.plan import FAIL_JOB, RESTART
 from launcher.contracts.records import GAVE_UP, NOT_RESTARTABLE, RESTARTING, ReplicaRestart
 from launcher.contracts.shm import shm_glob_shell
 from launcher.contracts.stop_records import stop_request_format
@@ -111,11 +111,6 @@ def write_repository(plan: DeploymentPlan, out_dir: Path) -> None:
         write_llmapi_repository(out_dir, model_yaml_args(spec), OWN_MODEL if own else None, model_yaml_header(spec))
 
 
-def launch_plan(spec: Spec, deploy_dir: Path) -> LaunchPlan:
-    """launch.json's plan for `spec` served from `deploy_dir` (hpc/render/deployment_plan.py decides it)."""
-    return plan_deployment(spec, deploy_dir).launch
-
-
 def _container_mounts(spec: Spec, deploy_dir: Path, paths: Sequence[Path | None] | None = None) -> list[str]:
     """User mounts plus what every rank must see at the same path: the deployment folder, the hpc-serve
     source, the model folders (`paths`: other folders instead, e.g. a build's source and output). A path already
@@ -138,7 +133,7 @@ def _container_mounts(spec: Spec, deploy_dir: Path, paths: Sequence[Path | None]
     return mounts
 
 
-def _srun_and_wrapper(
+def srun_and_wrapper(
     spec: Spec, deploy_dir: Path, paths: Sequence[Path | None] | None = None
 ) -> tuple[list[str], list[str]]:
     """srun flags and the command prefix that wraps `bash tensorrt_llm_triton.sh` for the container kind (`paths`:
@@ -164,7 +159,7 @@ def _srun_and_wrapper(
 
 
 @functools.lru_cache(maxsize=8)
-def _environment(templates: Path | None) -> jinja2.Environment:
+def template_environment(templates: Path | None) -> jinja2.Environment:
     """One environment per templates folder, kept: jinja compiles each template once and recompiles one whose
     file changed (auto_reload), so a site template edited between two renders is read again."""
     search = [str(templates)] if templates else []
@@ -188,8 +183,8 @@ def plan_scripts(plan: DeploymentPlan, templates: Path | None = None) -> dict[st
     """The text of the two scripts (and the gateway's, when the plan runs one), without touching the disk (what
     `submit --dry-run` prints)."""
     spec, deploy_dir = plan.spec, plan.deploy_dir
-    env = _environment(templates)
-    srun, wrapper = _srun_and_wrapper(spec, deploy_dir)
+    env = template_environment(templates)
+    srun, wrapper = srun_and_wrapper(spec, deploy_dir)
     python = sys.executable if spec.container.type == "none" else spec.container.python
     context = {
         "spec": spec,
@@ -200,8 +195,6 @@ def plan_scripts(plan: DeploymentPlan, templates: Path | None = None) -> dict[st
         "wrapper": wrapper,
         "python": python,
         "source_root": str(Deployment(deploy_dir).runtime),
-        # Slurm's time-limit warning: early enough for an ordered stop (DEVELOPERS.md "Stopping")
-        "stop_lead_s": STOP_LEAD_S,
         "stop_ack_s": STOP_ACK_S,  # the stop request unanswered this long: scancel --signal=TERM (the .sub's trap)
         "stop_request_format": stop_request_format(),  # what the trap writes (launcher/contracts/stop_records.py StopRequest)
         # renewal (launcher/jobscript/renew.py): run on the batch node with this install's interpreter, as gateway.sub is
@@ -246,7 +239,7 @@ def replica_context(plan: DeploymentPlan, gpus: bool) -> dict[str, Any]:
                 "options": step_options(step, spec.slurm.cpus_per_task, gpus),
                 # one task on each of the step's nodes, beside whatever still runs there
                 "cleanup": [f"--nodes={step.nodes}", f"--ntasks={step.nodes}", f"--relative={step.relative}"],
-                "shm": [shm_glob_shell(rank, "${JOB_ID}") for rank in step.ranks()],
+                "shm": [shm_glob_shell(rank) for rank in step.ranks()],
                 "endpoint": f"{ENDPOINTS_NAME}/{ENDPOINT_NAME.format(replica=step.replica)}",
                 "starting": f"{ENDPOINTS_NAME}/{STARTING_NAME.format(replica=step.replica)}",
                 "ranks": list(step.ranks()),

@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc.render.jobfiles import _environment, _srun_and_wrapper
+from hpc.render.jobfiles import srun_and_wrapper, template_environment
 from hpc.render.sbatch import probe_options
 from hpc.spec import Spec
-
-PROBE_TEMPLATE = "probe.sub.j2"
+from launcher.contracts.layout import PROBE_SUB_NAME
 
 
 def render_probe_script(
@@ -20,7 +19,7 @@ def render_probe_script(
 ) -> str:
     """The probe job's script: one node and task for `time`; `values`: what the doctor's checks put in it (the
     probe folder, the nonce, the bundle, node.py's arguments and exit codes, the names of the files it writes)."""
-    srun, wrapper = _srun_and_wrapper(spec, local)
+    srun, wrapper = srun_and_wrapper(spec, local)
     context = {
         "spec": spec,
         "sbatch_lines": probe_options(spec, time).lines(),
@@ -29,4 +28,4 @@ def render_probe_script(
         "local": str(local),
         **values,
     }
-    return _environment(templates).get_template(PROBE_TEMPLATE).render(context)
+    return template_environment(templates).get_template(PROBE_SUB_NAME + ".j2").render(context)

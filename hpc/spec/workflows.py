@@ -40,8 +40,6 @@ class Backend(ABC):
     #: the engine workflow serves a trtllm-build engine (model.engine_dir, or a build: section's output); else
     #: it reads the Hugging Face checkpoint itself
     serves_built_engine: ClassVar[bool]
-    #: the replica imports NVIDIA's `tensorrt_llm` (the doctor checks the node's version and imports)
-    imports_tensorrt_llm: ClassVar[bool]
     #: the llmapi workflow can serve the image's model.py (model.llmapi_model image), which runs over TensorRT-LLM
     runs_image_model: ClassVar[bool]
     #: model.init may make a random-weight checkpoint for it
@@ -79,6 +77,12 @@ class Backend(ABC):
         """What the ranks and the build job ask of this backend (launcher/contracts/workflows.py)."""
         return RANK_BACKENDS[self.name]
 
+    @property
+    def imports_tensorrt_llm(self) -> bool:
+        """The replica imports NVIDIA's `tensorrt_llm`, not the stand-in (the doctor checks the node's version and
+        imports)."""
+        return not self.rank.standin
+
     def engine_source(self, model: ModelSpec) -> Path:
         """The folder the engine workflow's model reads."""
         return model.checkpoint_dir  # type: ignore[return-value]
@@ -92,7 +96,6 @@ class TensorRTLLM(Backend):
     name = "tensorrtllm"
     uses_gpus = True
     serves_built_engine = True
-    imports_tensorrt_llm = True
     runs_image_model = True
     makes_checkpoints = False
     spawns_ranks = True
@@ -142,7 +145,6 @@ class Cpu(Backend):
     name = "cpu"
     uses_gpus = False
     serves_built_engine = False
-    imports_tensorrt_llm = False
     runs_image_model = False
     makes_checkpoints = True
     spawns_ranks = False

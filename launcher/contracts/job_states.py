@@ -8,10 +8,10 @@ Standard library only, Python 3.10: the login side (`status`, `wait`, the watche
 
 from __future__ import annotations
 
-from enum import Enum
+from launcher.contracts.text_enum import TextEnum
 
 
-class JobState(str, Enum):
+class JobState(TextEnum):
     """A job's state as `hpc-serve status` shows it (hpc/jobs/kinds.py has the state machine)."""
 
     PENDING = "PENDING"
@@ -26,12 +26,6 @@ class JobState(str, Enum):
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"
     UNKNOWN = "UNKNOWN"  # nothing could tell (the scheduler does not know the job, or could not be asked)
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 #: the end states, as hpc-serve names them: a job in one of these does not leave it

@@ -47,6 +47,8 @@ GATEWAY_SUCCESSOR_NAME = "gateway_successor"
 #: a spec's `build:` section: the engine build job's sbatch script (hpc/jobs/), and in its job folder the mark that
 #: it is a build job, the step it runs, and the step that failed (launcher/contracts/build_records.py's BuildStep, each)
 BUILD_SUB_NAME = "build.sub"
+#: `hpc-serve doctor --probe`'s sbatch script, in the probe's own folder (hpc/render/probe.py renders it)
+PROBE_SUB_NAME = "probe.sub"
 BUILD_JOB_MARKER_NAME = "build_job"
 BUILD_FAILURE_NAME = "build_failed.json"
 BUILD_STEP_NAME = "build_step.json"

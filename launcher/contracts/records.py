@@ -10,7 +10,6 @@ version (fields it lacks get defaults) or a newer one (fields it does not know a
 from __future__ import annotations
 
 import dataclasses
-import enum
 import ipaddress
 import json
 import os
@@ -25,6 +24,7 @@ from typing import Any, TypeVar
 
 from launcher.contracts.layout import ENDPOINT_GLOB, RANK_RECORD_GLOB, JobPaths
 from launcher.contracts.llmapi import ENGINE
+from launcher.contracts.text_enum import TextEnum
 from launcher.contracts.urls import grpc_target, http_url, metrics_url
 
 #: version 1: the first with a version key in the endpoint record; rank records had none before it. The
@@ -297,7 +297,7 @@ def _read(folder: Path, pattern: str, kind: type[_R]) -> list[_R]:
     return [record for record in records if record is not None]
 
 
-class Phase(str, enum.Enum):
+class Phase(TextEnum):
     """A replica leader's startup phases (StartupRecord.phase), in order: tritonserver loads its models until
     ``/v2/health/ready`` answers 200, then one real request must come back (launcher/node/warmup.py) before the
     endpoint record is published; ``status`` says which one a STARTING replica is in. str-valued: the record

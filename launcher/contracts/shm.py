@@ -24,7 +24,8 @@ def _prefix(rank: int | str, job: str) -> str:
     return f"prefix{rank}_{job}_"
 
 
-def shm_glob_shell(rank: int, job_variable: str = "${SLURM_JOB_ID}") -> str:
+def shm_glob_shell(rank: int, job_variable: str = "${JOB_ID}") -> str:
     """The rank's regions as a shell glob, the job id left to the shell (the `.sub`'s backstop after a replica
-    ended: it removes what a rank killed with its launcher left; Slurm job ids need no sanitising)."""
+    ended: it removes what a rank killed with its launcher left; Slurm's ids and the local executor's `local-<hex>`
+    need no sanitising)."""
     return f"{SHM_DIR}/{_prefix(rank, job_variable)}*"

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import os
 import signal
 import time
@@ -56,6 +55,7 @@ from launcher.contracts.successor import (
     gone_or_ended,
     log,
 )
+from launcher.contracts.text_enum import TextEnum
 from launcher.node.stop import metrics_in_flight
 
 POLL_S = 0.5
@@ -95,7 +95,7 @@ def in_flight(paths: JobPaths) -> int | None:
     return total
 
 
-class Phase(str, enum.Enum):
+class Phase(TextEnum):
     """Where a renewer is (module docstring's steps): WAIT for the time to submit a successor (or to submit it
     again), SUCCESSOR submitted and not READY yet, DRAINING once it is, SERVE on to the end without one."""
 

@@ -6,7 +6,7 @@ variables intact) and tritonserver (without them), joined by a loopback IPC addr
 HMAC key that only their environments carry. Ranks > 0 run a *worker node* in place of tritonserver. The leader
 node is watched like a peer: if it ends while tritonserver serves, the rank fails at once with its exit code and
 its last log lines (they share the rank's log ring); after tritonserver ends, the leader node gets a bounded time
-to end by itself, as the release of TensorRT-LLM ends it (launcher/contracts/llmapi.py STOP_ACTION_SINCE: the
+to end by itself, as the release of TensorRT-LLM ends it (launcher/contracts/trtllm_versions.py STOP_ACTION_SINCE: the
 LLM's shutdown in the model's finalize on older releases; `python -m tensorrt_llm.llmapi.mgmn_leader_node --action
 stop`, sent by this launcher as trtllm-llmapi-launch sends it, on newer ones), then SIGTERM, then SIGKILL, so
 nothing outlives the rank.

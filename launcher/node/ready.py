@@ -16,7 +16,6 @@ records); this is the one sequence that decides READY.
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +25,13 @@ from launcher.contracts.job_index import job_cluster
 from launcher.contracts.layout import JobPaths
 from launcher.contracts.plan import LaunchPlan
 from launcher.contracts.rank import RankInfo, Role
+from launcher.contracts.text_enum import TextEnum
 from launcher.node.supervise import Child, HealthWait, Supervisor, log, wait_ready
 from launcher.node.warmup import MODELS, WarmupState, choose, warm_up
 from launcher.node.watch import RankWatch
 
 
-class ReadyState(str, enum.Enum):
+class ReadyState(TextEnum):
     """Where a leader's way to READY ended: READY; EXITED (tritonserver ended, or fail-fast ended it); STOPPING (a
     stop signal came first); or why the launcher gave up on it (the rest: launcher/node/roles.py GAVE_UP)."""
 

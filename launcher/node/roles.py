@@ -31,6 +31,7 @@ from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.plan import LaunchPlan
 from launcher.contracts.rank import RankInfo, Role, replica_restarts
 from launcher.contracts.stop_records import StopNotice
+from launcher.contracts.workflows import rank_workflow
 from launcher.node.command import build_argv, remove_orphan_regions, remove_shm_regions
 from launcher.node.llmapi import (
     LeaderNode,
@@ -339,8 +340,6 @@ class LeaderRole(RankRole):
     stop file and holds tritonserver's SIGTERM until the model drained (launcher/node/stop.py LeaderDrain)."""
 
     leads = True
-    #: whether its model reports its drain in the stop file's ``drain_file`` (else the server's metrics tell)
-    reports_drain: ClassVar[bool] = True
 
     def supervisor(self) -> Supervisor:
         return Supervisor(self.plan.grace_s, on_stop=self.announce_stop, unload_s=config.UNLOAD_AFTER_DRAIN_S)
@@ -356,7 +355,8 @@ class LeaderRole(RankRole):
         drain_file = paths.drain(info.job_rank)
         drain_file.unlink(missing_ok=True)
         until = now + plan.exit_timeout_s
-        reports = self.reports_drain and os.environ.get(DRAIN_BY_METRICS_ENV) != "1"
+        # whether the workflow's model reports its drain in the stop file's ``drain_file`` (else the metrics tell)
+        reports = rank_workflow(plan.workflow).reports_drain and os.environ.get(DRAIN_BY_METRICS_ENV) != "1"
         notice = StopNotice(
             signal=signal.Signals(signum).name,
             at=now,
@@ -524,8 +524,6 @@ class LlmapiLeader(LeaderRole):
     """llmapi workflow, rank 0 of a replica: the image's model files copied in, TensorRT-LLM's leader node started
     before tritonserver and watched like a peer while it serves, ended after it (launcher/node/llmapi.py).
     Upstream's model writes no drain file (the CPU engine's stand-in speaks the same contract)."""
-
-    reports_drain = False
 
     def __init__(self, plan: LaunchPlan, info: RankInfo, me: Role, server: ServerBinary) -> None:
         super().__init__(plan, info, me, server)

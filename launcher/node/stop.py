@@ -16,13 +16,13 @@ Pure logic with an injectable clock, so the bounds are unit-tested without sleep
 
 from __future__ import annotations
 
-import enum
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from launcher.contracts.stop_records import DRAINED, DrainReport
+from launcher.contracts.text_enum import TextEnum
 
 #: stop signals that Slurm may send to every process of a step; a follower's tritonserver ignores them all
 FOLLOWER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -31,7 +31,7 @@ FOLLOWER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1
 LEADER_IGNORES = (signal.SIGHUP, signal.SIGUSR1)
 
 
-class Action(str, enum.Enum):
+class Action(TextEnum):
     """What a follower's supervisor does at a poll (``FollowerStop.action``): wait on, SIGTERM, or SIGKILL."""
 
     WAIT = "wait"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
-import enum
 import os
 import shlex
 import signal
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from launcher.contracts.text_enum import TextEnum
 from launcher.contracts.urls import READY_PATH, http_url, open_direct
 from launcher.node.stop import KILL, TERM, FollowerStop, LeaderDrain
 
@@ -389,7 +389,7 @@ def is_ready(http_port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> b
         return False
 
 
-class HealthWait(str, enum.Enum):
+class HealthWait(TextEnum):
     """How ``wait_ready`` ended: tritonserver's health check said ready, tritonserver ended (or the fail-fast watch
     ended it), a stop signal came first, or ``timeout_s`` ran out."""
 

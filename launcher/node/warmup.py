@@ -23,7 +23,6 @@ port, and are in this request's collectives. Standard library only (urllib), lik
 
 from __future__ import annotations
 
-import enum
 import json
 import threading
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 from launcher.contracts import model_names
 from launcher.contracts.auth import HEADER, bearer
 from launcher.contracts.llmapi import MODEL_YAML
+from launcher.contracts.text_enum import TextEnum
 from launcher.contracts.urls import http_url, open_direct
 from launcher.node.supervise import Child, Supervisor
 
@@ -148,7 +148,7 @@ def send(warmup: Warmup, port: int, host: str = "127.0.0.1") -> str:
     raise WarmupFailed("the stream ended without a response")
 
 
-class WarmupState(str, enum.Enum):
+class WarmupState(TextEnum):
     """How a warm-up ended: an answer with text, an error answer, no answer in time, tritonserver ended (or the
     launcher's fail-fast ended it), or a stop signal came first."""
 

@@ -2,7 +2,7 @@
 hpc-serve's launcher reads this file as it reads upstream's: launcher/node/llmapi.py VERSION_PROBE).
 
 `HPC_SERVE_TRTLLM_STANDIN_VERSION` picks another supported release, so that tests run the launch against each
-release's leader-node lifetime (launcher/contracts/llmapi.py STOP_ACTION_SINCE).
+release's leader-node lifetime (launcher/contracts/trtllm_versions.py STOP_ACTION_SINCE).
 """
 
 import os

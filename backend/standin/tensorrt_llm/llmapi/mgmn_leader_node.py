@@ -2,7 +2,7 @@
 server the LLM inside tritonserver reaches at TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR; here the CPU engine's leader node
 (backend/cpu_engine/llmapi/leader_node.py).
 
-Its lifetime follows the release the stand-in behaves as (launcher/contracts/llmapi.py STOP_ACTION_SINCE):
+Its lifetime follows the release the stand-in behaves as (launcher/contracts/trtllm_versions.py STOP_ACTION_SINCE):
 - from that release on, `--action start` (the default) serves until `--action stop` (run by the launch once
   tritonserver has exited) or a signal; the LLM's shutdown leaves it running;
 - before it, the module takes no arguments (whatever is given, it starts a server, as upstream's would) and ends
