@@ -188,3 +188,18 @@ def test_launcher_contracts_import_no_other_launcher_subpackage():
         if target.startswith("launcher.") and not target.startswith("launcher.contracts")
     }
     assert wrong == set()
+
+
+def test_every_state_enum_prints_its_value():
+    """A str-valued Enum is a TextEnum (launcher/contracts/text_enum.py): a plain `(str, Enum)` prints its member's
+    name in an f-string from Python 3.11 on and its value on 3.10, so a record or log line would depend on the image."""
+    plain = []
+    for module, path in _modules().items():
+        if module == "launcher.contracts.text_enum":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(base) for base in node.bases]
+                if "str" in bases and any(b.endswith("Enum") for b in bases):
+                    plain.append(f"{module}.{node.name}")
+    assert plain == [], f"str Enums that are not TextEnum: {plain}"
