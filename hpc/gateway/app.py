@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,9 +37,11 @@ from hpc.gateway.state import Gateway
 from hpc.serving.balancer import Balancer, Replica
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
+from hpc.serving.kv_events import KvEventsFollower
+from hpc.serving.routing import CachedPrefix, routing_mode
 from hpc.serving.text import ChatTemplate
 from hpc.serving.triton import TritonEngine
-from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
+from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS, ROUTING
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 
 
@@ -49,19 +52,22 @@ def create_app(
     prefix_chars: int = PREFIX_CHARS,
     fast_path: bool = True,
     max_body_mb: int = MAX_BODY_MB,
+    routing: str = ROUTING,
 ) -> FastAPI:
     """The gateway for `target` (hpc.serving.deployment.resolve_target). `max_outstanding`: requests in flight
     per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off);
     `fast_path`: serve the two generation routes around FastAPI's machinery (hpc/gateway/fastpath.py; off, every
     request takes FastAPI's way: the same answers, which the tests compare, and what the benchmark measures it
-    against); `max_body_mb`: the largest request body taken (hpc/spec/limits.py; 0: no bound)."""
+    against); `max_body_mb`: the largest request body taken (hpc/spec/limits.py; 0: no bound); `routing`: how a
+    replica is chosen (hpc/serving/routing.py; `cache` follows the replicas' KV-cache events meanwhile)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from backend.models.tokenizer import load_tokenizer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, target.tokenizer_dir)
-        balancer = Balancer(max_outstanding=max_outstanding)
+        mode = routing_mode(routing, prefix_chars, functools.partial(tokenizer.encode, add_special_tokens=True))
+        balancer = Balancer(max_outstanding=max_outstanding, round_robin=mode.round_robin)
         # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/contracts/urls.py)
         async with httpx.AsyncClient(trust_env=False) as http:
             engine = TritonEngine()
@@ -80,9 +86,11 @@ def create_app(
                 ChatTemplate.from_tokenizer_dir(target.tokenizer_dir),
                 prefix_chars=prefix_chars,
                 metrics=app.state.metrics,
+                routing=mode,
             )
+            follower = KvEventsFollower(mode, balancer, discovery.token_for) if isinstance(mode, CachedPrefix) else None
             try:
-                async with discovery.running():
+                async with discovery.running(), follower.running() if follower else contextlib.nullcontext():
                     yield
             finally:
                 await engine.close()
@@ -93,7 +101,7 @@ def create_app(
     app.add_exception_handler(ClientDisconnect, client_gone_handler)  # a client gone while sending its body
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)  # Starlette's last resort: a 500 of ours
-    app.state.metrics = Metrics(lambda: _balancer(app))
+    app.state.metrics = Metrics(lambda: _balancer(app), lambda: _degraded(app))
     app.include_router(metrics.router)
     app.include_router(openai_api.router)
     app.include_router(passthrough.health)
@@ -119,6 +127,14 @@ def _balancer(app: FastAPI) -> Balancer | None:
     """The app's balancer, once its lifespan made it (a scrape before that sees no replica)."""
     gateway = getattr(app.state, "gateway", None)
     return gateway.balancer if gateway is not None else None
+
+
+def _degraded(app: FastAPI) -> dict[str, str]:
+    """Replica key → why cache-aware routing knows its cache only from the prompts sent there
+    (hpc/serving/routing.py `DEGRADED`)."""
+    gateway = getattr(app.state, "gateway", None)
+    mode = gateway.routing if gateway is not None else None
+    return mode.degraded_reasons() if isinstance(mode, CachedPrefix) else {}
 
 
 def _no_telemetry() -> dict[str, Any]:

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hpc.serving.balancer import Balancer
+from hpc.serving.routing import DEGRADED
 
 PREFIX = "hpc_serve_gateway"
 #: whole requests: a short completion on a small model to minutes of generation
@@ -36,8 +37,9 @@ _COUNTED = ("outstanding", "served", "failures", "refusals", "kv_reused_blocks",
 class ReplicaCollector(Collector):
     """Per-replica numbers and the balancer's pick outcomes, as the balancer holds them at scrape time."""
 
-    def __init__(self, balancer: Callable[[], Balancer | None]) -> None:
+    def __init__(self, balancer: Callable[[], Balancer | None], degraded: Callable[[], dict[str, str]] = dict) -> None:
         self._balancer = balancer
+        self._degraded = degraded
 
     def collect(self) -> Iterator[Metric]:
         balancer = self._balancer()
@@ -88,18 +90,28 @@ class ReplicaCollector(Collector):
         yield from families.values()
         picks = CounterMetricFamily(
             f"{PREFIX}_picks",
-            "Replica choices: least (no prefix key), home (the prefix's own replica), spilled (it was too busy)",
+            "Replica choices: least (no prefix key, or no replica holds the prompt), home (the prefix's own replica), "
+            "cached (the replica holding most of the prompt), spilled (it was too busy)",
             labels=["outcome"],
         )
-        for outcome in ("least", "home", "spilled"):
+        for outcome in ("least", "home", "cached", "spilled"):
             picks.add_metric([outcome], float(balancer.outcomes[outcome] if balancer is not None else 0))
         yield picks
+        degraded = GaugeMetricFamily(
+            f"{PREFIX}_replica_routing_degraded",
+            "1 while routing knows the replica's cache only from the prompts sent there, though it follows KV-cache "
+            "events (routing: cache), by reason: " + ", ".join(DEGRADED),
+            labels=["replica", "reason"],
+        )
+        for key, reason in sorted(self._degraded().items()):
+            degraded.add_metric([key, reason], 1.0)
+        yield degraded
 
 
 class Metrics:
     """Every metric of one gateway, in its own registry."""
 
-    def __init__(self, balancer: Callable[[], Balancer | None]) -> None:
+    def __init__(self, balancer: Callable[[], Balancer | None], degraded: Callable[[], dict[str, str]] = dict) -> None:
         self.balancer = balancer
         self.registry = CollectorRegistry()
         r = self.registry
@@ -120,7 +132,7 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        r.register(ReplicaCollector(balancer))
+        r.register(ReplicaCollector(balancer, degraded))
 
     def kv_blocks(self, replica_key: str, reused: int, missed: int) -> None:
         """Add a request's KV-cache blocks to the replica that served it (kept by the balancer, as its other

@@ -22,7 +22,7 @@ from pathlib import Path
 from hpc.jobs.renewal import GatewayRenewer, takes_over_from
 from hpc.serving.deployment import Target
 from hpc.serving.gateway_record import live_gateway, node_name, publish, record_path, withdraw
-from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
+from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS, ROUTING
 from launcher.contracts.job_index import job_cluster
 from launcher.contracts.layout import Deployment
 from launcher.contracts.plan import LaunchPlan
@@ -107,8 +107,10 @@ def run(
     prefix_chars: int = PREFIX_CHARS,
     renew_from: Path | None = None,
     max_body_mb: int = MAX_BODY_MB,
+    routing: str = ROUTING,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`, `max_body_mb`: hpc.gateway.app.create_app's). A gateway
+    """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`, `max_body_mb`, `routing`:
+    hpc.gateway.app.create_app's). A gateway
     job (`job_id`) whose deployment folder `renew_from` has a renew plan renews itself (hpc/jobs/renewal.py)
     and ends once its successor serves. Raises GatewayRunning, OSError (the port)."""
     import uvicorn
@@ -136,6 +138,7 @@ def run(
         max_outstanding=max_outstanding,
         prefix_chars=prefix_chars,
         max_body_mb=max_body_mb,
+        routing=routing,
     )
 
     class Server(uvicorn.Server):

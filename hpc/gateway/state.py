@@ -23,11 +23,12 @@ from backend.models.tokenizer import RELEASE_GIL_CHARS
 from hpc.gateway.accesslog import RequestRecord
 from hpc.gateway.errors import no_replica, saturated
 from hpc.gateway.metrics import Metrics
-from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
+from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
 from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.retry import stream_with_retry, taken_whole
+from hpc.serving.routing import PrefixChars, RoutingMode
 from hpc.serving.text import ChatTemplate
 from hpc.serving.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, TritonEngine, failed_internally
 from hpc.spec.files import context_length
@@ -47,8 +48,14 @@ class Gateway:
     http: httpx.AsyncClient
     tokenizer: Any  # backend.models.tokenizer.TextTokenizer
     chat_template: ChatTemplate
-    prefix_chars: int = PREFIX_CHARS  # the prefix affinity key's length (0: no affinity)
+    prefix_chars: int = PREFIX_CHARS  # the prefix affinity key's length (0: no affinity), for `prefix` routing
     metrics: Metrics | None = None
+    #: how a replica is chosen (hpc/serving/routing.py); None: `prefix` routing on `prefix_chars`
+    routing: RoutingMode | None = None
+
+    def __post_init__(self) -> None:
+        if self.routing is None:
+            self.routing = PrefixChars(self.prefix_chars)
 
     @property
     def model_name(self) -> str:
@@ -115,7 +122,7 @@ class Gateway:
         on_first: Callable[[], None] | None = None,
     ) -> AsyncGenerator[T, None]:
         """What `attempt(replica)` yields from the replica the balancer picks (prefix affinity on `prompt`), by
-        the retry rule: an attempt that raises ReplicaUnavailable or ReplicaBusy before its first item is sent to
+        the retry rule (`routing` scores the replicas for `prompt`): an attempt that raises ReplicaUnavailable or ReplicaBusy before its first item is sent to
         the next replica. `record` learns the replica and the replicas tried before it. Take the first item with
         `first` (the answers when no replica is left). Why the rule's own generator, not one around it: every
         streamed token passes through each generator layer, a few microseconds each."""
@@ -123,17 +130,19 @@ class Gateway:
         def picked(replica: Replica, tried: int) -> None:
             record.replica, record.retried = replica.key, tried
 
-        key = prefix_key(prompt, self.prefix_chars) if prompt is not None else None
+        mode = self.routing
+        assert mode is not None  # __post_init__
         return stream_with_retry(
             self.balancer,
             attempt,
             ReplicaUnavailable,
             ReplicaBusy,
-            key,
+            mode.prefix_key(prompt),
             on_retry=self.retried,
             on_pick=picked,
             on_first=on_first,
             failed=failed_internally,
+            route=mode.route(prompt),
         )
 
     async def first(self, items: AsyncIterator[T]) -> T | None:
