@@ -141,6 +141,22 @@ def test_cache_routing_keeps_each_conversation_on_one_replica_and_uses_them_all(
     assert len(count) == replicas and max(count.values()) <= 2 * min(count.values()), count
 
 
+def test_documents_each_asked_several_questions_stay_on_one_replica_each():
+    """A document is a shared prefix too, but a cold one (1/16 of the requests): it is not worth a prefill on every
+    replica, so its questions meet where it is cached, and the documents spread over the replicas."""
+    rng = random.Random(1)
+    docs = [
+        f"Document {d}: " + " ".join(rng.choice(["river", "budget", "harbor", "data"]) for _ in range(80))
+        for d in range(16)
+    ]
+    trace = [(d, f"{docs[d]}\nQuestion {q}: what is it about?") for d in range(16) for q in range(8)]
+    rng.shuffle(trace)
+    where, count = _replay(CachedPrefix(follows_events=False), trace, 2, concurrent=4)
+    moved = sum(len(r) - 1 for r in where.values())
+    assert moved <= 2, where
+    assert len(count) == 2 and max(count.values()) <= 2 * min(count.values()), count
+
+
 def test_todays_prefix_key_sends_every_conversation_of_one_system_prompt_to_one_replica():
     trace = _chat_trace(16, 4)
     _, count = _replay(PrefixChars(), trace, 2, concurrent=1)

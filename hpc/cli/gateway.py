@@ -119,7 +119,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         type=_count,
         default=PREFIX_CHARS,
         help=f"prompt characters that key prefix affinity, with --routing prefix (default {PREFIX_CHARS}; 0: "
-        "affinity off)",
+        "affinity off, least outstanding whatever --routing says)",
     )
     p.add_argument(
         "--max-body-mb",

@@ -97,7 +97,8 @@ class Route(Protocol):
     #: the prompt's tokens to prefill where it was routed last (`routed` sets it)
     prefill: int
 
-    def cached_tokens(self, replica: Replica) -> int: ...
+    def cached_tokens(self, replica: Replica, among: int) -> int:
+        """The prompt's tokens counted as held by `replica`, one of `among` that may take it."""
 
     def routed(self, replica: Replica) -> None:
         """The prompt goes to `replica`: `prefill` is what it lacks, and an index of routed prompts learns it."""
@@ -240,7 +241,7 @@ class Balancer:
         chosen longest ago (so a prompt no replica holds goes where least outstanding would send it)."""
         cap = self._cap(candidates)
         within = [r for r in candidates if r.outstanding + 1 <= cap] or candidates
-        cached = {r.key: min(route.cached_tokens(r), route.prompt_tokens) for r in candidates}
+        cached = {r.key: min(route.cached_tokens(r, len(candidates)), route.prompt_tokens) for r in candidates}
         chosen = min(
             within,
             key=lambda r: (r.prefill_queued + route.prompt_tokens - cached[r.key], r.outstanding, r.last_pick, r.key),

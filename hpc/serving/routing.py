@@ -45,13 +45,29 @@ DEGRADED = {
 }
 #: prefix keys whose continuations are remembered (`CachedPrefix.next_keys`): a few MB
 NEXT_KEYS = 1 << 16
-#: `next_keys`' mark of a key that several prompts continued differently
-BRANCHED = ""
+#: `next_keys`' mark of a key that several prompts continued differently (no prompt text starts with it)
+BRANCHED = "\x00branched"
+#: how many recent requests a prefix's share of the traffic is counted over (an exponential decay)
+SHARE_WINDOW = 128
+_DECAY = 1 - 1 / SHARE_WINDOW
 
 
 def _same_line(before: str, after: str) -> bool:
     """Two continuations of a key are one line of prompts (a conversation that grew) when one starts the other."""
     return before != BRANCHED and (before.startswith(after) or after.startswith(before))
+
+
+class _Seen:
+    """A routed prefix key: what continued it (`BRANCHED` once prompts continued it differently), and how many
+    of the recent requests held it (decayed by `_DECAY` per request since `at`)."""
+
+    __slots__ = ("after", "hits", "at")
+
+    def __init__(self, after: str, at: int) -> None:
+        self.after, self.hits, self.at = after, 0.0, at
+
+    def share(self, requests: int, total: float) -> float:
+        return self.hits * _DECAY ** (requests - self.at) / total if total else 0.0
 
 
 class RoutingMode:
@@ -111,9 +127,10 @@ class CachedPrefix(RoutingMode):
         self.tokenizer_error: str | None = None
         #: events lost between two reads (the replica's index was reset), per replica
         self.events_lost: dict[str, int] = {}
-        #: each routed prefix key → the text that continued it (a chunk at most), or BRANCHED once prompts continued it differently
-        #: (a shared prefix: a system prompt, a document), least recently routed out
-        self.next_keys: OrderedDict[bytes, str] = OrderedDict()
+        #: each routed prefix key → what continued it and how often it is routed (`_Seen`), least recent out
+        self.next_keys: OrderedDict[bytes, _Seen] = OrderedDict()
+        #: requests routed, and their count decayed as each key's `hits` is (`_Seen.share`'s denominator)
+        self.requests, self.decayed = 0, 0.0
 
     # ------------------------------------------------------------------ what each replica holds
     def follow(self, replica_key: str, events: Sequence[dict]) -> None:
@@ -199,11 +216,13 @@ class PromptRoute:
     """A prompt's `Route` (hpc/serving/balancer.py): its tokens each replica holds, from that replica's events
     (whole blocks of its token ids) or from its routed prompts (whole chunks of its text, as tokens).
 
-    Its shared part (up to the last prefix key that routed prompts continued in different ways: a system prompt,
-    a document several questions follow) counts as held by every replica. Why: a shared prefix is worth one
-    prefill on each replica, or else the first replica that computed it wins every prompt that starts with it (a
-    deployment whose chats share one system prompt would run on one replica); what must stay on a replica is
-    the part only one line of prompts continues, a conversation's own history."""
+    Its hot shared part counts as held by every replica: up to the last prefix key that routed prompts continued
+    in different ways (a system prompt, a document several questions follow) and that more than 1/R of the recent
+    requests held (R the replicas that take it). Why: a prefix that more than a replica's share of the traffic
+    starts with cannot live on one replica without overloading it, so it is worth one prefill on each (else the
+    first replica that computed it wins every prompt that starts with it: a deployment whose chats share one
+    system prompt would run on one replica); a colder one (one document of many) stays where it is cached, and
+    so does what only one line of prompts continues, a conversation's own history."""
 
     def __init__(self, mode: CachedPrefix, prompt: str, ids: Sequence[int] | None, block: int) -> None:
         self.mode = mode
@@ -214,23 +233,26 @@ class PromptRoute:
         self.token_keys = token_keys(ids, block) if ids is not None and block else None
         self.prompt_tokens = max(1, len(ids) if ids is not None else len(prompt) // CHARS_PER_TOKEN)
         self.prefill = self.prompt_tokens
-        shared_chars = self._shared_chunks() * CHUNK_CHARS  # as tokens as a match of routed prompts counts them
-        self.shared_tokens = (
-            shared_chars // CHARS_PER_TOKEN if ids is None else shared_chars * len(ids) // max(1, len(prompt))
-        )
+        # as tokens as a match of routed prompts counts them
+        per_char = len(ids) / max(1, len(prompt)) if ids is not None else 1 / CHARS_PER_TOKEN
+        #: the prompt's branch points, deepest last: (its tokens up to there, the share of requests that hold it)
+        self.shared = [(int(chunks * CHUNK_CHARS * per_char), share) for chunks, share in self._branches()]
 
-    def _shared_chunks(self) -> int:
-        """How many of the prompt's chunks lie before (or at) the last key that prompts continued differently."""
-        seen, shared = self.mode.next_keys, 0
+    def _branches(self) -> list[tuple[int, float]]:
+        """The prompt's keys that routed prompts continued otherwise than this one: (chunks up to it, its share)."""
+        mode = self.mode
+        found = []
         for i, (key, mine) in enumerate(zip(self.text_keys, self.next_of, strict=True)):
-            after = seen.get(key)
-            if after is not None and mine and not _same_line(after, mine):  # BRANCHED, or another continuation
-                shared = i + 1
-        return shared
+            seen = mode.next_keys.get(key)
+            if seen is not None and mine and not _same_line(seen.after, mine):  # BRANCHED, or another continuation
+                found.append((i + 1, seen.share(mode.requests, mode.decayed)))
+        return found
 
-    def cached_tokens(self, replica: Replica) -> int:
-        """What the balancer counts as held: the replica's real match, or the shared part."""
-        return max(self.held_tokens(replica), self.shared_tokens)
+    def cached_tokens(self, replica: Replica, among: int = 1) -> int:
+        """What the balancer counts as held among `among` replicas: the replica's real match, or the deepest
+        shared part more than 1/`among` of the recent requests held."""
+        hot = [tokens for tokens, share in self.shared if share * among > 1]
+        return max(self.held_tokens(replica), hot[-1] if hot else 0)
 
     def held_tokens(self, replica: Replica) -> int:
         """The prompt's tokens the replica's cache holds (its events), or was sent (its routed prompts)."""
@@ -246,15 +268,20 @@ class PromptRoute:
         if prompts is None:
             prompts = self.mode.prompts[replica.key] = RoutedPrompts(self.mode.capacity)
         prompts.add(self.text_keys)
-        seen = self.mode.next_keys
+        mode = self.mode
+        mode.requests += 1
+        mode.decayed = mode.decayed * _DECAY + 1
+        seen = mode.next_keys
         for key, after in zip(self.text_keys, self.next_of, strict=True):
-            if not after:
-                continue
-            before = seen.get(key)
-            if before is None or _same_line(before, after):
-                seen[key] = after if before is None or len(after) > len(before) else before
-            else:
-                seen[key] = BRANCHED
+            entry = seen.get(key)
+            if entry is None:
+                entry = seen[key] = _Seen(after, mode.requests)
+            elif after and not _same_line(entry.after, after):
+                entry.after = BRANCHED if entry.after else after
+            elif len(after) > len(entry.after) and entry.after != BRANCHED:
+                entry.after = after
+            entry.hits = entry.hits * _DECAY ** (mode.requests - entry.at) + 1
+            entry.at = mode.requests
             seen.move_to_end(key)
         while len(seen) > NEXT_KEYS:
             seen.popitem(last=False)
@@ -277,7 +304,10 @@ def routing_mode(
 ) -> RoutingMode:
     """The mode `name` (`MODES`): `prefix_chars` for `prefix`; `tokenize` (the deployment's tokenizer, special
     tokens as the engine adds them) and `follows_events` (whether anything follows the replicas' events) for
-    `cache`."""
+    `cache`. `prefix_chars` 0 keeps the meaning it had before there were modes: affinity off, least outstanding,
+    whatever the mode."""
+    if prefix_chars == 0:
+        return RoutingMode()
     if name == "cache":
         return CachedPrefix(tokenize, follows_events)
     if name == "prefix":

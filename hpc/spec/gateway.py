@@ -52,7 +52,8 @@ class GatewaySpec(_Section):
     prefix_chars: int = Field(
         PREFIX_CHARS,
         ge=0,
-        description="prompt characters that key prefix affinity, with routing: prefix (0: off, least outstanding only)",
+        description="prompt characters that key prefix affinity, with routing: prefix (0: affinity off, least "
+        "outstanding whatever routing says)",
     )
     max_body_mb: int = Field(
         MAX_BODY_MB, ge=0, description="the largest request body the gateway takes, in MiB (413 beyond; 0: no bound)"
