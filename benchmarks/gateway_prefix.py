@@ -80,7 +80,12 @@ def llm_api(prompt_tokens: int, cache_docs: int) -> dict:
     blocks = BATCH * request_blocks + cache_docs * doc_blocks
     return {
         "max_batch_size": BATCH,
-        "kv_cache_config": {"max_tokens": blocks * BLOCK, "enable_block_reuse": True, "tokens_per_block": BLOCK},
+        "kv_cache_config": {
+            "max_tokens": blocks * BLOCK,
+            "enable_block_reuse": True,
+            "tokens_per_block": BLOCK,
+            "event_buffer_max_size": 4096,  # routing: cache follows each replica's cache
+        },
     }
 
 

@@ -100,6 +100,9 @@ class Route(Protocol):
     def cached_tokens(self, replica: Replica, among: int) -> int:
         """The prompt's tokens counted as held by `replica`, one of `among` that may take it."""
 
+    def assigned(self, replica: Replica) -> int:
+        """How much distinct prompt text was sent to `replica` lately: where a new prefix fits best."""
+
     def routed(self, replica: Replica) -> None:
         """The prompt goes to `replica`: `prefill` is what it lacks, and an index of routed prompts learns it."""
 
@@ -236,18 +239,24 @@ class Balancer:
         return math.ceil(max(self.load_factor * mean, mean + self.load_slack))
 
     def _by_route(self, candidates: list[Replica], route: Route) -> Replica:
-        """Among `candidates` within the bound, the one whose first token comes soonest by count: the prefill
-        queued on it plus the prompt's tokens it does not hold; ties to fewer requests in flight, then the one
-        chosen longest ago (so a prompt no replica holds goes where least outstanding would send it)."""
+        """Among `candidates` within the bound: when some hold more of the prompt than others, the one whose first
+        token comes soonest by count (the prefill queued on it plus the prompt's tokens it does not hold); when
+        none does (a new prefix), the one sent the least distinct text lately, so that each cache gets its share
+        of the working set (SGLang's "smallest tree"), then the least queued, the fewest in flight, the one
+        chosen longest ago."""
         cap = self._cap(candidates)
         within = [r for r in candidates if r.outstanding + 1 <= cap] or candidates
         cached = {r.key: min(route.cached_tokens(r, len(candidates)), route.prompt_tokens) for r in candidates}
+        most = max(cached.values())
+        if most == min(cached.values()):
+            chosen = min(within, key=lambda r: (route.assigned(r), r.prefill_queued, r.outstanding, r.last_pick, r.key))
+            self.outcomes["least"] += 1
+            return chosen
         chosen = min(
             within,
             key=lambda r: (r.prefill_queued + route.prompt_tokens - cached[r.key], r.outstanding, r.last_pick, r.key),
         )
-        most = max(cached.values())
-        self.outcomes["least" if most == 0 else "cached" if cached[chosen.key] == most else "spilled"] += 1
+        self.outcomes["cached" if cached[chosen.key] == most else "spilled"] += 1
         return chosen
 
     def mark_failed(self, replica: Replica) -> None:

@@ -25,8 +25,9 @@ replica holds a set of keys. A prompt's match on a replica is how many of its le
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 #: characters per unit of the routed-prompts index: about one KV block of English text (32 tokens)
@@ -35,6 +36,9 @@ CHUNK_CHARS = 64
 CHARS_PER_TOKEN = 4
 #: chunks a routed-prompts index keeps per replica when nothing better is known: ~32k tokens of prompts
 ROUTED_CAPACITY = 2048
+#: how long a prompt sent to a replica whose events are followed counts as held before its events say so: its
+#: prefill and the next ask of its events (every 0.1 s) take less on a replica that keeps up
+SENT_TTL_S = 2.0
 
 
 def chain(parent: bytes, content: bytes) -> bytes:
@@ -143,22 +147,39 @@ class EventBlocks:
 
 
 class RoutedPrompts:
-    """One replica's prompts routed there (chained `CHUNK_CHARS` keys), least recently used out past `capacity`."""
+    """One replica's prompts routed there (chained `CHUNK_CHARS` keys), least recently used out past `capacity`,
+    and with `ttl_s` each for that long only (by `clock`): where the replica's events are followed, what was sent
+    there but is not in its events yet (its prefill has not run, or the events were not asked for since)."""
 
-    def __init__(self, capacity: int = ROUTED_CAPACITY) -> None:
+    def __init__(
+        self, capacity: int = ROUTED_CAPACITY, ttl_s: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.capacity = capacity
-        self._held: OrderedDict[bytes, None] = OrderedDict()
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._held: OrderedDict[bytes, float] = OrderedDict()  # key → when it was routed last
 
     def __len__(self) -> int:
+        self._expire()
         return len(self._held)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._held
+        at = self._held.get(key)  # type: ignore[call-overload]
+        return at is not None and (self.ttl_s is None or self._clock() - at < self.ttl_s)
 
     def add(self, keys: Sequence[bytes]) -> None:
         """The prompt of `keys` was routed here: its chunks are the most recently used, its first one last."""
+        now = self._clock()
         for key in reversed(keys):
-            self._held[key] = None
+            self._held[key] = now
             self._held.move_to_end(key)
         while len(self._held) > self.capacity:
+            self._held.popitem(last=False)
+        self._expire()
+
+    def _expire(self) -> None:
+        if self.ttl_s is None:
+            return
+        now = self._clock()
+        while self._held and now - next(iter(self._held.values())) >= self.ttl_s:
             self._held.popitem(last=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
@@ -26,6 +27,7 @@ from hpc.serving.prefix_index import (
     CHARS_PER_TOKEN,
     CHUNK_CHARS,
     ROUTED_CAPACITY,
+    SENT_TTL_S,
     EventBlocks,
     RoutedPrompts,
     matched,
@@ -116,10 +118,15 @@ class CachedPrefix(RoutingMode):
         tokenize: Callable[[str], Sequence[int]] | None = None,
         follows_events: bool = True,
         capacity: int = ROUTED_CAPACITY,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tokenize = tokenize
         self.follows_events = follows_events
         self.capacity = capacity
+        self.clock = clock
+        #: per replica whose events are followed, the prompts sent there in the last SENT_TTL_S (not in its
+        #: events yet): two requests of one new prefix that come together meet on one replica
+        self.sent: dict[str, RoutedPrompts] = {}
         self.blocks: dict[str, EventBlocks] = {}
         self.prompts: dict[str, RoutedPrompts] = {}
         self.degraded: dict[str, str] = {}
@@ -153,7 +160,7 @@ class CachedPrefix(RoutingMode):
     def retain(self, replica_keys: Iterable[str]) -> None:
         """Forget the replicas not in `replica_keys` (gone from discovery)."""
         keep = set(replica_keys)
-        for table in (self.blocks, self.prompts, self.degraded, self.events_lost):
+        for table in (self.blocks, self.prompts, self.sent, self.degraded, self.events_lost):
             for key in [k for k in table if k not in keep]:
                 del table[key]
 
@@ -234,9 +241,9 @@ class PromptRoute:
         self.prompt_tokens = max(1, len(ids) if ids is not None else len(prompt) // CHARS_PER_TOKEN)
         self.prefill = self.prompt_tokens
         # as tokens as a match of routed prompts counts them
-        per_char = len(ids) / max(1, len(prompt)) if ids is not None else 1 / CHARS_PER_TOKEN
+        self.per_char = len(ids) / max(1, len(prompt)) if ids is not None else 1 / CHARS_PER_TOKEN
         #: the prompt's branch points, deepest last: (its tokens up to there, the share of requests that hold it)
-        self.shared = [(int(chunks * CHUNK_CHARS * per_char), share) for chunks, share in self._branches()]
+        self.shared = [(int(chunks * CHUNK_CHARS * self.per_char), share) for chunks, share in self._branches()]
 
     def _branches(self) -> list[tuple[int, float]]:
         """The prompt's keys that routed prompts continued otherwise than this one: (chunks up to it, its share)."""
@@ -255,12 +262,19 @@ class PromptRoute:
         return max(self.held_tokens(replica), hot[-1] if hot else 0)
 
     def held_tokens(self, replica: Replica) -> int:
-        """The prompt's tokens the replica's cache holds (its events), or was sent (its routed prompts)."""
+        """The prompt's tokens the replica's cache holds (its events, or sent there in the last SENT_TTL_S), or
+        was sent (its routed prompts)."""
         blocks = self.mode.blocks.get(replica.key)
         if blocks is not None and self.token_keys is not None and blocks.tokens_per_block in (0, self.block):
-            return matched(self.token_keys, blocks) * self.block
+            sent = self.mode.sent.get(replica.key)
+            recent = matched(self.text_keys, sent) * CHUNK_CHARS * self.per_char if sent is not None else 0
+            return max(matched(self.token_keys, blocks) * self.block, int(recent))
         prompts = self.mode.prompts.get(replica.key)
         return matched(self.text_keys, prompts) * CHUNK_CHARS // CHARS_PER_TOKEN if prompts is not None else 0
+
+    def assigned(self, replica: Replica) -> int:
+        prompts = self.mode.prompts.get(replica.key)
+        return len(prompts) if prompts is not None else 0
 
     def routed(self, replica: Replica) -> None:
         self.prefill = max(0, self.prompt_tokens - self.held_tokens(replica))
@@ -269,6 +283,11 @@ class PromptRoute:
             prompts = self.mode.prompts[replica.key] = RoutedPrompts(self.mode.capacity)
         prompts.add(self.text_keys)
         mode = self.mode
+        if replica.key in mode.blocks:
+            sent = mode.sent.get(replica.key)
+            if sent is None:
+                sent = mode.sent[replica.key] = RoutedPrompts(mode.capacity, SENT_TTL_S, mode.clock)
+            sent.add(self.text_keys)
         mode.requests += 1
         mode.decayed = mode.decayed * _DECAY + 1
         seen = mode.next_keys
