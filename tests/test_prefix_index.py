@@ -180,21 +180,47 @@ def test_the_bound_spills_a_conversation_when_its_replica_is_too_busy():
     assert b.outcomes["spilled"] == 1
 
 
-def test_the_prefill_queued_on_a_replica_counts_against_what_it_holds():
-    """A replica that holds the prompt but has more prefill queued than the prompt's uncached part loses to one
-    that must compute it all but has nothing queued: the first token comes sooner there."""
+def test_the_prefill_queued_breaks_ties_but_never_outweighs_what_a_replica_holds():
+    """Within the bound, the replica holding the prompt keeps it however much prefill is queued there (counted,
+    it cost conversations their history: docs/decisions.md "Routing by the longest cached prefix"); among
+    replicas holding alike, the least queued."""
     b = Balancer(clock=Clock(), load_slack=8)
-    b.update(_replicas("a", "b"))
+    b.update(_replicas("a", "b", "c"))
     mode = CachedPrefix(follows_events=False)
     prompt = "x" * (8 * CHUNK_CHARS)
 
-    async def route():
-        return await mode.scored(prompt)
+    async def route(text: str = prompt):
+        return await mode.scored(text)
 
     first = b.pick(route=asyncio.run(route()))
-    assert b.pick(route=asyncio.run(route())) is first, "it holds the whole prompt now"
     with b.track(first, prefill=10_000):
-        assert b.pick(route=asyncio.run(route())) is not first
+        assert b.pick(route=asyncio.run(route())) is first, "it holds the whole prompt"
+        b.replicas[1].prefill_queued = 500  # of the two holding nothing of a new prompt, the less queued
+        other = b.pick(route=asyncio.run(route("y" * (8 * CHUNK_CHARS))))
+        assert other is b.replicas[2]
+
+
+def test_a_prompt_sent_counts_as_held_until_its_events_could_have_shown_it():
+    """Where events are followed, a prompt just sent is not in them yet: for SENT_TTL_S it counts as held (by the
+    fake clock), so the next request of that new prefix meets it there; then only the events say."""
+    from hpc.serving.prefix_index import SENT_TTL_S
+
+    clock = Clock()
+    mode = CachedPrefix(lambda text: [ord(c) for c in text], clock=clock)
+    b = Balancer(clock=clock)
+    b.update(_replicas("a", "b"))
+    for key in ("a", "b"):
+        mode.follow(key, [_stored(0, None, [(1, [1, 2, 3, 4])])])  # followed, holding something else
+    prompt = "a new document " * 30
+
+    async def route():
+        return await mode.scored(prompt + f" question {clock.now}")
+
+    first = b.pick(route=asyncio.run(route()))
+    assert asyncio.run(route()).held_tokens(first) > 0
+    assert b.pick(route=asyncio.run(route())) is first
+    clock.now += SENT_TTL_S
+    assert asyncio.run(route()).held_tokens(first) == 0, "its events never showed it"
 
 
 # ------------------------------------------------------------------------------------ degraded, said so

@@ -25,10 +25,10 @@ system prompt of just that length. Prompts shorter than that get no key: they ho
 Why the default key is no longer those characters (`routing: cache`, hpc/serving/routing.py): every chat that
 opens with one long system prompt has one key, so one replica got everything, and a conversation spilled by the
 bound lost its history. A `Route` instead tells, for each replica, how many of the prompt's tokens its cache holds
-(hpc/serving/prefix_index.py); `pick` then takes, among the replicas within the same bound, the one whose first
-token comes soonest by a simple count: the prefill queued on it (prompt tokens of its requests still waiting for
-their first token, less what their replica held) plus this prompt's tokens it does not hold (docs/decisions.md
-"Routing by the longest cached prefix").
+(hpc/serving/prefix_index.py); `pick` then takes, among the replicas within the same bound, the one with the
+fewest of the prompt's tokens to compute, ties to the least prefill queued (prompt tokens of its requests still
+waiting for their first token, less what their replica held): docs/decisions.md "Routing by the longest cached
+prefix" says why the queued prefill breaks ties and is not added to the count.
 
 Draining replicas (their job is stopping) and benched ones (failed a request before its first byte; back after
 `cooldown_s`, or dropped by discovery) get no new requests while another replica takes them. When every replica
@@ -239,11 +239,10 @@ class Balancer:
         return math.ceil(max(self.load_factor * mean, mean + self.load_slack))
 
     def _by_route(self, candidates: list[Replica], route: Route) -> Replica:
-        """Among `candidates` within the bound: when some hold more of the prompt than others, the one whose first
-        token comes soonest by count (the prefill queued on it plus the prompt's tokens it does not hold); when
-        none does (a new prefix), the one sent the least distinct text lately, so that each cache gets its share
-        of the working set (SGLang's "smallest tree"), then the least queued, the fewest in flight, the one
-        chosen longest ago."""
+        """Among `candidates` within the bound: when some hold more of the prompt than others, the one with the
+        fewest of its tokens to compute, ties to the least prefill queued; when none does (a new prefix), the one
+        sent the least distinct text lately, so that each cache gets its share of the working set (SGLang's
+        "smallest tree"), then the least queued; then the fewest in flight, the one chosen longest ago."""
         cap = self._cap(candidates)
         within = [r for r in candidates if r.outstanding + 1 <= cap] or candidates
         cached = {r.key: min(route.cached_tokens(r, len(candidates)), route.prompt_tokens) for r in candidates}
@@ -254,7 +253,7 @@ class Balancer:
             return chosen
         chosen = min(
             within,
-            key=lambda r: (r.prefill_queued + route.prompt_tokens - cached[r.key], r.outstanding, r.last_pick, r.key),
+            key=lambda r: (route.prompt_tokens - cached[r.key], r.prefill_queued, r.outstanding, r.last_pick, r.key),
         )
         self.outcomes["cached" if cached[chosen.key] == most else "spilled"] += 1
         return chosen
