@@ -273,3 +273,63 @@ def test_routing_modes_by_name():
     assert routing_mode("prefix", prefix_chars=3).prefix_key("abcd") == "abc"
     with pytest.raises(ValueError, match="one of cache, prefix"):
         routing_mode("fastest")
+
+
+# ------------------------------------------------------------------------------------ a joining replica's warm-up
+class HeldEngine:
+    """Answers each generation with one piece once `release` is set; records the prompts it was sent."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+        self.release = asyncio.Event()
+
+    async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True, llmapi_model=""):
+        from hpc.serving.model_io import Chunk
+
+        self.prompts.append(params.prompt)
+        await self.release.wait()
+        yield Chunk("x", 1, finish_reason="length")
+
+
+def test_a_replica_that_joins_gets_the_hottest_shared_prefix_before_it_takes_requests():
+    from hpc.serving.warmup import Warmer
+
+    mode = CachedPrefix(follows_events=False)
+    b = Balancer(clock=Clock())
+    (a,) = _replicas("a")
+    b.update([a])
+    trace = _chat_trace(4, 1)
+    for _, prompt in trace:
+        b.pick(route=asyncio.run(mode.scored(prompt)))
+    system = trace[0][1].split("\nUser")[0]
+    (hot,) = mode.hottest(8)
+    assert system.startswith(hot) and len(hot) > len(system) - CHUNK_CHARS, "the system prompt, to its last chunk"
+
+    async def main() -> None:
+        engine = HeldEngine()
+        warmer = Warmer(mode, b, engine, lambda _r: None)  # type: ignore[arg-type]
+        warmer.joined(b.replicas)  # the first look: the deployment as it is, nothing to warm
+        assert not warmer.tasks
+        joining = _replicas("b")[0]
+        b.update([a, joining])
+        warmer.joined(b.replicas)
+        assert joining.warming and [r.key for r in b.takers()] == ["a"], "no requests while it warms"
+        engine.release.set()
+        await asyncio.gather(*warmer.tasks)
+        assert not joining.warming and warmer.warmed == {"b": 1} and engine.prompts == [hot]
+        assert {r.key for r in b.takers()} == {"a", "b"}
+
+    asyncio.run(main())
+
+
+def test_a_lone_replica_is_never_held_back_by_a_warm_up():
+    from hpc.serving.warmup import Warmer
+
+    mode = CachedPrefix(follows_events=False)
+    b = Balancer(clock=Clock())
+    warmer = Warmer(mode, b, HeldEngine(), lambda _r: None)  # type: ignore[arg-type]
+    warmer.joined([])
+    (only,) = _replicas("a")
+    b.update([only])
+    warmer.joined(b.replicas)
+    assert not only.warming and not warmer.tasks

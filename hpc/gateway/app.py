@@ -41,6 +41,7 @@ from hpc.serving.kv_events import KvEventsFollower
 from hpc.serving.routing import CachedPrefix, routing_mode
 from hpc.serving.text import ChatTemplate
 from hpc.serving.triton import TritonEngine
+from hpc.serving.warmup import Warmer
 from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS, ROUTING
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 
@@ -71,9 +72,12 @@ def create_app(
         # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/contracts/urls.py)
         async with httpx.AsyncClient(trust_env=False) as http:
             engine = TritonEngine()
+            warmer: Warmer | None = None
 
             async def retain(ready: list[Replica]) -> None:
                 await engine.retain({r.grpc_url for r in ready})
+                if warmer is not None:
+                    warmer.joined(ready)  # a replica that joined gets the hottest shared prefixes first
 
             discovery = Discovery(target, balancer, http, refresh_s=refresh_s, on_update=retain)
             app.state.gateway = Gateway(
@@ -88,7 +92,10 @@ def create_app(
                 metrics=app.state.metrics,
                 routing=mode,
             )
-            follower = KvEventsFollower(mode, balancer, discovery.token_for) if isinstance(mode, CachedPrefix) else None
+            follower = None
+            if isinstance(mode, CachedPrefix):
+                follower = KvEventsFollower(mode, balancer, discovery.token_for)
+                warmer = Warmer(mode, balancer, engine, discovery.token_for)
             try:
                 async with discovery.running(), follower.running() if follower else contextlib.nullcontext():
                     yield

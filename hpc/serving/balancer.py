@@ -87,6 +87,8 @@ class Replica:
     restarts: int = 0
     #: prompt tokens to prefill of its requests still waiting for their first token (a `Route`'s count)
     prefill_queued: int = 0
+    #: it joined and is being sent the hottest prefixes (hpc/serving/warmup.py): no new requests meanwhile
+    warming: bool = False
 
 
 class Route(Protocol):
@@ -181,12 +183,12 @@ class Balancer:
         return [r for r in self._replicas.values() if r.benched_until <= now]
 
     def available(self) -> list[Replica]:
-        """Replicas that take new requests: healthy and not draining (full ones included)."""
-        return [r for r in self.healthy() if not r.draining]
+        """Replicas that take new requests: healthy, not draining, not warming (full ones included)."""
+        return [r for r in self.healthy() if not r.draining and not r.warming]
 
     def takers(self, exclude: Iterable[str] = ()) -> list[Replica]:
         """The replicas outside `exclude` that a new request may go to: the available ones, or when none is, the
-        benched ones that are not draining (see the module docstring). What readiness answers by, too."""
+        benched or warming ones that are not draining (see the module docstring). What readiness answers by, too."""
         skip = set(exclude)
         open_ = [r for r in self.available() if r.key not in skip]
         return open_ or [r for r in self._replicas.values() if not r.draining and r.key not in skip]

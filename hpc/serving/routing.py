@@ -49,6 +49,8 @@ DEGRADED = {
 NEXT_KEYS = 1 << 16
 #: `next_keys`' mark of a key that several prompts continued differently (no prompt text starts with it)
 BRANCHED = "\x00branched"
+#: shared prefixes whose text is kept for warming a joining replica (`CachedPrefix.hottest`)
+SHARED_TEXTS = 256
 #: how many recent requests a prefix's share of the traffic is counted over (an exponential decay)
 SHARE_WINDOW = 128
 _DECAY = 1 - 1 / SHARE_WINDOW
@@ -138,6 +140,9 @@ class CachedPrefix(RoutingMode):
         self.next_keys: OrderedDict[bytes, _Seen] = OrderedDict()
         #: requests routed, and their count decayed as each key's `hits` is (`_Seen.share`'s denominator)
         self.requests, self.decayed = 0, 0.0
+        #: the text of each shared prefix lately routed (up to its deepest branch point), for warming a replica
+        #: that joins (`hottest`)
+        self.shared_texts: OrderedDict[bytes, str] = OrderedDict()
 
     # ------------------------------------------------------------------ what each replica holds
     def follow(self, replica_key: str, events: Sequence[dict]) -> None:
@@ -188,6 +193,17 @@ class CachedPrefix(RoutingMode):
             return {**self.degraded, **dict.fromkeys(self.blocks, "no_tokenizer")}
         return dict(self.degraded)
 
+    def hottest(self, count: int) -> list[str]:
+        """The `count` shared prefixes the most recent requests held, hottest first (a joining replica is sent
+        them before it takes requests: hpc/serving/warmup.py)."""
+        shares = []
+        for key, text in self.shared_texts.items():
+            seen = self.next_keys.get(key)
+            if seen is not None:
+                shares.append((seen.share(self.requests, self.decayed), text))
+        shares.sort(key=lambda pair: -pair[0])
+        return [text for _, text in shares[:count]]
+
     def tokens_per_block(self) -> int:
         """The block size the followed replicas' events show (0 before any)."""
         return max((b.tokens_per_block for b in self.blocks.values()), default=0)
@@ -233,6 +249,7 @@ class PromptRoute:
 
     def __init__(self, mode: CachedPrefix, prompt: str, ids: Sequence[int] | None, block: int) -> None:
         self.mode = mode
+        self.prompt = prompt
         self.text_keys = text_keys(prompt)
         #: the text that follows each key in this prompt: the next chunk, after the last key what is left
         self.next_of = [prompt[(i + 1) * CHUNK_CHARS : (i + 2) * CHUNK_CHARS] for i in range(len(self.text_keys))]
@@ -242,8 +259,11 @@ class PromptRoute:
         self.prefill = self.prompt_tokens
         # as tokens as a match of routed prompts counts them
         self.per_char = len(ids) / max(1, len(prompt)) if ids is not None else 1 / CHARS_PER_TOKEN
+        branches = self._branches()
         #: the prompt's branch points, deepest last: (its tokens up to there, the share of requests that hold it)
-        self.shared = [(int(chunks * CHUNK_CHARS * self.per_char), share) for chunks, share in self._branches()]
+        self.shared = [(int(chunks * CHUNK_CHARS * self.per_char), share) for chunks, share in branches]
+        #: the deepest, in chunks (0: none)
+        self.shared_chunks = branches[-1][0] if branches else 0
 
     def _branches(self) -> list[tuple[int, float]]:
         """The prompt's keys that routed prompts continued otherwise than this one: (chunks up to it, its share)."""
@@ -304,6 +324,12 @@ class PromptRoute:
             seen.move_to_end(key)
         while len(seen) > NEXT_KEYS:
             seen.popitem(last=False)
+        if self.shared_chunks:
+            texts = mode.shared_texts
+            texts[self.text_keys[self.shared_chunks - 1]] = self.prompt[: self.shared_chunks * CHUNK_CHARS]
+            texts.move_to_end(self.text_keys[self.shared_chunks - 1])
+            while len(texts) > SHARED_TEXTS:
+                texts.popitem(last=False)
 
 
 #: mode name → how to make it (hpc/spec/limits.py `ROUTING_MODES` names the same)
