@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 from collections.abc import AsyncIterator
 from typing import Any
@@ -67,7 +66,8 @@ def create_app(
         from backend.models.tokenizer import load_tokenizer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, target.tokenizer_dir)
-        mode = routing_mode(routing, prefix_chars, functools.partial(tokenizer.encode, add_special_tokens=True))
+        # the gateway's own tokenization (`Gateway.token_ids`): each prompt encoded once for routing and usage
+        mode = routing_mode(routing, prefix_chars, lambda prompt: app.state.gateway.token_ids(prompt))
         balancer = Balancer(max_outstanding=max_outstanding, round_robin=mode.round_robin)
         # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/contracts/urls.py)
         async with httpx.AsyncClient(trust_env=False) as http:

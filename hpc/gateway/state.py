@@ -37,6 +37,9 @@ from hpc.spec.limits import PREFIX_CHARS
 T = TypeVar("T")
 
 log = logging.getLogger("hpc_serve.gateway")
+#: prompts whose token ids are kept (`Gateway.token_ids`): the requests in flight whose usage is yet to count;
+#: only those up to TOKENIZED_KEPT_CHARS (a few MB at most in all: a longer one is encoded twice)
+TOKENIZED_KEPT, TOKENIZED_KEPT_CHARS = 256, 16384
 
 
 @dataclass
@@ -56,6 +59,16 @@ class Gateway:
     def __post_init__(self) -> None:
         if self.routing is None:
             self.routing = PrefixChars(self.prefix_chars)
+        self._kept_ids: Callable[[str], tuple[int, ...]] = functools.lru_cache(maxsize=TOKENIZED_KEPT)(self._encode)
+
+    def token_ids(self, prompt: str) -> tuple[int, ...]:
+        """A prompt's token ids, kept for the last few prompts up to TOKENIZED_KEPT_CHARS: cache-aware routing
+        matches them and the answer's usage counts them, so each is tokenized once (thread-safe: a long one is
+        encoded on a thread)."""
+        return self._kept_ids(prompt) if len(prompt) <= TOKENIZED_KEPT_CHARS else self._encode(prompt)
+
+    def _encode(self, prompt: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(prompt, add_special_tokens=True))
 
     @property
     def model_name(self) -> str:
@@ -78,7 +91,7 @@ class Gateway:
 
     def prompt_tokens(self, prompt: str) -> int:
         """As preprocessing counts them: the deployment's tokenizer, special tokens included."""
-        return len(self.tokenizer.encode(prompt, add_special_tokens=True))
+        return len(self.token_ids(prompt))
 
     def completion_tokens(self, text: str) -> int:
         """A generation's tokens counted from its text, for a model that counts none (llmapi): the deployment's

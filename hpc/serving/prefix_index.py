@@ -24,7 +24,6 @@ replica holds a set of keys. A prompt's match on a replica is how many of its le
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -41,34 +40,32 @@ ROUTED_CAPACITY = 2048
 SENT_TTL_S = 2.0
 
 
-def chain(parent: bytes, content: bytes) -> bytes:
-    """The key of a unit whose prefix has key `parent` (b"" at the start): stable across processes."""
-    return hashlib.blake2b(content, digest_size=8, key=parent).digest()
+def chain(parent: int, content: tuple[int, ...] | str) -> int:
+    """The key of a unit whose prefix has key `parent` (0 at the start). Python's own hash (64 bits, a few
+    hundred nanoseconds for a block, where a cryptographic one cost 5-15 us): keys are compared only within the
+    process that made them, so its per-process seed for strings does not matter."""
+    return hash((parent, content))
 
 
-def token_keys(token_ids: Sequence[int], tokens_per_block: int) -> list[bytes]:
+def token_keys(token_ids: Sequence[int], tokens_per_block: int) -> list[int]:
     """The chained keys of the full blocks of `token_ids` (a partial last block is never cached)."""
-    keys, parent = [], b""
+    keys, parent = [], 0
     for end in range(tokens_per_block, len(token_ids) + 1, tokens_per_block):
-        parent = chain(parent, _tokens_bytes(token_ids[end - tokens_per_block : end]))
+        parent = chain(parent, tuple(token_ids[end - tokens_per_block : end]))
         keys.append(parent)
     return keys
 
 
-def text_keys(text: str, chunk: int = CHUNK_CHARS) -> list[bytes]:
+def text_keys(text: str, chunk: int = CHUNK_CHARS) -> list[int]:
     """The chained keys of the full `chunk`-character pieces of `text`."""
-    keys, parent = [], b""
+    keys, parent = [], 0
     for end in range(chunk, len(text) + 1, chunk):
-        parent = chain(parent, text[end - chunk : end].encode("utf-8", "surrogatepass"))
+        parent = chain(parent, text[end - chunk : end])
         keys.append(parent)
     return keys
 
 
-def _tokens_bytes(tokens: Iterable[int]) -> bytes:
-    return b"".join(int(t).to_bytes(4, "little", signed=True) for t in tokens)
-
-
-def matched(keys: Sequence[bytes], held: Any) -> int:
+def matched(keys: Sequence[int], held: Any) -> int:
     """How many of `keys` (a prompt's, in order) `held` (a container of keys) holds from the start on."""
     n = 0
     for key in keys:
@@ -88,8 +85,8 @@ class EventBlocks:
     def __init__(self) -> None:
         self.tokens_per_block = 0  # learnt from the first stored block
         self.last_event_id = -1
-        self._by_engine: dict[Any, bytes] = {}
-        self._held: dict[bytes, int] = {}  # key → how many engine blocks have it (two engines' blocks may)
+        self._by_engine: dict[Any, int] = {}
+        self._held: dict[int, int] = {}  # key → how many engine blocks have it (two engines' blocks may)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -123,7 +120,7 @@ class EventBlocks:
             self.reset()
         elif kind == "stored":
             parent_hash = data.get("parent_hash")
-            parent = b"" if parent_hash is None else self._by_engine.get(parent_hash)
+            parent = 0 if parent_hash is None else self._by_engine.get(parent_hash)
             if parent is None:  # its prefix is not known here (removed, or stored before we followed)
                 return
             for block in data.get("blocks") or []:
@@ -131,7 +128,7 @@ class EventBlocks:
                 if not tokens:
                     return
                 self.tokens_per_block = self.tokens_per_block or len(tokens)
-                parent = chain(parent, _tokens_bytes(tokens))
+                parent = chain(parent, tuple(tokens))
                 self._by_engine[block.get("block_hash")] = parent
                 self._held[parent] = self._held.get(parent, 0) + 1
         elif kind == "removed":
@@ -157,7 +154,7 @@ class RoutedPrompts:
         self.capacity = capacity
         self.ttl_s = ttl_s
         self._clock = clock
-        self._held: OrderedDict[bytes, float] = OrderedDict()  # key → when it was routed last
+        self._held: OrderedDict[int, float] = OrderedDict()  # key → when it was routed last
 
     def __len__(self) -> int:
         self._expire()
@@ -167,7 +164,7 @@ class RoutedPrompts:
         at = self._held.get(key)  # type: ignore[call-overload]
         return at is not None and (self.ttl_s is None or self._clock() - at < self.ttl_s)
 
-    def add(self, keys: Sequence[bytes]) -> None:
+    def add(self, keys: Sequence[int]) -> None:
         """The prompt of `keys` was routed here: its chunks are the most recently used, its first one last."""
         now = self._clock()
         for key in reversed(keys):

@@ -137,12 +137,12 @@ class CachedPrefix(RoutingMode):
         #: events lost between two reads (the replica's index was reset), per replica
         self.events_lost: dict[str, int] = {}
         #: each routed prefix key → what continued it and how often it is routed (`_Seen`), least recent out
-        self.next_keys: OrderedDict[bytes, _Seen] = OrderedDict()
+        self.next_keys: OrderedDict[int, _Seen] = OrderedDict()
         #: requests routed, and their count decayed as each key's `hits` is (`_Seen.share`'s denominator)
         self.requests, self.decayed = 0, 0.0
         #: the text of each shared prefix lately routed (up to its deepest branch point), for warming a replica
         #: that joins (`hottest`)
-        self.shared_texts: OrderedDict[bytes, str] = OrderedDict()
+        self.shared_texts: OrderedDict[int, str] = OrderedDict()
 
     # ------------------------------------------------------------------ what each replica holds
     def follow(self, replica_key: str, events: Sequence[dict]) -> None:
