@@ -263,9 +263,14 @@ def test_the_gateway_metric_names_each_degraded_replica_and_why():
     mode = routing_mode("cache")
     assert isinstance(mode, CachedPrefix)
     mode.unfollowed("j/1", "events_off")
-    text = generate_latest(Metrics(lambda: b, mode.degraded_reasons).registry).decode()
+    mode.follow("j/0", [_stored(0, None, [(1, [1, 2, 3, 4])])])
+    mode.follow("j/0", [_stored(7, None, [(2, [5, 6, 7, 8])])])  # events 1-6 lost
+    registry = Metrics(lambda: b, mode.degraded_reasons, lambda: mode.events_lost).registry
+    text = generate_latest(registry).decode()
     rows = [line for line in text.splitlines() if line.startswith("hpc_serve_gateway_replica_routing_degraded{")]
     assert rows == ['hpc_serve_gateway_replica_routing_degraded{reason="events_off",replica="j/1"} 1.0']
+    lost = [line for line in text.splitlines() if line.startswith("hpc_serve_gateway_replica_kv_events_lost_total{")]
+    assert lost == ['hpc_serve_gateway_replica_kv_events_lost_total{replica="j/0"} 1.0']
 
 
 def test_routing_modes_by_name():

@@ -108,7 +108,7 @@ def create_app(
     app.add_exception_handler(ClientDisconnect, client_gone_handler)  # a client gone while sending its body
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)  # Starlette's last resort: a 500 of ours
-    app.state.metrics = Metrics(lambda: _balancer(app), lambda: _degraded(app))
+    app.state.metrics = Metrics(lambda: _balancer(app), lambda: _degraded(app), lambda: _events_lost(app))
     app.include_router(metrics.router)
     app.include_router(openai_api.router)
     app.include_router(passthrough.health)
@@ -142,6 +142,13 @@ def _degraded(app: FastAPI) -> dict[str, str]:
     gateway = getattr(app.state, "gateway", None)
     mode = gateway.routing if gateway is not None else None
     return mode.degraded_reasons() if isinstance(mode, CachedPrefix) else {}
+
+
+def _events_lost(app: FastAPI) -> dict[str, int]:
+    """Replica key → times its KV-cache events were lost between two reads."""
+    gateway = getattr(app.state, "gateway", None)
+    mode = gateway.routing if gateway is not None else None
+    return dict(mode.events_lost) if isinstance(mode, CachedPrefix) else {}
 
 
 def _no_telemetry() -> dict[str, Any]:

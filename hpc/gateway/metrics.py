@@ -37,9 +37,15 @@ _COUNTED = ("outstanding", "served", "failures", "refusals", "kv_reused_blocks",
 class ReplicaCollector(Collector):
     """Per-replica numbers and the balancer's pick outcomes, as the balancer holds them at scrape time."""
 
-    def __init__(self, balancer: Callable[[], Balancer | None], degraded: Callable[[], dict[str, str]] = dict) -> None:
+    def __init__(
+        self,
+        balancer: Callable[[], Balancer | None],
+        degraded: Callable[[], dict[str, str]] = dict,
+        events_lost: Callable[[], dict[str, int]] = dict,
+    ) -> None:
         self._balancer = balancer
         self._degraded = degraded
+        self._events_lost = events_lost
 
     def collect(self) -> Iterator[Metric]:
         balancer = self._balancer()
@@ -106,12 +112,25 @@ class ReplicaCollector(Collector):
         for key, reason in sorted(self._degraded().items()):
             degraded.add_metric([key, reason], 1.0)
         yield degraded
+        lost = CounterMetricFamily(
+            f"{PREFIX}_replica_kv_events_lost",
+            "Times KV-cache events of the replica were lost between two reads (routing's index of it started again)",
+            labels=["replica"],
+        )
+        for key, times in sorted(self._events_lost().items()):
+            lost.add_metric([key], float(times))
+        yield lost
 
 
 class Metrics:
     """Every metric of one gateway, in its own registry."""
 
-    def __init__(self, balancer: Callable[[], Balancer | None], degraded: Callable[[], dict[str, str]] = dict) -> None:
+    def __init__(
+        self,
+        balancer: Callable[[], Balancer | None],
+        degraded: Callable[[], dict[str, str]] = dict,
+        events_lost: Callable[[], dict[str, int]] = dict,
+    ) -> None:
         self.balancer = balancer
         self.registry = CollectorRegistry()
         r = self.registry
@@ -132,7 +151,7 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        r.register(ReplicaCollector(balancer, degraded))
+        r.register(ReplicaCollector(balancer, degraded, events_lost))
 
     def kv_blocks(self, replica_key: str, reused: int, missed: int) -> None:
         """Add a request's KV-cache blocks to the replica that served it (kept by the balancer, as its other
