@@ -99,7 +99,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     try:
         with progress:
-            points, written, described = bench(settings, Path(args.output_dir) if args.output_dir else None, hook)
+            points, written, described = bench(
+                settings,
+                Path(args.output_dir) if args.output_dir else None,
+                hook,
+                warn=lambda why: console.print(f"hpc-serve: {why}", markup=False),
+            )
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hpc.cli.query import cmd_endpoints, cmd_list, cmd_logs, cmd_status, print_endpoints_or_exit
 from hpc.cli.support import (
+    EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -52,7 +53,12 @@ def _wait_and_report(ref, timeout: float | None) -> int:
             line.update(f"{text}  [dim]({time.strftime('%H:%M:%S')})[/dim]")
             console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
 
-        status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
+        try:
+            status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
+        except KeyboardInterrupt:
+            line.stop()
+            _left_running(ref)
+            return EXIT_INTERRUPTED
     if status.state == "READY":
         print_endpoints_or_exit([ref], "text")
         console.print(
@@ -69,6 +75,21 @@ def _wait_and_report(ref, timeout: float | None) -> int:
         print(f"hpc-serve: gave up waiting after {timeout}s; the job is still {status.state}", file=sys.stderr)
         return EXIT_TIMEOUT
     return EXIT_JOB_FAILED
+
+
+def _left_running(ref) -> None:
+    """What a Ctrl-C during a wait leaves: the job, which goes on (a newcomer takes 130 for a cancel)."""
+    from hpc.jobs.track import job_status
+
+    try:
+        state = job_status(ref).state
+    except Exception:  # the answer is the advice below; a Slurm hiccup must not hide it
+        state = "under way"
+    print(
+        f"hpc-serve: stopped waiting; job {ref.job_id} is {state} and goes on.\n"
+        f"  follow it: hpc-serve wait {ref.job_id}  ·  stop it: hpc-serve cancel {ref.job_id}",
+        file=sys.stderr,
+    )
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -216,7 +237,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="render a spec into a new job folder and submit it")
     p.add_argument("spec", help="the spec file (YAML)")
     p.add_argument("--wait", action="store_true", help="show the job's progress until READY, then its endpoints")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: " + TIMEOUT_HELP)
+    p.add_argument(
+        "--timeout",
+        type=bounded(float, 0, more_than=False),
+        default=None,
+        metavar="S",
+        help="with --wait: " + TIMEOUT_HELP,
+    )
     p.add_argument(
         "--executor", choices=["slurm", "local"], default=None, help="default: slurm where sbatch exists, else local"
     )
@@ -244,7 +271,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "wait", help="wait until a job (of a deployment: its current one) is READY (exit 0) or has ended (exit 1)"
     )
     add_target(p)
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help=TIMEOUT_HELP)
+    p.add_argument("--timeout", type=bounded(float, 0, more_than=False), default=None, metavar="S", help=TIMEOUT_HELP)
     p.set_defaults(func=cmd_wait)
 
     p = sub.add_parser(

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc.cli.support import EXIT_OK, EXIT_USAGE, HelpFormatter, load_spec_or_exit
+from hpc.cli.support import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, HelpFormatter, load_spec_or_exit
 from hpc.cli.support import err as _err
 
 if TYPE_CHECKING:
@@ -186,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # a command that leaves something running says so itself (e.g. a wait)
+        print("hpc-serve: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
