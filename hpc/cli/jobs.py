@@ -29,6 +29,7 @@ from hpc.cli.support import (
     job_or_deployment,
     load_spec_or_exit,
     one_job_or_exit,
+    sampling_flag,
 )
 from launcher.contracts import model_names
 from launcher.contracts.config import CANCEL_GRACE_S
@@ -308,12 +309,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--file", help="one prompt per line (- for stdin); prints one JSON line per prompt, in order")
     p.add_argument("--max-tokens", type=bounded(int, most=INT32_MAX), default=64, help="tokens to generate at most")
     p.add_argument("--stream", action="store_true", help="print the text as it is generated")
-    p.add_argument("--temperature", type=float, help="sampling temperature (default: the model's)")
-    p.add_argument("--top-p", type=float, help="nucleus sampling: keep the tokens of this much probability")
+    p.add_argument(
+        "--temperature", type=sampling_flag("temperature"), help="sampling temperature (default: the model's)"
+    )
+    p.add_argument(
+        "--top-p", type=sampling_flag("top_p"), help="nucleus sampling: keep the tokens of this much probability"
+    )
     p.add_argument("--top-k", type=bounded(int, most=INT32_MAX), help="sample among the k likeliest tokens")
     p.add_argument("--seed", type=bounded(int, 0, UINT64_MAX, more_than=False), help=SEED_HELP)
-    p.add_argument("--presence-penalty", type=float, help="-2..2, as OpenAI's")
-    p.add_argument("--frequency-penalty", type=float, help="-2..2, as OpenAI's")
+    p.add_argument("--presence-penalty", type=sampling_flag("presence_penalty"), help="-2..2, as OpenAI's")
+    p.add_argument("--frequency-penalty", type=sampling_flag("frequency_penalty"), help="-2..2, as OpenAI's")
     p.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     p.add_argument("--concurrency", type=bounded(int), default=8, help="with --file: requests in flight at once")
     p.add_argument("--direct", action="store_true", help="go to the replicas even when a gateway runs")

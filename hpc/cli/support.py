@@ -75,6 +75,25 @@ def bounded(kind: type, least: float = 0, most: float | None = None, more_than: 
     return parse
 
 
+def sampling_flag(name: str):
+    """The argparse type of a sampling flag: its range is the gateway's and the client's (hpc/spec/limits.py), and
+    a value out of it is argparse's error naming the flag, before anything is sent."""
+    from hpc.spec.limits import SAMPLING_BOUNDS
+
+    bound = SAMPLING_BOUNDS[name]
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not bound.holds(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: a number {bound.words()}")
+        return value
+
+    return parse
+
+
 def load_spec_or_exit(path: str, preview: bool = False) -> Spec:
     """The spec, or exit 2 listing its problems. `preview` (render, submit --dry-run): model folders that do
     not exist yet are printed as notes, not refused, and so is a checkpoint that `model.init` will create."""
