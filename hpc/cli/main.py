@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backend.sim_engine.profiles import MODELS as SIM_MODELS
 from hpc.cli.support import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, HelpFormatter, load_spec_or_exit
 from hpc.cli.support import err as _err
 
@@ -116,6 +117,16 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     if (out / "config.json").exists() and not args.force:
         _err(f"{out} already holds a checkpoint; pass --force to replace it")
         return EXIT_USAGE
+    if args.sim_model:
+        import shutil
+
+        from backend.sim_engine.checkpoint import create_sim_checkpoint
+
+        if args.force and out.exists():
+            shutil.rmtree(out)
+        create_sim_checkpoint(out, args.sim_model)
+        print(f"wrote {args.sim_model}'s config.json and a tokenizer (no weights: backend sim) to {out}")
+        return EXIT_OK
     create_checkpoint(out, family=args.family, size=args.size, seed=args.weights_seed, overwrite=args.force)
     print(f"wrote a random-weight {args.family} ({args.size}) checkpoint and tokenizer to {out}")
     return EXIT_OK
@@ -158,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", choices=["tiny", "small"], default="tiny", help="tiny: seconds on a CPU; small: more")
     p.add_argument("--weights-seed", type=int, default=0, help="the random weights' seed (spec: model.init.seed)")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint")
+    p.add_argument(
+        "--sim-model",
+        choices=sorted(SIM_MODELS),
+        help="backend sim: write this model's config.json and a tokenizer, no weights (spec: model.init.model)",
+    )
     p.set_defaults(func=cmd_init_model)
 
     p = sub.add_parser("launch", help="per-rank entry point: run under srun --mpi=pmix (DIR or SPEC)")
