@@ -118,10 +118,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_OK
+    from hpc.doctor.preflight import check_before_submit
     from hpc.jobs.build import BuildFailed
+    from hpc.spec import SpecError
 
     try:
+        check_before_submit(spec, args.executor)
         ref = submit(spec, executor=args.executor, note=lambda line: print(line, file=sys.stderr, flush=True))
+    except SpecError as exc:  # a job Slurm would queue and never start: none is submitted
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_USAGE
     except BuildFailed as exc:  # the local executor waits for its build
         print(f"hpc-serve: the build failed: {exc}", file=sys.stderr)
         return EXIT_JOB_FAILED

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from hpc.doctor.preflight import refusals
     from hpc.spec import SpecError, load_spec
 
     try:
@@ -27,6 +28,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
+        return EXIT_USAGE
+    never_starts = refusals(spec)  # what Slurm would take and never start (where Slurm answers)
+    for problem in never_starts:
+        print(problem, file=sys.stderr)
+    if never_starts:
         return EXIT_USAGE
     print(
         f"{args.spec}: ok — {spec.name}: backend {spec.model.backend}, workflow {spec.model.workflow}, "

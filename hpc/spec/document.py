@@ -253,6 +253,11 @@ class Provenance:
     sources: Sources
     profile_sources: Sources
 
+    def problem(self, dotted: str, message: str) -> Problem:
+        """A problem with the spec's value at `dotted` (e.g. slurm.time), at the line that wrote it (the nearest
+        written key above it when none did: the value is a default)."""
+        return Problem(*_origin(self.sources, tuple(dotted.split(".")), self.spec_file), dotted, message)
+
     def given_by_profile(self) -> list[str]:
         """The keys whose value is the profile's (a list as one key, a section only through its keys)."""
         paths = {_until_item(p) for p, (f, _) in self.sources.items() if f == self.profile and p}
