@@ -29,9 +29,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return EXIT_USAGE
-    never_starts = refusals(spec)  # what Slurm would take and never start (where Slurm answers)
-    for problem in never_starts:
-        print(problem, file=sys.stderr)
+    never_starts, notes = refusals(spec)  # what Slurm would take and never start (where Slurm answers)
+    for line in [*map(str, never_starts), *notes]:
+        print(line, file=sys.stderr)
     if never_starts:
         return EXIT_USAGE
     print(
