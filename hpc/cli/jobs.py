@@ -203,7 +203,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from hpc.spec import SpecError
 
     if (args.prompt is None) == (args.file is None):
-        print("hpc-serve generate: give a PROMPT or --file FILE (one prompt per line), not both", file=sys.stderr)
+        which = "not both" if args.prompt is not None else "none was given"
+        print(f"hpc-serve generate: give a PROMPT or --file FILE (one prompt per line); {which}", file=sys.stderr)
         return EXIT_USAGE
     try:
         prompts = _prompts(args)
