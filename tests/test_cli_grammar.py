@@ -184,3 +184,18 @@ def test_a_mistyped_deployment_name_gets_a_did_you_mean(tmp_path, monkeypatch, c
         main(["status", "tiny-cpus"])
     assert exc.value.code == 3
     assert "did you mean 'tiny-cpu'?" in capsys.readouterr().err
+
+
+def test_generate_says_once_that_random_weights_write_random_text(capsys):
+    """The embedded default (model.init) answers `An��� ru ru�`: a note on stderr, so it does not read as a UTF-8
+    bug; a trained checkpoint gets none."""
+    from hpc.cli.jobs import _say_if_random
+    from hpc.serving.deployment import target_of_spec
+    from hpc.spec import load_spec
+
+    spec = load_spec(Path(__file__).parent.parent / "configs" / "tiny-cpu.yaml", check_files=False)
+    _say_if_random(target_of_spec(spec, spec.workdir))
+    assert "serves random weights (model.init): its text is random" in capsys.readouterr().err
+    spec.model.init = None
+    _say_if_random(target_of_spec(spec, spec.workdir))
+    assert capsys.readouterr().err == ""
