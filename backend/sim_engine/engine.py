@@ -37,6 +37,9 @@ from .timing import StepTiming, StepWork
 
 log = logging.getLogger("hpc_serve.sim_engine")
 
+#: how far behind its deadlines the loop may fall and still make the time up (the steps after a late wake-up start
+#: at once): wake-ups late by a millisecond or two on a loaded machine would otherwise slow every step's pace
+CATCH_UP_S = 0.05
 #: the log-probability every simulated token reports (there are no logits): a confident model's
 TOKEN_LOG_PROB = -0.1
 
@@ -202,8 +205,9 @@ class SimEngine:
                 self._wake.clear()
                 deadline = 0.0
                 continue
-            # back to back: this step starts when the last one's time was up, unless Python fell a step behind
-            start = deadline if now - deadline < step.duration_s else now
+            # back to back: this step starts when the last one's time was up, so a late wake-up (a loaded machine)
+            # is made up for by the next steps; later than CATCH_UP_S, the time is lost (Python fell behind)
+            start = deadline if now - deadline < CATCH_UP_S else now
             deadline = start + step.duration_s
             if self._stop.wait(max(0.0, deadline - time.monotonic())):
                 break
