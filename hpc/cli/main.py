@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backend.sim_engine.profiles import MODELS as SIM_MODELS
-from hpc.cli.support import EXIT_OK, EXIT_USAGE, HelpFormatter, load_spec_or_exit
+from hpc.cli.support import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, HelpFormatter, load_spec_or_exit
 from hpc.cli.support import err as _err
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from hpc.doctor.preflight import refusals
     from hpc.spec import SpecError, load_spec
 
     try:
@@ -27,6 +28,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
+        return EXIT_USAGE
+    never_starts = refusals(spec)  # what Slurm would take and never start (where Slurm answers)
+    for problem in never_starts:
+        print(problem, file=sys.stderr)
+    if never_starts:
         return EXIT_USAGE
     print(
         f"{args.spec}: ok — {spec.name}: backend {spec.model.backend}, workflow {spec.model.workflow}, "
@@ -202,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # a command that leaves something running says so itself (e.g. a wait)
+        print("hpc-serve: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
