@@ -253,3 +253,27 @@ def test_the_calibration_reproduces_a_published_point():
 
     published = PUBLISHED[("llama-3.1-8b", "h200", 1)][(2048, 128)]
     assert 0.8 < simulate("llama-3.1-8b", "h200", 1, 2048, 128) / published < 1.2
+
+
+def test_a_stopping_rank_refuses_new_requests_drains_and_says_so(sim_checkpoint):
+    """The CPU engine's drain rules (backend/cpu_engine/drain.py), applied by the simulated engine's loop."""
+    e = engine(sim_checkpoint)
+    said: list[str] = []
+    e.report_drain = said.append
+    deadline: list[float | None] = [None]
+    e.drain_deadline = lambda: deadline[0]
+    running = request(list(range(1, 20)), 3)
+    e.submit(running)
+    step = e._plan()
+    assert step is not None
+    e._enforce_drain(1000.0)
+    assert said == [], "not stopping: nothing said"
+    deadline[0] = 2000.0
+    e._enforce_drain(1000.0)
+    late = e.submit(request([1, 2, 3], 2))
+    assert late.finish_reason == "error" and "retry on another replica" in (late.error or "")
+    assert said == ["draining"]
+    e._complete(step, 1)
+    e.run_offline([])
+    e._enforce_drain(1001.0)
+    assert running.finish_reason == "length" and said == ["draining", "drained"]
