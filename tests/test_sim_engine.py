@@ -277,3 +277,21 @@ def test_a_stopping_rank_refuses_new_requests_drains_and_says_so(sim_checkpoint)
     e.run_offline([])
     e._enforce_drain(1001.0)
     assert running.finish_reason == "length" and said == ["draining", "drained"]
+
+
+def test_a_conversations_next_turn_finds_its_history_its_answers_included(sim_checkpoint):
+    """An answer's blocks are kept when it ends, so the next turn (history + answer + a new question, tokenized
+    again from text) finds all but the block where the answer's first token met the prompt's text."""
+    tok = tokenizer(sim_checkpoint)
+    e = build_engine(str(sim_checkpoint), {"max_batch_size": 8})
+    text = "system: You answer questions about the town and its market. " * 4 + "\nuser: The bridge?\nassistant:"
+    found = []
+    for _ in range(3):
+        prompt = tok.encode(text).ids
+        r = request(prompt, 64)
+        e.run_offline([r])
+        found.append((r.kv_blocks_reused, (len(prompt) - 1) // e.cache.tokens_per_block))
+        text += tok.decode(r.output_ids) + "\nuser: And then?\nassistant:"
+    assert found[0][0] == 0
+    for reused, blocks in found[1:]:
+        assert reused >= blocks - 1 and reused > found[0][1], found
