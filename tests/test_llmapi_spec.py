@@ -415,14 +415,18 @@ model:
 
 
 def test_backend_sim_asks_no_weights_and_hands_its_ranks_the_engine_and_the_gpu(tmp_path, hf):
-    from launcher.contracts.llmapi import ENGINE_VAR, SIM_GPU_VAR
+    from launcher.contracts.llmapi import ENGINE_VAR, SIM_GPU_VAR, SIM_SLOWDOWN_VAR
 
     (hf / "model.safetensors").unlink()
     spec = load_spec(write(tmp_path, SIM))
     assert spec.model.workflow == "llmapi" and not spec.backend_strategy.uses_gpus
     assert spec.backend_strategy.rank_env(spec.model) == {ENGINE_VAR: "sim", SIM_GPU_VAR: "h200"}
-    with_gpu = load_spec(write(tmp_path, SIM + "  sim: {gpu: h100}\n"))
-    assert with_gpu.backend_strategy.rank_env(with_gpu.model)[SIM_GPU_VAR] == "h100"
+    with_gpu = load_spec(write(tmp_path, SIM + "  sim: {gpu: h100, slowdown: 4}\n"))
+    assert with_gpu.backend_strategy.rank_env(with_gpu.model) == {
+        ENGINE_VAR: "sim",
+        SIM_GPU_VAR: "h100",
+        SIM_SLOWDOWN_VAR: "4",
+    }
     assert any("has no weights" in p for p in problems(write(tmp_path, CPU))), "the CPU engine needs them"
 
 
@@ -433,6 +437,7 @@ def test_backend_sim_asks_no_weights_and_hands_its_ranks_the_engine_and_the_gpu(
         ("  sim: {gpu: a100}\n", "model.sim.gpu: Input should be 'h100' or 'h200'"),
         ("  sim: {gpus: h100}\n", "unknown key 'gpus'; did you mean 'gpu'?"),
         ("  pp_size: 2\n", "model.pp_size must be 1 with backend: sim"),
+        ("  sim: {slowdown: 0.5}\n", "model.sim.slowdown: Input should be greater than or equal to 1"),
     ],
 )
 def test_backend_sim_refuses_what_it_cannot_simulate(tmp_path, hf, extra, words):

@@ -295,3 +295,16 @@ def test_a_conversations_next_turn_finds_its_history_its_answers_included(sim_ch
     assert found[0][0] == 0
     for reused, blocks in found[1:]:
         assert reused >= blocks - 1 and reused > found[0][1], found
+
+
+def test_a_slowdown_stretches_the_wait_not_the_gpu_time(sim_checkpoint):
+    from backend.cpu_engine.llmapi.engine_args import EngineArgsError
+    from backend.sim_engine.node import slowdown
+    from launcher.contracts.llmapi import SIM_SLOWDOWN_VAR
+
+    assert slowdown({}) == 1.0 and slowdown({SIM_SLOWDOWN_VAR: "4"}) == 4.0
+    with pytest.raises(EngineArgsError, match="from 1 to 1000"):
+        slowdown({SIM_SLOWDOWN_VAR: "fast"})
+    slow = build_engine(str(sim_checkpoint), {}, slowed=4.0)
+    assert slow.slowdown == 4.0
+    assert slow.run_offline([request([1, 2, 3], 4)]) == engine(sim_checkpoint).run_offline([request([1, 2, 3], 4)])

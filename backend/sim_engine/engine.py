@@ -89,6 +89,7 @@ class SimEngine:
         model: SimModel,
         comm: Communicator | None = None,
         heartbeat_s: float = 1.0,
+        slowdown: float = 1.0,
     ) -> None:
         if max_batch_size < 1 or max_num_tokens < 1:
             raise ValueError(f"max_batch_size ({max_batch_size}) and max_num_tokens ({max_num_tokens}) must be > 0")
@@ -100,6 +101,8 @@ class SimEngine:
         self.max_seq_len = max_seq_len
         self.comm: Communicator = comm or SingleComm()
         self.heartbeat_s = heartbeat_s
+        #: each step is waited this many times its GPU time (model.sim.slowdown); busy_s counts GPU time
+        self.slowdown = slowdown
         self.waiting: deque[GenerationRequest] = deque()
         self.running: list[_Seq] = []
         self._incoming: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
@@ -219,7 +222,7 @@ class SimEngine:
             # back to back: this step starts when the last one's time was up, so a late wake-up (a loaded machine)
             # is made up for by the next steps; later than CATCH_UP_S, the time is lost (Python fell behind)
             start = deadline if now - deadline < CATCH_UP_S else now
-            deadline = start + step.duration_s
+            deadline = start + step.duration_s * self.slowdown
             if self._stop.wait(max(0.0, deadline - time.monotonic())):
                 break
             self._complete(step, time.time_ns())
