@@ -308,3 +308,34 @@ def test_a_slowdown_stretches_the_wait_not_the_gpu_time(sim_checkpoint):
     slow = build_engine(str(sim_checkpoint), {}, slowed=4.0)
     assert slow.slowdown == 4.0
     assert slow.run_offline([request([1, 2, 3], 4)]) == engine(sim_checkpoint).run_offline([request([1, 2, 3], 4)])
+
+
+def test_the_llm_api_over_the_simulated_engine_streams_real_text_and_its_kv_events(sim_checkpoint, monkeypatch):
+    """The stand-in's `LLM` in this process picks the engine as the leader node does (HPC_SERVE_STANDIN_ENGINE):
+    text from the checkpoint's tokenizer, and KV-cache events in TensorRT-LLM's shape with chained hashes."""
+    import sys
+
+    from launcher.contracts.llmapi import ENGINE_VAR, STANDIN_ROOT
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv(ENGINE_VAR, "sim")
+    sys.path.insert(0, str(root / STANDIN_ROOT))
+    try:
+        import tensorrt_llm
+
+        kv = {"event_buffer_max_size": 64, "tokens_per_block": 4}
+        with tensorrt_llm.LLM(model=str(sim_checkpoint), max_batch_size=2, kv_cache_config=kv) as llm:
+            prompt = list(range(10, 19))
+            out = llm.generate(prompt, tensorrt_llm.SamplingParams(max_tokens=12))
+            assert len(out.outputs[0].text.split()) >= 3 and "\ufffd" not in out.outputs[0].text
+            events = llm.get_kv_cache_events(0.2)
+            assert [e["data"]["type"] for e in events][:2] == ["created", "stored"]
+            stored = events[1]["data"]
+            first, second = stored["blocks"][:2]
+            assert stored["parent_hash"] is None and [t["token_id"] for t in first["tokens"]] == prompt[:4]
+            assert first["block_hash"] == block_hash(ROOT_HASH, np.asarray(prompt[:4]))
+            assert second["block_hash"] == block_hash(first["block_hash"], np.asarray(prompt[4:8]))
+    finally:
+        sys.path.remove(str(root / STANDIN_ROOT))
+        for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+            del sys.modules[name]
