@@ -118,7 +118,8 @@ def test_cli_validate_good_spec_exits_0(gpu_dir):
     spec = write(gpu_dir, GPU_SPEC)
     result = validate_cli(spec)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    # where Slurm answers (the test cluster has no `gpu` partition), a note, never a refusal
+    assert all(line.startswith("note: on this cluster, slurm.partition") for line in result.stderr.splitlines())
     assert "ok" in result.stdout and "gpu-two" in result.stdout and "2 ranks" in result.stdout
 
 

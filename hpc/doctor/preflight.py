@@ -1,6 +1,6 @@
-"""What Slurm would queue and never start, said before `sbatch`: each job's partition (it exists, it is UP) and
-time limit (within the partition's MaxTime), the serving job's and the gateway job's, by the doctor's own
-judgments (hpc/doctor/facts.py, hpc/doctor/gateway.py) over one `scontrol show partition`.
+"""What Slurm would queue and never start, said before `sbatch`: each job's time limit within its partition's
+MaxTime (and, as notes, a partition the cluster lacks or has down), the serving job's and the gateway job's, by
+the doctor's own judgments (hpc/doctor/facts.py, hpc/doctor/gateway.py) over one `scontrol show partition`.
 
 Why here and not in `sbatch`'s answer: Slurm takes a job past its partition's MaxTime (unless the site enforces
 partition limits) and leaves it PENDING with the reason PartitionTimeLimit for good, so `submit` would say
@@ -27,6 +27,8 @@ FIELDS = {
     PARTITION: "gateway.partition",
     TIME: "gateway.time",
 }
+#: a partition the cluster lacks (sbatch refuses it itself) or has down: a note, not a refusal
+PARTITION_FIELDS = ("slurm.partition", "gateway.partition")
 
 
 def partition_check(spec: Spec, facts: Facts) -> Check:
@@ -45,25 +47,31 @@ def time_check(spec: Spec, facts: Facts) -> Check:
     )
 
 
-def refusals(spec: Spec) -> list[Problem]:
-    """The spec's jobs' partitions and time limits that Slurm would never start, as problems at their fields;
-    [] when all hold, or where Slurm's commands do not answer."""
+def refusals(spec: Spec) -> tuple[list[Problem], list[str]]:
+    """(problems, notes). Problems: the spec's jobs' time limits past their partitions' MaxTime, which Slurm queues
+    and never starts, at their fields. Notes: a partition this cluster lacks or has down (sbatch refuses the
+    first itself, and a spec may be checked here for another cluster; the second may come back UP). Nothing
+    where Slurm's commands do not answer."""
     if shutil.which("scontrol") is None:
-        return []
+        return [], []
     try:
         text = slurm.default.run(["scontrol", "-o", "show", "partition"]).stdout
     except slurm.SlurmError:
-        return []  # the controller does not answer: sbatch says so itself
+        return [], []  # the controller does not answer: sbatch says so itself
     facts = Facts(partitions=scontrol_records(text))
     part = partition_check(spec, facts)
     checks = [part] if part.status == "fail" else [part, time_check(spec, facts)]
     checks += gateway_checks(spec, facts, part)
     origin = provenance(spec)
-    out = []
+    problems, notes = [], []
     for c in (c for c in checks if c.status == "fail"):
+        field = FIELDS[c.name]
+        if field in PARTITION_FIELDS:
+            notes.append(f"note: on this cluster, {c.detail} ({c.fix})")
+            continue
         message = f"{c.detail}: Slurm would queue the job and never start it; {c.fix}"
-        out.append(origin.problem(FIELDS[c.name], message) if origin else Problem("<spec>", 1, FIELDS[c.name], message))
-    return out
+        problems.append(origin.problem(field, message) if origin else Problem("<spec>", 1, field, message))
+    return problems, notes
 
 
 def check_before_submit(spec: Spec, executor: str | None) -> None:
@@ -72,6 +80,6 @@ def check_before_submit(spec: Spec, executor: str | None) -> None:
     from hpc.jobs.executors import executor_named
 
     if executor_named(executor).queues:
-        problems = refusals(spec)
+        problems, _ = refusals(spec)  # a partition the cluster lacks: sbatch's own refusal says it
         if problems:
             raise SpecError(problems)
