@@ -420,6 +420,7 @@ def test_backend_sim_asks_no_weights_and_hands_its_ranks_the_engine_and_the_gpu(
     (hf / "model.safetensors").unlink()
     spec = load_spec(write(tmp_path, SIM))
     assert spec.model.workflow == "llmapi" and not spec.backend_strategy.uses_gpus
+    assert not spec.backend_strategy.init_makes_random_weights, "generate's note on random text is not for it"
     assert spec.backend_strategy.rank_env(spec.model) == {ENGINE_VAR: "sim", SIM_GPU_VAR: "h200"}
     with_gpu = load_spec(write(tmp_path, SIM + "  sim: {gpu: h100, slowdown: 4}\n"))
     assert with_gpu.backend_strategy.rank_env(with_gpu.model) == {

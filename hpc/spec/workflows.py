@@ -91,6 +91,12 @@ class Backend(ABC):
         """What the ranks and the build job ask of this backend (launcher/contracts/workflows.py)."""
         return RANK_BACKENDS[self.name]
 
+    @property
+    def init_makes_random_weights(self) -> bool:
+        """model.init's checkpoint has random weights, so its text is random (the simulated engine's has none: its
+        answers are the corpus)."""
+        return self.makes_checkpoints and self.needs_weights
+
     def rank_env(self, model: ModelSpec) -> dict[str, str]:
         """Variables launch.json's env hands every rank for this engine (none but the simulated engine's)."""
         return {}
