@@ -339,3 +339,24 @@ def test_the_llm_api_over_the_simulated_engine_streams_real_text_and_its_kv_even
         sys.path.remove(str(root / STANDIN_ROOT))
         for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
             del sys.modules[name]
+
+
+def test_the_engine_waits_each_steps_time(sim_checkpoint):
+    """Started, the engine does not run ahead of its GPU: the request's first to last token spans at least the
+    time of the steps that made them (a lower bound: a loaded machine only makes it later)."""
+    import threading
+    import time
+
+    e = build_engine(str(sim_checkpoint), {"max_batch_size": 2}, slowed=20.0)
+    done = threading.Event()
+    r = request(list(range(1, 200)), 6, on_output=lambda out: out.finished and done.set())
+    e.start()
+    try:
+        started = time.monotonic()
+        e.submit(r)
+        assert done.wait(60), "the request finished"
+        waited = time.monotonic() - started
+    finally:
+        e.shutdown()
+    assert r.finish_reason == "length" and e.iterations == 6
+    assert waited >= e.busy_s * 20.0
