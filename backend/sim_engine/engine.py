@@ -73,7 +73,6 @@ class _Step:
     duration_s: float
     decode: list[_Seq] = field(default_factory=list)
     prefill: list[tuple[_Seq, int]] = field(default_factory=list)
-    admitted: int = 0
 
 
 class SimEngine:
@@ -322,7 +321,6 @@ class SimEngine:
             self.running.append(seq)
             chunk = min(req.prompt_len - seq.computed, room)
             step.prefill.append((seq, chunk))
-            step.admitted += 1
             room -= chunk
         if not step.decode and not step.prefill:
             return None
