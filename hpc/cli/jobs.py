@@ -82,7 +82,7 @@ def _say_if_random(target) -> None:
     """A model of random weights (model.init's, the embedded default) writes random text, byte tokens that decode
     to U+FFFD among them: said once on stderr, so it does not read as a bug (stdout stays the text alone)."""
     model = getattr(target, "model", None)
-    if model is not None and model.init is not None and model.backend_strategy.makes_checkpoints:
+    if model is not None and model.init is not None and model.backend_strategy.init_makes_random_weights:
         print(
             f"note: {target.name} serves random weights (model.init): its text is random, '\ufffd' included; "
             "point model.checkpoint_dir at a trained checkpoint for real text",

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from hpc.envvars import expand, unset_message
 from hpc.spec.build import BuildSpec
 from hpc.spec.llmapi import CudaGraphConfig, KvCacheConfig, LlmApiSpec, workflow_findings
-from hpc.spec.model import ModelInit, ModelSpec
+from hpc.spec.model import ModelInit, ModelSpec, SimSpec
 from hpc.spec.parameters import parameter_findings
 from hpc.spec.schema import (
     ContainerSpec,
@@ -150,6 +150,7 @@ _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
     ("container",): ContainerSpec,
     ("model",): ModelSpec,
     ("model", "init"): ModelInit,
+    ("model", "sim"): SimSpec,
     ("triton",): TritonSpec,
     ("triton", "ports"): PortsSpec,
     ("gateway",): GatewaySpec,
