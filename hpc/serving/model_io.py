@@ -85,9 +85,28 @@ class NotTaken(ValueError):
 
 class Decoder(Protocol):
     """Reads one request's responses in order: `feed` gives each response's Chunk, or None for a response
-    without text; `final` is set on the last one."""
+    without text; `final` is set on the last one. `feed_many`: several responses that were all waiting when the
+    reader came (it fell behind the replica), as one Chunk: their texts joined, their tokens summed."""
 
     def feed(self, infer_response: Any, final: bool) -> Chunk | None: ...
+
+    def feed_many(self, infer_responses: Sequence[Any], final: bool) -> Chunk | None: ...
+
+
+def merged(chunks: Sequence[Chunk | None]) -> Chunk | None:
+    """Consecutive Chunks of one stream as one (None for none with text or tokens): texts and log probabilities
+    joined, tokens summed (None if one is uncounted), the last finish reason and perf metrics."""
+    found = [c for c in chunks if c is not None]
+    if len(found) <= 1:
+        return found[0] if found else None
+    counts = [c.tokens for c in found]
+    return Chunk(
+        "".join(c.text for c in found),
+        None if None in counts else sum(c for c in counts if c is not None),
+        tuple(v for c in found for v in c.logprobs),
+        next((c.finish_reason for c in reversed(found) if c.finish_reason), None),
+        next((c.perf for c in reversed(found) if c.perf), None),
+    )
 
 
 class ModelIO(Protocol):
@@ -197,6 +216,10 @@ class _BytesDecoder:
             return None
         return Chunk(text, 1 if piece is not None else 0, piece[1] if piece is not None else ())
 
+    def feed_many(self, infer_responses: Sequence[Any], final: bool) -> Chunk | None:
+        last = len(infer_responses) - 1
+        return merged([self.feed(r, final and i == last) for i, r in enumerate(infer_responses)])
+
 
 class LlmapiIO:
     """The llmapi workflow's `tensorrt_llm` model (module docstring)."""
@@ -278,6 +301,19 @@ class CumulativeText:
         logprobs, self._pending = self._pending, ()
         reason = finish if finish in ("stop", "length") else None
         return Chunk(delta, None, logprobs=logprobs, finish_reason=reason, perf=perf)
+
+    def feed_many(self, infer_responses: Sequence[Any], final: bool) -> Chunk | None:
+        """As `feed` of each in turn, but only the last text is decoded (each is the whole text so far); the
+        responses before it give their log probabilities."""
+        texts = [i for i, r in enumerate(infer_responses) if any(o.name == "text_output" for o in r.outputs)]
+        if not texts:
+            return None
+        last = texts[-1]
+        if self.logprobs:
+            for response in infer_responses[:last]:
+                self._pending += fp32_values(outputs(response).get("output_log_probs", b""))
+        end = len(infer_responses) - 1
+        return merged([self.feed(r, final and i == end) for i, r in enumerate(infer_responses) if i >= last])
 
     def _delta(self, text: str) -> str:
         """What `text` adds to the text given so far. An engine that revised earlier text (a character settled
