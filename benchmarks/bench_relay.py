@@ -3,7 +3,8 @@ gateway, side by side in one run, and the gateway's CPU per request and per rela
 
 One local job of `--replicas` replicas (the llmapi workflow, `--backend`'s engine: `cpu`, paced by
 `--min-step-ms` as a GPU would be, or `sim`, the simulated GPU engine where this tree has it) and one
-`hpc-serve gateway` (its own process, `--gateway-workers` processes with `--gateway-workers`), then
+`hpc-serve gateway` (its own process; with `--gateway-workers 2 4`, one more gateway side of 2 and of 4 worker
+processes), then
 `--concurrency` streaming clients, always a request in flight each, for `--seconds`, rounds alternating:
 
   direct   the replicas' gRPC stream (hpc.serving.triton.TritonEngine: the very request the gateway sends),
@@ -16,7 +17,7 @@ CPU seconds of its processes (/proc/<pid>/stat, the gateway and every process un
 relayed token (the relay's own cost, whatever the engine's pace).
 
     python benchmarks/bench_relay.py [--replicas 2] [--concurrency 64] [--max-tokens 200] [--seconds 10]
-                                     [--rounds 3] [--backend cpu|sim] [--min-step-ms 20] [--gateway-workers N]
+                                     [--rounds 3] [--backend cpu|sim] [--min-step-ms 20] [--gateway-workers N ...]
                                      [--set model.key=value ...] [--cpus ENGINE:GATEWAY:CLIENT]
                                      [--baseline TREE] (another commit's gateway, one more side: `git archive`)
                                      [--profile FILE] (the gateway under cProfile)
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -35,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,16 +79,16 @@ def tree_cpu_s(pid: int) -> float:
 class Sides:
     """One request each way: the tokens it generated."""
 
-    def __init__(self, url: str, token: str | None, records: list[Any], model: str, max_tokens: int) -> None:
+    def __init__(self, token: str | None, records: list[Any], model: str, max_tokens: int) -> None:
         from hpc.serving.triton import TritonEngine
 
-        self.url, self.token, self.model, self.max_tokens = url, token, model, max_tokens
+        self.token, self.model, self.max_tokens = token, model, max_tokens
+        self.urls: dict[str, str] = {}  # each gateway side's URL
         self.records = records
         self.in_flight = [0] * len(records)
         self.engine = TritonEngine()
         self.session: Any = None
         self.http: Any = None
-        self.baseline_url = ""
 
     async def close(self) -> None:
         await self.engine.close()
@@ -114,15 +117,14 @@ class Sides:
         body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens, "stream": True}
         return body | {"stream_options": {"include_usage": True}, "ignore_eos": True}
 
-    async def gateway(self) -> int:
-        return await self._gateway(self.url)
+    def call(self, side: str) -> Callable[[], Awaitable[int]]:
+        """One request of `side`: `direct`, or a gateway side (this tree's with each `--gateway-workers` count,
+        `baseline`: another tree's) by its URL."""
+        if side == "direct":
+            return self.direct
+        return functools.partial(self.relayed, self.urls[side])
 
-    async def baseline(self) -> int:
-        """`gateway` to the gateway of another source tree (`--baseline`): a change measured against the code
-        before it, in the same run."""
-        return await self._gateway(self.baseline_url)
-
-    async def _gateway(self, url: str) -> int:
+    async def relayed(self, url: str) -> int:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         usage: dict[str, int] = {}
         if AIOHTTP:
@@ -156,7 +158,7 @@ def _usage(line: bytes) -> dict[str, int] | None:
 async def throughput(sides: Sides, side: str, streams: int, seconds: float, pid: int | None) -> dict[str, float]:
     """`streams` requests always in flight for `seconds`: tokens per second, and the gateway's CPU (`pid`'s tree)
     per request and per token."""
-    call = getattr(sides, side)
+    call = sides.call(side)
     deadline = time.perf_counter() + seconds
     requests = 0
 
@@ -193,7 +195,7 @@ async def measure(args: argparse.Namespace, sides: Sides, pids: dict[str, int]) 
     med = {k: {m: statistics.median(run[m] for run in v) for m in v[0]} for k, v in runs.items()}
     print(
         f"{args.replicas} replicas ({args.backend}), {args.concurrency} streams of {args.max_tokens} tokens, "
-        f"{args.rounds} rounds of {args.seconds:g} s, gateway workers {args.gateway_workers}:"
+        f"{args.rounds} rounds of {args.seconds:g} s (gateway: 1 worker; gateway_wN: N workers):"
     )
     for side in order:
         rounds = " ".join(f"{run['rate']:.0f}" for run in runs[side])
@@ -211,10 +213,25 @@ async def measure(args: argparse.Namespace, sides: Sides, pids: dict[str, int]) 
         f"{med['direct']['client_us_token']:.1f} us; through the gateway (aiohttp's SSE reading) "
         f"{med['gateway']['client_us_token']:.1f} us"
     )
+    for side in pids:
+        if side.startswith("gateway_w"):
+            print(f"  {side} / gateway: {med[side]['rate'] / med['gateway']['rate']:.3f}")
     if "baseline" in pids:
         print(
             f"  CPU per relayed token, gateway / baseline: {med['gateway']['us_token'] / med['baseline']['us_token']:.3f}"
         )
+
+
+def _give_way(record: Path, pid: int) -> None:
+    """Remove gateway `pid`'s address record, once it wrote it (a gateway of workers writes it once they all
+    serve, maybe after its health route answered), so that the next gateway of the deployment starts."""
+    from launcher.contracts.records import read_gateway
+
+    deadline = time.monotonic() + 60
+    while (found := read_gateway(record)) is None or found.pid != pid:
+        assert time.monotonic() < deadline, f"gateway {pid} wrote no address record"
+        time.sleep(0.1)
+    record.unlink()
 
 
 def apply_sets(spec_path: Path, sets: list[str]) -> None:
@@ -245,7 +262,13 @@ def main() -> int:
         default=20.0,
         help=f"the CPU engine's least step time (${CPU_MIN_STEP_VAR}): a GPU's pace, not the CPU's (0: as fast as it goes)",
     )
-    parser.add_argument("--gateway-workers", type=int, default=1, help="the gateway's worker processes")
+    parser.add_argument(
+        "--gateway-workers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="a gateway side for each count of worker processes beside the one of 1 (e.g. 2 4)",
+    )
     parser.add_argument("--set", action="append", default=[], help="KEY.PATH=VALUE into the spec (repeatable)")
     parser.add_argument("--auth", choices=["token", "none"], default="token", help="the job's `auth:`")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint folder; default: a tiny random GPT-2")
@@ -279,21 +302,22 @@ def main() -> int:
             pin("client")
             records = read_endpoints(JobPaths.of_folder(job_dir))
             token = cli("token", job_id).strip() if args.auth == "token" else None
-            options = ("--workers", str(args.gateway_workers)) if args.gateway_workers > 1 else ()
             stop = signal.SIGINT if args.profile else signal.SIGTERM  # cProfile writes its stats at a SIGINT
             command = list(gateway_procs.CLI)
-            if args.profile:  # the gateway's command (its alone) under cProfile
-                gateway_procs.CLI[1:1] = ["-m", "cProfile", "-o", str(args.profile.resolve())]
             with contextlib.ExitStack() as stack:
-                pids = {}
-                if args.baseline is not None:  # first: its address record goes, and this tree's starts beside it
-                    base_url, pids["baseline"], _ = stack.enter_context(
-                        gateway(job_id, work, source=args.baseline.resolve())
+                pids: dict[str, int] = {}
+                sides = Sides(token, records, "bench-relay", args.max_tokens)
+                # one gateway per deployment: each one's address record goes, and the next starts beside it
+                kinds = [("baseline", (), args.baseline.resolve())] if args.baseline is not None else []
+                kinds += [(f"gateway_w{n}", ("--workers", str(n)), None) for n in args.gateway_workers if n > 1]
+                for name, options, source in kinds:
+                    sides.urls[name], pids[name], _ = stack.enter_context(
+                        gateway(job_id, work, *options, source=source)
                     )
-                    gateway_record(work / "runs", "bench-relay").unlink()
-                url, pids["gateway"], _ = stack.enter_context(gateway(job_id, work, *options, stop=stop))
-                sides = Sides(url, token, records, "bench-relay", args.max_tokens)
-                sides.baseline_url = base_url if args.baseline is not None else ""
+                    _give_way(gateway_record(work / "runs", "bench-relay"), pids[name])
+                if args.profile:  # the gateway's command (its alone) under cProfile
+                    gateway_procs.CLI[1:1] = ["-m", "cProfile", "-o", str(args.profile.resolve())]
+                sides.urls["gateway"], pids["gateway"], _ = stack.enter_context(gateway(job_id, work, stop=stop))
 
                 async def run() -> None:
                     try:

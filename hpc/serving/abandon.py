@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc._utils import _get_inference_request
@@ -76,10 +77,17 @@ class Reader:
 
     async def _read(self) -> None:
         try:
-            async for response in self.items:
-                self._put(response)
-                if not self.responded.is_set():
-                    self.responded.set()
+            read = getattr(self.items, "read", None)
+            if read is not None:  # a gRPC call: its `read()`, without the async iterator's generator around it
+                while (response := await read()) is not grpc.aio.EOF:
+                    self._put(response)
+                    if not self.responded.is_set():
+                        self.responded.set()
+            else:
+                async for response in self.items:
+                    self._put(response)
+                    if not self.responded.is_set():
+                        self.responded.set()
             self._put(None)
         except asyncio.CancelledError:
             raise

@@ -287,8 +287,8 @@ class CumulativeText:
             return None
         text = _first_string(named["text_output"]) or ""  # one sequence: the first (and only) output
         finish = _reason(named.get("finish_reason"))  # in each response when asked: "None" until the end
-        reason = _reason(named.get("stop_reason"))
-        if finish == "stop" and reason is not None and reason in self.stop:
+        reason = _reason(named.get("stop_reason")) if finish == "stop" else None
+        if reason is not None and reason in self.stop:
             text += reason  # the stop string the engine left out (module docstring)
         if not final and finish is None:
             text = text.rstrip(REPLACEMENT)
@@ -338,13 +338,22 @@ def _perf(named: Mapping[str, bytes]) -> dict[str, float] | None:
 
 
 def _first_string(raw: bytes | None) -> str | None:
-    """The first element of a BYTES output as text, None when it has none."""
-    elements = bytes_elements(raw) if raw else []
-    return elements[0].decode("utf-8", errors="replace") if elements else None
+    """The first element of a BYTES output as text, None when it has none. Read in place, not by
+    `bytes_elements`: a streamed response's outputs hold one element each, and this runs for each of them."""
+    if not raw or len(raw) < 4:
+        return None
+    (size,) = _LENGTH.unpack_from(raw, 0)
+    return raw[4 : 4 + size].decode("utf-8", errors="replace")
+
+
+#: a BYTES output of the one element "None", as the llmapi model sends an unset reason in every response
+_NONE = b"\x04\x00\x00\x00None"
 
 
 def _reason(raw: bytes | None) -> str | None:
     """A finish or stop reason: the llmapi model sends `str(value)`, "None" when unset."""
+    if raw == _NONE:  # the common case: every response before the last
+        return None
     value = _first_string(raw)
     return None if value == "None" else value
 
