@@ -88,6 +88,9 @@ class Sides:
         self.in_flight = [0] * len(records)
         self.engine = TritonEngine()
         self.session: Any = None
+        #: SSE events of text the gateway sides received (the finish's and the usage's aside): several tokens each
+        #: when the gateway fell behind its replicas
+        self.events = 0
         self.http: Any = None
 
     async def close(self) -> None:
@@ -136,6 +139,7 @@ class Sides:
             async with self.session.post(url + "/v1/completions", json=self._body()) as response:
                 async for raw in response.content:
                     usage = _usage(raw) or usage
+                    self.events += raw.startswith(b'data: {"id"') and b'"finish_reason": null' in raw
         else:
             import httpx
 
@@ -145,6 +149,7 @@ class Sides:
             async with self.http.stream("POST", url + "/v1/completions", json=self._body()) as response:
                 async for line in response.aiter_lines():
                     usage = _usage(line.encode()) or usage
+                    self.events += line.startswith('data: {"id"') and '"finish_reason": null' in line
         return usage.get("completion_tokens", 0)
 
 
@@ -171,6 +176,7 @@ async def throughput(sides: Sides, side: str, streams: int, seconds: float, pid:
         return done
 
     t0, cpu0, own0 = time.perf_counter(), tree_cpu_s(pid) if pid else 0.0, tree_cpu_s(os.getpid())
+    events0 = sides.events
     tokens = sum(await asyncio.gather(*(client() for _ in range(streams))))
     wall = time.perf_counter() - t0
     cpu = (tree_cpu_s(pid) - cpu0) if pid else 0.0
@@ -181,6 +187,7 @@ async def throughput(sides: Sides, side: str, streams: int, seconds: float, pid:
         "us_token": cpu / max(tokens, 1) * 1e6,
         "cpu_share": cpu / wall,
         "client_us_token": own / max(tokens, 1) * 1e6,
+        "tokens_event": tokens / max(sides.events - events0, 1),
     }
 
 
@@ -206,7 +213,7 @@ async def measure(args: argparse.Namespace, sides: Sides, pids: dict[str, int]) 
         g = med[side]
         print(
             f"  {side} CPU: {g['ms_request']:.2f} ms per request, {g['us_token']:.1f} us per relayed token, "
-            f"{g['cpu_share']:.2f} cores busy"
+            f"{g['cpu_share']:.2f} cores busy, {g['tokens_event']:.2f} tokens an event"
         )
     print(
         f"  the clients' CPU per token: direct (hpc.serving.triton, the gateway's gRPC half) "
