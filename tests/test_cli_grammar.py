@@ -83,8 +83,33 @@ def test_a_flag_means_one_thing_on_every_command(flag, words):
 def test_docs_list_every_exit_code_with_its_meaning():
     """docs/cli.md's table is the table of hpc/cli/support.py: a code added there and not documented fails."""
     text = (ROOT / "docs" / "cli.md").read_text()
-    rows = dict(re.findall(r"^\| (\d) \| (.+?) \|$", text, re.M))
+    rows = dict(re.findall(r"^\| (\d+) \| (.+?) \|$", text, re.M))
     assert {int(code): meaning for code, meaning in rows.items()} == EXIT_CODES
+
+
+@pytest.mark.usefixtures("scheduler")
+def test_ctrl_c_during_a_wait_says_the_job_goes_on_and_how_to_stop_it(tmp_path, capsys, monkeypatch):
+    """Ctrl-C lands in the wait between two polls: 130, and the words a newcomer needs (it was not cancelled)."""
+    import hpc.jobs.track
+
+    ref = make_job(tmp_path)
+
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hpc.jobs.track.time, "sleep", interrupted)
+    assert main(["wait", str(ref.job_dir)]) == 130
+    said = capsys.readouterr().err
+    assert f"job {ref.job_id} is PENDING and goes on" in said
+    assert f"hpc-serve cancel {ref.job_id}" in said
+
+
+@pytest.mark.usefixtures("scheduler")
+def test_a_negative_timeout_is_refused_naming_the_flag(tmp_path, capsys):
+    ref = make_job(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["wait", str(ref.job_dir), "--timeout", "-1"])
+    assert exc.value.code == 2 and "--timeout" in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("scheduler")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -144,16 +145,29 @@ async def run_bench(
                 await client.aclose()
 
 
-def bench(settings: BenchSettings, output_dir: Path | None, progress: ProgressHook | None = None):
-    """Run, and write the files: → (points, files written, tokenizer description)."""
+def bench(
+    settings: BenchSettings,
+    output_dir: Path | None,
+    progress: ProgressHook | None = None,
+    warn: Callable[[str], None] = lambda why: None,
+):
+    """Run, and write the files: → (points, files written, tokenizer description). What cannot be written is
+    known before the first request (`warn` is told), so a long run never ends in an error that loses it: the
+    numbers (summary.json, requests.csv) are written whether or not the plots can be."""
+    from hpc.bench import plots
+
+    no_plots = plots.missing() if output_dir is not None else None
+    if no_plots is not None:
+        warn(no_plots)
     tokenizer, described = tokenizer_for(settings)
     points = asyncio.run(run_bench(settings, tokenizer, progress))
     written: list[Path] = []
     if output_dir is not None:
-        from hpc.bench import plots
         from hpc.bench.report import write_outputs
 
         written = write_outputs(output_dir, {**settings.to_json(), "tokenizer_used": described}, points)
+        if no_plots is not None:
+            return points, written, described
         for i, (label, _, records) in enumerate(points):
             suffix = f"-{i + 1}" if len(points) > 1 else ""
             title = f"{settings.target}: {label}"
