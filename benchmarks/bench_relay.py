@@ -262,7 +262,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=10.0, help="one round's length")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--backend", default="cpu", help="the spec's model.backend: cpu, or sim where this tree has it")
+    parser.add_argument(
+        "--backend",
+        default="cpu",
+        help="the spec's model.backend: cpu, or sim (configs/sim-h200.yaml's Llama 3.1 8B on a simulated H200, "
+        "unless --set says otherwise)",
+    )
     parser.add_argument(
         "--min-step-ms",
         type=float,
@@ -295,7 +300,11 @@ def main() -> int:
     if args.min_step_ms:
         os.environ[CPU_MIN_STEP_VAR] = f"{args.min_step_ms:g}"
     checkpoint = args.checkpoint
-    if checkpoint is None:
+    sets = list(args.set)
+    if checkpoint is None and args.backend == "sim":  # configs/sim-h200.yaml's model, its checkpoint made by submit
+        checkpoint = work / "sim-llama"
+        sets = ["model.init={model: llama-3.1-8b}", "model.sim={gpu: h200}", *sets]
+    elif checkpoint is None:
         from backend.cpu_engine.init_model import create_checkpoint
 
         checkpoint = Path(create_checkpoint(work / "tiny-gpt2", family="gpt2", size="tiny", seed=0))
@@ -304,7 +313,7 @@ def main() -> int:
         pin("engine")
         batch = {"max_batch_size": max(64, args.concurrency)}
         spec = write_spec(work, "bench-relay", checkpoint, args.replicas, args.auth, batch, backend=args.backend)
-        apply_sets(spec, args.set)
+        apply_sets(spec, sets)
         with job(spec) as (job_id, job_dir):
             pin("client")
             records = read_endpoints(JobPaths.of_folder(job_dir))

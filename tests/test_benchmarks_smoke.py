@@ -127,11 +127,13 @@ def test_bench_gateway_both_parts(tritonserver, hpc_home):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_relay(tritonserver, hpc_home):
-    """Two replicas, direct against through the gateway: the ratio and the gateway's CPU per relayed token."""
+    """Two replicas, direct against through the gateway (one process, and one of two workers): the ratios and the
+    gateway's CPU per relayed token."""
     sizes = ("--replicas", "2", "--concurrency", "2", "--max-tokens", "4", "--seconds", "0.5", "--rounds", "1")
-    out = bench("bench_relay.py", *sizes, "--min-step-ms", "1", timeout=290)
-    assert number(r"^  gateway / direct: ([\d.]+)$", out) > 0
-    assert number(r"^  gateway CPU: [\d.]+ ms per request, ([\d.]+) us per relayed token", out) > 0
+    out = bench("bench_relay.py", *sizes, "--min-step-ms", "1", "--gateway-workers", "2", timeout=290)
+    for side in ("gateway", "gateway_w2"):
+        assert number(rf"^  {side} / direct: ([\d.]+)$", out) > 0
+        assert number(rf"^  {side} CPU: [\d.]+ ms per request, ([\d.]+) us per relayed token", out) > 0
 
 
 @pytest.mark.cluster
