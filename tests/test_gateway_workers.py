@@ -164,3 +164,19 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return fields[0] != "Z"
+
+
+@pytest.mark.slow
+def test_a_worker_killed_ends_the_gateway_with_its_signal_for_its_job_to_start_again(hpc_home, tmp_path, tiny_gpt2):
+    """As one gateway process killed so would (gateway.sub starts again a gateway that died of a signal it was
+    not sent): the other worker stopped, the record withdrawn, the parent ended by the same signal."""
+    proc, _ = _start(tmp_path, tiny_gpt2)
+    try:
+        first, second = sorted(_workers_of(proc.pid))
+        os.kill(first, signal.SIGKILL)
+        assert proc.wait(60) == -signal.SIGKILL
+        assert not _alive(second), "the other worker stopped before the gateway ended"
+        assert not gateway_record(tmp_path / "runs", "svc").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

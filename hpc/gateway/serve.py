@@ -241,6 +241,7 @@ def _run_workers(
         sock.close()
         shutil.rmtree(shared, ignore_errors=True)
     if code < 0:  # as one gateway process would have died: gateway.sub starts again a gateway killed so
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to put back
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     raise SystemExit(code or 1)
