@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpc.cli.views import deployment_status
 from hpc.jobs.autoscale import DRAIN_NOTICE_S, Controller, Load, decision_lines
 from hpc.jobs.kinds import ServingJob
 from hpc.render.jobfiles import render
@@ -316,7 +317,10 @@ def test_advisory_decides_records_and_acts_on_nothing(tmp_path, slurm_cluster, h
     record = AutoscaleRecord.read(Deployment(deploy_dir).autoscale)
     assert record is not None and record.controller == "g1"
     assert [(d.action, d.advisory) for d in record.decisions] == [(Action.SUBMIT, True)]
-    lines = decision_lines(deploy_dir)
+    view = deployment_status(controller.target)
+    assert view.autoscale is not None and view.to_json()["autoscale"]["decisions"][0]["action"] == "submit"
+    lines = decision_lines(view.autoscale)
+    assert "\n".join(lines) in view.summary()
     assert lines[0] == "autoscale decisions (controller: gateway job g1)"
     assert "submit?" in lines[2] and "below min_jobs 1" in lines[2]
 

@@ -30,7 +30,7 @@ from hpc.scheduler import slurm
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import TERMINAL, SlurmError, ended
 from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
-from hpc.serving.deployment import Target, target_of_folder
+from hpc.serving.deployment import Target, deployment_folders, target_of_folder
 from hpc.spec import Spec, load_spec
 from launcher.contracts.autoscale import Action, AutoscaleRecord, DecisionRecord
 from launcher.contracts.config import RENEW_NOTICE_S
@@ -218,11 +218,19 @@ def _gist(reason: str) -> str:
     return "".join(c for c in reason if not (c.isdigit() or c == "."))
 
 
-def decision_lines(deploy_dir: Path, last: int = 10) -> list[str]:
-    """`status`'s table of the controller's last decisions (when, what, why, the signal against its target); no
-    lines when the deployment has no controller record."""
-    record = AutoscaleRecord.read(Deployment(deploy_dir).autoscale)
-    if record is None or not record.decisions:
+def autoscale_record(target: Target) -> AutoscaleRecord | None:
+    """The deployment's controller record: its newest folder's that has one (the gateway job's folder)."""
+    for folder in reversed(deployment_folders(target)):
+        record = AutoscaleRecord.read(Deployment(folder).autoscale)
+        if record is not None:
+            return record
+    return None
+
+
+def decision_lines(record: AutoscaleRecord, last: int = 10) -> list[str]:
+    """`status`'s table of the controller's last decisions: when, what (`?`: advised only), on which job, the signal
+    against its target, why."""
+    if not record.decisions:
         return []
     lines = ["autoscale decisions" + (f" (controller: gateway job {record.controller})" if record.controller else "")]
     lines.append(f"  {'when':8}  {'what':7}  {'job':10}  {'signal':>11}  why")
@@ -230,7 +238,6 @@ def decision_lines(deploy_dir: Path, last: int = 10) -> list[str]:
         what = row.action + ("?" if row.advisory else "")
         signal = f"{row.signal:g}/{row.target:g}"
         why = row.reason + (f"; failed: {row.error}" if row.error else "")
-        lines.append(
-            f"  {time.strftime('%H:%M:%S', time.localtime(row.at)):8}  {what:7}  {row.job_id:10}  {signal:>11}  {why}"
-        )
+        when = time.strftime("%H:%M:%S", time.localtime(row.at))
+        lines.append(f"  {when:8}  {what:7}  {row.job_id:10}  {signal:>11}  {why}")
     return lines
