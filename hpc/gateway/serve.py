@@ -19,6 +19,7 @@ import socket
 import time
 from pathlib import Path
 
+from hpc.jobs import autoscale
 from hpc.jobs.renewal import GatewayRenewer, takes_over_from
 from hpc.serving.deployment import Target
 from hpc.serving.gateway_record import live_gateway, node_name, publish, record_path, withdraw
@@ -147,13 +148,15 @@ def run(
                 log.info("listening at %s (record %s)", url, record_path(target))
                 if renewer is not None:
                     self.renewal = asyncio.ensure_future(renewer.run(self))
+                self.autoscale = autoscale.start(self, renew_from, job_id, app.state.gateway.balancer)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             # Here and not after run(): uvicorn re-raises the SIGTERM it caught once it has stopped, which ends
             # the process before anything after run() would execute. First thing: it takes no new connections.
             withdraw(target, record)  # only if still its own: a successor's record stays
-            if getattr(self, "renewal", None) is not None:
-                self.renewal.cancel()
+            for task in (getattr(self, "renewal", None), getattr(self, "autoscale", None)):
+                if task is not None:
+                    task.cancel()
             await super().shutdown(sockets=sockets)
 
     # httptools and uvloop (package dependencies) named, not left to uvicorn's "auto": with h11 and asyncio's own

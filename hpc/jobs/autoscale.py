@@ -16,11 +16,14 @@ decisions, recorded, nothing done.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hpc.jobs.executors import SlurmExecutor, watch
 from hpc.jobs.gateway import serving_jobs
@@ -30,6 +33,7 @@ from hpc.scheduler import slurm
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import TERMINAL, SlurmError, ended
 from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
+from hpc.serving.balancer import Balancer
 from hpc.serving.deployment import Target, deployment_folders, target_of_folder
 from hpc.spec import Spec, load_spec
 from launcher.contracts.autoscale import Action, AutoscaleRecord, DecisionRecord
@@ -44,6 +48,10 @@ log = logging.getLogger("hpc_serve.gateway")
 #: a drained job's stop request follows its draining mark by this much: the gateway's and clients' next look at the
 #: job folders (discovery's refresh and a margin), so no request is sent to a replica that is stopping
 DRAIN_NOTICE_S = RENEW_NOTICE_S
+
+#: how often the controller looks (each look: the job folders, one sacct through the watcher, one squeue); well
+#: below any scale_up_after worth having, well above what Slurm minds
+TICK_S = 5.0
 
 _PHASES: dict[str, Phase] = {JobState.PENDING: Phase.PENDING, JobState.READY: Phase.READY}
 
@@ -65,6 +73,7 @@ class Controller:
     deploy_dir: Path
     spec: Spec
     controller: str = ""
+    started: float = field(default_factory=time.time)
     policy: Policy = field(init=False)
     record: AutoscaleRecord = field(init=False)
 
@@ -81,6 +90,11 @@ class Controller:
         """The controller of the deployment rendered in `deploy_dir`, or None when its spec has no `autoscale:`."""
         spec = load_spec(Deployment(deploy_dir).spec, check_files=False)
         return cls(deploy_dir, spec, controller) if spec.autoscale is not None else None
+
+    def stopped(self) -> bool:
+        """Whether the deployment was cancelled (`hpc-serve cancel`) since this controller started: it acts no more."""
+        stop = RenewStop.read(self.deployment.renew_stop)
+        return stop is not None and stop.stops(self.started)
 
     @property
     def deployment(self) -> Deployment:
@@ -241,3 +255,45 @@ def decision_lines(record: AutoscaleRecord, last: int = 10) -> list[str]:
         when = time.strftime("%H:%M:%S", time.localtime(row.at))
         lines.append(f"  {when:8}  {what:7}  {row.job_id:10}  {signal:>11}  {why}")
     return lines
+
+
+def balancer_load(balancer: Balancer) -> Callable[[], Load]:
+    """The gateway's load as the controller reads it at each look: requests in flight on replicas that take new ones
+    (a draining job's finish elsewhere in the count), and the requests turned away with nothing serving since the
+    last look."""
+    seen = balancer.outcomes["none"]
+
+    def load() -> Load:
+        nonlocal seen
+        count = balancer.outcomes["none"]
+        held, seen = count - seen, count
+        return Load(outstanding=sum(r.outstanding for r in balancer.replicas if not r.draining), held=held)
+
+    return load
+
+
+async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> None:
+    """The controller's loop beside the gateway's server (hpc/gateway/serve.py), until the server stops; a look
+    that failed (a job folder unreadable) is logged and the next one comes as usual."""
+    log.info(
+        "autoscale%s: between %d and %d jobs, %g requests per replica",
+        " (advisory)" if controller.advisory else "",
+        controller.policy.settings.min_jobs,
+        controller.policy.settings.max_jobs,
+        controller.policy.settings.target,
+    )
+    while not server.should_exit:
+        if controller.stopped():
+            log.info("autoscale: the deployment was cancelled; the controller stops")
+            return
+        try:
+            await asyncio.to_thread(controller.tick, load())
+        except (OSError, SlurmError) as exc:
+            log.warning("autoscale: this look failed: %s", exc)
+        await asyncio.sleep(TICK_S)
+
+
+def start(server: Any, deploy_dir: Path | None, job_id: str, balancer: Balancer) -> asyncio.Future[None] | None:
+    """The controller's task for a gateway job whose deployment has `autoscale:`, else None."""
+    controller = Controller.of_folder(deploy_dir, job_id) if deploy_dir is not None and job_id else None
+    return asyncio.ensure_future(run(controller, server, balancer_load(balancer))) if controller else None

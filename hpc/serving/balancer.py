@@ -166,6 +166,7 @@ class Balancer:
         `max_outstanding`."""
         open_ = self.takers(exclude)
         if not open_:
+            self.outcomes["none"] += 1  # a request with nothing serving: the autoscaling controller starts a job
             raise NoReplica("no replica is ready")
         bound = self.max_outstanding
         candidates = [r for r in open_ if bound is None or r.outstanding < bound]

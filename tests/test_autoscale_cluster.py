@@ -1,0 +1,114 @@
+"""Autoscaling on the test cluster: a deployment with `min_jobs: 1, max_jobs: 2` under a load step through its
+gateway job grows to two serving jobs and, once the load stops, shrinks back to one by drain (the drained job ends
+COMPLETED), with no request failed (hpc/jobs/autoscale.py, hpc/serving/autoscale.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from launcher.contracts.autoscale import AutoscaleRecord
+from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME, Deployment, gateway_record
+from launcher.contracts.records import read_gateway
+from tests.e2e import cli, private_job_index, status, wait_for, write_spec
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
+
+openai = pytest.importorskip("openai")
+NAME = "autoscaled"
+
+
+@pytest.fixture
+def deployment(tmp_path, slurm_cluster, tritonserver, tiny_gpt2) -> Iterator[dict]:
+    with private_job_index(tmp_path):
+        spec = write_spec(tmp_path, NAME, tiny_gpt2)
+        data = yaml.safe_load(spec.read_text())
+        data["gateway"] = {"cpus": 1, "mem": "1G", "refresh_s": 1}
+        data["autoscale"] = {
+            "min_jobs": 1,
+            "max_jobs": 2,
+            "target_outstanding": 1,
+            "scale_up_after": "2s",
+            "scale_down_after": "10s",
+        }
+        spec.write_text(yaml.safe_dump(data))
+        try:
+            yield {"spec": spec, "workdir": tmp_path / "runs"}
+        finally:
+            cli("cancel", NAME, check=False)
+            ids = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True).stdout.split()
+            for line in ids:
+                job, _, name = line.partition("|")
+                if name.startswith(NAME):
+                    subprocess.run(["scancel", job], capture_output=True, check=False)
+
+
+def _record(workdir) -> AutoscaleRecord | None:
+    for folder in sorted(workdir.glob(f"{NAME}*")):
+        record = AutoscaleRecord.read(Deployment(folder).autoscale)
+        if record is not None:
+            return record
+    return None
+
+
+def _serving_states(workdir) -> dict[str, str]:
+    """{job id: state} of the deployment's serving jobs (the gateway's and build jobs left out)."""
+    found = {}
+    for folder in sorted(workdir.glob(f"{NAME}*/jobs/*")):
+        if not (folder / GATEWAY_JOB_MARKER_NAME).exists():
+            state = status(folder.name).get("state")
+            if state:
+                found[folder.name] = state
+    return found
+
+
+def test_a_load_step_grows_the_deployment_and_its_end_shrinks_it_by_drain(deployment):
+    out = cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200").stdout.splitlines()
+    gateway_job = next(line.split()[1] for line in out if line.startswith("gateway"))
+    wait_for(lambda: status(gateway_job).get("state") == "READY", 120, f"gateway job {gateway_job} to be READY")
+    record = read_gateway(gateway_record(deployment["workdir"], NAME))
+    assert record is not None
+    client = openai.OpenAI(base_url=record.url + "/v1", api_key=cli("token", NAME).stdout.strip(), max_retries=0)
+    counts = {"ok": 0}
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def load(i: int) -> None:
+        while not stop.is_set():
+            try:
+                chunks = list(client.completions.create(model=NAME, prompt=f"Load {i}", max_tokens=32, stream=True))
+                assert chunks
+                counts["ok"] += 1
+            except Exception as exc:  # noqa: BLE001 - every failure a client would see is counted
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+    workers = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        ready = lambda: [j for j, s in _serving_states(deployment["workdir"]).items() if s == "READY"]  # noqa: E731
+        wait_for(lambda: len(ready()) == 2, 240, "a second serving job, submitted by the controller, READY")
+        grown = _record(deployment["workdir"])
+        assert grown is not None and [d.action for d in grown.decisions].count("submit") == 1, grown
+        served = counts["ok"]
+        wait_for(lambda: failures or counts["ok"] >= served + 5, 60, "requests served by the two jobs")
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+    assert not failures, failures[:5]
+
+    def drained() -> str | None:
+        states = _serving_states(deployment["workdir"])
+        done = [j for j, s in states.items() if s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")]
+        return done[0] if done and sum(s == "READY" for s in states.values()) == 1 else None
+
+    job = wait_for(drained, 180, "one job drained, one left serving")
+    assert status(job)["state"] == "COMPLETED", _serving_states(deployment["workdir"])
+    shrunk = _record(deployment["workdir"])
+    assert shrunk is not None and [d.action for d in shrunk.decisions].count("drain") == 1, shrunk
+    assert "autoscale decisions" in cli("status", NAME).stdout
