@@ -22,19 +22,19 @@ openai = pytest.importorskip("openai")
 NAME = "autoscaled"
 
 
+#: a load step: one job carries 1 request in flight per replica, so 4 clients take two
+STEP = {"min_jobs": 1, "max_jobs": 2, "target_outstanding": 1, "scale_up_after": "2s", "scale_down_after": "10s"}
+#: to zero when idle, and back on a request
+ZERO = {"min_jobs": 0, "max_jobs": 1, "scale_up_after": "2s", "scale_down_after": "5s"}
+
+
 @pytest.fixture
-def deployment(tmp_path, slurm_cluster, tritonserver, tiny_gpt2) -> Iterator[dict]:
+def deployment(request, tmp_path, slurm_cluster, tritonserver, tiny_gpt2) -> Iterator[dict]:
     with private_job_index(tmp_path):
         spec = write_spec(tmp_path, NAME, tiny_gpt2)
         data = yaml.safe_load(spec.read_text())
         data["gateway"] = {"cpus": 1, "mem": "1G", "refresh_s": 1}
-        data["autoscale"] = {
-            "min_jobs": 1,
-            "max_jobs": 2,
-            "target_outstanding": 1,
-            "scale_up_after": "2s",
-            "scale_down_after": "10s",
-        }
+        data["autoscale"] = request.param
         spec.write_text(yaml.safe_dump(data))
         try:
             yield {"spec": spec, "workdir": tmp_path / "runs"}
@@ -66,6 +66,7 @@ def _serving_states(workdir) -> dict[str, str]:
     return found
 
 
+@pytest.mark.parametrize("deployment", [STEP], indirect=True)
 def test_a_load_step_grows_the_deployment_and_its_end_shrinks_it_by_drain(deployment):
     out = cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200").stdout.splitlines()
     gateway_job = next(line.split()[1] for line in out if line.startswith("gateway"))
@@ -112,3 +113,36 @@ def test_a_load_step_grows_the_deployment_and_its_end_shrinks_it_by_drain(deploy
     shrunk = _record(deployment["workdir"])
     assert shrunk is not None and [d.action for d in shrunk.decisions].count("drain") == 1, shrunk
     assert "autoscale decisions" in cli("status", NAME).stdout
+
+
+def _ended(state: str) -> bool:
+    return state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+@pytest.mark.parametrize("deployment", [ZERO], indirect=True)
+def test_min_jobs_zero_goes_to_zero_when_idle_and_a_request_brings_a_job_back(deployment):
+    """Idle: the one serving job drains (COMPLETED) and the gateway stays. A request then finds nothing serving
+    (503, no_replica_ready: the gateway does not hold it yet) and the controller submits a job at once; once it is
+    READY the same request is served."""
+    out = cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200").stdout.splitlines()
+    gateway_job = next(line.split()[1] for line in out if line.startswith("gateway"))
+    first = next(iter(_serving_states(deployment["workdir"])))
+    wait_for(lambda: _ended(status(first).get("state", "")), 120, f"the idle job {first} to drain")
+    assert status(first)["state"] == "COMPLETED"
+    assert status(gateway_job)["state"] == "READY", "the gateway keeps the address at zero"
+    record = read_gateway(gateway_record(deployment["workdir"], NAME))
+    assert record is not None
+    client = openai.OpenAI(base_url=record.url + "/v1", api_key=cli("token", NAME).stdout.strip(), max_retries=0)
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.completions.create(model=NAME, prompt="Anyone there?", max_tokens=4)
+    assert refused.value.status_code == 503 and "no_replica_ready" in str(refused.value.body)
+
+    def back() -> list[str]:
+        return [j for j, s in _serving_states(deployment["workdir"]).items() if j != first and s == "READY"]
+
+    wait_for(back, 180, "a job submitted for the request, READY")
+    assert client.completions.create(model=NAME, prompt="Anyone there?", max_tokens=4).choices[0].text is not None
+    decisions = _record(deployment["workdir"])
+    assert decisions is not None
+    acts = [(d.action, d.reason) for d in decisions.decisions if d.action != "hold"]
+    assert [a for a, _ in acts] == ["drain", "submit"] and "wait with nothing serving" in acts[1][1], acts

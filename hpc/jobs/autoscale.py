@@ -52,16 +52,19 @@ DRAIN_NOTICE_S = RENEW_NOTICE_S
 #: how often the controller looks (each look: the job folders, one sacct through the watcher, one squeue); well
 #: below any scale_up_after worth having, well above what Slurm minds
 TICK_S = 5.0
+#: how often the gateway's counters are read between looks: a look sees their mean over TICK_S, not one instant's
+#: count (requests of a second or less come and go between two looks)
+SAMPLE_S = 1.0
 
 _PHASES: dict[str, Phase] = {JobState.PENDING: Phase.PENDING, JobState.READY: Phase.READY}
 
 
 @dataclass(frozen=True)
 class Load:
-    """What the gateway measures now: requests in flight on READY replicas, requests held with nothing serving,
-    the recent time to first token (None: not measured)."""
+    """What the gateway measures: requests in flight on READY replicas (a mean over the samples of one look),
+    requests turned away with nothing serving, the recent time to first token (None: not measured)."""
 
-    outstanding: int = 0
+    outstanding: float = 0
     held: int = 0
     ttft_s: float | None = None
 
@@ -282,15 +285,23 @@ async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> 
         controller.policy.settings.max_jobs,
         controller.policy.settings.target,
     )
+    samples: list[Load] = []
+    next_tick = time.monotonic() + TICK_S
     while not server.should_exit:
+        samples.append(load())
+        if time.monotonic() < next_tick:
+            await asyncio.sleep(SAMPLE_S)
+            continue
+        next_tick = time.monotonic() + TICK_S
         if controller.stopped():
             log.info("autoscale: the deployment was cancelled; the controller stops")
             return
+        seen = Load(outstanding=sum(s.outstanding for s in samples) / len(samples), held=sum(s.held for s in samples))
+        samples = []
         try:
-            await asyncio.to_thread(controller.tick, load())
+            await asyncio.to_thread(controller.tick, seen)
         except (OSError, SlurmError) as exc:
             log.warning("autoscale: this look failed: %s", exc)
-        await asyncio.sleep(TICK_S)
 
 
 def start(server: Any, deploy_dir: Path | None, job_id: str, balancer: Balancer) -> asyncio.Future[None] | None:

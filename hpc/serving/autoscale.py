@@ -69,7 +69,7 @@ class Snapshot:
 
     now: float
     jobs: tuple[JobView, ...]
-    outstanding: int = 0
+    outstanding: float = 0
     held: int = 0
     ttft_s: float | None = None
 
@@ -159,7 +159,7 @@ class Policy:
         if len(live) < s.min_jobs:
             return self._submit(snap, decision, f"{len(live)} job(s) under way, below min_jobs {s.min_jobs}")
         if not live and waiting:
-            return self._submit(snap, decision, f"{waiting} request(s) wait with nothing serving")
+            return self._submit(snap, decision, f"{waiting:g} request(s) wait with nothing serving")
         if hot:
             why = (
                 f"TTFT {snap.ttft_s:.2f} s above the SLA {s.ttft_sla_s:g} s"
