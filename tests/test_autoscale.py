@@ -4,6 +4,9 @@ on replayed traces with a fake clock, the decisions record, and the actuator's a
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -359,3 +362,57 @@ def test_a_drain_marks_the_job_then_stops_it_in_order_and_an_expiry_stops_its_re
     renewer = Renewer(deploy_dir, "42", PLAN, 1, {})
     assert renewer.chain_stopped() == "the autoscaling controller scales the deployment down by this job"
     assert Renewer(deploy_dir, "43", PLAN, 1, {}).chain_stopped() is None
+
+
+@pytest.fixture
+def held_job(slurm_cluster) -> Iterator[Callable[[str], str]]:
+    """Submit a held job (`sbatch --hold`: PENDING (JobHeldUser) until released) under a name, as a user would by
+    hand; every one is scancel'ed at the end."""
+    made: list[str] = []
+
+    def submit(name: str) -> str:
+        out = subprocess.run(
+            ["sbatch", "--parsable", "--hold", "-J", name, "--gres=gpu:1", "--wrap", "sleep 300"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        made.append(out.strip().split(";")[0])
+        return made[-1]
+
+    yield submit
+    for job_id in made:
+        subprocess.run(["scancel", job_id], capture_output=True, check=False)
+
+
+@pytest.mark.cluster
+def test_a_hand_submitted_pending_job_counts_for_capacity_and_budget(tmp_path, hpc_home, held_job):
+    """A job of the deployment's name that only Slurm's queue shows (submitted by hand, held): the controller
+    sees it PENDING with no start estimate, counts it as capacity on the way and its GPU against the budget."""
+    spec = load_spec(
+        _spec(
+            tmp_path,
+            gateway={},
+            slurm={"time": "00:10:00", "gpus_per_node": 1},
+            autoscale={"min_jobs": 1, "max_jobs": 2, "gpu_budget": 1},
+        ),
+        check_files=False,
+    )
+    deploy_dir = render(spec, tmp_path / "D").deploy_dir
+    controller = Controller.of_folder(deploy_dir, controller="g1")
+    assert controller is not None
+    advised = Controller(
+        deploy_dir, spec.model_copy(update={"autoscale": spec.autoscale.model_copy(update={"advisory": True})})
+    )
+    assert advised.tick(Load(), now=time.time()).action == Action.SUBMIT  # nothing of the name queued: the floor
+    job_id = held_job(spec.name)
+    snap = controller.snapshot(Load(outstanding=10), time.time())
+    assert [(j.job_id, j.phase, j.ours, j.gpus, j.starts_at) for j in snap.jobs] == [
+        (job_id, Phase.PENDING, False, 1, None)
+    ]
+    decision = controller.tick(Load(outstanding=10))
+    assert decision.action == Action.HOLD, decision
+    assert f"capacity on the way: job {job_id} PENDING, estimated start unknown, beyond the horizon" in decision.reason
+    floor = Policy(dataclasses.replace(controller.policy.settings, min_jobs=2)).decide(snap)
+    assert floor.action == Action.HOLD and "the GPU budget 1 holds 1 in use, a job needs 1" in floor.reason
+    assert not list(Deployment(deploy_dir).jobs_dir.glob("*"))  # nothing was submitted
