@@ -1,6 +1,6 @@
 """Autoscaling on the test cluster: a deployment with `min_jobs: 1, max_jobs: 2` under a load step through its
-gateway job grows to two serving jobs and, once the load stops, shrinks back to one by drain (the drained job ends
-COMPLETED), with no request failed (hpc/jobs/autoscale.py, hpc/serving/autoscale.py)."""
+gateway job grows to two serving jobs and, once the step ends, shrinks back to one by drain while a client streams
+on (the drained job ends COMPLETED), with no request failed (hpc/jobs/autoscale.py, hpc/serving/autoscale.py)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,10 @@ def _serving_states(workdir) -> dict[str, str]:
     return found
 
 
+def _ended(state: str) -> bool:
+    return state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
 @pytest.mark.parametrize("deployment", [STEP], indirect=True)
 def test_a_load_step_grows_the_deployment_and_its_end_shrinks_it_by_drain(deployment):
     out = cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200").stdout.splitlines()
@@ -74,18 +78,23 @@ def test_a_load_step_grows_the_deployment_and_its_end_shrinks_it_by_drain(deploy
     record = read_gateway(gateway_record(deployment["workdir"], NAME))
     assert record is not None
     client = openai.OpenAI(base_url=record.url + "/v1", api_key=cli("token", NAME).stdout.strip(), max_retries=0)
-    counts = {"ok": 0}
+    served: list[int] = []  # one item per request served (list.append is atomic across threads)
     failures: list[str] = []
-    stop = threading.Event()
+    stops = [threading.Event() for _ in range(4)]
 
     def load(i: int) -> None:
-        while not stop.is_set():
+        while not stops[i].is_set():
             try:
                 chunks = list(client.completions.create(model=NAME, prompt=f"Load {i}", max_tokens=32, stream=True))
                 assert chunks
-                counts["ok"] += 1
+                served.append(i)
             except Exception as exc:  # noqa: BLE001 - every failure a client would see is counted
                 failures.append(f"{type(exc).__name__}: {exc}")
+
+    def drained() -> str | None:
+        states = _serving_states(deployment["workdir"])
+        done = [j for j, s in states.items() if _ended(s)]
+        return done[0] if done and sum(s == "READY" for s in states.values()) == 1 else None
 
     workers = [threading.Thread(target=load, args=(i,)) for i in range(4)]
     for worker in workers:
@@ -95,28 +104,23 @@ def test_a_load_step_grows_the_deployment_and_its_end_shrinks_it_by_drain(deploy
         wait_for(lambda: len(ready()) == 2, 240, "a second serving job, submitted by the controller, READY")
         grown = _record(deployment["workdir"])
         assert grown is not None and [d.action for d in grown.decisions].count("submit") == 1, grown
-        served = counts["ok"]
-        wait_for(lambda: failures or counts["ok"] >= served + 5, 60, "requests served by the two jobs")
+        before = len(served)
+        wait_for(lambda: failures or len(served) >= before + 5, 60, "requests served by the two jobs")
+        for stop in stops[1:]:  # the step ends; one client goes on streaming through the scale-down
+            stop.set()
+        job = wait_for(drained, 180, "one job drained, one left serving")
+        before = len(served)
+        wait_for(lambda: failures or len(served) >= before + 3, 60, "requests served after the drain")
     finally:
-        stop.set()
+        for stop in stops:
+            stop.set()
         for worker in workers:
             worker.join(60)
     assert not failures, failures[:5]
-
-    def drained() -> str | None:
-        states = _serving_states(deployment["workdir"])
-        done = [j for j, s in states.items() if s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")]
-        return done[0] if done and sum(s == "READY" for s in states.values()) == 1 else None
-
-    job = wait_for(drained, 180, "one job drained, one left serving")
     assert status(job)["state"] == "COMPLETED", _serving_states(deployment["workdir"])
     shrunk = _record(deployment["workdir"])
     assert shrunk is not None and [d.action for d in shrunk.decisions].count("drain") == 1, shrunk
     assert "autoscale decisions" in cli("status", NAME).stdout
-
-
-def _ended(state: str) -> bool:
-    return state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
 @pytest.mark.parametrize("deployment", [ZERO], indirect=True)
