@@ -416,3 +416,17 @@ def test_a_hand_submitted_pending_job_counts_for_capacity_and_budget(tmp_path, h
     floor = Policy(dataclasses.replace(controller.policy.settings, min_jobs=2)).decide(snap)
     assert floor.action == Action.HOLD and "the GPU budget 1 holds 1 in use, a job needs 1" in floor.reason
     assert not list(Deployment(deploy_dir).jobs_dir.glob("*"))  # nothing was submitted
+
+
+@pytest.mark.cluster
+def test_a_cancel_of_the_deployment_stops_the_controller(tmp_path, slurm_cluster, hpc_home):
+    """After `hpc-serve cancel` of the deployment (its RenewStop) the controller acts no more: a look that decided
+    to submit records the decision as not done, and nothing is submitted."""
+    deploy_dir = _deployment(tmp_path)
+    controller = Controller.of_folder(deploy_dir, controller="g1")
+    assert controller is not None and not controller.stopped()
+    RenewStop(at=time.time()).write(Deployment(deploy_dir).renew_stop)
+    assert controller.stopped()
+    decision = controller.tick(Load())
+    assert decision.action == Action.SUBMIT and not list(Deployment(deploy_dir).jobs_dir.glob("*"))
+    assert controller.record.decisions[-1].error == "not done: the deployment was cancelled"

@@ -157,11 +157,12 @@ class Controller:
         now = time.time() if now is None else now
         self.follow_up(now)
         decision = self.policy.decide(self.snapshot(load, now))
-        if not self.advisory and decision.action != Action.HOLD:
+        error = ""
+        if self.stopped():  # `hpc-serve cancel` of the deployment came during this look: nothing more is done
+            error = "not done: the deployment was cancelled"
+        elif not self.advisory and decision.action != Action.HOLD:
             job_id, error = self.act(decision, now)
             decision = dataclasses.replace(decision, job_id=job_id)
-        else:
-            error = ""
         self.note(decision, error)
         return decision
 
