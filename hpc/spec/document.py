@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hpc.envvars import expand, unset_message
+from hpc.spec.autoscale import AutoscaleSpec
 from hpc.spec.build import BuildSpec
 from hpc.spec.llmapi import CudaGraphConfig, KvCacheConfig, LlmApiSpec, workflow_findings
 from hpc.spec.model import ModelInit, ModelSpec, SimSpec
@@ -154,6 +155,7 @@ _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
     ("triton",): TritonSpec,
     ("triton", "ports"): PortsSpec,
     ("gateway",): GatewaySpec,
+    ("autoscale",): AutoscaleSpec,
     ("build",): BuildSpec,
     ("llm_api",): LlmApiSpec,
     ("llm_api", "kv_cache_config"): KvCacheConfig,
