@@ -233,6 +233,7 @@ def _run_workers(
         share_between_workers()
         app = create_app(target, counts=counts, **options)
         setattr(app.state, WORKER, index)
+
         def serving(server: Any) -> None:
             ready.send(bool(app.state.gateway.discovery.tokens))
             if index == 0:
