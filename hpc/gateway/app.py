@@ -37,6 +37,7 @@ from hpc.serving.balancer import Balancer, Replica
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
 from hpc.serving.kv_events import KvEventsFollower
+from hpc.serving.replica_counts import ReplicaCounts
 from hpc.serving.routing import CachedPrefix, routing_mode
 from hpc.serving.text import ChatTemplate
 from hpc.serving.triton import TritonEngine
@@ -53,13 +54,16 @@ def create_app(
     fast_path: bool = True,
     max_body_mb: int = MAX_BODY_MB,
     routing: str = ROUTING,
+    counts: ReplicaCounts | None = None,
 ) -> FastAPI:
     """The gateway for `target` (hpc.serving.deployment.resolve_target). `max_outstanding`: requests in flight
     per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off);
     `fast_path`: serve the two generation routes around FastAPI's machinery (hpc/gateway/fastpath.py; off, every
     request takes FastAPI's way: the same answers, which the tests compare, and what the benchmark measures it
     against); `max_body_mb`: the largest request body taken (hpc/spec/limits.py; 0: no bound); `routing`: how a
-    replica is chosen (hpc/serving/routing.py; `cache` follows the replicas' KV-cache events meanwhile)."""
+    replica is chosen (hpc/serving/routing.py; `cache` follows the replicas' KV-cache events meanwhile); `counts`:
+    where the balancer's per-replica counts live (hpc/serving/replica_counts.py; shared by a gateway's worker
+    processes)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -68,7 +72,7 @@ def create_app(
         tokenizer = await asyncio.to_thread(load_tokenizer, target.tokenizer_dir)
         # the gateway's own tokenization (`Gateway.token_ids`): each prompt encoded once for routing and usage
         mode = routing_mode(routing, prefix_chars, lambda prompt: app.state.gateway.token_ids(prompt))
-        balancer = Balancer(max_outstanding=max_outstanding, round_robin=mode.round_robin)
+        balancer = Balancer(max_outstanding=max_outstanding, round_robin=mode.round_robin, counts=counts)
         # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/contracts/urls.py)
         async with httpx.AsyncClient(trust_env=False) as http:
             engine = TritonEngine()

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hpc.serving.prefix_homes import PrefixHomes, rank
+from hpc.serving.replica_counts import LocalCounts, ReplicaCounts
 from hpc.spec.limits import PREFIX_CHARS
 from launcher.contracts.llmapi import ENGINE
 
@@ -138,6 +139,7 @@ class Balancer:
         load_factor: float = LOAD_FACTOR,
         load_slack: int = LOAD_SLACK,
         round_robin: bool = False,
+        counts: ReplicaCounts | None = None,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError(f"load_factor must be at least 1 (a bound below the mean load), not {load_factor}")
@@ -148,6 +150,8 @@ class Balancer:
         #: without an affinity, the replica chosen longest ago (not the least loaded): for comparisons only
         self.round_robin = round_robin
         self._clock = clock
+        #: where the per-replica counts live (hpc/serving/replica_counts.py): here, or shared by worker processes
+        self.counts: ReplicaCounts = counts or LocalCounts()
         self._replicas: dict[str, Replica] = {}
         self._picks = 0
         #: how picks went: "least" (no prefix key), "home" (the prefix's first replica), "spilled" (a later one);
@@ -198,13 +202,15 @@ class Balancer:
         ties to the one chosen longest ago (round robin among equals, so a replica that just joined gets its
         share at once). With one: the first replica in the key's rendezvous order whose load after this request
         stays within the bound (`load_factor` × the mean, or `load_slack` above it); with a `route`, the replica
-        within that bound whose first token comes soonest (`_by_route`). Benched replicas only when no other is
+        within that bound holding most of the prompt (`_by_route`). Benched replicas only when no other is
         left (`takers`). Raises
         NoReplica when none takes new requests outside `exclude`, and Saturated when those left are all at
         `max_outstanding`."""
         open_ = self.takers(exclude)
         if not open_:
+            self.outcomes["none"] += 1  # a request with nothing serving: the autoscaling controller starts a job
             raise NoReplica("no replica is ready")
+        self.counts.load(open_)
         bound = self.max_outstanding
         candidates = [r for r in open_ if bound is None or r.outstanding < bound]
         if not candidates:
@@ -262,18 +268,19 @@ class Balancer:
 
     def mark_failed(self, replica: Replica) -> None:
         """The replica failed before the first byte: no new requests until the cooldown has passed."""
-        replica.failures += 1
+        self.counts.add(replica, failures=1)
         replica.benched_until = self._clock() + self.cooldown_s
 
     def mark_refused(self, replica: Replica) -> None:
         """The replica refused the request, its queue full: try another, but it is not benched (it is healthy)."""
-        replica.refusals += 1
+        self.counts.add(replica, refusals=1)
 
     @contextmanager
     def track(self, replica: Replica, prefill: int = 0) -> Iterator[Callable[[], None]]:
         """Count a request as outstanding on `replica` while the block runs, and its `prefill` tokens as queued
-        until the block calls what it is given (its first token came) or ends."""
-        replica.outstanding += 1
+        until the block calls what it is given (its first token came) or ends (this process's requests only:
+        the queued prefill is not among the counts worker processes share)."""
+        self.counts.add(replica, outstanding=1)
         replica.prefill_queued += prefill
         queued = [prefill]
 
@@ -285,5 +292,4 @@ class Balancer:
             yield first_token
         finally:
             first_token()
-            replica.outstanding -= 1
-            replica.served += 1
+            self.counts.add(replica, outstanding=-1, served=1)
