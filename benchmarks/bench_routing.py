@@ -9,6 +9,7 @@ of its own (a policy finds nothing another one left: its blocks are new to every
 previous policy left least recently used first).
 
 Policies: `cache` (the default: the longest cached prefix against load, following the replicas' KV-cache events),
+`client` (the same rule on the prompts sent to each replica, no events followed: what `hpc.client` runs),
 `prefix` (the first 256 characters as the key, the default before), `least` (least outstanding), `round_robin`,
 and `pinned` (conversation i on replica i mod R: the ideal a router can reach). Each request is routed by the
 gateway's own routing (hpc/serving: the balancer, the routing mode, the events follower and the retry rule that
@@ -47,7 +48,7 @@ from hpc.serving.routing import CachedPrefix, routing_mode
 from hpc.serving.triton import ReplicaBusy, ReplicaUnavailable, TritonEngine
 from launcher.contracts.job_index import HOME_ENV
 
-POLICIES = ("cache", "prefix", "least", "round_robin", "pinned")
+POLICIES = ("cache", "client", "prefix", "least", "round_robin", "pinned")
 #: the engines' KV blocks (TensorRT-LLM's default)
 BLOCK = 32
 WORDS = (
@@ -85,13 +86,15 @@ async def run_policy(
     system = f"System {seed}: " + text(rng, args.system_words)
     engine = TritonEngine()
     mode = routing_mode(
-        "least" if policy == "pinned" else policy,
+        {"pinned": "least", "client": "cache"}.get(policy, policy),
         tokenize=lambda p: tokenizer.encode(p, add_special_tokens=True),
+        follows_events=policy != "client",  # hpc.client's rule: by the prompts it sent, no events followed
     )
     balancer = Balancer(round_robin=mode.round_robin)
     replicas = [dataclasses.replace(r) for r in replicas]  # counters of its own
     balancer.update(replicas)
-    follower = KvEventsFollower(mode, balancer, lambda _r: None) if isinstance(mode, CachedPrefix) else None
+    follows = isinstance(mode, CachedPrefix) and mode.follows_events
+    follower = KvEventsFollower(mode, balancer, lambda _r: None) if follows else None
     result = Result()
     gate = asyncio.Semaphore(args.workers)
 
@@ -190,7 +193,12 @@ def write_spec(
         "name": name,
         "workdir": str(work / "runs"),
         "slurm": {"nodes": 1, "ntasks_per_node": replicas, "time": "00:30:00"},
-        "model": {"backend": backend, "checkpoint_dir": str(checkpoint), "tp_size": 1},
+        "model": {
+            "backend": backend,
+            "checkpoint_dir": str(checkpoint),
+            "tp_size": 1,
+            **({"sim": {"gpu": "h200"}} if backend == "sim" else {}),
+        },
         "triton": {"ready_timeout_s": 300},
         "replicas": replicas,
         "llm_api": {
@@ -227,8 +235,15 @@ def main() -> int:
     parser.add_argument("--answer-tokens", type=int, default=32, help="each answer's length (ignore_eos)")
     parser.add_argument("--cache-fraction", type=float, default=0.7, help="the replicas' caches / the working set")
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--backend", default="cpu", help="model.backend of the replicas")
-    parser.add_argument("--checkpoint", type=Path, help="default: a tiny random GPT-2 with 4096 positions")
+    parser.add_argument(
+        "--backend",
+        choices=["cpu", "sim"],
+        default="cpu",
+        help="model.backend of the replicas: cpu, or sim (Llama 3.1 8B on a simulated H200: an H200's pace)",
+    )
+    parser.add_argument(
+        "--checkpoint", type=Path, help="default: cpu, a tiny random GPT-2 with 4096 positions; sim, Llama 3.1 8B's"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
     policies = args.policies.split(",")
@@ -242,7 +257,14 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-routing-"))
     os.environ[HOME_ENV] = str(work / "hpc-home")
-    checkpoint = args.checkpoint or long_checkpoint(work, 4096)
+    if args.checkpoint is not None:
+        checkpoint = args.checkpoint
+    elif args.backend == "sim":
+        from backend.sim_engine.checkpoint import create_sim_checkpoint
+
+        checkpoint = Path(create_sim_checkpoint(work / "sim-llama", "llama-3.1-8b"))
+    else:
+        checkpoint = long_checkpoint(work, 4096)
     tokenizer = load_tokenizer(checkpoint)
     # the working set, in blocks: the system prompt once, each conversation's last prompt beyond it
     probe = random.Random(0)
@@ -259,13 +281,15 @@ def main() -> int:
     )
     try:
         for count in [int(n) for n in args.replicas.split(",")]:
-            # a batch of a replica's share of the requests in flight and one more (more wait in its queue), and
-            # its KV cache: room for that batch's prompts, and its share of what may stay cached
-            batch = -(-args.workers // count) + 1
+            # a batch as large as the requests in flight (a replica is never the queue: a GPU's batch is 64 and
+            # more), and a KV cache of its share of what may stay cached beside its share of the requests in flight
+            share = -(-args.workers // count)
             cached = int(args.cache_fraction * working_set / count)
-            kv_tokens = (cached + batch * (longest // BLOCK + 1)) * BLOCK
-            spec = write_spec(work, f"routing{count}", checkpoint, count, args.backend, batch, kv_tokens)
-            print(f"\n  {count} replicas, each a batch of {batch} and a KV cache of {cached} blocks beside it")
+            kv_tokens = (cached + share * (longest // BLOCK + 1)) * BLOCK
+            spec = write_spec(work, f"routing{count}", checkpoint, count, args.backend, args.workers, kv_tokens)
+            print(
+                f"\n  {count} replicas, each a KV cache of {cached} blocks beside its share of the requests in flight"
+            )
             with job(spec) as (job_id, job_dir):
                 replicas = [as_replica(r) for r in read_endpoints(JobPaths.of_folder(job_dir))]
                 pinned_reused = None

@@ -130,7 +130,7 @@ def test_bench_routing(tritonserver, hpc_home):
     """Every policy on one job of 2 replicas, the engines' own reuse counts and TTFT for each."""
     sizes = ("--replicas", "2", "--conversations", "2", "--turns", "2", "--workers", "2", "--system-words", "30")
     out = bench("bench_routing.py", *sizes, "--question-words", "8", "--answer-tokens", "2", timeout=290)
-    for policy in ("pinned", "cache", "prefix", "least", "round_robin"):
+    for policy in ("pinned", "cache", "client", "prefix", "least", "round_robin"):
         number(rf"^    {policy} +reused +(\d+) computed +\d+ ", out)
         number(rf"^    {policy} .* TTFT p50 +([\d.]+) ms", out)
 

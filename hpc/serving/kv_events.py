@@ -34,8 +34,10 @@ from launcher.contracts.model_names import TENSORRT_LLM
 log = logging.getLogger("hpc_serve.gateway.routing")
 
 #: seconds between two asks of a replica: a conversation's next turn comes after its answer, seconds later at
-#: least, so its prompt's blocks are known by then; an ask costs the gateway ~0.2 ms
-EVENTS_PERIOD_S = 0.1
+#: least, so its prompt's blocks are known by then, and what was sent meanwhile counts as held for SENT_TTL_S
+#: (prefix_index.py); each ask costs the replica's python model a request (every 0.1 s, the TTFT of a 2-core
+#: test machine's simulated replicas rose by 10-20 ms: docs/decisions.md "Routing by the longest cached prefix")
+EVENTS_PERIOD_S = 0.5
 #: how long an ask may take before the replica counts as failing to send its events
 EVENTS_TIMEOUT_S = 5.0
 

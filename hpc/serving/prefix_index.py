@@ -36,7 +36,7 @@ CHARS_PER_TOKEN = 4
 #: chunks a routed-prompts index keeps per replica when nothing better is known: ~32k tokens of prompts
 ROUTED_CAPACITY = 2048
 #: how long a prompt sent to a replica whose events are followed counts as held before its events say so: its
-#: prefill and the next ask of its events (every 0.1 s) take less on a replica that keeps up
+#: prefill and the next ask of its events (every 0.5 s) take less on a replica that keeps up
 SENT_TTL_S = 2.0
 
 

@@ -115,7 +115,7 @@ def without_mpi(env: Mapping[str, str]) -> dict[str, str]:
 KV_EVENTS_SINCE: Final = "kv_cache_events_since"
 KV_EVENTS_OUTPUT: Final = "kv_cache_events"
 #: KV-cache events hpc-serve's model keeps by default (model.yaml kv_cache_config.event_buffer_max_size, which
-#: hpc/render/llmapi.py writes where the spec left it out): the gateway asks for them every 0.1 s, and a busy
+#: hpc/render/llmapi.py writes where the spec left it out): the gateway asks for them every 0.5 s, and a busy
 #: engine stores and evicts a few hundred blocks a second; each event a few hundred bytes
 KV_EVENT_BUFFER: Final = 4096
 #: the model's error when it keeps no events (a router then routes that replica by the prompts sent there)
