@@ -157,3 +157,25 @@ def test_soak(slurm_cluster, tritonserver, hpc_home, tmp_path):
     assert number(r"^completed (\d+), cancelled by the client \d+, errors 0;", out) > 0
     assert re.search(r"^soak: 1 min, 4 workers; jobs \[", out, re.M), out[-6000:]
     assert report.is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_sim_engine():
+    out = bench(
+        "bench_sim_engine.py",
+        "--engines",
+        "2",
+        "--batch",
+        "4",
+        "--seconds",
+        "1",
+        "--isl",
+        "64",
+        "--osl",
+        "16",
+        timeout=110,
+    )
+    number(r"GPU time / wall time per engine: min ([\d.]+)", out)
+    number(r"aggregate: ([\d,]+) tokens/s", out.replace(",", ""))
+    number(r"CPU: ([\d.]+) cores", out)

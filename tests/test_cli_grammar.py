@@ -155,3 +155,47 @@ def test_docs_cli_md_is_the_parsers_own_help():
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
     assert path.read_text() == text, "docs/cli.md differs from the commands: python -m hpc.cli.reference > docs/cli.md"
+
+
+def test_a_mistyped_flag_gets_a_did_you_mean_from_its_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "some-job", "hi", "--temprature", "0.5"])
+    said = capsys.readouterr().err
+    assert exc.value.code == 2 and "hpc-serve generate: error:" in said
+    assert "--temprature (did you mean --temperature?)" in said
+
+
+def test_generate_without_a_prompt_says_none_was_given(capsys):
+    assert main(["generate", "some-job"]) == 2
+    assert "give a PROMPT or --file FILE (one prompt per line); none was given" in capsys.readouterr().err
+
+
+def test_a_mistyped_deployment_name_gets_a_did_you_mean(tmp_path, monkeypatch, capsys):
+    """`status tiny-cpus` when a job of tiny-cpu is in the job index."""
+    from launcher.contracts.job_index import link_index
+    from launcher.contracts.layout import JobPaths
+
+    monkeypatch.setenv("HPC_SERVE_HOME", str(tmp_path / "home"))
+    deploy = tmp_path / "runs" / "tiny-cpu-20261202-101010"
+    deploy.mkdir(parents=True)
+    (deploy / "spec.yaml").write_text("name: tiny-cpu\n")
+    link_index("777", JobPaths(deploy, "777").create().folder)
+    with pytest.raises(SystemExit) as exc:
+        main(["status", "tiny-cpus"])
+    assert exc.value.code == 3
+    assert "did you mean 'tiny-cpu'?" in capsys.readouterr().err
+
+
+def test_generate_says_once_that_random_weights_write_random_text(capsys):
+    """The embedded default (model.init) answers `An��� ru ru�`: a note on stderr, so it does not read as a UTF-8
+    bug; a trained checkpoint gets none."""
+    from hpc.cli.jobs import _say_if_random
+    from hpc.serving.deployment import target_of_spec
+    from hpc.spec import load_spec
+
+    spec = load_spec(Path(__file__).parent.parent / "configs" / "tiny-cpu.yaml", check_files=False)
+    _say_if_random(target_of_spec(spec, spec.workdir))
+    assert "serves random weights (model.init): its text is random" in capsys.readouterr().err
+    spec.model.init = None
+    _say_if_random(target_of_spec(spec, spec.workdir))
+    assert capsys.readouterr().err == ""

@@ -343,6 +343,21 @@ def test_record_published_refused_beside_a_live_gateway_and_withdrawn(hpc_home, 
             "replicas_ready": 0,
         }
 
+        # no replica to send to: status says IDLE, not READY, and the access log names the 503
+        from hpc.jobs.gateway import deployment_gateway
+        from hpc.serving.gateway_record import IDLE, IDLE_REASON
+
+        line = deployment_gateway(resolve_target(str(spec)))
+        assert line is not None and (line.state, line.reason) == (IDLE, IDLE_REASON)
+        assert line.summary().startswith(f"gateway on {record.host} (pid {proc.pid}) IDLE {record.url} (no replica")
+        body = {"model": "svc", "prompt": "hi", "max_tokens": 1}
+        assert httpx.post(record.url + "/v1/completions", json=body, timeout=10).status_code == 503
+        log = wait_for(
+            lambda: '"status": 503' in (text := (tmp_path / "gw.log").read_text()) and text, 10, "the access log"
+        )
+        (logged,) = [json.loads(x[x.index("{") :]) for x in log.splitlines() if '"status": 503' in x]
+        assert logged["error"] == "no_replica", logged
+
         second = cli("gateway", str(spec), "--port", "auto", check=False, timeout=60)
         assert second.returncode == 2 and f"already runs at {record.url}" in second.stderr, second.stderr
         assert read_gateway(path) == record, "the refused gateway leaves the record alone"

@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from backend.cpu_engine.drain import DRAIN_CHECK_S, FAILED, RAN_OUT, STOPPING, Drain
 from backend.cpu_engine.follower import PING, STOP
-from backend.cpu_engine.parallel import Communicator, PeerGone, SingleComm
+from backend.cpu_engine.parallel import Communicator, PeerGone, SingleComm, drain_deadline, report_drain
 from backend.cpu_engine.scheduler import GenerationOutput, GenerationRequest, RecentlyFinished
 from backend.cpu_engine.selection import hit_stop_word
 from backend.cpu_engine.stats import EngineStats
 from backend.cpu_engine.validate import request_problem
+from launcher.contracts.stop_records import DRAINED, DRAINING
 
 from .kv_cache import Holding, PagedKvCache
 from .text import CorpusText
@@ -37,6 +39,9 @@ from .timing import StepTiming, StepWork
 
 log = logging.getLogger("hpc_serve.sim_engine")
 
+#: how far behind its deadlines the loop may fall and still make the time up (the steps after a late wake-up start
+#: at once): wake-ups late by a millisecond or two on a loaded machine would otherwise slow every step's pace
+CATCH_UP_S = 0.05
 #: the log-probability every simulated token reports (there are no logits): a confident model's
 TOKEN_LOG_PROB = -0.1
 
@@ -68,7 +73,6 @@ class _Step:
     duration_s: float
     decode: list[_Seq] = field(default_factory=list)
     prefill: list[tuple[_Seq, int]] = field(default_factory=list)
-    admitted: int = 0
 
 
 class SimEngine:
@@ -84,6 +88,7 @@ class SimEngine:
         model: SimModel,
         comm: Communicator | None = None,
         heartbeat_s: float = 1.0,
+        slowdown: float = 1.0,
     ) -> None:
         if max_batch_size < 1 or max_num_tokens < 1:
             raise ValueError(f"max_batch_size ({max_batch_size}) and max_num_tokens ({max_num_tokens}) must be > 0")
@@ -95,6 +100,8 @@ class SimEngine:
         self.max_seq_len = max_seq_len
         self.comm: Communicator = comm or SingleComm()
         self.heartbeat_s = heartbeat_s
+        #: each step is waited this many times its GPU time (model.sim.slowdown); busy_s counts GPU time
+        self.slowdown = slowdown
         self.waiting: deque[GenerationRequest] = deque()
         self.running: list[_Seq] = []
         self._incoming: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
@@ -111,6 +118,11 @@ class SimEngine:
         self.busy_s = 0.0  # the GPU time of every step so far
         self._last = _Step(0.0)
         self.on_step: Callable[[EngineStats], None] | None = None
+        #: the rank's stop, as the CPU engine drains (backend/cpu_engine/drain.py): refuse new requests, finish or
+        #: fail those in flight by the deadline, say "drained"; injectable for tests
+        self.drain_deadline: Callable[[], float | None] | None = drain_deadline
+        self.report_drain: Callable[[str], None] = report_drain
+        self._drain = Drain()
 
     # ------------------------------------------------------------------ public API
     def submit(self, req: GenerationRequest) -> GenerationRequest:
@@ -186,8 +198,12 @@ class SimEngine:
     def _loop(self) -> None:
         deadline = 0.0
         pinged = time.monotonic()
+        next_drain_check = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
+            if now >= next_drain_check:
+                next_drain_check = now + DRAIN_CHECK_S
+                self._enforce_drain(time.time())
             if self.comm.size > 1 and now - pinged >= self.heartbeat_s:
                 self._ping()
                 pinged = now
@@ -198,16 +214,35 @@ class SimEngine:
                 self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
                 continue
             if step is None:
-                self._wake.wait(self.heartbeat_s)
+                self._wake.wait(min(self.heartbeat_s, DRAIN_CHECK_S))
                 self._wake.clear()
                 deadline = 0.0
                 continue
-            # back to back: this step starts when the last one's time was up, unless Python fell a step behind
-            start = deadline if now - deadline < step.duration_s else now
-            deadline = start + step.duration_s
+            # back to back: this step starts when the last one's time was up, so a late wake-up (a loaded machine)
+            # is made up for by the next steps; later than CATCH_UP_S, the time is lost (Python fell behind)
+            start = deadline if now - deadline < CATCH_UP_S else now
+            deadline = start + step.duration_s * self.slowdown
             if self._stop.wait(max(0.0, deadline - time.monotonic())):
                 break
             self._complete(step, time.time_ns())
+
+    def _enforce_drain(self, now_epoch: float) -> None:
+        """The CPU engine's drain rules (drain.py) once the launcher's stop file says the rank is stopping."""
+        if self.drain_deadline is None or self._drain.state == DRAINED:
+            return
+        for change in self._drain.advance(self.drain_deadline(), now_epoch, self._in_flight):
+            if change == DRAINING:
+                self._refusing = self._refusing or STOPPING
+                log.info("stopping: refusing new requests, draining %d in flight", self._in_flight())
+            elif change == FAILED:
+                self._refusing = RAN_OUT
+                log.warning("drain time ran out: failing %d request(s)", self._in_flight())
+                self._fail_all(RAN_OUT)
+            if change in (DRAINING, DRAINED):
+                self.report_drain(change)
+
+    def _in_flight(self) -> int:
+        return sum(1 for s in self.running if not s.req.finished) + len(self.waiting) + self._incoming.qsize()
 
     def _ping(self) -> None:
         """Tell the worker nodes the leader lives (they leave after a silence: parallel.MpiComm)."""
@@ -286,7 +321,6 @@ class SimEngine:
             self.running.append(seq)
             chunk = min(req.prompt_len - seq.computed, room)
             step.prefill.append((seq, chunk))
-            step.admitted += 1
             room -= chunk
         if not step.decode and not step.prefill:
             return None

@@ -5,7 +5,8 @@ already counts their share and their all-reduces: timing.py).
 
 LLM arguments it acts on beyond the CPU engine's (engine_args.py): `max_num_tokens` and
 `kv_cache_config.free_gpu_memory_fraction`; `max_batch_size` and `max_num_tokens` default to TensorRT-LLM's
-(2048, 8192), the fraction to 0.9. The GPU is `HPC_SERVE_SIM_GPU` (the spec's model.sim.gpu, launch.json's env).
+(2048, 8192), the fraction to 0.9. The GPU is `HPC_SERVE_SIM_GPU` (the spec's model.sim.gpu, launch.json's env), the pace `HPC_SERVE_SIM_SLOWDOWN`
+(model.sim.slowdown).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from backend.cpu_engine.follower import STOP
 from backend.cpu_engine.llmapi.engine_args import EngineArgs, EngineArgsError, WorkerLoad
 from backend.cpu_engine.llmapi.kind import Started
 from backend.cpu_engine.parallel import Communicator, LeaderDied
-from launcher.contracts.llmapi import SIM_GPU_VAR
+from launcher.contracts.llmapi import SIM_GPU_VAR, SIM_SLOWDOWN_VAR
 
 from .engine import SimEngine, SimModel
 from .kv_cache import PagedKvCache
@@ -43,6 +44,18 @@ def gpu_name(environ: Mapping[str, str] | None = None) -> str:
     return env.get(SIM_GPU_VAR) or DEFAULT_GPU
 
 
+def slowdown(environ: Mapping[str, str] | None = None) -> float:
+    """`HPC_SERVE_SIM_SLOWDOWN` (model.sim.slowdown): how many times the GPU's time a step takes; 1 when unset."""
+    text = (os.environ if environ is None else environ).get(SIM_SLOWDOWN_VAR) or "1"
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 1 <= value <= 1000:
+        raise EngineArgsError(f"{SIM_SLOWDOWN_VAR}={text!r}: a number from 1 to 1000")
+    return value
+
+
 def _positive(llm_args: Mapping[str, Any], key: str, default: int) -> int:
     value = llm_args.get(key)
     if value is None:
@@ -63,6 +76,7 @@ def build_engine(
     kv_cache_tokens: int | None = None,
     comm: Communicator | None = None,
     on_kv_event: Callable[[dict], None] | None = None,
+    slowed: float = 1.0,
 ) -> SimEngine:
     """A simulated engine for `checkpoint` (its config.json and tokenizer) on `tp` GPUs named `gpu`."""
     profile = GPUS.get(gpu)
@@ -98,6 +112,7 @@ def build_engine(
         max_seq_len=max_seq_len,
         model=SimModel(family="llama", vocab_size=text.vocab_size),
         comm=comm,
+        slowdown=slowed,
     )
 
 
@@ -122,6 +137,7 @@ class SimKind:
             kv_cache_tokens=args.kv_cache_tokens,
             comm=comm,
             on_kv_event=on_kv_event,
+            slowed=slowdown(),
         )
         log.info(
             "simulated %s x%d: %.0f GB of weights per GPU, KV cache %d blocks of %d tokens",

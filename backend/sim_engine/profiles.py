@@ -33,6 +33,8 @@ class GpuProfile:
     per_sequence_s: float
     #: an all-reduce's latency (two per layer with tensor parallelism), s: NVLink, order of magnitude
     allreduce_s: float = 8e-6
+    #: NVLink bandwidth one way, bytes/s: 900 GB/s both ways on H100 and H200 SXM (data sheets)
+    nvlink_bandwidth: float = 450e9
     #: memory the runtime keeps for activations and workspace before the KV cache is sized, bytes (assumed)
     activation_bytes: int = 4 * GIB
 
@@ -48,9 +50,9 @@ GPUS: dict[str, GpuProfile] = {
             bandwidth=3.35e12,
             flops=1979e12,
             bandwidth_efficiency=0.80,
-            flops_efficiency=0.45,
-            step_overhead_s=3.0e-3,
-            per_sequence_s=12e-6,
+            flops_efficiency=0.56,
+            step_overhead_s=2.0e-3,
+            per_sequence_s=4e-6,
         ),
         # H200 SXM 141GB: 141 GB HBM3e, 4.8 TB/s, same compute as H100 (NVIDIA H200 data sheet)
         GpuProfile(
@@ -58,10 +60,10 @@ GPUS: dict[str, GpuProfile] = {
             memory_bytes=141 * 10**9,
             bandwidth=4.8e12,
             flops=1979e12,
-            bandwidth_efficiency=0.80,
-            flops_efficiency=0.45,
-            step_overhead_s=3.0e-3,
-            per_sequence_s=12e-6,
+            bandwidth_efficiency=0.62,
+            flops_efficiency=0.56,
+            step_overhead_s=2.0e-3,
+            per_sequence_s=4e-6,
         ),
     )
 }

@@ -16,15 +16,21 @@ from backend.cpu_engine.init_model import corpus_text
 class CorpusText:
     """The corpus as token ids of the tokenizer in `checkpoint` (tokenizer.json)."""
 
-    def __init__(self, checkpoint: str) -> None:
+    def __init__(self, checkpoint: str | None = None, ids: np.ndarray | None = None) -> None:
+        """`ids` in place of a checkpoint's tokenizer: any token sequence (calibrate.py, tests)."""
+        if ids is not None:
+            self.ids = np.asarray(ids, np.int64)
+            self.vocab_size = int(self.ids.max()) + 1
+            return
+        assert checkpoint is not None
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(os.path.join(checkpoint, "tokenizer.json"))
         # whole lines, so that the text reads on across the wrap-around too
-        ids = tokenizer.encode(" ".join(corpus_text().split()), add_special_tokens=False).ids
-        if not ids:
+        tokens = tokenizer.encode(" ".join(corpus_text().split()), add_special_tokens=False).ids
+        if not tokens:
             raise ValueError(f"the tokenizer of {checkpoint} makes no tokens of the corpus")
-        self.ids = np.asarray(ids, np.int64)
+        self.ids = np.asarray(tokens, np.int64)
         self.vocab_size = tokenizer.get_vocab_size()
 
     def start(self, seed: int, prompt: np.ndarray) -> int:

@@ -7,7 +7,8 @@ arithmetic, and two all-reduces per layer join them. The step's time is the larg
   prefill chunks' prefixes), at the HBM bandwidth reached;
 - computing: 2 FLOP per parameter per token, plus attention's 4 · layers · heads · head_dim per (query, key)
   pair, at the tensor-core throughput reached;
-plus a fixed cost per step and a cost per sequence. Nothing here computes a model: the engine waits this long.
+plus a fixed cost per step and a cost per sequence, and with tensor parallelism the all-reduces' latency and
+bytes over NVLink. Nothing here computes a model: the engine waits this long.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ class StepTiming:
         self.flop_per_pair = 4.0 * m.layers * m.heads * m.head_dim / tp
         self._bw = gpu.bandwidth * gpu.bandwidth_efficiency
         self._fl = gpu.flops * gpu.flops_efficiency
-        self._comm = 2 * m.layers * gpu.allreduce_s if tp > 1 else 0.0
+        #: an all-reduce per attention and per MLP of every layer: its latency, and a ring's 2(tp-1)/tp of the
+        #: activations (bf16) over NVLink
+        self._comm_s = 2 * m.layers * gpu.allreduce_s if tp > 1 else 0.0
+        self._comm_per_token_s = 2 * m.layers * 2 * (tp - 1) / tp * m.hidden * 2 / gpu.nvlink_bandwidth
 
     def step_s(self, work: StepWork) -> float:
         """Seconds the step takes; 0 for a step with nothing to compute."""
@@ -65,7 +69,8 @@ class StepTiming:
         return (
             g.step_overhead_s
             + g.per_sequence_s * work.sequences
-            + self._comm
+            + self._comm_s
+            + self._comm_per_token_s * tokens
             + max(read / self._bw, compute / self._fl)
         )
 

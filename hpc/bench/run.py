@@ -98,6 +98,13 @@ def tokenizer_for(settings: BenchSettings) -> tuple[Tokenizer, str]:
 async def _gateway_model(http: httpx.AsyncClient, url: str, token: str | None) -> str:
     """The first model a gateway lists at /v1/models (a gateway serves one deployment)."""
     response = await http.get(f"{url.rstrip('/')}/v1/models", headers=auth_headers(token))
+    if response.status_code == 401:  # the default auth: token; said before any request is sent
+        raise PermissionError(
+            f"{url} asks for its deployment's access token"
+            + (" and refused the one given" if token else "")
+            + ': pass --token "$(hpc-serve token NAME)", or bench the deployment by name (hpc-serve bench NAME: its '
+            "gateway and token)"
+        )
     response.raise_for_status()
     models = response.json().get("data") or []
     if not models:

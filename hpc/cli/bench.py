@@ -113,6 +113,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (ClientError, LookupError) as exc:
         err(str(exc))
         return EXIT_NOT_FOUND
+    except PermissionError as exc:  # a gateway URL that asks for a token: the flag that gives it
+        err(str(exc))
+        return EXIT_USAGE
     except httpx.HTTPError as exc:  # a gateway URL that does not answer (or refuses /v1/models)
         err(f"{args.target}: {type(exc).__name__}: {exc}")
         return EXIT_NOT_FOUND

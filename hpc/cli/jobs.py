@@ -78,6 +78,18 @@ def _wait_and_report(ref, timeout: float | None) -> int:
     return EXIT_JOB_FAILED
 
 
+def _say_if_random(target) -> None:
+    """A model of random weights (model.init's, the embedded default) writes random text, byte tokens that decode
+    to U+FFFD among them: said once on stderr, so it does not read as a bug (stdout stays the text alone)."""
+    model = getattr(target, "model", None)
+    if model is not None and model.init is not None and model.backend_strategy.init_makes_random_weights:
+        print(
+            f"note: {target.name} serves random weights (model.init): its text is random, '\ufffd' included; "
+            "point model.checkpoint_dir at a trained checkpoint for real text",
+            file=sys.stderr,
+        )
+
+
 def _left_running(ref) -> None:
     """What a Ctrl-C during a wait leaves: the job, which goes on (a newcomer takes 130 for a cancel)."""
     from hpc.jobs.track import job_status
@@ -203,7 +215,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from hpc.spec import SpecError
 
     if (args.prompt is None) == (args.file is None):
-        print("hpc-serve generate: give a PROMPT or --file FILE (one prompt per line), not both", file=sys.stderr)
+        which = "not both" if args.prompt is not None else "none was given"
+        print(f"hpc-serve generate: give a PROMPT or --file FILE (one prompt per line); {which}", file=sys.stderr)
         return EXIT_USAGE
     try:
         prompts = _prompts(args)
@@ -219,6 +232,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             client = Client(args.target, **options)
         with client:
+            _say_if_random(client.target)
             if args.file is not None:  # JSON lines: a completion may span lines
                 texts = client.generate_batch(prompts, args.max_tokens, args.concurrency, **sampling)
                 for prompt, text in zip(prompts, texts, strict=True):

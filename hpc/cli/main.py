@@ -203,9 +203,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """argparse's parse, with a did-you-mean for a mistyped flag (`--temprature`: did you mean --temperature?),
+    said by the command's own parser (its usage line) as argparse's error: exit 2."""
+    args, extras = parser.parse_known_args(argv)
+    if not extras:
+        return args
+    import difflib
+
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    command = commands[args.command]
+    flags = [flag for action in command._actions for flag in action.option_strings if flag.startswith("--")]
+    hints = []
+    for extra in extras:
+        close = difflib.get_close_matches(extra.split("=", 1)[0], flags, n=1) if extra.startswith("-") else []
+        hints.append(f"{extra} (did you mean {close[0]}?)" if close else extra)
+    command.error(f"unrecognized arguments: {' '.join(hints)}")
+    raise AssertionError("argparse's error exits")  # pragma: no cover
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:  # a command that leaves something running says so itself (e.g. a wait)

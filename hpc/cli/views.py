@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc.jobs.autoscale import autoscale_record, decision_lines
 from hpc.jobs.chain import ChainLink, chain_lines, chain_links
 from hpc.jobs.executors import watch
 from hpc.jobs.gateway import deployment_gateway, serving_jobs
@@ -21,6 +22,7 @@ from hpc.jobs.track import job_status
 from hpc.scheduler.index import JobRef
 from hpc.serving.deployment import Target
 from hpc.serving.gateway_record import GatewayLine, live_gateway
+from launcher.contracts.autoscale import AutoscaleRecord
 from launcher.contracts.records import EndpointRecord, GatewayRecord, read_endpoints
 
 
@@ -33,6 +35,8 @@ class DeploymentView:
     gateway: GatewayLine | None = None
     #: its renewal chains (spec `renew:`), oldest job first (hpc/jobs/chain.py)
     chain: list[ChainLink] = field(default_factory=list)
+    #: the autoscaling controller's record (spec `autoscale:`, hpc/jobs/autoscale.py), None without one
+    autoscale: AutoscaleRecord | None = None
 
     def summary(self) -> str:
         lines = [f"{self.target.name} in {self.target.workdir}"]
@@ -40,6 +44,8 @@ class DeploymentView:
         lines += chain_lines(self.chain)
         if self.gateway is not None:
             lines.append(self.gateway.summary())
+        if self.autoscale is not None:
+            lines += decision_lines(self.autoscale)
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -49,6 +55,7 @@ class DeploymentView:
             "jobs": [status.to_json() for status in self.jobs],
             "chain": [link.to_json() for link in self.chain],
             "gateway": self.gateway.to_json() if self.gateway else None,
+            "autoscale": self.autoscale.to_dict() if self.autoscale else None,
         }
 
 
@@ -62,7 +69,7 @@ def deployment_status(target: Target, refs: Sequence[JobRef] = ()) -> Deployment
         statuses = [job_status(ref) for ref in jobs]
         shown = [s for s in statuses if not s.done] or statuses[-1:]
     chain = chain_links(target, {s.job_id: s for s in statuses})
-    return DeploymentView(target, shown, deployment_gateway(target), chain)
+    return DeploymentView(target, shown, deployment_gateway(target), chain, autoscale_record(target))
 
 
 def ready_endpoints(target: Target, refs: Sequence[JobRef] = ()) -> list[EndpointRecord]:

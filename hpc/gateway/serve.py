@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from hpc.jobs import autoscale
 from hpc.jobs.renewal import GatewayRenewer, takes_over_from
 from hpc.serving.deployment import Target
 from hpc.serving.gateway_record import live_gateway, node_name, publish, record_path, withdraw
@@ -142,7 +143,7 @@ def run(
     }
     print(f"hpc-serve gateway for {target.name} in {target.workdir}: {url}/v1", flush=True)
     if workers > 1:
-        _run_workers(target, workers, sock, record, renewer, options)
+        _run_workers(target, workers, sock, record, renewer, options, renew_from)
         return
     app = create_app(target, **options)
 
@@ -151,11 +152,10 @@ def run(
         log.info("listening at %s (record %s)", url, record_path(target))
         if renewer is not None:
             server.renewal = asyncio.ensure_future(renewer.run(server))
+        server.autoscale = autoscale.start(server, renew_from, job_id, app.state.gateway.balancer)
 
     def stopping(server: Any) -> None:
         withdraw(target, record)  # only if still its own: a successor's record stays
-        if getattr(server, "renewal", None) is not None:
-            server.renewal.cancel()
 
     try:
         _server(app, started, stopping).run(sockets=[sock])
@@ -182,6 +182,9 @@ def _server(app: Any, started: Callable[[Any], None], stopping: Callable[[Any], 
             # Here and not after run(): uvicorn re-raises the SIGTERM it caught once it has stopped, which ends
             # the process before anything after run() would execute. First thing: it takes no new connections.
             stopping(self)
+            for task in (getattr(self, "renewal", None), getattr(self, "autoscale", None)):
+                if task is not None:
+                    task.cancel()
             await super().shutdown(sockets=sockets)
 
     # httptools and uvloop (package dependencies) named, not left to uvicorn's "auto": with h11 and asyncio's own
@@ -203,10 +206,17 @@ def _server(app: Any, started: Callable[[Any], None], stopping: Callable[[Any], 
 
 
 def _run_workers(
-    target: Target, workers: int, sock: socket.socket, record: GatewayRecord, renewer: Any, options: dict[str, Any]
+    target: Target,
+    workers: int,
+    sock: socket.socket,
+    record: GatewayRecord,
+    renewer: Any,
+    options: dict[str, Any],
+    renew_from: Path | None = None,
 ) -> None:
     """The gateway as `workers` processes on `sock` (hpc/gateway/workers.py): the record published once every
-    worker serves, withdrawn when they stopped; a worker that died ends the gateway with its signal or code."""
+    worker serves, withdrawn when they stopped; a worker that died ends the gateway with its signal or code.
+    Worker 0 runs the autoscaling controller (the outstanding counts it reads are every worker's: `counts`)."""
     from hpc.gateway.liveness import WORKER
     from hpc.gateway.metrics import MULTIPROC_DIR_VAR
     from hpc.gateway.workers import WorkerDied, run_workers
@@ -223,8 +233,13 @@ def _run_workers(
         share_between_workers()
         app = create_app(target, counts=counts, **options)
         setattr(app.state, WORKER, index)
-        server = _server(app, lambda _: ready.send(bool(app.state.gateway.discovery.tokens)), lambda _: None)
-        server.run(sockets=[sock])
+
+        def serving(server: Any) -> None:
+            ready.send(bool(app.state.gateway.discovery.tokens))
+            if index == 0:
+                server.autoscale = autoscale.start(server, renew_from, record.job_id, app.state.gateway.balancer)
+
+        _server(app, serving, lambda _: None).run(sockets=[sock])
 
     def started(auth: list[bool]) -> None:
         publish(target, dataclasses.replace(record, auth=any(auth)))

@@ -19,12 +19,14 @@ A successor that has not started by the time limit takes over whenever it starts
 predecessor as before). Its scheduler state is logged as it changes (`PENDING (Resources)` says why the address
 may go down at the limit); one that ends before it serves (a crash at start) is replaced at once, at most
 SUCCESSOR_ATTEMPTS times, as a serving job's is (launcher/contracts/successor.py). `max_jobs` bounds the serving
-chain, not its gateway: the gateway renews while a serving job is under way.
+chain, not its gateway: the gateway renews while a serving job is under way, and always while it runs the
+deployment's autoscaling controller (`autoscale:`, which may scale it to no serving job).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from hpc.jobs.track import job_status
 from hpc.scheduler.slurm import SlurmError
 from hpc.serving.deployment import Target, job_folders
 from hpc.serving.gateway_record import record_path
+from hpc.spec import load_spec
 from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.records import GatewayRecord, RenewStop, SuccessorRecord, read_gateway
@@ -110,10 +113,18 @@ class GatewayRenewer:
         why = self.plan.why_not(0, now)  # index 0: max_jobs counts the serving chain only
         if why is not None:
             return why
+        if self.autoscaled:  # the controller keeps the address while it has scaled the deployment to zero
+            return None
         serving = self._serving()
         if serving is None:
             return UNSURE
         return None if serving else "no serving job of the deployment is under way"
+
+    @functools.cached_property
+    def autoscaled(self) -> bool:
+        """Whether the deployment has `autoscale:`: its controller runs in this gateway job (hpc/jobs/autoscale.py)."""
+        spec = Deployment(self.deploy_dir).spec  # render writes it; a folder without one has no controller
+        return spec.exists() and load_spec(spec, check_files=False).autoscale is not None
 
     def _serving(self) -> bool | None:
         """Whether a serving job of the deployment is under way; None when none is but Slurm could not say of

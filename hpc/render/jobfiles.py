@@ -273,7 +273,9 @@ def gateway_context(spec: Spec, deploy_dir: Path) -> dict[str, Any]:
         "sbatch_lines": gateway_options(spec, deploy_dir).lines(),
         "python": sys.executable,
         "source_root": str(SOURCE_ROOT),
-        "renew": spec.renew is not None,  # the gateway job renews itself too (hpc/jobs/renewal.py)
+        # the gateway job renews itself too (hpc/jobs/renewal.py), and runs the autoscaling controller: both read
+        # the deployment folder it is named (`--renew-from`)
+        "renew": spec.renew is not None or spec.autoscale is not None,
         "gateway_restarts": GATEWAY_RESTARTS,
     }
 

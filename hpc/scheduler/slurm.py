@@ -103,6 +103,19 @@ class Slurm(_stdlib.Slurm):
         self._cluster_names[conf] = (match.group(1) if match else None, until)
         return self._cluster_names[conf][0]
 
+    def queued(self, name: str) -> dict[str, tuple[str, float | None, float | None]]:
+        """{job id: (state, start, end)} of this user's jobs named `name` that Slurm still lists, in one call: a
+        PENDING job's start is the scheduler's estimate (`squeue --start`'s column; None while it has none), a
+        running job's end its time limit. The autoscaling controller's view of the queue (hpc/jobs/autoscale.py):
+        it shows the jobs submitted by hand too."""
+        out = self._answer(["squeue", "--me", "-h", "--name", name, "-o", "%i|%T|%S|%e"]) or ""
+        found: dict[str, tuple[str, float | None, float | None]] = {}
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 4:
+                found[parts[0]] = (parts[1], _stdlib.parse_slurm_time(parts[2]), _stdlib.parse_slurm_time(parts[3]))
+        return found
+
 
 #: the process's gateway; call sites use `slurm.default`, so tests can replace it.
 default = Slurm()

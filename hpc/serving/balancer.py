@@ -170,6 +170,7 @@ class Balancer:
         `max_outstanding`."""
         open_ = self.takers(exclude)
         if not open_:
+            self.outcomes["none"] += 1  # a request with nothing serving: the autoscaling controller starts a job
             raise NoReplica("no replica is ready")
         self.counts.load(open_)
         bound = self.max_outstanding

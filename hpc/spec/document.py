@@ -21,9 +21,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hpc.envvars import expand, unset_message
+from hpc.spec.autoscale import AutoscaleSpec
 from hpc.spec.build import BuildSpec
 from hpc.spec.llmapi import CudaGraphConfig, KvCacheConfig, LlmApiSpec, workflow_findings
-from hpc.spec.model import ModelInit, ModelSpec
+from hpc.spec.model import ModelInit, ModelSpec, SimSpec
 from hpc.spec.parameters import parameter_findings
 from hpc.spec.schema import (
     ContainerSpec,
@@ -150,9 +151,11 @@ _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
     ("container",): ContainerSpec,
     ("model",): ModelSpec,
     ("model", "init"): ModelInit,
+    ("model", "sim"): SimSpec,
     ("triton",): TritonSpec,
     ("triton", "ports"): PortsSpec,
     ("gateway",): GatewaySpec,
+    ("autoscale",): AutoscaleSpec,
     ("build",): BuildSpec,
     ("llm_api",): LlmApiSpec,
     ("llm_api", "kv_cache_config"): KvCacheConfig,

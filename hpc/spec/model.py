@@ -38,6 +38,14 @@ class SimSpec(_Section):
     gpu: Literal[tuple(GPUS)] = Field(  # type: ignore[valid-type]
         DEFAULT_GPU, description=f"the GPU simulated: {', '.join(GPUS)} (SXM parts)"
     )
+    slowdown: float = Field(
+        1.0,
+        ge=1.0,
+        le=1000.0,
+        description="every step takes this many times the GPU's time: more than 1 where this machine cannot serve "
+        "the replicas' tokens at a GPU's pace (tritonserver and its python model cost CPU per token); comparisons "
+        "between runs of the same slowdown hold",
+    )
 
 
 class ModelSpec(_Section):

@@ -4,7 +4,8 @@ One spec describes one deployment: where it runs (`slurm`, `container`), what it
 Triton serves it (`triton`) and how many copies (`mode`, `replicas`). The `model:` section is `hpc.spec.model`'s. Loading with line numbers lives in
 `hpc.spec.load`, file-system checks in `hpc.spec.files`, the parameter table's spec side in `hpc.spec.parameters`,
 the checks of single values that reach scripts in `hpc.spec.checks`, the `gateway:` section in `hpc.spec.gateway`,
-the `renew:` section in `hpc.spec.renew`, the `build:` section in `hpc.spec.build`.
+the `renew:` section in `hpc.spec.renew`, the `autoscale:` section in `hpc.spec.autoscale`, the `build:` section in
+`hpc.spec.build`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pydantic import (
 )
 
 from backend.repository import KNOWN_PARAMETERS, choices
+from hpc.spec.autoscale import AutoscaleSpec
 from hpc.spec.build import BuildSpec, check_build
 from hpc.spec.checks import (
     _CONSTRAINT,
@@ -316,6 +318,9 @@ class Spec(_Section):
     )
     gateway: GatewaySpec | None = Field(None, description="run `hpc-serve gateway` as a Slurm job of its own")
     renew: RenewSpec | None = Field(None, description="a successor job takes over before the time limit")
+    autoscale: AutoscaleSpec | None = Field(
+        None, description="grow and shrink the number of serving jobs with the load (needs gateway:)"
+    )
     build: BuildSpec | None = Field(None, description="build the engine as a job of its own before serving")
     llm_api: LlmApiSpec | None = Field(
         None, description="model.workflow llmapi: TensorRT-LLM LLM API arguments, written into model.yaml"
@@ -407,6 +412,8 @@ class Spec(_Section):
             raise ValueError(f"@replicas: {exc}") from None
         if self.renew is not None:
             self._renew_fits()
+        if self.autoscale is not None:
+            self._autoscale_fits()
         if self.restart is not None and self.replica_policy != "restart":
             raise ValueError(
                 f"@restart: restart: bounds replica_policy restart, but replica_policy is {self.replica_policy}; "
@@ -430,6 +437,47 @@ class Spec(_Section):
                     "@slurm.gpus_per_node: model.backend tensorrtllm needs slurm.gpus_per_node (one rank per GPU)"
                 )
         return self
+
+    @property
+    def gpus_per_job(self) -> int:
+        """GPUs one serving job asks Slurm for (slurm.nodes × slurm.gpus_per_node)."""
+        return self.slurm.nodes * self.slurm.gpus_per_node
+
+    def _autoscale_fits(self) -> None:
+        """The controller runs in the gateway job and counts the budget in GPUs per job; its target must be
+        reachable below the gateway's own admission bound."""
+        scale = self.autoscale
+        assert scale is not None
+        if self.gateway is None or not self.gateway.enabled:
+            raise ValueError(
+                "@autoscale: autoscale: runs in the gateway job, but "
+                + (
+                    "the spec has no gateway: section; add `gateway: {}`"
+                    if self.gateway is None
+                    else "gateway.enabled is false; set it true"
+                )
+            )
+        bound = self.gateway.max_outstanding
+        if bound and scale.target_outstanding >= bound:
+            raise ValueError(
+                f"@autoscale.target_outstanding: {scale.target_outstanding:g} requests per replica is not below "
+                f"gateway.max_outstanding {bound}: the gateway would answer 429 before the load reaches the target; "
+                f"use a target below {bound}"
+            )
+        if scale.gpu_budget is not None:
+            per_job = self.gpus_per_job
+            if not per_job or self.slurm.gres is not None:
+                raise ValueError(
+                    "@autoscale.gpu_budget: the budget counts slurm.nodes × slurm.gpus_per_node per job, but "
+                    + ("slurm.gres replaces them" if self.slurm.gres is not None else "slurm.gpus_per_node is 0")
+                    + "; set slurm.gpus_per_node, or drop gpu_budget"
+                )
+            least = per_job * max(1, scale.min_jobs)
+            if scale.gpu_budget < least:
+                raise ValueError(
+                    f"@autoscale.gpu_budget: {scale.gpu_budget} GPUs cannot hold "
+                    f"{max(1, scale.min_jobs)} job(s) of {per_job} GPUs; use {least} or more"
+                )
 
     def _renew_fits(self) -> None:
         """`renew.before` between the ordered stop's lead plus a successor's start-up, and slurm.time minus this

@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING, ClassVar
 from backend.llmapi_repository import LLMAPI_MODULE as CPU_LLMAPI_MODULE
 from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
 from backend.sim_engine.profiles import DEFAULT_GPU, DEFAULT_MODEL
-from launcher.contracts.llmapi import ENGINE, ENGINE_VAR, IMAGE_MODEL, IMAGE_MODEL_DIR, LLMAPI, OWN_MODEL, SIM_GPU_VAR
+from launcher.contracts.llmapi import (
+    ENGINE,
+    ENGINE_VAR,
+    IMAGE_MODEL,
+    IMAGE_MODEL_DIR,
+    LLMAPI,
+    OWN_MODEL,
+    SIM_GPU_VAR,
+    SIM_SLOWDOWN_VAR,
+)
 from launcher.contracts.trtllm_versions import FIRST_LLMAPI, LAST_ENGINE
 from launcher.contracts.workflows import RANK_BACKENDS, RANK_WORKFLOWS, RankBackend, RankWorkflow
 
@@ -81,6 +90,12 @@ class Backend(ABC):
     def rank(self) -> RankBackend:
         """What the ranks and the build job ask of this backend (launcher/contracts/workflows.py)."""
         return RANK_BACKENDS[self.name]
+
+    @property
+    def init_makes_random_weights(self) -> bool:
+        """model.init's checkpoint has random weights, so its text is random (the simulated engine's has none: its
+        answers are the corpus)."""
+        return self.makes_checkpoints and self.needs_weights
 
     def rank_env(self, model: ModelSpec) -> dict[str, str]:
         """Variables launch.json's env hands every rank for this engine (none but the simulated engine's)."""
@@ -256,7 +271,10 @@ class Sim(Backend):
             model.init.model = DEFAULT_MODEL
 
     def rank_env(self, model: ModelSpec) -> dict[str, str]:
-        return {ENGINE_VAR: self.name, SIM_GPU_VAR: model.sim.gpu if model.sim is not None else DEFAULT_GPU}
+        env = {ENGINE_VAR: self.name, SIM_GPU_VAR: model.sim.gpu if model.sim is not None else DEFAULT_GPU}
+        if model.sim is not None and model.sim.slowdown != 1:
+            env[SIM_SLOWDOWN_VAR] = f"{model.sim.slowdown:g}"
+        return env
 
     def supported_architectures(self) -> tuple[str, ...] | None:
         return ("LlamaForCausalLM",)

@@ -91,6 +91,10 @@ DRAINING_NAME = "draining"
 CLUSTER_NAME = "cluster"
 #: in `D/`: `hpc-serve cancel` of the deployment stopped its chain; no renewer of a job older than it submits
 RENEW_STOP_NAME = "renew_stopped"
+#: in `D/`: the autoscaling controller's decisions and state (launcher/contracts/autoscale.py)
+AUTOSCALE_NAME = "autoscale.json"
+#: in `D/jobs/<job_id>/`: the autoscaling controller let the job expire: its renewer submits no successor
+NO_SUCCESSOR_NAME = "no_successor"
 
 ENDPOINT_GLOB = "replica-*.json"
 ENDPOINT_NAME = "replica-{replica}.json"
@@ -205,6 +209,11 @@ class Deployment:
     def renew_stop(self) -> Path:
         """Written by `hpc-serve cancel` of the deployment: renewers of jobs started before it submit nothing."""
         return self.root / RENEW_STOP_NAME
+
+    @property
+    def autoscale(self) -> Path:
+        """The autoscaling controller's record: its last decisions and its hysteresis' state."""
+        return self.root / AUTOSCALE_NAME
 
     def sbatch_log(self, stream: str = "out", job_id: str = "%j") -> Path:
         """`D/logs/<job>.out|err`: the batch script's output (`%j` in the `#SBATCH -o` line)."""
@@ -355,6 +364,11 @@ class JobPaths:
     def draining(self) -> Path:
         """Written by the job's renewer once its successor serves: clients send it no new requests."""
         return self.folder / DRAINING_NAME
+
+    @property
+    def no_successor(self) -> Path:
+        """Written by the autoscaling controller (a RenewStop): the job serves to its time limit, not renewed."""
+        return self.folder / NO_SUCCESSOR_NAME
 
     def stopping_marks(self) -> list[Path]:
         """Every leader's `rank-<r>.stopping` of the job: its ordered stop has begun."""

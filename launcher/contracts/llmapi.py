@@ -46,6 +46,8 @@ CPU_MIN_STEP_VAR = "HPC_SERVE_CPU_MIN_STEP_MS"
 #: launch.json's `env`, from the spec's model.backend and model.sim (hpc/spec/workflows.py `Backend.rank_env`)
 ENGINE_VAR = "HPC_SERVE_STANDIN_ENGINE"
 SIM_GPU_VAR = "HPC_SERVE_SIM_GPU"
+#: how many times the GPU's time each simulated step takes (model.sim.slowdown; unset: 1, the GPU's pace)
+SIM_SLOWDOWN_VAR = "HPC_SERVE_SIM_SLOWDOWN"
 
 #: what TensorRT-LLM reads to connect the LLM inside tritonserver to the leader node (tensorrt_llm/executor/utils.py)
 SPAWN_PROXY_VAR = "TLLM_SPAWN_PROXY_PROCESS"

@@ -28,8 +28,8 @@ from launcher.contracts.config import STOP_ACK_S
 from launcher.contracts.layout import JobPaths
 from launcher.contracts.records import VERSION, Record
 
-#: who wrote a StopRequest
-BY_CANCEL, BY_TIME_LIMIT, BY_RENEWER = "cancel", "time-limit", "renewer"
+#: who wrote a StopRequest (the autoscaling controller: hpc/jobs/autoscale.py)
+BY_CANCEL, BY_TIME_LIMIT, BY_RENEWER, BY_AUTOSCALE = "cancel", "time-limit", "renewer", "autoscale"
 #: a DrainReport's states, in order
 DRAINING, DRAINED = "draining", "drained"
 

@@ -150,6 +150,8 @@ class Renewer:
         """Why the chain must not go on: this job was cancelled, or its deployment since this job started."""
         if self.paths.cancel_marker.exists():
             return "this job was cancelled (hpc-serve cancel)"
+        if self.paths.no_successor.exists():  # hpc/jobs/autoscale.py: it drains, or serves to its end
+            return "the autoscaling controller scales the deployment down by this job"
         stop = RenewStop.read(self.deployment.renew_stop)
         return "the deployment was cancelled (hpc-serve cancel)" if stop and stop.stops(self.start) else None
 

@@ -1,0 +1,311 @@
+"""The autoscaling controller's eyes and hands: a snapshot of the deployment for the policy (hpc/serving/autoscale.py),
+and each decision applied with the machinery that already exists, never a kill:
+
+- submit: `D/tensorrt_llm_triton.sub` as it is, through the Slurm executor (the same script `submit` and a renewer
+  submit: its job folder, marker and index entry);
+- cancel a PENDING job: scancel, after a StopRequest in its cancel marker (`status` says CANCELLED, by autoscale);
+- drain a job: its DrainingMark (`final`: the gateway and `hpc.client` send it nothing new from their next look),
+  then, once they have looked (RENEW_NOTICE_S), its StopRequest: every rank's ordered stop, requests in flight
+  finish, the job ends COMPLETED, as a renewer's predecessor does; no successor is submitted for it;
+- expire a job: its `no_successor` record: its renewer submits no successor, it serves to its time limit.
+
+Every decision goes to the gateway's log and to `D/autoscale.json` (launcher/contracts/autoscale.py), with the
+hysteresis' timers, so that a gateway job's successor takes over where its predecessor was. `advisory`: the same
+decisions, recorded, nothing done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc.jobs.executors import SlurmExecutor, watch
+from hpc.jobs.gateway import serving_jobs
+from hpc.jobs.kinds import ServingJob, job_class_of
+from hpc.jobs.track import job_status
+from hpc.scheduler import slurm
+from hpc.scheduler.index import JobRef
+from hpc.scheduler.slurm import TERMINAL, SlurmError, ended
+from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
+from hpc.serving.balancer import Balancer
+from hpc.serving.deployment import Target, deployment_folders, target_of_folder
+from hpc.spec import Spec, load_spec
+from launcher.contracts.autoscale import Action, AutoscaleRecord, DecisionRecord
+from launcher.contracts.config import RENEW_NOTICE_S
+from launcher.contracts.job_states import JobState
+from launcher.contracts.layout import Deployment, JobPaths
+from launcher.contracts.records import RenewStop, read_chain
+from launcher.contracts.stop_records import BY_AUTOSCALE, DrainingMark, StopRequest
+
+log = logging.getLogger("hpc_serve.gateway")
+
+#: a drained job's stop request follows its draining mark by this much: the gateway's and clients' next look at the
+#: job folders (discovery's refresh and a margin), so no request is sent to a replica that is stopping
+DRAIN_NOTICE_S = RENEW_NOTICE_S
+
+#: how often the controller looks (each look: the job folders, one sacct through the watcher, one squeue); well
+#: below any scale_up_after worth having, well above what Slurm minds
+TICK_S = 5.0
+#: how often the gateway's counters are read between looks: a look sees their mean over TICK_S, not one instant's
+#: count (requests of a second or less come and go between two looks)
+SAMPLE_S = 1.0
+
+_PHASES: dict[str, Phase] = {JobState.PENDING: Phase.PENDING, JobState.READY: Phase.READY}
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the gateway measures: requests in flight on READY replicas (a mean over the samples of one look),
+    requests turned away with nothing serving, the recent time to first token (None: not measured)."""
+
+    outstanding: float = 0
+    held: int = 0
+    ttft_s: float | None = None
+
+
+@dataclass
+class Controller:
+    """One deployment's controller, run by its gateway job (`controller`: that job's id)."""
+
+    deploy_dir: Path
+    spec: Spec
+    controller: str = ""
+    started: float = field(default_factory=time.time)
+    policy: Policy = field(init=False)
+    record: AutoscaleRecord = field(init=False)
+
+    def __post_init__(self) -> None:
+        assert self.spec.autoscale is not None, "a spec without autoscale:"
+        self.target: Target = target_of_folder(self.deploy_dir)
+        # a gateway job's successor (or a gateway started again) goes on from its predecessor's record
+        self.record = AutoscaleRecord.read(self.deployment.autoscale) or AutoscaleRecord()
+        self.record = dataclasses.replace(self.record, controller=self.controller)
+        self.policy = Policy(Settings.of_spec(self.spec), self.record.up_since, self.record.down_since)
+
+    @classmethod
+    def of_folder(cls, deploy_dir: Path, controller: str = "") -> Controller | None:
+        """The controller of the deployment rendered in `deploy_dir`, or None when its spec has no `autoscale:`."""
+        spec = load_spec(Deployment(deploy_dir).spec, check_files=False)
+        return cls(deploy_dir, spec, controller) if spec.autoscale is not None else None
+
+    def stopped(self) -> bool:
+        """Whether the deployment was cancelled (`hpc-serve cancel`) since this controller started: it acts no more."""
+        stop = RenewStop.read(self.deployment.renew_stop)
+        return stop is not None and stop.stops(self.started)
+
+    @property
+    def deployment(self) -> Deployment:
+        return Deployment(self.deploy_dir)
+
+    @property
+    def advisory(self) -> bool:
+        assert self.spec.autoscale is not None
+        return self.spec.autoscale.advisory
+
+    # ------------------------------------------------------------------------------------------------ the eyes
+    def snapshot(self, load: Load, now: float) -> Snapshot:
+        """The deployment's serving jobs (their folders' records and Slurm's state), with the jobs of its name
+        that only Slurm's queue shows (submitted by hand, not started), and the load."""
+        refs = [ref for ref in serving_jobs(self.target) if job_class_of(ref.job_dir) is ServingJob]
+        watch(refs)
+        try:
+            queue = slurm.default.queued(self.spec.name)
+        except SlurmError as exc:  # the jobs' own states still stand; the estimates wait for the next look
+            log.warning("autoscale: squeue of the deployment's jobs failed: %s", exc)
+            queue = {}
+        jobs = [view for ref in refs if (view := self._view(ref, queue)) is not None]
+        known = {ref.job_id for ref in refs}
+        per_job = self.spec.gpus_per_job
+        for job_id, (state, start, end) in queue.items():
+            if job_id not in known and not ended(state):
+                phase = Phase.PENDING if state == JobState.PENDING else Phase.STARTING
+                jobs.append(JobView(job_id, phase, self.spec.replicas, per_job, start, end, ours=False))
+        return Snapshot(now, tuple(jobs), outstanding=load.outstanding, held=load.held, ttft_s=load.ttft_s)
+
+    def _view(self, ref: JobRef, queue: dict[str, tuple[str, float | None, float | None]]) -> JobView | None:
+        state = job_status(ref).state
+        if state in TERMINAL:
+            return None
+        paths = ref.paths
+        if paths.draining.exists() or paths.stop_request.exists() or state in (JobState.CANCELLING, JobState.STOPPING):
+            phase = Phase.DRAINING
+        elif paths.no_successor.exists():
+            phase = Phase.EXPIRING
+        else:  # UNKNOWN (Slurm did not answer) counts as on its way: never a reason to submit more
+            phase = _PHASES.get(state, Phase.STARTING)
+        _, start, end = queue.get(ref.job_id, ("", None, None))
+        chain = read_chain(paths)
+        return JobView(
+            ref.job_id,
+            phase,
+            self.spec.replicas,
+            self.spec.gpus_per_job,
+            starts_at=start if phase == Phase.PENDING else None,
+            ends_at=end,
+            renews=chain.predecessor if chain is not None else "",
+        )
+
+    # ------------------------------------------------------------------------------------------------ the hands
+    def tick(self, load: Load, now: float | None = None) -> Decision:
+        """One look, one decision, applied (unless advisory), logged and recorded; the drains under way go on."""
+        now = time.time() if now is None else now
+        self.follow_up(now)
+        decision = self.policy.decide(self.snapshot(load, now))
+        error = ""
+        if self.stopped():  # `hpc-serve cancel` of the deployment came during this look: nothing more is done
+            error = "not done: the deployment was cancelled"
+        elif not self.advisory and decision.action != Action.HOLD:
+            job_id, error = self.act(decision, now)
+            decision = dataclasses.replace(decision, job_id=job_id)
+        self.note(decision, error)
+        return decision
+
+    def act(self, decision: Decision, now: float) -> tuple[str, str]:
+        """Apply one decision; the job it acted on (a submit's new one), and "" or what went wrong (sbatch's words)."""
+        paths = JobPaths(self.deploy_dir, decision.job_id) if decision.job_id else None
+        try:
+            if decision.action == Action.SUBMIT:
+                return SlurmExecutor().submit(ServingJob, self.deploy_dir).job_id, ""
+            elif decision.action == Action.CANCEL and paths is not None:
+                StopRequest(at=now, by=BY_AUTOSCALE, note=decision.reason).write(paths.cancel_marker)
+                SlurmExecutor().cancel(JobRef(decision.job_id, paths.folder), 0.0, stoppable=False)
+            elif decision.action == Action.DRAIN and paths is not None:
+                RenewStop(at=now).write(paths.no_successor)
+                DrainingMark(at=now, final=True).write(paths.draining)
+                self.record = dataclasses.replace(self.record, draining={**self.record.draining, paths.job_id: now})
+            elif decision.action == Action.EXPIRE and paths is not None:
+                RenewStop(at=now).write(paths.no_successor)
+        except (SlurmError, OSError) as exc:
+            return decision.job_id, str(exc)
+        return decision.job_id, ""
+
+    def follow_up(self, now: float) -> None:
+        """Drained jobs whose draining mark every client has seen: their ordered stop (once; unless advisory)."""
+        left: dict[str, float] = {}
+        for job_id, since in self.record.draining.items():
+            paths = JobPaths(self.deploy_dir, job_id)
+            if now - since < DRAIN_NOTICE_S:
+                left[job_id] = since
+            elif not paths.stop_request.exists():
+                StopRequest(at=now, by=BY_AUTOSCALE, note="drained by the autoscaling controller").write(
+                    paths.stop_request
+                )
+                log.info("autoscale: job %s drained for %.0f s: its ordered stop", job_id, now - since)
+        self.record = dataclasses.replace(self.record, draining=left)
+
+    def note(self, decision: Decision, error: str = "") -> None:
+        """Log and record a decision: every act, and a hold when its reason's words changed (not one a tick)."""
+        row = DecisionRecord(
+            at=decision.at,
+            action=decision.action,
+            job_id=decision.job_id,
+            reason=decision.reason,
+            signal=decision.signal,
+            target=decision.target,
+            advisory=self.advisory,
+            error=error,
+        )
+        last = self.record.decisions[-1] if self.record.decisions else None
+        record = dataclasses.replace(self.record, up_since=self.policy.up_since, down_since=self.policy.down_since)
+        if decision.action != Action.HOLD or last is None or _gist(last.reason) != _gist(row.reason):
+            record = record.with_decision(row)
+            level = logging.WARNING if error else logging.INFO
+            log.log(
+                level,
+                "autoscale%s: %s%s: %s (signal %.2f, target %g)%s",
+                " (advisory)" if self.advisory else "",
+                decision.action,
+                f" {row.job_id}" if row.job_id else "",
+                decision.reason,
+                decision.signal,
+                decision.target,
+                f"; failed: {error}" if error else "",
+            )
+        self.record = record
+        record.write(self.deployment.autoscale)
+
+
+def _gist(reason: str) -> str:
+    """A reason without its numbers: holds that say the same thing with another count are one row."""
+    return "".join(c for c in reason if not (c.isdigit() or c == "."))
+
+
+def autoscale_record(target: Target) -> AutoscaleRecord | None:
+    """The deployment's controller record: its newest folder's that has one (the gateway job's folder)."""
+    for folder in reversed(deployment_folders(target)):
+        record = AutoscaleRecord.read(Deployment(folder).autoscale)
+        if record is not None:
+            return record
+    return None
+
+
+def decision_lines(record: AutoscaleRecord, last: int = 10) -> list[str]:
+    """`status`'s table of the controller's last decisions: when, what (`?`: advised only), on which job, the signal
+    against its target, why."""
+    if not record.decisions:
+        return []
+    lines = ["autoscale decisions" + (f" (controller: gateway job {record.controller})" if record.controller else "")]
+    lines.append(f"  {'when':8}  {'what':7}  {'job':10}  {'signal':>11}  why")
+    for row in record.decisions[-last:]:
+        what = row.action + ("?" if row.advisory else "")
+        signal = f"{row.signal:g}/{row.target:g}"
+        why = row.reason + (f"; failed: {row.error}" if row.error else "")
+        when = time.strftime("%H:%M:%S", time.localtime(row.at))
+        lines.append(f"  {when:8}  {what:7}  {row.job_id:10}  {signal:>11}  {why}")
+    return lines
+
+
+def balancer_load(balancer: Balancer) -> Callable[[], Load]:
+    """The gateway's load as the controller reads it at each look: requests in flight on replicas that take new ones
+    (a draining job's finish elsewhere in the count), and the requests turned away with nothing serving since the
+    last look."""
+    seen = balancer.outcomes["none"]
+
+    def load() -> Load:
+        nonlocal seen
+        count = balancer.outcomes["none"]
+        held, seen = count - seen, count
+        return Load(outstanding=sum(r.outstanding for r in balancer.replicas if not r.draining), held=held)
+
+    return load
+
+
+async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> None:
+    """The controller's loop beside the gateway's server (hpc/gateway/serve.py), until the server stops; a look
+    that failed (a job folder unreadable) is logged and the next one comes as usual."""
+    log.info(
+        "autoscale%s: between %d and %d jobs, %g requests per replica",
+        " (advisory)" if controller.advisory else "",
+        controller.policy.settings.min_jobs,
+        controller.policy.settings.max_jobs,
+        controller.policy.settings.target,
+    )
+    samples: list[Load] = []
+    next_tick = time.monotonic() + TICK_S
+    while not server.should_exit:
+        samples.append(load())
+        if time.monotonic() < next_tick:
+            await asyncio.sleep(SAMPLE_S)
+            continue
+        next_tick = time.monotonic() + TICK_S
+        if controller.stopped():
+            log.info("autoscale: the deployment was cancelled; the controller stops")
+            return
+        seen = Load(outstanding=sum(s.outstanding for s in samples) / len(samples), held=sum(s.held for s in samples))
+        samples = []
+        try:
+            await asyncio.to_thread(controller.tick, seen)
+        except (OSError, SlurmError) as exc:
+            log.warning("autoscale: this look failed: %s", exc)
+
+
+def start(server: Any, deploy_dir: Path | None, job_id: str, balancer: Balancer) -> asyncio.Future[None] | None:
+    """The controller's task for a gateway job whose deployment has `autoscale:`, else None."""
+    controller = Controller.of_folder(deploy_dir, job_id) if deploy_dir is not None and job_id else None
+    return asyncio.ensure_future(run(controller, server, balancer_load(balancer))) if controller else None

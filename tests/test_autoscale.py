@@ -1,0 +1,432 @@
+"""Autoscaling without a cluster: the `autoscale:` section and its checks, the policy (hpc/serving/autoscale.py)
+on replayed traces with a fake clock, the decisions record, and the actuator's acts on a deployment folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpc.cli.views import deployment_status
+from hpc.jobs.autoscale import DRAIN_NOTICE_S, Controller, Load, decision_lines
+from hpc.jobs.kinds import ServingJob
+from hpc.render.jobfiles import render
+from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
+from hpc.spec import SpecError, load_spec
+from launcher.contracts.autoscale import Action, AutoscaleRecord
+from launcher.contracts.layout import Deployment, JobPaths
+from launcher.contracts.records import RenewStop
+from launcher.contracts.renew_plan import RenewPlan
+from launcher.contracts.stop_records import BY_AUTOSCALE, DrainingMark, StopRequest
+from launcher.jobscript.renew import Renewer
+
+PLAN = RenewPlan(before_s=120, stop_lead_s=30, drain_s=60, notice_s=7)
+
+
+def _spec(tmp_path: Path, **extra) -> Path:
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir(exist_ok=True)
+    data = {
+        "name": "as",
+        "workdir": str(tmp_path / "runs"),
+        "slurm": {"time": "00:10:00"},
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(checkpoint)},
+        **extra,
+    }
+    path = tmp_path / "as.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _problems(path: Path) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(path, check_files=False)
+    return "\n".join(str(p) for p in info.value.problems)
+
+
+# ------------------------------------------------------------------------------------------------ the section
+def test_an_autoscale_section_with_a_gateway_is_accepted(tmp_path):
+    spec = load_spec(
+        _spec(
+            tmp_path,
+            gateway={},
+            slurm={"time": "00:10:00", "gpus_per_node": 1},
+            autoscale={"min_jobs": 0, "max_jobs": 3, "scale_up_after": "5s", "scale_down_after": "1m", "gpu_budget": 2},
+        ),
+        check_files=False,
+    )
+    scale = spec.autoscale
+    assert scale is not None and scale.min_jobs == 0 and scale.max_jobs == 3 and scale.gpu_budget == 2
+    assert (scale.scale_up_after_s, scale.scale_down_after_s, scale.horizon_s) == (5, 60, 900)
+    assert spec.gpus_per_job == 1 and not scale.advisory
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"autoscale": {"max_jobs": 2}}, "autoscale: autoscale: runs in the gateway job, but the spec has no gateway:"),
+        (
+            {"gateway": {"enabled": False}, "autoscale": {"max_jobs": 2}},
+            "gateway.enabled is false; set it true",
+        ),
+        ({"gateway": {}, "autoscale": {}}, "autoscale.max_jobs"),
+        ({"gateway": {}, "autoscale": {"max_jobs": 1, "min_jobs": 2}}, "min_jobs 2 is more than max_jobs 1"),
+        ({"gateway": {}, "autoscale": {"max_jobs": 2, "min_jobs": -1}}, "autoscale.min_jobs"),
+        ({"gateway": {}, "autoscale": {"max_jobs": 2, "scale_up_after": 30}}, "got the number 30: give a unit"),
+        ({"gateway": {}, "autoscale": {"max_jobs": 2, "scale_down_after": "later"}}, "'later' is not a duration"),
+        ({"gateway": {}, "autoscale": {"max_jobs": 2, "scale_up_afer": "1m"}}, "did you mean 'scale_up_after'?"),
+        (
+            {"gateway": {"max_outstanding": 8}, "autoscale": {"max_jobs": 2, "target_outstanding": 8}},
+            "autoscale.target_outstanding: 8 requests per replica is not below gateway.max_outstanding 8",
+        ),
+        (
+            {"gateway": {}, "autoscale": {"max_jobs": 2, "gpu_budget": 4}},
+            "autoscale.gpu_budget: the budget counts slurm.nodes × slurm.gpus_per_node per job, but "
+            "slurm.gpus_per_node is 0",
+        ),
+        (
+            {
+                "gateway": {},
+                "slurm": {"time": "00:10:00", "gpus_per_node": 2},
+                "autoscale": {"max_jobs": 3, "min_jobs": 2, "gpu_budget": 3},
+            },
+            "autoscale.gpu_budget: 3 GPUs cannot hold 2 job(s) of 2 GPUs; use 4 or more",
+        ),
+    ],
+)
+def test_bad_autoscale_sections_name_the_field_and_the_fix(tmp_path, extra, expected):
+    assert expected in _problems(_spec(tmp_path, **extra))
+
+
+# ------------------------------------------------------------------------------------------------ the policy
+def _settings(**changes) -> Settings:
+    base = {"min_jobs": 1, "max_jobs": 3, "target": 4.0, "up_after_s": 10.0, "down_after_s": 30.0}
+    return Settings(**{**base, **changes})
+
+
+def _job(job_id: str, phase: Phase = Phase.READY, **fields) -> JobView:
+    return JobView(job_id, phase, replicas=fields.pop("replicas", 1), gpus=fields.pop("gpus", 0), **fields)
+
+
+@dataclass
+class World:
+    """The jobs a replayed trace's decisions make: a submitted job is PENDING `start_s`, then READY; a drained one
+    leaves `drain_s` later; a cancelled one at once. Every decision is kept, with the jobs it saw."""
+
+    policy: Policy
+    start_s: float = 20.0
+    drain_s: float = 5.0
+    jobs: dict[str, JobView] = field(default_factory=dict)
+    left_at: dict[str, float] = field(default_factory=dict)
+    log: list[tuple[Decision, tuple[JobView, ...]]] = field(default_factory=list)
+    made: int = 0
+
+    def step(self, now: float, outstanding: int, held: int = 0) -> Decision:
+        for job_id, job in list(self.jobs.items()):
+            if job.phase == Phase.PENDING and job.starts_at is not None and job.starts_at <= now:
+                self.jobs[job_id] = dataclasses.replace(job, phase=Phase.READY)
+            if job.phase == Phase.DRAINING and now >= self.left_at[job_id]:
+                del self.jobs[job_id]
+        seen = tuple(self.jobs.values())
+        decision = self.policy.decide(Snapshot(now, seen, outstanding=outstanding, held=held))
+        self.log.append((decision, seen))
+        if decision.action == Action.SUBMIT:
+            self.made += 1
+            job_id = f"j{self.made}"
+            self.jobs[job_id] = _job(job_id, Phase.PENDING, starts_at=now + self.start_s)
+        elif decision.action == Action.CANCEL:
+            del self.jobs[decision.job_id]
+        elif decision.action == Action.DRAIN:
+            self.jobs[decision.job_id] = dataclasses.replace(self.jobs[decision.job_id], phase=Phase.DRAINING)
+            self.left_at[decision.job_id] = now + self.drain_s
+        elif decision.action == Action.EXPIRE:
+            self.jobs[decision.job_id] = dataclasses.replace(self.jobs[decision.job_id], phase=Phase.EXPIRING)
+        return decision
+
+    def replay(self, trace: list[tuple[float, float, int]], every_s: float = 1.0) -> None:
+        """(from, to, requests in flight) spans, a decision every `every_s` seconds of the fake clock."""
+        for start, end, outstanding in trace:
+            now = start
+            while now < end:
+                self.step(now, outstanding)
+                now += every_s
+
+    def acts(self, action: Action) -> list[Decision]:
+        return [d for d, _ in self.log if d.action == action]
+
+    def serving(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.phase not in (Phase.DRAINING, Phase.EXPIRING))
+
+
+def test_a_step_up_a_plateau_a_drop_and_idle():
+    """One job at a light load; a step to 12 in flight grows it to 3 jobs, one submit at a time, none while one
+    pends; the drop shrinks it by drain back to min_jobs, and idle keeps that one."""
+    world = World(Policy(_settings()), jobs={"j0": _job("j0")})
+    world.replay([(0, 20, 2), (20, 200, 12), (200, 400, 2), (400, 600, 0)])
+    submits = world.acts(Action.SUBMIT)
+    assert [d.at for d in submits] == [30, 60]  # 10 s above target; again 10 s after the first job served
+    for decision, seen in world.log:
+        if decision.action == Action.SUBMIT:
+            assert not any(j.phase == Phase.PENDING for j in seen), "a submit while a job was pending"
+    drains = world.acts(Action.DRAIN)
+    assert len(drains) == 2 and drains[0].at >= 200 + 30 and drains[1].at - drains[0].at >= 30
+    assert world.serving() == 1 and not world.acts(Action.CANCEL)
+    assert max(len([j for j in seen if j.phase not in (Phase.DRAINING,)]) for _, seen in world.log) == 3
+    on_the_way = [d for d, _ in world.log if "capacity on the way" in d.reason]
+    assert on_the_way and all(d.action == Action.HOLD for d in on_the_way)
+
+
+def test_a_short_spike_adds_no_job():
+    world = World(Policy(_settings()), jobs={"j0": _job("j0")})
+    world.replay([(0, 9, 20), (9, 60, 1)])
+    assert not world.acts(Action.SUBMIT)
+
+
+def test_a_pending_job_is_capacity_on_the_way_and_its_late_start_is_said():
+    """Hot for a long time with a job that stays PENDING: no second submit; the reason says when it may start."""
+    policy = Policy(_settings(horizon_s=600))
+    jobs = (_job("j0"), _job("j1", Phase.PENDING, starts_at=5000.0))
+    decisions = [policy.decide(Snapshot(float(t), jobs, outstanding=20)) for t in range(0, 300, 5)]
+    assert {d.action for d in decisions} == {Action.HOLD}
+    assert "capacity on the way: job j1 PENDING, estimated start" in decisions[-1].reason
+    assert "beyond the horizon of 600 s" in decisions[-1].reason
+    soon = policy.decide(Snapshot(300.0, (_job("j0"), _job("j1", Phase.PENDING, starts_at=400.0)), outstanding=20))
+    assert "beyond the horizon" not in soon.reason
+
+
+def test_the_budget_counts_hand_submitted_and_draining_jobs():
+    """Budget 8 GPUs, 4 a job: a job submitted by hand (only the queue shows it) or one draining leaves no room."""
+    settings = _settings(gpus_per_job=4, gpu_budget=8, up_after_s=0)
+    hand = _job("h1", Phase.READY, gpus=4, ours=False)
+    for other in (hand, _job("d1", Phase.DRAINING, gpus=4)):
+        decision = Policy(settings).decide(Snapshot(0.0, (_job("j0", gpus=4), other), outstanding=40))
+        assert decision.action == Action.HOLD and "the GPU budget 8 holds 8 in use, a job needs 4" in decision.reason
+    roomy = Policy(dataclasses.replace(settings, gpu_budget=12))
+    assert roomy.decide(Snapshot(0.0, (_job("j0", gpus=4), hand), outstanding=40)).action == Action.SUBMIT
+
+
+def test_the_budget_holds_the_floor_too():
+    settings = _settings(gpus_per_job=4, gpu_budget=4, min_jobs=2)
+    decision = Policy(settings).decide(Snapshot(0.0, (_job("j0", gpus=4),)))
+    assert decision.action == Action.HOLD and "below min_jobs 2" in decision.reason and "GPU budget" in decision.reason
+
+
+def test_min_jobs_zero_goes_to_zero_when_idle_and_back_on_a_request():
+    """Idle for scale_down_after: the last job drains. A request held with nothing serving: one submit at once,
+    none more while it starts; once READY the held request is served and nothing more is submitted."""
+    world = World(Policy(_settings(min_jobs=0)), jobs={"j0": _job("j0")})
+    world.replay([(0, 60, 0)])
+    assert [d.job_id for d in world.acts(Action.DRAIN)] == ["j0"] and world.acts(Action.DRAIN)[0].at == 30
+    world.replay([(60, 100, 0)])
+    assert not world.jobs and not world.acts(Action.SUBMIT)
+    for t in range(100, 120):  # a request arrives and waits
+        world.step(float(t), outstanding=0, held=1)
+    submits = world.acts(Action.SUBMIT)
+    assert [d.at for d in submits] == [100] and "1 request(s) wait with nothing serving" in submits[0].reason
+    world.replay([(120, 130, 1)])
+    assert len(world.acts(Action.SUBMIT)) == 1 and world.serving() == 1
+
+
+def test_the_floor_is_kept_at_once():
+    decision = Policy(_settings(min_jobs=2)).decide(Snapshot(0.0, (_job("j0"),)))
+    assert decision.action == Action.SUBMIT and "1 job(s) under way, below min_jobs 2" in decision.reason
+
+
+def test_scale_down_only_where_the_load_fits_one_job_fewer():
+    """N/(N−1): two jobs at 3 in flight each (target 4) stay two, since one would carry 6; at 1.5 each one goes."""
+    jobs = {"a": _job("a"), "b": _job("b")}
+    world = World(Policy(_settings()), jobs=dict(jobs))
+    world.replay([(0, 200, 6)])
+    assert not world.acts(Action.DRAIN)
+    world = World(Policy(_settings()), jobs=dict(jobs))
+    world.replay([(0, 200, 3)])
+    assert len(world.acts(Action.DRAIN)) == 1 and world.serving() == 1
+
+
+def test_a_surplus_pending_job_is_cancelled_before_any_drain():
+    world = World(Policy(_settings()), jobs={"a": _job("a"), "p": _job("p", Phase.PENDING, starts_at=1e9)})
+    world.replay([(0, 100, 1)])
+    assert [d.job_id for d in world.acts(Action.CANCEL)] == ["p"] and not world.acts(Action.DRAIN)
+
+
+def test_a_job_close_to_its_time_limit_expires_instead_of_draining():
+    settings = _settings(expire_within_s=600)
+    jobs = (_job("a", ends_at=10_000.0), _job("b", ends_at=500.0))
+    policy = Policy(settings)
+    decisions = [policy.decide(Snapshot(float(t), jobs, outstanding=1)) for t in range(0, 40)]
+    assert [(d.action, d.job_id) for d in decisions if d.action != Action.HOLD] == [(Action.EXPIRE, "b")]
+    far = Policy(settings)
+    decisions = [far.decide(Snapshot(float(t), (jobs[0], _job("b", ends_at=5000.0)), outstanding=1)) for t in range(40)]
+    assert [(d.action, d.job_id) for d in decisions if d.action != Action.HOLD] == [(Action.DRAIN, "b")]
+
+
+def test_a_renewal_successor_is_neither_new_capacity_nor_surplus():
+    """A's renewer submitted B: B stands in for A. Hot: a job is still added; cool: B is never cancelled."""
+    jobs = (_job("a"), _job("b", Phase.PENDING, renews="a"))
+    policy = Policy(_settings(up_after_s=0))
+    assert policy.decide(Snapshot(0.0, jobs, outstanding=20)).action == Action.SUBMIT
+    cool = Policy(_settings())
+    assert {cool.decide(Snapshot(float(t), jobs, outstanding=0)).action for t in range(100)} == {Action.HOLD}
+
+
+def test_max_jobs_bounds_the_growth():
+    policy = Policy(_settings(max_jobs=2, up_after_s=0))
+    decision = policy.decide(Snapshot(0.0, (_job("a"), _job("b")), outstanding=40))
+    assert decision.action == Action.HOLD and "at max_jobs 2" in decision.reason and decision.signal == 20
+
+
+def test_a_ttft_over_the_sla_counts_as_above_target():
+    policy = Policy(_settings(up_after_s=0, ttft_sla_s=1.0))
+    decision = policy.decide(Snapshot(0.0, (_job("a"),), outstanding=1, ttft_s=2.5))
+    assert decision.action == Action.SUBMIT and "TTFT 2.50 s above the SLA 1 s" in decision.reason
+
+
+def test_a_restored_controller_keeps_its_timers():
+    """A gateway job's successor passes the record's timers in: the wait for scale_up_after goes on, not anew."""
+    jobs = (_job("a"),)
+    assert Policy(_settings()).decide(Snapshot(100.0, jobs, outstanding=20)).action == Action.HOLD
+    restored = Policy(_settings(), up_since=90.0)
+    assert restored.decide(Snapshot(100.0, jobs, outstanding=20)).action == Action.SUBMIT
+
+
+# ------------------------------------------------------------------------------------------------ the actuator
+def _deployment(tmp_path: Path, **autoscale) -> Path:
+    scale = {"max_jobs": 2, **autoscale}
+    spec = load_spec(_spec(tmp_path, gateway={}, renew={"before": "2m"}, autoscale=scale), check_files=False)
+    return render(spec, tmp_path / "D").deploy_dir
+
+
+def _serving_job(deploy_dir: Path, job_id: str) -> JobPaths:
+    paths = JobPaths(deploy_dir, job_id).create()
+    ServingJob.mark(paths)
+    return paths
+
+
+@pytest.mark.cluster
+def test_advisory_decides_records_and_acts_on_nothing(tmp_path, slurm_cluster, hpc_home):
+    """Below min_jobs with no job: the decision is a submit, recorded as advised; no job is submitted."""
+    deploy_dir = _deployment(tmp_path, advisory=True)
+    controller = Controller.of_folder(deploy_dir, controller="g1")
+    assert controller is not None
+    decision = controller.tick(Load(), now=1000.0)
+    assert decision.action == Action.SUBMIT and "below min_jobs 1" in decision.reason
+    assert not list(Deployment(deploy_dir).jobs_dir.glob("*"))
+    record = AutoscaleRecord.read(Deployment(deploy_dir).autoscale)
+    assert record is not None and record.controller == "g1"
+    assert [(d.action, d.advisory) for d in record.decisions] == [(Action.SUBMIT, True)]
+    view = deployment_status(controller.target)
+    assert view.autoscale is not None and view.to_json()["autoscale"]["decisions"][0]["action"] == "submit"
+    lines = decision_lines(view.autoscale)
+    assert "\n".join(lines) in view.summary()
+    assert lines[0] == "autoscale decisions (controller: gateway job g1)"
+    assert "submit?" in lines[2] and "below min_jobs 1" in lines[2]
+
+
+@pytest.mark.cluster
+def test_the_record_hands_the_controller_over(tmp_path, slurm_cluster, hpc_home):
+    """A gateway job's successor reads its predecessor's record: the decisions and the timers go on."""
+    deploy_dir = _deployment(tmp_path, advisory=True, min_jobs=0, scale_up_after="30s")
+    first = Controller.of_folder(deploy_dir, controller="g1")
+    assert first is not None
+    first.tick(Load(held=0), now=1000.0)
+    first.policy.up_since = 990.0
+    first.note(first.policy.decide(Snapshot(1001.0, (_job("x"),), outstanding=50)))
+    second = Controller.of_folder(deploy_dir, controller="g2")
+    assert second is not None and second.policy.up_since == 990.0
+    assert second.record.controller == "g2" and len(second.record.decisions) == 2
+
+
+def test_a_drain_marks_the_job_then_stops_it_in_order_and_an_expiry_stops_its_renewal(tmp_path):
+    deploy_dir = _deployment(tmp_path)
+    controller = Controller.of_folder(deploy_dir, controller="g1")
+    assert controller is not None
+    paths = _serving_job(deploy_dir, "41")
+    drain = Decision(1000.0, Action.DRAIN, "the load fits 1 job(s)", 1.0, 4.0, "41")
+    assert controller.act(drain, 1000.0) == ("41", "")
+    mark = DrainingMark.read(paths.draining)
+    assert mark is not None and mark.final and paths.no_successor.exists()
+    controller.follow_up(1000.0 + DRAIN_NOTICE_S / 2)
+    assert not paths.stop_request.exists()  # the gateway has not looked at the mark yet
+    controller.follow_up(1000.0 + DRAIN_NOTICE_S)
+    stop = StopRequest.read(paths.stop_request)
+    assert stop is not None and stop.by == BY_AUTOSCALE and not controller.record.draining
+    other = _serving_job(deploy_dir, "42")
+    assert controller.act(Decision(1000.0, Action.EXPIRE, "near its end", 1.0, 4.0, "42"), 1000.0) == ("42", "")
+    assert RenewStop.read(other.no_successor) is not None and not other.draining.exists()
+    renewer = Renewer(deploy_dir, "42", PLAN, 1, {})
+    assert renewer.chain_stopped() == "the autoscaling controller scales the deployment down by this job"
+    assert Renewer(deploy_dir, "43", PLAN, 1, {}).chain_stopped() is None
+
+
+@pytest.fixture
+def held_job(slurm_cluster) -> Iterator[Callable[[str], str]]:
+    """Submit a held job (`sbatch --hold`: PENDING (JobHeldUser) until released) under a name, as a user would by
+    hand; every one is scancel'ed at the end."""
+    made: list[str] = []
+
+    def submit(name: str) -> str:
+        out = subprocess.run(
+            ["sbatch", "--parsable", "--hold", "-J", name, "--gres=gpu:1", "--wrap", "sleep 300"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        made.append(out.strip().split(";")[0])
+        return made[-1]
+
+    yield submit
+    for job_id in made:
+        subprocess.run(["scancel", job_id], capture_output=True, check=False)
+
+
+@pytest.mark.cluster
+def test_a_hand_submitted_pending_job_counts_for_capacity_and_budget(tmp_path, hpc_home, held_job):
+    """A job of the deployment's name that only Slurm's queue shows (submitted by hand, held): the controller
+    sees it PENDING with no start estimate, counts it as capacity on the way and its GPU against the budget."""
+    spec = load_spec(
+        _spec(
+            tmp_path,
+            gateway={},
+            slurm={"time": "00:10:00", "gpus_per_node": 1},
+            autoscale={"min_jobs": 1, "max_jobs": 2, "gpu_budget": 1},
+        ),
+        check_files=False,
+    )
+    deploy_dir = render(spec, tmp_path / "D").deploy_dir
+    controller = Controller.of_folder(deploy_dir, controller="g1")
+    assert controller is not None
+    advised = Controller(
+        deploy_dir, spec.model_copy(update={"autoscale": spec.autoscale.model_copy(update={"advisory": True})})
+    )
+    assert advised.tick(Load(), now=time.time()).action == Action.SUBMIT  # nothing of the name queued: the floor
+    job_id = held_job(spec.name)
+    snap = controller.snapshot(Load(outstanding=10), time.time())
+    assert [(j.job_id, j.phase, j.ours, j.gpus, j.starts_at) for j in snap.jobs] == [
+        (job_id, Phase.PENDING, False, 1, None)
+    ]
+    decision = controller.tick(Load(outstanding=10))
+    assert decision.action == Action.HOLD, decision
+    assert f"capacity on the way: job {job_id} PENDING, estimated start unknown, beyond the horizon" in decision.reason
+    floor = Policy(dataclasses.replace(controller.policy.settings, min_jobs=2)).decide(snap)
+    assert floor.action == Action.HOLD and "the GPU budget 1 holds 1 in use, a job needs 1" in floor.reason
+    assert not list(Deployment(deploy_dir).jobs_dir.glob("*"))  # nothing was submitted
+
+
+@pytest.mark.cluster
+def test_a_cancel_of_the_deployment_stops_the_controller(tmp_path, slurm_cluster, hpc_home):
+    """After `hpc-serve cancel` of the deployment (its RenewStop) the controller acts no more: a look that decided
+    to submit records the decision as not done, and nothing is submitted."""
+    deploy_dir = _deployment(tmp_path)
+    controller = Controller.of_folder(deploy_dir, controller="g1")
+    assert controller is not None and not controller.stopped()
+    RenewStop(at=time.time()).write(Deployment(deploy_dir).renew_stop)
+    assert controller.stopped()
+    decision = controller.tick(Load())
+    assert decision.action == Action.SUBMIT and not list(Deployment(deploy_dir).jobs_dir.glob("*"))
+    assert controller.record.decisions[-1].error == "not done: the deployment was cancelled"

@@ -1,0 +1,152 @@
+"""Autoscaling on the test cluster: a deployment with `min_jobs: 1, max_jobs: 2` under a load step through its
+gateway job grows to two serving jobs and, once the step ends, shrinks back to one by drain while a client streams
+on (the drained job ends COMPLETED), with no request failed (hpc/jobs/autoscale.py, hpc/serving/autoscale.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from launcher.contracts.autoscale import AutoscaleRecord
+from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME, Deployment, gateway_record
+from launcher.contracts.records import read_gateway
+from tests.e2e import cli, private_job_index, status, wait_for, write_spec
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
+
+openai = pytest.importorskip("openai")
+NAME = "autoscaled"
+
+
+#: a load step: one job carries 1 request in flight per replica, so 4 clients take two
+STEP = {"min_jobs": 1, "max_jobs": 2, "target_outstanding": 1, "scale_up_after": "2s", "scale_down_after": "10s"}
+#: to zero when idle, and back on a request
+ZERO = {"min_jobs": 0, "max_jobs": 1, "scale_up_after": "2s", "scale_down_after": "5s"}
+
+
+@pytest.fixture
+def deployment(request, tmp_path, slurm_cluster, tritonserver, tiny_gpt2) -> Iterator[dict]:
+    with private_job_index(tmp_path):
+        spec = write_spec(tmp_path, NAME, tiny_gpt2)
+        data = yaml.safe_load(spec.read_text())
+        data["gateway"] = {"cpus": 1, "mem": "1G", "refresh_s": 1}
+        data["autoscale"] = request.param
+        spec.write_text(yaml.safe_dump(data))
+        try:
+            yield {"spec": spec, "workdir": tmp_path / "runs"}
+        finally:
+            cli("cancel", NAME, check=False)
+            ids = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True).stdout.split()
+            for line in ids:
+                job, _, name = line.partition("|")
+                if name.startswith(NAME):
+                    subprocess.run(["scancel", job], capture_output=True, check=False)
+
+
+def _record(workdir) -> AutoscaleRecord | None:
+    for folder in sorted(workdir.glob(f"{NAME}*")):
+        record = AutoscaleRecord.read(Deployment(folder).autoscale)
+        if record is not None:
+            return record
+    return None
+
+
+def _serving_states(workdir) -> dict[str, str]:
+    """{job id: state} of the deployment's serving jobs (the gateway's and build jobs left out)."""
+    found = {}
+    for folder in sorted(workdir.glob(f"{NAME}*/jobs/*")):
+        if not (folder / GATEWAY_JOB_MARKER_NAME).exists():
+            state = status(folder.name).get("state")
+            if state:
+                found[folder.name] = state
+    return found
+
+
+def _ended(state: str) -> bool:
+    return state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+@pytest.mark.parametrize("deployment", [STEP], indirect=True)
+def test_a_load_step_grows_the_deployment_and_its_end_shrinks_it_by_drain(deployment):
+    out = cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200").stdout.splitlines()
+    gateway_job = next(line.split()[1] for line in out if line.startswith("gateway"))
+    wait_for(lambda: status(gateway_job).get("state") == "READY", 120, f"gateway job {gateway_job} to be READY")
+    record = read_gateway(gateway_record(deployment["workdir"], NAME))
+    assert record is not None
+    client = openai.OpenAI(base_url=record.url + "/v1", api_key=cli("token", NAME).stdout.strip(), max_retries=0)
+    served: list[int] = []  # one item per request served (list.append is atomic across threads)
+    failures: list[str] = []
+    stops = [threading.Event() for _ in range(4)]
+
+    def load(i: int) -> None:
+        while not stops[i].is_set():
+            try:
+                chunks = list(client.completions.create(model=NAME, prompt=f"Load {i}", max_tokens=32, stream=True))
+                assert chunks
+                served.append(i)
+            except Exception as exc:  # noqa: BLE001 - every failure a client would see is counted
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+    def drained() -> str | None:
+        states = _serving_states(deployment["workdir"])
+        done = [j for j, s in states.items() if _ended(s)]
+        return done[0] if done and sum(s == "READY" for s in states.values()) == 1 else None
+
+    workers = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        ready = lambda: [j for j, s in _serving_states(deployment["workdir"]).items() if s == "READY"]  # noqa: E731
+        wait_for(lambda: len(ready()) == 2, 240, "a second serving job, submitted by the controller, READY")
+        grown = _record(deployment["workdir"])
+        assert grown is not None and [d.action for d in grown.decisions].count("submit") == 1, grown
+        before = len(served)
+        wait_for(lambda: failures or len(served) >= before + 5, 60, "requests served by the two jobs")
+        for stop in stops[1:]:  # the step ends; one client goes on streaming through the scale-down
+            stop.set()
+        job = wait_for(drained, 180, "one job drained, one left serving")
+        before = len(served)
+        wait_for(lambda: failures or len(served) >= before + 3, 60, "requests served after the drain")
+    finally:
+        for stop in stops:
+            stop.set()
+        for worker in workers:
+            worker.join(60)
+    assert not failures, failures[:5]
+    assert status(job)["state"] == "COMPLETED", _serving_states(deployment["workdir"])
+    shrunk = _record(deployment["workdir"])
+    assert shrunk is not None and [d.action for d in shrunk.decisions].count("drain") == 1, shrunk
+    assert "autoscale decisions" in cli("status", NAME).stdout
+
+
+@pytest.mark.parametrize("deployment", [ZERO], indirect=True)
+def test_min_jobs_zero_goes_to_zero_when_idle_and_a_request_brings_a_job_back(deployment):
+    """Idle: the one serving job drains (COMPLETED) and the gateway stays. A request then finds nothing serving
+    (503, no_replica_ready: the gateway does not hold it yet) and the controller submits a job at once; once it is
+    READY the same request is served."""
+    out = cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200").stdout.splitlines()
+    gateway_job = next(line.split()[1] for line in out if line.startswith("gateway"))
+    first = next(iter(_serving_states(deployment["workdir"])))
+    wait_for(lambda: _ended(status(first).get("state", "")), 120, f"the idle job {first} to drain")
+    assert status(first)["state"] == "COMPLETED"
+    assert status(gateway_job)["state"] == "READY", "the gateway keeps the address at zero"
+    record = read_gateway(gateway_record(deployment["workdir"], NAME))
+    assert record is not None
+    client = openai.OpenAI(base_url=record.url + "/v1", api_key=cli("token", NAME).stdout.strip(), max_retries=0)
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.completions.create(model=NAME, prompt="Anyone there?", max_tokens=4)
+    assert refused.value.status_code == 503 and "no_replica_ready" in str(refused.value.body)
+
+    def back() -> list[str]:
+        return [j for j, s in _serving_states(deployment["workdir"]).items() if j != first and s == "READY"]
+
+    wait_for(back, 180, "a job submitted for the request, READY")
+    assert client.completions.create(model=NAME, prompt="Anyone there?", max_tokens=4).choices[0].text is not None
+    decisions = _record(deployment["workdir"])
+    assert decisions is not None
+    acts = [(d.action, d.reason) for d in decisions.decisions if d.action != "hold"]
+    assert [a for a, _ in acts] == ["drain", "submit"] and "wait with nothing serving" in acts[1][1], acts
