@@ -43,7 +43,8 @@ def config_text(decoupled: bool = True, own_inputs: bool = False) -> str:
     """The `tensorrt_llm/config.pbtxt` text; `decoupled` is model.yaml's `triton_config.decoupled`, written into
     the file because tritonserver runs with --disable-auto-complete-config (which ignores model.yaml);
     `own_inputs`: declare hpc-serve's model's inputs beyond upstream's (the image's model would ignore them)."""
-    from backend.models.llmapi_io import KV_EVENTS_OUTPUT, KV_EVENTS_SINCE, LOGPROBS_OUTPUT, OWN_INPUTS
+    from backend.models.llmapi_io import LOGPROBS_OUTPUT, OWN_INPUTS
+    from launcher.contracts.llmapi import KV_EVENTS_OUTPUT, KV_EVENTS_SINCE
 
     text = TEMPLATE.read_text(encoding="utf-8")
     if own_inputs:

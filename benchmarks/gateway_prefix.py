@@ -80,7 +80,12 @@ def llm_api(prompt_tokens: int, cache_docs: int) -> dict:
     blocks = BATCH * request_blocks + cache_docs * doc_blocks
     return {
         "max_batch_size": BATCH,
-        "kv_cache_config": {"max_tokens": blocks * BLOCK, "enable_block_reuse": True, "tokens_per_block": BLOCK},
+        "kv_cache_config": {
+            "max_tokens": blocks * BLOCK,
+            "enable_block_reuse": True,
+            "tokens_per_block": BLOCK,
+            "event_buffer_max_size": 4096,  # routing: cache follows each replica's cache
+        },
     }
 
 
@@ -121,7 +126,12 @@ def part2(args: argparse.Namespace, work: Path, checkpoint: Path) -> None:
 
     tokens = max(len(load_tokenizer(checkpoint).encode(prompt)) for _, prompt in items)
     spec = write_spec(work, "bench-gw2", checkpoint, replicas=2, auth=args.auth, llm_api=llm_api(tokens, cache))
-    for label, options in (("prefix affinity", ()), ("least outstanding", ("--prefix-chars", "0"))):
+    policies = (
+        ("cached prefix", ()),  # the default, routing: cache
+        ("prefix affinity", ("--routing", "prefix")),  # the default before: the first 256 characters as the key
+        ("least outstanding", ("--routing", "least")),
+    )
+    for label, options in policies:
         with job(spec) as (job_id, _):  # a job per policy: each starts with empty caches
             token = cli("token", job_id).strip() if args.auth == "token" else None
             with gateway(job_id, work, *options) as (url, _, log):

@@ -118,9 +118,21 @@ def test_bench_gateway_both_parts(tritonserver, hpc_home):
     for side in ("gateway", "gw_aiohttp", "gw_two") if AIOHTTP else ("gateway",):
         assert number(rf"^  {side} / direct: ([\d.]+)$", out) > 0
     number(r"^  CPU per request \(ms\): direct client ([\d.]+)", out)
-    for policy in ("prefix affinity", "least outstanding", "round robin"):  # kept, unbounded / with small caches
+    for policy in ("cached prefix", "prefix affinity", "least outstanding", "round robin"):  # kept: unbounded / small
         number(rf"^    {policy} +(\d+) / +\d+ ", out)
-    number(r"^    prefix affinity .* engines +(\d+) ", out)
+    number(r"^    cached prefix .* engines +(\d+) ", out)
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_routing(tritonserver, hpc_home):
+    """Every policy on one job of 2 replicas, the engines' own reuse counts and TTFT for each."""
+    sizes = ("--replicas", "2", "--conversations", "2", "--turns", "2", "--workers", "2", "--system-words", "30")
+    out = bench("bench_routing.py", *sizes, "--question-words", "8", "--answer-tokens", "2", timeout=290)
+    for policy in ("pinned", "cache", "client", "prefix", "least", "round_robin"):
+        number(rf"^    {policy} +reused +(\d+) computed +\d+ ", out)
+        number(rf"^    {policy} .* TTFT p50 +([\d.]+) ms", out)
 
 
 @pytest.mark.triton

@@ -56,10 +56,12 @@ def test_smallest_shape_writes_the_specs_model_yaml(tmp_path):
     """model.yaml of the doctor's job is the spec's: llm_api keys not given stay out (a `kv_cache_config: null`
     written for one would fail TensorRT-LLM's update_llm_args_with_extra_dict, and the job with it)."""
     from hpc.render.llmapi import model_yaml_args
+    from launcher.contracts.llmapi import KV_EVENT_BUFFER
 
     given = spec(tmp_path, llm_api={"max_batch_size": 4})
     assert model_yaml_args(smallest(given, OWN_MODEL)) == model_yaml_args(given)
-    assert "kv_cache_config" not in model_yaml_args(smallest(given, OWN_MODEL))
+    # not given: no `null`; only what render adds for hpc-serve's model (its KV-cache events, for routing)
+    assert model_yaml_args(smallest(given, OWN_MODEL))["kv_cache_config"] == {"event_buffer_max_size": KV_EVENT_BUFFER}
 
 
 def test_models_on_cpu_are_ours_only_and_say_so(tmp_path):

@@ -134,6 +134,7 @@ def test_gateway_section_errors_name_the_field(tmp_path):
         "sbatch_args": (["--comment=a b"], "gateway.sbatch_args"),
         "max_outstanding": (-1, "gateway.max_outstanding"),
         "prefix_chars": ("long", "gateway.prefix_chars"),
+        "routing": ("fastest", "gateway.routing"),
         "max_body_mb": (-1, "gateway.max_body_mb"),
         "workers": (0, "gateway.workers"),
         "prot": (9000, "gateway"),
@@ -173,6 +174,7 @@ def test_rendered_gateway_script(tmp_path):
             "nodelist": "node2",
             "sbatch_args": ["--comment=gw"],
             "max_outstanding": 16,
+            "routing": "prefix",
             "prefix_chars": 0,
             "max_body_mb": 64,
             "workers": 3,
@@ -205,8 +207,8 @@ def test_rendered_gateway_script(tmp_path):
     assert argv[:1] == [sys.executable], "the gateway runs with the interpreter that rendered it"
     assert argv[1:] == [
         "-m", "hpc.cli", "gateway", "$DEPLOY_DIR", "--host", "0.0.0.0", "--port", "9100", "--refresh", "5.0",
-        "--max-outstanding", "16", "--prefix-chars", "0", "--max-body-mb", "64", "--workers", "3",
-        "--job-id", "$JOB_ID",
+        "--max-outstanding", "16", "--routing", "prefix", "--prefix-chars", "0", "--max-body-mb", "64",
+        "--workers", "3", "--job-id", "$JOB_ID",
     ]  # fmt: skip
     assert f"DEPLOY_DIR={deploy}" in lines and str(gateway_record(tmp_path / "runs", "svc")) in script
 

@@ -31,7 +31,6 @@ import numpy as np
 
 from backend.models.engine_metrics import EngineMetrics, idle_iteration
 from backend.models.llmapi_io import (
-    KV_EVENTS_OUTPUT,
     Completion,
     InputError,
     LlmRequest,
@@ -40,7 +39,13 @@ from backend.models.llmapi_io import (
     parse_request,
     response_arrays,
 )
-from launcher.contracts.llmapi import CANCELLATION_CHECK_PERIOD_MS, LLM_CONFIG_PATH_VAR, MODEL_YAML
+from launcher.contracts.llmapi import (
+    CANCELLATION_CHECK_PERIOD_MS,
+    KV_EVENTS_OFF,
+    KV_EVENTS_OUTPUT,
+    LLM_CONFIG_PATH_VAR,
+    MODEL_YAML,
+)
 
 pb_utils: Any = None  # triton_python_backend_utils, set in initialize() (it exists only inside the stub)
 
@@ -52,9 +57,6 @@ AWAIT_LOG_S = 1.0
 #: steps), and how long a read waits for a new one before it starts again
 STATS_PERIOD_S = 0.2
 STATS_TIMEOUT_S = 1.0
-KV_EVENTS_OFF = (
-    "KV-cache events are off: set llm_api.kv_cache_config.event_buffer_max_size above 0 (with enable_block_reuse)"
-)
 
 
 def read_model_yaml(model_dir: str) -> dict[str, Any]:

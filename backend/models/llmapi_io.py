@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from launcher.contracts.llmapi import PERF_OUTPUTS
+from launcher.contracts.llmapi import KV_EVENTS_SINCE, PERF_OUTPUTS
 
 #: SamplingParams.max_tokens' default in the LLM API
 DEFAULT_MAX_TOKENS = 32
@@ -44,9 +44,6 @@ OWN_INPUTS = {
 #: hpc-serve's model's output of the generated tokens' log probabilities (asked with sampling_param_logprobs): a
 #: streamed response carries the new tokens' only, the ensemble's `output_log_probs` likewise
 LOGPROBS_OUTPUT = "output_log_probs"
-#: hpc-serve's model's KV-cache events request: `kv_cache_events_since` (the last event id the caller has; the
-#: events after it come back as one JSON list in `kv_cache_events`), for routers that follow each replica's cache
-KV_EVENTS_SINCE, KV_EVENTS_OUTPUT = "kv_cache_events_since", "kv_cache_events"
 #: speculative decoding's (none on the CPU engine: upstream's values for a request without drafts)
 DRAFT_OUTPUTS = {"acceptance_rate": 0.0, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0}
 

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from hpc.cli.support import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, add_target, err, resolve_or_exit
-from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
+from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS, ROUTING, ROUTING_MODES
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 
 DEFAULT_PORT = 9000
@@ -70,6 +70,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             prefix_chars=args.prefix_chars,
             renew_from=args.renew_from,
             max_body_mb=args.max_body_mb,
+            routing=args.routing,
             workers=args.workers,
         )
     except GatewayRunning as exc:
@@ -116,10 +117,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help=f"requests in flight per replica before the gateway answers 429 (default {MAX_OUTSTANDING}; 0: no bound)",
     )
     p.add_argument(
+        "--routing",
+        choices=ROUTING_MODES,
+        default=ROUTING,
+        help=f"how a replica is chosen (default {ROUTING}: the longest cached prefix against load; prefix: the "
+        "first --prefix-chars characters as the key; least: least outstanding; round_robin)",
+    )
+    p.add_argument(
         "--prefix-chars",
         type=_count,
         default=PREFIX_CHARS,
-        help=f"prompt characters that key prefix affinity (default {PREFIX_CHARS}; 0: affinity off)",
+        help=f"prompt characters that key prefix affinity, with --routing prefix (default {PREFIX_CHARS}; 0: "
+        "affinity off, least outstanding whatever --routing says)",
     )
     p.add_argument(
         "--max-body-mb",

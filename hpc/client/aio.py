@@ -1,6 +1,7 @@
 """`AsyncClient`: text from a deployment, through its gateway when one answers, else straight from its replicas
-with the gateway's own balancing (hpc.routing): least outstanding requests, and a replica that fails before its
-first piece is benched and the request retried on another.
+with the gateway's own balancing: the longest cached prefix against load (hpc/serving/routing.py, on the prompts
+this client sent to each replica), and a replica that fails before its first piece is benched and the request
+retried on another.
 
 Why the gateway first: it sees every client's requests, so its balancing (and prefix affinity) is better
 informed than one client's, and it is the one address that outlives jobs. Why a fallback at all: a deployment
@@ -25,13 +26,14 @@ from hpc.client.errors import AuthError, Busy, NotReady, RequestError, ServerErr
 from hpc.client.transport import GatewayUnavailable, Sampling, gateway_stream, generate_params
 from hpc.compat import Self, Unpack, timeout
 from hpc.scheduler.index import JobRef
-from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
+from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated
 from hpc.serving.deployment import Target, as_replica
 from hpc.serving.discovery import Discovery
 from hpc.serving.engine_timing import timestamps
 from hpc.serving.gateway_record import live_gateway
 from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.retry import stream_with_retry, taken_whole
+from hpc.serving.routing import CachedPrefix
 from hpc.serving.text import StopStream
 from hpc.serving.triton import (
     ModelError,
@@ -77,6 +79,9 @@ class AsyncClient:
         self.model, self.timeout_s, self.refresh_s = model, timeout_s, refresh_s
         self._token = token
         self._balancer = Balancer()
+        #: the gateway's default rule, the longest cached prefix against load, on the prompts this client sent
+        #: to each replica (it follows no replica's KV-cache events: hpc/serving/routing.py)
+        self._routing = CachedPrefix(follows_events=False)
         self.target: Target | None = None
         if isinstance(target, EndpointRecord | Replica):
             replica = as_replica(target) if isinstance(target, EndpointRecord) else target
@@ -200,9 +205,10 @@ class AsyncClient:
                 attempt,
                 ReplicaUnavailable,
                 ReplicaBusy,
-                prefix_key(params.prompt),
+                None,
                 retried,
                 failed=failed_internally,
+                route=self._routing.route(params.prompt),
             )
             async with aclosing(chunks_of) as chunks:
                 async for chunk in chunks:

@@ -36,10 +36,13 @@ from hpc.gateway.state import Gateway
 from hpc.serving.balancer import Balancer, Replica
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
+from hpc.serving.kv_events import KvEventsFollower
 from hpc.serving.replica_counts import ReplicaCounts
+from hpc.serving.routing import CachedPrefix, routing_mode
 from hpc.serving.text import ChatTemplate
 from hpc.serving.triton import TritonEngine
-from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
+from hpc.serving.warmup import Warmer
+from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS, ROUTING
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 
 
@@ -50,27 +53,35 @@ def create_app(
     prefix_chars: int = PREFIX_CHARS,
     fast_path: bool = True,
     max_body_mb: int = MAX_BODY_MB,
+    routing: str = ROUTING,
     counts: ReplicaCounts | None = None,
 ) -> FastAPI:
     """The gateway for `target` (hpc.serving.deployment.resolve_target). `max_outstanding`: requests in flight
     per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off);
     `fast_path`: serve the two generation routes around FastAPI's machinery (hpc/gateway/fastpath.py; off, every
     request takes FastAPI's way: the same answers, which the tests compare, and what the benchmark measures it
-    against); `max_body_mb`: the largest request body taken (hpc/spec/limits.py; 0: no bound); `counts`: where the
-    balancer's per-replica counts live (hpc/serving/replica_counts.py; shared by a gateway's worker processes)."""
+    against); `max_body_mb`: the largest request body taken (hpc/spec/limits.py; 0: no bound); `routing`: how a
+    replica is chosen (hpc/serving/routing.py; `cache` follows the replicas' KV-cache events meanwhile); `counts`:
+    where the balancer's per-replica counts live (hpc/serving/replica_counts.py; shared by a gateway's worker
+    processes)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from backend.models.tokenizer import load_tokenizer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, target.tokenizer_dir)
-        balancer = Balancer(max_outstanding=max_outstanding, counts=counts)
+        # the gateway's own tokenization (`Gateway.token_ids`): each prompt encoded once for routing and usage
+        mode = routing_mode(routing, prefix_chars, lambda prompt: app.state.gateway.token_ids(prompt))
+        balancer = Balancer(max_outstanding=max_outstanding, round_robin=mode.round_robin, counts=counts)
         # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/contracts/urls.py)
         async with httpx.AsyncClient(trust_env=False) as http:
             engine = TritonEngine()
+            warmer: Warmer | None = None
 
             async def retain(ready: list[Replica]) -> None:
                 await engine.retain({r.grpc_url for r in ready})
+                if warmer is not None:
+                    warmer.joined(ready)  # a replica that joined gets the hottest shared prefixes first
 
             discovery = Discovery(target, balancer, http, refresh_s=refresh_s, on_update=retain)
             app.state.gateway = Gateway(
@@ -83,9 +94,14 @@ def create_app(
                 ChatTemplate.from_tokenizer_dir(target.tokenizer_dir),
                 prefix_chars=prefix_chars,
                 metrics=app.state.metrics,
+                routing=mode,
             )
+            follower = None
+            if isinstance(mode, CachedPrefix):
+                follower = KvEventsFollower(mode, balancer, discovery.token_for)
+                warmer = Warmer(mode, balancer, engine, discovery.token_for)
             try:
-                async with discovery.running():
+                async with discovery.running(), follower.running() if follower else contextlib.nullcontext():
                     yield
             finally:
                 await engine.close()
@@ -96,7 +112,7 @@ def create_app(
     app.add_exception_handler(ClientDisconnect, client_gone_handler)  # a client gone while sending its body
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)  # Starlette's last resort: a 500 of ours
-    app.state.metrics = Metrics(lambda: _balancer(app))
+    app.state.metrics = Metrics(lambda: _balancer(app), lambda: _degraded(app), lambda: _events_lost(app))
     app.include_router(metrics.router)
     app.include_router(openai_api.router)
     app.include_router(passthrough.health)
@@ -122,6 +138,21 @@ def _balancer(app: FastAPI) -> Balancer | None:
     """The app's balancer, once its lifespan made it (a scrape before that sees no replica)."""
     gateway = getattr(app.state, "gateway", None)
     return gateway.balancer if gateway is not None else None
+
+
+def _degraded(app: FastAPI) -> dict[str, str]:
+    """Replica key → why cache-aware routing knows its cache only from the prompts sent there
+    (hpc/serving/routing.py `DEGRADED`)."""
+    gateway = getattr(app.state, "gateway", None)
+    mode = gateway.routing if gateway is not None else None
+    return mode.degraded_reasons() if isinstance(mode, CachedPrefix) else {}
+
+
+def _events_lost(app: FastAPI) -> dict[str, int]:
+    """Replica key → times its KV-cache events were lost between two reads."""
+    gateway = getattr(app.state, "gateway", None)
+    mode = gateway.routing if gateway is not None else None
+    return dict(mode.events_lost) if isinstance(mode, CachedPrefix) else {}
 
 
 def _no_telemetry() -> dict[str, Any]:

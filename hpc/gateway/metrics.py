@@ -23,6 +23,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from hpc.serving.balancer import Balancer
+from hpc.serving.routing import DEGRADED
 
 PREFIX = "hpc_serve_gateway"
 #: prometheus_client's variable naming the folder of its multiprocess files (set by a gateway of several workers)
@@ -40,8 +41,15 @@ _COUNTED = ("outstanding", "served", "failures", "refusals", "kv_reused_blocks",
 class ReplicaCollector(Collector):
     """Per-replica numbers and the balancer's pick outcomes, as the balancer holds them at scrape time."""
 
-    def __init__(self, balancer: Callable[[], Balancer | None]) -> None:
+    def __init__(
+        self,
+        balancer: Callable[[], Balancer | None],
+        degraded: Callable[[], dict[str, str]] = dict,
+        events_lost: Callable[[], dict[str, int]] = dict,
+    ) -> None:
         self._balancer = balancer
+        self._degraded = degraded
+        self._events_lost = events_lost
 
     def collect(self) -> Iterator[Metric]:
         balancer = self._balancer()
@@ -94,18 +102,41 @@ class ReplicaCollector(Collector):
         yield from families.values()
         picks = CounterMetricFamily(
             f"{PREFIX}_picks",
-            "Replica choices: least (no prefix key), home (the prefix's own replica), spilled (it was too busy)",
+            "Replica choices: least (no prefix key, or no replica holds the prompt), home (the prefix's own replica), "
+            "cached (the replica holding most of the prompt), spilled (it was too busy)",
             labels=["outcome"],
         )
-        for outcome in ("least", "home", "spilled"):
+        for outcome in ("least", "home", "cached", "spilled"):
             picks.add_metric([outcome], float(balancer.outcomes[outcome] if balancer is not None else 0))
         yield picks
+        degraded = GaugeMetricFamily(
+            f"{PREFIX}_replica_routing_degraded",
+            "1 while routing knows the replica's cache only from the prompts sent there, though it follows KV-cache "
+            "events (routing: cache), by reason: " + ", ".join(DEGRADED),
+            labels=["replica", "reason"],
+        )
+        for key, reason in sorted(self._degraded().items()):
+            degraded.add_metric([key, reason], 1.0)
+        yield degraded
+        lost = CounterMetricFamily(
+            f"{PREFIX}_replica_kv_events_lost",
+            "Times KV-cache events of the replica were lost between two reads (routing's index of it started again)",
+            labels=["replica"],
+        )
+        for key, times in sorted(self._events_lost().items()):
+            lost.add_metric([key], float(times))
+        yield lost
 
 
 class Metrics:
     """Every metric of one gateway, in its own registry."""
 
-    def __init__(self, balancer: Callable[[], Balancer | None]) -> None:
+    def __init__(
+        self,
+        balancer: Callable[[], Balancer | None],
+        degraded: Callable[[], dict[str, str]] = dict,
+        events_lost: Callable[[], dict[str, int]] = dict,
+    ) -> None:
         self.balancer = balancer
         self.registry = CollectorRegistry()
         r = self.registry
@@ -126,7 +157,7 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        r.register(ReplicaCollector(balancer))
+        r.register(ReplicaCollector(balancer, degraded, events_lost))
 
     def kv_blocks(self, replica_key: str, reused: int, missed: int) -> None:
         """Add a request's KV-cache blocks to the replica that served it (kept by the balancer, as its other

@@ -29,7 +29,7 @@ from hpc.jobs import autoscale
 from hpc.jobs.renewal import GatewayRenewer, takes_over_from
 from hpc.serving.deployment import Target
 from hpc.serving.gateway_record import live_gateway, node_name, publish, record_path, withdraw
-from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
+from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS, ROUTING
 from launcher.contracts.job_index import job_cluster
 from launcher.contracts.layout import Deployment
 from launcher.contracts.plan import LaunchPlan
@@ -114,9 +114,11 @@ def run(
     prefix_chars: int = PREFIX_CHARS,
     renew_from: Path | None = None,
     max_body_mb: int = MAX_BODY_MB,
+    routing: str = ROUTING,
     workers: int = 1,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`, `max_body_mb`: hpc.gateway.app.create_app's). A gateway
+    """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`, `max_body_mb`, `routing`:
+    hpc.gateway.app.create_app's). A gateway
     job (`job_id`) whose deployment folder `renew_from` has a renew plan renews itself (hpc/jobs/renewal.py)
     and ends once its successor serves. `workers` > 1: that many processes on the one port
     (hpc/gateway/workers.py). Raises GatewayRunning, OSError (the port)."""
@@ -140,6 +142,7 @@ def run(
         "max_outstanding": max_outstanding,
         "prefix_chars": prefix_chars,
         "max_body_mb": max_body_mb,
+        "routing": routing,
     }
     print(f"hpc-serve gateway for {target.name} in {target.workdir}: {url}/v1", flush=True)
     if workers > 1:

@@ -23,11 +23,12 @@ from backend.models.tokenizer import RELEASE_GIL_CHARS
 from hpc.gateway.accesslog import RequestRecord
 from hpc.gateway.errors import no_replica, saturated
 from hpc.gateway.metrics import Metrics
-from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated, prefix_key
+from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
 from hpc.serving.model_io import Chunk, GenerateParams
 from hpc.serving.retry import stream_with_retry, taken_whole
+from hpc.serving.routing import PrefixChars, RoutingMode
 from hpc.serving.text import ChatTemplate
 from hpc.serving.triton import ReplicaBusy, ReplicaStopping, ReplicaUnavailable, TritonEngine, failed_internally
 from hpc.spec.files import context_length
@@ -36,6 +37,9 @@ from hpc.spec.limits import PREFIX_CHARS
 T = TypeVar("T")
 
 log = logging.getLogger("hpc_serve.gateway")
+#: prompts whose token ids are kept (`Gateway.token_ids`): the requests in flight whose usage is yet to count;
+#: only those up to TOKENIZED_KEPT_CHARS (a few MB at most in all: a longer one is encoded twice)
+TOKENIZED_KEPT, TOKENIZED_KEPT_CHARS = 256, 16384
 
 
 @dataclass
@@ -47,8 +51,24 @@ class Gateway:
     http: httpx.AsyncClient
     tokenizer: Any  # backend.models.tokenizer.TextTokenizer
     chat_template: ChatTemplate
-    prefix_chars: int = PREFIX_CHARS  # the prefix affinity key's length (0: no affinity)
+    prefix_chars: int = PREFIX_CHARS  # the prefix affinity key's length (0: no affinity), for `prefix` routing
     metrics: Metrics | None = None
+    #: how a replica is chosen (hpc/serving/routing.py); None: `prefix` routing on `prefix_chars`
+    routing: RoutingMode | None = None
+
+    def __post_init__(self) -> None:
+        if self.routing is None:
+            self.routing = PrefixChars(self.prefix_chars)
+        self._kept_ids: Callable[[str], tuple[int, ...]] = functools.lru_cache(maxsize=TOKENIZED_KEPT)(self._encode)
+
+    def token_ids(self, prompt: str) -> tuple[int, ...]:
+        """A prompt's token ids, kept for the last few prompts up to TOKENIZED_KEPT_CHARS: cache-aware routing
+        matches them and the answer's usage counts them, so each is tokenized once (thread-safe: a long one is
+        encoded on a thread)."""
+        return self._kept_ids(prompt) if len(prompt) <= TOKENIZED_KEPT_CHARS else self._encode(prompt)
+
+    def _encode(self, prompt: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(prompt, add_special_tokens=True))
 
     @property
     def model_name(self) -> str:
@@ -71,7 +91,7 @@ class Gateway:
 
     def prompt_tokens(self, prompt: str) -> int:
         """As preprocessing counts them: the deployment's tokenizer, special tokens included."""
-        return len(self.tokenizer.encode(prompt, add_special_tokens=True))
+        return len(self.token_ids(prompt))
 
     def completion_tokens(self, text: str) -> int:
         """A generation's tokens counted from its text, for a model that counts none (llmapi): the deployment's
@@ -115,7 +135,7 @@ class Gateway:
         on_first: Callable[[], None] | None = None,
     ) -> AsyncGenerator[T, None]:
         """What `attempt(replica)` yields from the replica the balancer picks (prefix affinity on `prompt`), by
-        the retry rule: an attempt that raises ReplicaUnavailable or ReplicaBusy before its first item is sent to
+        the retry rule (`routing` scores the replicas for `prompt`): an attempt that raises ReplicaUnavailable or ReplicaBusy before its first item is sent to
         the next replica. `record` learns the replica and the replicas tried before it. Take the first item with
         `first` (the answers when no replica is left). Why the rule's own generator, not one around it: every
         streamed token passes through each generator layer, a few microseconds each."""
@@ -123,17 +143,19 @@ class Gateway:
         def picked(replica: Replica, tried: int) -> None:
             record.replica, record.retried = replica.key, tried
 
-        key = prefix_key(prompt, self.prefix_chars) if prompt is not None else None
+        mode = self.routing
+        assert mode is not None  # __post_init__
         return stream_with_retry(
             self.balancer,
             attempt,
             ReplicaUnavailable,
             ReplicaBusy,
-            key,
+            mode.prefix_key(prompt),
             on_retry=self.retried,
             on_pick=picked,
             on_first=on_first,
             failed=failed_internally,
+            route=mode.route(prompt),
         )
 
     async def first(self, items: AsyncIterator[T]) -> T | None:

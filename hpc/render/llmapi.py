@@ -3,14 +3,15 @@
 model.yaml holds what the `tensorrt_llm` model passes to `LLM(**args)` plus its `triton_config` (upstream's
 model.py and hpc-serve's read every key but triton_config as an LLM argument). What the spec decides elsewhere is
 written here, once: the checkpoint (`model`), the parallel sizes, `gpus_per_node` (TensorRT-LLM's ranks per node
-of the replica: `Mapping.local_rank = rank % gpus_per_node`); then the `llm_api:` section's keys as given.
+of the replica: `Mapping.local_rank = rank % gpus_per_node`); then the `llm_api:` section's keys as given; then,
+for hpc-serve's model, `kv_cache_config.event_buffer_max_size` where the spec left it out.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from launcher.contracts.llmapi import CANCELLATION_CHECK_PERIOD_MS, MODEL_FILES, OWN_MODEL
+from launcher.contracts.llmapi import CANCELLATION_CHECK_PERIOD_MS, KV_EVENT_BUFFER, MODEL_FILES, OWN_MODEL
 
 if TYPE_CHECKING:
     from hpc.spec import Spec
@@ -27,6 +28,13 @@ def model_yaml_args(spec: Spec) -> dict[str, Any]:
     }
     if spec.llm_api is not None:
         args.update(spec.llm_api.arguments())
+    if m.llmapi_model == OWN_MODEL:
+        # hpc-serve's model keeps the engine's KV-cache events for the gateway's cache-aware routing
+        # (hpc/serving/kv_events.py), unless the spec says otherwise (0: none)
+        kv = args.get("kv_cache_config")
+        kv = dict(kv) if isinstance(kv, dict) else {}
+        kv.setdefault("event_buffer_max_size", KV_EVENT_BUFFER)
+        args["kv_cache_config"] = kv
     # max_batch_size 0 is filled in by backend/llmapi_repository.py (with_triton_config), which owns the rule
     args["triton_config"] = {
         "decoupled": spec.triton.decoupled,

@@ -22,6 +22,14 @@ two KV-cache blocks, the least a shared prefix must cover for reuse to pay. A sh
 every chat of a template whose boilerplate is that long; a longer one would separate requests that share a
 system prompt of just that length. Prompts shorter than that get no key: they hold no reusable block.
 
+Why the default key is no longer those characters (`routing: cache`, hpc/serving/routing.py): every chat that
+opens with one long system prompt has one key, so one replica got everything, and a conversation spilled by the
+bound lost its history. A `Route` instead tells, for each replica, how many of the prompt's tokens its cache holds
+(hpc/serving/prefix_index.py); `pick` then takes, among the replicas within the same bound, the one with the
+fewest of the prompt's tokens to compute, ties to the least prefill queued (prompt tokens of its requests still
+waiting for their first token, less what their replica held): docs/decisions.md "Routing by the longest cached
+prefix" says why the queued prefill breaks ties and is not added to the count.
+
 Draining replicas (their job is stopping) and benched ones (failed a request before its first byte; back after
 `cooldown_s`, or dropped by discovery) get no new requests while another replica takes them. When every replica
 left is benched, they are tried anyway (Envoy's "panic" routing): one failure that may have been a passing one
@@ -40,6 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from hpc.serving.prefix_homes import PrefixHomes, rank
 from hpc.serving.replica_counts import LocalCounts, ReplicaCounts
@@ -77,6 +86,28 @@ class Replica:
     kv_missed_blocks: int = 0
     #: how many times its job restarted it (replica_policy restart; its endpoint record's count)
     restarts: int = 0
+    #: prompt tokens to prefill of its requests still waiting for their first token (a `Route`'s count)
+    prefill_queued: int = 0
+    #: it joined and is being sent the hottest prefixes (hpc/serving/warmup.py): no new requests meanwhile
+    warming: bool = False
+
+
+class Route(Protocol):
+    """A prompt as cache-aware routing sees it (hpc/serving/routing.py): its size and each replica's cached part,
+    in tokens (estimated where the replica's cache is known only from the prompts routed there)."""
+
+    prompt_tokens: int
+    #: the prompt's tokens to prefill where it was routed last (`routed` sets it)
+    prefill: int
+
+    def cached_tokens(self, replica: Replica, among: int) -> int:
+        """The prompt's tokens counted as held by `replica`, one of `among` that may take it."""
+
+    def assigned(self, replica: Replica) -> int:
+        """How much distinct prompt text was sent to `replica` lately: where a new prefix fits best."""
+
+    def routed(self, replica: Replica) -> None:
+        """The prompt goes to `replica`: `prefill` is what it lacks, and an index of routed prompts learns it."""
 
 
 class NoReplica(RuntimeError):
@@ -107,6 +138,7 @@ class Balancer:
         max_outstanding: int | None = None,
         load_factor: float = LOAD_FACTOR,
         load_slack: int = LOAD_SLACK,
+        round_robin: bool = False,
         counts: ReplicaCounts | None = None,
     ) -> None:
         if load_factor < 1.0:
@@ -115,12 +147,16 @@ class Balancer:
         self.max_outstanding = max_outstanding
         self.load_factor = load_factor
         self.load_slack = load_slack
+        #: without an affinity, the replica chosen longest ago (not the least loaded): for comparisons only
+        self.round_robin = round_robin
         self._clock = clock
         #: where the per-replica counts live (hpc/serving/replica_counts.py): here, or shared by worker processes
         self.counts: ReplicaCounts = counts or LocalCounts()
         self._replicas: dict[str, Replica] = {}
         self._picks = 0
-        #: how picks went: "least" (no prefix key), "home" (the prefix's first replica), "spilled" (a later one)
+        #: how picks went: "least" (no prefix key), "home" (the prefix's first replica), "spilled" (a later one);
+        #: with a `Route`: "cached" (the replica holding most of the prompt), "least" (none holds any of it),
+        #: "spilled" (the one holding most was too busy, or another's first token comes sooner)
         self.outcomes: Counter[str] = Counter()
         #: each prefix's home replica (prefix_homes.py)
         self.homes = PrefixHomes(load_factor)
@@ -151,21 +187,23 @@ class Balancer:
         return [r for r in self._replicas.values() if r.benched_until <= now]
 
     def available(self) -> list[Replica]:
-        """Replicas that take new requests: healthy and not draining (full ones included)."""
-        return [r for r in self.healthy() if not r.draining]
+        """Replicas that take new requests: healthy, not draining, not warming (full ones included)."""
+        return [r for r in self.healthy() if not r.draining and not r.warming]
 
     def takers(self, exclude: Iterable[str] = ()) -> list[Replica]:
         """The replicas outside `exclude` that a new request may go to: the available ones, or when none is, the
-        benched ones that are not draining (see the module docstring). What readiness answers by, too."""
+        benched or warming ones that are not draining (see the module docstring). What readiness answers by, too."""
         skip = set(exclude)
         open_ = [r for r in self.available() if r.key not in skip]
         return open_ or [r for r in self._replicas.values() if not r.draining and r.key not in skip]
 
-    def pick(self, exclude: Iterable[str] = (), prefix_key: str | None = None) -> Replica:
+    def pick(self, exclude: Iterable[str] = (), prefix_key: str | None = None, route: Route | None = None) -> Replica:
         """The replica for the next request. Without `prefix_key`: the one with the fewest requests in flight,
         ties to the one chosen longest ago (round robin among equals, so a replica that just joined gets its
         share at once). With one: the first replica in the key's rendezvous order whose load after this request
-        stays within the bound (`load_factor` × the mean, or `load_slack` above it); benched replicas only when no other is left (`takers`). Raises
+        stays within the bound (`load_factor` × the mean, or `load_slack` above it); with a `route`, the replica
+        within that bound holding most of the prompt (`_by_route`). Benched replicas only when no other is
+        left (`takers`). Raises
         NoReplica when none takes new requests outside `exclude`, and Saturated when those left are all at
         `max_outstanding`."""
         open_ = self.takers(exclude)
@@ -177,8 +215,16 @@ class Balancer:
         candidates = [r for r in open_ if bound is None or r.outstanding < bound]
         if not candidates:
             raise Saturated(f"every ready replica has {bound} requests in flight")
-        if prefix_key is None:
-            chosen = min(candidates, key=lambda r: (r.outstanding, r.last_pick, r.key))
+        if route is not None:
+            chosen = self._by_route(candidates, route)
+            route.routed(chosen)
+        elif prefix_key is None:
+            order = (
+                (lambda r: (r.last_pick, r.key))
+                if self.round_robin
+                else (lambda r: (r.outstanding, r.last_pick, r.key))
+            )
+            chosen = min(candidates, key=order)
             self.outcomes["least"] += 1
         else:
             home = self.homes.home(prefix_key, self.available() or open_)
@@ -191,10 +237,34 @@ class Balancer:
     def _by_prefix(self, candidates: list[Replica], key: str, home: Replica) -> Replica:
         """Bounded loads over `candidates`: the first of `home`, then the others in the key's rendezvous order,
         whose load after this request is within the bound (one always is: the least loaded is at most the mean)."""
-        mean = (sum(r.outstanding for r in candidates) + 1) / len(candidates)  # this request included
-        cap = math.ceil(max(self.load_factor * mean, mean + self.load_slack))
+        cap = self._cap(candidates)
         ranked = sorted(candidates, key=lambda r: (r is home, _rank(key, r)), reverse=True)
         return next((r for r in ranked if r.outstanding + 1 <= cap), ranked[0])
+
+    def _cap(self, candidates: list[Replica]) -> int:
+        """The bound on a replica's load after this request (module docstring)."""
+        mean = (sum(r.outstanding for r in candidates) + 1) / len(candidates)  # this request included
+        return math.ceil(max(self.load_factor * mean, mean + self.load_slack))
+
+    def _by_route(self, candidates: list[Replica], route: Route) -> Replica:
+        """Among `candidates` within the bound: when some hold more of the prompt than others, the one with the
+        fewest of its tokens to compute, ties to the least prefill queued; when none does (a new prefix), the one
+        sent the least distinct text lately, so that each cache gets its share of the working set (SGLang's
+        "smallest tree"), then the least queued; then the fewest in flight, the one chosen longest ago."""
+        cap = self._cap(candidates)
+        within = [r for r in candidates if r.outstanding + 1 <= cap] or candidates
+        cached = {r.key: min(route.cached_tokens(r, len(candidates)), route.prompt_tokens) for r in candidates}
+        most = max(cached.values())
+        if most == min(cached.values()):
+            chosen = min(within, key=lambda r: (route.assigned(r), r.prefill_queued, r.outstanding, r.last_pick, r.key))
+            self.outcomes["least"] += 1
+            return chosen
+        chosen = min(
+            within,
+            key=lambda r: (route.prompt_tokens - cached[r.key], r.prefill_queued, r.outstanding, r.last_pick, r.key),
+        )
+        self.outcomes["cached" if cached[chosen.key] == most else "spilled"] += 1
+        return chosen
 
     def mark_failed(self, replica: Replica) -> None:
         """The replica failed before the first byte: no new requests until the cooldown has passed."""
@@ -206,10 +276,20 @@ class Balancer:
         self.counts.add(replica, refusals=1)
 
     @contextmanager
-    def track(self, replica: Replica) -> Iterator[Replica]:
-        """Count a request as outstanding on `replica` while the block runs."""
+    def track(self, replica: Replica, prefill: int = 0) -> Iterator[Callable[[], None]]:
+        """Count a request as outstanding on `replica` while the block runs, and its `prefill` tokens as queued
+        until the block calls what it is given (its first token came) or ends (this process's requests only:
+        the queued prefill is not among the counts worker processes share)."""
         self.counts.add(replica, outstanding=1)
+        replica.prefill_queued += prefill
+        queued = [prefill]
+
+        def first_token() -> None:
+            replica.prefill_queued -= queued[0]
+            queued[0] = 0
+
         try:
-            yield replica
+            yield first_token
         finally:
+            first_token()
             self.counts.add(replica, outstanding=-1, served=1)

@@ -11,11 +11,11 @@ lines) hangs on its hooks.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import TypeVar
 
-from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated
+from hpc.serving.balancer import Balancer, NoReplica, Replica, Route, Saturated
 
 T = TypeVar("T")
 
@@ -30,8 +30,11 @@ async def stream_with_retry(
     on_pick: Callable[[Replica, int], None] | None = None,
     on_first: Callable[[], None] | None = None,
     failed: Callable[[BaseException], bool] = lambda _exc: False,
+    route: Callable[[], Awaitable[Route | None]] | None = None,
 ) -> AsyncGenerator[T, None]:
-    """What `attempt(replica)` yields, from the replica the balancer picks (`prefix_key`: its affinity key).
+    """What `attempt(replica)` yields, from the replica the balancer picks (`prefix_key`: its affinity key; or
+    `route`, awaited once before the first pick: the prompt as cache-aware routing scores it, whose prefill
+    counts as queued on its replica until the first item).
     Before the first item, a replica that raises `unavailable` is benched (`mark_failed`) and one that raises
     `refused` (its queue is full: healthy, not benched, `mark_refused`) is skipped, and the next one is tried;
     `on_retry(replica, error)` follows either. `on_pick(replica, tried)` is called as a replica is chosen
@@ -43,9 +46,10 @@ async def stream_with_retry(
     tried: list[str] = []
     refusals = 0
     failure: BaseException | None = None
+    scored = await route() if route is not None else None
     while True:
         try:
-            replica = balancer.pick(exclude=tried, prefix_key=prefix_key)
+            replica = balancer.pick(exclude=tried, prefix_key=prefix_key, route=scored)
         except NoReplica:
             if failure is not None:
                 raise failure from None
@@ -56,12 +60,13 @@ async def stream_with_retry(
             on_pick(replica, len(tried))
         tried.append(replica.key)
         started = False
-        with balancer.track(replica):
+        with balancer.track(replica, scored.prefill if scored is not None else 0) as first_token:
             items = attempt(replica)
             try:
                 async for item in items:
                     if not started:
                         started = True
+                        first_token()
                         if on_first is not None:
                             on_first()
                     yield item

@@ -16,7 +16,7 @@ from hpc.spec.checks import (
     _single_options,
     _tcp_port,
 )
-from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
+from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS, ROUTING, ROUTING_MODES
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 
 #: the most gateway worker processes: a login node's or a service node's share, far above what 8 replicas need
@@ -46,8 +46,16 @@ class GatewaySpec(_Section):
     max_outstanding: int = Field(
         MAX_OUTSTANDING, ge=0, description="requests in flight per replica before the gateway answers 429 (0: no bound)"
     )
+    routing: str = Field(
+        ROUTING,
+        description="how a replica is chosen: " + ", ".join(ROUTING_MODES) + " (cache: the longest cached prefix "
+        "against load; prefix: the first prefix_chars characters as the key; least: least outstanding)",
+    )
     prefix_chars: int = Field(
-        PREFIX_CHARS, ge=0, description="prompt characters that key prefix affinity (0: off, least outstanding only)"
+        PREFIX_CHARS,
+        ge=0,
+        description="prompt characters that key prefix affinity, with routing: prefix (0: affinity off, least "
+        "outstanding whatever routing says)",
     )
     max_body_mb: int = Field(
         MAX_BODY_MB, ge=0, description="the largest request body the gateway takes, in MiB (413 beyond; 0: no bound)"
@@ -64,6 +72,13 @@ class GatewaySpec(_Section):
     _host = field_validator("host")(_check(_HOST, "host to listen on (an IP address or a host name)"))
     _options = field_validator("sbatch_args")(_single_options)
     _port = field_validator("port")(_tcp_port)
+
+    @field_validator("routing")
+    @classmethod
+    def _routing(cls, value: str) -> str:
+        if value not in ROUTING_MODES:
+            raise ValueError(f"{value!r} is not a routing mode: one of {', '.join(ROUTING_MODES)}")
+        return value
 
     @model_validator(mode="after")
     def _a_core_each(self) -> GatewaySpec:

@@ -14,6 +14,12 @@ PREFIX_CHARS = 256
 #: requests in flight one replica is given before the gateway answers 429 (the CPU engine and TensorRT-LLM
 #: batch up to `triton_max_batch_size`, 8-256 typically; beyond a few batches' worth a request only waits)
 MAX_OUTSTANDING = 256
+#: how the gateway (`--routing`, the spec's `gateway.routing`) and `hpc.client` choose a replica
+#: (hpc/serving/routing.py `MODES`): cache (the longest cached prefix against load, the default), prefix (the
+#: first `PREFIX_CHARS` characters as the key: prefix affinity before cache-aware routing), least (least
+#: outstanding), round_robin (for comparisons)
+ROUTING_MODES = ("cache", "prefix", "least", "round_robin")
+ROUTING = "cache"
 
 
 class Bound:

@@ -109,6 +109,20 @@ def without_mpi(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith(MPI_ENV_PREFIXES)}
 
 
+#: hpc-serve's model's KV-cache events request: `kv_cache_events_since` (the last event id the caller has; the
+#: events after it come back as one JSON list in `kv_cache_events`), for routers that follow each replica's cache
+#: (backend/models/llmapi.py answers it, hpc/serving/kv_events.py asks)
+KV_EVENTS_SINCE: Final = "kv_cache_events_since"
+KV_EVENTS_OUTPUT: Final = "kv_cache_events"
+#: KV-cache events hpc-serve's model keeps by default (model.yaml kv_cache_config.event_buffer_max_size, which
+#: hpc/render/llmapi.py writes where the spec left it out): the gateway asks for them every 0.5 s, and a busy
+#: engine stores and evicts a few hundred blocks a second; each event a few hundred bytes
+KV_EVENT_BUFFER: Final = 4096
+#: the model's error when it keeps no events (a router then routes that replica by the prompts sent there)
+KV_EVENTS_OFF: Final = (
+    "KV-cache events are off: set llm_api.kv_cache_config.event_buffer_max_size above 0 (with enable_block_reuse)"
+)
+
 #: the LLM API model's perf outputs, in the order upstream appends them (backend/models/llmapi_io.py sends them,
 #: hpc/serving/model_io.py reads them)
 PERF_OUTPUTS = (
