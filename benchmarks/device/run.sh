@@ -9,6 +9,10 @@
 # tokenizers) is in the image; without that file (any machine with the project installed) nothing is added.
 # Results: $OUT (default /tmp/device-bench). With .whl/base.tar (`git archive -o
 # .whl/base.tar COMMIT`), that commit's gateway is one more latency side, measured against this one in the same run.
+#   bench_relay.py     N simulated H200 replicas direct against through the gateway of 1, 2, 4 workers (target: >= 0.95),
+#                      its CPU per relayed token (goal: <= 25 us); SLOWDOWN: model.sim.slowdown (the replicas' own
+#                      serving path needs ~0.4 ms of CPU a token: at full pace 8 replicas need ~30 cores)
+#   bench_routing.py   the routing policies on a multi-turn chat trace at a simulated H200's pace (2 and 4 replicas)
 # Smallest: PARTS="loadgen gateway" REQUESTS=10 REPLICAS=1 ROUNDS=1 SECONDS_EACH=1 bash benchmarks/device/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,6 +36,11 @@ PARTS="${PARTS:-loadgen gateway}"
 for part in $PARTS; do
     case "$part" in
         loadgen) python3 benchmarks/bench_loadgen.py --requests "${REQUESTS:-600}" --rounds 3 --replicas "${REPLICAS:-4}" --concurrency 64 2>&1 | tee "$OUT/loadgen.txt" ;;
+        relay) python3 benchmarks/bench_relay.py --backend sim --replicas "${REPLICAS:-8}" --concurrency "${CONCURRENCY:-512}" \
+                   --max-tokens "${MAX_TOKENS:-200}" --gateway-workers ${WORKERS:-2 4} --client-procs "${CLIENT_PROCS:-6}" \
+                   --set "model.sim.slowdown=${SLOWDOWN:-8}" --rounds "${ROUNDS:-3}" --seconds "${SECONDS_EACH:-10}" \
+                   ${CPUS:+--cpus "$CPUS"} "${BASE[@]}" 2>&1 | tee "$OUT/relay.txt" ;;
+        routing) python3 benchmarks/bench_routing.py --backend sim --replicas "${ROUTING_REPLICAS:-2,4}" 2>&1 | tee "$OUT/routing.txt" ;;
         gateway) python3 benchmarks/bench_gateway.py --part overhead --auth none --requests "${REQUESTS:-300}" ${CPUS:+--cpus "$CPUS"} \
                      --rounds "${ROUNDS:-3}" --seconds "${SECONDS_EACH:-8}" "${BASE[@]}" 2>&1 | tee "$OUT/gateway.txt" ;;
     esac
