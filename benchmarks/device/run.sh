@@ -33,11 +33,12 @@ if [ -f "$REPO/.whl/base.tar" ]; then  # another commit's tree: its gateway is o
 fi
 echo "cores: $(nproc)  $(python3 -V)"
 PARTS="${PARTS:-loadgen gateway}"
+read -ra GW_WORKERS <<< "${WORKERS:-2 4}"
 for part in $PARTS; do
     case "$part" in
         loadgen) python3 benchmarks/bench_loadgen.py --requests "${REQUESTS:-600}" --rounds 3 --replicas "${REPLICAS:-4}" --concurrency 64 2>&1 | tee "$OUT/loadgen.txt" ;;
         relay) python3 benchmarks/bench_relay.py --backend sim --replicas "${REPLICAS:-8}" --concurrency "${CONCURRENCY:-512}" \
-                   --max-tokens "${MAX_TOKENS:-200}" --gateway-workers ${WORKERS:-2 4} --client-procs "${CLIENT_PROCS:-6}" \
+                   --max-tokens "${MAX_TOKENS:-200}" --gateway-workers "${GW_WORKERS[@]}" --client-procs "${CLIENT_PROCS:-6}" \
                    --set "model.sim.slowdown=${SLOWDOWN:-8}" --rounds "${ROUNDS:-3}" --seconds "${SECONDS_EACH:-10}" \
                    ${CPUS:+--cpus "$CPUS"} "${BASE[@]}" 2>&1 | tee "$OUT/relay.txt" ;;
         routing) python3 benchmarks/bench_routing.py --backend sim --replicas "${ROUTING_REPLICAS:-2,4}" 2>&1 | tee "$OUT/routing.txt" ;;
