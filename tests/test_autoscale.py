@@ -18,10 +18,11 @@ from hpc.jobs.autoscale import DRAIN_NOTICE_S, Controller, Load, decision_lines
 from hpc.jobs.kinds import ServingJob
 from hpc.render.jobfiles import render
 from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
+from hpc.serving.gateway_record import record_path
 from hpc.spec import SpecError, load_spec
 from launcher.contracts.autoscale import Action, AutoscaleRecord
 from launcher.contracts.layout import Deployment, JobPaths
-from launcher.contracts.records import RenewStop
+from launcher.contracts.records import GatewayRecord, RenewStop
 from launcher.contracts.renew_plan import RenewPlan
 from launcher.contracts.stop_records import BY_AUTOSCALE, DrainingMark, StopRequest
 from launcher.jobscript.renew import Renewer
@@ -340,6 +341,15 @@ def test_the_record_hands_the_controller_over(tmp_path, slurm_cluster, hpc_home)
     second = Controller.of_folder(deploy_dir, controller="g2")
     assert second is not None and second.policy.up_since == 990.0
     assert second.record.controller == "g2" and len(second.record.decisions) == 2
+
+
+def test_of_two_gateways_in_a_handover_only_the_one_the_record_names_acts(tmp_path):
+    deploy_dir = _deployment(tmp_path)
+    first, successor = Controller.of_folder(deploy_dir, "g1"), Controller.of_folder(deploy_dir, "g2")
+    assert first is not None and successor is not None
+    assert first.in_charge() and successor.in_charge()  # no gateway published yet: whichever looks
+    GatewayRecord(name="as", url="http://node1:1", job_id="g2").write(record_path(first.target))
+    assert not first.in_charge() and successor.in_charge()
 
 
 def test_a_drain_marks_the_job_then_stops_it_in_order_and_an_expiry_stops_its_renewal(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -24,8 +25,9 @@ NAME = "autoscaled"
 
 #: a load step: one job carries 1 request in flight per replica, so 4 clients take two
 STEP = {"min_jobs": 1, "max_jobs": 2, "target_outstanding": 1, "scale_up_after": "2s", "scale_down_after": "10s"}
-#: to zero when idle, and back on a request
-ZERO = {"min_jobs": 0, "max_jobs": 1, "scale_up_after": "2s", "scale_down_after": "5s"}
+#: to zero when idle, and back on a request; idle for 30 s before the drain: the test's request reaches the job that
+#: came back well within that, once the gateway sees it
+ZERO = {"min_jobs": 0, "max_jobs": 1, "scale_up_after": "2s", "scale_down_after": "30s"}
 
 
 @pytest.fixture
@@ -141,10 +143,14 @@ def test_min_jobs_zero_goes_to_zero_when_idle_and_a_request_brings_a_job_back(de
         client.completions.create(model=NAME, prompt="Anyone there?", max_tokens=4)
     assert refused.value.status_code == 503 and "no_replica_ready" in str(refused.value.body)
 
-    def back() -> list[str]:
-        return [j for j, s in _serving_states(deployment["workdir"]).items() if j != first and s == "READY"]
+    def back() -> bool:  # the gateway has a replica that takes requests (its readiness asks its balancer)
+        try:
+            with urllib.request.urlopen(record.url + "/v2/health/ready", timeout=5) as answer:
+                return answer.status == 200
+        except OSError:  # 503 (an HTTPError) until then
+            return False
 
-    wait_for(back, 180, "a job submitted for the request, READY")
+    wait_for(back, 180, "a job submitted for the request, READY and seen by the gateway")
     assert client.completions.create(model=NAME, prompt="Anyone there?", max_tokens=4).choices[0].text is not None
     decisions = _record(deployment["workdir"])
     assert decisions is not None

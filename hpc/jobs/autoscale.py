@@ -35,12 +35,13 @@ from hpc.scheduler.slurm import TERMINAL, SlurmError, ended
 from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
 from hpc.serving.balancer import Balancer
 from hpc.serving.deployment import Target, deployment_folders, target_of_folder
+from hpc.serving.gateway_record import record_path
 from hpc.spec import Spec, load_spec
 from launcher.contracts.autoscale import Action, AutoscaleRecord, DecisionRecord
 from launcher.contracts.config import RENEW_NOTICE_S
 from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, JobPaths
-from launcher.contracts.records import RenewStop, read_chain
+from launcher.contracts.records import RenewStop, read_chain, read_gateway
 from launcher.contracts.stop_records import BY_AUTOSCALE, DrainingMark, StopRequest
 
 log = logging.getLogger("hpc_serve.gateway")
@@ -98,6 +99,12 @@ class Controller:
         """Whether the deployment was cancelled (`hpc-serve cancel`) since this controller started: it acts no more."""
         stop = RenewStop.read(self.deployment.renew_stop)
         return stop is not None and stop.stops(self.started)
+
+    def in_charge(self) -> bool:
+        """Whether this controller's gateway is the deployment's gateway now: during a gateway job's handover both
+        run a moment, and only the one the address record names (the successor, from when it publishes) acts."""
+        record = read_gateway(record_path(self.target))
+        return record is None or record.job_id == self.controller
 
     @property
     def deployment(self) -> Deployment:
@@ -297,6 +304,8 @@ async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> 
         if controller.stopped():
             log.info("autoscale: the deployment was cancelled; the controller stops")
             return
+        if not controller.in_charge():  # handing over to a successor gateway job, which looks from now on
+            continue
         seen = Load(outstanding=sum(s.outstanding for s in samples) / len(samples), held=sum(s.held for s in samples))
         samples = []
         try:
