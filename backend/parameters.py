@@ -41,9 +41,12 @@ REPOSITORY_BACKENDS: dict[str, RepositoryBackend] = {
         RepositoryBackend("tensorrtllm", "tensorrtllm", required=frozenset({"batching_strategy"})),
         # a python model must be handed CPU tensors (upstream's "no" is for the GPU python backend)
         RepositoryBackend("cpu", "python", module=CPU_ENGINE_MODULE, overrides={"FORCE_CPU_ONLY_INPUT_TENSORS": "yes"}),
+        # never rendered: the engine workflow refuses backend sim (hpc/spec/workflows.py Sim.check_engine_model);
+        # the entry keeps the table whole, as the CPU engine's python model would be its model there
+        RepositoryBackend("sim", "python", module=CPU_ENGINE_MODULE, overrides={"FORCE_CPU_ONLY_INPUT_TENSORS": "yes"}),
     )
 }
-Backend = Literal["tensorrtllm", "cpu"]
+Backend = Literal["tensorrtllm", "cpu", "sim"]
 BACKENDS: tuple[str, ...] = tuple(REPOSITORY_BACKENDS)
 
 _DTYPES = frozenset(

@@ -8,7 +8,8 @@ fake engine notes when it is called (the request would leave for the replica the
 
   to the engine     from the app's call to the engine's: everything before the request leaves
   first piece out   from the engine's first piece to the first SSE event sent: everything after it
-  CPU               the process's CPU time per request
+  CPU               the process's CPU time per request (and per piece: with `--tokens 200`, mostly what each
+                    streamed piece costs the gateway's Python, the sockets aside)
 
 Why `--cold` (the default): at one stream the gateway is idle between requests while other processes run, so it
 finds its caches emptied, and its code then runs several times slower than in a tight loop (docs/decisions.md
@@ -191,6 +192,11 @@ async def run(args: argparse.Namespace) -> None:
         - statistics.median(f["out"])
     )
     print(f"  the gateway's own code adds {added * 1e6:.0f} us to the first token over the floor")
+    per_piece = {k: statistics.median(v["cpu"]) / args.tokens * 1e6 for k, v in out.items()}
+    print(
+        f"  CPU per piece relayed (a request's CPU / its pieces; the socket writes not included): gateway "
+        f"{per_piece['gateway']:.1f} us, floor {per_piece['floor']:.1f} us"
+    )
 
 
 def main() -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -69,17 +70,18 @@ def write_spec(
     auth: str,
     llm_api: dict | None = None,
     workflow: str = LLMAPI,
+    backend: str = "cpu",
 ) -> Path:
-    """A local deployment of the CPU engine on `workflow` (default llmapi, the spec's default), a batch of 64
-    (`llm_api.max_batch_size`, or the engine workflow's `triton.triton_max_batch_size`), with `llm_api:` when
-    given (llmapi only)."""
+    """A local deployment of `backend`'s engine (default the CPU engine) on `workflow` (default llmapi, the spec's
+    default), a batch of 64 (`llm_api.max_batch_size`, or the engine workflow's `triton.triton_max_batch_size`),
+    with `llm_api:` when given (llmapi only)."""
     batch = {"triton_max_batch_size": 64} if workflow == ENGINE else {}
     spec = {
         "auth": auth,
         "name": name,
         "workdir": str(work / "runs"),
         "slurm": {"nodes": 1, "ntasks_per_node": replicas, "time": "00:30:00"},
-        "model": {"backend": "cpu", "workflow": workflow, "checkpoint_dir": str(checkpoint), "tp_size": 1},
+        "model": {"backend": backend, "workflow": workflow, "checkpoint_dir": str(checkpoint), "tp_size": 1},
         "triton": {**batch, "ready_timeout_s": 300},
         "replicas": replicas,
         **({"llm_api": llm_api or {"max_batch_size": 64}} if workflow == LLMAPI else {}),
@@ -100,9 +102,12 @@ def job(spec: Path) -> Iterator[tuple[str, Path]]:
 
 
 @contextmanager
-def gateway(job_id: str, work: Path, *options: str, source: Path | None = None) -> Iterator[tuple[str, int, Path]]:
+def gateway(
+    job_id: str, work: Path, *options: str, source: Path | None = None, stop: int = signal.SIGTERM
+) -> Iterator[tuple[str, int, Path]]:
     """`hpc-serve gateway JOB` in its own process, once it found the job's replicas: (its URL, its pid, the file
-    its stderr and so its access log go to). `source`: the gateway of another source tree (`--baseline`)."""
+    its stderr and so its access log go to). `source`: the gateway of another source tree (`--baseline`). `stop`:
+    the signal that ends it (SIGINT under cProfile, which then writes its stats)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -124,8 +129,8 @@ def gateway(job_id: str, work: Path, *options: str, source: Path | None = None) 
             time.sleep(0.2)
         yield url, proc.pid, Path(log.name)
     finally:
-        proc.terminate()
-        proc.wait(15)
+        proc.send_signal(stop)
+        proc.wait(30)
         log.close()
 
 

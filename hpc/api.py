@@ -69,7 +69,10 @@ class Job:
 
 def submit(spec: str | Path, executor: str | None = None) -> Job:
     """Validate, render and submit a spec file (raises hpc.spec.SpecError listing every problem)."""
+    from hpc.doctor.preflight import check_before_submit
     from hpc.jobs.submit import submit as submit_spec
     from hpc.spec import load_spec
 
-    return Job(submit_spec(load_spec(spec), executor=executor))
+    loaded = load_spec(spec)
+    check_before_submit(loaded, executor)  # a job Slurm would queue and never start: SpecError, none submitted
+    return Job(submit_spec(loaded, executor=executor))

@@ -67,8 +67,13 @@ def write_spec(
     return path
 
 
-def cli(*args: str, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+def cli(
+    *args: str, timeout: float = 240, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`hpc-serve ARGS`; `env` adds to this process's environment."""
+    proc = subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"hpc-serve {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -101,3 +101,46 @@ def test_a_stop_that_failed_is_raised_at_the_end_and_the_waiting_ones_are_cancel
             await task
 
     asyncio.run(scenario())
+
+
+def test_a_reader_behind_its_stream_takes_what_waits_at_once_up_to_the_end_or_the_error() -> None:
+    """`Reader.ready`: the items already read, without waiting, never the end (None) or an error, which `next`
+    gives after them; hpc/serving/triton.py relays them as one chunk."""
+
+    async def items(error: bool):
+        for i in range(3):
+            yield i
+        if error:
+            raise ValueError("lost")
+
+    async def main() -> None:
+        for error in (False, True):
+            reader = abandon.Reader(items(error), lambda: None)
+            assert await reader.next() == 0
+            await reader.task  # the rest is read meanwhile
+            assert reader.ready() == [1, 2] and reader.ready() == []
+            if error:
+                with pytest.raises(ValueError, match="lost"):
+                    await reader.next()
+            else:
+                assert await reader.next() is None
+
+    asyncio.run(main())
+
+
+def test_responses_read_together_stop_at_the_final_one_and_at_a_refusal() -> None:
+    from tritonclient.grpc import service_pb2
+
+    from hpc.serving.triton import _taken
+
+    def response(final: bool = False, error: str = ""):
+        out = service_pb2.ModelStreamInferResponse(error_message=error)
+        if final:
+            out.infer_response.parameters["triton_final_response"].bool_param = True
+        return out
+
+    a, b, end, refused = response(), response(), response(final=True), response(error="Exceeds maximum queue size")
+    assert _taken(a, [b]) == ([a, b], False, None)
+    assert _taken(a, [end, b]) == ([a, end], True, None)
+    assert _taken(a, [refused, b]) == ([a], False, "Exceeds maximum queue size")
+    assert _taken(refused, []) == ([], False, "Exceeds maximum queue size")

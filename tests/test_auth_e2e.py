@@ -17,7 +17,7 @@ import pytest
 
 from hpc.serving.auth import grpc_headers, http_headers
 from launcher.contracts.layout import Deployment
-from tests.e2e import cli, core_model_stream, job_token, module_job, processes_under, status
+from tests.e2e import cli, core_model_stream, gateway_process, job_token, module_job, processes_under, status
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -138,6 +138,21 @@ def test_the_clients_send_it_and_token_prints_it(served):
     assert cli("generate", job, "Once upon a time", "--max-tokens", "4").stdout.strip()
     assert cli("token", job).stdout.strip() == job_token(job)
     assert cli("token", str(deploy_dir / "spec.yaml")).stdout.strip() == job_token(job)
+
+
+def test_bench_of_a_gateway_url_names_the_token_flag_and_runs_with_it(served, tmp_path):
+    """docs/bench-and-metrics.md's `hpc-serve bench http://…` under the default `auth: token`: without --token a
+    usage error that names the flag and where the token comes from; with it, the run."""
+    job, _, _ = served
+    with gateway_process(job, tmp_path / "gateway.log") as (_, record):
+        small = ("--num-requests", "2", "--input-tokens", "16", "--input-stdev", "0", "--output-tokens", "2")
+        proc = cli("bench", record.url, *small, check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "asks for its deployment's access token: pass --token" in proc.stderr
+        assert "hpc-serve token NAME" in proc.stderr and "Traceback" not in proc.stderr
+        token = cli("token", job).stdout.strip()
+        ran = cli("bench", record.url, "--token", token, *small)
+        assert "requests/s" in ran.stdout
 
 
 def _descendants(pid: int) -> set[int]:

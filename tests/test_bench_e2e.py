@@ -5,6 +5,7 @@ replica and summed)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -48,6 +49,33 @@ def test_bench_a_job_writes_numbers_csv_and_plots(local_job, tmp_path):
     assert len((tmp_path / "requests.csv").read_text().splitlines()) == 25
     for name in ("distributions.png", "timeline.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG and (tmp_path / name).stat().st_size > 10_000
+
+
+def test_bench_without_matplotlib_says_so_first_and_keeps_the_numbers(local_job, tmp_path):
+    """The README's `pip install` has no matplotlib: the run is not lost to the plots' late import."""
+    job, _ = local_job
+    hidden = tmp_path / "no_matplotlib"
+    (hidden / "matplotlib").mkdir(parents=True)
+    (hidden / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    out = tmp_path / "out"
+    proc = cli(
+        "bench",
+        job,
+        "--output-dir",
+        str(out),
+        "--num-requests",
+        "4",
+        "--input-tokens",
+        "8",
+        "--output-tokens",
+        "4",
+        env={"PYTHONPATH": f"{hidden}:{os.environ.get('PYTHONPATH', '')}"},
+    )
+    assert "requests/s" in proc.stdout, proc.stdout
+    assert "no plots: they need matplotlib" in proc.stderr
+    assert json.loads((out / "summary.json").read_text())["runs"][0]["completed"] == 4
+    assert (out / "requests.csv").is_file() and not list(out.glob("*.png"))
+    assert f"wrote {out / 'summary.json'}" in " ".join(proc.stdout.split())
 
 
 def test_bench_a_gateway_url_with_a_concurrency_sweep(local_job, tmp_path, tiny_gpt2):

@@ -123,6 +123,19 @@ def test_bench_gateway_both_parts(tritonserver, hpc_home):
     number(r"^    prefix affinity .* engines +(\d+) ", out)
 
 
+@pytest.mark.triton
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_relay(tritonserver, hpc_home):
+    """Two replicas, direct against through the gateway (one process, and one of two workers): the ratios and the
+    gateway's CPU per relayed token."""
+    sizes = ("--replicas", "2", "--concurrency", "2", "--max-tokens", "4", "--seconds", "0.5", "--rounds", "1")
+    out = bench("bench_relay.py", *sizes, "--min-step-ms", "1", "--gateway-workers", "2", timeout=290)
+    for side in ("gateway", "gateway_w2"):
+        assert number(rf"^  {side} / direct: ([\d.]+)$", out) > 0
+        assert number(rf"^  {side} CPU: [\d.]+ ms per request, ([\d.]+) us per relayed token", out) > 0
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(300)
@@ -143,3 +156,25 @@ def test_soak(slurm_cluster, tritonserver, hpc_home, tmp_path):
     assert number(r"^completed (\d+), cancelled by the client \d+, errors 0;", out) > 0
     assert re.search(r"^soak: 1 min, 4 workers; jobs \[", out, re.M), out[-6000:]
     assert report.is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_sim_engine():
+    out = bench(
+        "bench_sim_engine.py",
+        "--engines",
+        "2",
+        "--batch",
+        "4",
+        "--seconds",
+        "1",
+        "--isl",
+        "64",
+        "--osl",
+        "16",
+        timeout=110,
+    )
+    number(r"GPU time / wall time per engine: min ([\d.]+)", out)
+    number(r"aggregate: ([\d,]+) tokens/s", out.replace(",", ""))
+    number(r"CPU: ([\d.]+) cores", out)

@@ -97,7 +97,7 @@ def test_tensorrtllm_without_engine_dir_or_build_names_both(gpu_dir):
         ("  max_seq_len: 512\n  max_input_len: 1024", "max_input_len", "build.max_input_len", "raise max_seq_len"),
         ("  kv_cache_dtype: fp8", "build:", "build.quantization", "set quantization"),
         ("  time: 2:00:00", "time:", "build.time", "quote the time"),
-        ("  max_batch: 8", "max_batch", "build.max_batch", "did you mean 'max_batch_size'?"),
+        ("  max_batch: 64", "max_batch", "build.max_batch", "did you mean 'max_batch_size'?"),
     ],
 )
 def test_build_problems_name_the_field_and_the_fix(gpu_dir, extra, needle, field, words):

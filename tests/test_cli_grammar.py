@@ -83,8 +83,33 @@ def test_a_flag_means_one_thing_on_every_command(flag, words):
 def test_docs_list_every_exit_code_with_its_meaning():
     """docs/cli.md's table is the table of hpc/cli/support.py: a code added there and not documented fails."""
     text = (ROOT / "docs" / "cli.md").read_text()
-    rows = dict(re.findall(r"^\| (\d) \| (.+?) \|$", text, re.M))
+    rows = dict(re.findall(r"^\| (\d+) \| (.+?) \|$", text, re.M))
     assert {int(code): meaning for code, meaning in rows.items()} == EXIT_CODES
+
+
+@pytest.mark.usefixtures("scheduler")
+def test_ctrl_c_during_a_wait_says_the_job_goes_on_and_how_to_stop_it(tmp_path, capsys, monkeypatch):
+    """Ctrl-C lands in the wait between two polls: 130, and the words a newcomer needs (it was not cancelled)."""
+    import hpc.jobs.track
+
+    ref = make_job(tmp_path)
+
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hpc.jobs.track.time, "sleep", interrupted)
+    assert main(["wait", str(ref.job_dir)]) == 130
+    said = capsys.readouterr().err
+    assert f"job {ref.job_id} is PENDING and goes on" in said
+    assert f"hpc-serve cancel {ref.job_id}" in said
+
+
+@pytest.mark.usefixtures("scheduler")
+def test_a_negative_timeout_is_refused_naming_the_flag(tmp_path, capsys):
+    ref = make_job(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["wait", str(ref.job_dir), "--timeout", "-1"])
+    assert exc.value.code == 2 and "--timeout" in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("scheduler")
@@ -130,3 +155,47 @@ def test_docs_cli_md_is_the_parsers_own_help():
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
     assert path.read_text() == text, "docs/cli.md differs from the commands: python -m hpc.cli.reference > docs/cli.md"
+
+
+def test_a_mistyped_flag_gets_a_did_you_mean_from_its_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "some-job", "hi", "--temprature", "0.5"])
+    said = capsys.readouterr().err
+    assert exc.value.code == 2 and "hpc-serve generate: error:" in said
+    assert "--temprature (did you mean --temperature?)" in said
+
+
+def test_generate_without_a_prompt_says_none_was_given(capsys):
+    assert main(["generate", "some-job"]) == 2
+    assert "give a PROMPT or --file FILE (one prompt per line); none was given" in capsys.readouterr().err
+
+
+def test_a_mistyped_deployment_name_gets_a_did_you_mean(tmp_path, monkeypatch, capsys):
+    """`status tiny-cpus` when a job of tiny-cpu is in the job index."""
+    from launcher.contracts.job_index import link_index
+    from launcher.contracts.layout import JobPaths
+
+    monkeypatch.setenv("HPC_SERVE_HOME", str(tmp_path / "home"))
+    deploy = tmp_path / "runs" / "tiny-cpu-20261202-101010"
+    deploy.mkdir(parents=True)
+    (deploy / "spec.yaml").write_text("name: tiny-cpu\n")
+    link_index("777", JobPaths(deploy, "777").create().folder)
+    with pytest.raises(SystemExit) as exc:
+        main(["status", "tiny-cpus"])
+    assert exc.value.code == 3
+    assert "did you mean 'tiny-cpu'?" in capsys.readouterr().err
+
+
+def test_generate_says_once_that_random_weights_write_random_text(capsys):
+    """The embedded default (model.init) answers `An��� ru ru�`: a note on stderr, so it does not read as a UTF-8
+    bug; a trained checkpoint gets none."""
+    from hpc.cli.jobs import _say_if_random
+    from hpc.serving.deployment import target_of_spec
+    from hpc.spec import load_spec
+
+    spec = load_spec(Path(__file__).parent.parent / "configs" / "tiny-cpu.yaml", check_files=False)
+    _say_if_random(target_of_spec(spec, spec.workdir))
+    assert "serves random weights (model.init): its text is random" in capsys.readouterr().err
+    spec.model.init = None
+    _say_if_random(target_of_spec(spec, spec.workdir))
+    assert capsys.readouterr().err == ""

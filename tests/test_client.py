@@ -218,3 +218,27 @@ def test_a_deployment_with_no_job_is_not_ready(tmp_path, tiny_gpt2, hpc_home):
 def test_a_target_that_names_nothing_says_what_a_target_is(hpc_home):
     with pytest.raises(TargetError, match="spec file"):
         Client("no-such-deployment")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("top_p", 5.0), ("top_p", 0.0), ("temperature", -0.1), ("frequency_penalty", 3)]
+)
+def test_a_sampling_value_out_of_range_is_refused_before_sending_naming_its_field(name, value):
+    """From Python as from the CLI and the gateway (one range each: hpc/spec/limits.py): `param` names the field."""
+    with pytest.raises(RequestError) as exc:
+        generate_params("x", 5, {name: value})  # type: ignore[misc]
+    assert exc.value.param == name and str(exc.value).startswith(f"{name} must be")
+
+
+def test_the_gateway_takes_exactly_the_ranges_the_client_checks():
+    from hpc.gateway.bodies import Sampling
+    from hpc.spec.limits import SAMPLING_BOUNDS
+
+    for name, bound in SAMPLING_BOUNDS.items():
+        for value in (bound.low, bound.high, bound.high + 0.01, bound.low - 0.01):
+            body = {"model": "m", name: value}
+            if bound.holds(value):
+                assert getattr(Sampling.model_validate(body), name) == value
+            else:
+                with pytest.raises(ValueError, match=name):
+                    Sampling.model_validate(body)

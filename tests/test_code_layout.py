@@ -18,7 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
 TOP = ("hpc", "launcher", "backend")
 
 #: code that runs on a rank or inside tritonserver: `hpc` imports none of it (what both sides need is a contract)
-RANK_SIDE = ("launcher.node", "launcher.jobscript", "backend.models", "backend.cpu_engine", "backend.standin")
+RANK_SIDE = (
+    "launcher.node",
+    "launcher.jobscript",
+    "backend.models",
+    "backend.cpu_engine",
+    "backend.sim_engine",
+    "backend.standin",
+    "backend.engines",
+)
 #: libraries of that code `hpc` uses where it runs itself, each with its reason
 HPC_MAY_IMPORT = {
     "backend.models.tokenizer": "the tokenizer: the gateway detokenizes streamed tokens, the bench and doctor count "
@@ -27,6 +35,10 @@ HPC_MAY_IMPORT = {
     "spec's model.init asks for on the login node",
     "backend.cpu_engine.checkpoint": "the spec's checks read a checkpoint's config.json as the CPU engine will "
     "(its architectures, its parse errors)",
+    "backend.sim_engine.profiles": "the spec's choices of a simulated GPU and model (model.sim.gpu, model.init.model) "
+    "are the simulated engine's table",
+    "backend.sim_engine.checkpoint": "`hpc-serve init-model --sim-model` and `submit` write the weightless checkpoint "
+    "a spec's model.init asks for with backend sim",
     "launcher.node.server": "`hpc-serve doctor --node` runs on a compute node and asks the launcher's own "
     "resolution of the tritonserver binary, so it checks what a rank would run",
 }

@@ -117,6 +117,30 @@ def test_time_past_partition_limit(short_partition, tmp_path):
     assert cli("doctor", str(ok), check=False).returncode == 0
 
 
+def test_validate_and_submit_refuse_a_time_slurm_would_never_start(short_partition, tmp_path, tiny_gpt2):
+    """Past the partition's MaxTime Slurm queues the job PENDING (PartitionTimeLimit) for good: `validate` says so
+    at the spec's line with the fix, and `submit` (CLI and hpc.api) submits nothing."""
+    spec = spec_file(tmp_path, "never", slurm={"partition": short_partition, "time": "00:30:00"})
+    data = yaml.safe_load(spec.read_text())
+    data["model"]["checkpoint_dir"] = str(tiny_gpt2)
+    spec.write_text(yaml.safe_dump(data))
+    proc = cli("validate", str(spec), check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.search(
+        rf"^{re.escape(str(spec))}:\d+: slurm.time: slurm.time 00:30:00 is past short's MaxTime", proc.stderr
+    )
+    assert "Slurm would queue the job and never start it; set slurm.time to 00:05:00 or less" in proc.stderr
+    proc = cli("submit", str(spec), "--executor", "slurm", check=False)
+    assert proc.returncode == 2 and "never start it" in proc.stderr, proc.stdout + proc.stderr
+    import hpc.api
+    from hpc.spec import SpecError
+
+    with pytest.raises(SpecError, match="never start it"):
+        hpc.api.submit(spec, executor="slurm")
+    assert not (tmp_path / "work").exists() or not list((tmp_path / "work").glob("never-*"))  # nothing written
+    assert "never" not in subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True).stdout
+
+
 def test_gateway_job_partition_and_time(short_partition, tmp_path):
     """The gateway job (spec `gateway:`) is a job of its own: its partition and time are checked beside the
     serving job's, which here fits `debug` while the gateway asks `short` for an hour."""

@@ -135,6 +135,7 @@ def test_gateway_section_errors_name_the_field(tmp_path):
         "max_outstanding": (-1, "gateway.max_outstanding"),
         "prefix_chars": ("long", "gateway.prefix_chars"),
         "max_body_mb": (-1, "gateway.max_body_mb"),
+        "workers": (0, "gateway.workers"),
         "prot": (9000, "gateway"),
     }
     for key, (value, field) in bad.items():
@@ -143,6 +144,10 @@ def test_gateway_section_errors_name_the_field(tmp_path):
         (problem,) = exc.value.problems
         assert problem.path.startswith(field) and problem.line > 1, (key, problem)
     assert "did you mean 'port'" in str(exc.value)
+    with pytest.raises(SpecError) as exc:  # a core per worker: more workers than the job's cores are refused
+        parse_spec(spec_text("s", tmp_path, tmp_path, gateway={"workers": 4, "cpus": 2}), check_files=False)
+    (problem,) = exc.value.problems
+    assert problem.path == "gateway.workers" and "raise gateway.cpus to 4" in problem.message
 
 
 @pytest.mark.slow
@@ -170,6 +175,7 @@ def test_rendered_gateway_script(tmp_path):
             "max_outstanding": 16,
             "prefix_chars": 0,
             "max_body_mb": 64,
+            "workers": 3,
         },
     )
     spec = parse_spec(text, check_files=False)
@@ -199,7 +205,8 @@ def test_rendered_gateway_script(tmp_path):
     assert argv[:1] == [sys.executable], "the gateway runs with the interpreter that rendered it"
     assert argv[1:] == [
         "-m", "hpc.cli", "gateway", "$DEPLOY_DIR", "--host", "0.0.0.0", "--port", "9100", "--refresh", "5.0",
-        "--max-outstanding", "16", "--prefix-chars", "0", "--max-body-mb", "64", "--job-id", "$JOB_ID",
+        "--max-outstanding", "16", "--prefix-chars", "0", "--max-body-mb", "64", "--workers", "3",
+        "--job-id", "$JOB_ID",
     ]  # fmt: skip
     assert f"DEPLOY_DIR={deploy}" in lines and str(gateway_record(tmp_path / "runs", "svc")) in script
 
@@ -335,6 +342,21 @@ def test_record_published_refused_beside_a_live_gateway_and_withdrawn(hpc_home, 
             "pid": proc.pid,
             "replicas_ready": 0,
         }
+
+        # no replica to send to: status says IDLE, not READY, and the access log names the 503
+        from hpc.jobs.gateway import deployment_gateway
+        from hpc.serving.gateway_record import IDLE, IDLE_REASON
+
+        line = deployment_gateway(resolve_target(str(spec)))
+        assert line is not None and (line.state, line.reason) == (IDLE, IDLE_REASON)
+        assert line.summary().startswith(f"gateway on {record.host} (pid {proc.pid}) IDLE {record.url} (no replica")
+        body = {"model": "svc", "prompt": "hi", "max_tokens": 1}
+        assert httpx.post(record.url + "/v1/completions", json=body, timeout=10).status_code == 503
+        log = wait_for(
+            lambda: '"status": 503' in (text := (tmp_path / "gw.log").read_text()) and text, 10, "the access log"
+        )
+        (logged,) = [json.loads(x[x.index("{") :]) for x in log.splitlines() if '"status": 503' in x]
+        assert logged["error"] == "no_replica", logged
 
         second = cli("gateway", str(spec), "--port", "auto", check=False, timeout=60)
         assert second.returncode == 2 and f"already runs at {record.url}" in second.stderr, second.stderr

@@ -402,3 +402,56 @@ def test_the_fields_described_as_engine_only_are_those_llmapi_refuses():
 
     described = {n for n, f in TritonSpec.model_fields.items() if (f.description or "").startswith(_ENGINE_ONLY)}
     assert described == set(ENGINE_TRITON_FIELDS)
+
+
+# ------------------------------------------------------------------------------------------------ backend sim
+SIM = """
+name: sim
+slurm: {nodes: 1}
+model:
+  backend: sim
+  checkpoint_dir: hf
+"""
+
+
+def test_backend_sim_asks_no_weights_and_hands_its_ranks_the_engine_and_the_gpu(tmp_path, hf):
+    from launcher.contracts.llmapi import ENGINE_VAR, SIM_GPU_VAR, SIM_SLOWDOWN_VAR
+
+    (hf / "model.safetensors").unlink()
+    spec = load_spec(write(tmp_path, SIM))
+    assert spec.model.workflow == "llmapi" and not spec.backend_strategy.uses_gpus
+    assert not spec.backend_strategy.init_makes_random_weights, "generate's note on random text is not for it"
+    assert spec.backend_strategy.rank_env(spec.model) == {ENGINE_VAR: "sim", SIM_GPU_VAR: "h200"}
+    with_gpu = load_spec(write(tmp_path, SIM + "  sim: {gpu: h100, slowdown: 4}\n"))
+    assert with_gpu.backend_strategy.rank_env(with_gpu.model) == {
+        ENGINE_VAR: "sim",
+        SIM_GPU_VAR: "h100",
+        SIM_SLOWDOWN_VAR: "4",
+    }
+    assert any("has no weights" in p for p in problems(write(tmp_path, CPU))), "the CPU engine needs them"
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ("  workflow: engine\n", "model.backend: model.backend sim runs on the llmapi workflow only"),
+        ("  sim: {gpu: a100}\n", "model.sim.gpu: Input should be 'h100' or 'h200'"),
+        ("  sim: {gpus: h100}\n", "unknown key 'gpus'; did you mean 'gpu'?"),
+        ("  pp_size: 2\n", "model.pp_size must be 1 with backend: sim"),
+        ("  sim: {slowdown: 0.5}\n", "model.sim.slowdown: Input should be greater than or equal to 1"),
+    ],
+)
+def test_backend_sim_refuses_what_it_cannot_simulate(tmp_path, hf, extra, words):
+    found = problems(write(tmp_path, SIM + extra))
+    assert any(words in p for p in found), found
+
+
+def test_model_sim_and_a_simulated_init_are_for_backend_sim_only(tmp_path, hf):
+    assert any("model.sim is for backend: sim, not cpu" in p for p in problems(write(tmp_path, CPU + "  sim: {}\n")))
+    cpu_init = CPU + "  init: {model: llama-3.1-8b}\n"
+    assert any("model.init.model names a simulated model" in p for p in problems(write(tmp_path, cpu_init)))
+    sim = load_spec(write(tmp_path, SIM.replace("checkpoint_dir: hf", "checkpoint_dir: new") + "  init: {}\n"))
+    assert sim.model.init is not None and sim.model.init.model == "llama-3.1-8b", "the default simulated model"
+    from hpc.jobs.model_init import init_command
+
+    assert init_command(sim) == f"hpc-serve init-model {tmp_path / 'new'} --sim-model llama-3.1-8b"

@@ -115,3 +115,27 @@ def test_the_snapshot_table_folds_long_metric_names_instead_of_cutting_them():
     console.print(snapshot_table(snapshot))
     text = "".join(line.split("│")[1].strip() for line in console.export_text().splitlines() if line.count("│") > 2)
     assert all(name in text for name in names), console.export_text()
+
+
+def test_the_rates_table_fits_80_columns_without_its_empty_columns_and_uncut_headers():
+    """`metrics --watch` of a replica without a gateway (the llmapi default): the gateway's columns and those its
+    pages have no figure for are left out, and no header is cut (it read `repl…`, `requ…`, `toke…`)."""
+    from rich.console import Console
+
+    from hpc.bench.metrics_view import rates_table
+    from hpc.bench.replica_metrics import Snapshot, key_of
+
+    def page(done: float) -> dict[str, float]:
+        return {
+            key_of("nv_inference_request_success", {"model": "tensorrt_llm"}): done,
+            key_of("nv_inference_request_failure", {"model": "tensorrt_llm", "reason": "REJECTED"}): 0.0,
+        }
+
+    before = Snapshot(at=0.0, values={"3207@hpcserve/0": page(10)})
+    now = Snapshot(at=2.0, values={"3207@hpcserve/0": page(30)})
+    console = Console(width=80, record=True)
+    console.print(rates_table(before, now))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "replica" in text and "req/s" in text and "10.00" in text, text
+    assert "…" not in text and "in flight (gw)" not in text and "KV reuse" not in text, text

@@ -174,3 +174,42 @@ def test_the_perf_metrics_of_the_last_response_are_read_as_numbers():
                          "arrival_time_ns": 17.0}  # fmt: skip
     (plain,) = _read([_llmapi_response("x", "stop")])
     assert plain.perf is None, "a model that sends no perf outputs has none"
+
+
+def _ensemble_response(text: bytes):
+    """A response as the ensemble sends it: `text_output`, the new tokens' bytes."""
+    response = service_pb2.ModelInferResponse(model_name="ensemble")
+    response.outputs.add(name="text_output", datatype="BYTES", shape=[1, 1])
+    response.raw_output_contents.append(serialize_byte_tensor(np.array([text], dtype=object)).item())
+    return response
+
+
+def _empty_final():
+    return service_pb2.ModelInferResponse(model_name="tensorrt_llm")
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 5])
+def test_responses_read_together_give_the_text_tokens_and_finish_of_responses_read_one_by_one(cut):
+    """A reader behind its replica reads the waiting responses as one chunk (hpc/serving/triton.py `_taken`):
+    the joined text is what one chunk each would have given, the tokens their sum, the finish the last one's."""
+    from hpc.serving.model_io import merged
+
+    euro = "€".encode()
+    llmapi = [
+        _llmapi_response("Hi"),
+        _llmapi_response("Hi " + euro[:2].decode("utf-8", errors="replace")),
+        _llmapi_response("Hi €"),
+        _llmapi_response("Hi €5", finish="length", kv_cache_reused_block="2"),
+        _empty_final(),
+    ]
+    ensemble = [_ensemble_response(b) for b in (b"Hi", b" " + euro[:1], euro[1:], b"5")] + [_empty_final()]
+    for decoder_of, responses in ((lambda: CumulativeText(()), llmapi), (lambda: EnsembleIO().decoder(GenerateParams("x", 4)), ensemble)):  # fmt: skip
+        one = decoder_of()
+        each = [one.feed(r, i == len(responses) - 1) for i, r in enumerate(responses)]
+        together = decoder_of()
+        groups = [responses[:cut], responses[cut:]]
+        chunks = [together.feed_many(g, i == 1) for i, g in enumerate(groups) if g]
+        alone, joined = merged(each), merged(chunks)
+        assert alone is not None and joined is not None
+        assert joined.text == alone.text == "Hi €5"
+        assert (joined.tokens, joined.finish_reason, joined.perf) == (alone.tokens, alone.finish_reason, alone.perf)

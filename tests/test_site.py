@@ -94,8 +94,10 @@ def test_bad_profile_lists_every_problem_at_its_line(tmp_path):
         f"{profile}:5: slurm.mpi: 'PMIx v4' is not a valid srun --mpi type (e.g. pmix, pmix_v4, pmi2; `srun --mpi=list`)",
         f"{profile}:6: model: `model` is the deployment's (what is served and its shape), not the site's; move it "
         "to the spec",
+        f"{profile}:9: container.image: uses $HPC_TEST_SITE_UNSET, which is not set; export HPC_TEST_SITE_UNSET="
+        "/some/path, or give it a default in the site profile: ${HPC_TEST_SITE_UNSET:-/some/path}",
     ]
-    # the unset variable is found once the others are fixed (the schema's checks come first, as for a spec)
+    # every problem at once: the unset variable too, behind the schema's refusals; and alone, it is the one
     write(profile, "container:\n  type: pyxis\n  image: $HPC_TEST_SITE_UNSET/tritonserver.sqsh\n")
     result = cli(["validate", str(cpu_spec(tmp_path / "s"))], profile, tmp_path)
     assert result.returncode == 2

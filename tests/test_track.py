@@ -132,6 +132,15 @@ def test_pending_carries_slurm_reason(tmp_path, scheduler):
     assert not st.done and st.failed_rank is None and st.endpoints == []
 
 
+def test_a_reason_that_never_starts_says_so_in_the_specs_words(tmp_path, scheduler):
+    ref = make_job(tmp_path)
+    scheduler.set("PENDING", "PartitionTimeLimit")
+    assert job_status(ref).summary() == (
+        "4242 PENDING (PartitionTimeLimit: slurm.time is past the partition's MaxTime: it never starts; cancel it, "
+        "lower slurm.time)"
+    )
+
+
 @pytest.mark.parametrize("raw", ["CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "SUSPENDED"])
 def test_other_waiting_slurm_states_are_pending(tmp_path, scheduler, raw):
     ref = make_job(tmp_path)
@@ -712,7 +721,7 @@ def test_slurm_state_held_released_cancelled(held_job):
     raw, reason = slurm_state(job)
     assert (raw, reason) == ("PENDING", "JobHeldUser")
     ref = JobRef(job, job_dir)
-    assert job_status(ref).summary() == f"{job} PENDING (JobHeldUser)"
+    assert job_status(ref).summary() == f"{job} PENDING (JobHeldUser: held: `scontrol release <id>` lets it start)"
 
     subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
     # this process's watcher answers from its cache until its next refresh is due (2 s, 4 s, 8 s … later)

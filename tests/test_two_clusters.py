@@ -120,8 +120,8 @@ def test_each_cluster_sees_each_job_with_its_own_state(two) -> None:
         assert other in text, text
     # a bare id means the current cluster's job; `<id>@<cluster>` the other's
     assert hs(TWIN, "status", job).stdout.startswith(f"{job} READY")
-    assert hs(TWIN, "status", f"{job}@{name}").stdout.startswith(f"{job}@{name} PENDING (JobHeldUser)")
-    assert hs(first_conf, "status", job).stdout.startswith(f"{job} PENDING (JobHeldUser)")
+    assert hs(TWIN, "status", f"{job}@{name}").stdout.startswith(f"{job}@{name} PENDING (JobHeldUser: held")
+    assert hs(first_conf, "status", job).stdout.startswith(f"{job} PENDING (JobHeldUser: held")
     assert hs(first_conf, "status", f"{job}@twin").stdout.startswith(f"{job}@twin READY")
 
 

@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Column, Table
 
 from hpc.bench.replica_metrics import Rates, Snapshot, rates, summable, summed, take
+from hpc.bench.tables import compact_table
 from launcher.contracts.records import EndpointRecord
 
 
@@ -56,22 +57,20 @@ def rates_table(before: Snapshot, now: Snapshot) -> Table:
         if replica in before.values:
             rows.append((replica, rates(now.values[replica], before.values[replica], seconds)))
     total = rates(summed(now), summed(before), seconds)
-    table = Table(
+    headers = (
         "replica",
-        "requests/s",
+        "req/s",
         "failed/s",
         "tokens/s",
-        "mean queue ms",
+        "queue ms",
         "active",
         "waiting",
-        "KV-cache blocks used",
-        "in flight (gateway)",
-        "KV reuse (gateway)",
-        title=f"hpc-serve metrics --watch: rates over the last {seconds:.1f} s ({time.strftime('%H:%M:%S')})",
-        caption=f"tokens: {total.token_source}",
+        "KV blocks used",
+        "in flight (gw)",
+        "KV reuse (gw)",
     )
-    for name, r in [*rows, ("total", total)]:
-        table.add_row(
+    cells: list[tuple[str, ...]] = [
+        (
             name,
             _num(r.requests_per_s, "{:,.2f}"),
             _num(r.failures_per_s, "{:,.2f}"),
@@ -82,10 +81,21 @@ def rates_table(before: Snapshot, now: Snapshot) -> Table:
             _kv(r),
             _num(r.in_flight, "{:,.0f}"),
             _share(r.kv_reuse),
-            style="bold" if name == "total" else None,
         )
+        for name, r in [*rows, ("total", total)]
+    ]
+    styles: list[str | None] = [None] * len(rows) + ["bold"]
     for replica, why in sorted(now.errors.items()):
-        table.add_row(f"[red]{replica}[/red]", f"[red]no answer: {why}[/red]")
+        cells.append((f"[red]{replica}[/red]", f"[red]no answer: {why}[/red]"))
+        styles.append(None)
+    table = compact_table(
+        headers,
+        cells,
+        keep=2,
+        styles=styles,
+        title=f"hpc-serve metrics --watch: rates over the last {seconds:.1f} s ({time.strftime('%H:%M:%S')})",
+        caption=f"tokens: {total.token_source}; columns without a figure are left out",
+    )
     return table
 
 

@@ -14,12 +14,25 @@ from typing import Any
 from hpc.bench.stats import RequestRecord
 from hpc.serving.engine_timing import PARTS
 
+#: why --output-dir writes no plots on this machine, said before the run starts (the numbers are written anyway)
+NO_MATPLOTLIB = "no plots: they need matplotlib (pip install 'hpc-serve[bench]'); the numbers are written all the same"
+
+
+def missing() -> str | None:
+    """Why the plots cannot be drawn here, or None: asked before a run, so that nothing measured waits on it (an
+    import, not a look-up: a broken install fails here too)."""
+    try:
+        _pyplot()
+    except ImportError:
+        return NO_MATPLOTLIB
+    return None
+
 
 def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("the plots of --output-dir need matplotlib: pip install 'hpc-serve[bench]'") from None
+        raise ImportError(NO_MATPLOTLIB) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,13 @@ def tokenizer_for(settings: BenchSettings) -> tuple[Tokenizer, str]:
 async def _gateway_model(http: httpx.AsyncClient, url: str, token: str | None) -> str:
     """The first model a gateway lists at /v1/models (a gateway serves one deployment)."""
     response = await http.get(f"{url.rstrip('/')}/v1/models", headers=auth_headers(token))
+    if response.status_code == 401:  # the default auth: token; said before any request is sent
+        raise PermissionError(
+            f"{url} asks for its deployment's access token"
+            + (" and refused the one given" if token else "")
+            + ': pass --token "$(hpc-serve token NAME)", or bench the deployment by name (hpc-serve bench NAME: its '
+            "gateway and token)"
+        )
     response.raise_for_status()
     models = response.json().get("data") or []
     if not models:
@@ -144,16 +152,29 @@ async def run_bench(
                 await client.aclose()
 
 
-def bench(settings: BenchSettings, output_dir: Path | None, progress: ProgressHook | None = None):
-    """Run, and write the files: → (points, files written, tokenizer description)."""
+def bench(
+    settings: BenchSettings,
+    output_dir: Path | None,
+    progress: ProgressHook | None = None,
+    warn: Callable[[str], None] = lambda why: None,
+):
+    """Run, and write the files: → (points, files written, tokenizer description). What cannot be written is
+    known before the first request (`warn` is told), so a long run never ends in an error that loses it: the
+    numbers (summary.json, requests.csv) are written whether or not the plots can be."""
+    from hpc.bench import plots
+
+    no_plots = plots.missing() if output_dir is not None else None
+    if no_plots is not None:
+        warn(no_plots)
     tokenizer, described = tokenizer_for(settings)
     points = asyncio.run(run_bench(settings, tokenizer, progress))
     written: list[Path] = []
     if output_dir is not None:
-        from hpc.bench import plots
         from hpc.bench.report import write_outputs
 
         written = write_outputs(output_dir, {**settings.to_json(), "tokenizer_used": described}, points)
+        if no_plots is not None:
+            return points, written, described
         for i, (label, _, records) in enumerate(points):
             suffix = f"-{i + 1}" if len(points) > 1 else ""
             title = f"{settings.target}: {label}"

@@ -22,6 +22,7 @@ from hpc.cli.support import (
     bounded,
     err,
     resolve_or_exit,
+    sampling_flag,
 )
 
 if TYPE_CHECKING:
@@ -99,7 +100,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     try:
         with progress:
-            points, written, described = bench(settings, Path(args.output_dir) if args.output_dir else None, hook)
+            points, written, described = bench(
+                settings,
+                Path(args.output_dir) if args.output_dir else None,
+                hook,
+                warn=lambda why: console.print(f"hpc-serve: {why}", markup=False),
+            )
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -107,6 +113,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (ClientError, LookupError) as exc:
         err(str(exc))
         return EXIT_NOT_FOUND
+    except PermissionError as exc:  # a gateway URL that asks for a token: the flag that gives it
+        err(str(exc))
+        return EXIT_USAGE
     except httpx.HTTPError as exc:  # a gateway URL that does not answer (or refuses /v1/models)
         err(f"{args.target}: {type(exc).__name__}: {exc}")
         return EXIT_NOT_FOUND
@@ -198,7 +207,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--num-prefixes", type=int, default=WorkloadSpec.num_prefixes, help="shared-prefix: how many distinct prefixes"
     )
     w.add_argument("--tokenizer", help="the model's tokenizer folder (default: the deployment's model.tokenizer)")
-    w.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the model's)")
+    w.add_argument(
+        "--temperature",
+        type=sampling_flag("temperature"),
+        default=None,
+        help="sampling temperature (default: the model's)",
+    )
     a = p.add_argument_group("load")
     a.add_argument("--num-requests", type=bounded(int), default=None, help="requests per run (default 100)")
     a.add_argument("--duration", type=bounded(float), default=None, help="stop sending after S seconds")

@@ -40,6 +40,14 @@ def _count(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    """A whole number >= 1 (argparse type)."""
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number, 1 or more")
+    return value
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     import logging
 
@@ -62,6 +70,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             prefix_chars=args.prefix_chars,
             renew_from=args.renew_from,
             max_body_mb=args.max_body_mb,
+            workers=args.workers,
         )
     except GatewayRunning as exc:
         err(str(exc))
@@ -117,6 +126,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         type=_count,
         default=MAX_BODY_MB,
         help=f"the largest request body taken, in MiB; a larger one is 413 (default {MAX_BODY_MB}; 0: no bound)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="processes serving the one port, each with its own event loop (default 1): more when one core "
+        "cannot relay what the replicas stream; they share the per-replica counts",
     )
     p.add_argument("--job-id", default="", help=argparse.SUPPRESS)  # set by the gateway's own job script
     # ... and, when the deployment renews, its folder: the job renews itself (hpc/jobs/renewal.py)

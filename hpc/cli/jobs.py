@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hpc.cli.query import cmd_endpoints, cmd_list, cmd_logs, cmd_status, print_endpoints_or_exit
 from hpc.cli.support import (
+    EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -28,6 +29,7 @@ from hpc.cli.support import (
     job_or_deployment,
     load_spec_or_exit,
     one_job_or_exit,
+    sampling_flag,
 )
 from launcher.contracts import model_names
 from launcher.contracts.config import CANCEL_GRACE_S
@@ -52,7 +54,12 @@ def _wait_and_report(ref, timeout: float | None) -> int:
             line.update(f"{text}  [dim]({time.strftime('%H:%M:%S')})[/dim]")
             console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
 
-        status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
+        try:
+            status = wait(ref, until=("READY",), timeout=timeout, on_change=show)
+        except KeyboardInterrupt:
+            line.stop()
+            _left_running(ref)
+            return EXIT_INTERRUPTED
     if status.state == "READY":
         print_endpoints_or_exit([ref], "text")
         console.print(
@@ -69,6 +76,33 @@ def _wait_and_report(ref, timeout: float | None) -> int:
         print(f"hpc-serve: gave up waiting after {timeout}s; the job is still {status.state}", file=sys.stderr)
         return EXIT_TIMEOUT
     return EXIT_JOB_FAILED
+
+
+def _say_if_random(target) -> None:
+    """A model of random weights (model.init's, the embedded default) writes random text, byte tokens that decode
+    to U+FFFD among them: said once on stderr, so it does not read as a bug (stdout stays the text alone)."""
+    model = getattr(target, "model", None)
+    if model is not None and model.init is not None and model.backend_strategy.init_makes_random_weights:
+        print(
+            f"note: {target.name} serves random weights (model.init): its text is random, '\ufffd' included; "
+            "point model.checkpoint_dir at a trained checkpoint for real text",
+            file=sys.stderr,
+        )
+
+
+def _left_running(ref) -> None:
+    """What a Ctrl-C during a wait leaves: the job, which goes on (a newcomer takes 130 for a cancel)."""
+    from hpc.jobs.track import job_status
+
+    try:
+        state = job_status(ref).state
+    except Exception:  # the answer is the advice below; a Slurm hiccup must not hide it
+        state = "under way"
+    print(
+        f"hpc-serve: stopped waiting; job {ref.job_id} is {state} and goes on.\n"
+        f"  follow it: hpc-serve wait {ref.job_id}  ·  stop it: hpc-serve cancel {ref.job_id}",
+        file=sys.stderr,
+    )
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -96,10 +130,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_OK
+    from hpc.doctor.preflight import check_before_submit
     from hpc.jobs.build import BuildFailed
+    from hpc.spec import SpecError
 
     try:
+        check_before_submit(spec, args.executor)
         ref = submit(spec, executor=args.executor, note=lambda line: print(line, file=sys.stderr, flush=True))
+    except SpecError as exc:  # a job Slurm would queue and never start: none is submitted
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_USAGE
     except BuildFailed as exc:  # the local executor waits for its build
         print(f"hpc-serve: the build failed: {exc}", file=sys.stderr)
         return EXIT_JOB_FAILED
@@ -174,7 +215,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from hpc.spec import SpecError
 
     if (args.prompt is None) == (args.file is None):
-        print("hpc-serve generate: give a PROMPT or --file FILE (one prompt per line), not both", file=sys.stderr)
+        which = "not both" if args.prompt is not None else "none was given"
+        print(f"hpc-serve generate: give a PROMPT or --file FILE (one prompt per line); {which}", file=sys.stderr)
         return EXIT_USAGE
     try:
         prompts = _prompts(args)
@@ -190,6 +232,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             client = Client(args.target, **options)
         with client:
+            _say_if_random(client.target)
             if args.file is not None:  # JSON lines: a completion may span lines
                 texts = client.generate_batch(prompts, args.max_tokens, args.concurrency, **sampling)
                 for prompt, text in zip(prompts, texts, strict=True):
@@ -216,7 +259,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="render a spec into a new job folder and submit it")
     p.add_argument("spec", help="the spec file (YAML)")
     p.add_argument("--wait", action="store_true", help="show the job's progress until READY, then its endpoints")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: " + TIMEOUT_HELP)
+    p.add_argument(
+        "--timeout",
+        type=bounded(float, 0, more_than=False),
+        default=None,
+        metavar="S",
+        help="with --wait: " + TIMEOUT_HELP,
+    )
     p.add_argument(
         "--executor", choices=["slurm", "local"], default=None, help="default: slurm where sbatch exists, else local"
     )
@@ -244,7 +293,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "wait", help="wait until a job (of a deployment: its current one) is READY (exit 0) or has ended (exit 1)"
     )
     add_target(p)
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help=TIMEOUT_HELP)
+    p.add_argument("--timeout", type=bounded(float, 0, more_than=False), default=None, metavar="S", help=TIMEOUT_HELP)
     p.set_defaults(func=cmd_wait)
 
     p = sub.add_parser(
@@ -281,12 +330,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--file", help="one prompt per line (- for stdin); prints one JSON line per prompt, in order")
     p.add_argument("--max-tokens", type=bounded(int, most=INT32_MAX), default=64, help="tokens to generate at most")
     p.add_argument("--stream", action="store_true", help="print the text as it is generated")
-    p.add_argument("--temperature", type=float, help="sampling temperature (default: the model's)")
-    p.add_argument("--top-p", type=float, help="nucleus sampling: keep the tokens of this much probability")
+    p.add_argument(
+        "--temperature", type=sampling_flag("temperature"), help="sampling temperature (default: the model's)"
+    )
+    p.add_argument(
+        "--top-p", type=sampling_flag("top_p"), help="nucleus sampling: keep the tokens of this much probability"
+    )
     p.add_argument("--top-k", type=bounded(int, most=INT32_MAX), help="sample among the k likeliest tokens")
     p.add_argument("--seed", type=bounded(int, 0, UINT64_MAX, more_than=False), help=SEED_HELP)
-    p.add_argument("--presence-penalty", type=float, help="-2..2, as OpenAI's")
-    p.add_argument("--frequency-penalty", type=float, help="-2..2, as OpenAI's")
+    p.add_argument("--presence-penalty", type=sampling_flag("presence_penalty"), help="-2..2, as OpenAI's")
+    p.add_argument("--frequency-penalty", type=sampling_flag("frequency_penalty"), help="-2..2, as OpenAI's")
     p.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     p.add_argument("--concurrency", type=bounded(int), default=8, help="with --file: requests in flight at once")
     p.add_argument("--direct", action="store_true", help="go to the replicas even when a gateway runs")

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc.cli.support import EXIT_OK, EXIT_USAGE, HelpFormatter, load_spec_or_exit
+from backend.sim_engine.profiles import MODELS as SIM_MODELS
+from hpc.cli.support import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, HelpFormatter, load_spec_or_exit
 from hpc.cli.support import err as _err
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from hpc.doctor.preflight import refusals
     from hpc.spec import SpecError, load_spec
 
     try:
@@ -26,6 +28,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
+        return EXIT_USAGE
+    never_starts, notes = refusals(spec)  # what Slurm would take and never start (where Slurm answers)
+    for line in [*map(str, never_starts), *notes]:
+        print(line, file=sys.stderr)
+    if never_starts:
         return EXIT_USAGE
     print(
         f"{args.spec}: ok — {spec.name}: backend {spec.model.backend}, workflow {spec.model.workflow}, "
@@ -116,6 +123,16 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     if (out / "config.json").exists() and not args.force:
         _err(f"{out} already holds a checkpoint; pass --force to replace it")
         return EXIT_USAGE
+    if args.sim_model:
+        import shutil
+
+        from backend.sim_engine.checkpoint import create_sim_checkpoint
+
+        if args.force and out.exists():
+            shutil.rmtree(out)
+        create_sim_checkpoint(out, args.sim_model)
+        print(f"wrote {args.sim_model}'s config.json and a tokenizer (no weights: backend sim) to {out}")
+        return EXIT_OK
     create_checkpoint(out, family=args.family, size=args.size, seed=args.weights_seed, overwrite=args.force)
     print(f"wrote a random-weight {args.family} ({args.size}) checkpoint and tokenizer to {out}")
     return EXIT_OK
@@ -158,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", choices=["tiny", "small"], default="tiny", help="tiny: seconds on a CPU; small: more")
     p.add_argument("--weights-seed", type=int, default=0, help="the random weights' seed (spec: model.init.seed)")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint")
+    p.add_argument(
+        "--sim-model",
+        choices=sorted(SIM_MODELS),
+        help="backend sim: write this model's config.json and a tokenizer, no weights (spec: model.init.model)",
+    )
     p.set_defaults(func=cmd_init_model)
 
     p = sub.add_parser("launch", help="per-rank entry point: run under srun --mpi=pmix (DIR or SPEC)")
@@ -181,13 +203,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """argparse's parse, with a did-you-mean for a mistyped flag (`--temprature`: did you mean --temperature?),
+    said by the command's own parser (its usage line) as argparse's error: exit 2."""
+    args, extras = parser.parse_known_args(argv)
+    if not extras:
+        return args
+    import difflib
+
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    command = commands[args.command]
+    flags = [flag for action in command._actions for flag in action.option_strings if flag.startswith("--")]
+    hints = []
+    for extra in extras:
+        close = difflib.get_close_matches(extra.split("=", 1)[0], flags, n=1) if extra.startswith("-") else []
+        hints.append(f"{extra} (did you mean {close[0]}?)" if close else extra)
+    command.error(f"unrecognized arguments: {' '.join(hints)}")
+    raise AssertionError("argparse's error exits")  # pragma: no cover
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # a command that leaves something running says so itself (e.g. a wait)
+        print("hpc-serve: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -67,14 +67,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Column, Table
 
+    from hpc.bench.tables import compact_table
     from hpc.jobs.executors import watch
     from hpc.jobs.kinds import job_class_of
     from hpc.jobs.track import job_status
     from hpc.scheduler.index import list_jobs
+    from hpc.serving.deployment import spec_name
 
-    table = Table("job", "state", "reason / endpoint", Column("folder", overflow="fold"))  # folded, not cut
+    cells = []
     rows = []
     refs = list_jobs()[: args.limit]
     watch(refs)  # one sacct (and squeue) for all of them, not one per job
@@ -82,12 +83,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         status = job_status(ref)
         detail = status.reason or status.url or ", ".join(f"{e.address}:{e.http_port}" for e in status.endpoints)
         # a job of another cluster than SLURM_CONF's reads `33@twin`: ids are per cluster (launcher/contracts/job_index.py)
-        table.add_row(job_class_of(ref.job_dir).list_label(status), status.state, detail or "", str(ref.deploy_dir))
+        label = job_class_of(ref.job_dir).list_label(status)
+        cells.append((label, spec_name(ref.deploy_dir) or "?", status.state, detail or "", str(ref.deploy_dir)))
         rows.append(status.to_json())
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        Console().print(table)
+        Console().print(compact_table(("job", "deployment", "state", "reason / endpoint", "folder"), cells, keep=3))
     return EXIT_OK
 
 

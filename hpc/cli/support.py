@@ -17,12 +17,14 @@ if TYPE_CHECKING:
 
 #: Exit codes of every command (docs/cli.md lists EXIT_CODES; tests/test_cli_grammar.py keeps the two equal).
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130  # the shell's for SIGINT (128 + 2): what a user who pressed Ctrl-C expects
 EXIT_CODES = {
     EXIT_OK: "it worked (READY, answered, cancelled, printed)",
     EXIT_JOB_FAILED: "the job or the request failed: FAILED, TIMEOUT, a build that failed, a doctor check that failed",
     EXIT_USAGE: "bad input: the spec, a flag or a request, named in the message with the fix",
     EXIT_NOT_FOUND: "not found: no such job or deployment, or nothing ready to answer yet",
     EXIT_TIMEOUT: "--timeout ran out while the job was still under way (PENDING, STARTING): it goes on",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C): the command says what it left running (a job waited for goes on)",
 }
 
 #: What TARGET means, for every command that takes one (hpc/serving/deployment.py `resolve` reads it).
@@ -32,7 +34,7 @@ TARGET_HELP = (
 )
 #: --seed and --timeout mean one thing on every command that has them
 SEED_HELP = "the sampling seed: the same seed, prompt and settings give the same text"
-TIMEOUT_HELP = f"give up waiting after S seconds (exit {EXIT_TIMEOUT}: the job goes on)"
+TIMEOUT_HELP = f"give up waiting after S seconds, 0 or more (exit {EXIT_TIMEOUT}: the job goes on)"
 TARGETS_HELP = TARGET_HELP + "; several job ids of one deployment name those jobs"
 
 
@@ -68,6 +70,25 @@ def bounded(kind: type, least: float = 0, most: float | None = None, more_than: 
         if not low_ok or (most is not None and value > most):
             bound = f"more than {least:g}" if more_than else f"at least {least:g}"
             raise argparse.ArgumentTypeError(f"{text!r}: a number {bound}" + (f", at most {most}" if most else ""))
+        return value
+
+    return parse
+
+
+def sampling_flag(name: str):
+    """The argparse type of a sampling flag: its range is the gateway's and the client's (hpc/spec/limits.py), and
+    a value out of it is argparse's error naming the flag, before anything is sent."""
+    from hpc.spec.limits import SAMPLING_BOUNDS
+
+    bound = SAMPLING_BOUNDS[name]
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not bound.holds(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: a number {bound.words()}")
         return value
 
     return parse

@@ -18,6 +18,7 @@ import httpx
 from hpc.client.errors import AuthError, Busy, NotReady, RequestError, ServerError
 from hpc.serving.engine_timing import TIMING_FIELD, TIMING_HEADER
 from hpc.serving.model_io import GenerateParams
+from hpc.spec.limits import SAMPLING_BOUNDS
 
 
 class Sampling(TypedDict, total=False):
@@ -34,11 +35,16 @@ class Sampling(TypedDict, total=False):
 
 
 def generate_params(prompt: str, max_tokens: int, sampling: Sampling) -> GenerateParams:
-    """The request as the replica is asked it; an unknown sampling name is a TypeError naming the known ones."""
+    """The request as the replica is asked it; an unknown sampling name is a TypeError naming the known ones, a
+    value out of its range a RequestError naming it (`param`), before anything is sent."""
     unknown = set(sampling) - set(Sampling.__annotations__)
     if unknown:
         known = ", ".join(Sampling.__annotations__)
         raise TypeError(f"unknown sampling parameter(s) {', '.join(sorted(unknown))}: use {known}")
+    for name, value in sampling.items():
+        bound = SAMPLING_BOUNDS.get(name)
+        if bound is not None and value is not None and not bound.holds(float(value)):  # type: ignore[arg-type]
+            raise RequestError(f"{name} must be {bound.words()}, not {value}", param=name)
     stop = sampling.get("stop")
     fields = {k: v for k, v in sampling.items() if k != "stop"}
     stops = [stop] if isinstance(stop, str) else list(stop or [])

@@ -12,7 +12,7 @@ import re
 import shutil
 from pathlib import Path
 
-from hpc.doctor.facts import Facts, judge_partition, judge_time
+from hpc.doctor.facts import Facts
 from hpc.doctor.gateway import gateway_checks
 from hpc.doctor.parse import (
     SINFO_NODE_FORMAT,
@@ -25,6 +25,7 @@ from hpc.doctor.parse import (
     sinfo_nodes,
     slurm_version,
 )
+from hpc.doctor.preflight import partition_check, time_check
 from hpc.doctor.report import Check, fail, ok, skip, warn
 from hpc.render.sbatch import test_only_argv
 from hpc.scheduler import slurm
@@ -137,14 +138,7 @@ def _partition(spec: Spec, facts: Facts) -> Check:
     if error:
         return fail("partition", error, "check `scontrol show partition`")
     facts.partitions = scontrol_records(text)
-    check, facts.partition = judge_partition(
-        "partition",
-        "slurm.partition",
-        spec.slurm.partition,
-        "" if spec.slurm.partition else "the spec names none",
-        facts,
-    )
-    return check
+    return partition_check(spec, facts)
 
 
 def _fitting(spec: Spec, nodes: list[NodeInfo], partition: str) -> list[NodeInfo]:
@@ -190,7 +184,7 @@ def _nodes(spec: Spec, facts: Facts) -> Check:
 
 
 def _time(spec: Spec, facts: Facts) -> Check:
-    return judge_time("time limit", "slurm.time", spec.slurm.time, facts.partition, facts, renew=spec.renew is not None)
+    return time_check(spec, facts)
 
 
 def _account_qos(spec: Spec, facts: Facts) -> Check:

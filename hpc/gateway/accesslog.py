@@ -151,7 +151,7 @@ def observe(m: Metrics, record: RequestRecord) -> None:
     m.requests.labels(record.route, str(status)).inc()
     m.latency.labels(record.route).observe(record.latency_s or 0.0)
     quiet = record.route in QUIET_ROUTES
-    kind = record.error or error_kind(status)
+    kind = record.error = record.error or error_kind(status)  # the access log's line says it too (a 503: no_replica)
     if kind is not None and not quiet:  # a probe's 503 says "not ready", it is no failed request
         m.errors.labels(kind).inc()
     if record.ttft_s is not None:

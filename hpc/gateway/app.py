@@ -36,6 +36,7 @@ from hpc.gateway.state import Gateway
 from hpc.serving.balancer import Balancer, Replica
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
+from hpc.serving.replica_counts import ReplicaCounts
 from hpc.serving.text import ChatTemplate
 from hpc.serving.triton import TritonEngine
 from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
@@ -49,19 +50,21 @@ def create_app(
     prefix_chars: int = PREFIX_CHARS,
     fast_path: bool = True,
     max_body_mb: int = MAX_BODY_MB,
+    counts: ReplicaCounts | None = None,
 ) -> FastAPI:
     """The gateway for `target` (hpc.serving.deployment.resolve_target). `max_outstanding`: requests in flight
     per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off);
     `fast_path`: serve the two generation routes around FastAPI's machinery (hpc/gateway/fastpath.py; off, every
     request takes FastAPI's way: the same answers, which the tests compare, and what the benchmark measures it
-    against); `max_body_mb`: the largest request body taken (hpc/spec/limits.py; 0: no bound)."""
+    against); `max_body_mb`: the largest request body taken (hpc/spec/limits.py; 0: no bound); `counts`: where the
+    balancer's per-replica counts live (hpc/serving/replica_counts.py; shared by a gateway's worker processes)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from backend.models.tokenizer import load_tokenizer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, target.tokenizer_dir)
-        balancer = Balancer(max_outstanding=max_outstanding)
+        balancer = Balancer(max_outstanding=max_outstanding, counts=counts)
         # trust_env=False: replicas are cluster nodes, never behind the user's $http_proxy (launcher/contracts/urls.py)
         async with httpx.AsyncClient(trust_env=False) as http:
             engine = TritonEngine()

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from hpc.spec.limits import SAMPLING_BOUNDS
 from launcher.contracts.model_names import INT32_MAX, UINT64_MAX
 
 #: the error type (and OpenAI's error code) of a key that is neither served nor ignored
@@ -137,20 +138,20 @@ class Sampling(Part):
     model: str
     max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     stop: str | list[str] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: float | None = SAMPLING_BOUNDS["temperature"].field()
+    top_p: float | None = SAMPLING_BOUNDS["top_p"].field()
     top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
     seed: int | None = Field(default=None, ge=0, le=UINT64_MAX)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = SAMPLING_BOUNDS["presence_penalty"].field()
+    frequency_penalty: float | None = SAMPLING_BOUNDS["frequency_penalty"].field()
     # the engines' extensions of OpenAI's bodies that vLLM, aiperf and genai-perf send (TensorRT-LLM's
     # SamplingParams of these names): served on the llmapi workflow by hpc-serve's model and by the ensemble;
     # the image's llmapi model lacks them (hpc/serving/model_io.py IMAGE_MODEL_LACKS: a 400 naming the field)
     ignore_eos: bool = False
     min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
+    repetition_penalty: float | None = SAMPLING_BOUNDS["repetition_penalty"].field()
     #: beam search's length penalty: accepted as TensorRT-LLM takes it, no effect on the one beam served here
-    length_penalty: float | None = Field(default=None, ge=-100.0, le=100.0)
+    length_penalty: float | None = SAMPLING_BOUNDS["length_penalty"].field()
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None

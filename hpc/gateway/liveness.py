@@ -7,6 +7,8 @@ record's port may belong to another process by now), so this route names the dep
 
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter, Request
 
 from hpc.gateway.openai_api import gateway_of
@@ -16,7 +18,17 @@ from launcher.contracts.urls import GATEWAY_HEALTH_PATH
 router = APIRouter()
 
 
+#: the app state's key of a worker's index, in a gateway of several worker processes (hpc/gateway/workers.py)
+WORKER = "worker"
+
+
 @router.get(GATEWAY_HEALTH_PATH)
 async def gateway_health(request: Request) -> dict[str, object]:
+    """The deployment, the gateway's pid (its record's: a worker's parent) and its ready replicas; in a gateway of
+    several workers, which worker answered."""
     gateway = gateway_of(request)
-    return health_body(gateway.target) | {"replicas_ready": len(gateway.balancer.replicas)}
+    worker = getattr(request.app.state, WORKER, None)
+    if worker is None:
+        return health_body(gateway.target) | {"replicas_ready": len(gateway.balancer.replicas)}
+    parent = {"pid": os.getppid(), "worker": worker}
+    return health_body(gateway.target) | parent | {"replicas_ready": len(gateway.balancer.replicas)}

@@ -13,16 +13,20 @@ the model's name, never prompts, texts or addresses.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from hpc.serving.balancer import Balancer
 
 PREFIX = "hpc_serve_gateway"
+#: prometheus_client's variable naming the folder of its multiprocess files (set by a gateway of several workers)
+MULTIPROC_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"
 #: whole requests: a short completion on a small model to minutes of generation
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: the first token: a warm small model answers in milliseconds, a long prompt's prefill in seconds
@@ -42,6 +46,8 @@ class ReplicaCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         balancer = self._balancer()
         replicas = balancer.replicas if balancer is not None else []
+        if balancer is not None:
+            balancer.counts.load(replicas)  # every worker's, where the gateway has several
         healthy = {r.key for r in balancer.healthy()} if balancer is not None else set()
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "outstanding": GaugeMetricFamily(
@@ -126,10 +132,11 @@ class Metrics:
         """Add a request's KV-cache blocks to the replica that served it (kept by the balancer, as its other
         counters; a replica gone meanwhile is not counted)."""
         balancer = self.balancer()
-        for replica in balancer.replicas if balancer is not None else []:
+        if balancer is None:
+            return
+        for replica in balancer.replicas:
             if replica.key == replica_key:
-                replica.kv_reused_blocks += reused
-                replica.kv_missed_blocks += missed
+                balancer.counts.add(replica, kv_reused_blocks=reused, kv_missed_blocks=missed)
                 return
 
     def _by_route(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -139,7 +146,27 @@ class Metrics:
 router = APIRouter()
 
 
+def share_between_workers() -> None:
+    """From now on, this process's metrics are kept in prometheus_client's multiprocess files (the folder of
+    $PROMETHEUS_MULTIPROC_DIR, which the gateway's parent made), so that `/metrics` of any worker of a gateway of
+    several (hpc/gateway/workers.py) sums every worker's: called in each worker before its app is made."""
+    from prometheus_client import values
+
+    values.ValueClass = values.MultiProcessValue()
+
+
+def page(metrics: Metrics) -> bytes:
+    """The `/metrics` page: this gateway's registry; in a worker of several, every worker's metrics summed
+    (prometheus_client's MultiProcessCollector) and the per-replica numbers, which the workers share already."""
+    if not os.environ.get(MULTIPROC_DIR_VAR):
+        return generate_latest(metrics.registry)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    registry.register(ReplicaCollector(metrics.balancer))
+    return generate_latest(registry)
+
+
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     """Prometheus text format; no token (see the module docstring)."""
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(page(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)

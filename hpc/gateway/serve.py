@@ -15,9 +15,15 @@ import functools
 import ipaddress
 import logging
 import os
+import shutil
+import signal
 import socket
+import tempfile
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from hpc.jobs import autoscale
 from hpc.jobs.renewal import GatewayRenewer, takes_over_from
@@ -108,15 +114,13 @@ def run(
     prefix_chars: int = PREFIX_CHARS,
     renew_from: Path | None = None,
     max_body_mb: int = MAX_BODY_MB,
+    workers: int = 1,
 ) -> None:
     """Serve until SIGINT/SIGTERM (`max_outstanding`, `prefix_chars`, `max_body_mb`: hpc.gateway.app.create_app's). A gateway
     job (`job_id`) whose deployment folder `renew_from` has a renew plan renews itself (hpc/jobs/renewal.py)
-    and ends once its successor serves. Raises GatewayRunning, OSError (the port)."""
-    import uvicorn
-
-    from hpc.gateway.accesslog import observe_head_timeout
+    and ends once its successor serves. `workers` > 1: that many processes on the one port
+    (hpc/gateway/workers.py). Raises GatewayRunning, OSError (the port)."""
     from hpc.gateway.app import create_app
-    from hpc.gateway.connections import HeadTimeoutProtocol, raise_open_files_limit
 
     renewer = _renewer(target, job_id, renew_from)
     refuse_if_running(target, job_id)
@@ -131,29 +135,53 @@ def run(
         cluster=(job_cluster() or "") if job_id else "",  # a gateway started by hand inside an allocation: none
         started_at=time.time(),
     )
-    app = create_app(
-        target,
-        refresh_s=refresh_s,
-        max_outstanding=max_outstanding,
-        prefix_chars=prefix_chars,
-        max_body_mb=max_body_mb,
-    )
+    options: dict[str, Any] = {
+        "refresh_s": refresh_s,
+        "max_outstanding": max_outstanding,
+        "prefix_chars": prefix_chars,
+        "max_body_mb": max_body_mb,
+    }
+    print(f"hpc-serve gateway for {target.name} in {target.workdir}: {url}/v1", flush=True)
+    if workers > 1:
+        _run_workers(target, workers, sock, record, renewer, options, renew_from)
+        return
+    app = create_app(target, **options)
+
+    def started(server: Any) -> None:
+        publish(target, dataclasses.replace(record, auth=bool(app.state.gateway.discovery.tokens)))
+        log.info("listening at %s (record %s)", url, record_path(target))
+        if renewer is not None:
+            server.renewal = asyncio.ensure_future(renewer.run(server))
+        server.autoscale = autoscale.start(server, renew_from, job_id, app.state.gateway.balancer)
+
+    def stopping(server: Any) -> None:
+        withdraw(target, record)  # only if still its own: a successor's record stays
+
+    try:
+        _server(app, started, stopping).run(sockets=[sock])
+    finally:  # a startup that failed (uvicorn exits without shutdown): nothing was published, nothing is left
+        withdraw(target, record)
+        sock.close()
+
+
+def _server(app: Any, started: Callable[[Any], None], stopping: Callable[[Any], None]) -> Any:
+    """uvicorn's Server for `app`, as the gateway runs it: `started(server)` once it serves, `stopping(server)`
+    first thing when it stops."""
+    import uvicorn
+
+    from hpc.gateway.accesslog import observe_head_timeout
+    from hpc.gateway.connections import HeadTimeoutProtocol, raise_open_files_limit
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if not self.should_exit:
-                tokens = app.state.gateway.discovery.tokens
-                publish(target, dataclasses.replace(record, auth=bool(tokens)))
-                log.info("listening at %s (record %s)", url, record_path(target))
-                if renewer is not None:
-                    self.renewal = asyncio.ensure_future(renewer.run(self))
-                self.autoscale = autoscale.start(self, renew_from, job_id, app.state.gateway.balancer)
+                started(self)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             # Here and not after run(): uvicorn re-raises the SIGTERM it caught once it has stopped, which ends
             # the process before anything after run() would execute. First thing: it takes no new connections.
-            withdraw(target, record)  # only if still its own: a successor's record stays
+            stopping(self)
             for task in (getattr(self, "renewal", None), getattr(self, "autoscale", None)):
                 if task is not None:
                     task.cancel()
@@ -174,9 +202,61 @@ def run(
         proxy_headers=False,
         timeout_graceful_shutdown=GRACEFUL_STOP_S,
     )
-    print(f"hpc-serve gateway for {target.name} in {target.workdir}: {url}/v1", flush=True)
+    return Server(config)
+
+
+def _run_workers(
+    target: Target,
+    workers: int,
+    sock: socket.socket,
+    record: GatewayRecord,
+    renewer: Any,
+    options: dict[str, Any],
+    renew_from: Path | None = None,
+) -> None:
+    """The gateway as `workers` processes on `sock` (hpc/gateway/workers.py): the record published once every
+    worker serves, withdrawn when they stopped; a worker that died ends the gateway with its signal or code.
+    Worker 0 runs the autoscaling controller (the outstanding counts it reads are every worker's: `counts`)."""
+    from hpc.gateway.liveness import WORKER
+    from hpc.gateway.metrics import MULTIPROC_DIR_VAR
+    from hpc.gateway.workers import WorkerDied, run_workers
+    from hpc.serving.replica_counts import SharedCounts
+
+    counts = SharedCounts()
+    shared = tempfile.mkdtemp(prefix="hpc-serve-gateway-metrics-")
+    os.environ[MULTIPROC_DIR_VAR] = shared
+
+    def serve(index: int, ready: Connection) -> None:
+        from hpc.gateway.app import create_app
+        from hpc.gateway.metrics import share_between_workers
+
+        share_between_workers()
+        app = create_app(target, counts=counts, **options)
+        setattr(app.state, WORKER, index)
+
+        def serving(server: Any) -> None:
+            ready.send(bool(app.state.gateway.discovery.tokens))
+            if index == 0:
+                server.autoscale = autoscale.start(server, renew_from, record.job_id, app.state.gateway.balancer)
+
+        _server(app, serving, lambda _: None).run(sockets=[sock])
+
+    def started(auth: list[bool]) -> None:
+        publish(target, dataclasses.replace(record, auth=any(auth)))
+        log.info("listening at %s with %d workers (record %s)", record.url, workers, record_path(target))
+
     try:
-        Server(config).run(sockets=[sock])
-    finally:  # a startup that failed (uvicorn exits without shutdown): nothing was published, nothing is left
-        withdraw(target, record)
+        run_workers(workers, serve, started, renewer, GRACEFUL_STOP_S)
+        return
+    except WorkerDied as exc:
+        log.error("%s", exc)
+        code = exc.code
+    finally:
+        withdraw(target, record)  # only if still its own: a successor's record stays
         sock.close()
+        shutil.rmtree(shared, ignore_errors=True)
+    if code < 0:  # as one gateway process would have died: gateway.sub starts again a gateway killed so
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to put back
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    raise SystemExit(code or 1)

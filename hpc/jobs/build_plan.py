@@ -86,7 +86,9 @@ def build_request(spec: Spec) -> dict[str, Any]:
 def init_request(spec: Spec) -> dict[str, Any] | None:
     """The `model.init` arguments when the build creates the checkpoint (backend cpu), else None."""
     init = spec.model.init if spec.model.backend_strategy.makes_checkpoints else None
-    return init.model_dump(mode="json") if init is not None else None
+    return (
+        init.model_dump(mode="json", exclude_none=True) if init is not None else None
+    )  # an unset field stays out: a cached build keeps its key
 
 
 def input_identity(source: Path, init: dict[str, Any] | None) -> dict[str, Any]:

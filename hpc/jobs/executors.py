@@ -43,6 +43,8 @@ class Executor(ABC):
     """Submits a rendered deployment folder and stops its jobs; says what its scheduler knows of them."""
 
     name: ClassVar[str]
+    #: its jobs wait in Slurm's queue for a partition's nodes (the partition's limits apply: hpc/doctor/preflight.py)
+    queues: ClassVar[bool]
 
     @abstractmethod
     def submit(self, job_kind: type[JobKind], deploy_dir: Path, after: JobRef | None = None) -> JobRef:
@@ -64,6 +66,7 @@ class Executor(ABC):
 
 class SlurmExecutor(Executor):
     name = "slurm"
+    queues = True
 
     def submit(self, job_kind: type[JobKind], deploy_dir: Path, after: JobRef | None = None) -> JobRef:
         """sbatch the kind's script as it is (raises hpc.scheduler.slurm.SlurmError with sbatch's words), mark and index the
@@ -128,6 +131,7 @@ class LocalExecutor(Executor):
     """This machine: the job runs under a detached supervisor (`hpc.jobs.local_run`), its id `local-<hex>`."""
 
     name = "local"
+    queues = False
 
     def submit(self, job_kind: type[JobKind], deploy_dir: Path, after: JobRef | None = None) -> JobRef:
         """`after` must have completed already: local jobs cannot wait for each other (hpc/jobs/build.py waits)."""

@@ -24,7 +24,7 @@ from hpc.jobs.kinds import GatewayJob, job_class_of
 from hpc.scheduler.index import JobRef
 from hpc.scheduler.slurm import TERMINAL
 from hpc.serving.deployment import Target, job_folders, target_of_folder
-from hpc.serving.gateway_record import GatewayLine, answers, live_gateway, record_path
+from hpc.serving.gateway_record import IDLE, IDLE_REASON, GatewayLine, health, live_gateway, record_path
 from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, gateway_lock
 from launcher.contracts.records import read_gateway
@@ -58,8 +58,11 @@ def deployment_gateway(target: Target) -> GatewayLine | None:
     record ended, else a record nothing answers at (UNREACHABLE: a gateway started by hand and killed outright),
     else how its newest gateway job ended. None: it never had one."""
     record = read_gateway(record_path(target))
-    if record is not None and answers(record, target):
-        return GatewayLine(JobState.READY, job_id=record.job_id, url=record.url, host=record.host, pid=record.pid)
+    body = health(record, target) if record is not None else None
+    if record is not None and body is not None:
+        idle = not record.job_id and body.get("replicas_ready") == 0  # a gateway job ends with its jobs
+        state, reason = (IDLE, IDLE_REASON) if idle else (JobState.READY, None)
+        return GatewayLine(state, job_id=record.job_id, url=record.url, host=record.host, pid=record.pid, reason=reason)
     newest: tuple[JobRef, GatewayLine] | None = None
     for ref in reversed(gateway_jobs(target)):
         line = job_line(ref, target)

@@ -87,6 +87,7 @@ from launcher.contracts.records import (
     read_replica_restarts,
     read_startups,
 )
+from launcher.contracts.slurm import pending_reason
 
 if TYPE_CHECKING:
     from hpc.serving.deployment import Target
@@ -297,7 +298,7 @@ class ServingJob(JobKind):
         text = f"{status.label} {status.state}"
         state = status.state
         if state == JobState.PENDING and status.reason:
-            text += f" ({status.reason})"
+            text += f" ({pending_reason(status.reason)})"
         elif state == JobState.STARTING:
             now = time.time()
             waiting = "".join(f"; {record.describe(now)}" for record in status.starting)

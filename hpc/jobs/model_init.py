@@ -1,4 +1,5 @@
-"""Creating the random-weight checkpoint a spec's `model.init` asks for: an explicit step, never a side effect
+"""Creating the checkpoint a spec's `model.init` asks for (random weights for backend cpu, a simulated model's
+config.json and tokenizer for backend sim): an explicit step, never a side effect
 of `render` or `submit --dry-run` (those are previews; training a tokenizer is not something a preview does).
 
 Who calls `ensure_model`: `hpc-serve submit` (and `hpc.api.submit`) and `hpc-serve launch SPEC`, just before
@@ -31,6 +32,8 @@ def create_command(due: tuple[Path, ModelInit] | None) -> str | None:
     if due is None:
         return None
     target, init = due
+    if init.model is not None:  # backend sim: a simulated model's config.json and tokenizer
+        return f"hpc-serve init-model {shlex.quote(str(target))} --sim-model {init.model}"
     return f"hpc-serve init-model {shlex.quote(str(target))} --family {init.family} --size {init.size} --weights-seed {init.seed}"
 
 
@@ -43,8 +46,13 @@ def create_model(due: tuple[Path, ModelInit] | None) -> Path | None:
     """Create `due` (`model_to_create`'s: the checkpoint folder and how); the folder created, or None."""
     if due is None:
         return None
+    target, init = due
+    if init.model is not None:  # backend sim (its check_init always names one)
+        from backend.sim_engine.checkpoint import create_sim_checkpoint
+
+        create_sim_checkpoint(target, init.model)
+        return target
     from backend.cpu_engine.init_model import create_checkpoint
 
-    target, init = due
     create_checkpoint(target, family=init.family, size=init.size, seed=init.seed)
     return target

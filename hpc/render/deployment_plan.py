@@ -77,7 +77,7 @@ def _launch_plan(spec: Spec, deploy_dir: Path, gpu: Decision, gateway: bool) -> 
         server_args=(f"--log-verbose={spec.triton.log_verbose}", *spec.triton.server_args),
         ready_timeout_s=spec.triton.ready_timeout_s,
         warmup_timeout_s=spec.triton.warmup_timeout_s,
-        env=default_env(spec.mode),
+        env={**default_env(spec.mode), **spec.backend_strategy.rank_env(spec.model)},
         auth=spec.auth,
         gpu_binding=gpu.binding,
         replica_policy=spec.replica_policy,

@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hpc.serving.prefix_homes import PrefixHomes, rank
+from hpc.serving.replica_counts import LocalCounts, ReplicaCounts
 from hpc.spec.limits import PREFIX_CHARS
 from launcher.contracts.llmapi import ENGINE
 
@@ -106,6 +107,7 @@ class Balancer:
         max_outstanding: int | None = None,
         load_factor: float = LOAD_FACTOR,
         load_slack: int = LOAD_SLACK,
+        counts: ReplicaCounts | None = None,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError(f"load_factor must be at least 1 (a bound below the mean load), not {load_factor}")
@@ -114,6 +116,8 @@ class Balancer:
         self.load_factor = load_factor
         self.load_slack = load_slack
         self._clock = clock
+        #: where the per-replica counts live (hpc/serving/replica_counts.py): here, or shared by worker processes
+        self.counts: ReplicaCounts = counts or LocalCounts()
         self._replicas: dict[str, Replica] = {}
         self._picks = 0
         #: how picks went: "least" (no prefix key), "home" (the prefix's first replica), "spilled" (a later one)
@@ -168,6 +172,7 @@ class Balancer:
         if not open_:
             self.outcomes["none"] += 1  # a request with nothing serving: the autoscaling controller starts a job
             raise NoReplica("no replica is ready")
+        self.counts.load(open_)
         bound = self.max_outstanding
         candidates = [r for r in open_ if bound is None or r.outstanding < bound]
         if not candidates:
@@ -193,19 +198,18 @@ class Balancer:
 
     def mark_failed(self, replica: Replica) -> None:
         """The replica failed before the first byte: no new requests until the cooldown has passed."""
-        replica.failures += 1
+        self.counts.add(replica, failures=1)
         replica.benched_until = self._clock() + self.cooldown_s
 
     def mark_refused(self, replica: Replica) -> None:
         """The replica refused the request, its queue full: try another, but it is not benched (it is healthy)."""
-        replica.refusals += 1
+        self.counts.add(replica, refusals=1)
 
     @contextmanager
     def track(self, replica: Replica) -> Iterator[Replica]:
         """Count a request as outstanding on `replica` while the block runs."""
-        replica.outstanding += 1
+        self.counts.add(replica, outstanding=1)
         try:
             yield replica
         finally:
-            replica.outstanding -= 1
-            replica.served += 1
+            self.counts.add(replica, outstanding=-1, served=1)

@@ -53,11 +53,11 @@ def target_of_spec(spec: Spec, workdir: Path, named_folder: Path | None = None) 
 
 #: the YAML loader: libyaml's where PyYAML was built with it (much faster than the pure-Python one)
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-#: spec file → ((mtime_ns, size), its `name`): see `_spec_name`
+#: spec file → ((mtime_ns, size), its `name`): see `spec_name`
 _names: dict[Path, tuple[tuple[int, int], str | None]] = {}
 
 
-def _spec_name(folder: Path) -> str | None:
+def spec_name(folder: Path) -> str | None:
     """The `name` in a deployment folder's resolved spec. Cached by the file's modification time and size. Why:
     a gateway asks for every folder of its workdir that could be its deployment's at each discovery refresh
     (every few seconds, for days), on a thread that holds the GIL while it parses, stalling the event loop that
@@ -110,7 +110,7 @@ def deployments_named(name: str) -> dict[Path, Path]:
         if folder in seen:
             continue
         seen.add(folder)
-        if _spec_name(folder) == name:
+        if spec_name(folder) == name:
             workdir = folder.parent.resolve()
             found[workdir] = max(found.get(workdir, folder), folder, key=lambda d: d.name)
     return found
@@ -161,8 +161,28 @@ def _resolve_one(text: str) -> tuple[Target, JobRef | None]:
         return target_of_folder(ref.deploy_dir), ref
     raise TargetError(
         f"{text}: not a spec file, a deployment or job folder, a job id, or the name of a deployment with a job "
-        f"in {index_dir()}"
+        f"in {index_dir()}{_did_you_mean(text)}"
     )
+
+
+def indexed_names() -> set[str]:
+    """The name of every deployment with a job in the job index."""
+    from hpc.scheduler.index import list_jobs
+
+    return {name for name in (spec_name(folder) for folder in {ref.deploy_dir for ref in list_jobs()}) if name}
+
+
+def _did_you_mean(text: str) -> str:
+    """`; did you mean 'tiny-cpu'?` for a mistyped deployment name, or a spec file of that name here."""
+    import difflib
+
+    close = difflib.get_close_matches(text, sorted(indexed_names()), n=1)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    for suffix in (".yaml", ".yml"):
+        if Path(text + suffix).is_file():
+            return f"; did you mean the spec file {text + suffix}?"
+    return ""
 
 
 def resolve(targets: Sequence[str]) -> tuple[Target, list[JobRef]]:
@@ -194,7 +214,7 @@ def deployment_folders(target: Target) -> list[Path]:
     found = {
         d
         for d in target.workdir.iterdir()
-        if d.name.startswith(f"{target.name}-") and d.is_dir() and _spec_name(d) == target.name
+        if d.name.startswith(f"{target.name}-") and d.is_dir() and spec_name(d) == target.name
     }
     if target.named_folder is not None and target.named_folder.is_dir():
         found.add(target.named_folder)

@@ -38,14 +38,21 @@ def health_body(target: Target) -> dict[str, object]:
     return {"name": target.name, "workdir": str(target.workdir), "pid": os.getpid()}
 
 
-def answers(record: GatewayRecord, target: Target, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a gateway of `target` answers at the record's URL now."""
+def health(record: GatewayRecord, target: Target, timeout: float = PROBE_TIMEOUT_S) -> dict[str, object] | None:
+    """What a gateway of `target` at the record's URL answers now (`health_body` and `replicas_ready`), or None:
+    nothing answers there, or not this deployment's gateway."""
     try:
         with open_direct(record.url + GATEWAY_HEALTH_PATH, timeout=timeout) as response:
             body = json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError):
-        return False
-    return isinstance(body, dict) and body.get("name") == target.name and body.get("workdir") == str(target.workdir)
+        return None
+    ours = isinstance(body, dict) and body.get("name") == target.name and body.get("workdir") == str(target.workdir)
+    return body if ours else None
+
+
+def answers(record: GatewayRecord, target: Target, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a gateway of `target` answers at the record's URL now."""
+    return health(record, target, timeout) is not None
 
 
 def live_gateway(target: Target) -> GatewayRecord | None:
@@ -81,11 +88,16 @@ def withdraw_job(target: Target, job_id: str) -> bool:
     return withdraw(target, current)
 
 
+#: a gateway that answers with no replica to send to: every request gets 503 until a job of the deployment is READY
+IDLE = "IDLE"
+IDLE_REASON = "no replica is READY: every request is answered 503 until a job of the deployment is"
+
+
 @dataclass(frozen=True)
 class GatewayLine:
     """The deployment's gateway as `status` shows it: which job (or process) it is, its state, its URL."""
 
-    state: str  # PENDING, STARTING, READY, UNREACHABLE, or a job's end state
+    state: str  # PENDING, STARTING, READY, IDLE, UNREACHABLE, or a job's end state
     job_id: str = ""
     url: str = ""
     host: str = ""

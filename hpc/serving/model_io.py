@@ -85,9 +85,28 @@ class NotTaken(ValueError):
 
 class Decoder(Protocol):
     """Reads one request's responses in order: `feed` gives each response's Chunk, or None for a response
-    without text; `final` is set on the last one."""
+    without text; `final` is set on the last one. `feed_many`: several responses that were all waiting when the
+    reader came (it fell behind the replica), as one Chunk: their texts joined, their tokens summed."""
 
     def feed(self, infer_response: Any, final: bool) -> Chunk | None: ...
+
+    def feed_many(self, infer_responses: Sequence[Any], final: bool) -> Chunk | None: ...
+
+
+def merged(chunks: Sequence[Chunk | None]) -> Chunk | None:
+    """Consecutive Chunks of one stream as one (None for none with text or tokens): texts and log probabilities
+    joined, tokens summed (None if one is uncounted), the last finish reason and perf metrics."""
+    found = [c for c in chunks if c is not None]
+    if len(found) <= 1:
+        return found[0] if found else None
+    counts = [c.tokens for c in found]
+    return Chunk(
+        "".join(c.text for c in found),
+        None if None in counts else sum(c for c in counts if c is not None),
+        tuple(v for c in found for v in c.logprobs),
+        next((c.finish_reason for c in reversed(found) if c.finish_reason), None),
+        next((c.perf for c in reversed(found) if c.perf), None),
+    )
 
 
 class ModelIO(Protocol):
@@ -197,6 +216,10 @@ class _BytesDecoder:
             return None
         return Chunk(text, 1 if piece is not None else 0, piece[1] if piece is not None else ())
 
+    def feed_many(self, infer_responses: Sequence[Any], final: bool) -> Chunk | None:
+        last = len(infer_responses) - 1
+        return merged([self.feed(r, final and i == last) for i, r in enumerate(infer_responses)])
+
 
 class LlmapiIO:
     """The llmapi workflow's `tensorrt_llm` model (module docstring)."""
@@ -264,8 +287,8 @@ class CumulativeText:
             return None
         text = _first_string(named["text_output"]) or ""  # one sequence: the first (and only) output
         finish = _reason(named.get("finish_reason"))  # in each response when asked: "None" until the end
-        reason = _reason(named.get("stop_reason"))
-        if finish == "stop" and reason is not None and reason in self.stop:
+        reason = _reason(named.get("stop_reason")) if finish == "stop" else None
+        if reason is not None and reason in self.stop:
             text += reason  # the stop string the engine left out (module docstring)
         if not final and finish is None:
             text = text.rstrip(REPLACEMENT)
@@ -278,6 +301,19 @@ class CumulativeText:
         logprobs, self._pending = self._pending, ()
         reason = finish if finish in ("stop", "length") else None
         return Chunk(delta, None, logprobs=logprobs, finish_reason=reason, perf=perf)
+
+    def feed_many(self, infer_responses: Sequence[Any], final: bool) -> Chunk | None:
+        """As `feed` of each in turn, but only the last text is decoded (each is the whole text so far); the
+        responses before it give their log probabilities."""
+        texts = [i for i, r in enumerate(infer_responses) if any(o.name == "text_output" for o in r.outputs)]
+        if not texts:
+            return None
+        last = texts[-1]
+        if self.logprobs:
+            for response in infer_responses[:last]:
+                self._pending += fp32_values(outputs(response).get("output_log_probs", b""))
+        end = len(infer_responses) - 1
+        return merged([self.feed(r, final and i == end) for i, r in enumerate(infer_responses) if i >= last])
 
     def _delta(self, text: str) -> str:
         """What `text` adds to the text given so far. An engine that revised earlier text (a character settled
@@ -302,13 +338,22 @@ def _perf(named: Mapping[str, bytes]) -> dict[str, float] | None:
 
 
 def _first_string(raw: bytes | None) -> str | None:
-    """The first element of a BYTES output as text, None when it has none."""
-    elements = bytes_elements(raw) if raw else []
-    return elements[0].decode("utf-8", errors="replace") if elements else None
+    """The first element of a BYTES output as text, None when it has none. Read in place, not by
+    `bytes_elements`: a streamed response's outputs hold one element each, and this runs for each of them."""
+    if not raw or len(raw) < 4:
+        return None
+    (size,) = _LENGTH.unpack_from(raw, 0)
+    return raw[4 : 4 + size].decode("utf-8", errors="replace")
+
+
+#: a BYTES output of the one element "None", as the llmapi model sends an unset reason in every response
+_NONE = b"\x04\x00\x00\x00None"
 
 
 def _reason(raw: bytes | None) -> str | None:
     """A finish or stop reason: the llmapi model sends `str(value)`, "None" when unset."""
+    if raw == _NONE:  # the common case: every response before the last
+        return None
     value = _first_string(raw)
     return None if value == "None" else value
 

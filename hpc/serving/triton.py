@@ -201,12 +201,17 @@ class TritonEngine:
         ended = False
         try:
             while (response := await reader.next()) is not None:
-                if response.error_message:
-                    raise model_error(response.error_message)
-                final = response.infer_response.parameters.get("triton_final_response")
-                ended = final is not None and final.bool_param
-                if (chunk := decoder.feed(response.infer_response, ended)) is not None:
-                    yield chunk
+                # the responses that came meanwhile go out with it, as one chunk (`_taken`)
+                responses, ended, refusal = _taken(response, reader.ready())
+                if responses:
+                    if len(responses) == 1:
+                        chunk = decoder.feed(responses[0].infer_response, ended)
+                    else:
+                        chunk = decoder.feed_many([r.infer_response for r in responses], ended)
+                    if chunk is not None:
+                        yield chunk
+                if refusal is not None:
+                    raise model_error(refusal)
                 if ended:
                     return
             raise ReplicaUnavailable(f"{grpc_url}: the stream ended before the final response")
@@ -240,6 +245,23 @@ class TritonEngine:
         except InferenceServerException as exc:
             return is_auth_refusal(exc)
         return False
+
+
+def _taken(first: Any, more: Sequence[Any]) -> tuple[list[Any], bool, str | None]:
+    """Responses read together (`first`, then those already waiting): those to relay (up to the final one, or
+    to a refusal), whether the final one is among them, and the refusal's words. Why together: when the gateway
+    falls behind its replicas (several streams' tokens come in one step of each), one SSE event and one socket
+    write per stream and wake-up, not per token, is what lets it catch up (docs/decisions.md "The gateway's cost
+    per relayed token"); the OpenAI stream contract lets a chunk carry several tokens' text."""
+    out: list[Any] = []
+    for response in (first, *more):
+        if response.error_message:
+            return out, False, response.error_message
+        out.append(response)
+        final = response.infer_response.parameters.get("triton_final_response")
+        if final is not None and final.bool_param:
+            return out, True, None
+    return out, False, None
 
 
 async def _end(call: Any, ended: bool) -> None:

@@ -45,7 +45,7 @@ def checkpoint_missing(spec: Spec) -> list[Finding]:
     found: list[Finding] = []
     if not (folder / "config.json").is_file():
         found.append((loc, f"{folder} has no config.json: not a Hugging Face checkpoint folder (yet)"))
-    if not any(any(folder.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+    if spec.model.backend_strategy.needs_weights and not any(any(folder.glob(p)) for p in WEIGHT_PATTERNS):
         found.append((loc, f"{folder} has no weights ({' or '.join(WEIGHT_PATTERNS)})"))
     if not any(all((folder / name).is_file() for name in names) for names in TOKENIZER_FILE_SETS):
         sets = ", ".join(" + ".join(names) for names in TOKENIZER_FILE_SETS)

@@ -10,7 +10,9 @@ merges the profile: both sit above this.
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from hpc.envvars import expand, unset_message
 from hpc.spec.autoscale import AutoscaleSpec
 from hpc.spec.build import BuildSpec
 from hpc.spec.llmapi import CudaGraphConfig, KvCacheConfig, LlmApiSpec, workflow_findings
-from hpc.spec.model import ModelInit, ModelSpec
+from hpc.spec.model import ModelInit, ModelSpec, SimSpec
 from hpc.spec.parameters import parameter_findings
 from hpc.spec.schema import (
     ContainerSpec,
@@ -149,6 +151,7 @@ _SECTIONS: dict[tuple[str, ...], type[BaseModel]] = {
     ("container",): ContainerSpec,
     ("model",): ModelSpec,
     ("model", "init"): ModelInit,
+    ("model", "sim"): SimSpec,
     ("triton",): TritonSpec,
     ("triton", "ports"): PortsSpec,
     ("gateway",): GatewaySpec,
@@ -253,6 +256,11 @@ class Provenance:
     sources: Sources
     profile_sources: Sources
 
+    def problem(self, dotted: str, message: str) -> Problem:
+        """A problem with the spec's value at `dotted` (e.g. slurm.time), at the line that wrote it (the nearest
+        written key above it when none did: the value is a default)."""
+        return Problem(*_origin(self.sources, tuple(dotted.split(".")), self.spec_file), dotted, message)
+
     def given_by_profile(self) -> list[str]:
         """The keys whose value is the profile's (a list as one key, a section only through its keys)."""
         paths = {_until_item(p) for p, (f, _) in self.sources.items() if f == self.profile and p}
@@ -282,6 +290,21 @@ def provenance(spec: Spec) -> Provenance | None:
 def validated(data: dict, index: Sources, file: str, base: Path) -> tuple[Spec | None, list[Problem]]:
     """The schema's checks of a (merged) document, the paths resolved, and its tensorrt_llm parameters: the spec
     (None when the schema refuses it) and every problem, located by `index` (`file`: where an unlocated one is)."""
+    spec, _, problems = checked(data, index, file, base)
+    return spec, problems
+
+
+def checked(data: dict, index: Sources, file: str, base: Path) -> tuple[Spec | None, Repaired | None, list[Problem]]:
+    """`validated`, and when the schema refuses the document, what its repair reached (`Repaired`: the spec as
+    the fixes make it, whose files can be checked too, so that every problem is said at once)."""
+    spec, problems = _validated_once(data, index, file, base)
+    if spec is not None:
+        return spec, None, problems
+    repaired = repaired_problems(data, index, file, base, problems)
+    return None, repaired, problems + repaired.found
+
+
+def _validated_once(data: dict, index: Sources, file: str, base: Path) -> tuple[Spec | None, list[Problem]]:
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
@@ -295,6 +318,76 @@ def validated(data: dict, index: Sources, file: str, base: Path) -> tuple[Spec |
         for loc, message in parameter_findings(spec) + workflow_findings(spec)
     ]
     return spec, problems
+
+
+#: how many times a refused document is checked again with its refused keys left out (each round can only
+#: remove keys, so a few rounds reach what the schema takes)
+REPAIR_ROUNDS = 4
+
+
+class Repaired:
+    """What `repaired_problems` reached: the spec as the first problems' fixes make it (None when none is
+    reached) and the problems behind the first ones; `new(problem)` says whether a later problem (its files'
+    too) is one to add."""
+
+    def __init__(self, named: set[str]) -> None:
+        self.spec: Spec | None = None
+        self.found: list[Problem] = []
+        self.named = named
+        self.dropped: set[str] = set()
+
+    def new(self, p: Problem) -> bool:
+        """Not at a field already named (or under it), and naming no value left out (it may be its doing)."""
+        leaf = p.path.split(".")[-1]
+        return (
+            p.path not in self.named
+            and not any(p.path.startswith(n + ".") for n in self.named)
+            and not any(d in p.message or d.split(".")[-1] == leaf for d in self.dropped)
+        )
+
+
+def repaired_problems(data: dict, index: Sources, file: str, base: Path, problems: list[Problem]) -> Repaired:
+    """The problems behind the first ones: the document checked again as the first problems' fixes would make
+    it (a mistyped key given the name its did-you-mean offers, a refused value left out for its default), so
+    that `validate` gives every problem at once rather than one round per run."""
+    out = Repaired({p.path for p in problems})
+    current = data
+    for _ in range(REPAIR_ROUNDS):
+        trimmed, left_out = _as_fixed(current, problems)
+        if trimmed == current:
+            return out
+        current = trimmed
+        out.dropped |= left_out
+        spec, problems = _validated_once(current, index, file, base)
+        out.found += [p for p in problems if out.new(p)]
+        out.named |= {p.path for p in problems}
+        if spec is not None:
+            out.spec = spec
+            return out
+    return out
+
+
+_DID_YOU_MEAN = re.compile(r"^unknown [^']*'[^']+'; did you mean '([^']+)'\?$")
+
+
+def _as_fixed(data: dict, problems: list[Problem]) -> tuple[dict, set[str]]:
+    """A copy of `data` as the problems' fixes make it, and the dotted paths of the values left out."""
+    out = copy.deepcopy(data)
+    left_out: set[str] = set()
+    for problem in problems:
+        parts = problem.path.split(".") if problem.path else []
+        node: Any = out
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not parts or not isinstance(node, dict) or parts[-1] not in node:
+            continue
+        value = node.pop(parts[-1])
+        suggestion = _DID_YOU_MEAN.search(problem.message)
+        if suggestion is not None and suggestion.group(1) not in node:
+            node[suggestion.group(1)] = value
+        else:
+            left_out.add(problem.path)
+    return out, left_out
 
 
 def _until_item(path: KeyPath) -> KeyPath:

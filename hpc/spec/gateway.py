@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from hpc.spec.checks import (
     _SLURM_WORD,
@@ -19,6 +19,8 @@ from hpc.spec.checks import (
 from hpc.spec.limits import MAX_BODY_MB, MAX_OUTSTANDING, PREFIX_CHARS
 from launcher.contracts.config import DISCOVERY_REFRESH_S
 
+#: the most gateway worker processes: a login node's or a service node's share, far above what 8 replicas need
+MAX_WORKERS = 64
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-]*$|^[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*$")
 
 
@@ -50,8 +52,25 @@ class GatewaySpec(_Section):
     max_body_mb: int = Field(
         MAX_BODY_MB, ge=0, description="the largest request body the gateway takes, in MiB (413 beyond; 0: no bound)"
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=MAX_WORKERS,
+        description="gateway processes serving its one port (at most gateway.cpus): more when one core cannot relay "
+        "what the replicas stream (docs/gateway.md)",
+    )
 
     _names = field_validator("partition", "account", "qos", "nodelist")(_check(_SLURM_WORD, "Slurm name"))
     _host = field_validator("host")(_check(_HOST, "host to listen on (an IP address or a host name)"))
     _options = field_validator("sbatch_args")(_single_options)
     _port = field_validator("port")(_tcp_port)
+
+    @model_validator(mode="after")
+    def _a_core_each(self) -> GatewaySpec:
+        """A worker is an event loop that keeps a core busy under load: more than the job's cores slow each other."""
+        if self.workers > self.cpus:
+            raise ValueError(
+                f"@workers: {self.workers} workers need a core each, and gateway.cpus is {self.cpus}: raise "
+                f"gateway.cpus to {self.workers}, or ask for fewer workers"
+            )
+        return self

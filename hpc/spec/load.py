@@ -19,6 +19,7 @@ from hpc.spec.document import (
     SpecError,
     _Aside,
     _origin,
+    checked,
     merge,
     provenance,
     read_document,
@@ -85,15 +86,19 @@ def _parse(
             profile_file, profile_sources = profile.file, profile.sources
             alone = (data, index)
             data, index = merge(profile.data, profile.sources, data, index)
-    spec, problems = validated(data, index, file, base)
+    spec, repaired, problems = checked(data, index, file, base)
     if (spec is None or problems) and profile_file is not None:
         problems = profile_problems(problems, validated(*alone, file, base)[1], file, profile_file, index)
-    if spec is None or problems:
-        raise SpecError(_by_line(problems, file))
-    spec._provenance = _Aside(Provenance(file, profile_file, index, profile_sources))
 
     def located(findings: list[tuple[tuple[str, ...], str]]) -> list[Problem]:
         return [Problem(*_origin(index, loc, file), ".".join(loc), message) for loc, message in findings]
+
+    if spec is None or problems:
+        if check_files and repaired is not None and repaired.spec is not None:  # its files too: every problem
+            fixed = repaired.spec
+            problems += [p for p in located(missing_inputs(fixed) + conflicts(fixed)) if repaired.new(p)]
+        raise SpecError(_by_line(problems, file))
+    spec._provenance = _Aside(Provenance(file, profile_file, index, profile_sources))
 
     if not check_files:
         return spec, []

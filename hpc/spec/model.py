@@ -10,18 +10,42 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from backend.sim_engine.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 from hpc.spec.checks import _no_newline, _Section
 from hpc.spec.llmapi import WORKFLOW_HELP
 from hpc.spec.workflows import BACKEND_STRATEGIES, WORKFLOW_STRATEGIES, Backend, Workflow
-from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL_DIR, LLMAPI, LLMAPI_MODELS, MODEL_FILES, WORKFLOWS
+from launcher.contracts.llmapi import BACKENDS, ENGINE, IMAGE_MODEL_DIR, LLMAPI, LLMAPI_MODELS, MODEL_FILES, WORKFLOWS
 
 
 class ModelInit(_Section):
-    """Create a small random-weight checkpoint if `checkpoint_dir` does not exist (CPU backend only)."""
+    """Create the checkpoint if `checkpoint_dir` does not exist: a small random-weight one (backend cpu), or a
+    simulated model's config.json and tokenizer, without weights (backend sim)."""
 
-    family: Literal["gpt2", "llama"] = Field("gpt2", description="the architecture of the checkpoint made")
-    size: Literal["tiny", "small"] = Field("tiny", description="how large a model to make")
-    seed: int = Field(0, description="the random seed of its weights: the same seed makes the same checkpoint")
+    family: Literal["gpt2", "llama"] = Field("gpt2", description="backend cpu: the architecture of the checkpoint made")
+    size: Literal["tiny", "small"] = Field("tiny", description="backend cpu: how large a model to make")
+    seed: int = Field(0, description="backend cpu: the random seed of its weights: the same seed, the same checkpoint")
+    model: Literal[tuple(MODELS)] | None = Field(  # type: ignore[valid-type]
+        None,
+        description=f"backend sim: the model whose published config.json the checkpoint gets ({', '.join(MODELS)}; "
+        f"default {DEFAULT_MODEL}), with a tokenizer trained on the shipped corpus and no weights",
+    )
+
+
+class SimSpec(_Section):
+    """The simulated engine's hardware (backend sim): which GPU each rank stands in for (backend/sim_engine/
+    profiles.py: its memory, bandwidth, FLOPs and calibrated constants)."""
+
+    gpu: Literal[tuple(GPUS)] = Field(  # type: ignore[valid-type]
+        DEFAULT_GPU, description=f"the GPU simulated: {', '.join(GPUS)} (SXM parts)"
+    )
+    slowdown: float = Field(
+        1.0,
+        ge=1.0,
+        le=1000.0,
+        description="every step takes this many times the GPU's time: more than 1 where this machine cannot serve "
+        "the replicas' tokens at a GPU's pace (tritonserver and its python model cost CPU per token); comparisons "
+        "between runs of the same slowdown hold",
+    )
 
 
 class ModelSpec(_Section):
@@ -29,10 +53,11 @@ class ModelSpec(_Section):
     which TensorRT-LLM workflow (`workflow`: llmapi serves a Hugging Face checkpoint, engine a trtllm-build
     engine)."""
 
-    backend: Literal["tensorrtllm", "cpu"] = Field(
+    backend: Literal[BACKENDS] = Field(  # type: ignore[valid-type]
         "tensorrtllm",
         description="tensorrtllm: TensorRT-LLM on GPUs; cpu: hpc-serve's embedded CPU reference engine behind the "
-        "same Triton tensors (no GPU needed)",
+        "same Triton tensors (no GPU needed); sim: a simulated GPU engine (llmapi workflow: a GPU's timing, KV "
+        "cache and block reuse, waited rather than computed; see model.sim)",
     )
     workflow: Literal[WORKFLOWS] | None = Field(None, description=WORKFLOW_HELP)  # type: ignore[valid-type]
     engine_dir: Path | None = Field(
@@ -52,7 +77,11 @@ class ModelSpec(_Section):
     init: ModelInit | None = Field(
         None,
         description="backend cpu: a random-weight checkpoint that `submit` (or the build job, with build:) creates "
-        "when checkpoint_dir is missing; by hand: `hpc-serve init-model DIR`",
+        "when checkpoint_dir is missing; backend sim: a simulated model's config.json and tokenizer; by hand: "
+        "`hpc-serve init-model DIR`",
+    )
+    sim: SimSpec | None = Field(
+        None, description="backend sim: the GPU simulated (default: an H200); set with backend sim only"
     )
     llmapi_model: Literal[LLMAPI_MODELS] | None = Field(  # type: ignore[valid-type]
         None,
@@ -85,7 +114,12 @@ class ModelSpec(_Section):
             self.workflow = ENGINE if self.engine_dir is not None else LLMAPI
             self._workflow_inferred = True
         self.workflow_strategy.check_model(self)
-        self.backend_strategy.check_model(self)
+        backend = self.backend_strategy
+        if self.sim is not None and not backend.simulates_gpu:
+            raise ValueError(f"@sim: model.sim is for backend: sim, not {backend.name}")
+        backend.check_model(self)
+        if self.init is not None and backend.makes_checkpoints:
+            backend.check_init(self)
         return self
 
     @property

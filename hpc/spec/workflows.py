@@ -1,5 +1,5 @@
 """The workflow and backend strategies: one object per `model.workflow` (engine, llmapi) and per `model.backend`
-(tensorrtllm, cpu) that answers every question whose answer differs between them, so that callers ask the object
+(tensorrtllm, cpu, sim) that answers every question whose answer differs between them, so that callers ask the object
 (`spec.model.workflow_strategy`, `spec.model.backend_strategy`) instead of testing the spec's strings, and adding a
 workflow or a backend is adding one class here (DEVELOPERS.md, "How to add things").
 
@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING, ClassVar
 
 from backend.llmapi_repository import LLMAPI_MODULE as CPU_LLMAPI_MODULE
 from backend.repository import CPU_ENGINE_MODULE, PYTHON_MODEL_MODULES
-from launcher.contracts.llmapi import ENGINE, IMAGE_MODEL, IMAGE_MODEL_DIR, LLMAPI, OWN_MODEL
+from backend.sim_engine.profiles import DEFAULT_GPU, DEFAULT_MODEL
+from launcher.contracts.llmapi import (
+    ENGINE,
+    ENGINE_VAR,
+    IMAGE_MODEL,
+    IMAGE_MODEL_DIR,
+    LLMAPI,
+    OWN_MODEL,
+    SIM_GPU_VAR,
+    SIM_SLOWDOWN_VAR,
+)
 from launcher.contracts.trtllm_versions import FIRST_LLMAPI, LAST_ENGINE
 from launcher.contracts.workflows import RANK_BACKENDS, RANK_WORKFLOWS, RankBackend, RankWorkflow
 
@@ -42,8 +52,12 @@ class Backend(ABC):
     serves_built_engine: ClassVar[bool]
     #: the llmapi workflow can serve the image's model.py (model.llmapi_model image), which runs over TensorRT-LLM
     runs_image_model: ClassVar[bool]
-    #: model.init may make a random-weight checkpoint for it
+    #: model.init may make a checkpoint for it (random weights; for the simulated engine, none)
     makes_checkpoints: ClassVar[bool]
+    #: the checkpoint must hold weights (the simulated engine reads only config.json and the tokenizer)
+    needs_weights: ClassVar[bool]
+    #: it stands in for a GPU (`model.sim:` says which)
+    simulates_gpu: ClassVar[bool]
     #: mode orchestrator (the C++ backend spawns the ranks) is possible
     spawns_ranks: ClassVar[bool]
     #: tensor parallelism splits the KV heads too (the CPU engine; TensorRT-LLM copies a KV head onto ranks)
@@ -78,6 +92,24 @@ class Backend(ABC):
         return RANK_BACKENDS[self.name]
 
     @property
+    def init_makes_random_weights(self) -> bool:
+        """model.init's checkpoint has random weights, so its text is random (the simulated engine's has none: its
+        answers are the corpus)."""
+        return self.makes_checkpoints and self.needs_weights
+
+    def rank_env(self, model: ModelSpec) -> dict[str, str]:
+        """Variables launch.json's env hands every rank for this engine (none but the simulated engine's)."""
+        return {}
+
+    def check_init(self, model: ModelSpec) -> None:
+        """`model.init`'s fields for this engine (only backends that make checkpoints get here)."""
+        if model.init is not None and model.init.model is not None:
+            raise ValueError(
+                "@init.model: model.init.model names a simulated model, for backend: sim; "
+                "the CPU engine's checkpoint is family and size"
+            )
+
+    @property
     def imports_tensorrt_llm(self) -> bool:
         """The replica imports NVIDIA's `tensorrt_llm`, not the stand-in (the doctor checks the node's version and
         imports)."""
@@ -98,6 +130,8 @@ class TensorRTLLM(Backend):
     serves_built_engine = True
     runs_image_model = True
     makes_checkpoints = False
+    needs_weights = True
+    simulates_gpu = False
     spawns_ranks = True
     splits_kv_heads = False
     tp_size_parameter = False
@@ -147,6 +181,8 @@ class Cpu(Backend):
     serves_built_engine = False
     runs_image_model = False
     makes_checkpoints = True
+    needs_weights = True
+    simulates_gpu = False
     spawns_ranks = False
     splits_kv_heads = True
     tp_size_parameter = True
@@ -195,6 +231,53 @@ class Cpu(Backend):
         from backend.cpu_engine.checkpoint import SUPPORTED_ARCHITECTURES
 
         return tuple(SUPPORTED_ARCHITECTURES)
+
+
+class Sim(Backend):
+    """The simulated GPU engine (backend/sim_engine/): the llmapi workflow's process layout and stand-in, a GPU's
+    timing, a checkpoint of config.json and a tokenizer."""
+
+    name = "sim"
+    uses_gpus = False
+    serves_built_engine = False
+    runs_image_model = False
+    makes_checkpoints = True
+    needs_weights = False
+    simulates_gpu = True
+    spawns_ranks = False
+    splits_kv_heads = False  # as TensorRT-LLM: a KV head may be copied onto several ranks
+    tp_size_parameter = False
+    llmapi_engine_words = "the simulated GPU engine behind the stand-in of TensorRT-LLM"
+    script_words = "the hpc-serve simulated GPU engine"
+    build_words = "nothing (the simulated engine has no weights)"
+    ensemble_modules = ()
+    llmapi_modules = (CPU_LLMAPI_MODULE,)
+
+    def check_model(self, model: ModelSpec) -> None:
+        if model.pp_size != 1:
+            raise ValueError("@pp_size: model.pp_size must be 1 with backend: sim (it simulates tensor parallelism)")
+
+    def check_engine_model(self, model: ModelSpec) -> None:
+        raise ValueError(
+            "@backend: model.backend sim runs on the llmapi workflow only (a Hugging Face checkpoint folder in "
+            "model.checkpoint_dir); drop model.workflow engine and engine_dir"
+        )
+
+    def check_build(self, spec: Spec, build: BuildSpec) -> None:
+        raise ValueError("@build: backend sim has nothing to build (no weights, no engine); drop the build: section")
+
+    def check_init(self, model: ModelSpec) -> None:
+        if model.init is not None and model.init.model is None:
+            model.init.model = DEFAULT_MODEL
+
+    def rank_env(self, model: ModelSpec) -> dict[str, str]:
+        env = {ENGINE_VAR: self.name, SIM_GPU_VAR: model.sim.gpu if model.sim is not None else DEFAULT_GPU}
+        if model.sim is not None and model.sim.slowdown != 1:
+            env[SIM_SLOWDOWN_VAR] = f"{model.sim.slowdown:g}"
+        return env
+
+    def supported_architectures(self) -> tuple[str, ...] | None:
+        return ("LlamaForCausalLM",)
 
 
 class Workflow(ABC):
@@ -307,7 +390,7 @@ class Llmapi(Workflow):
             )
         backend = model.backend_strategy
         if model.init is not None and not backend.makes_checkpoints:
-            raise ValueError("@init: model.init makes a random-weight checkpoint for backend: cpu only")
+            raise ValueError("@init: model.init makes a checkpoint for backend: cpu or sim only")
         given = model.llmapi_model is not None
         if not given:
             model.llmapi_model = IMAGE_MODEL if model.model_files_from is not None else OWN_MODEL
@@ -341,4 +424,4 @@ class Llmapi(Workflow):
 #: the spec's `model.workflow` → its strategy
 WORKFLOW_STRATEGIES: dict[str, Workflow] = {w.name: w for w in (Engine(), Llmapi())}
 #: the spec's `model.backend` → its strategy
-BACKEND_STRATEGIES: dict[str, Backend] = {b.name: b for b in (TensorRTLLM(), Cpu())}
+BACKEND_STRATEGIES: dict[str, Backend] = {b.name: b for b in (TensorRTLLM(), Cpu(), Sim())}

@@ -21,8 +21,9 @@ from typing import Final
 #: backend, Hugging Face checkpoints) or the TensorRT-engine path (ensemble, C++ backend; TensorRT-LLM <= 1.2.x)
 LLMAPI, ENGINE = "llmapi", "engine"
 WORKFLOWS = (LLMAPI, ENGINE)
-#: the spec's `model.backend` and launch.json's `backend`: TensorRT-LLM, or hpc-serve's CPU engine
-BACKENDS = ("tensorrtllm", "cpu")
+#: the spec's `model.backend` and launch.json's `backend`: TensorRT-LLM, hpc-serve's CPU engine, or its simulated
+#: GPU engine (backend/sim_engine/)
+BACKENDS = ("tensorrtllm", "cpu", "sim")
 
 #: rank 0 (leader node) and ranks > 0 (worker node) run TensorRT-LLM's modules (trtllm_versions.LEADER_NODE_MODULE,
 #: WORKER_NODE_MODULE) for either backend: with `model.backend: cpu` they are the CPU engine's stand-in of the
@@ -40,6 +41,13 @@ MPI_SIZE_VAR = "tllm_mpi_size"
 #: the CPU engine's leader node: the least time an engine step takes, in ms (its --min-step-ms), so that a test
 #: counting engine steps sees a GPU's pace in a job (the spec's `slurm.env` sets it); no meaning to TensorRT-LLM
 CPU_MIN_STEP_VAR = "HPC_SERVE_CPU_MIN_STEP_MS"
+#: which engine the stand-in's leader and worker nodes run (backend/engines.py ENGINE_KINDS: a backend's name; unset:
+#: the CPU engine) and, for the simulated one, which GPU it stands in for (backend/sim_engine/profiles.py GPUS):
+#: launch.json's `env`, from the spec's model.backend and model.sim (hpc/spec/workflows.py `Backend.rank_env`)
+ENGINE_VAR = "HPC_SERVE_STANDIN_ENGINE"
+SIM_GPU_VAR = "HPC_SERVE_SIM_GPU"
+#: how many times the GPU's time each simulated step takes (model.sim.slowdown; unset: 1, the GPU's pace)
+SIM_SLOWDOWN_VAR = "HPC_SERVE_SIM_SLOWDOWN"
 
 #: what TensorRT-LLM reads to connect the LLM inside tritonserver to the leader node (tensorrt_llm/executor/utils.py)
 SPAWN_PROXY_VAR = "TLLM_SPAWN_PROXY_PROCESS"

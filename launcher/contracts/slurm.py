@@ -78,6 +78,33 @@ UNREACHED = re.compile(r"Unable to contact slurm controller|Connection refused")
 GONE = re.compile(r"Invalid job id specified|already completing or completed")
 
 
+#: what a PENDING job's reason (squeue %r, Slurm's words) means for a spec, and whether the job can still start
+#: as it is; `status` prints it after the reason (hpc/jobs/kinds.py). Reasons not listed (Priority, Resources,
+#: Dependency: the usual wait) are shown as Slurm says them
+PENDING_REASONS: dict[str, tuple[str, bool]] = {
+    "ReqNodeNotAvail": ("a node it needs is down, drained or reserved", True),
+    "JobHeldUser": ("held: `scontrol release <id>` lets it start", True),
+    "JobHeldAdmin": ("held by an admin", True),
+    "PartitionDown": ("its partition is down: slurm.partition names another, or ask your admins", True),
+    "PartitionTimeLimit": (
+        "slurm.time is past the partition's MaxTime: it never starts; cancel it, lower slurm.time",
+        False,
+    ),
+    "PartitionNodeLimit": ("slurm.nodes is past the partition's node limit: it never starts; cancel it", False),
+    "QOSMaxWallDurationPerJobLimit": ("slurm.time is past the QOS's limit: it never starts; cancel it", False),
+    "AssocMaxWallDurationPerJobLimit": ("slurm.time is past the account's limit: it never starts; cancel it", False),
+    "InvalidAccount": ("slurm.account is not one of yours: it never starts; cancel it", False),
+    "InvalidQOS": ("slurm.qos is not allowed: it never starts; cancel it", False),
+    "BadConstraints": ("no node has what it asks (gres, memory, constraint): it never starts; cancel it", False),
+}
+
+
+def pending_reason(reason: str) -> str:
+    """Slurm's reason with what it means (`PartitionTimeLimit: slurm.time is past …`), or as Slurm says it."""
+    meaning = PENDING_REASONS.get(reason.strip())
+    return f"{reason}: {meaning[0]}" if meaning else reason
+
+
 def state_class(raw: str) -> str:
     """The state hpc-serve reads a raw Slurm state as (sacct's `CANCELLED by 0` is CANCELLED); a word Slurm does
     not define (UNKNOWN) as it is."""

@@ -52,6 +52,7 @@ RANK_BACKENDS: dict[str, RankBackend] = {
     for b in (
         RankBackend("tensorrtllm", standin=False, tool_packages=("tensorrt_llm", "tensorrt-llm")),
         RankBackend("cpu", standin=True, tool_packages=()),
+        RankBackend("sim", standin=True, tool_packages=()),
     )
 }
 

@@ -3,9 +3,10 @@
 
 It listens on `TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR` (HMAC key `TLLM_SPAWN_PROXY_PROCESS_IPC_HMAC_KEY`) for the
 stand-in's `LLM` inside tritonserver (protocol.py). On the model's `Load` it tells the worker nodes (MPI ranks
-> 0, worker_node.py) what to load, loads its own shard and runs the engine (backend/cpu_engine/engine.py: the
-same scheduler, lockstep and follower loop as the engine workflow's tensor parallelism); requests come as
-`Submit`, their tokens go back as `Output` per engine step.
+> 0, worker_node.py) what to load and runs its engine: the CPU engine on its own shard (backend/cpu_engine/engine.py:
+the same scheduler, lockstep and follower loop as the engine workflow's tensor parallelism), or the simulated one
+(backend/sim_engine/), as its `EngineKind` says (kind.py; backend/engines.py picks); requests come as `Submit`,
+their tokens go back as `Output` per engine step.
 
 It stops (engine shut down, workers released, MPI finalized) on a `Shutdown` from any connection (the LLM's
 shutdown on older releases, `--action stop` on newer ones), when the connection that loaded the model breaks
@@ -29,13 +30,13 @@ import numpy as np
 
 from launcher.contracts.llmapi import CPU_MIN_STEP_VAR
 
-from ..engine import Engine
-from ..follower import STOP, load_shard
+from ..follower import STOP
 from ..parallel import Communicator, MpiComm, SingleComm, finalize_mpi
 from ..sampling import SamplingParams
 from ..scheduler import GenerationOutput, GenerationRequest
 from . import protocol as p
 from .engine_args import EngineArgsError, checkpoint_folder, engine_args
+from .kind import CPU, EngineKind
 
 log = logging.getLogger("hpc_serve.cpu_engine.llmapi")
 
@@ -73,11 +74,15 @@ def _perf(req: GenerationRequest, tokens_per_block: int) -> p.Perf:
 class LeaderNode:
     """The engine behind the IPC endpoint; one instance per process."""
 
-    def __init__(self, comm: Communicator, min_step_s: float = 0.0, stop_on_disconnect: bool = True) -> None:
+    def __init__(
+        self, comm: Communicator, min_step_s: float = 0.0, stop_on_disconnect: bool = True, kind: EngineKind = CPU
+    ) -> None:
         self.comm = comm
+        #: the engine it runs (kind.py): the CPU engine, or the simulated one (backend/engines.py picks)
+        self.kind = kind
         self.stop_on_disconnect = stop_on_disconnect
         self.min_step_s = min_step_s
-        self.engine: Engine | None = None
+        self.engine: Any = None  # the kind's engine, once loaded
         self.loaded: p.Loaded | None = None
         self.load_error: str | None = None
         self._load_lock = threading.Lock()
@@ -152,20 +157,12 @@ class LeaderNode:
         if self.comm.size > 1:
             self._told_workers = True
             self.comm.bcast_obj(args.load)  # the workers load their shards meanwhile (worker_node.py)
-        shard = load_shard(args.load.model, self.comm, args.load.max_batch_size, args.load.max_seq_len)
         events = args.kv_event_buffer > 0 and args.block_reuse
         if events:
             self.kv_events = collections.deque(maxlen=args.kv_event_buffer)
-            self._window = shard.max_seq_len
-        engine = Engine(
-            shard=shard,
-            max_batch_size=args.load.max_batch_size,
-            max_tokens_in_kv_cache=args.kv_cache_tokens,
-            block_size=args.tokens_per_block,
-            block_reuse=args.block_reuse,
-            min_step_s=self.min_step_s,
-            on_kv_event=self._kv_event if events else None,
-        )
+        started = self.kind.leader(args, llm_args, self.comm, self.min_step_s, self._kv_event if events else None)
+        engine = started.engine
+        self._window = started.max_seq_len
         if events:
             self._kv_event({"type": "created", "num_blocks_per_cache_level": [engine.budget.max_blocks, 0]})
         engine.start()
@@ -173,21 +170,21 @@ class LeaderNode:
         log.info(
             "leader node: serving %s (%s, tp %d, batch %d, %d KV tokens); ignored LLM API arguments: %s",
             args.load.model,
-            engine.config.family,
+            f"{engine.config.family} on the {self.kind.name} engine",
             args.tp_size,
             engine.max_batch_size,
             engine.budget.max_tokens,
-            ", ".join(args.ignored) or "none",
+            ", ".join(started.ignored) or "none",
         )
         return p.Loaded(
             model=args.load.model,
             family=engine.config.family,
             vocab_size=engine.config.vocab_size,
-            max_seq_len=shard.max_seq_len,
+            max_seq_len=started.max_seq_len,
             max_batch_size=engine.max_batch_size,
             kv_cache_tokens=engine.budget.max_tokens,
             tp_size=args.tp_size,
-            ignored=args.ignored,
+            ignored=started.ignored,
         )
 
     def submit(self, message: p.Submit, channel: p.Channel, scope: str = "") -> None:
@@ -291,7 +288,7 @@ def _accept_loop(listener: Any, node: LeaderNode) -> None:
         threading.Thread(target=node.serve, args=(p.Channel(conn),), name="llmapi-conn", daemon=True).start()
 
 
-def main(argv: list[str] | None = None, stop_on_disconnect: bool = True) -> int:
+def main(argv: list[str] | None = None, stop_on_disconnect: bool = True, kind: EngineKind = CPU) -> int:
     parser = argparse.ArgumentParser(prog="python -m tensorrt_llm.llmapi.mgmn_leader_node", description=__doc__)
     parser.add_argument(
         "--min-step-ms",
@@ -306,7 +303,7 @@ def main(argv: list[str] | None = None, stop_on_disconnect: bool = True) -> int:
     except p.ProtocolError as e:
         print(f"leader node: {e}", file=sys.stderr)
         return 2
-    node = LeaderNode(world_comm(), args.min_step_ms / 1000, stop_on_disconnect)
+    node = LeaderNode(world_comm(), args.min_step_ms / 1000, stop_on_disconnect, kind)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.stop.set())
     listener = p.listen(ep)

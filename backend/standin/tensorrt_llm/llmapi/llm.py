@@ -102,9 +102,11 @@ class LLM:
             )
         from backend.cpu_engine.llmapi.leader_node import LeaderNode
         from backend.cpu_engine.parallel import SingleComm
+        from backend.engines import engine_kind
 
         ours, theirs = Pipe()
-        node = LeaderNode(SingleComm(), float(os.environ.get("HPC_SERVE_CPU_MIN_STEP_MS") or 0) / 1000)
+        min_step_s = float(os.environ.get("HPC_SERVE_CPU_MIN_STEP_MS") or 0) / 1000
+        node = LeaderNode(SingleComm(), min_step_s, kind=engine_kind())  # the engine the nodes would run
         self._local = threading.Thread(target=node.serve, args=(p.Channel(theirs),), name="tllm-engine", daemon=True)
         self._local.start()
         return p.Channel(ours)

@@ -1,6 +1,6 @@
 """`python -m tensorrt_llm.llmapi.mgmn_leader_node`: the MPI rank 0 of a replica outside tritonserver, the session
-server the LLM inside tritonserver reaches at TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR; here the CPU engine's leader node
-(backend/cpu_engine/llmapi/leader_node.py).
+server the LLM inside tritonserver reaches at TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR; here the stand-in's leader node
+(backend/cpu_engine/llmapi/leader_node.py) running the engine backend/engines.py picks (CPU or simulated).
 
 Its lifetime follows the release the stand-in behaves as (launcher/contracts/trtllm_versions.py STOP_ACTION_SINCE):
 - from that release on, `--action start` (the default) serves until `--action stop` (run by the launch once
@@ -16,6 +16,7 @@ import sys
 
 from backend.cpu_engine.llmapi import leader_node
 from backend.cpu_engine.llmapi import protocol as p
+from backend.engines import engine_kind
 from launcher.contracts.trtllm_versions import client_shutdown_stops_leader, has_stop_action
 
 from ..version import __version__
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.action == "stop":
             return stop()
-    return leader_node.main([], stop_on_disconnect=client_shutdown_stops_leader(__version__))
+    return leader_node.main([], stop_on_disconnect=client_shutdown_stops_leader(__version__), kind=engine_kind())
 
 
 if __name__ == "__main__":
