@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from hpc.cli.views import deployment_status
-from hpc.jobs.autoscale import DRAIN_NOTICE_S, Controller, Load, decision_lines
+from hpc.jobs.autoscale import DRAIN_NOTICE_S, Controller, Load, balancer_load, decision_lines
 from hpc.jobs.kinds import ServingJob
 from hpc.render.jobfiles import render
 from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
+from hpc.serving.balancer import Balancer, NoReplica, Replica
 from hpc.serving.gateway_record import record_path
 from hpc.spec import SpecError, load_spec
 from launcher.contracts.autoscale import Action, AutoscaleRecord
@@ -440,3 +441,21 @@ def test_a_cancel_of_the_deployment_stops_the_controller(tmp_path, slurm_cluster
     decision = controller.tick(Load())
     assert decision.action == Action.SUBMIT and not list(Deployment(deploy_dir).jobs_dir.glob("*"))
     assert controller.record.decisions[-1].error == "not done: the deployment was cancelled"
+
+
+def test_the_load_is_the_gateways_in_flight_count_and_its_refusals_with_nothing_serving():
+    """Requests in flight on replicas that take new ones (a draining one's not), and the requests the balancer
+    found no replica for since the last look."""
+    balancer = Balancer()
+    load = balancer_load(balancer)
+    with pytest.raises(NoReplica):
+        balancer.pick()
+    with pytest.raises(NoReplica):
+        balancer.pick()
+    assert load() == Load(outstanding=0, held=2) and load() == Load(outstanding=0, held=0)
+    balancer.update(
+        [Replica("1/0", "http://a", "a:1", outstanding=3), Replica("2/0", "http://b", "b:1", draining=True)]
+    )
+    for replica in balancer.replicas:
+        replica.outstanding = 3
+    assert load() == Load(outstanding=3, held=0)

@@ -270,15 +270,17 @@ def decision_lines(record: AutoscaleRecord, last: int = 10) -> list[str]:
 
 def balancer_load(balancer: Balancer) -> Callable[[], Load]:
     """The gateway's load as the controller reads it at each look: requests in flight on replicas that take new ones
-    (a draining job's finish elsewhere in the count), and the requests turned away with nothing serving since the
-    last look."""
+    (a draining job's finish elsewhere in the count; every worker's, where the counts are shared), and the requests
+    this process turned away with nothing serving since the last look (with several workers: worker 0's)."""
     seen = balancer.outcomes["none"]
 
     def load() -> Load:
         nonlocal seen
         count = balancer.outcomes["none"]
         held, seen = count - seen, count
-        return Load(outstanding=sum(r.outstanding for r in balancer.replicas if not r.draining), held=held)
+        replicas = balancer.replicas
+        balancer.counts.load(replicas)  # a gateway of several workers: every worker's requests in flight
+        return Load(outstanding=sum(r.outstanding for r in replicas if not r.draining), held=held)
 
     return load
 
