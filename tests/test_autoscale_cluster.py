@@ -4,6 +4,8 @@ on (the drained job ends COMPLETED), with no request failed (hpc/jobs/autoscale.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import urllib.request
@@ -156,3 +158,38 @@ def test_min_jobs_zero_goes_to_zero_when_idle_and_a_request_brings_a_job_back(de
     assert decisions is not None
     acts = [(d.action, d.reason) for d in decisions.decisions if d.action != "hold"]
     assert [a for a, _ in acts] == ["drain", "submit"] and "wait with nothing serving" in acts[1][1], acts
+
+
+#: one job, kept: a controller with nothing to do but look
+STEADY = {"min_jobs": 1, "max_jobs": 1, "scale_down_after": "10s"}
+
+
+@pytest.mark.parametrize("deployment", [STEADY], indirect=True)
+def test_a_gateway_killed_outright_comes_back_with_its_controllers_record(deployment):
+    """The gateway process dies (SIGKILL); its job starts it again (gateway.sub) and the new controller goes on from
+    the record the old one left: the same decisions, and no second job for the one it already has."""
+    cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200")
+    first = read_gateway(gateway_record(deployment["workdir"], NAME))
+    assert first is not None and first.job_id
+    wait_for(lambda: _record(deployment["workdir"]), 60, "the controller's first decision")
+    before = _record(deployment["workdir"])
+    assert before is not None and before.controller == first.job_id
+    os.kill(first.pid, signal.SIGKILL)  # one machine: the emulated node's processes are this machine's
+
+    def restarted():
+        record = read_gateway(gateway_record(deployment["workdir"], NAME))
+        return record if record is not None and record.pid != first.pid else None
+
+    wait_for(restarted, 120, "the gateway started again by its job")
+    log = next(deployment["workdir"].glob(f"{NAME}*/logs/{first.job_id}.err"))
+    wait_for(lambda: log.read_text().count("autoscale: between 1 and 1 jobs") == 2, 60, "the second controller")
+    written = Deployment(next(deployment["workdir"].glob(f"{NAME}*"))).autoscale.stat().st_mtime
+    wait_for(
+        lambda: Deployment(next(deployment["workdir"].glob(f"{NAME}*"))).autoscale.stat().st_mtime > written,
+        60,
+        "a look of the second controller",
+    )
+    after = _record(deployment["workdir"])
+    assert after is not None and after.decisions[: len(before.decisions)] == before.decisions
+    assert [d.action for d in after.decisions] == ["hold"] * len(after.decisions), after
+    assert len(_serving_states(deployment["workdir"])) == 1
