@@ -193,3 +193,43 @@ def test_a_gateway_killed_outright_comes_back_with_its_controllers_record(deploy
     assert after is not None and after.decisions[: len(before.decisions)] == before.decisions
     assert [d.action for d in after.decisions] == ["hold"] * len(after.decisions), after
     assert len(_serving_states(deployment["workdir"])) == 1
+
+
+@pytest.mark.parametrize("deployment", [STEP], indirect=True)
+def test_a_cancel_in_the_middle_of_a_scale_up_stops_every_job_and_the_controller(deployment):
+    """Under load, once the controller has submitted a second job (still on its way), `hpc-serve cancel` of the
+    deployment ends every job, the one on its way included, and nothing is submitted after it."""
+    out = cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200").stdout.splitlines()
+    gateway_job = next(line.split()[1] for line in out if line.startswith("gateway"))
+    record = read_gateway(gateway_record(deployment["workdir"], NAME))
+    assert record is not None
+    client = openai.OpenAI(base_url=record.url + "/v1", api_key=cli("token", NAME).stdout.strip(), max_retries=0)
+    stop = threading.Event()
+
+    def load(i: int) -> None:
+        while not stop.is_set():
+            try:
+                list(client.completions.create(model=NAME, prompt=f"Load {i}", max_tokens=32, stream=True))
+            except Exception:  # noqa: BLE001, S110 - the cancel ends requests; what is asserted is the jobs' end
+                pass
+
+    workers = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+
+        def submitted() -> bool:
+            scaled = _record(deployment["workdir"])
+            return scaled is not None and any(d.action == "submit" for d in scaled.decisions)
+
+        wait_for(submitted, 120, "the controller's submit")
+        cli("cancel", NAME)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+    states = _serving_states(deployment["workdir"])
+    assert len(states) == 2 and all(_ended(s) for s in states.values()), states
+    assert _ended(status(gateway_job).get("state", "")), status(gateway_job)
+    final = _record(deployment["workdir"])
+    assert final is not None and [d.action for d in final.decisions].count("submit") == 1, final
