@@ -18,7 +18,7 @@ relayed token (the relay's own cost, whatever the engine's pace).
 
     python benchmarks/bench_relay.py [--replicas 2] [--concurrency 64] [--max-tokens 200] [--seconds 10]
                                      [--rounds 3] [--backend cpu|sim] [--min-step-ms 20] [--gateway-workers N ...]
-                                     [--set model.key=value ...] [--cpus ENGINE:GATEWAY:CLIENT]
+                                     [--set model.key=value ...] [--cpus ENGINE:GATEWAY:CLIENT] [--client-procs N]
                                      [--baseline TREE] (another commit's gateway, one more side: `git archive`)
                                      [--profile FILE] (the gateway under cProfile)
 """
@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -160,45 +162,87 @@ def _usage(line: bytes) -> dict[str, int] | None:
     return None
 
 
-async def throughput(sides: Sides, side: str, streams: int, seconds: float, pid: int | None) -> dict[str, float]:
-    """`streams` requests always in flight for `seconds`: tokens per second, and the gateway's CPU (`pid`'s tree)
-    per request and per token."""
+async def _clients(sides: Sides, side: str, streams: int, deadline: float) -> tuple[int, int]:
+    """`streams` clients of `side`, each sending its next request as its last one ends, until `deadline`
+    (time.time()): (tokens, requests)."""
     call = sides.call(side)
-    deadline = time.perf_counter() + seconds
     requests = 0
 
     async def client() -> int:
         nonlocal requests
         done = 0
-        while time.perf_counter() < deadline:
+        while time.time() < deadline:
             done += await call()
             requests += 1
         return done
 
-    t0, cpu0, own0 = time.perf_counter(), tree_cpu_s(pid) if pid else 0.0, tree_cpu_s(os.getpid())
-    events0 = sides.events
-    tokens = sum(await asyncio.gather(*(client() for _ in range(streams))))
-    wall = time.perf_counter() - t0
+    return sum(await asyncio.gather(*(client() for _ in range(streams)))), requests
+
+
+def _client_process(setup: dict[str, Any], side: str, streams: int, start: float, seconds: float) -> dict[str, float]:
+    """One client process of `--client-procs`: its share of the streams from `start` (time.time(), the same in
+    every process) for `seconds`; its tokens, requests, events and CPU seconds."""
+    sides = Sides(setup["token"], setup["records"], setup["model"], setup["max_tokens"])
+    sides.urls = setup["urls"]
+
+    async def run() -> tuple[int, int]:
+        try:
+            await asyncio.sleep(max(0.0, start - time.time()))
+            return await _clients(sides, side, streams, start + seconds)
+        finally:
+            await sides.close()
+
+    cpu0 = tree_cpu_s(os.getpid())
+    tokens, requests = asyncio.run(run())
+    return {"tokens": tokens, "requests": requests, "events": sides.events, "cpu": tree_cpu_s(os.getpid()) - cpu0}
+
+
+async def throughput(
+    sides: Sides, side: str, streams: int, seconds: float, pid: int | None, pool: Any = None
+) -> dict[str, float]:
+    """`streams` requests always in flight for `seconds` (spread over `pool`'s client processes when given, so
+    that the clients' own CPU is not what limits the rate): tokens per second, and the gateway's CPU (`pid`'s tree)
+    per request and per token."""
+    if pool is None:
+        t0, cpu0, own0 = time.perf_counter(), tree_cpu_s(pid) if pid else 0.0, tree_cpu_s(os.getpid())
+        events0 = sides.events
+        tokens, requests = await _clients(sides, side, streams, time.time() + seconds)
+        wall = time.perf_counter() - t0
+        own, events = tree_cpu_s(os.getpid()) - own0, sides.events - events0
+    else:
+        loop = asyncio.get_running_loop()
+        setup = {"token": sides.token, "records": sides.records, "model": sides.model, "urls": sides.urls}
+        setup["max_tokens"] = sides.max_tokens
+        start, procs = time.time() + 1.0, pool._max_workers
+        shares = [streams // procs + (i < streams % procs) for i in range(procs)]
+        done = [
+            loop.run_in_executor(pool, _client_process, setup, side, share, start, seconds) for share in shares if share
+        ]
+        await asyncio.sleep(max(0.0, start - time.time()))
+        t0, cpu0 = time.perf_counter(), tree_cpu_s(pid) if pid else 0.0
+        results = await asyncio.gather(*done)
+        wall = time.perf_counter() - t0
+        tokens, requests = sum(int(r["tokens"]) for r in results), sum(int(r["requests"]) for r in results)
+        own, events = sum(r["cpu"] for r in results), sum(int(r["events"]) for r in results)
     cpu = (tree_cpu_s(pid) - cpu0) if pid else 0.0
-    own = tree_cpu_s(os.getpid()) - own0
     return {
         "rate": tokens / wall,
         "ms_request": cpu / max(requests, 1) * 1e3,
         "us_token": cpu / max(tokens, 1) * 1e6,
         "cpu_share": cpu / wall,
         "client_us_token": own / max(tokens, 1) * 1e6,
-        "tokens_event": tokens / max(sides.events - events0, 1),
+        "tokens_event": tokens / max(events, 1),
     }
 
 
-async def measure(args: argparse.Namespace, sides: Sides, pids: dict[str, int]) -> None:
+async def measure(args: argparse.Namespace, sides: Sides, pids: dict[str, int], pool: Any) -> None:
     order = ("direct", *pids)
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in order}
     for side in order:  # warm-up at full concurrency
-        await throughput(sides, side, args.concurrency, min(2.0, args.seconds), None)
+        await throughput(sides, side, args.concurrency, min(2.0, args.seconds), None, pool)
     for r in range(args.rounds):
         for side in order if r % 2 == 0 else order[::-1]:
-            runs[side].append(await throughput(sides, side, args.concurrency, args.seconds, pids.get(side)))
+            runs[side].append(await throughput(sides, side, args.concurrency, args.seconds, pids.get(side), pool))
     med = {k: {m: statistics.median(run[m] for run in v) for m in v[0]} for k, v in runs.items()}
     print(
         f"{args.replicas} replicas ({args.backend}), {args.concurrency} streams of {args.max_tokens} tokens, "
@@ -281,6 +325,13 @@ def main() -> int:
         default=[1],
         help="a gateway side for each count of worker processes beside the one of 1 (e.g. 2 4)",
     )
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="processes the streaming clients are spread over (a Python client spends ~100 us of CPU a token: "
+        "one process cannot read 8 GPU replicas' aggregate)",
+    )
     parser.add_argument("--set", action="append", default=[], help="KEY.PATH=VALUE into the spec (repeatable)")
     parser.add_argument("--auth", choices=["token", "none"], default="token", help="the job's `auth:`")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint folder; default: a tiny random GPT-2")
@@ -311,7 +362,7 @@ def main() -> int:
     print(f"checkpoint: {checkpoint}\nwork folder: {work}\n")
     try:
         pin("engine")
-        batch = {"max_batch_size": max(64, args.concurrency)}
+        batch = {"max_batch_size": max(64, -(-args.concurrency // args.replicas))}  # each replica its share
         spec = write_spec(work, "bench-relay", checkpoint, args.replicas, args.auth, batch, backend=args.backend)
         apply_sets(spec, sets)
         with job(spec) as (job_id, job_dir):
@@ -321,6 +372,10 @@ def main() -> int:
             stop = signal.SIGINT if args.profile else signal.SIGTERM  # cProfile writes its stats at a SIGINT
             command = list(gateway_procs.CLI)
             with contextlib.ExitStack() as stack:
+                pool = None
+                if args.client_procs > 1:  # started now, before this process opens any gRPC channel
+                    context = multiprocessing.get_context("spawn")
+                    pool = stack.enter_context(ProcessPoolExecutor(args.client_procs, mp_context=context))
                 pids: dict[str, int] = {}
                 sides = Sides(token, records, "bench-relay", args.max_tokens)
                 # one gateway per deployment: each one's address record goes, and the next starts beside it
@@ -337,7 +392,7 @@ def main() -> int:
 
                 async def run() -> None:
                     try:
-                        await measure(args, sides, pids)
+                        await measure(args, sides, pids, pool)
                     finally:
                         await sides.close()
 

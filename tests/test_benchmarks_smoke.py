@@ -127,10 +127,11 @@ def test_bench_gateway_both_parts(tritonserver, hpc_home):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_relay(tritonserver, hpc_home):
-    """Two replicas, direct against through the gateway (one process, and one of two workers): the ratios and the
-    gateway's CPU per relayed token."""
+    """Two replicas, direct against through the gateway (one process, and one of two workers), the clients in two
+    processes: the ratios and the gateway's CPU per relayed token."""
     sizes = ("--replicas", "2", "--concurrency", "2", "--max-tokens", "4", "--seconds", "0.5", "--rounds", "1")
-    out = bench("bench_relay.py", *sizes, "--min-step-ms", "1", "--gateway-workers", "2", timeout=290)
+    spread = ("--gateway-workers", "2", "--client-procs", "2")
+    out = bench("bench_relay.py", *sizes, "--min-step-ms", "1", *spread, timeout=290)
     for side in ("gateway", "gateway_w2"):
         assert number(rf"^  {side} / direct: ([\d.]+)$", out) > 0
         assert number(rf"^  {side} CPU: [\d.]+ ms per request, ([\d.]+) us per relayed token", out) > 0

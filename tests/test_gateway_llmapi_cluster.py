@@ -404,4 +404,4 @@ def test_metrics_shows_the_gateways_in_flight_and_reuse_counters_beside_the_repl
     watched = subprocess.run(
         [*CLI, "metrics", served["job"], "--watch", "0.5", "--count", "1"], env=wide, capture_output=True, text=True
     ).stdout
-    assert "in flight (gateway)" in watched and "KV reuse (gateway)" in watched, watched
+    assert "in flight (gw)" in watched and "KV reuse (gw)" in watched, watched

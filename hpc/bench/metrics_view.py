@@ -80,7 +80,7 @@ def rates_table(before: Snapshot, now: Snapshot) -> Table:
             _num(r.waiting, "{:,.0f}"),
             _kv(r),
             _num(r.in_flight, "{:,.0f}"),
-            _share(r.kv_reuse),
+            "idle" if r.kv_reuse is None and r.in_flight is not None else _share(r.kv_reuse),  # a gateway, no request
         )
         for name, r in [*rows, ("total", total)]
     ]
