@@ -52,7 +52,7 @@ def deployment(request, tmp_path, slurm_cluster, tritonserver, tiny_gpt2) -> Ite
 
 
 def _record(workdir) -> AutoscaleRecord | None:
-    for folder in sorted(workdir.glob(f"{NAME}*")):
+    for folder in sorted(workdir.glob(f"{NAME}-*")):
         record = AutoscaleRecord.read(Deployment(folder).autoscale)
         if record is not None:
             return record
@@ -62,7 +62,7 @@ def _record(workdir) -> AutoscaleRecord | None:
 def _serving_states(workdir) -> dict[str, str]:
     """{job id: state} of the deployment's serving jobs (the gateway's and build jobs left out)."""
     found = {}
-    for folder in sorted(workdir.glob(f"{NAME}*/jobs/*")):
+    for folder in sorted(workdir.glob(f"{NAME}-*/jobs/*")):
         if not (folder / GATEWAY_JOB_MARKER_NAME).exists():
             state = status(folder.name).get("state")
             if state:
@@ -181,14 +181,11 @@ def test_a_gateway_killed_outright_comes_back_with_its_controllers_record(deploy
         return record if record is not None and record.pid != first.pid else None
 
     wait_for(restarted, 120, "the gateway started again by its job")
-    log = next(deployment["workdir"].glob(f"{NAME}*/logs/{first.job_id}.err"))
+    log = next(deployment["workdir"].glob(f"{NAME}-*/logs/{first.job_id}.err"))
     wait_for(lambda: log.read_text().count("autoscale: between 1 and 1 jobs") == 2, 60, "the second controller")
-    written = Deployment(next(deployment["workdir"].glob(f"{NAME}*"))).autoscale.stat().st_mtime
-    wait_for(
-        lambda: Deployment(next(deployment["workdir"].glob(f"{NAME}*"))).autoscale.stat().st_mtime > written,
-        60,
-        "a look of the second controller",
-    )
+    scaled = Deployment(next(deployment["workdir"].glob(f"{NAME}-*"))).autoscale  # not the gateway record beside
+    written = scaled.stat().st_mtime
+    wait_for(lambda: scaled.stat().st_mtime > written, 60, "a look of the second controller")
     after = _record(deployment["workdir"])
     assert after is not None and after.decisions[: len(before.decisions)] == before.decisions
     assert [d.action for d in after.decisions] == ["hold"] * len(after.decisions), after
