@@ -14,14 +14,16 @@ import pytest
 import yaml
 
 from hpc.cli.views import deployment_status
-from hpc.jobs.autoscale import DRAIN_NOTICE_S, Controller, Load, decision_lines
+from hpc.jobs.autoscale import DRAIN_NOTICE_S, Controller, Load, balancer_load, decision_lines
 from hpc.jobs.kinds import ServingJob
 from hpc.render.jobfiles import render
 from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
+from hpc.serving.balancer import Balancer, NoReplica, Replica
+from hpc.serving.gateway_record import record_path
 from hpc.spec import SpecError, load_spec
 from launcher.contracts.autoscale import Action, AutoscaleRecord
 from launcher.contracts.layout import Deployment, JobPaths
-from launcher.contracts.records import RenewStop
+from launcher.contracts.records import GatewayRecord, RenewStop
 from launcher.contracts.renew_plan import RenewPlan
 from launcher.contracts.stop_records import BY_AUTOSCALE, DrainingMark, StopRequest
 from launcher.jobscript.renew import Renewer
@@ -342,6 +344,15 @@ def test_the_record_hands_the_controller_over(tmp_path, slurm_cluster, hpc_home)
     assert second.record.controller == "g2" and len(second.record.decisions) == 2
 
 
+def test_of_two_gateways_in_a_handover_only_the_one_the_record_names_acts(tmp_path):
+    deploy_dir = _deployment(tmp_path)
+    first, successor = Controller.of_folder(deploy_dir, "g1"), Controller.of_folder(deploy_dir, "g2")
+    assert first is not None and successor is not None
+    assert first.in_charge() and successor.in_charge()  # no gateway published yet: whichever looks
+    GatewayRecord(name="as", url="http://node1:1", job_id="g2").write(record_path(first.target))
+    assert not first.in_charge() and successor.in_charge()
+
+
 def test_a_drain_marks_the_job_then_stops_it_in_order_and_an_expiry_stops_its_renewal(tmp_path):
     deploy_dir = _deployment(tmp_path)
     controller = Controller.of_folder(deploy_dir, controller="g1")
@@ -430,3 +441,32 @@ def test_a_cancel_of_the_deployment_stops_the_controller(tmp_path, slurm_cluster
     decision = controller.tick(Load())
     assert decision.action == Action.SUBMIT and not list(Deployment(deploy_dir).jobs_dir.glob("*"))
     assert controller.record.decisions[-1].error == "not done: the deployment was cancelled"
+
+
+def test_the_load_is_the_gateways_in_flight_count_and_its_refusals_with_nothing_serving():
+    """Requests in flight on replicas that take new ones (a draining one's not), and the requests the balancer
+    found no replica for since the last look."""
+    balancer = Balancer()
+    load = balancer_load(balancer)
+    with pytest.raises(NoReplica):
+        balancer.pick()
+    with pytest.raises(NoReplica):
+        balancer.pick()
+    assert load() == Load(outstanding=0, held=2) and load() == Load(outstanding=0, held=0)
+    balancer.update(
+        [Replica("1/0", "http://a", "a:1", outstanding=3), Replica("2/0", "http://b", "b:1", draining=True)]
+    )
+    for replica in balancer.replicas:
+        replica.outstanding = 3
+    assert load() == Load(outstanding=3, held=0)
+
+
+def test_the_load_carries_the_mean_ttft_of_the_requests_since_the_last_look():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    ttft = Histogram("ttft_seconds", "time to first token", ["route"], registry=CollectorRegistry())
+    load = balancer_load(Balancer(), ttft)
+    assert load().ttft_s is None  # no first token since
+    ttft.labels("/v1/completions").observe(1.0)
+    ttft.labels("/v1/chat/completions").observe(3.0)
+    assert load().ttft_s == 2.0 and load().ttft_s is None

@@ -4,8 +4,11 @@ on (the drained job ends COMPLETED), with no request failed (hpc/jobs/autoscale.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -24,8 +27,9 @@ NAME = "autoscaled"
 
 #: a load step: one job carries 1 request in flight per replica, so 4 clients take two
 STEP = {"min_jobs": 1, "max_jobs": 2, "target_outstanding": 1, "scale_up_after": "2s", "scale_down_after": "10s"}
-#: to zero when idle, and back on a request
-ZERO = {"min_jobs": 0, "max_jobs": 1, "scale_up_after": "2s", "scale_down_after": "5s"}
+#: to zero when idle, and back on a request; idle for 30 s before the drain: the test's request reaches the job that
+#: came back well within that, once the gateway sees it
+ZERO = {"min_jobs": 0, "max_jobs": 1, "scale_up_after": "2s", "scale_down_after": "30s"}
 
 
 @pytest.fixture
@@ -48,7 +52,7 @@ def deployment(request, tmp_path, slurm_cluster, tritonserver, tiny_gpt2) -> Ite
 
 
 def _record(workdir) -> AutoscaleRecord | None:
-    for folder in sorted(workdir.glob(f"{NAME}*")):
+    for folder in sorted(workdir.glob(f"{NAME}-*")):
         record = AutoscaleRecord.read(Deployment(folder).autoscale)
         if record is not None:
             return record
@@ -58,7 +62,7 @@ def _record(workdir) -> AutoscaleRecord | None:
 def _serving_states(workdir) -> dict[str, str]:
     """{job id: state} of the deployment's serving jobs (the gateway's and build jobs left out)."""
     found = {}
-    for folder in sorted(workdir.glob(f"{NAME}*/jobs/*")):
+    for folder in sorted(workdir.glob(f"{NAME}-*/jobs/*")):
         if not (folder / GATEWAY_JOB_MARKER_NAME).exists():
             state = status(folder.name).get("state")
             if state:
@@ -141,12 +145,88 @@ def test_min_jobs_zero_goes_to_zero_when_idle_and_a_request_brings_a_job_back(de
         client.completions.create(model=NAME, prompt="Anyone there?", max_tokens=4)
     assert refused.value.status_code == 503 and "no_replica_ready" in str(refused.value.body)
 
-    def back() -> list[str]:
-        return [j for j, s in _serving_states(deployment["workdir"]).items() if j != first and s == "READY"]
+    def back() -> bool:  # the gateway has a replica that takes requests (its readiness asks its balancer)
+        try:
+            with urllib.request.urlopen(record.url + "/v2/health/ready", timeout=5) as answer:
+                return answer.status == 200
+        except OSError:  # 503 (an HTTPError) until then
+            return False
 
-    wait_for(back, 180, "a job submitted for the request, READY")
+    wait_for(back, 180, "a job submitted for the request, READY and seen by the gateway")
     assert client.completions.create(model=NAME, prompt="Anyone there?", max_tokens=4).choices[0].text is not None
     decisions = _record(deployment["workdir"])
     assert decisions is not None
     acts = [(d.action, d.reason) for d in decisions.decisions if d.action != "hold"]
     assert [a for a, _ in acts] == ["drain", "submit"] and "wait with nothing serving" in acts[1][1], acts
+
+
+#: one job, kept: a controller with nothing to do but look
+STEADY = {"min_jobs": 1, "max_jobs": 1, "scale_down_after": "10s"}
+
+
+@pytest.mark.parametrize("deployment", [STEADY], indirect=True)
+def test_a_gateway_killed_outright_comes_back_with_its_controllers_record(deployment):
+    """The gateway process dies (SIGKILL); its job starts it again (gateway.sub) and the new controller goes on from
+    the record the old one left: the same decisions, and no second job for the one it already has."""
+    cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200")
+    first = read_gateway(gateway_record(deployment["workdir"], NAME))
+    assert first is not None and first.job_id
+    wait_for(lambda: _record(deployment["workdir"]), 60, "the controller's first decision")
+    before = _record(deployment["workdir"])
+    assert before is not None and before.controller == first.job_id
+    os.kill(first.pid, signal.SIGKILL)  # one machine: the emulated node's processes are this machine's
+
+    def restarted():
+        record = read_gateway(gateway_record(deployment["workdir"], NAME))
+        return record if record is not None and record.pid != first.pid else None
+
+    wait_for(restarted, 120, "the gateway started again by its job")
+    log = next(deployment["workdir"].glob(f"{NAME}-*/logs/{first.job_id}.err"))
+    wait_for(lambda: log.read_text().count("autoscale: between 1 and 1 jobs") == 2, 60, "the second controller")
+    scaled = Deployment(next(deployment["workdir"].glob(f"{NAME}-*"))).autoscale  # not the gateway record beside
+    written = scaled.stat().st_mtime
+    wait_for(lambda: scaled.stat().st_mtime > written, 60, "a look of the second controller")
+    after = _record(deployment["workdir"])
+    assert after is not None and after.decisions[: len(before.decisions)] == before.decisions
+    assert [d.action for d in after.decisions] == ["hold"] * len(after.decisions), after
+    assert len(_serving_states(deployment["workdir"])) == 1
+
+
+@pytest.mark.parametrize("deployment", [STEP], indirect=True)
+def test_a_cancel_in_the_middle_of_a_scale_up_stops_every_job_and_the_controller(deployment):
+    """Under load, once the controller has submitted a second job (still on its way), `hpc-serve cancel` of the
+    deployment ends every job, the one on its way included, and nothing is submitted after it."""
+    out = cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200").stdout.splitlines()
+    gateway_job = next(line.split()[1] for line in out if line.startswith("gateway"))
+    record = read_gateway(gateway_record(deployment["workdir"], NAME))
+    assert record is not None
+    client = openai.OpenAI(base_url=record.url + "/v1", api_key=cli("token", NAME).stdout.strip(), max_retries=0)
+    stop = threading.Event()
+
+    def load(i: int) -> None:
+        while not stop.is_set():
+            try:
+                list(client.completions.create(model=NAME, prompt=f"Load {i}", max_tokens=32, stream=True))
+            except Exception:  # noqa: BLE001, S110 - the cancel ends requests; what is asserted is the jobs' end
+                pass
+
+    workers = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+
+        def submitted() -> bool:
+            scaled = _record(deployment["workdir"])
+            return scaled is not None and any(d.action == "submit" for d in scaled.decisions)
+
+        wait_for(submitted, 120, "the controller's submit")
+        cli("cancel", NAME)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+    states = _serving_states(deployment["workdir"])
+    assert len(states) == 2 and all(_ended(s) for s in states.values()), states
+    assert _ended(status(gateway_job).get("state", "")), status(gateway_job)
+    final = _record(deployment["workdir"])
+    assert final is not None and [d.action for d in final.decisions].count("submit") == 1, final

@@ -155,7 +155,9 @@ def run(
         log.info("listening at %s (record %s)", url, record_path(target))
         if renewer is not None:
             server.renewal = asyncio.ensure_future(renewer.run(server))
-        server.autoscale = autoscale.start(server, renew_from, job_id, app.state.gateway.balancer)
+        server.autoscale = autoscale.start(
+            server, renew_from, job_id, app.state.gateway.balancer, app.state.metrics.ttft
+        )
 
     def stopping(server: Any) -> None:
         withdraw(target, record)  # only if still its own: a successor's record stays
@@ -240,7 +242,9 @@ def _run_workers(
         def serving(server: Any) -> None:
             ready.send(bool(app.state.gateway.discovery.tokens))
             if index == 0:
-                server.autoscale = autoscale.start(server, renew_from, record.job_id, app.state.gateway.balancer)
+                server.autoscale = autoscale.start(
+                    server, renew_from, record.job_id, app.state.gateway.balancer, app.state.metrics.ttft
+                )
 
         _server(app, serving, lambda _: None).run(sockets=[sock])
 

@@ -35,12 +35,13 @@ from hpc.scheduler.slurm import TERMINAL, SlurmError, ended
 from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
 from hpc.serving.balancer import Balancer
 from hpc.serving.deployment import Target, deployment_folders, target_of_folder
+from hpc.serving.gateway_record import record_path
 from hpc.spec import Spec, load_spec
 from launcher.contracts.autoscale import Action, AutoscaleRecord, DecisionRecord
 from launcher.contracts.config import RENEW_NOTICE_S
 from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, JobPaths
-from launcher.contracts.records import RenewStop, read_chain
+from launcher.contracts.records import RenewStop, read_chain, read_gateway
 from launcher.contracts.stop_records import BY_AUTOSCALE, DrainingMark, StopRequest
 
 log = logging.getLogger("hpc_serve.gateway")
@@ -98,6 +99,12 @@ class Controller:
         """Whether the deployment was cancelled (`hpc-serve cancel`) since this controller started: it acts no more."""
         stop = RenewStop.read(self.deployment.renew_stop)
         return stop is not None and stop.stops(self.started)
+
+    def in_charge(self) -> bool:
+        """Whether this controller's gateway is the deployment's gateway now: during a gateway job's handover both
+        run a moment, and only the one the address record names (the successor, from when it publishes) acts."""
+        record = read_gateway(record_path(self.target))
+        return record is None or record.job_id == self.controller
 
     @property
     def deployment(self) -> Deployment:
@@ -261,19 +268,40 @@ def decision_lines(record: AutoscaleRecord, last: int = 10) -> list[str]:
     return lines
 
 
-def balancer_load(balancer: Balancer) -> Callable[[], Load]:
+def balancer_load(balancer: Balancer, ttft: Any = None) -> Callable[[], Load]:
     """The gateway's load as the controller reads it at each look: requests in flight on replicas that take new ones
-    (a draining job's finish elsewhere in the count), and the requests turned away with nothing serving since the
-    last look."""
+    (a draining job's finish elsewhere in the count; every worker's, where the counts are shared), the requests
+    this process turned away with nothing serving since the last look (with several workers: worker 0's), and the
+    mean time to first token of the requests that got one since (`ttft`: the gateway's TTFT histogram, a
+    prometheus_client metric; None: not measured)."""
     seen = balancer.outcomes["none"]
+    sums = _sum_count(ttft)
 
     def load() -> Load:
-        nonlocal seen
+        nonlocal seen, sums
         count = balancer.outcomes["none"]
         held, seen = count - seen, count
-        return Load(outstanding=sum(r.outstanding for r in balancer.replicas if not r.draining), held=held)
+        replicas = balancer.replicas
+        balancer.counts.load(replicas)  # a gateway of several workers: every worker's requests in flight
+        now = _sum_count(ttft)
+        firsts = now[1] - sums[1]
+        ttft_s = (now[0] - sums[0]) / firsts if firsts > 0 else None
+        sums = now
+        return Load(outstanding=sum(r.outstanding for r in replicas if not r.draining), held=held, ttft_s=ttft_s)
 
     return load
+
+
+def _sum_count(histogram: Any) -> tuple[float, float]:
+    """(sum, count) of a prometheus_client histogram over all its labels; (0, 0) for None."""
+    total = count = 0.0
+    for metric in histogram.collect() if histogram is not None else ():
+        for sample in metric.samples:
+            if sample.name.endswith("_sum"):
+                total += sample.value
+            elif sample.name.endswith("_count"):
+                count += sample.value
+    return total, count
 
 
 async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> None:
@@ -297,7 +325,14 @@ async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> 
         if controller.stopped():
             log.info("autoscale: the deployment was cancelled; the controller stops")
             return
-        seen = Load(outstanding=sum(s.outstanding for s in samples) / len(samples), held=sum(s.held for s in samples))
+        if not controller.in_charge():  # handing over to a successor gateway job, which looks from now on
+            continue
+        ttfts = [s.ttft_s for s in samples if s.ttft_s is not None]
+        seen = Load(
+            outstanding=sum(s.outstanding for s in samples) / len(samples),
+            held=sum(s.held for s in samples),
+            ttft_s=sum(ttfts) / len(ttfts) if ttfts else None,
+        )
         samples = []
         try:
             await asyncio.to_thread(controller.tick, seen)
@@ -305,7 +340,10 @@ async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> 
             log.warning("autoscale: this look failed: %s", exc)
 
 
-def start(server: Any, deploy_dir: Path | None, job_id: str, balancer: Balancer) -> asyncio.Future[None] | None:
-    """The controller's task for a gateway job whose deployment has `autoscale:`, else None."""
+def start(
+    server: Any, deploy_dir: Path | None, job_id: str, balancer: Balancer, ttft: Any = None
+) -> asyncio.Future[None] | None:
+    """The controller's task for a gateway job whose deployment has `autoscale:`, else None (`ttft`: the gateway's
+    TTFT histogram, for `autoscale.ttft_sla_s`)."""
     controller = Controller.of_folder(deploy_dir, job_id) if deploy_dir is not None and job_id else None
-    return asyncio.ensure_future(run(controller, server, balancer_load(balancer))) if controller else None
+    return asyncio.ensure_future(run(controller, server, balancer_load(balancer, ttft))) if controller else None

@@ -44,8 +44,8 @@ class AutoscaleSpec(_Section):
     hold_s: float = Field(
         120.0,
         ge=0,
-        description="with nothing serving, how long a request waits for a job to start before the gateway answers "
-        "503 with Retry-After",
+        description="with nothing serving, how long a request is to wait for a job to start before the gateway "
+        "answers 503 with Retry-After (not yet: today it answers 503 at once, and the controller submits a job)",
     )
     horizon: str = Field(
         "15m", description="a pending job whose estimated start is further off than this is flagged in `status`"
