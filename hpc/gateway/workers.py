@@ -92,6 +92,9 @@ def run_workers(
         started(_wait_started(procs, readers))
         died = asyncio.run(_supervise(procs, renewer))
         if died is not None:
+            # its sentinel closes as it exits, a moment before it can be reaped: exitcode (a WNOHANG wait) may
+            # still be None then, and the gateway would end with 1 instead of the worker's signal
+            procs[died].join()
             raise WorkerDied(died, procs[died].exitcode or 0)
     finally:
         _stop(procs, stop_s + STOP_MARGIN_S)
