@@ -7,6 +7,7 @@ replica, bad token) the same way whichever API they speak; what a replica answer
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from fastapi import Request
@@ -62,10 +63,14 @@ def unauthorized() -> APIError:
     )
 
 
-def no_replica() -> APIError:
-    return APIError(
-        503, "no replica of the deployment is ready; see `hpc-serve status`", "server_error", code="no_replica_ready"
-    )
+def no_replica(hold_s: float = 0.0) -> APIError:
+    """503; under `autoscale:` (`hold_s` > 0: the request was held that long while a job starts) with Retry-After,
+    the hold again: the controller has a job on its way (the openai package honours it)."""
+    message = "no replica of the deployment is ready; see `hpc-serve status`"
+    if hold_s > 0:
+        message = f"no replica of the deployment became ready within {hold_s:g} s (a job is on its way); try again"
+    headers = {"Retry-After": str(max(1, math.ceil(hold_s)))} if hold_s > 0 else None
+    return APIError(503, message, "server_error", code="no_replica_ready", headers=headers)
 
 
 #: seconds a client told 429 waits before it tries again (`Retry-After`; the openai package honours it)

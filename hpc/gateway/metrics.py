@@ -103,10 +103,11 @@ class ReplicaCollector(Collector):
         picks = CounterMetricFamily(
             f"{PREFIX}_picks",
             "Replica choices: least (no prefix key, or no replica holds the prompt), home (the prefix's own replica), "
-            "cached (the replica holding most of the prompt), spilled (it was too busy)",
+            "cached (the replica holding most of the prompt), spilled (it was too busy), none (no replica was ready: "
+            "a 503, or under autoscale: a request held while a job starts)",
             labels=["outcome"],
         )
-        for outcome in ("least", "home", "cached", "spilled"):
+        for outcome in ("least", "home", "cached", "spilled", "none"):
             picks.add_metric([outcome], float(balancer.outcomes[outcome] if balancer is not None else 0))
         yield picks
         degraded = GaugeMetricFamily(

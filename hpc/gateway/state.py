@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -35,6 +36,10 @@ from hpc.spec.files import context_length
 from hpc.spec.limits import PREFIX_CHARS
 
 T = TypeVar("T")
+
+#: how often a held request looks whether discovery found a replica (`Gateway._held`): a look at this process's
+#: balancer, nothing sent
+HOLD_POLL_S = 0.25
 
 log = logging.getLogger("hpc_serve.gateway")
 #: prompts whose token ids are kept (`Gateway.token_ids`): the requests in flight whose usage is yet to count;
@@ -60,6 +65,11 @@ class Gateway:
         if self.routing is None:
             self.routing = PrefixChars(self.prefix_chars)
         self._kept_ids: Callable[[str], tuple[int, ...]] = functools.lru_cache(maxsize=TOKENIZED_KEPT)(self._encode)
+
+    @property
+    def hold_s(self) -> float:
+        """How long a request that finds no replica waits for one (the spec's `autoscale.hold_s`; 0: 503 at once)."""
+        return getattr(self.target, "hold_s", 0.0)  # a Gateway made in a test may have no Target
 
     def token_ids(self, prompt: str) -> tuple[int, ...]:
         """A prompt's token ids, kept for the last few prompts up to TOKENIZED_KEPT_CHARS: cache-aware routing
@@ -145,18 +155,38 @@ class Gateway:
 
         mode = self.routing
         assert mode is not None  # __post_init__
-        return stream_with_retry(
-            self.balancer,
-            attempt,
-            ReplicaUnavailable,
-            ReplicaBusy,
-            mode.prefix_key(prompt),
-            on_retry=self.retried,
-            on_pick=picked,
-            on_first=on_first,
-            failed=failed_internally,
-            route=mode.route(prompt),
-        )
+
+        def stream() -> AsyncGenerator[T, None]:
+            return stream_with_retry(
+                self.balancer,
+                attempt,
+                ReplicaUnavailable,
+                ReplicaBusy,
+                mode.prefix_key(prompt),
+                on_retry=self.retried,
+                on_pick=picked,
+                on_first=on_first,
+                failed=failed_internally,
+                route=mode.route(prompt),
+            )
+
+        if self.hold_s > 0 and not self.balancer.takers():  # nothing serves: held while a job starts
+            return self._held(stream)
+        return stream()
+
+    async def _held(self, stream: Callable[[], AsyncGenerator[T, None]]) -> AsyncGenerator[T, None]:
+        """A request that found no replica under `autoscale:` (`hold_s`): the controller is told at once (it
+        submits a job at its next look), and the request waits, up to `hold_s`, for discovery to find a replica
+        READY; then it is routed as any other, else NoReplica (the 503, with Retry-After). A layer of its own
+        only on this path: every streamed token passes through each generator layer."""
+        self.balancer.outcomes["none"] += 1  # what the controller counts as a request that found nothing serving
+        deadline = time.monotonic() + self.hold_s
+        while not self.balancer.takers():
+            if time.monotonic() >= deadline:
+                raise NoReplica(f"no replica became ready within autoscale.hold_s {self.hold_s:g} s")
+            await asyncio.sleep(HOLD_POLL_S)  # discovery's refresh adds it: the balancer is this process's
+        async for item in stream():
+            yield item
 
     async def first(self, items: AsyncIterator[T]) -> T | None:
         """The first item of a `routed` stream (None if it has none); APIError 429 with Retry-After when the
@@ -167,7 +197,7 @@ class Gateway:
         except Saturated:
             raise saturated(self.balancer.max_outstanding) from None
         except NoReplica:
-            raise no_replica() from None
+            raise no_replica(self.hold_s) from None
 
     def generate(
         self, params: GenerateParams, record: RequestRecord | None = None, whole: bool = False

@@ -44,8 +44,8 @@ class AutoscaleSpec(_Section):
     hold_s: float = Field(
         120.0,
         ge=0,
-        description="with nothing serving, how long a request is to wait for a job to start before the gateway "
-        "answers 503 with Retry-After (not yet: today it answers 503 at once, and the controller submits a job)",
+        description="with nothing serving, how long the gateway holds a request while a job starts (the "
+        "controller submits one at once) before it answers 503 with Retry-After; 0: 503 at once",
     )
     horizon: str = Field(
         "15m", description="a pending job whose estimated start is further off than this is flagged in `status`"
