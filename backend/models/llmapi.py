@@ -6,7 +6,8 @@ of it, backend/standin/). It uses only `LLM(**model.yaml)`, `SamplingParams`,
 and `shutdown`.
 
 What it adds to upstream's (docs/compatibility.md): token-by-token streaming (each event carries the cumulative
-text, as upstream's would), stop strings given to SamplingParams as text, `ignore_eos`, `min_tokens`,
+text, as upstream's would; when its sends fall behind the engine, the tokens that waited go out in one event),
+stop strings given to SamplingParams as text, `ignore_eos`, `min_tokens`,
 `repetition_penalty`, `length_penalty`, and the engine's iteration stats as Triton metrics under TensorRT-LLM's
 `nv_trt_llm_*` names (backend/models/engine_metrics.py), which an ordered stop reads to know what is in flight.
 
