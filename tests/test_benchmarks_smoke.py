@@ -149,6 +149,18 @@ def test_bench_relay(tritonserver, hpc_home):
         assert number(rf"^  {side} CPU: [\d.]+ ms per request, ([\d.]+) us per relayed token", out) > 0
 
 
+@pytest.mark.triton
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_replica_path(tritonserver, hpc_home):
+    """One simulated replica, direct gRPC: its tokens/s and each of its processes' CPU per streamed token."""
+    sizes = ("--concurrency", "2", "--max-tokens", "4", "--seconds", "0.5", "--rounds", "1")
+    out = bench("bench_replica_path.py", *sizes, timeout=290)
+    assert number(r"^  this +([\d.]+) tokens/s", out) > 0
+    per_token = r"^  this +CPU us per token: leader node [\d.]+, stub [\d.]+, tritonserver [\d.]+, all ([\d.]+);"
+    assert number(per_token, out) > 0
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(300)

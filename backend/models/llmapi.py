@@ -6,7 +6,8 @@ of it, backend/standin/). It uses only `LLM(**model.yaml)`, `SamplingParams`,
 and `shutdown`.
 
 What it adds to upstream's (docs/compatibility.md): token-by-token streaming (each event carries the cumulative
-text, as upstream's would), stop strings given to SamplingParams as text, `ignore_eos`, `min_tokens`,
+text, as upstream's would; when its sends fall behind the engine, the tokens that waited go out in one event),
+stop strings given to SamplingParams as text, `ignore_eos`, `min_tokens`,
 `repetition_penalty`, `length_penalty`, and the engine's iteration stats as Triton metrics under TensorRT-LLM's
 `nv_trt_llm_*` names (backend/models/engine_metrics.py), which an ordered stop reads to know what is in flight.
 
@@ -95,6 +96,8 @@ class _Live:
     user_id: str
     output: Any = None  # the RequestOutput, once generate_async returned it
     logprobs_sent: int = 0  # the generated tokens whose log probabilities went out already
+    draining: bool = False  # the loop is reading the outputs that were waiting (`_stream`); one was sent
+    pending: tuple[str, int] | None = None  # the text and token count the next streamed response carries
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -269,8 +272,9 @@ class TritonPythonModel:
                     continue  # aborted: its CANCELLED was sent; the engine's end is awaited and dropped
                 if not output.finished:
                     if live.params.streaming:
-                        self._send_partial(live, output)
+                        self._stream(live, output)
                     continue
+                self._send_pending(live)
                 if live.claim_final():
                     if output.outputs[0].finish_reason == "cancelled":
                         self._send_cancelled(live.sender)
@@ -282,9 +286,10 @@ class TritonPythonModel:
         finally:
             self._unregister(live.internal_id)
 
-    def _new_logprobs(self, live: _Live, out: Any) -> tuple[float, ...] | None:
-        """The log probabilities of the tokens generated since the last response (each the chosen token's:
-        TensorRT-LLM gives a {token id: Logprob} per token, with alternatives when asked for more)."""
+    def _new_logprobs(self, live: _Live, out: Any, upto: int | None = None) -> tuple[float, ...] | None:
+        """The log probabilities of the tokens generated since the last response, up to the `upto`-th (all by
+        default), each the chosen token's: TensorRT-LLM gives a {token id: Logprob} per token, with alternatives
+        when asked for more."""
         if not live.params.sampling.get("logprobs"):
             return None
         generated = list(out.token_ids)[-len(out.logprobs) :] if out.logprobs else []
@@ -292,6 +297,7 @@ class TritonPythonModel:
         for token, entry in zip(generated, out.logprobs, strict=False):
             chosen = entry.get(token) or max(entry.values(), key=lambda lp: lp.logprob)
             values.append(float(chosen.logprob))
+        values = values[:upto]
         new, live.logprobs_sent = tuple(values[live.logprobs_sent :]), len(values)
         return new
 
@@ -340,14 +346,37 @@ class TritonPythonModel:
         if live.output is not None:
             self.loop.call_soon_threadsafe(live.output.abort)
 
-    def _send_partial(self, live: _Live, output: Any) -> None:
-        """A streamed response that is not the last: sent only while no final is claimed, under the lock that
-        claims it. A final sent first (the client cancelled) has freed the request's response factory, and
-        sending on it then crashes tritonserver (2.51: SIGSEGV in TRITONBACKEND_ResponseSend)."""
+    def _stream(self, live: _Live, output: Any) -> None:
+        """A streamed output that is not the last. The first of those the loop finds waiting is sent at once (a
+        sender that keeps up sends every token alone); the others waiting behind it, which pile up while the
+        loop's sends block it, go out together in one response once the loop has read them all (`_drain_end`):
+        under load a response carries several tokens, and costs tritonserver and this process one send for all.
+        The text is cumulative, and the log probabilities are those not yet sent, so clients read the same."""
+        out = output.outputs[0]
+        snapshot = (out.text, len(out.logprobs or ()))  # the output changes in place as more tokens come
+        if live.draining:
+            live.pending = snapshot
+            return
+        live.draining = True
+        self.loop.call_soon(self._drain_end, live)
+        live.pending = snapshot
+        self._send_pending(live)
+
+    def _drain_end(self, live: _Live) -> None:
+        live.draining = False
+        self._send_pending(live)
+
+    def _send_pending(self, live: _Live) -> None:
+        """The streamed response of the text not yet sent, if any: sent only while no final is claimed, under the
+        lock that claims it. A final sent first (the client cancelled) has freed the request's response factory,
+        and sending on it then crashes tritonserver (2.51: SIGSEGV in TRITONBACKEND_ResponseSend)."""
+        if live.pending is None:
+            return
+        (text, tokens), live.pending = live.pending, None
         with live.lock:
             if not live.done:
-                out = output.outputs[0]
-                self._send(live, Completion(out.text, logprobs=self._new_logprobs(live, out)), final=False)
+                out = live.output.outputs[0]
+                self._send(live, Completion(text, logprobs=self._new_logprobs(live, out, tokens)), final=False)
 
     def _send(self, live: _Live, completion: Completion, final: bool) -> None:
         arrays = response_arrays(completion, live.params)
