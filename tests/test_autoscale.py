@@ -470,3 +470,25 @@ def test_the_load_carries_the_mean_ttft_of_the_requests_since_the_last_look():
     ttft.labels("/v1/completions").observe(1.0)
     ttft.labels("/v1/chat/completions").observe(3.0)
     assert load().ttft_s == 2.0 and load().ttft_s is None
+
+
+def test_the_gateways_metrics_carry_the_controllers_decisions():
+    """Every decision has a reason in the log and `status`, and as metrics: how many of each action, when each was
+    last decided, the signal against its target at the last one; a deployment without a record shows none."""
+    from prometheus_client import generate_latest
+
+    from hpc.gateway.metrics import Metrics
+    from launcher.contracts.autoscale import DecisionRecord
+
+    rows = (
+        DecisionRecord(at=100.0, action=Action.HOLD, reason="r", signal=0.5, target=1.0),
+        DecisionRecord(at=200.0, action=Action.SUBMIT, job_id="7", reason="above", signal=2.5, target=1.0),
+        DecisionRecord(at=300.0, action=Action.DRAIN, job_id="7", reason="fits", signal=0.25, target=1.0),
+    )
+    record = AutoscaleRecord(controller="5", decisions=rows)
+    page = generate_latest(Metrics(lambda: None, autoscale=lambda: record).registry).decode()
+    assert 'hpc_serve_autoscale_decisions{action="submit"} 1.0' in page
+    assert 'hpc_serve_autoscale_decisions{action="cancel"} 0.0' in page
+    assert 'hpc_serve_autoscale_last_decision_timestamp_seconds{action="drain"} 300.0' in page
+    assert "hpc_serve_autoscale_signal 0.25" in page and "hpc_serve_autoscale_target 1.0" in page
+    assert "hpc_serve_autoscale" not in generate_latest(Metrics(lambda: None).registry).decode()

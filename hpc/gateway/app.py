@@ -33,6 +33,7 @@ from hpc.gateway.errors import (
 from hpc.gateway.fastpath import FastPath
 from hpc.gateway.metrics import Metrics
 from hpc.gateway.state import Gateway
+from hpc.jobs.autoscale import autoscale_record
 from hpc.serving.balancer import Balancer, Replica
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
@@ -112,7 +113,9 @@ def create_app(
     app.add_exception_handler(ClientDisconnect, client_gone_handler)  # a client gone while sending its body
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)  # Starlette's last resort: a 500 of ours
-    app.state.metrics = Metrics(lambda: _balancer(app), lambda: _degraded(app), lambda: _events_lost(app))
+    app.state.metrics = Metrics(
+        lambda: _balancer(app), lambda: _degraded(app), lambda: _events_lost(app), lambda: autoscale_record(target)
+    )
     app.include_router(metrics.router)
     app.include_router(openai_api.router)
     app.include_router(passthrough.health)

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from hpc.serving.balancer import Balancer
 from hpc.serving.routing import DEGRADED
+from launcher.contracts.autoscale import KEEP_DECISIONS, Action, AutoscaleRecord
 
 PREFIX = "hpc_serve_gateway"
 #: prometheus_client's variable naming the folder of its multiprocess files (set by a gateway of several workers)
@@ -129,6 +130,42 @@ class ReplicaCollector(Collector):
         yield lost
 
 
+class AutoscaleCollector(Collector):
+    """The autoscaling controller's decisions (`autoscale:`), read from its record (D/autoscale.json, which every
+    gateway of the deployment and its successors share) at scrape time: nothing for a deployment without one."""
+
+    def __init__(self, record: Callable[[], AutoscaleRecord | None]) -> None:
+        self._record = record
+
+    def collect(self) -> Iterator[Metric]:
+        record = self._record()
+        if record is None or not record.decisions:
+            return
+        counts = GaugeMetricFamily(
+            "hpc_serve_autoscale_decisions",
+            f"The controller's decisions of each action among its last {KEEP_DECISIONS} (its record's)",
+            labels=["action"],
+        )
+        last_at = GaugeMetricFamily(
+            "hpc_serve_autoscale_last_decision_timestamp_seconds",
+            "When the controller last decided each action (Unix time)",
+            labels=["action"],
+        )
+        for action in Action:
+            rows = [d for d in record.decisions if d.action == action]
+            counts.add_metric([action.value], float(len(rows)))
+            if rows:
+                last_at.add_metric([action.value], rows[-1].at)
+        latest = record.decisions[-1]
+        signal = GaugeMetricFamily(
+            "hpc_serve_autoscale_signal", "The load signal at the last decision: requests in flight per READY replica"
+        )
+        signal.add_metric([], latest.signal)
+        target = GaugeMetricFamily("hpc_serve_autoscale_target", "The signal's target (autoscale.target_outstanding)")
+        target.add_metric([], latest.target)
+        yield from (counts, last_at, signal, target)
+
+
 class Metrics:
     """Every metric of one gateway, in its own registry."""
 
@@ -137,8 +174,10 @@ class Metrics:
         balancer: Callable[[], Balancer | None],
         degraded: Callable[[], dict[str, str]] = dict,
         events_lost: Callable[[], dict[str, int]] = dict,
+        autoscale: Callable[[], AutoscaleRecord | None] = lambda: None,
     ) -> None:
         self.balancer = balancer
+        self.autoscale = autoscale
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_requests", "Requests answered", ["route", "status"], registry=r)
@@ -159,6 +198,7 @@ class Metrics:
             registry=r,
         )
         r.register(ReplicaCollector(balancer, degraded, events_lost))
+        r.register(AutoscaleCollector(autoscale))
 
     def kv_blocks(self, replica_key: str, reused: int, missed: int) -> None:
         """Add a request's KV-cache blocks to the replica that served it (kept by the balancer, as its other
@@ -195,6 +235,7 @@ def page(metrics: Metrics) -> bytes:
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
     registry.register(ReplicaCollector(metrics.balancer))
+    registry.register(AutoscaleCollector(metrics.autoscale))
     return generate_latest(registry)
 
 
