@@ -492,3 +492,34 @@ def test_the_gateways_metrics_carry_the_controllers_decisions():
     assert 'hpc_serve_autoscale_last_decision_timestamp_seconds{action="drain"} 300.0' in page
     assert "hpc_serve_autoscale_signal 0.25" in page and "hpc_serve_autoscale_target 1.0" in page
     assert "hpc_serve_autoscale" not in generate_latest(Metrics(lambda: None).registry).decode()
+
+
+def test_metrics_draws_the_controllers_record(tmp_path, hpc_home):
+    """`hpc-serve metrics TARGET --autoscale-plot PNG`: the record as a picture, from the deployment's folder even
+    with nothing serving (a deployment at zero has no replica to ask); no record: exit 3 saying so."""
+    from hpc.cli.main import main
+    from launcher.contracts.autoscale import DecisionRecord
+
+    spec = tmp_path / "svc.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "svc",
+                "workdir": str(tmp_path / "runs"),
+                "model": {"backend": "cpu", "checkpoint_dir": str(tmp_path / "ckpt"), "init": {"family": "gpt2"}},
+            }
+        )
+    )
+    folder = tmp_path / "runs" / "svc-20261202-000000"
+    render(load_spec(spec, check_files=False), folder)
+    assert main(["metrics", str(folder), "--autoscale-plot", str(tmp_path / "none.png")]) == 3
+    rows = tuple(
+        DecisionRecord(at=100.0 + i * 5, action=a, job_id=j, signal=s, target=1.0)
+        for i, (a, j, s) in enumerate(
+            [(Action.HOLD, "", 0.5), (Action.SUBMIT, "8", 2.5), (Action.HOLD, "", 1.5), (Action.DRAIN, "7", 0.2)]
+        )
+    )
+    AutoscaleRecord(controller="5", decisions=rows).write(Deployment(folder).autoscale)
+    png = tmp_path / "autoscale.png"
+    assert main(["metrics", str(folder), "--autoscale-plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -140,3 +140,49 @@ def sweep_curve(points: list[tuple[str, dict[str, Any]]], path: Path, title: str
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+#: how each autoscaling action is drawn on the load's timeline (marker, colour)
+_ACTION_STYLE = {
+    "submit": ("^", "#2a8a3a"),
+    "cancel": ("x", "#c03030"),
+    "drain": ("v", "#30609a"),
+    "expire": ("v", "#e08020"),
+}
+
+
+def autoscale_timeline(decisions: list[Any], path: Path, title: str) -> Path:
+    """The autoscaling controller's record as a picture: its load signal (requests in flight per READY replica) at
+    each look against its target, and each act (a job submitted, cancelled, drained, left to expire) where it came,
+    labelled with its job; advised-only acts hollow. `decisions`: launcher/contracts/autoscale.py DecisionRecords."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    start = decisions[0].at if decisions else 0.0
+    xs = [d.at - start for d in decisions]
+    ax.plot(xs, [d.signal for d in decisions], "-", color="#404040", label="requests in flight per READY replica")
+    ax.step(xs, [d.target for d in decisions], where="post", color="#909090", linestyle="--", label="target")
+    for action, (marker, colour) in _ACTION_STYLE.items():
+        acts = [(x, d) for x, d in zip(xs, decisions, strict=True) if d.action == action]
+        if not acts:
+            continue
+        ax.scatter(
+            [x for x, _ in acts],
+            [d.signal for _, d in acts],
+            marker=marker,
+            s=80,
+            color=colour,
+            facecolors=["none" if d.advisory else colour for _, d in acts] if marker != "x" else None,
+            label=action,
+            zorder=3,
+        )
+        for x, d in acts:
+            ax.annotate(d.job_id, (x, d.signal), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    ax.set_xlabel("seconds since the first decision in the record")
+    ax.set_ylabel("requests per replica")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

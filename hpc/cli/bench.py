@@ -137,6 +137,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from hpc.bench import metrics_view
     from hpc.bench.replica_metrics import take
 
+    if args.autoscale_plot:  # the record, not the replicas: a deployment at zero has none
+        return _autoscale_plot(args.target, Path(args.autoscale_plot))
     endpoints = endpoints_or_exit(args.target)
     if args.replica is not None:
         endpoints = [e for e in endpoints if e.replica == args.replica]
@@ -156,6 +158,25 @@ def cmd_metrics(args: argparse.Namespace) -> int:
             Console().print(metrics_view.snapshot_table(snapshot))
         return EXIT_OK if snapshot.values else EXIT_JOB_FAILED
     metrics_view.watch(endpoints, args.watch, Console(), args.count, gateway_url)
+    return EXIT_OK
+
+
+def _autoscale_plot(targets: Sequence[str], path: Path) -> int:
+    """`metrics TARGET --autoscale-plot PNG`: the controller's decisions as a picture (hpc/bench/plots.py)."""
+    from hpc.bench import plots
+    from hpc.jobs.autoscale import autoscale_record
+
+    target, _ = resolve_or_exit(list(targets))
+    record = autoscale_record(target) if target is not None else None
+    if record is None or not record.decisions:
+        err(f"{' '.join(targets)}: no autoscaling decisions recorded (a spec with autoscale: and its gateway job)")
+        return EXIT_NOT_FOUND
+    try:
+        plots.autoscale_timeline(list(record.decisions), path, f"{target.name}: autoscaling")
+    except ImportError as exc:
+        err(str(exc))
+        return EXIT_USAGE
+    print(f"wrote {path}")
     return EXIT_OK
 
 
@@ -248,6 +269,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replica", type=int, default=None, help="only this replica number")
     p.add_argument("--all", action="store_true", help="every metric family, not only the LLM-serving ones")
     p.add_argument("--json", action="store_true", help="the figures as JSON")
+    p.add_argument(
+        "--autoscale-plot",
+        metavar="PNG",
+        help="draw the autoscaling controller's record (its load signal against its target, each job it submitted, "
+        "cancelled, drained) to this file, and stop",
+    )
     p.set_defaults(func=cmd_metrics)
 
 
