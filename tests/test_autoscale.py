@@ -486,7 +486,9 @@ def test_the_gateways_metrics_carry_the_controllers_decisions():
         DecisionRecord(at=300.0, action=Action.DRAIN, job_id="7", reason="fits", signal=0.25, target=1.0),
     )
     record = AutoscaleRecord(controller="5", decisions=rows)
-    page = generate_latest(Metrics(lambda: None, autoscale=lambda: record).registry).decode()
+    metrics = Metrics(lambda: None, autoscale=lambda: record)
+    metrics.autoscale_read = record  # what `/metrics` reads on a worker thread before each page
+    page = generate_latest(metrics.registry).decode()
     assert 'hpc_serve_autoscale_decisions{action="submit"} 1.0' in page
     assert 'hpc_serve_autoscale_decisions{action="cancel"} 0.0' in page
     assert 'hpc_serve_autoscale_last_decision_timestamp_seconds{action="drain"} 300.0' in page

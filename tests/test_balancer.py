@@ -250,3 +250,17 @@ def test_a_prefixs_home_takes_a_few_requests_above_the_mean_before_one_goes_else
     for _ in range(4):
         _hold(b, b.pick(prefix_key="doc"))
     assert b.outcomes["spilled"] > 0 and home.outstanding - (10 - home.outstanding) <= 2 * 4 + 1
+
+
+def test_nothing_serving_is_the_autoscalers_cue_and_every_replica_tried_is_not():
+    """A request with no replica at all counts as `none` (the controller submits a job for it); one whose every
+    replica failed before its first byte does not (a job is no remedy, and a scale-down must not be blocked)."""
+    empty = Balancer()
+    with pytest.raises(NoReplica):
+        empty.pick()
+    assert empty.outcomes["none"] == 1
+    balancer = Balancer()
+    balancer.update([Replica("a/0", "http://a", "a:1"), Replica("b/0", "http://b", "b:1")])
+    with pytest.raises(NoReplica):
+        balancer.pick(exclude=["a/0", "b/0"])
+    assert balancer.outcomes["none"] == 0

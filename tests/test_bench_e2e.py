@@ -101,7 +101,7 @@ def test_metrics_of_a_job_counts_the_requests_and_watches_rates(local_job, monke
     }
     assert {"used", "free", "max"} <= kinds
     watched = cli("metrics", job, "--watch", "0.5", "--count", "1").stdout
-    assert "requests/s" in watched and "KV-cache blocks used" in watched
+    assert "req/s" in watched and "KV blocks used" in watched
     assert f"{job}/0" in watched and "total" in watched
 
 

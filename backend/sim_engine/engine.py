@@ -171,11 +171,15 @@ class SimEngine:
         """Stop the loop, fail what is queued or running, release the worker nodes."""
         self._stop.set()
         self._wake.set()
+        self._refusing = "engine shut down"
         if self._thread is not None:
             self._thread.join(timeout=30)
-            self._thread = None
-        self._refusing = "engine shut down"
-        self._fail_all(self._refusing)
+            if self._thread.is_alive():  # its loop still owns the queues: failing them here would race it
+                log.warning("sim engine: its loop did not stop within 30 s; its requests are left to it")
+            else:
+                self._thread = None
+        if self._thread is None:
+            self._fail_all(self._refusing)
         if self.comm.size > 1 and not self._stopped_followers:
             self._stopped_followers = True
             self.comm.bcast_obj(STOP)

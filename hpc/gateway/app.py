@@ -105,6 +105,8 @@ def create_app(
                 async with discovery.running(), follower.running() if follower else contextlib.nullcontext():
                     yield
             finally:
+                for task in list(warmer.tasks) if warmer is not None else []:  # before the channels they use close
+                    task.cancel()
                 await engine.close()
 
     app = FastAPI(title=f"hpc-serve gateway: {target.name}", lifespan=lifespan, **_no_telemetry())
@@ -114,7 +116,10 @@ def create_app(
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)  # Starlette's last resort: a 500 of ours
     app.state.metrics = Metrics(
-        lambda: _balancer(app), lambda: _degraded(app), lambda: _events_lost(app), lambda: autoscale_record(target)
+        lambda: _balancer(app),
+        lambda: _degraded(app),
+        lambda: _events_lost(app),
+        (lambda: autoscale_record(target)) if target.autoscaled else None,
     )
     app.include_router(metrics.router)
     app.include_router(openai_api.router)

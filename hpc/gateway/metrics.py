@@ -13,6 +13,7 @@ the model's name, never prompts, texts or addresses.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Iterator
 
@@ -174,10 +175,14 @@ class Metrics:
         balancer: Callable[[], Balancer | None],
         degraded: Callable[[], dict[str, str]] = dict,
         events_lost: Callable[[], dict[str, int]] = dict,
-        autoscale: Callable[[], AutoscaleRecord | None] = lambda: None,
+        autoscale: Callable[[], AutoscaleRecord | None] | None = None,
     ) -> None:
         self.balancer = balancer
+        self.degraded, self.events_lost = degraded, events_lost
+        #: reads the controller's record (the deployment's folders: file-system work, so `/metrics` calls it on a
+        #: worker thread before each page and the collector shows what it read); None: no `autoscale:`
         self.autoscale = autoscale
+        self.autoscale_read: AutoscaleRecord | None = None
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_requests", "Requests answered", ["route", "status"], registry=r)
@@ -198,7 +203,7 @@ class Metrics:
             registry=r,
         )
         r.register(ReplicaCollector(balancer, degraded, events_lost))
-        r.register(AutoscaleCollector(autoscale))
+        r.register(AutoscaleCollector(lambda: self.autoscale_read))
 
     def kv_blocks(self, replica_key: str, reused: int, missed: int) -> None:
         """Add a request's KV-cache blocks to the replica that served it (kept by the balancer, as its other
@@ -234,12 +239,15 @@ def page(metrics: Metrics) -> bytes:
         return generate_latest(metrics.registry)
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
-    registry.register(ReplicaCollector(metrics.balancer))
-    registry.register(AutoscaleCollector(metrics.autoscale))
+    registry.register(ReplicaCollector(metrics.balancer, metrics.degraded, metrics.events_lost))
+    registry.register(AutoscaleCollector(lambda: metrics.autoscale_read))
     return generate_latest(registry)
 
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     """Prometheus text format; no token (see the module docstring)."""
-    return Response(page(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)
+    m: Metrics = request.app.state.metrics
+    if m.autoscale is not None:  # off the event loop: it reads the deployment's folders
+        m.autoscale_read = await asyncio.to_thread(m.autoscale)
+    return Response(page(m), media_type=CONTENT_TYPE_LATEST)

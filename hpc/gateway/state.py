@@ -24,7 +24,7 @@ from backend.models.tokenizer import RELEASE_GIL_CHARS
 from hpc.gateway.accesslog import RequestRecord
 from hpc.gateway.errors import no_replica, saturated
 from hpc.gateway.metrics import Metrics
-from hpc.serving.balancer import Balancer, NoReplica, Replica, Saturated
+from hpc.serving.balancer import Balancer, HeldTooLong, NoReplica, Replica, Saturated
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
 from hpc.serving.model_io import Chunk, GenerateParams
@@ -68,7 +68,8 @@ class Gateway:
 
     @property
     def hold_s(self) -> float:
-        """How long a request that finds no replica waits for one (the spec's `autoscale.hold_s`; 0: 503 at once)."""
+        """How long a request that finds no replica waits for one (the spec's `autoscale.hold_s`; 0: 503 at once).
+        Set on the Target only where a controller runs (hpc/gateway/serve.py: a gateway job)."""
         return getattr(self.target, "hold_s", 0.0)  # a Gateway made in a test may have no Target
 
     def token_ids(self, prompt: str) -> tuple[int, ...]:
@@ -183,7 +184,7 @@ class Gateway:
         deadline = time.monotonic() + self.hold_s
         while not self.balancer.takers():
             if time.monotonic() >= deadline:
-                raise NoReplica(f"no replica became ready within autoscale.hold_s {self.hold_s:g} s")
+                raise HeldTooLong(f"no replica became ready within autoscale.hold_s {self.hold_s:g} s")
             await asyncio.sleep(HOLD_POLL_S)  # discovery's refresh adds it: the balancer is this process's
         async for item in stream():
             yield item
@@ -196,8 +197,10 @@ class Gateway:
             return await anext(items, None)
         except Saturated:
             raise saturated(self.balancer.max_outstanding) from None
-        except NoReplica:
+        except HeldTooLong:
             raise no_replica(self.hold_s) from None
+        except NoReplica:  # none ready, or every one tried failed: not held, no job on its way to promise
+            raise no_replica() from None
 
     def generate(
         self, params: GenerateParams, record: RequestRecord | None = None, whole: bool = False

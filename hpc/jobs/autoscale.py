@@ -326,6 +326,7 @@ async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> 
             log.info("autoscale: the deployment was cancelled; the controller stops")
             return
         if not controller.in_charge():  # handing over to a successor gateway job, which looks from now on
+            samples = []  # what it saw meanwhile is the successor's to act on, not to be summed here later
             continue
         ttfts = [s.ttft_s for s in samples if s.ttft_s is not None]
         seen = Load(
@@ -338,6 +339,8 @@ async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> 
             await asyncio.to_thread(controller.tick, seen)
         except (OSError, SlurmError) as exc:
             log.warning("autoscale: this look failed: %s", exc)
+        except Exception:  # a bug must not end the controller unseen while the gateway holds requests for it
+            log.exception("autoscale: this look failed; the next one comes as usual")
 
 
 def start(

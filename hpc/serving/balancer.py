@@ -114,6 +114,10 @@ class NoReplica(RuntimeError):
     """No replica is ready (or every one was tried for this request)."""
 
 
+class HeldTooLong(NoReplica):
+    """A request held while a job starts (`autoscale.hold_s`) found still no replica ready."""
+
+
 class Saturated(NoReplica):
     """Replicas are ready, but each one is at `max_outstanding` (or refused the request: its queue is full)."""
 
@@ -208,7 +212,8 @@ class Balancer:
         `max_outstanding`."""
         open_ = self.takers(exclude)
         if not open_:
-            self.outcomes["none"] += 1  # a request with nothing serving: the autoscaling controller starts a job
+            if not exclude:  # nothing serving (not: every replica tried failed): the autoscaling controller's cue
+                self.outcomes["none"] += 1
             raise NoReplica("no replica is ready")
         self.counts.load(open_)
         bound = self.max_outstanding

@@ -45,13 +45,24 @@ class Target:
     max_seq_len: int | None = field(default=None, compare=False)
     #: its spec's `autoscale.hold_s`: how long a gateway holds a request that finds no replica (0: none, 503 at once)
     hold_s: float = field(default=0.0, compare=False)
+    #: its spec has `autoscale:` (a controller's record to show in the gateway's metrics)
+    autoscaled: bool = field(default=False, compare=False)
 
 
 def target_of_spec(spec: Spec, workdir: Path, named_folder: Path | None = None) -> Target:
     """The deployment of a loaded spec, with what the gateway reads of it (the model, the sequence cap)."""
     max_seq_len = spec.llm_api.max_seq_len if spec.llm_api is not None else None
     hold_s = spec.autoscale.hold_s if spec.autoscale is not None else 0.0
-    return Target(workdir, spec.name, Path(spec.model.tokenizer), named_folder, spec.model, max_seq_len, hold_s)
+    return Target(
+        workdir,
+        spec.name,
+        Path(spec.model.tokenizer),
+        named_folder,
+        spec.model,
+        max_seq_len,
+        hold_s,
+        autoscaled=spec.autoscale is not None,
+    )
 
 
 #: the YAML loader: libyaml's where PyYAML was built with it (much faster than the pure-Python one)

@@ -85,7 +85,10 @@ class KvEventsFollower:
 
     async def _run(self) -> None:
         while True:
-            await self.poll()
+            try:
+                await self.poll()
+            except Exception:  # a bug must not end the following for good: said, and the next look comes
+                log.exception("following the replicas' KV-cache events failed; trying again")
             await asyncio.sleep(self.period_s)
 
     async def poll(self) -> None:
@@ -112,7 +115,14 @@ class KvEventsFollower:
             why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
             self.mode.unfollowed(replica.key, "events_failed", why)
             return
-        self.mode.follow(replica.key, events)
+        except (LookupError, TypeError, ValueError) as exc:  # an answer of another shape (json, a tensor, an event)
+            self.mode.unfollowed(replica.key, "events_failed", repr(exc))
+            return
+        try:
+            self.mode.follow(replica.key, events)
+        except (LookupError, TypeError, ValueError) as exc:  # an event of a shape another engine release sends
+            self.mode.unfollowed(replica.key, "events_failed", f"an event it could not read: {exc!r}")
+            return
         self.reads[replica.key] = self.reads.get(replica.key, 0) + 1
 
     async def events_since(self, replica: Replica, since: int) -> list[dict[str, Any]]:
