@@ -198,7 +198,9 @@ def two_replicas(gateway, tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator
 
 
 def test_a_shared_prefix_stays_on_one_replica(serve_app, two_replicas):
-    url = serve_app(two_replicas["job"])
+    """By the 256-character key (`routing: prefix`). The default (`cache`) counts a prefix that every request
+    shares as held everywhere, a system prompt's case, so it spreads: tests/test_prefix_index.py replays both."""
+    url = serve_app(two_replicas["job"], routing="prefix")
     client = openai.OpenAI(base_url=url + "/v1", api_key=two_replicas["token"], max_retries=0)
     shared = "You are a terse assistant who answers questions about the weather in one short sentence. " * 3
 

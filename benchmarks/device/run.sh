@@ -18,14 +18,15 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO="$PWD"
 export OUT="${OUT:-/tmp/device-bench}" PYTHONUNBUFFERED=1
-mkdir -p "$OUT" /tmp/site
+mkdir -p "$OUT"
+SITE=""  # the bundle's packages, unpacked fresh; none without it (an earlier run's must not shadow what is installed)
 if [ -f .whl/site.tar.xz ]; then
-    tar xJf .whl/site.tar.xz -C /tmp/site
+    SITE=$(mktemp -d) && tar xJf .whl/site.tar.xz -C "$SITE"
 fi
 if [ -f .whl/head.tar ]; then  # a commit's tree (`git archive -o .whl/head.tar HEAD`), not a working tree mid-edit
     rm -rf /tmp/head && mkdir -p /tmp/head && tar xf .whl/head.tar -C /tmp/head && cd /tmp/head
 fi
-export PYTHONPATH="/tmp/site:$PWD"
+export PYTHONPATH="${SITE:+$SITE:}$PWD"
 BASE=()
 if [ -f "$REPO/.whl/base.tar" ]; then  # another commit's tree: its gateway is one more side
     rm -rf /tmp/base && mkdir -p /tmp/base && tar xf "$REPO/.whl/base.tar" -C /tmp/base
