@@ -22,7 +22,7 @@ from launcher.contracts.autoscale import AutoscaleRecord
 from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME, Deployment, gateway_record
 from launcher.contracts.records import read_gateway
 from tests._sim import sim_spec
-from tests.e2e import cli, private_job_index, status, wait_for, write_spec
+from tests.e2e import cli, free_port, private_job_index, status, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -408,3 +408,45 @@ def test_a_pending_job_is_capacity_on_the_way_and_the_first_to_go(tmp_path, slur
             assert "a surplus PENDING job" in acts[1][2], acts
         finally:
             subprocess.run(["scancel", holder], capture_output=True, check=False)
+
+
+@pytest.mark.timelimit
+def test_the_controller_goes_on_in_the_gateway_jobs_successor(tmp_path, slurm_cluster, tritonserver, tiny_gpt2):
+    """The gateway job renews itself (a 3-minute job, its successor 2 minutes before the end) while a client sends
+    requests: the successor takes the controller over from the record (its decisions kept, the controller named
+    the successor), the predecessor ends COMPLETED, the deployment keeps its one serving job, no request fails."""
+    spec = write_spec(tmp_path, NAME, tiny_gpt2, renew={"before": "2m"})
+    with _autoscaled(tmp_path, spec, STEADY) as deployment:
+        data = yaml.safe_load(spec.read_text())
+        # a fixed port on node1: the successor listens on the predecessor's address (the renew test's setup)
+        data["gateway"] |= {"time": "00:03:00", "port": free_port("0.0.0.0"), "nodelist": "node1"}
+        spec.write_text(yaml.safe_dump(data))
+        workdir = deployment["workdir"]
+        out = cli("submit", str(spec), "--wait", "--timeout", "200").stdout.splitlines()
+        first = next(line.split()[1] for line in out if line.startswith("gateway"))
+        wait_for(lambda: status(first).get("state") == "READY", 120, f"gateway job {first} to be READY")
+        wait_for(lambda: _record(workdir), 60, "the controller's first decision")
+        before = _record(workdir)
+        assert before is not None and before.controller == first
+        record = read_gateway(gateway_record(workdir, NAME))
+        assert record is not None
+        clients = _Clients(record.url, cli("token", NAME).stdout.strip(), 1, max_tokens=8)
+        clients.start()
+        try:
+
+            def handed_over() -> str | None:
+                current = read_gateway(gateway_record(workdir, NAME))
+                return current.job_id if current is not None and current.job_id != first else None
+
+            successor = wait_for(handed_over, 200, "the successor gateway job to publish its record")
+            wait_for(lambda: (_record(workdir) or before).controller == successor, 60, "the successor's controller")
+            wait_for(lambda: _ended(status(first).get("state", "")), 120, f"gateway job {first} to end")
+            clients.more_served(3, 60, "requests through the successor alone")
+        finally:
+            clients.join()
+        assert not clients.failures, clients.failures[:5]
+        assert status(first)["state"] == "COMPLETED"
+        after = _record(workdir)
+        assert after is not None and after.decisions[: len(before.decisions)] == before.decisions, after
+        assert [d.action for d in after.decisions] == ["hold"] * len(after.decisions), after
+        assert len(_serving_states(workdir)) == 1
