@@ -22,7 +22,7 @@ from launcher.contracts.autoscale import AutoscaleRecord
 from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME, Deployment, gateway_record
 from launcher.contracts.records import read_gateway
 from tests._sim import sim_spec
-from tests.e2e import cli, free_port, private_job_index, status, wait_for, write_spec
+from tests.e2e import cli, free_port, private_job_index, prometheus_samples, status, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -450,3 +450,58 @@ def test_the_controller_goes_on_in_the_gateway_jobs_successor(tmp_path, slurm_cl
         assert after is not None and after.decisions[: len(before.decisions)] == before.decisions, after
         assert [d.action for d in after.decisions] == ["hold"] * len(after.decisions), after
         assert len(_serving_states(workdir)) == 1
+
+
+#: 4 GPUs a job (a whole node), 8 in the budget: two jobs, whoever submitted them
+BUDGET = {
+    "min_jobs": 1,
+    "max_jobs": 3,
+    "target_outstanding": 1,
+    "scale_up_after": "2s",
+    "scale_down_after": "10m",
+    "gpu_budget": 8,
+}
+
+
+def test_the_budget_counts_a_job_submitted_by_hand_and_one_cancelled_by_hand_frees_it(
+    tmp_path, slurm_cluster, tritonserver
+):
+    """A user submits the deployment's `.sub` by hand beside the controller's job: under load the controller wants
+    a third job, but the budget (8 GPUs, 4 a job) holds it, and says so. The user then cancels their job by hand
+    (scancel): its GPUs are free again and the controller submits one, which serves; no request fails, the streams
+    that job carried going on on the other."""
+    spec = sim_spec(tmp_path, NAME, extra_slurm={"gpus_per_node": 4})
+    with _autoscaled(tmp_path, spec, BUDGET) as deployment:
+        workdir = deployment["workdir"]
+        cli("submit", str(deployment["spec"]), "--wait", "--timeout", "200")
+        (first,) = _serving_states(workdir)
+        script = next(workdir.glob(f"{NAME}-*/tensorrt_llm_triton.sub"))
+        hand = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
+        by_hand = hand.stdout.strip().split(";")[0]
+        ready = lambda: [j for j, s in _serving_states(workdir).items() if s == "READY"]  # noqa: E731
+        wait_for(lambda: sorted(ready()) == sorted([first, by_hand]), 120, f"the job submitted by hand {by_hand} READY")
+        record = read_gateway(gateway_record(workdir, NAME))
+        assert record is not None
+        clients = _Clients(record.url, cli("token", NAME).stdout.strip(), 6)
+        clients.start()
+        try:
+
+            def held_by_budget() -> bool:
+                scaled = _record(workdir)
+                return scaled is not None and any(
+                    "the GPU budget 8 holds 8 in use" in d.reason for d in scaled.decisions
+                )
+
+            wait_for(held_by_budget, 60, "the controller held by the budget")
+            assert not [a for _, a, _ in _acts(workdir)], _acts(workdir)
+            subprocess.run(["scancel", by_hand], check=True)  # the user's own job, cancelled by hand
+            wait_for(lambda: len(ready()) == 2 and by_hand not in ready(), 240, "a job of the controller's READY")
+            clients.more_served(6, 60, "requests served by the controller's two jobs")
+        finally:
+            clients.join()
+        assert not clients.failures, clients.failures[:5]
+        assert [a for _, a, _ in _acts(workdir)] == ["submit"], _acts(workdir)
+        assert status(by_hand)["state"] == "CANCELLED"
+        # the streams the cancelled job carried went on on the other job (hpc/gateway/state.py Gateway.resumed)
+        resumed = prometheus_samples(record.url).get(("hpc_serve_gateway_retries_total", (("reason", "resumed"),)))
+        assert resumed, "no stream was under way on the job cancelled by hand"
