@@ -375,6 +375,8 @@ def test_a_pending_job_is_capacity_on_the_way_and_the_first_to_go(tmp_path, slur
                 "--gres=gpu:4",
                 "-t",
                 "10",
+                "-o",
+                "/dev/null",
                 "--wrap",
                 "sleep 600",
             ],
