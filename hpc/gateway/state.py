@@ -11,7 +11,6 @@ retries (`on_pick`), the log line and the retries metric (`on_retry`), and the a
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import time
@@ -29,6 +28,7 @@ from hpc.serving.balancer import Balancer, HeldTooLong, NoReplica, Replica, Satu
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
 from hpc.serving.model_io import Chunk, GenerateParams
+from hpc.serving.resume import continuation, resumable
 from hpc.serving.retry import stream_with_retry, taken_whole
 from hpc.serving.routing import PrefixChars, RoutingMode
 from hpc.serving.text import ChatTemplate
@@ -41,9 +41,6 @@ T = TypeVar("T")
 #: how often a held request looks whether discovery found a replica (`Gateway._held`): a look at this process's
 #: balancer, nothing sent
 HOLD_POLL_S = 0.25
-#: times one stream may go on on another replica after its replica failed it half-way (`Gateway.resumed`): a
-#: failure that follows the request (not its replica) fails it again, and then it ends
-RESUMES = 2
 
 log = logging.getLogger("hpc_serve.gateway")
 #: prompts whose token ids are kept (`Gateway.token_ids`): the requests in flight whose usage is yet to count;
@@ -239,14 +236,11 @@ class Gateway:
     async def resumed(
         self, params: GenerateParams, sent: str, tokens: int | None, record: RequestRecord, exc: BaseException
     ) -> tuple[Chunk | None, AsyncGenerator[Chunk, None]] | None:
-        """A stream whose replica failed it after its first piece (`exc`: the replica unreachable, its stream
-        broken, or its model failing the request: its engine gone), continued on another replica: the prompt
-        followed by the text `sent` so far, for the tokens left of `max_tokens` (`tokens` made so far; None: the
-        tokenizer counts `sent`). Returns the continuation's first piece and the rest, or None where it cannot go on
-        (another kind of error, a stream resumed RESUMES times already, no replica taking it): then `exc` is the
-        caller's to report. Why: a replica lost with a job (a hand `scancel`, a node failure, a killed engine)
-        otherwise ends every stream it carried with an error event; sampled anew from there, the answer reads on."""
-        if record.resumed >= RESUMES or not (isinstance(exc, ReplicaUnavailable) or failed_internally(exc)):
+        """A stream whose replica failed it after its first piece (`exc`), continued on another replica by the rule
+        of hpc/serving/resume.py: after the text `sent` so far (`tokens` made; None: the tokenizer counts `sent`).
+        Returns the continuation's first piece and the rest, or None where it does not go on (not resumable, or no
+        replica taking it): then `exc` is the caller's to report."""
+        if not resumable(exc, record.resumed):
             return None
         made = tokens if tokens is not None else self.completion_tokens(sent)
         failed = record.replica
@@ -258,15 +252,9 @@ class Gateway:
         )
         if self.metrics is not None:
             self.metrics.retries.labels("resumed").inc()
-        left = params.max_tokens - made
-        if left <= 0:  # it had made every token asked for: only its end was lost
+        more = continuation(params, sent, made)
+        if more is None:  # it had made every token asked for: only its end was lost
             return Chunk("", 0, finish_reason="length"), _nothing()
-        more = dataclasses.replace(
-            params,
-            prompt=params.prompt + sent,
-            max_tokens=left,
-            min_tokens=None if params.min_tokens is None else max(0, params.min_tokens - made),
-        )
         pieces = self.generate(more, record, exclude=record.failed_replicas)
         try:
             return await anext(pieces, None), pieces

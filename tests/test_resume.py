@@ -1,7 +1,8 @@
-"""A stream whose replica fails it half-way goes on on another replica (hpc/gateway/state.py `Gateway.resumed`):
-the prompt and the text made so far are sent on for the tokens left, and the client reads one answer, by the
-gateway's fast path and by FastAPI's alike; an error of the request itself (not of its replica) is not resumed,
-and a failure that follows the request ends it after RESUMES continuations."""
+"""A stream whose replica fails it half-way goes on on another replica (hpc/serving/resume.py; the gateway's
+`Gateway.resumed`, the Python client's `_from_replicas`): the prompt and the text made so far are sent on for the
+tokens left, and the client reads one answer, by the gateway's fast path and by FastAPI's alike; an error of the
+request itself (not of its replica) is not resumed, and a failure that follows the request ends it after RESUMES
+continuations."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from hpc.gateway.state import RESUMES
 from hpc.serving.model_io import Chunk
+from hpc.serving.resume import RESUMES
 from hpc.serving.triton import ContextTooLong, ModelError, ReplicaUnavailable
 from tests.test_gateway import app_on
 
@@ -22,8 +23,10 @@ class Breaking:
     """Answers `pieces` tokens ("t0", "t1", ...), a token a piece, on every replica; the `breaks` first streams
     raise `error` after `after` pieces. Each call's replica and parameters are kept."""
 
-    def __init__(self, error: BaseException, after: int = 2, breaks: int = 1, finish: bool = True) -> None:
-        self.error, self.after, self.breaks, self.finish = error, after, breaks, finish
+    def __init__(
+        self, error: BaseException, after: int = 2, breaks: int = 1, finish: bool = True, counted: bool = True
+    ) -> None:
+        self.error, self.after, self.breaks, self.finish, self.counted = error, after, breaks, finish, counted
         self.calls: list[tuple[str, Any]] = []
 
     async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True, llmapi_model=""):
@@ -34,7 +37,10 @@ class Breaking:
                 raise self.error
             if i < params.max_tokens:
                 last = self.finish and i == params.max_tokens - 1
-                yield Chunk(f" t{i}", 1, finish_reason="length" if last else None)
+                yield Chunk(f" t{i}", 1 if self.counted else None, finish_reason="length" if last else None)
+
+    async def close(self) -> None:
+        """As TritonEngine's: its channels closed."""
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +119,46 @@ def test_a_stream_that_had_made_every_token_ends_at_its_length_without_another_r
     assert [e for e in events if isinstance(e, dict) and e.get("choices")][-1]["choices"][0][
         "finish_reason"
     ] == "length"
+
+
+def _client_text(engine, tiny_gpt2, max_tokens: int, replicas=("a", "b", "c")) -> str:
+    """What the Python client's direct path (no gateway) streams from `replicas`, whose requests `engine` answers."""
+    import httpx as _httpx
+
+    from hpc.client.aio import AsyncClient
+    from hpc.serving.balancer import Replica
+    from hpc.serving.deployment import Target
+    from hpc.serving.model_io import GenerateParams
+
+    async def go() -> str:
+        client = AsyncClient(Target(tiny_gpt2.parent, "m", tiny_gpt2), gateway=False)
+        client._http, client._engine = _httpx.AsyncClient(), engine
+        client._balancer.update([Replica(key=k, http_url=f"http://{k}", grpc_url=k) for k in replicas])
+        try:
+            return "".join([p async for p in client._from_replicas(GenerateParams("Once upon", max_tokens))])
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_the_python_clients_stream_goes_on_on_another_replica(tiny_gpt2, tokenizer, counted):
+    """Counted by the engine, or (llmapi: none counted) by the deployment's tokenizer, loaded for it."""
+    engine = Breaking(ReplicaUnavailable("a: the stream ended"), after=2, counted=counted)
+    made = 2 if counted else len(tokenizer.encode(" t0 t1", add_special_tokens=False))
+    assert _client_text(engine, tiny_gpt2, 8) == " t0 t1" + "".join(f" t{i}" for i in range(8 - made))
+    (first, asked), (second, more) = engine.calls
+    assert second != first and more.prompt == asked.prompt + " t0 t1" and more.max_tokens == 8 - made
+
+
+def test_the_python_clients_stream_ends_with_its_first_failure_when_none_can_go_on(tiny_gpt2):
+    from hpc.client.errors import ServerError
+
+    engine = Breaking(ReplicaUnavailable("a: the stream ended"), after=2)
+    with pytest.raises(ServerError, match="the stream ended"):
+        _client_text(engine, tiny_gpt2, 5, replicas=("a",))
+    engine = Breaking(ModelError("the model broke"), after=1, breaks=RESUMES + 5)
+    with pytest.raises(ServerError, match="the model broke"):
+        _client_text(engine, tiny_gpt2, 5)
+    assert len(engine.calls) == RESUMES + 1
