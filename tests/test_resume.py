@@ -162,3 +162,17 @@ def test_the_python_clients_stream_ends_with_its_first_failure_when_none_can_go_
     with pytest.raises(ServerError, match="the model broke"):
         _client_text(engine, tiny_gpt2, 5)
     assert len(engine.calls) == RESUMES + 1
+
+
+def test_each_of_several_streamed_choices_goes_on_on_another_replica(tiny_gpt2, tokenizer):
+    """`n` 2: the first choice's replica fails it half-way; both choices end whole, usage counting every token."""
+    engine = Breaking(ReplicaUnavailable("a: the stream ended"), after=2)
+    events, _ = _stream(engine, tiny_gpt2, tokenizer, True, {"max_tokens": 4, "n": 2})
+    assert events[-1] == "[DONE]" and not any("error" in e for e in events if isinstance(e, dict)), events
+    texts = {0: "", 1: ""}
+    for event in events:
+        if isinstance(event, dict):
+            for choice in event.get("choices") or ():
+                texts[choice["index"]] += choice.get("text") or ""
+    assert sorted(texts.values()) == [" t0 t1 t0 t1", " t0 t1 t2 t3"], texts
+    assert events[-2]["usage"]["completion_tokens"] == 8 and len(engine.calls) == 3
