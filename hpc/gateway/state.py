@@ -11,6 +11,7 @@ retries (`on_pick`), the log line and the retries metric (`on_retry`), and the a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -40,6 +41,9 @@ T = TypeVar("T")
 #: how often a held request looks whether discovery found a replica (`Gateway._held`): a look at this process's
 #: balancer, nothing sent
 HOLD_POLL_S = 0.25
+#: times one stream may go on on another replica after its replica failed it half-way (`Gateway.resumed`): a
+#: failure that follows the request (not its replica) fails it again, and then it ends
+RESUMES = 2
 
 log = logging.getLogger("hpc_serve.gateway")
 #: prompts whose token ids are kept (`Gateway.token_ids`): the requests in flight whose usage is yet to count;
@@ -144,6 +148,7 @@ class Gateway:
         prompt: str | None,
         record: RequestRecord,
         on_first: Callable[[], None] | None = None,
+        exclude: tuple[str, ...] = (),
     ) -> AsyncGenerator[T, None]:
         """What `attempt(replica)` yields from the replica the balancer picks (prefix affinity on `prompt`), by
         the retry rule (`routing` scores the replicas for `prompt`): an attempt that raises ReplicaUnavailable or ReplicaBusy before its first item is sent to
@@ -169,6 +174,7 @@ class Gateway:
                 on_first=on_first,
                 failed=failed_internally,
                 route=mode.route(prompt),
+                exclude=exclude,
             )
 
         if self.hold_s > 0 and not self.balancer.takers():  # nothing serves: held while a job starts
@@ -203,13 +209,17 @@ class Gateway:
             raise no_replica() from None
 
     def generate(
-        self, params: GenerateParams, record: RequestRecord | None = None, whole: bool = False
+        self,
+        params: GenerateParams,
+        record: RequestRecord | None = None,
+        whole: bool = False,
+        exclude: tuple[str, ...] = (),
     ) -> AsyncGenerator[Chunk, None]:
         """Text pieces from the replica the balancer picks, by `routed`'s rule (take the first with `first`);
         TokenRefused (the replica refused its job's token) and the model's errors are the caller's. `whole`: each
         replica's answer is taken whole before its first piece is yielded, for a request answered in one piece
         (not streamed): nothing of it reaches the client before the end, so a replica lost half-way is one more
-        to retry on another, not a failed request."""
+        to retry on another, not a failed request. `exclude`: replicas not to pick (a continuation's, `resumed`)."""
         record = record if record is not None else RequestRecord("POST", "")
         token_for = self.discovery.token_for
 
@@ -224,4 +234,49 @@ class Gateway:
             )
             return taken_whole(chunks, record.first_token) if whole else chunks
 
-        return self.routed(attempt, params.prompt, record, on_first=record.first_token)
+        return self.routed(attempt, params.prompt, record, on_first=record.first_token, exclude=exclude)
+
+    async def resumed(
+        self, params: GenerateParams, sent: str, tokens: int | None, record: RequestRecord, exc: BaseException
+    ) -> tuple[Chunk | None, AsyncGenerator[Chunk, None]] | None:
+        """A stream whose replica failed it after its first piece (`exc`: the replica unreachable, its stream
+        broken, or its model failing the request: its engine gone), continued on another replica: the prompt
+        followed by the text `sent` so far, for the tokens left of `max_tokens` (`tokens` made so far; None: the
+        tokenizer counts `sent`). Returns the continuation's first piece and the rest, or None where it cannot go on
+        (another kind of error, a stream resumed RESUMES times already, no replica taking it): then `exc` is the
+        caller's to report. Why: a replica lost with a job (a hand `scancel`, a node failure, a killed engine)
+        otherwise ends every stream it carried with an error event; sampled anew from there, the answer reads on."""
+        if record.resumed >= RESUMES or not (isinstance(exc, ReplicaUnavailable) or failed_internally(exc)):
+            return None
+        made = tokens if tokens is not None else self.completion_tokens(sent)
+        failed = record.replica
+        record.resumed += 1
+        if failed:
+            record.failed_replicas += (failed,)
+        log.warning(
+            "replica %s failed a stream after %d token(s) (%s); it goes on on another replica", failed, made, exc
+        )
+        if self.metrics is not None:
+            self.metrics.retries.labels("resumed").inc()
+        left = params.max_tokens - made
+        if left <= 0:  # it had made every token asked for: only its end was lost
+            return Chunk("", 0, finish_reason="length"), _nothing()
+        more = dataclasses.replace(
+            params,
+            prompt=params.prompt + sent,
+            max_tokens=left,
+            min_tokens=None if params.min_tokens is None else max(0, params.min_tokens - made),
+        )
+        pieces = self.generate(more, record, exclude=record.failed_replicas)
+        try:
+            return await anext(pieces, None), pieces
+        except Exception as again:  # noqa: BLE001 - none left, or it failed too: the first failure is the answer
+            await pieces.aclose()
+            log.warning("the stream failed on %s could not go on (%s)", failed, again)
+            return None
+
+
+async def _nothing() -> AsyncGenerator[Chunk, None]:
+    """A stream with no more pieces."""
+    return
+    yield
