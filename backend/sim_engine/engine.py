@@ -75,7 +75,7 @@ class SimEngine(Bookkeeping):
     """The simulated engine; its requests' bookkeeping is the CPU engine's (backend/cpu_engine/bookkeeping.py)."""
 
     thread_name = "sim-engine"
-    log = log
+    log = log  # the bookkeeping speaks through this module's logger
 
     def __init__(
         self,
