@@ -237,7 +237,7 @@ class Controller:
         coming = expected(snap, self.record.ready_after_s, settings.horizon_s)
         phases = [j.phase for j in snap.jobs]
         sample = Sample(
-            at=snap.now,
+            at=round(snap.now, 1),
             pending=phases.count(Phase.PENDING),
             starting=phases.count(Phase.STARTING),
             ready=phases.count(Phase.READY),
