@@ -4,15 +4,21 @@ and says why: the limit, named, in the controller's record and in `status`'s dec
 (hpc/scheduler/limits.py, hpc/serving/autoscale.py). The cluster does not enforce associations
 (AccountingStorageEnforce is unset): Slurm would queue a second job, only the controller's check holds it.
 
-The test makes its account with sacctmgr and removes it at the end, whatever the outcome."""
+The test makes its account with sacctmgr and removes it at the end, whatever the outcome.
+
+Also here, the other half of the controller's Slurm side: a request held at zero while the controller's job pends
+is told to come back when Slurm's start estimate (plus the measured time to READY) says it will serve."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import yaml
 
@@ -21,6 +27,7 @@ from hpc.serving.deployment import target_of_folder
 from launcher.contracts.autoscale import AutoscaleRecord
 from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME, gateway_record
 from launcher.contracts.records import read_gateway
+from tests._sim import sim_spec
 from tests.e2e import cli, private_job_index, status, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
@@ -139,3 +146,62 @@ def test_the_controller_stops_at_the_accounts_limit_and_says_which(deployment):
     # the serving job's time from its start to READY, measured: what a held request's Retry-After adds
     assert final.ready_after_s is not None and final.ready_after_s > 0
     assert final.measured_job in _serving_jobs(deployment["workdir"])
+
+
+#: at zero when idle, each job a whole node's 4 GPUs (both nodes' are held by the test's own jobs meanwhile), a
+#: short hold: the held request is answered 503 while the job pends
+AT_ZERO = {"min_jobs": 0, "max_jobs": 1, "scale_up_after": "2s", "scale_down_after": "5s", "hold_s": 3}
+
+
+def _hold_gpus(node: str) -> str:
+    """A job of the test's that holds `node`'s 4 GPUs for 10 minutes: Slurm's start estimate of a job that needs
+    them is its end."""
+    argv = ["sbatch", "--parsable", "-J", "gpu-holder", "-w", node, "--gres=gpu:4", "-t", "10", "--wrap", "sleep 600"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_held_request_is_told_to_come_back_when_slurm_expects_the_job_to_serve(tmp_path, slurm_cluster, tritonserver):
+    with private_job_index(tmp_path):
+        spec = sim_spec(tmp_path, NAME, extra_slurm={"gpus_per_node": 4})
+        data = yaml.safe_load(spec.read_text())
+        data["gateway"] = {"cpus": 1, "mem": "1G", "refresh_s": 1}
+        data["autoscale"] = AT_ZERO
+        data["auth"] = "none"
+        spec.write_text(yaml.safe_dump(data))
+        workdir = tmp_path / "runs"
+        holders: list[str] = []
+        try:
+            cli("submit", str(spec), "--wait", "--timeout", "200")
+            (first,) = _serving_jobs(workdir)
+            holders += [_hold_gpus("node1"), _hold_gpus("node2")]  # one waits for the idle job's drain
+            wait_for(lambda: status(first).get("state") == "COMPLETED", 120, f"the idle job {first} drained")
+            running = lambda: subprocess.run(  # noqa: E731
+                ["squeue", "-h", "-t", "R", "-j", ",".join(holders), "-o", "%i"], capture_output=True, text=True
+            ).stdout.split()
+            wait_for(lambda: len(running()) == 2, 60, "both nodes' GPUs held")
+            record = read_gateway(gateway_record(workdir, NAME))
+            assert record is not None
+            body = {"model": NAME, "prompt": "Anyone there?", "max_tokens": 4}
+            first_try = httpx.post(record.url + "/v1/completions", json=body, timeout=60)
+            assert first_try.status_code == 503, first_try.text  # held 3 s; the controller's job is submitted
+
+            def estimated() -> AutoscaleRecord | None:
+                scaled = _record(workdir)
+                return scaled if scaled is not None and scaled.expected_at is not None else None
+
+            scaled = wait_for(estimated, 120, "the controller's job PENDING with Slurm's start estimate")
+            again = httpx.post(record.url + "/v1/completions", json=body, timeout=60)
+            told = time.time()
+        finally:
+            for job in holders:
+                subprocess.run(["scancel", job], capture_output=True, check=False)
+            cli("cancel", NAME, check=False)
+    assert again.status_code == 503 and again.json()["error"]["code"] == "no_replica_ready", again.text
+    expected = _record(workdir)
+    assert expected is not None and expected.expected_at is not None and expected.ready_after_s is not None
+    # the holders end in 10 minutes: that, plus the measured time to READY, less the seconds since
+    wait = math.ceil(expected.expected_at - told)
+    assert 300 < int(again.headers["retry-after"]) <= 600 + expected.ready_after_s, again.headers
+    assert abs(int(again.headers["retry-after"]) - wait) <= 10, (again.headers, wait)
+    assert f"job {scaled.expected_job} is expected to serve at about" in again.json()["error"]["message"]
+    assert "estimated start" in scaled.expected_note and "as measured" in scaled.expected_note, scaled.expected_note
