@@ -160,6 +160,10 @@ _PHASE_STYLE = (
 )
 
 
+#: room above the data for the two legends (jobs on the left, load and acts on the right)
+_HEADROOM = 1.45
+
+
 def autoscale_timeline(decisions: list[Any], path: Path, title: str, samples: list[Any] | None = None) -> Path:
     """The autoscaling controller's record as a picture: its jobs over time, stacked by phase (`samples`, one a
     look; a record without them has no band), against the load signal (requests in flight per READY replica) and
@@ -181,7 +185,7 @@ def autoscale_timeline(decisions: list[Any], path: Path, title: str, samples: li
             alpha=0.8,
         )
         top = max(s.pending + s.starting + s.ready + s.draining for s in samples)
-        jobs_ax.set_ylim(0, max(1, top) + 0.5)
+        jobs_ax.set_ylim(0, (max(1, top) + 0.5) * _HEADROOM)
         jobs_ax.yaxis.get_major_locator().set_params(integer=True)
         jobs_ax.legend(loc="upper left", title="jobs")
     jobs_ax.set_ylabel("jobs")
@@ -211,7 +215,7 @@ def autoscale_timeline(decisions: list[Any], path: Path, title: str, samples: li
         for x, d in acts:
             ax.annotate(d.job_id, (x, d.signal), textcoords="offset points", xytext=(4, 6), fontsize=8)
     ax.set_ylabel("requests per replica")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, ax.get_ylim()[1] * _HEADROOM)
     ax.set_title(title)
     jobs_ax.grid(alpha=0.3)
     ax.legend(loc="upper right")
