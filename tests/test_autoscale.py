@@ -666,6 +666,25 @@ def test_capacity_is_expected_at_the_earliest_start_plus_the_time_to_ready():
     assert unknown is not None and unknown.at is None and "when it serves is not known yet" in unknown.words
 
 
+def test_the_time_to_ready_is_measured_once_from_the_newest_ready_job(tmp_path):
+    """Slurm's start of the newest READY job to its replica's endpoint record: the record keeps it (and which job);
+    a job whose replica was started again is not measured."""
+    from launcher.contracts.records import EndpointRecord
+
+    deploy_dir = _deployment(tmp_path)
+    controller = Controller(deploy_dir, load_spec(Deployment(deploy_dir).spec, check_files=False))
+    for job_id, ready_at, restarts in (("7", 1042.0, 0), ("8", 2090.0, 1)):
+        paths = _serving_job(deploy_dir, job_id)
+        EndpointRecord(job_id=job_id, address="n", http_port=1, ready_at=ready_at, restarts=restarts).write(
+            paths.endpoint(0)
+        )
+    queue = {"7": ("RUNNING", 1000.0, None), "8": ("RUNNING", 2000.0, None)}
+    controller.measure([_job("7")], queue)
+    assert (controller.record.ready_after_s, controller.record.measured_job) == (42.0, "7")
+    controller.measure([_job("7"), _job("8")], queue)
+    assert (controller.record.ready_after_s, controller.record.measured_job) == (42.0, "7")
+
+
 def test_a_held_request_is_told_to_come_back_when_the_controllers_job_should_serve(tmp_path):
     """The gateway's 503 after the hold: Retry-After from the controller's record (bounded to 1 s .. an hour),
     the message names the job and when; with no estimate, the hold as before."""

@@ -154,7 +154,8 @@ class Controller:
 
     def measure(self, jobs: list[JobView], queue: dict[str, tuple[str, float | None, float | None]]) -> None:
         """A job's time from its start (Slurm's) to READY (its last replica's endpoint record), from the newest
-        READY job of the deployment not measured yet: what the next job on its way is expected to take."""
+        READY job of the deployment not measured yet (once each; not where a replica was started again): what the
+        next job on its way is expected to take."""
         started = [
             (start, j.job_id)
             for j in jobs
@@ -165,7 +166,8 @@ class Controller:
         start, job_id = max(started)
         if job_id == self.record.measured_job:
             return
-        endpoints = read_endpoints(JobPaths(self.deploy_dir, job_id))
+        # a replica started again (replica_policy restart) was READY later than the job's start made it
+        endpoints = [e for e in read_endpoints(JobPaths(self.deploy_dir, job_id)) if e.restarts == 0]
         if len(endpoints) < self.spec.replicas:
             return
         took = max(e.ready_at for e in endpoints) - start
