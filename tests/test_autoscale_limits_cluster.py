@@ -156,7 +156,21 @@ AT_ZERO = {"min_jobs": 0, "max_jobs": 1, "scale_up_after": "2s", "scale_down_aft
 def _hold_gpus(node: str) -> str:
     """A job of the test's that holds `node`'s 4 GPUs for 10 minutes: Slurm's start estimate of a job that needs
     them is its end."""
-    argv = ["sbatch", "--parsable", "-J", "gpu-holder", "-w", node, "--gres=gpu:4", "-t", "10", "--wrap", "sleep 600"]
+    argv = [
+        "sbatch",
+        "--parsable",
+        "-J",
+        "gpu-holder",
+        "-w",
+        node,
+        "--gres=gpu:4",
+        "-t",
+        "10",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 600",
+    ]
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
 
 
