@@ -21,7 +21,7 @@ from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Sn
 from hpc.serving.balancer import Balancer, NoReplica, Replica
 from hpc.serving.gateway_record import record_path
 from hpc.spec import SpecError, load_spec
-from launcher.contracts.autoscale import Action, AutoscaleRecord
+from launcher.contracts.autoscale import Action, AutoscaleRecord, DecisionRecord
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.records import GatewayRecord, RenewStop
 from launcher.contracts.renew_plan import RenewPlan
@@ -415,6 +415,10 @@ def test_a_hand_submitted_pending_job_counts_for_capacity_and_budget(tmp_path, h
     decision = controller.tick(Load(outstanding=10))
     assert decision.action == Action.HOLD, decision
     assert f"capacity on the way: job {job_id} PENDING, estimated start unknown, beyond the horizon" in decision.reason
+    record = AutoscaleRecord.read(Deployment(deploy_dir).autoscale)
+    assert record is not None and record.expected_at is None and record.expected_job == job_id
+    assert "when it serves is not known yet" in record.expected_note
+    assert record.samples[-1][1:5] == (1, 0, 0, 0) and record.samples[-1].in_flight == 10  # one look: one PENDING
     floor = Policy(dataclasses.replace(controller.policy.settings, min_jobs=2)).decide(snap)
     assert floor.action == Action.HOLD and "the GPU budget 1 holds 1 in use, a job needs 1" in floor.reason
     assert not list(Deployment(deploy_dir).jobs_dir.glob("*"))  # nothing was submitted
@@ -516,3 +520,253 @@ def test_metrics_draws_the_controllers_record(tmp_path, hpc_home):
     png = tmp_path / "autoscale.png"
     assert main(["metrics", str(folder), "--autoscale-plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------------------------ the account's limits
+#: `sacctmgr -nP show assoc where cluster=hpcserve format=<ASSOC_FIELDS>` on the test cluster with a parent account
+#: (GrpTRES gres/gpu and node, GrpJobs), a child (GrpSubmitJobs) and the user's association in the child
+ASSOC_OUTPUT = """hpcserve|root||||||||
+hpcserve|root|root|||||||
+hpcserve|hs_probe_parent||root|gres/gpu=6,node=2|5||||
+hpcserve|hs_probe_child||hs_probe_parent|||7|||
+hpcserve|hs_probe_child|root||cpu=8,gres/gpu=4|1||3|4|
+"""
+#: `squeue -h -a -O JobID:|,State:|,Account:|,UserName:|,tres-alloc:|`: a PENDING job's tres-alloc is its request
+QUEUE_OUTPUT = """2155|RUNNING|hs_probe_child|root|cpu=1,node=1,billing=1,gres/gpu=4|
+2158|PENDING|hs_probe_child|alice|cpu=2,mem=4000M,node=1,billing=2,gres/gpu=2|
+2159|RUNNING|hs_probe_parent|bob|cpu=2,mem=4000M,node=1,billing=2|
+2160|RUNNING|elsewhere|root|cpu=2,node=1,gres/gpu=8|
+"""
+
+
+def test_the_association_limits_are_read_up_the_tree_from_sacctmgrs_own_output():
+    from hpc.scheduler.limits import CPU, GPU, NODE, AccountLimits, parse_associations, parse_queue, parse_tres
+
+    assert parse_tres("cpu=8,gres/gpu=4,mem=4000M") == {"cpu": 8, "gres/gpu": 4}
+    assert parse_tres("") == {} and parse_tres("N/A") == {}
+    rows = parse_associations(ASSOC_OUTPUT + "a line of another shape\n")
+    assert [(r.account, r.user, r.parent) for r in rows][2:] == [
+        ("hs_probe_parent", "", "root"),
+        ("hs_probe_child", "", "hs_probe_parent"),
+        ("hs_probe_child", "root", ""),
+    ]
+    limits = AccountLimits.of_associations(rows, "hs_probe_child", "root")
+    named = [(limit.who, limit.name, limit.tres, limit.value) for limit in limits.limits]
+    assert named == [
+        ("user 'root' in account 'hs_probe_child'", "GrpTRES", GPU, 4),
+        ("user 'root' in account 'hs_probe_child'", "GrpTRES", CPU, 8),
+        ("user 'root' in account 'hs_probe_child'", "GrpJobs", "", 1),
+        ("user 'root' in account 'hs_probe_child'", "MaxJobs", "", 3),
+        ("user 'root' in account 'hs_probe_child'", "MaxSubmitJobs", "", 4),
+        ("account 'hs_probe_child'", "GrpSubmitJobs", "", 7),
+        ("account 'hs_probe_parent'", "GrpTRES", GPU, 6),
+        ("account 'hs_probe_parent'", "GrpTRES", NODE, 2),
+        ("account 'hs_probe_parent'", "GrpJobs", "", 5),
+    ]
+    jobs = parse_queue(QUEUE_OUTPUT)
+    assert [(j.job_id, j.state, j.account, j.user, j.tres.get(GPU, 0)) for j in jobs][1] == (
+        "2158",
+        "PENDING",
+        "hs_probe_child",
+        "alice",
+        2,
+    )
+    # the user's own GrpTRES counts root's jobs in the child only: 4 GPUs of job 2155
+    assert limits.refusal(jobs, {GPU: 1, NODE: 1, CPU: 1}) == (
+        "user 'root' in account 'hs_probe_child' GrpTRES gres/gpu=4: 4 in use, a job needs 1"
+    )
+    # without the user's association: the parent's GrpTRES counts every user's jobs of its tree, PENDING ones too
+    tree = AccountLimits.of_associations(rows[:4], "hs_probe_child", "root")
+    assert (
+        tree.refusal(jobs, {GPU: 1, NODE: 1}) == "account 'hs_probe_parent' GrpTRES gres/gpu=6: 6 in use, a job needs 1"
+    )
+    assert tree.refusal(jobs, {GPU: 0, NODE: 0}) == ""  # a CPU job: 3 of GrpJobs 5, 2 of GrpSubmitJobs 7
+    assert (
+        tree.refusal(jobs[1:], {GPU: 2, NODE: 1}) == "account 'hs_probe_parent' GrpTRES node=2: 2 in use, a job needs 1"
+    )
+    assert AccountLimits.of_associations(rows, "root", "root").limits == ()  # no limit set: nothing refused
+
+
+def test_a_submit_the_account_refuses_is_a_hold_naming_the_limit():
+    """Hot past scale_up_after: the account's answer is asked before the submit and its refusal is the reason;
+    the wait is not started again, so the submit comes at the look the account allows it. Never asked otherwise."""
+    asked: list[float] = []
+    answer = ["account 'x' GrpTRES gres/gpu=4: 4 in use, a job needs 1"]
+
+    def account() -> str:
+        asked.append(0)
+        return answer[0]
+
+    policy = Policy(_settings(up_after_s=10))
+    jobs = (_job("j0"),)
+    calm = policy.decide(Snapshot(0.0, jobs, outstanding=1, account=account))
+    assert calm.action == Action.HOLD and not asked
+    decisions = [policy.decide(Snapshot(float(t), jobs, outstanding=20, account=account)) for t in range(0, 20, 5)]
+    assert [d.action for d in decisions] == [Action.HOLD] * 4 and len(asked) == 2  # asked at 10 s and 15 s
+    assert decisions[-1].reason.endswith("; account 'x' GrpTRES gres/gpu=4: 4 in use, a job needs 1")
+    answer[0] = ""
+    assert policy.decide(Snapshot(20.0, jobs, outstanding=20, account=account)).action == Action.SUBMIT
+
+
+@pytest.mark.cluster
+def test_a_failing_sacctmgr_is_no_limit_known_said_once(slurm_cluster, caplog, monkeypatch):
+    """An account with no association row: no limit. sacctmgr failing (slurmdbd away: its words, as Slurm's
+    runner reports them): no limit known, said once in the log however often it is asked; asked again only after
+    LIMITS_TTL_S."""
+    from hpc.scheduler import slurm
+    from hpc.scheduler.limits import GPU, LIMITS_TTL_S, AccountWatch
+
+    clock = [0.0]
+    watch = AccountWatch("no-such-account", user="nobody-here", clock=lambda: clock[0])
+    known = watch.limits()
+    assert known is not None and known.limits == ()
+
+    def slurmdbd_away(argv, timeout, **kw):
+        if argv[0] == "sacctmgr":
+            return subprocess.CompletedProcess(argv, 1, "", "sacctmgr: error: Problem talking to the database")
+        return slurm.run_subprocess(argv, timeout, **kw)
+
+    monkeypatch.setattr(slurm, "default", slurm.Slurm(runner=slurmdbd_away, sleep=lambda s: None))
+    with caplog.at_level("WARNING", logger="hpc_serve.gateway"):
+        assert watch.refusal({GPU: 1}) == ""  # the cached answer: sacctmgr not asked yet
+        for _ in range(3):
+            clock[0] += LIMITS_TTL_S
+            assert watch.limits() is None and watch.refusal({GPU: 1}) == ""
+    said = [r.message for r in caplog.records if "limits are unknown" in r.message]
+    assert len(said) == 1 and "Problem talking to the database" in said[0]
+    assert slurm.default.calls["sacctmgr"] == 3
+
+
+# ------------------------------------------------------------------------------------------------ when capacity comes
+def test_capacity_is_expected_at_the_earliest_start_plus_the_time_to_ready():
+    from hpc.serving.autoscale import READY_AFTER_S, expected
+
+    now = 1000.0
+    assert expected(Snapshot(now, (_job("j0"),)), None, 900) is None
+    late = _job("j2", Phase.PENDING, starts_at=now + 4000)
+    soon = _job("j1", Phase.PENDING, starts_at=now + 100)
+    guess = expected(Snapshot(now, (_job("j0"), late, soon)), None, 900)
+    assert guess is not None and (guess.at, guess.job_id) == (now + 100 + READY_AFTER_S, "j1")
+    assert "by default" in guess.words and "beyond the horizon" not in guess.words
+    measured = expected(Snapshot(now, (late,)), 30.0, 900)
+    assert measured is not None and measured.at == now + 4030 and "beyond the horizon of 900 s" in measured.words
+    assert "30 s to READY as measured" in measured.words
+    started = expected(Snapshot(now, (_job("j3", Phase.STARTING, starts_at=now - 50),)), 30.0, 900)
+    assert started is not None and started.at == now  # later than measured: any moment now
+    unknown = expected(Snapshot(now, (_job("j4", Phase.PENDING),)), 30.0, 900)
+    assert unknown is not None and unknown.at is None and "when it serves is not known yet" in unknown.words
+
+
+def test_the_time_to_ready_is_measured_once_from_the_newest_ready_job(tmp_path):
+    """Slurm's start of the newest READY job to its replica's endpoint record: the record keeps it (and which job);
+    a job whose replica was started again is not measured."""
+    from launcher.contracts.records import EndpointRecord
+
+    deploy_dir = _deployment(tmp_path)
+    controller = Controller(deploy_dir, load_spec(Deployment(deploy_dir).spec, check_files=False))
+    for job_id, ready_at, restarts in (("7", 1042.0, 0), ("8", 2090.0, 1)):
+        paths = _serving_job(deploy_dir, job_id)
+        EndpointRecord(job_id=job_id, address="n", http_port=1, ready_at=ready_at, restarts=restarts).write(
+            paths.endpoint(0)
+        )
+    queue = {"7": ("RUNNING", 1000.0, None), "8": ("RUNNING", 2000.0, None)}
+    controller.measure([_job("7")], queue)
+    assert (controller.record.ready_after_s, controller.record.measured_job) == (42.0, "7")
+    controller.measure([_job("7"), _job("8")], queue)
+    assert (controller.record.ready_after_s, controller.record.measured_job) == (42.0, "7")
+
+
+def test_a_held_request_is_told_to_come_back_when_the_controllers_job_should_serve(tmp_path):
+    """The gateway's 503 after the hold: Retry-After from the controller's record (bounded to 1 s .. an hour),
+    the message names the job and when; with no estimate, the hold as before."""
+    import asyncio
+
+    from hpc.gateway.errors import APIError, no_replica
+    from hpc.gateway.state import Gateway
+    from hpc.jobs.autoscale import Capacity, capacity
+    from hpc.serving.deployment import target_of_folder
+    from hpc.serving.discovery import Discovery
+    from hpc.serving.model_io import GenerateParams
+    from hpc.serving.text import ChatTemplate
+
+    deploy_dir = _deployment(tmp_path, min_jobs=0, max_jobs=1)
+    target = dataclasses.replace(target_of_folder(deploy_dir), hold_s=0.2)
+    assert capacity(target) is None and no_replica(0.2).headers == {"Retry-After": "1"}
+    now = time.time()
+    AutoscaleRecord(expected_at=now + 300, expected_job="17").write(Deployment(deploy_dir).autoscale)
+    balancer = Balancer()
+    discovery = Discovery(None, balancer, None)  # type: ignore[arg-type]
+    gateway = Gateway(target, balancer, discovery, None, None, None, ChatTemplate(None))  # type: ignore[arg-type]
+
+    async def ask() -> None:
+        await gateway.first(gateway.generate(GenerateParams(prompt="x", max_tokens=2)))
+
+    with pytest.raises(APIError) as refused:
+        asyncio.run(ask())
+    assert refused.value.status == 503 and 295 <= int(refused.value.headers["Retry-After"]) <= 300
+    assert "job 17 is expected to serve at about" in str(refused.value)
+    assert Capacity(now + 9999, "1").retry_after_s(now) == 3600 and Capacity(now - 5, "1").retry_after_s(now) == 1
+
+
+def test_status_says_when_the_capacity_on_the_way_is_beyond_the_horizon():
+    record = AutoscaleRecord(
+        decisions=(DecisionRecord(at=0.0, action=Action.SUBMIT, job_id="8", reason="below min_jobs 1"),),
+        expected_note="job 8 PENDING, estimated start 14:00:00, beyond the horizon of 900 s; serving from about ...",
+    )
+    lines = decision_lines(record)
+    assert lines[1] == f"  capacity on the way: {record.expected_note}"
+
+
+# ------------------------------------------------------------------------------------------------ jobs over time
+def test_the_record_keeps_a_bounded_series_of_samples_and_old_records_still_read(tmp_path):
+    from launcher.contracts.autoscale import KEEP_SAMPLES, Sample
+
+    record = AutoscaleRecord()
+    for i in range(KEEP_SAMPLES * 3):
+        record = record.with_sample(Sample(float(i), 0, 0, 1, 0, 0.5, 1.0, 0.5))
+    ats = [s.at for s in record.samples]
+    assert len(ats) <= KEEP_SAMPLES and ats == sorted(ats) and ats[-1] == KEEP_SAMPLES * 3 - 1
+    assert ats[-KEEP_SAMPLES // 2 :] == [float(i) for i in range(KEEP_SAMPLES * 5 // 2, KEEP_SAMPLES * 3)]
+    assert ats[0] < KEEP_SAMPLES, "the older hours kept, sparser"
+    path = tmp_path / "autoscale.json"
+    record.write(path)
+    assert AutoscaleRecord.read(path) == record
+    path.write_text('{"version": 1, "controller": "5", "decisions": [], "samples": [[1, 2], "x"]}')
+    old = AutoscaleRecord.read(path)
+    assert old is not None and old.samples == () and old.expected_at is None and old.controller == "5"
+
+
+def test_metrics_draws_jobs_over_time_from_a_replayed_record(tmp_path, hpc_home):
+    """A replayed trace's looks, as the controller records them: the plot has the jobs band (stacked by phase)
+    beside the signal on its own axis."""
+    from hpc.bench.plots import autoscale_timeline
+    from launcher.contracts.autoscale import Sample
+
+    world = World(Policy(_settings()), jobs={"j0": _job("j0")})
+    world.replay([(0, 20, 2), (20, 200, 12), (200, 400, 2)])
+    samples, rows = [], []
+    for decision, seen in world.log:
+        phases = [j.phase for j in seen]
+        count = phases.count
+        samples.append(
+            Sample(decision.at, count(Phase.PENDING), count(Phase.STARTING), count(Phase.READY),
+                   count(Phase.DRAINING), decision.signal, decision.target, decision.signal)
+        )  # fmt: skip
+        if decision.action != Action.HOLD:
+            rows.append(DecisionRecord(at=decision.at, action=decision.action, job_id=decision.job_id))
+    assert max(s.ready for s in samples) == 3 and any(s.pending for s in samples)
+    png = autoscale_timeline(rows, tmp_path / "jobs.png", "replayed", samples)
+    assert _has_colour(png, "#4a9a5a") and _has_colour(png, "#e8c860")  # READY and PENDING jobs drawn
+    without = autoscale_timeline(rows, tmp_path / "old.png", "replayed")  # an old record: no band, the rest drawn
+    assert not _has_colour(without, "#4a9a5a") and _has_colour(without, "#2a8a3a")  # the submits' markers
+
+
+def _has_colour(png: Path, colour: str, alpha: float = 0.8) -> bool:
+    """Whether the picture has a pixel of `colour` as the plot blends it on white (`alpha`: the jobs band's)."""
+    import matplotlib.image
+    import numpy as np
+
+    pixels = matplotlib.image.imread(str(png))[..., :3] * 255
+    rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)], dtype=float)
+    blends = [rgb] + ([rgb * alpha + 255 * (1 - alpha)] if alpha < 1 else [])
+    return any(bool((np.abs(pixels - b).max(axis=-1) < 3).any()) for b in blends)

@@ -151,18 +151,55 @@ _ACTION_STYLE = {
 }
 
 
-def autoscale_timeline(decisions: list[Any], path: Path, title: str) -> Path:
-    """The autoscaling controller's record as a picture: its load signal (requests in flight per READY replica) at
-    each look against its target, and each act (a job submitted, cancelled, drained, left to expire) where it came,
-    labelled with its job; advised-only acts hollow. `decisions`: launcher/contracts/autoscale.py DecisionRecords."""
+#: how each phase's jobs are drawn in the jobs-over-time band (a Sample field, its label, its colour)
+_PHASE_STYLE = (
+    ("ready", "READY", "#4a9a5a"),
+    ("starting", "STARTING", "#a8d5a0"),
+    ("pending", "PENDING", "#e8c860"),
+    ("draining", "draining or expiring", "#9ab0d0"),
+)
+
+
+#: room above the data for the two legends (jobs on the left, load and acts on the right)
+_HEADROOM = 1.45
+
+
+def autoscale_timeline(decisions: list[Any], path: Path, title: str, samples: list[Any] | None = None) -> Path:
+    """The autoscaling controller's record as a picture: its jobs over time, stacked by phase (`samples`, one a
+    look; a record without them has no band), against the load signal (requests in flight per READY replica) and
+    its target on the right-hand axis, and each act (a job submitted, cancelled, drained, left to expire) where it
+    came, labelled with its job; advised-only acts hollow. `decisions`, `samples`: launcher/contracts/autoscale.py
+    DecisionRecords and Samples."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(12, 4.5))
-    start = decisions[0].at if decisions else 0.0
-    xs = [d.at - start for d in decisions]
-    ax.plot(xs, [d.signal for d in decisions], "-", color="#404040", label="requests in flight per READY replica")
-    ax.step(xs, [d.target for d in decisions], where="post", color="#909090", linestyle="--", label="target")
+    fig, jobs_ax = plt.subplots(figsize=(12, 5))
+    samples = list(samples or ())
+    start = min([d.at for d in decisions[:1]] + [s.at for s in samples[:1]], default=0.0)
+    if samples:
+        xs = [s.at - start for s in samples]
+        jobs_ax.stackplot(
+            xs,
+            *[[getattr(s, name) for s in samples] for name, _, _ in _PHASE_STYLE],
+            labels=[label for _, label, _ in _PHASE_STYLE],
+            colors=[colour for _, _, colour in _PHASE_STYLE],
+            step="post",
+            alpha=0.8,
+        )
+        top = max(s.pending + s.starting + s.ready + s.draining for s in samples)
+        jobs_ax.set_ylim(0, (max(1, top) + 0.5) * _HEADROOM)
+        jobs_ax.yaxis.get_major_locator().set_params(integer=True)
+        jobs_ax.legend(loc="upper left", title="jobs")
+    jobs_ax.set_ylabel("jobs")
+    jobs_ax.set_xlabel("seconds since the record's first look")
+    ax = jobs_ax.twinx()  # the load on its own axis: requests per replica, not jobs
+    if samples:
+        ax.plot(xs, [s.signal for s in samples], "-", color="#404040", label="requests in flight per READY replica")
+        ax.step(xs, [s.target for s in samples], where="post", color="#909090", linestyle="--", label="target")
+    else:  # a record from before the samples: the signal at each recorded decision
+        at = [d.at - start for d in decisions]
+        ax.plot(at, [d.signal for d in decisions], "-", color="#404040", label="requests in flight per READY replica")
+        ax.step(at, [d.target for d in decisions], where="post", color="#909090", linestyle="--", label="target")
     for action, (marker, colour) in _ACTION_STYLE.items():
-        acts = [(x, d) for x, d in zip(xs, decisions, strict=True) if d.action == action]
+        acts = [(d.at - start, d) for d in decisions if d.action == action]
         if not acts:
             continue
         ax.scatter(
@@ -177,10 +214,10 @@ def autoscale_timeline(decisions: list[Any], path: Path, title: str) -> Path:
         )
         for x, d in acts:
             ax.annotate(d.job_id, (x, d.signal), textcoords="offset points", xytext=(4, 6), fontsize=8)
-    ax.set_xlabel("seconds since the first decision in the record")
     ax.set_ylabel("requests per replica")
+    ax.set_ylim(0, ax.get_ylim()[1] * _HEADROOM)
     ax.set_title(title)
-    ax.grid(alpha=0.3)
+    jobs_ax.grid(alpha=0.3)
     ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

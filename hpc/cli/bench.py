@@ -162,17 +162,18 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def _autoscale_plot(targets: Sequence[str], path: Path) -> int:
-    """`metrics TARGET --autoscale-plot PNG`: the controller's decisions as a picture (hpc/bench/plots.py)."""
+    """`metrics TARGET --autoscale-plot PNG`: the controller's record (jobs over time, load, decisions) as a picture
+    (hpc/bench/plots.py)."""
     from hpc.bench import plots
     from hpc.jobs.autoscale import autoscale_record
 
     target, _ = resolve_or_exit(list(targets))
     record = autoscale_record(target) if target is not None else None
-    if record is None or not record.decisions:
+    if record is None or not (record.decisions or record.samples):
         err(f"{' '.join(targets)}: no autoscaling decisions recorded (a spec with autoscale: and its gateway job)")
         return EXIT_NOT_FOUND
     try:
-        plots.autoscale_timeline(list(record.decisions), path, f"{target.name}: autoscaling")
+        plots.autoscale_timeline(list(record.decisions), path, f"{target.name}: autoscaling", list(record.samples))
     except ImportError as exc:
         err(str(exc))
         return EXIT_USAGE
@@ -272,8 +273,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--autoscale-plot",
         metavar="PNG",
-        help="draw the autoscaling controller's record (its load signal against its target, each job it submitted, "
-        "cancelled, drained) to this file, and stop",
+        help="draw the autoscaling controller's record (its jobs over time by phase, its load signal against its "
+        "target, each job it submitted, cancelled, drained) to this file, and stop",
     )
     p.set_defaults(func=cmd_metrics)
 

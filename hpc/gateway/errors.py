@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from hpc.gateway.answers import ErrorBody, ErrorDetail
 from hpc.gateway.bodies import UNKNOWN, nearest
+from hpc.jobs.autoscale import Capacity
 
 
 class APIError(Exception):
@@ -63,13 +64,16 @@ def unauthorized() -> APIError:
     )
 
 
-def no_replica(hold_s: float = 0.0) -> APIError:
-    """503; under `autoscale:` (`hold_s` > 0: the request was held that long while a job starts) with Retry-After,
-    the hold again: the controller has a job on its way (the openai package honours it)."""
+def no_replica(hold_s: float = 0.0, capacity: Capacity | None = None) -> APIError:
+    """503; under `autoscale:` (`hold_s` > 0: the request was held that long while a job starts) with Retry-After
+    (the openai package honours it): when the controller expects its job to serve (`capacity`, from the queue's
+    estimate), else the hold again."""
     message = "no replica of the deployment is ready; see `hpc-serve status`"
     if hold_s > 0:
-        message = f"no replica of the deployment became ready within {hold_s:g} s (a job is on its way); try again"
-    headers = {"Retry-After": str(max(1, math.ceil(hold_s)))} if hold_s > 0 else None
+        coming = capacity.words() if capacity is not None else "a job is on its way"
+        message = f"no replica of the deployment became ready within {hold_s:g} s ({coming}); try again"
+    retry = capacity.retry_after_s() if capacity is not None else max(1, math.ceil(hold_s))
+    headers = {"Retry-After": str(retry)} if hold_s > 0 else None
     return APIError(503, message, "server_error", code="no_replica_ready", headers=headers)
 
 

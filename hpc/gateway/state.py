@@ -24,6 +24,7 @@ from backend.models.tokenizer import RELEASE_GIL_CHARS
 from hpc.gateway.accesslog import RequestRecord
 from hpc.gateway.errors import no_replica, saturated
 from hpc.gateway.metrics import Metrics
+from hpc.jobs.autoscale import capacity
 from hpc.serving.balancer import Balancer, HeldTooLong, NoReplica, Replica, Saturated
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
@@ -200,8 +201,8 @@ class Gateway:
             return await anext(items, None)
         except Saturated:
             raise saturated(self.balancer.max_outstanding) from None
-        except HeldTooLong:
-            raise no_replica(self.hold_s) from None
+        except HeldTooLong:  # Retry-After: when the controller expects its job to serve (its record, off the loop)
+            raise no_replica(self.hold_s, await asyncio.to_thread(capacity, self.target)) from None
         except NoReplica:  # none ready, or every one tried failed: not held, no job on its way to promise
             raise no_replica() from None
 

@@ -10,7 +10,9 @@ and each decision applied with the machinery that already exists, never a kill:
 - expire a job: its `no_successor` record: its renewer submits no successor, it serves to its time limit.
 
 Every decision goes to the gateway's log and to `D/autoscale.json` (launcher/contracts/autoscale.py), with the
-hysteresis' timers, so that a gateway job's successor takes over where its predecessor was. `advisory`: the same
+hysteresis' timers, so that a gateway job's successor takes over where its predecessor was, with when it expects
+capacity (a held request's 503 says it: `capacity`) and a sample of each look (jobs by phase, the load). A submit
+is held at the GPU budget and at the account's own limits (hpc/scheduler/limits.py). `advisory`: the same
 decisions, recorded, nothing done.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,17 +34,18 @@ from hpc.jobs.kinds import ServingJob, job_class_of
 from hpc.jobs.track import job_status
 from hpc.scheduler import slurm
 from hpc.scheduler.index import JobRef
+from hpc.scheduler.limits import CPU, GPU, NODE, AccountWatch
 from hpc.scheduler.slurm import TERMINAL, SlurmError, ended
-from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot
+from hpc.serving.autoscale import Decision, JobView, Phase, Policy, Settings, Snapshot, expected
 from hpc.serving.balancer import Balancer
 from hpc.serving.deployment import Target, deployment_folders, target_of_folder
 from hpc.serving.gateway_record import record_path
 from hpc.spec import Spec, load_spec
-from launcher.contracts.autoscale import Action, AutoscaleRecord, DecisionRecord
+from launcher.contracts.autoscale import Action, AutoscaleRecord, DecisionRecord, Sample
 from launcher.contracts.config import RENEW_NOTICE_S
 from launcher.contracts.job_states import JobState
 from launcher.contracts.layout import Deployment, JobPaths
-from launcher.contracts.records import RenewStop, read_chain, read_gateway
+from launcher.contracts.records import RenewStop, read_chain, read_endpoints, read_gateway
 from launcher.contracts.stop_records import BY_AUTOSCALE, DrainingMark, StopRequest
 
 log = logging.getLogger("hpc_serve.gateway")
@@ -88,6 +92,11 @@ class Controller:
         self.record = AutoscaleRecord.read(self.deployment.autoscale) or AutoscaleRecord()
         self.record = dataclasses.replace(self.record, controller=self.controller)
         self.policy = Policy(Settings.of_spec(self.spec), self.record.up_since, self.record.down_since)
+        self.account = AccountWatch(self.spec.slurm.account)
+        slurm_spec = self.spec.slurm
+        tasks = slurm_spec.nodes * self.spec.tasks_per_node
+        #: what one serving job asks Slurm for, as the account's limits count it
+        self.need = {GPU: self.spec.gpus_per_job, NODE: slurm_spec.nodes, CPU: tasks * (slurm_spec.cpus_per_task or 1)}
 
     @classmethod
     def of_folder(cls, deploy_dir: Path, controller: str = "") -> Controller | None:
@@ -133,7 +142,37 @@ class Controller:
             if job_id not in known and not ended(state):
                 phase = Phase.PENDING if state == JobState.PENDING else Phase.STARTING
                 jobs.append(JobView(job_id, phase, self.spec.replicas, per_job, start, end, ours=False))
-        return Snapshot(now, tuple(jobs), outstanding=load.outstanding, held=load.held, ttft_s=load.ttft_s)
+        self.measure(jobs, queue)
+        return Snapshot(
+            now,
+            tuple(jobs),
+            outstanding=load.outstanding,
+            held=load.held,
+            ttft_s=load.ttft_s,
+            account=lambda: self.account.refusal(self.need),
+        )
+
+    def measure(self, jobs: list[JobView], queue: dict[str, tuple[str, float | None, float | None]]) -> None:
+        """A job's time from its start (Slurm's) to READY (its last replica's endpoint record), from the newest
+        READY job of the deployment not measured yet (once each; not where a replica was started again): what the
+        next job on its way is expected to take."""
+        started = [
+            (start, j.job_id)
+            for j in jobs
+            if j.phase == Phase.READY and j.ours and (start := queue.get(j.job_id, ("", None, None))[1])
+        ]
+        if not started:
+            return
+        start, job_id = max(started)
+        if job_id == self.record.measured_job:
+            return
+        # a replica started again (replica_policy restart) was READY later than the job's start made it
+        endpoints = [e for e in read_endpoints(JobPaths(self.deploy_dir, job_id)) if e.restarts == 0]
+        if len(endpoints) < self.spec.replicas:
+            return
+        took = max(e.ready_at for e in endpoints) - start
+        if took > 0:
+            self.record = dataclasses.replace(self.record, ready_after_s=round(took, 1), measured_job=job_id)
 
     def _view(self, ref: JobRef, queue: dict[str, tuple[str, float | None, float | None]]) -> JobView | None:
         state = job_status(ref).state
@@ -153,7 +192,7 @@ class Controller:
             phase,
             self.spec.replicas,
             self.spec.gpus_per_job,
-            starts_at=start if phase == Phase.PENDING else None,
+            starts_at=start if phase in (Phase.PENDING, Phase.STARTING) else None,
             ends_at=end,
             renews=chain.predecessor if chain is not None else "",
         )
@@ -163,7 +202,9 @@ class Controller:
         """One look, one decision, applied (unless advisory), logged and recorded; the drains under way go on."""
         now = time.time() if now is None else now
         self.follow_up(now)
-        decision = self.policy.decide(self.snapshot(load, now))
+        snap = self.snapshot(load, now)
+        decision = self.policy.decide(snap)
+        self.look(snap, decision)
         error = ""
         if self.stopped():  # `hpc-serve cancel` of the deployment came during this look: nothing more is done
             error = "not done: the deployment was cancelled"
@@ -191,6 +232,28 @@ class Controller:
         except (SlurmError, OSError) as exc:
             return decision.job_id, str(exc)
         return decision.job_id, ""
+
+    def look(self, snap: Snapshot, decision: Decision) -> None:
+        """What this look saw, into the record: when capacity is expected, and the look's sample."""
+        settings = self.policy.settings
+        coming = expected(snap, self.record.ready_after_s, settings.horizon_s)
+        phases = [j.phase for j in snap.jobs]
+        sample = Sample(
+            at=round(snap.now, 1),
+            pending=phases.count(Phase.PENDING),
+            starting=phases.count(Phase.STARTING),
+            ready=phases.count(Phase.READY),
+            draining=phases.count(Phase.DRAINING) + phases.count(Phase.EXPIRING),
+            signal=decision.signal,
+            target=decision.target,
+            in_flight=round(snap.outstanding, 3),
+        )
+        self.record = dataclasses.replace(
+            self.record.with_sample(sample),
+            expected_at=coming.at if coming is not None else None,
+            expected_job=coming.job_id if coming is not None else "",
+            expected_note=coming.words if coming is not None else "",
+        )
 
     def follow_up(self, now: float) -> None:
         """Drained jobs whose draining mark every client has seen: their ordered stop (once; unless advisory)."""
@@ -252,12 +315,45 @@ def autoscale_record(target: Target) -> AutoscaleRecord | None:
     return None
 
 
+#: a held request's Retry-After, when capacity is expected (seconds): never sooner than 1, never later than an hour
+#: (an estimate that far off is Slurm's backfill guess, not a promise; the client looks again then)
+RETRY_AFTER_BOUNDS_S = (1, 3600)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """When the controller expects a job of the deployment to serve (its record's `expected_at`), for a held
+    request's 503: Retry-After and the words of its message."""
+
+    at: float
+    job_id: str
+
+    def retry_after_s(self, now: float | None = None) -> int:
+        low, high = RETRY_AFTER_BOUNDS_S
+        wait = self.at - (time.time() if now is None else now)
+        return int(min(high, max(low, math.ceil(wait))))
+
+    def words(self, now: float | None = None) -> str:
+        when = time.strftime("%H:%M:%S", time.localtime(self.at))
+        return f"job {self.job_id} is expected to serve at about {when} (in {self.retry_after_s(now)} s)"
+
+
+def capacity(target: Target | None) -> Capacity | None:
+    """When the deployment's controller expects capacity (None: no record, nothing on the way, or no estimate)."""
+    record = autoscale_record(target) if target is not None and getattr(target, "autoscaled", False) else None
+    if record is None or record.expected_at is None:
+        return None
+    return Capacity(record.expected_at, record.expected_job)
+
+
 def decision_lines(record: AutoscaleRecord, last: int = 10) -> list[str]:
     """`status`'s table of the controller's last decisions: when, what (`?`: advised only), on which job, the signal
     against its target, why."""
     if not record.decisions:
         return []
     lines = ["autoscale decisions" + (f" (controller: gateway job {record.controller})" if record.controller else "")]
+    if record.expected_note:
+        lines.append(f"  capacity on the way: {record.expected_note}")
     lines.append(f"  {'when':8}  {'what':7}  {'job':10}  {'signal':>11}  why")
     for row in record.decisions[-last:]:
         what = row.action + ("?" if row.advisory else "")

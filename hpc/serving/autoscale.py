@@ -15,7 +15,11 @@ The rules, each against a failure the anchors met (docs/decisions.md "Autoscalin
   COMPLETED): never a kill;
 - `min_jobs` is a floor kept at once, and a request that finds nothing serving submits at once (zero and back);
 - the GPU budget counts every job of the deployment Slurm holds or queues, hand-submitted and draining ones
-  included, before every submit.
+  included, before every submit; then the account's own limits (hpc/scheduler/limits.py), asked through the
+  snapshot only then.
+
+`expected` says when capacity comes: the earliest job on its way, its start (Slurm's estimate) plus a job's time
+to READY; a held request's 503 names it (Retry-After).
 """
 
 from __future__ import annotations
@@ -65,13 +69,15 @@ class JobView:
 @dataclass(frozen=True)
 class Snapshot:
     """The deployment at `now`: its jobs, requests in flight on READY replicas, requests held with nothing serving,
-    and the recent time to first token (None: not measured)."""
+    the recent time to first token (None: not measured), and `account`: why the account's limits refuse one more
+    job ("" where they allow it; None: not asked), called only before a submit (it reads Slurm's queue)."""
 
     now: float
     jobs: tuple[JobView, ...]
     outstanding: float = 0
     held: int = 0
     ttft_s: float | None = None
+    account: Callable[[], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -225,16 +231,52 @@ class Policy:
                     Action.HOLD,
                     f"{why}; the GPU budget {s.gpu_budget} holds {held} in use, a job needs {s.gpus_per_job}",
                 )
+        refused = snap.account() if snap.account is not None else ""
+        if refused:
+            return decision(Action.HOLD, f"{why}; {refused}")
         self.up_since = None  # the next submit waits a whole scale_up_after again
         return decision(Action.SUBMIT, why)
 
     def _on_the_way(self, coming: list[JobView], now: float) -> str:
-        parts = []
-        for job in coming:
-            text = f"job {job.job_id} {job.phase}"
-            if job.phase == Phase.PENDING:
-                text += f", estimated start {_clock(job.starts_at)}"
-                if job.starts_at is None or job.starts_at - now > self.settings.horizon_s:
-                    text += f", beyond the horizon of {self.settings.horizon_s:g} s"
-            parts.append(text)
-        return "; ".join(parts)
+        return "; ".join(_coming_words(job, now, self.settings.horizon_s) for job in coming)
+
+
+def _coming_words(job: JobView, now: float, horizon_s: float) -> str:
+    """`job 12 PENDING, estimated start 14:02:11, beyond the horizon of 900 s`."""
+    text = f"job {job.job_id} {job.phase}"
+    if job.phase == Phase.PENDING:
+        text += f", estimated start {_clock(job.starts_at)}"
+        if job.starts_at is None or job.starts_at - now > horizon_s:
+            text += f", beyond the horizon of {horizon_s:g} s"
+    return text
+
+
+#: a job's time from its start to READY until the deployment has measured one (the engine's load and warm-up: a
+#: minute or two on a GPU; the CPU engine's seconds are measured at its first job)
+READY_AFTER_S = 120.0
+
+
+@dataclass(frozen=True)
+class Expected:
+    """When capacity is expected: `at` (epoch seconds; None: Slurm has no start estimate yet), the job it comes
+    with, and in words (`status`)."""
+
+    at: float | None
+    job_id: str
+    words: str
+
+
+def expected(snap: Snapshot, ready_after_s: float | None, horizon_s: float) -> Expected | None:
+    """The earliest job on its way (PENDING: Slurm's start estimate; STARTING: its start) and when it should
+    serve: that start plus `ready_after_s` (None: READY_AFTER_S); None with no job on its way."""
+    coming = [j for j in snap.jobs if j.phase in (Phase.PENDING, Phase.STARTING)]
+    if not coming:
+        return None
+    job = min(coming, key=lambda j: (j.starts_at if j.starts_at is not None else math.inf, j.job_id))
+    after = READY_AFTER_S if ready_after_s is None else ready_after_s
+    words = _coming_words(job, snap.now, horizon_s)
+    if job.starts_at is None:
+        return Expected(None, job.job_id, f"{words}; when it serves is not known yet")
+    at = max(job.starts_at + after, snap.now)
+    how = "as measured" if ready_after_s is not None else "by default"
+    return Expected(at, job.job_id, f"{words}; serving from about {_clock(at)} ({after:.0f} s to READY {how})")
