@@ -125,6 +125,20 @@ def test_a_replica_warming_in_one_worker_takes_no_request_from_another():
     assert [r.key for r in balancer.takers()] == ["job/0", "job/1"]
 
 
+def test_only_the_app_asked_to_warms_joining_replicas(tmp_path, tiny_gpt2):
+    """Worker 0's app warms (hpc/gateway/serve.py passes `warm_up` to it alone): a joining replica is sent the hot
+    prefixes once, not once per worker."""
+    from fastapi.testclient import TestClient
+
+    from hpc.gateway.app import create_app
+    from hpc.serving.deployment import Target
+
+    for warm_up in (True, False):
+        app = create_app(Target(tmp_path / "runs", "nothing", tiny_gpt2), routing="cache", warm_up=warm_up)
+        with TestClient(app):
+            assert (app.state.warmer is not None) == warm_up
+
+
 def test_a_workers_metrics_folder_is_no_job_of_its_controller(monkeypatch):
     """Worker 0's controller submits jobs (sbatch --export=ALL): the workers' metrics folder is theirs alone."""
     monkeypatch.setenv(MULTIPROC_DIR_VAR, "/nonexistent/metrics")

@@ -103,6 +103,7 @@ def create_app(
             if isinstance(mode, CachedPrefix):
                 follower = KvEventsFollower(mode, balancer, discovery.token_for)
                 warmer = Warmer(mode, balancer, engine, discovery.token_for) if warm_up else None
+            app.state.warmer = warmer  # None: this app warms no replica (another worker does, or no `cache` routing)
             try:
                 async with discovery.running(), follower.running() if follower else contextlib.nullcontext():
                     yield
