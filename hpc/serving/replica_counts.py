@@ -90,22 +90,21 @@ class SharedCounts:
         self._totals = context.RawArray(ctypes.c_double, len(TOTALS))
         self._slots: dict[str, int] = {}  # this process's cache of each key's slot, checked against its tag
 
-    def _slot(self, key: str, claim: bool = True) -> int | None:
-        """The slot of `key`, taken when it has none and `claim` (else None); the caller holds the lock."""
+    def _slot(self, key: str) -> int | None:
+        """The slot of `key`, taken (from zero) when it has none; None when every slot holds a replica with
+        requests in flight. The caller holds the lock."""
         tag, tags = _hash(key), self._tags
         cached = self._slots.get(key)
         if cached is not None and tags[cached] == tag:
             return cached
         width = len(FIELDS)
         found = next((i for i in range(len(tags)) if tags[i] == tag), None)
-        if found is None and not claim:
-            return None
         if found is None:
             found = next((i for i in range(len(tags)) if tags[i] == 0), None)
         if found is None:  # full: a replica with nothing in flight gives its slot
             found = next((i for i in range(len(tags)) if self._values[i * width] == 0), None)
         if found is None:
-            raise RuntimeError(f"{len(tags)} replicas with requests in flight: no slot left to count {key}'s")
+            return None
         if tags[found] != tag:
             tags[found] = tag
             self._values[found * width : (found + 1) * width] = [0] * width
@@ -116,7 +115,10 @@ class SharedCounts:
         width = len(FIELDS)
         with self._lock:
             slot = self._slot(replica.key)
-            assert slot is not None
+            if slot is None:
+                raise RuntimeError(
+                    f"{len(self._tags)} replicas with requests in flight: no slot left for {replica.key}"
+                )
             base = slot * width
             for name, delta in deltas.items():
                 self._values[base + _COLUMN[name]] += delta
@@ -125,10 +127,12 @@ class SharedCounts:
             setattr(replica, name, value)
 
     def load(self, replicas: Iterable[Counted]) -> None:
-        """A replica without a slot (nothing counted yet, or its slot given up) has counts of zero."""
+        """A replica without a slot (nothing counted yet, or its slot given up) is given one, from zero, so that the
+        next load finds it in this process's cache, not by a scan of the table (at every pick); with none left
+        to give, its counts are zero."""
         width = len(FIELDS)
         with self._lock:
-            slots = [(r, self._slot(r.key, claim=False)) for r in replicas]
+            slots = [(r, self._slot(r.key)) for r in replicas]
             rows = [(r, self._values[s * width : (s + 1) * width] if s is not None else [0] * width) for r, s in slots]
         for replica, row in rows:
             for name, value in zip(FIELDS, row, strict=True):
