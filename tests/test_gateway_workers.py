@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -24,9 +25,11 @@ from hpc.jobs.autoscale import balancer_load
 from hpc.jobs.executors import job_environment
 from hpc.serving.balancer import Balancer, NoReplica, Replica
 from hpc.serving.replica_counts import LocalCounts, SharedCounts
+from launcher.contracts.autoscale import Action, AutoscaleRecord
+from launcher.contracts.layout import Deployment
 from launcher.contracts.layout import gateway_record
 from launcher.contracts.records import read_gateway
-from tests.e2e import CLI, wait_for
+from tests.e2e import CLI, cli, wait_for
 from tests.test_gateway_deploy import spec_text
 
 
@@ -378,3 +381,48 @@ def test_a_gateway_stopped_while_its_workers_start_leaves_no_metrics_folder(hpc_
 def _running(proc: subprocess.Popen, tmp_path: Path) -> bool:
     assert proc.poll() is None, (tmp_path / "gw.log").read_text()
     return True
+
+
+@pytest.mark.slow
+def test_the_controller_of_a_gateway_of_two_workers_counts_the_requests_each_held(hpc_home, tmp_path, tiny_gpt2):
+    """A gateway run as its job runs it (`--job-id`, `--renew-from`: worker 0 runs the controller, an advisory
+    one here), at zero: requests on connections of their own, which the kernel spreads over both workers, are
+    each held and counted once in the controller's decisions (the submits it would make, their signal the
+    requests that waited with nothing serving), not only worker 0's."""
+    autoscale = {"min_jobs": 0, "max_jobs": 1, "hold_s": 1, "advisory": True}
+    spec = tmp_path / "svc.yaml"
+    spec.write_text(spec_text("svc", tiny_gpt2, tmp_path / "runs", auth="none", gateway={}, autoscale=autoscale))
+    folder = tmp_path / "runs" / "svc-gateway"
+    cli("render", str(spec), "-o", str(folder))
+    command = [*CLI, "gateway", str(spec), "--port", "auto", "--refresh", "1", "--workers", "2"]
+    command += ["--job-id", "4242", "--renew-from", str(folder)]
+    log = tmp_path / "gw.log"
+    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+
+        def published():
+            assert proc.poll() is None, log.read_text()
+            return read_gateway(gateway_record(tmp_path / "runs", "svc"))
+
+        url = wait_for(published, 90, "the gateway's address record").url
+        body = {"model": "svc", "prompt": "hi", "max_tokens": 1}
+        sent = 12
+
+        def ask(_: int) -> int:
+            headers = {"connection": "close"}
+            return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60).status_code
+
+        with ThreadPoolExecutor(sent) as pool:
+            assert list(pool.map(ask, range(sent))) == [503] * sent
+
+        def counted() -> float:
+            record = AutoscaleRecord.read(Deployment(folder).autoscale)
+            rows = record.decisions if record is not None else ()
+            waited = [r for r in rows if r.action == Action.SUBMIT and "nothing serving" in r.reason]
+            return sum(r.signal for r in waited)
+
+        wait_for(lambda: counted() >= sent, 60, f"the controller's submits for {sent} held requests")
+        assert counted() == sent, log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
