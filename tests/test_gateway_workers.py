@@ -26,8 +26,7 @@ from hpc.jobs.executors import job_environment
 from hpc.serving.balancer import Balancer, NoReplica, Replica
 from hpc.serving.replica_counts import LocalCounts, SharedCounts
 from launcher.contracts.autoscale import Action, AutoscaleRecord
-from launcher.contracts.layout import Deployment
-from launcher.contracts.layout import gateway_record
+from launcher.contracts.layout import Deployment, gateway_record
 from launcher.contracts.records import read_gateway
 from tests.e2e import CLI, cli, wait_for
 from tests.test_gateway_deploy import spec_text
