@@ -1,5 +1,6 @@
 """Shared fixtures: an isolated job index, a tiny checkpoint, the real Slurm test cluster and the jobs a test
-submitted to it; a gateway in front of a local job, for the test modules of the gateway end to end.
+submitted to it (or started on this machine); a gateway in front of a local job, for the test modules of the gateway
+end to end.
 
 A missing cluster or tritonserver fails on CI and skips elsewhere (tests/_env.py).
 """
@@ -87,6 +88,17 @@ def jobs(slurm_cluster, hpc_home, tritonserver) -> Iterator[list[str]]:
         subprocess.run(["scancel", job], capture_output=True)
 
 
+@pytest.fixture
+def local_jobs(hpc_home, tritonserver) -> Iterator[list[tuple[str, Path]]]:
+    """(job id, deployment folder) of each local job a test started (it appends them); whatever the outcome,
+    nothing of theirs survives the test."""
+    from tests.e2e import kill_local_jobs
+
+    started: list[tuple[str, Path]] = []
+    yield started
+    kill_local_jobs(started)
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, tiny_gpt2, tritonserver) -> Iterator[dict]:
     """A READY local job, its token, and `hpc-serve gateway` on it (a process of its own), for one test module:
@@ -109,7 +121,7 @@ def gateway_on_a_job(
 ) -> Iterator[dict]:
     """The `gateway` fixture's job and gateway; `paced`: the job's engine steps at a GPU's pace (tests/steps.py
     `GPU_PACE_MS`); `workflow`: the spec's (llmapi: hpc-serve's llmapi model over the CPU stand-in)."""
-    from tests.e2e import CLI, cli, free_port, gateway_ready, local_jobs, stop_process, wait_for, write_spec
+    from tests.e2e import cli, gateway_on_port, local_jobs, write_spec
     from tests.steps import GPU_PACE_MS
 
     folder = tmp_path_factory.mktemp("gateway")
@@ -119,25 +131,9 @@ def gateway_on_a_job(
         ((job, _),) = jobs
         token = cli("token", job).stdout.strip()
         assert cli("token", job).stdout.strip() == token, "the same token every time"
-        port = free_port()
         log = folder / "gateway.log"
-        proc = subprocess.Popen(
-            [*CLI, "gateway", job, "--port", str(port), "--refresh", "1"],
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        try:
-            url = f"http://127.0.0.1:{port}"
-
-            def up() -> bool:
-                assert proc.poll() is None, log.read_text()
-                return gateway_ready(url)
-
-            wait_for(up, 60, "the gateway to find the replica")
+        with gateway_on_port(job, log) as url:
             yield {"url": url, "token": token, "job": job, "model": "gw", "spec": spec, "jobs": jobs, "log": log}
-        finally:
-            stop_process(proc)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Helpers for the end-to-end tests: write specs, drive the real CLI, inspect real processes."""
+"""Helpers the tests share: write specs, drive the real CLI, inspect real processes, serve a job behind a gateway, and
+transformers' reference answers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,39 @@ def write_spec(
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def bare_spec(folder: Path, name: str, time_limit: str = "00:10:00", **sections: Any) -> Path:
+    """`folder`/`name`.yaml: a CPU-engine spec on an empty checkpoint folder, for the spec's checks and render (never
+    served); `sections` are more of its top-level sections."""
+    checkpoint = folder / "ckpt"
+    checkpoint.mkdir(exist_ok=True)
+    data = {
+        "name": name,
+        "workdir": str(folder / "runs"),
+        "slurm": {"time": time_limit},
+        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(checkpoint)},
+        **sections,
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def transformers_greedy(model: Any, prompt: list[int], new_tokens: int, **generate: Any) -> list[int]:
+    """The new tokens of `transformers`' greedy `generate` of `model` on `prompt`: what the CPU engine must answer
+    (`generate`: more of its arguments, e.g. pad and eos token ids)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            **generate,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def cli(
@@ -264,6 +298,50 @@ def gateway_process(target: str, log: Path, *extra: str) -> Iterator[tuple[subpr
         stop_process(proc)
 
 
+@contextlib.contextmanager
+def gateway_on_port(target: str, log: Path) -> Iterator[str]:
+    """`hpc-serve gateway TARGET` on a free port, as a process of its own → its URL once it has found a replica;
+    stopped (SIGTERM, then SIGKILL) at the end. Its output goes to `log`."""
+    port = free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*CLI, "gateway", target, "--port", str(port), "--refresh", "1"], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return gateway_ready(url)
+
+        wait_for(up, 60, "the gateway to find the replica")
+        yield url
+    finally:
+        stop_process(proc)
+
+
+@contextlib.contextmanager
+def served_on_the_cluster(folder: Path, spec: Path) -> Iterator[dict[str, Any]]:
+    """The READY Slurm job of `spec`, under a private job index in `folder`, and a gateway on it (`gateway_on_port`):
+    {"job", "deploy", "token", "url", "client" (an `openai` client with the token that does not retry), "log" (the
+    gateway's)}; the gateway stopped and the job scancel'ed at the end."""
+    import openai
+
+    job = ""
+    with private_job_index(folder):
+        try:
+            job, job_dir = submit(spec)
+            deploy = Path(job_dir).parent.parent
+            token = (deploy / "access_token").read_text().strip()
+            log = folder / "gateway.log"
+            with gateway_on_port(job, log) as url:
+                client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+                yield {"job": job, "deploy": deploy, "token": token, "url": url, "client": client, "log": log}
+        finally:
+            if job:
+                subprocess.run(["scancel", job], capture_output=True, check=False)
+
+
 def gateway_ready(url: str) -> bool:
     """Whether the gateway at `url` answers ready (it has found a replica); False while it does not answer."""
     import httpx
@@ -302,8 +380,6 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
 def local_jobs(folder: Path, spec: Path, count: int) -> Iterator[list[tuple[str, Path]]]:
     """`count` READY local jobs of `spec` ([(job id, job folder)]) under a private job index in `folder`; every
     process of theirs killed at the end (what a test killed already is skipped)."""
-    from hpc.jobs.local import job_processes
-
     jobs: list[tuple[str, Path]] = []
     with private_job_index(folder):
         try:
@@ -311,9 +387,17 @@ def local_jobs(folder: Path, spec: Path, count: int) -> Iterator[list[tuple[str,
                 jobs.append(submit(spec, "--executor", "local"))
             yield jobs
         finally:
-            for job, job_dir in jobs:
-                kill_quietly(job_processes(job))
-                kill_quietly(pid for pid, _ in processes_under(job_dir.parent.parent))
+            kill_local_jobs((job, job_dir.parent.parent) for job, job_dir in jobs)
+
+
+def kill_local_jobs(started: Iterable[tuple[str, Path]]) -> None:
+    """Every process of these local jobs ([(job id, deployment folder)]) killed, what was killed already skipped: the
+    end of a test that started them, whatever its outcome."""
+    from hpc.jobs.local import job_processes
+
+    for job, deploy_dir in started:
+        kill_quietly(job_processes(job))
+        kill_quietly(pid for pid, _ in processes_under(deploy_dir))
 
 
 #: how a stream cut by an ordered stop may end, besides its final response: an error a client can act on (retry

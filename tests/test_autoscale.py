@@ -32,18 +32,9 @@ PLAN = RenewPlan(before_s=120, stop_lead_s=30, drain_s=60, notice_s=7)
 
 
 def _spec(tmp_path: Path, **extra) -> Path:
-    checkpoint = tmp_path / "ckpt"
-    checkpoint.mkdir(exist_ok=True)
-    data = {
-        "name": "as",
-        "workdir": str(tmp_path / "runs"),
-        "slurm": {"time": "00:10:00"},
-        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(checkpoint)},
-        **extra,
-    }
-    path = tmp_path / "as.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    from tests.e2e import bare_spec  # (tests/test_renew.py's spec writer too)
+
+    return bare_spec(tmp_path, "as", **extra)
 
 
 def _problems(path: Path) -> str:

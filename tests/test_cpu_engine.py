@@ -21,6 +21,7 @@ from backend.cpu_engine.sampling import SamplingParams
 from backend.cpu_engine.scheduler import GenerationRequest
 from backend.cpu_engine.tensors import load_weights
 from backend.cpu_engine.triton_io import InputError, encode_words_list, parse_inputs, parse_words_list
+from tests.e2e import transformers_greedy
 
 TEXTS = [
     "The",
@@ -81,16 +82,7 @@ def test_greedy_matches_transformers_generate(ckpt: Path) -> None:
     lengths = set()
     for prompt, r in zip(_prompts(ckpt), reqs, strict=True):
         lengths.add(len(prompt))
-        with torch.no_grad():
-            out = ref.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                do_sample=False,
-                max_new_tokens=n_new,
-                pad_token_id=eos,
-                eos_token_id=eos,
-            )
-        expected = out[0, len(prompt) :].tolist()
+        expected = transformers_greedy(ref, prompt, n_new, pad_token_id=eos, eos_token_id=eos)
         if eos in expected:  # TensorRT-LLM semantics: end_id ends the sequence and is not returned
             expected = expected[: expected.index(eos)]
         assert r.output_ids == expected, (len(prompt), r.output_ids, expected)

@@ -14,21 +14,9 @@ import pytest
 
 from launcher.contracts.layout import Deployment, JobPaths
 from launcher.contracts.records import read_endpoints
-from tests.e2e import cli, kill_quietly, processes_under, rank_records, status, submit, wait_for, write_spec
+from tests.e2e import cli, processes_under, rank_records, status, submit, wait_for, write_spec
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def local_jobs(hpc_home, tritonserver):
-    """Deployment folders a test started; whatever the outcome, nothing of theirs survives the test."""
-    from hpc.jobs.local import job_processes
-
-    started: list[tuple[str, Path]] = []
-    yield started
-    for job, deploy_dir in started:
-        kill_quietly(job_processes(job))
-        kill_quietly(pid for pid, _ in processes_under(deploy_dir))
 
 
 def _submit_local(tmp_path: Path, name: str, checkpoint: Path, local_jobs) -> tuple[str, Path, Path]:

@@ -90,7 +90,8 @@ class Stream:
         self._threads.append(threading.Thread(target=self._streamer, daemon=True))
 
     def _streamer(self) -> None:
-        """Streamed completions: one in flight when its replica dies ends with an error event, never a hang."""
+        """Streamed completions: one in flight when its replica dies goes on on the other replica (an error event,
+        never a hang, if it could not)."""
         body = {"model": "rs", "prompt": "Once upon a time", "max_tokens": 8, "stream": True}
         with httpx.Client(base_url=self.url, timeout=120) as http:
             while not self._stop.is_set():
@@ -169,8 +170,8 @@ def _replica(shown: dict, replica: int) -> dict | None:
 def test_each_process_of_a_replica_killed_under_load_is_restarted_inside_the_job(llmapi_job):
     """No request fails, whichever process dies: the gateway retries what had no first byte, and a request the
     model failed before its first byte (an engine whose leader or worker node died fails what its model takes
-    until the launcher ends the replica) once more on the other replica. A stream already under way ends with an
-    error event, never a hang."""
+    until the launcher ends the replica) once more on the other replica. A stream already under way goes on on
+    the other replica (hpc/gateway/state.py Gateway.resumed): not one ends with an error event."""
     job = llmapi_job["job"]
     first = _replica(status(job), 1)
     assert first is not None and first["restarts"] == 0
@@ -199,7 +200,7 @@ def test_each_process_of_a_replica_killed_under_load_is_restarted_inside_the_job
         f"; {len(stream.stream_errors)} streams ended with an error event",
     )
     assert all(f == [] for f in failed.values()), failed
-    assert all('"error"' in event for event in stream.stream_errors), stream.stream_errors
+    assert not stream.stream_errors, stream.stream_errors
     assert len(ports) > 1, "a restarted replica gets fresh ports"
     metrics = httpx.get(llmapi_job["url"] + "/metrics", timeout=10).text
     counted = re.search(rf'hpc_serve_gateway_replica_restarts{{replica="{job}(@[^/"]*)?/1"}} (\S+)', metrics)

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
 
 from launcher.contracts.llmapi import CPU_MIN_STEP_VAR
 from tests._llmapi import leader_of
-from tests.e2e import CLI, cli, free_port, gateway_ready, private_job_index, stop_process, submit, wait_for, write_spec
+from tests.e2e import CLI, cli, served_on_the_cluster, write_spec
 from tests.steps import GPU_PACE_MS, LONG_REQUEST, STEPS_AFTER_STOP
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
@@ -40,35 +39,10 @@ def served(request, slurm_cluster, tritonserver, tiny_gpt2, tmp_path_factory):
     gateway on it."""
     tp = request.param
     folder = tmp_path_factory.mktemp(f"llmapi-gw-tp{tp}")
-    job = ""
-    with private_job_index(folder):
-        try:
-            paced = {CPU_MIN_STEP_VAR: str(GPU_PACE_MS)}
-            spec = write_spec(folder, NAME, tiny_gpt2, tp=tp, nodes=tp, workflow="llmapi", env=paced)
-            job, job_dir = submit(spec)
-            deploy = Path(job_dir).parent.parent
-            token = (deploy / "access_token").read_text().strip()
-            port, log = free_port(), folder / "gateway.log"
-            gateway = subprocess.Popen(
-                [*CLI, "gateway", job, "--port", str(port), "--refresh", "1"],
-                stdout=log.open("w"),
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}"
-
-                def up() -> bool:
-                    assert gateway.poll() is None, log.read_text()
-                    return gateway_ready(url)
-
-                wait_for(up, 60, "the gateway to find the replica")
-                client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
-                yield {"job": job, "deploy": deploy, "token": token, "url": url, "client": client, "log": log}
-            finally:
-                stop_process(gateway)
-        finally:
-            if job:
-                subprocess.run(["scancel", job], capture_output=True, check=False)
+    paced = {CPU_MIN_STEP_VAR: str(GPU_PACE_MS)}
+    spec = write_spec(folder, NAME, tiny_gpt2, tp=tp, nodes=tp, workflow="llmapi", env=paced)
+    with served_on_the_cluster(folder, spec) as served:
+        yield served
 
 
 def test_the_endpoint_record_says_llmapi_and_the_gateway_sends_to_tensorrt_llm(served):

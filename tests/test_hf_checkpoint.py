@@ -16,6 +16,7 @@ from backend.cpu_engine.engine import Engine
 from backend.cpu_engine.init_model import train_tokenizer
 from backend.cpu_engine.scheduler import GenerationRequest
 from backend.models.tokenizer import load_tokenizer
+from tests.e2e import transformers_greedy
 
 pytestmark = pytest.mark.slow  # imports torch and transformers
 VOCAB = 320
@@ -66,7 +67,6 @@ def saved(request, tmp_path_factory):
 
 
 def test_greedy_tokens_equal_transformers_generate(saved):
-    import torch
 
     folder, model, tokenizer = saved
     engine = Engine(str(folder), max_batch_size=len(TEXTS))
@@ -79,16 +79,7 @@ def test_greedy_tokens_equal_transformers_generate(saved):
     outputs = []
     for text, req in zip(TEXTS, requests, strict=True):
         prompt = tokenizer(text)["input_ids"]
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                do_sample=False,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                pad_token_id=0,
-            )
-        expected = out[0, len(prompt) :].tolist()
+        expected = transformers_greedy(model, prompt, NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
         assert req.output_ids == expected, (text, req.output_ids, expected)
         outputs.append(expected)
     assert len({tuple(o) for o in outputs}) > 1 and any(len(set(o)) > 2 for o in outputs)  # not a constant

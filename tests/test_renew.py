@@ -11,7 +11,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hpc.jobs.chain import chain_lines, chain_links
 from hpc.jobs.status import JobStatus
@@ -39,22 +38,12 @@ from launcher.contracts.slurm import Slurm, parse_slurm_time
 from launcher.contracts.stop_records import BY_CANCEL, DrainingMark, StopNotice, StopRequest
 from launcher.jobscript import renew
 from launcher.jobscript.renew import Renewer
+from tests.e2e import bare_spec
 from tests.test_slurm import fake_command
 
 
 def _spec(tmp_path: Path, time_limit: str = "00:02:00", **extra) -> Path:
-    checkpoint = tmp_path / "ckpt"
-    checkpoint.mkdir(exist_ok=True)
-    data = {
-        "name": "rn",
-        "workdir": str(tmp_path / "runs"),
-        "slurm": {"time": time_limit},
-        "model": {"backend": "cpu", "workflow": "engine", "checkpoint_dir": str(checkpoint)},
-        **extra,
-    }
-    path = tmp_path / "rn.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return bare_spec(tmp_path, "rn", time_limit, **extra)
 
 
 def _problems(path: Path) -> str:

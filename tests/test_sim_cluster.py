@@ -5,9 +5,6 @@ streamed, and the engine's own KV-cache figures for a prompt asked twice."""
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import httpx
 import pytest
 
@@ -15,7 +12,7 @@ from launcher.contracts.llmapi import ENGINE_VAR, SIM_GPU_VAR
 from launcher.contracts.trtllm_versions import LEADER_NODE_MODULE, WORKER_NODE_MODULE
 from tests._llmapi import environ_of, job_processes
 from tests._sim import sim_spec
-from tests.e2e import CLI, free_port, gateway_ready, private_job_index, stop_process, submit, wait_for
+from tests.e2e import served_on_the_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(400)]
 openai = pytest.importorskip("openai")
@@ -26,33 +23,8 @@ NAME = "sim-tp2"
 @pytest.fixture(scope="module")
 def served(slurm_cluster, tritonserver, tmp_path_factory):
     folder = tmp_path_factory.mktemp("sim-tp2")
-    job = ""
-    with private_job_index(folder):
-        try:
-            job, job_dir = submit(sim_spec(folder, NAME, tp=2, nodes=2))
-            deploy = Path(job_dir).parent.parent
-            token = (deploy / "access_token").read_text().strip()
-            port, log = free_port(), folder / "gateway.log"
-            gateway = subprocess.Popen(
-                [*CLI, "gateway", job, "--port", str(port), "--refresh", "1"],
-                stdout=log.open("w"),
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}"
-
-                def up() -> bool:
-                    assert gateway.poll() is None, log.read_text()
-                    return gateway_ready(url)
-
-                wait_for(up, 60, "the gateway to find the replica")
-                client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
-                yield {"job": job, "deploy": deploy, "url": url, "client": client}
-            finally:
-                stop_process(gateway)
-        finally:
-            if job:
-                subprocess.run(["scancel", job], capture_output=True, check=False)
+    with served_on_the_cluster(folder, sim_spec(folder, NAME, tp=2, nodes=2)) as served:
+        yield served
 
 
 def test_tp2_across_two_nodes_runs_the_simulated_engine_on_both_ranks(served):

@@ -4,25 +4,12 @@ text, whole and streamed. The cluster's tp 2 across node1/node2 through the gate
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests._sim import sim_spec
-from tests.e2e import cli, kill_quietly, processes_under, submit, wait_for
+from tests.e2e import cli, processes_under, submit, wait_for
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def local_jobs(hpc_home, tritonserver):
-    from hpc.jobs.local import job_processes
-
-    started: list[tuple[str, Path]] = []
-    yield started
-    for job, deploy_dir in started:
-        kill_quietly(job_processes(job))
-        kill_quietly(pid for pid, _ in processes_under(deploy_dir))
 
 
 def test_a_local_sim_job_answers_with_real_text_whole_and_streamed(tmp_path, local_jobs):

@@ -12,24 +12,22 @@ Threading: ``submit`` may be called from any thread; all model work and all MPI 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import cast
 
 import numpy as np
 
-from launcher.contracts.stop_records import DRAINED, DRAINING
-
+from .bookkeeping import Bookkeeping
 from .checkpoint import ModelConfig
-from .drain import DRAIN_CHECK_S, FAILED, RAN_OUT, STOPPING, Drain
-from .follower import PING, STOP, load_shard
+from .follower import load_shard
 from .lockstep import StepFailed
 from .model import StepPlan, TransformerShard
-from .parallel import Communicator, PeerGone, drain_deadline, report_drain, world_comm
+from .parallel import Communicator, world_comm
 from .prefix_cache import PrefixReuse
-from .scheduler import GenerationOutput, GenerationRequest, KVBudget, RecentlyFinished, Scheduler
+from .scheduler import GenerationOutput, GenerationRequest, KVBudget, Scheduler
 from .selection import greedy_picks, hit_stop_word, sampled_token
 from .stats import EngineStats
 from .validate import request_problem
@@ -37,8 +35,9 @@ from .validate import request_problem
 log = logging.getLogger("hpc_serve.cpu_engine")
 
 
-class Engine:
-    """Leader-side engine: scheduler + KV budget + sampling around a :class:`TransformerShard`."""
+class Engine(Bookkeeping):
+    """Leader-side engine: scheduler + KV budget + sampling around a :class:`TransformerShard` (its requests'
+    bookkeeping: bookkeeping.py)."""
 
     def __init__(
         self,
@@ -62,7 +61,7 @@ class Engine:
             comm = comm or world_comm(tp_size)
             shard = load_shard(model_dir, comm, max_batch_size, max_seq_len)
         self.shard = shard
-        self.comm = shard.comm
+        super().__init__(shard.comm, heartbeat_s)
         if self.comm.rank != 0:
             raise RuntimeError("Engine is the leader (rank 0); other ranks run follower_loop()")
         self.config: ModelConfig = shard.cfg
@@ -75,47 +74,15 @@ class Engine:
         #: KV blocks kept for later prompts (prefix_cache.py; kv_cache_config.enable_block_reuse), None: off
         #: on_kv_event: each change of those blocks, as TensorRT-LLM's KV-cache event data (engine thread)
         self.reuse = PrefixReuse(block_size, on_kv_event) if block_reuse else None
-        self.heartbeat_s = heartbeat_s
         #: the least time a step takes on the engine thread (the `min_step_ms` parameter: a GPU's pace)
         self.min_step_s = min_step_s
-        self._incoming: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
-        self._cancel_ids: set[str] = set()
-        self._finished_ids = RecentlyFinished()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._last_context = 0
         self._last_generation = 0
         self._last_context_tokens = 0
-        self.completed = 0
-        self.iterations = 0
-        self._stopped_followers = False
-        self.on_step: Callable[[EngineStats], None] | None = None  # e.g. Prometheus gauges, after every step
-        #: epoch seconds by which in-flight work must be done once stopping (None: not stopping); see _enforce_drain
-        self.drain_deadline: Callable[[], float | None] | None = drain_deadline
-        #: tells the stopping launcher "draining" / "drained" (parallel.report_drain; injectable for tests)
-        self.report_drain: Callable[[str], None] = report_drain
-        self._drain = Drain()
-        self._refusing: str | None = None  # why new requests are answered with an error at once
 
     # ------------------------------------------------------------------ public API
-    def submit(self, req: GenerationRequest) -> GenerationRequest:
-        """Queue a request (any thread); outputs arrive through ``req.on_output`` from the engine thread."""
-        if self._refusing:  # stopping or broken: answer at once instead of queueing behind nothing
-            self._finish(req, "error", self._refusing)
-            return req
-        req.sampling.validate()
+    def _accept(self, req: GenerationRequest) -> None:
         req.rng = np.random.default_rng(int(req.sampling.seed) & 0xFFFFFFFFFFFFFFFF)
-        self._incoming.put(req)
-        self._wake.set()
-        return req
-
-    def cancel(self, request_id: str) -> None:
-        """Cancel a waiting or running request by id (Triton's ``stop`` input); it finishes as 'cancelled'."""
-        with self._lock:
-            self._cancel_ids.add(str(request_id))
-        self._wake.set()
 
     def stats(self) -> EngineStats:
         """Counts as a client would read them: a request that finished in the last step is no longer active,
@@ -138,15 +105,6 @@ class Engine:
             max_blocks=self.budget.max_blocks,
             tokens_per_block=self.budget.block_size,
         )
-
-    def has_work(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting or not self._incoming.empty())
-
-    def start(self) -> None:
-        """Run the loop on a daemon thread."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="cpu-engine", daemon=True)
-            self._thread.start()
 
     def shutdown(self) -> None:
         """Stop the loop, fail what is still queued, and release the followers (they exit their loop)."""
@@ -186,12 +144,8 @@ class Engine:
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
         last_msg = time.monotonic()
-        next_drain_check = 0.0
         while not self._stop.is_set():
-            now = time.monotonic()
-            if now >= next_drain_check:
-                next_drain_check = now + DRAIN_CHECK_S
-                self._enforce_drain(time.time())
+            self._check_drain(time.monotonic())
             if self.has_work():
                 started = time.monotonic()
                 self.step_or_fail()
@@ -201,39 +155,10 @@ class Engine:
                 continue
             if self._cancel_ids:  # stops while idle match nothing: said now, not applied to the next request's step
                 self._intake()
-            self._wake.wait(min(self.heartbeat_s, DRAIN_CHECK_S))
-            self._wake.clear()
+            self._idle()
             if self.comm.size > 1 and time.monotonic() - last_msg >= self.heartbeat_s:
-                try:
-                    self.comm.bcast_obj(PING)  # followers use this to tell an idle leader from a dead one
-                except PeerGone as e:  # a follower died: nothing can run on this replica any more
-                    log.error("%s", e)
-                    self._refusing = f"a tensor-parallel peer of this replica is gone ({e})"
-                    self._fail_all(self._refusing)
+                self._ping()
                 last_msg = time.monotonic()
-
-    def _enforce_drain(self, now_epoch: float) -> None:
-        """Apply the drain's rules (drain.py) once the launcher's stop file says the rank is stopping."""
-        deadline = self.drain_deadline() if self.drain_deadline is not None and self._drain.state != DRAINED else None
-        for change in self._drain.advance(deadline, now_epoch, self._in_flight):
-            if change == DRAINING:
-                self._refusing = self._refusing or STOPPING
-                log.info(
-                    "stopping: refusing new requests, draining %d in flight until %.1f", self._in_flight(), deadline
-                )
-            elif change == FAILED:
-                self._refusing = RAN_OUT
-                log.warning(
-                    "drain time ends at %.1f: failing %d queued/running request(s)", deadline, self._in_flight()
-                )
-                self._fail_all(self._refusing)
-            if change in (DRAINING, DRAINED):
-                self.report_drain(change)
-
-    def _in_flight(self) -> int:
-        """Requests not finished yet (a finished one may hold its slot until the next step: not counted)."""
-        running = sum(1 for r in self.scheduler.running if not r.finished)
-        return running + len(self.scheduler.waiting) + self._incoming.qsize()
 
     def step_or_fail(self) -> str | None:
         """One :meth:`step`; if it fails, only the requests of that step fail (with the reason, returned here)
@@ -250,46 +175,21 @@ class Engine:
         self._fail_running(reason)
         return reason
 
-    def _stop_followers(self) -> None:
-        if self.comm.size > 1 and not self._stopped_followers:
-            self._stopped_followers = True
-            self.comm.bcast_obj(STOP)
+    # ------------------------------------------------------------------ the bookkeeping's questions
+    @property
+    def _waiting(self) -> deque[GenerationRequest]:
+        return self.scheduler.waiting
 
-    def _emit(self, req: GenerationRequest, final: bool) -> None:
-        if req.on_output is None:
-            return
-        if not req.streaming and not final:
-            return
-        start = 0 if not req.streaming else req._unsent
-        out = GenerationOutput(
-            request=req,
-            new_tokens=req.output_ids[start:],
-            new_log_probs=req.log_probs[start:],
-            finished=final,
-            finish_reason=req.finish_reason,
-            error=req.error,
-        )
-        req._unsent = len(req.output_ids)
-        try:
-            req.on_output(out)
-        except Exception:
-            log.exception("on_output callback failed for request %s", req.request_id)
+    def _running_requests(self) -> list[GenerationRequest]:
+        return self.scheduler.running
 
-    def _finish(self, req: GenerationRequest, reason: str, error: str | None = None) -> None:
-        self._finished_ids.add(req.request_id)
-        req.finished = True
-        req.finish_reason = reason
-        req.error = error
-        self.completed += 1
-        self._emit(req, final=True)
+    def _problem(self, req: GenerationRequest) -> str | None:
+        if (cut := self.scheduler.fit(req)) is not None:
+            log.warning("request %s: %s", req.request_id, cut)
+        return request_problem(req, self.config.vocab_size) or self.scheduler.check(req)
 
     def _fail_all(self, message: str) -> None:
-        while not self._incoming.empty():
-            self._finish(self._incoming.get(), "error", message)
-        for req in list(self.scheduler.waiting):
-            self._finish(req, "error", message)
-        self.scheduler.waiting.clear()
-        self._fail_running(message)
+        super()._fail_all(message)
         self._report()  # the metrics must show the emptied batch now, not at some later step
 
     def _fail_running(self, message: str) -> None:
@@ -297,32 +197,6 @@ class Engine:
             if not req.finished:
                 self._finish(req, "error", message)
         self.scheduler.remove_finished()
-
-    def _intake(self) -> None:
-        with self._lock:
-            cancel_ids, self._cancel_ids = self._cancel_ids, set()
-        while not self._incoming.empty():
-            req = self._incoming.get()
-            if (cut := self.scheduler.fit(req)) is not None:
-                log.warning("request %s: %s", req.request_id, cut)
-            problem = request_problem(req, self.config.vocab_size) or self.scheduler.check(req)
-            if problem:
-                self._finish(req, "error", problem)
-            else:
-                self.scheduler.waiting.append(req)
-        cancelled_waiting = set()
-        for req in list(self.scheduler.waiting):
-            if req.request_id in cancel_ids or req.cancelled():
-                cancelled_waiting.add(req.request_id)
-                self.scheduler.waiting.remove(req)
-                self._finish(req, "cancelled")
-        held = set()
-        for req in self.scheduler.running:
-            if not req.finished and (req.request_id in cancel_ids or req.cancelled()):
-                held.add(req.request_id)
-                self._finish(req, "cancelled")
-        for request_id in cancel_ids - held - cancelled_waiting:
-            self._finished_ids.unmatched_stop(request_id)
 
     def step(self) -> None:
         """One iteration: intake/cancel, compact, admit, one forward (decode + prefills), sample, emit."""

@@ -6,6 +6,8 @@ scheduler, sampling or requests, only the forward pass the leader plans.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 from .checkpoint import load_config
 from .lockstep import StepFailed
@@ -26,9 +28,9 @@ def load_shard(model_dir: str, comm: Communicator, max_slots: int, max_seq_len: 
     return TransformerShard(config, load_weights(model_dir), comm=comm, max_slots=max_slots, max_seq_len=max_seq_len)
 
 
-def follower_loop(shard: TransformerShard) -> None:
-    """Ranks > 0: mirror every step the leader broadcasts until it says stop (or disappears)."""
-    comm = shard.comm
+def leader_messages(comm: Communicator) -> Iterator[Any]:
+    """What the leader broadcasts to a rank > 0 (step plans, pings), until it says stop or disappears (said in the
+    log): every engine's worker ranks listen so."""
     while True:
         try:
             msg = comm.bcast_obj(None)
@@ -37,6 +39,13 @@ def follower_loop(shard: TransformerShard) -> None:
             return
         if msg == STOP or msg is None:
             return
+        yield msg
+
+
+def follower_loop(shard: TransformerShard) -> None:
+    """Ranks > 0: mirror every step the leader broadcasts until it says stop (or disappears)."""
+    comm = shard.comm
+    for msg in leader_messages(comm):
         if msg == PING:
             continue
         try:

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -188,6 +188,50 @@ def _write_tokenizer_files(tmp: str, family: str, tok: Any, max_positions: int) 
         json.dump(special, f, indent=2)
 
 
+def special_ids(family: str, tok: Any) -> dict[str, int]:
+    """The ids of the family's bos, eos and pad tokens in the trained tokenizer `tok`."""
+    spec = SPECIAL_TOKENS[family]
+    return {k: tok.token_to_id(spec[k]) for k in ("bos", "eos", "pad")}
+
+
+def write_model_files(folder: str, family: str, tok: Any, config: dict[str, Any], max_positions: int) -> None:
+    """A checkpoint's files besides the weights: the tokenizer's (`max_positions` its longest input), config.json
+    and generation_config.json (config's special token ids)."""
+    _write_tokenizer_files(folder, family, tok, max_positions)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    with open(os.path.join(folder, "generation_config.json"), "w", encoding="utf-8") as f:
+        json.dump({k + "_token_id": config[k + "_token_id"] for k in ("bos", "eos", "pad")}, f, indent=2)
+
+
+def publish_folder(tmp: str, out: str, is_complete: Callable[[str], bool], overwrite: bool = False) -> str:
+    """Rename the folder built at `tmp` into place at `out` (readable by all), so a reader sees nothing or the whole
+    folder; a complete `out` a racing writer published first is kept (`tmp` removed) unless `overwrite`, an empty
+    one (a placeholder) replaced. Returns `out`."""
+    os.chmod(tmp, 0o755)
+    for name in os.listdir(tmp):
+        os.chmod(os.path.join(tmp, name), 0o644)
+    if os.path.exists(out):
+        if overwrite:
+            shutil.rmtree(out, ignore_errors=True)
+        elif is_complete(out):  # another writer finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+            return out
+        else:
+            try:
+                os.rmdir(out)  # empty placeholder
+            except OSError:
+                pass
+    try:
+        os.rename(tmp, out)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST) and is_complete(out):
+            shutil.rmtree(tmp, ignore_errors=True)  # another writer won the race
+        else:
+            raise
+    return out
+
+
 def _is_complete(path: str) -> bool:
     return all(os.path.isfile(os.path.join(path, n)) for n in ("config.json", "model.safetensors", "tokenizer.json"))
 
@@ -220,44 +264,17 @@ def create_checkpoint(
     try:
         tok = train_tokenizer(family, dims["vocab"])
         vocab = tok.get_vocab_size()
-        spec = SPECIAL_TOKENS[family]
-        ids = {k: tok.token_to_id(spec[k]) for k in ("bos", "eos", "pad")}
-        _write_tokenizer_files(tmp, family, tok, dims["positions"])
-        config = _hf_config(family, dims, vocab, ids)
-        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2)
-        with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
-            json.dump({k + "_token_id": ids[k] for k in ("bos", "eos", "pad")}, f, indent=2)
+        ids = special_ids(family, tok)
+        write_model_files(tmp, family, tok, _hf_config(family, dims, vocab, ids), dims["positions"])
         save_file(
             _random_weights(family, dims, vocab, seed),
             os.path.join(tmp, "model.safetensors"),
             metadata={"format": "pt"},
         )
-        os.chmod(tmp, 0o755)
-        for name in os.listdir(tmp):
-            os.chmod(os.path.join(tmp, name), 0o644)
-        if os.path.exists(out):
-            if overwrite:
-                shutil.rmtree(out, ignore_errors=True)
-            elif _is_complete(out):  # another writer finished first
-                shutil.rmtree(tmp, ignore_errors=True)
-                return out
-            else:
-                try:
-                    os.rmdir(out)  # empty placeholder
-                except OSError:
-                    pass
-        try:
-            os.rename(tmp, out)
-        except OSError as e:
-            if e.errno in (errno.ENOTEMPTY, errno.EEXIST) and _is_complete(out):
-                shutil.rmtree(tmp, ignore_errors=True)  # another writer won the race
-            else:
-                raise
+        return publish_folder(tmp, out, _is_complete, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

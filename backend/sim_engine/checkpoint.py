@@ -6,13 +6,12 @@ computes with them). `python -m backend.sim_engine.checkpoint DIR --model llama-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
 from collections.abc import Sequence
 
-from backend.cpu_engine.init_model import SPECIAL_TOKENS, _write_tokenizer_files, train_tokenizer
+from backend.cpu_engine.init_model import publish_folder, special_ids, train_tokenizer, write_model_files
 
 from .profiles import DEFAULT_MODEL, MODELS, model_config
 
@@ -37,29 +36,13 @@ def create_sim_checkpoint(out_dir: str | os.PathLike[str], model: str = DEFAULT_
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
     try:
         tok = train_tokenizer(FAMILY, TOKENIZER_VOCAB)
-        spec = SPECIAL_TOKENS[FAMILY]
-        ids = {k: tok.token_to_id(spec[k]) for k in ("bos", "eos", "pad")}
+        ids = special_ids(FAMILY, tok)
         config = {**model_config(model), **{f"{k}_token_id": ids[k] for k in ("bos", "eos", "pad")}}
-        _write_tokenizer_files(tmp, FAMILY, tok, int(config["max_position_embeddings"]))
-        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2)
-        with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
-            json.dump({k + "_token_id": ids[k] for k in ("bos", "eos", "pad")}, f, indent=2)
-        os.chmod(tmp, 0o755)
-        for name in os.listdir(tmp):
-            os.chmod(os.path.join(tmp, name), 0o644)
-        if os.path.isdir(out) and not os.listdir(out):
-            os.rmdir(out)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if not is_complete(out):
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another writer won the race
+        write_model_files(tmp, FAMILY, tok, config, int(config["max_position_embeddings"]))
+        return publish_folder(tmp, out, is_complete)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,23 +15,19 @@ runs the same steps on a clock of its own (no waiting), for the calibration and 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from backend.cpu_engine.drain import DRAIN_CHECK_S, FAILED, RAN_OUT, STOPPING, Drain
-from backend.cpu_engine.follower import PING, STOP
-from backend.cpu_engine.parallel import Communicator, PeerGone, SingleComm, drain_deadline, report_drain
-from backend.cpu_engine.scheduler import GenerationOutput, GenerationRequest, RecentlyFinished
+from backend.cpu_engine.bookkeeping import Bookkeeping
+from backend.cpu_engine.parallel import Communicator, SingleComm
+from backend.cpu_engine.scheduler import GenerationRequest
 from backend.cpu_engine.selection import hit_stop_word
 from backend.cpu_engine.stats import EngineStats
 from backend.cpu_engine.validate import request_problem
-from launcher.contracts.stop_records import DRAINED, DRAINING
 
 from .kv_cache import Holding, PagedKvCache
 from .text import CorpusText
@@ -75,7 +71,12 @@ class _Step:
     prefill: list[tuple[_Seq, int]] = field(default_factory=list)
 
 
-class SimEngine:
+class SimEngine(Bookkeeping):
+    """The simulated engine; its requests' bookkeeping is the CPU engine's (backend/cpu_engine/bookkeeping.py)."""
+
+    thread_name = "sim-engine"
+    log = log  # the bookkeeping speaks through this module's logger
+
     def __init__(
         self,
         *,
@@ -92,54 +93,23 @@ class SimEngine:
     ) -> None:
         if max_batch_size < 1 or max_num_tokens < 1:
             raise ValueError(f"max_batch_size ({max_batch_size}) and max_num_tokens ({max_num_tokens}) must be > 0")
+        super().__init__(comm or SingleComm(), heartbeat_s)
         self.timing, self.cache, self.text = timing, cache, text
         self.budget = cache  # the leader node reads max_blocks, block_size, max_tokens
         self.config = model
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         self.max_seq_len = max_seq_len
-        self.comm: Communicator = comm or SingleComm()
-        self.heartbeat_s = heartbeat_s
         #: each step is waited this many times its GPU time (model.sim.slowdown); busy_s counts GPU time
         self.slowdown = slowdown
         self.waiting: deque[GenerationRequest] = deque()
         self.running: list[_Seq] = []
-        self._incoming: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
-        self._cancel_ids: set[str] = set()
-        self._finished_ids = RecentlyFinished()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._refusing: str | None = None
-        self._stopped_followers = False
-        self.completed = 0
-        self.iterations = 0
+        #: the admitted requests' sequences, by the request's id(): what a request lets go of when it finishes
+        self._held: dict[int, _Seq] = {}
         self.busy_s = 0.0  # the GPU time of every step so far
         self._last = _Step(0.0)
-        self.on_step: Callable[[EngineStats], None] | None = None
-        #: the rank's stop, as the CPU engine drains (backend/cpu_engine/drain.py): refuse new requests, finish or
-        #: fail those in flight by the deadline, say "drained"; injectable for tests
-        self.drain_deadline: Callable[[], float | None] | None = drain_deadline
-        self.report_drain: Callable[[str], None] = report_drain
-        self._drain = Drain()
 
     # ------------------------------------------------------------------ public API
-    def submit(self, req: GenerationRequest) -> GenerationRequest:
-        """Queue a request (any thread); its outputs come through `req.on_output` from the engine thread."""
-        if self._refusing:
-            self._finish(req, "error", self._refusing)
-            return req
-        req.sampling.validate()
-        self._incoming.put(req)
-        self._wake.set()
-        return req
-
-    def cancel(self, request_id: str) -> None:
-        with self._lock:
-            self._cancel_ids.add(str(request_id))
-        self._wake.set()
-
     def stats(self) -> EngineStats:
         live = [s for s in self.running if not s.req.finished]
         last = self._last
@@ -159,14 +129,6 @@ class SimEngine:
             tokens_per_block=self.cache.tokens_per_block,
         )
 
-    def has_work(self) -> bool:
-        return bool(self.running or self.waiting or not self._incoming.empty())
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="sim-engine", daemon=True)
-            self._thread.start()
-
     def shutdown(self) -> None:
         """Stop the loop, fail what is queued or running, release the worker nodes."""
         self._stop.set()
@@ -180,9 +142,7 @@ class SimEngine:
                 self._thread = None
         if self._thread is None:
             self._fail_all(self._refusing)
-        if self.comm.size > 1 and not self._stopped_followers:
-            self._stopped_followers = True
-            self.comm.bcast_obj(STOP)
+        self._stop_followers()
 
     def run_offline(self, requests: Iterable[GenerationRequest]) -> float:
         """Serve `requests`, all arrived at time 0, on the engine's own clock, without waiting; the simulated
@@ -202,12 +162,9 @@ class SimEngine:
     def _loop(self) -> None:
         deadline = 0.0
         pinged = time.monotonic()
-        next_drain_check = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
-            if now >= next_drain_check:
-                next_drain_check = now + DRAIN_CHECK_S
-                self._enforce_drain(time.time())
+            self._check_drain(now)
             if self.comm.size > 1 and now - pinged >= self.heartbeat_s:
                 self._ping()
                 pinged = now
@@ -218,8 +175,7 @@ class SimEngine:
                 self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
                 continue
             if step is None:
-                self._wake.wait(min(self.heartbeat_s, DRAIN_CHECK_S))
-                self._wake.clear()
+                self._idle()
                 deadline = 0.0
                 continue
             # back to back: this step starts when the last one's time was up, so a late wake-up (a loaded machine)
@@ -230,60 +186,20 @@ class SimEngine:
                 break
             self._complete(step, time.time_ns())
 
-    def _enforce_drain(self, now_epoch: float) -> None:
-        """The CPU engine's drain rules (drain.py) once the launcher's stop file says the rank is stopping."""
-        if self.drain_deadline is None or self._drain.state == DRAINED:
-            return
-        for change in self._drain.advance(self.drain_deadline(), now_epoch, self._in_flight):
-            if change == DRAINING:
-                self._refusing = self._refusing or STOPPING
-                log.info("stopping: refusing new requests, draining %d in flight", self._in_flight())
-            elif change == FAILED:
-                self._refusing = RAN_OUT
-                log.warning("drain time ran out: failing %d request(s)", self._in_flight())
-                self._fail_all(RAN_OUT)
-            if change in (DRAINING, DRAINED):
-                self.report_drain(change)
+    # ------------------------------------------------------------------ the bookkeeping's questions
+    @property
+    def _waiting(self) -> deque[GenerationRequest]:
+        return self.waiting
 
-    def _in_flight(self) -> int:
-        return sum(1 for s in self.running if not s.req.finished) + len(self.waiting) + self._incoming.qsize()
-
-    def _ping(self) -> None:
-        """Tell the worker nodes the leader lives (they leave after a silence: parallel.MpiComm)."""
-        try:
-            self.comm.bcast_obj(PING)
-        except PeerGone as e:
-            log.error("%s", e)
-            self._refusing = f"a tensor-parallel peer of this replica is gone ({e})"
-            self._fail_all(self._refusing)
-
-    # ------------------------------------------------------------------ a step
-    def _intake(self) -> None:
-        with self._lock:
-            cancel_ids, self._cancel_ids = self._cancel_ids, set()
-        while not self._incoming.empty():
-            req = self._incoming.get()
-            problem = request_problem(req, self.config.vocab_size) or self._problem(req)
-            if problem:
-                self._finish(req, "error", problem)
-            else:
-                self.waiting.append(req)
-        matched = set()
-        for req in list(self.waiting):
-            if req.request_id in cancel_ids:
-                matched.add(req.request_id)
-                self.waiting.remove(req)
-                self._finish(req, "cancelled")
-        for seq in self.running:
-            if not seq.req.finished and seq.req.request_id in cancel_ids:
-                matched.add(seq.req.request_id)
-                self._finish(seq.req, "cancelled", seq=seq)
-        for request_id in cancel_ids - matched:
-            self._finished_ids.unmatched_stop(request_id)
+    def _running_requests(self) -> list[GenerationRequest]:
+        return [s.req for s in self.running]
 
     def _problem(self, req: GenerationRequest) -> str | None:
         """Why a request can never run, or None; a request asking more than its context leaves is cut, as
         TensorRT-LLM cuts it."""
+        problem = request_problem(req, self.config.vocab_size)
+        if problem:
+            return problem
         if req.prompt_len == 0:
             return "the prompt must have at least one token"
         if req.max_new_tokens <= 0:
@@ -323,6 +239,7 @@ class SimEngine:
             bs = self.cache.tokens_per_block
             seq = _Seq(req, holding, self.text.start(req.sampling.seed, req.input_ids), holding.reused * bs)
             self.running.append(seq)
+            self._held[id(req)] = seq
             chunk = min(req.prompt_len - seq.computed, room)
             step.prefill.append((seq, chunk))
             room -= chunk
@@ -365,58 +282,32 @@ class SimEngine:
             req.first_token_time_ns = now_ns
         req.last_token_time_ns = now_ns
         if req.end_id is not None and token == req.end_id and len(req.output_ids) >= req.sampling.min_tokens:
-            self._finish(req, "end_id", seq=seq)
+            self._finish(req, "end_id")
             return
         req.output_ids.append(token)
         req.log_probs.append(TOKEN_LOG_PROB)
         req.cum_log_prob += TOKEN_LOG_PROB
         n_out = len(req.output_ids)
         if n_out >= req.sampling.min_tokens and req.stop_words and hit_stop_word(req):
-            self._finish(req, "stop_words", seq=seq)
+            self._finish(req, "stop_words")
         elif n_out >= req.max_new_tokens:
-            self._finish(req, "length", seq=seq)
+            self._finish(req, "length")
         else:
             self._emit(req, final=False)
 
     # ------------------------------------------------------------------ endings
-    def _emit(self, req: GenerationRequest, final: bool) -> None:
-        if req.on_output is None or (not req.streaming and not final):
-            return
-        start = req._unsent if req.streaming else 0
-        out = GenerationOutput(
-            request=req,
-            new_tokens=req.output_ids[start:],
-            new_log_probs=req.log_probs[start:],
-            finished=final,
-            finish_reason=req.finish_reason,
-            error=req.error,
-        )
-        req._unsent = len(req.output_ids)
-        try:
-            req.on_output(out)
-        except Exception:  # noqa: BLE001 - one client's callback never stops the engine
-            log.exception("on_output callback failed for request %s", req.request_id)
-
-    def _finish(self, req: GenerationRequest, reason: str, error: str | None = None, seq: _Seq | None = None) -> None:
+    def _finish(self, req: GenerationRequest, reason: str, error: str | None = None) -> None:
+        seq = self._held.pop(id(req), None)
         if seq is not None:  # its answer's full blocks are kept too; then it lets go of its blocks
             if reason != "error" and req.output_ids:
                 self.cache.store(
                     seq.holding, np.concatenate([req.input_ids, np.asarray(req.output_ids[:-1], np.int64)])
                 )
             self.cache.release(seq.holding)
-        self._finished_ids.add(req.request_id)
-        req.finished = True
-        req.finish_reason = reason
-        req.error = error
-        self.completed += 1
-        self._emit(req, final=True)
+        super()._finish(req, reason, error)
 
-    def _fail_all(self, message: str) -> None:
-        while not self._incoming.empty():
-            self._finish(self._incoming.get(), "error", message)
-        while self.waiting:
-            self._finish(self.waiting.popleft(), "error", message)
+    def _fail_running(self, message: str) -> None:
         for seq in self.running:
             if not seq.req.finished:
-                self._finish(seq.req, "error", message, seq=seq)
+                self._finish(seq.req, "error", message)
         self.running = []

@@ -17,10 +17,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from backend.cpu_engine.follower import STOP
-from backend.cpu_engine.llmapi.engine_args import EngineArgs, EngineArgsError, WorkerLoad
-from backend.cpu_engine.llmapi.kind import Started
-from backend.cpu_engine.parallel import Communicator, LeaderDied
+from backend.cpu_engine.follower import leader_messages
+from backend.cpu_engine.llmapi.engine_args import EngineArgsError, WorkerLoad
+from backend.cpu_engine.llmapi.kind import LeaderLoad, Started
+from backend.cpu_engine.parallel import Communicator
 from launcher.contracts.llmapi import SIM_GPU_VAR, SIM_SLOWDOWN_VAR
 
 from .engine import SimEngine, SimModel
@@ -119,24 +119,18 @@ def build_engine(
 class SimKind:
     name = "sim"
 
-    def leader(
-        self,
-        args: EngineArgs,
-        llm_args: Mapping[str, Any],
-        comm: Communicator,
-        min_step_s: float,
-        on_kv_event: Callable[[dict], None] | None,
-    ) -> Started:
+    def leader(self, load: LeaderLoad) -> Started:
+        args = load.args
         engine = build_engine(
             args.load.model,
-            llm_args,
+            load.llm_args,
             args.tp_size,
             gpu_name(),
             block_reuse=args.block_reuse,
             tokens_per_block=args.tokens_per_block,
             kv_cache_tokens=args.kv_cache_tokens,
-            comm=comm,
-            on_kv_event=on_kv_event,
+            comm=load.comm,
+            on_kv_event=load.on_kv_event,
             slowed=slowdown(),
         )
         log.info(
@@ -151,14 +145,8 @@ class SimKind:
 
     def worker(self, load: WorkerLoad, comm: Communicator) -> None:
         """Answer the leader's heartbeats until it says stop (or goes silent)."""
-        while True:
-            try:
-                message = comm.bcast_obj(None)
-            except LeaderDied as e:
-                log.error("worker rank %d: %s; exiting", comm.rank, e)
-                return
-            if message == STOP or message is None:
-                return
+        for _ in leader_messages(comm):
+            pass
 
 
 SIM = SimKind()

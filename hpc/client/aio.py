@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -32,6 +33,7 @@ from hpc.serving.discovery import Discovery
 from hpc.serving.engine_timing import timestamps
 from hpc.serving.gateway_record import live_gateway
 from hpc.serving.model_io import Chunk, GenerateParams
+from hpc.serving.resume import continuation, resumable
 from hpc.serving.retry import stream_with_retry, taken_whole
 from hpc.serving.routing import CachedPrefix
 from hpc.serving.text import StopStream
@@ -83,6 +85,7 @@ class AsyncClient:
         #: to each replica (it follows no replica's KV-cache events: hpc/serving/routing.py)
         self._routing = CachedPrefix(follows_events=False)
         self.target: Target | None = None
+        self._tokenizer: Any = None  # the deployment's, loaded to count a stream's tokens only where needed
         if isinstance(target, EndpointRecord | Replica):
             replica = as_replica(target) if isinstance(target, EndpointRecord) else target
             self._balancer.update([replica])  # pinned: no discovery, no gateway
@@ -182,16 +185,19 @@ class AsyncClient:
             raise NotReady(self._not_ready())
         _, engine = self._connections()
 
-        def attempt(replica: Replica) -> AsyncIterator[Chunk]:
-            chunks = engine.stream(
-                replica.grpc_url,
-                params,
-                self._replica_token(replica),
-                replica.workflow,
-                replica.decoupled,
-                replica.llmapi_model,
-            )
-            return taken_whole(chunks) if whole else chunks
+        def attempt_of(asked: GenerateParams) -> Callable[[Replica], AsyncIterator[Chunk]]:
+            def attempt(replica: Replica) -> AsyncIterator[Chunk]:
+                chunks = engine.stream(
+                    replica.grpc_url,
+                    asked,
+                    self._replica_token(replica),
+                    replica.workflow,
+                    replica.decoupled,
+                    replica.llmapi_model,
+                )
+                return taken_whole(chunks) if whole else chunks
+
+            return attempt
 
         def retried(replica: Replica, exc: BaseException) -> None:
             what = "refused (queue full)" if isinstance(exc, ReplicaBusy) else "failed before its first piece"
@@ -199,26 +205,58 @@ class AsyncClient:
 
         started = False
         stops = StopStream(params.stop)  # cut as the gateway cuts: the same text either way
+        asked, made, uncounted, sent, resumes, picked = params, 0, False, "", 0, [""]
+        failed: tuple[str, ...] = ()
+        lost: BaseException | None = None  # what failed the stream half-way, the answer if it cannot go on
+
+        def on_pick(replica: Replica, _tried: int) -> None:
+            picked[0] = replica.key
+
         try:
-            chunks_of = stream_with_retry(
-                self._balancer,
-                attempt,
-                ReplicaUnavailable,
-                ReplicaBusy,
-                None,
-                retried,
-                failed=failed_internally,
-                route=self._routing.route(params.prompt),
-            )
-            async with aclosing(chunks_of) as chunks:
-                async for chunk in chunks:
-                    if timing is not None and (stamps := timestamps(chunk.perf)):
-                        timing.update(stamps)
-                    if text := stops.feed(chunk.text):
-                        started = True
-                        yield text
-                    if stops.stopped:
-                        return
+            while True:  # one attempt, and a continuation of it where its replica failed it half-way (resume.py)
+                chunks_of = stream_with_retry(
+                    self._balancer,
+                    attempt_of(asked),
+                    ReplicaUnavailable,
+                    ReplicaBusy,
+                    None,
+                    retried,
+                    on_pick=on_pick,
+                    failed=failed_internally,
+                    route=self._routing.route(asked.prompt),
+                    exclude=failed,
+                )
+                came = False
+                try:
+                    async with aclosing(chunks_of) as chunks:
+                        async for chunk in chunks:
+                            came = True
+                            if chunk.tokens is None:
+                                uncounted = True
+                            else:
+                                made += chunk.tokens
+                            sent += chunk.text
+                            if timing is not None and (stamps := timestamps(chunk.perf)):
+                                timing.update(stamps)
+                            if text := stops.feed(chunk.text):
+                                started = True
+                                yield text
+                            if stops.stopped:
+                                return
+                    break
+                except (ModelError, ReplicaUnavailable, NoReplica, Saturated) as exc:
+                    if lost is not None and not came:  # the continuation found no replica, or failed at once
+                        raise lost from None
+                    if not came or whole or self.target is None or not resumable(exc, resumes):
+                        raise
+                    counted = await self._tokens_of(sent) if uncounted else made
+                    if counted is None:
+                        raise
+                    more = continuation(params, sent, counted)
+                    log.warning("replica %s failed the stream half-way: %s; it goes on on another", picked[0], exc)
+                    if more is None:  # every token asked for was made: only its end was lost
+                        break
+                    asked, resumes, failed, lost = more, resumes + 1, (*failed, picked[0]), exc
             if rest := stops.flush():
                 yield rest
         except Saturated as exc:
@@ -235,6 +273,19 @@ class AsyncClient:
             raise RequestError(f"{self.model or 'the model'}: {exc}") from None
         except ReplicaUnavailable as exc:
             raise ServerError(f"the replica broke off the stream: {exc}") from None
+
+    async def _tokens_of(self, text: str) -> int | None:
+        """The tokens of a generation's `text` by the deployment's tokenizer, for a model that counts none (llmapi);
+        loaded at the first need (a stream to continue), None where it cannot be."""
+        if self._tokenizer is None and self.target is not None:
+            from backend.models.tokenizer import load_tokenizer
+
+            try:
+                self._tokenizer = await asyncio.to_thread(load_tokenizer, self.target.tokenizer_dir)
+            except Exception as exc:  # noqa: BLE001 - no tokenizer: the stream is not continued, its error stands
+                log.warning("the deployment's tokenizer could not be loaded: %s", exc)
+                return None
+        return len(self._tokenizer.encode(text, add_special_tokens=False)) if self._tokenizer is not None else None
 
     def _hint(self) -> str:
         return f"see `hpc-serve status`{f' for {self.target.name}' if self.target else ''}"

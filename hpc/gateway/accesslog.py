@@ -51,6 +51,10 @@ class RequestRecord:
     ttft_s: float | None = None
     latency_s: float | None = None
     retried: int = 0
+    #: times the stream went on on another replica after its replica failed it half-way (`Gateway.resumed`)
+    resumed: int = 0
+    #: the replicas that failed the stream half-way, left out of its continuation
+    failed_replicas: tuple[str, ...] = ()
     error: str | None = None  # an error kind; set by a route for a stream that failed after its status was sent
     #: KV-cache blocks of the request's prompt the replica's engine found in its cache, and those it did not (the
     #: llmapi model's perf metrics; None from a model that reports none)
@@ -86,6 +90,7 @@ class RequestRecord:
             "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 3),
             "latency_ms": None if self.latency_s is None else round(self.latency_s * 1000, 3),
             "retried": self.retried,
+            "resumed": self.resumed,
             "error": self.error,
             "kv_reused_blocks": self.kv_reused_blocks,
             "kv_missed_blocks": self.kv_missed_blocks,

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import secrets
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from fastapi.responses import JSONResponse
@@ -120,7 +121,7 @@ async def answer(
     _merge_records(record, subs)
     record.first_token()
     events = Events(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), gw.model_name, chat)
-    relay = _Relay(gw, prompts, choices, n, chat, record, events, echo)
+    relay = _Relay(gw, prompts, choices, n, chat, record, events, echo, subs)
     return EventStream(
         relay.events(firsts, pieces, counted, include_usage),
         media_type="text/event-stream",
@@ -193,6 +194,8 @@ class _Relay:
     record: RequestRecord
     out: Events
     echo: bool
+    #: each choice's own record (its replica, and those that failed it half-way: `Gateway.resumed`)
+    subs: Sequence[RequestRecord]
 
     def _opening(self) -> bytes:
         """Chat's role events, or (echo) each prompt in front of its choices."""
@@ -213,8 +216,10 @@ class _Relay:
     ) -> AsyncIterator[bytes]:
         queue: asyncio.Queue[tuple[int, Chunk | BaseException | None]] = asyncio.Queue()
         tasks = [
-            asyncio.ensure_future(_pump(i, first, stream, queue))
-            for i, (first, stream) in enumerate(zip(firsts, pieces, strict=True))
+            asyncio.ensure_future(
+                _pump(i, first, stream, queue, functools.partial(self.gw.resumed, params, record=sub))
+            )
+            for i, (first, stream, params, sub) in enumerate(zip(firsts, pieces, self.choices, self.subs, strict=True))
         ]
         stops = [StopStream(params.stop) for params in self.choices]
         tallies = [Tally() for _ in self.choices]
@@ -269,13 +274,24 @@ async def _pump(
     first: Chunk | None,
     pieces: AsyncGenerator[Chunk, None],
     queue: asyncio.Queue[tuple[int, Chunk | BaseException | None]],
+    resumed: Callable[..., Awaitable[tuple[Chunk | None, AsyncGenerator[Chunk, None]] | None]],
 ) -> None:
-    """One choice's pieces into the relay's queue, then None (or what ended it)."""
+    """One choice's pieces into the relay's queue, then None (or what ended it); a choice whose replica failed it
+    half-way goes on on another (`resumed`: `Gateway.resumed` of the choice's parameters and record)."""
+    tally = Tally()
     try:
         chunk = first
         while chunk is not None:
             queue.put_nowait((index, chunk))
-            chunk = await anext(pieces, None)
+            tally.add(chunk)
+            try:
+                chunk = await anext(pieces, None)
+            except (ModelError, ReplicaUnavailable) as exc:
+                again = await resumed(tally.text, None if tally.uncounted else tally.tokens, exc=exc)
+                if again is None:
+                    raise
+                await pieces.aclose()
+                chunk, pieces = again
         queue.put_nowait((index, None))
     except (ModelError, ReplicaUnavailable, TokenRefused) as exc:
         queue.put_nowait((index, exc))

@@ -198,7 +198,8 @@ class Metrics:
         self.retries = Counter(
             f"{PREFIX}_retries",
             "Requests sent again to another replica: unavailable (failed before its first byte), busy (queue full), "
-            "stopping, model_error (the model failed it before its first byte: tried once more)",
+            "stopping, model_error (the model failed it before its first byte: tried once more), resumed (a stream its "
+            "replica failed half-way, gone on on another)",
             ["reason"],
             registry=r,
         )

@@ -303,7 +303,14 @@ async def _sse(
                 break
             if counted is None:  # counted while the replica makes the next token, not after the last one
                 counted = gw.count_prompt(params.prompt)
-            chunk = await anext(pieces, None)
+            try:
+                chunk = await anext(pieces, None)
+            except (ModelError, ReplicaUnavailable) as exc:  # its replica lost half-way: on another, if one takes it
+                again = await gw.resumed(params, tally.text, None if tally.uncounted else tally.tokens, record, exc)
+                if again is None:
+                    raise
+                await pieces.aclose()
+                chunk, pieces = again
         if counted is None:  # stopped at the first piece
             counted = gw.count_prompt(params.prompt)
         prompt_tokens = await counted

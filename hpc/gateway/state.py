@@ -28,6 +28,7 @@ from hpc.serving.balancer import Balancer, HeldTooLong, NoReplica, Replica, Satu
 from hpc.serving.deployment import Target
 from hpc.serving.discovery import Discovery
 from hpc.serving.model_io import Chunk, GenerateParams
+from hpc.serving.resume import continuation, resumable
 from hpc.serving.retry import stream_with_retry, taken_whole
 from hpc.serving.routing import PrefixChars, RoutingMode
 from hpc.serving.text import ChatTemplate
@@ -144,6 +145,7 @@ class Gateway:
         prompt: str | None,
         record: RequestRecord,
         on_first: Callable[[], None] | None = None,
+        exclude: tuple[str, ...] = (),
     ) -> AsyncGenerator[T, None]:
         """What `attempt(replica)` yields from the replica the balancer picks (prefix affinity on `prompt`), by
         the retry rule (`routing` scores the replicas for `prompt`): an attempt that raises ReplicaUnavailable or ReplicaBusy before its first item is sent to
@@ -169,6 +171,7 @@ class Gateway:
                 on_first=on_first,
                 failed=failed_internally,
                 route=mode.route(prompt),
+                exclude=exclude,
             )
 
         if self.hold_s > 0 and not self.balancer.takers():  # nothing serves: held while a job starts
@@ -203,13 +206,17 @@ class Gateway:
             raise no_replica() from None
 
     def generate(
-        self, params: GenerateParams, record: RequestRecord | None = None, whole: bool = False
+        self,
+        params: GenerateParams,
+        record: RequestRecord | None = None,
+        whole: bool = False,
+        exclude: tuple[str, ...] = (),
     ) -> AsyncGenerator[Chunk, None]:
         """Text pieces from the replica the balancer picks, by `routed`'s rule (take the first with `first`);
         TokenRefused (the replica refused its job's token) and the model's errors are the caller's. `whole`: each
         replica's answer is taken whole before its first piece is yielded, for a request answered in one piece
         (not streamed): nothing of it reaches the client before the end, so a replica lost half-way is one more
-        to retry on another, not a failed request."""
+        to retry on another, not a failed request. `exclude`: replicas not to pick (a continuation's, `resumed`)."""
         record = record if record is not None else RequestRecord("POST", "")
         token_for = self.discovery.token_for
 
@@ -224,4 +231,40 @@ class Gateway:
             )
             return taken_whole(chunks, record.first_token) if whole else chunks
 
-        return self.routed(attempt, params.prompt, record, on_first=record.first_token)
+        return self.routed(attempt, params.prompt, record, on_first=record.first_token, exclude=exclude)
+
+    async def resumed(
+        self, params: GenerateParams, sent: str, tokens: int | None, record: RequestRecord, exc: BaseException
+    ) -> tuple[Chunk | None, AsyncGenerator[Chunk, None]] | None:
+        """A stream whose replica failed it after its first piece (`exc`), continued on another replica by the rule
+        of hpc/serving/resume.py: after the text `sent` so far (`tokens` made; None: the tokenizer counts `sent`).
+        Returns the continuation's first piece and the rest, or None where it does not go on (not resumable, or no
+        replica taking it): then `exc` is the caller's to report."""
+        if not resumable(exc, record.resumed):
+            return None
+        made = tokens if tokens is not None else self.completion_tokens(sent)
+        failed = record.replica
+        record.resumed += 1
+        if failed:
+            record.failed_replicas += (failed,)
+        log.warning(
+            "replica %s failed a stream after %d token(s) (%s); it goes on on another replica", failed, made, exc
+        )
+        if self.metrics is not None:
+            self.metrics.retries.labels("resumed").inc()
+        more = continuation(params, sent, made)
+        if more is None:  # it had made every token asked for: only its end was lost
+            return Chunk("", 0, finish_reason="length"), _nothing()
+        pieces = self.generate(more, record, exclude=record.failed_replicas)
+        try:
+            return await anext(pieces, None), pieces
+        except Exception as again:  # noqa: BLE001 - none left, or it failed too: the first failure is the answer
+            await pieces.aclose()
+            log.warning("the stream failed on %s could not go on (%s)", failed, again)
+            return None
+
+
+async def _nothing() -> AsyncGenerator[Chunk, None]:
+    """A stream with no more pieces."""
+    return
+    yield

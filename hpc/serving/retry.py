@@ -31,6 +31,7 @@ async def stream_with_retry(
     on_first: Callable[[], None] | None = None,
     failed: Callable[[BaseException], bool] = lambda _exc: False,
     route: Callable[[], Awaitable[Route | None]] | None = None,
+    exclude: tuple[str, ...] = (),
 ) -> AsyncGenerator[T, None]:
     """What `attempt(replica)` yields, from the replica the balancer picks (`prefix_key`: its affinity key; or
     `route`, awaited once before the first pick: the prompt as cache-aware routing scores it, whose prefill
@@ -42,8 +43,9 @@ async def stream_with_retry(
     (Saturated when every ready one is full, or one refused), and any other error of the attempt, or its error
     once an item was yielded, as it is. An error for which `failed(error)` holds (the model failed the request
     before its first item: an engine that died takes requests until its launcher sees it) is tried once more on
-    another replica, without benching the first; a second one, or none left to try, raises it."""
-    tried: list[str] = []
+    another replica, without benching the first; a second one, or none left to try, raises it. `exclude`: keys of
+    replicas not to pick (a stream's continuation leaves out the replica that failed it)."""
+    tried: list[str] = list(exclude)
     refusals = 0
     failure: BaseException | None = None
     scored = await route() if route is not None else None
@@ -57,7 +59,7 @@ async def stream_with_retry(
                 raise Saturated(f"{refusals} replica(s) refused the request: their queues are full") from None
             raise
         if on_pick is not None:
-            on_pick(replica, len(tried))
+            on_pick(replica, len(tried) - len(exclude))
         tried.append(replica.key)
         started = False
         with balancer.track(replica, scored.prefill if scored is not None else 0) as first_token:

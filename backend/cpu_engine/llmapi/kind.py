@@ -16,6 +16,20 @@ from .engine_args import EngineArgs, WorkerLoad
 
 
 @dataclass(frozen=True)
+class LeaderLoad:
+    """What the leader node gives an engine kind to build its engine from."""
+
+    args: EngineArgs
+    #: model.yaml's LLM arguments as sent (an engine may act on more of them than `args` reads)
+    llm_args: Mapping[str, Any]
+    comm: Communicator
+    #: the least time a step takes (the CPU engine's `min_step_ms`)
+    min_step_s: float = 0.0
+    #: where the KV-cache events go (engine thread); None: not asked for
+    on_kv_event: Callable[[dict], None] | None = None
+
+
+@dataclass(frozen=True)
 class Started:
     """A leader-side engine, built (not started), and what the node reports of it."""
 
@@ -30,14 +44,9 @@ class EngineKind(Protocol):
 
     name: str
 
-    def leader(
-        self,
-        args: EngineArgs,
-        llm_args: Mapping[str, Any],
-        comm: Communicator,
-        min_step_s: float,
-        on_kv_event: Callable[[dict], None] | None,
-    ) -> Started: ...
+    def leader(self, load: LeaderLoad) -> Started:
+        """Rank 0's engine, built (the caller starts it); raises EngineArgsError/OSError/ValueError when it cannot."""
+        ...
 
     def worker(self, load: WorkerLoad, comm: Communicator) -> None:
         """A rank > 0's part until the leader releases it (or dies); raises OSError/ValueError when it cannot load."""
@@ -48,23 +57,17 @@ class CpuKind:
 
     name = "cpu"
 
-    def leader(
-        self,
-        args: EngineArgs,
-        llm_args: Mapping[str, Any],
-        comm: Communicator,
-        min_step_s: float,
-        on_kv_event: Callable[[dict], None] | None,
-    ) -> Started:
-        shard = load_shard(args.load.model, comm, args.load.max_batch_size, args.load.max_seq_len)
+    def leader(self, load: LeaderLoad) -> Started:
+        args = load.args
+        shard = load_shard(args.load.model, load.comm, args.load.max_batch_size, args.load.max_seq_len)
         engine = Engine(
             shard=shard,
             max_batch_size=args.load.max_batch_size,
             max_tokens_in_kv_cache=args.kv_cache_tokens,
             block_size=args.tokens_per_block,
             block_reuse=args.block_reuse,
-            min_step_s=min_step_s,
-            on_kv_event=on_kv_event,
+            min_step_s=load.min_step_s,
+            on_kv_event=load.on_kv_event,
         )
         return Started(engine, shard.max_seq_len, args.ignored)
 

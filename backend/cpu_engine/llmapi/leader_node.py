@@ -36,7 +36,7 @@ from ..sampling import SamplingParams
 from ..scheduler import GenerationOutput, GenerationRequest
 from . import protocol as p
 from .engine_args import EngineArgsError, checkpoint_folder, engine_args
-from .kind import CPU, EngineKind
+from .kind import CPU, EngineKind, LeaderLoad
 
 log = logging.getLogger("hpc_serve.cpu_engine.llmapi")
 
@@ -160,7 +160,9 @@ class LeaderNode:
         events = args.kv_event_buffer > 0 and args.block_reuse
         if events:
             self.kv_events = collections.deque(maxlen=args.kv_event_buffer)
-        started = self.kind.leader(args, llm_args, self.comm, self.min_step_s, self._kv_event if events else None)
+        started = self.kind.leader(
+            LeaderLoad(args, llm_args, self.comm, self.min_step_s, self._kv_event if events else None)
+        )
         engine = started.engine
         self._window = started.max_seq_len
         if events:
