@@ -241,7 +241,9 @@ def _run_workers(
         from hpc.gateway.app import create_app
         from hpc.gateway.metrics import share_between_workers
 
-        os.environ[MULTIPROC_DIR_VAR] = shared  # the workers' own: not the parent's, whose renewal submits jobs
+        # the workers' own, not the parent's (whose renewal submits jobs); what worker 0's controller submits
+        # does not get it either (hpc/jobs/executors.py NOT_EXPORTED)
+        os.environ[MULTIPROC_DIR_VAR] = shared
         share_between_workers()
         app = create_app(target, counts=counts, warm_up=index == 0, **options)
         setattr(app.state, WORKER, index)
