@@ -457,13 +457,14 @@ def test_the_load_is_the_gateways_in_flight_count_and_its_refusals_with_nothing_
 
 
 def test_the_load_carries_the_mean_ttft_of_the_requests_since_the_last_look():
-    from prometheus_client import CollectorRegistry, Histogram
+    from hpc.gateway.metrics import Metrics
 
-    ttft = Histogram("ttft_seconds", "time to first token", ["route"], registry=CollectorRegistry())
-    load = balancer_load(Balancer(), ttft)
+    balancer = Balancer()
+    metrics = Metrics(lambda: balancer)
+    load = balancer_load(balancer)
     assert load().ttft_s is None  # no first token since
-    ttft.labels("/v1/completions").observe(1.0)
-    ttft.labels("/v1/chat/completions").observe(3.0)
+    metrics.first_token("/v1/completions", 1.0)
+    metrics.first_token("/v1/chat/completions", 3.0)
     assert load().ttft_s == 2.0 and load().ttft_s is None
 
 

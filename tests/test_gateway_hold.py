@@ -1,10 +1,13 @@
 """A request that finds nothing serving under `autoscale:` (min_jobs 0, the deployment at zero): the gateway holds
-it while a job starts and then serves it, or answers 503 with Retry-After once `hold_s` has passed. A gateway
-started by hand, a job of the local executor started meanwhile (what the controller would submit)."""
+it while a job starts and then serves it, or answers 503 with Retry-After once `hold_s` has passed. The gateway
+runs as a gateway job does (`--job-id`, `--renew-from`: only there does a controller run, and only there is a
+request held; an advisory one here, which submits nothing), a job of the local executor started meanwhile (what
+the controller would submit). A gateway started by hand holds none: tests/test_gateway_workers.py."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,9 +22,17 @@ def _autoscaled(folder, name: str, checkpoint, hold_s: float):
     spec = write_spec(folder, name, checkpoint, auth="none", workflow="llmapi")
     data = yaml.safe_load(spec.read_text())
     data["gateway"] = {}
-    data["autoscale"] = {"min_jobs": 0, "max_jobs": 1, "hold_s": hold_s}
+    data["autoscale"] = {"min_jobs": 0, "max_jobs": 1, "hold_s": hold_s, "advisory": True}
     spec.write_text(yaml.safe_dump(data))
     return spec
+
+
+def _as_a_job(spec) -> tuple[str, ...]:
+    """The gateway's arguments as its job's script gives them: its job id and its rendered deployment folder."""
+    data = yaml.safe_load(spec.read_text())
+    folder = Path(data["workdir"]) / f"{data['name']}-gateway"
+    cli("render", str(spec), "-o", str(folder))
+    return ("--job-id", "4242", "--renew-from", str(folder))
 
 
 def _none_picks(url: str) -> float:
@@ -34,7 +45,7 @@ def _none_picks(url: str) -> float:
 
 def test_a_request_at_zero_is_held_until_a_job_serves_it(tritonserver, tiny_gpt2, tmp_path, hpc_home):
     spec = _autoscaled(tmp_path, "held", tiny_gpt2, hold_s=180)
-    with gateway_process(str(spec), tmp_path / "gateway.log") as (_, record):
+    with gateway_process(str(spec), tmp_path / "gateway.log", *_as_a_job(spec)) as (_, record):
         answer: list[httpx.Response] = []
         body = {"model": "held", "prompt": "Once upon a time", "max_tokens": 2}
         asking = threading.Thread(
@@ -51,7 +62,7 @@ def test_a_request_at_zero_is_held_until_a_job_serves_it(tritonserver, tiny_gpt2
 
 def test_a_request_held_past_hold_s_is_told_to_come_back(tritonserver, tiny_gpt2, tmp_path, hpc_home):
     spec = _autoscaled(tmp_path, "brief", tiny_gpt2, hold_s=1)
-    with gateway_process(str(spec), tmp_path / "gateway.log") as (_, record):
+    with gateway_process(str(spec), tmp_path / "gateway.log", *_as_a_job(spec)) as (_, record):
         body = {"model": "brief", "prompt": "Once upon a time", "max_tokens": 2}
         refused = httpx.post(record.url + "/v1/completions", json=body, timeout=60)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text

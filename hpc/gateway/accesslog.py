@@ -160,7 +160,7 @@ def observe(m: Metrics, record: RequestRecord) -> None:
     if kind is not None and not quiet:  # a probe's 503 says "not ready", it is no failed request
         m.errors.labels(kind).inc()
     if record.ttft_s is not None:
-        m.ttft.labels(record.route).observe(record.ttft_s)
+        m.first_token(record.route, record.ttft_s)
     if record.prompt_tokens:
         m.prompt_tokens.labels(record.route).inc(record.prompt_tokens)
     if record.completion_tokens:

@@ -56,6 +56,7 @@ def create_app(
     max_body_mb: int = MAX_BODY_MB,
     routing: str = ROUTING,
     counts: ReplicaCounts | None = None,
+    warm_up: bool = True,
 ) -> FastAPI:
     """The gateway for `target` (hpc.serving.deployment.resolve_target). `max_outstanding`: requests in flight
     per replica before 429 (None: no bound); `prefix_chars`: the prefix affinity key's length (0: off);
@@ -64,7 +65,8 @@ def create_app(
     against); `max_body_mb`: the largest request body taken (hpc/spec/limits.py; 0: no bound); `routing`: how a
     replica is chosen (hpc/serving/routing.py; `cache` follows the replicas' KV-cache events meanwhile); `counts`:
     where the balancer's per-replica counts live (hpc/serving/replica_counts.py; shared by a gateway's worker
-    processes)."""
+    processes); `warm_up`: this app warms the replicas that join, with `cache` routing (hpc/serving/warmup.py; a
+    gateway of several workers warms them in one)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,7 +102,8 @@ def create_app(
             follower = None
             if isinstance(mode, CachedPrefix):
                 follower = KvEventsFollower(mode, balancer, discovery.token_for)
-                warmer = Warmer(mode, balancer, engine, discovery.token_for)
+                warmer = Warmer(mode, balancer, engine, discovery.token_for) if warm_up else None
+            app.state.warmer = warmer  # None: this app warms no replica (another worker does, or no `cache` routing)
             try:
                 async with discovery.running(), follower.running() if follower else contextlib.nullcontext():
                     yield

@@ -206,6 +206,14 @@ class Metrics:
         r.register(ReplicaCollector(balancer, degraded, events_lost))
         r.register(AutoscaleCollector(lambda: self.autoscale_read))
 
+    def first_token(self, route: str, seconds: float) -> None:
+        """A request's time to first token: the histogram, and the gateway-wide totals the autoscaling controller
+        reads (hpc/serving/replica_counts.py TOTALS: every worker's, where a gateway has several)."""
+        self.ttft.labels(route).observe(seconds)
+        balancer = self.balancer()
+        if balancer is not None:
+            balancer.counts.add_totals(ttft_sum_s=seconds, ttft_count=1)
+
     def kv_blocks(self, replica_key: str, reused: int, missed: int) -> None:
         """Add a request's KV-cache blocks to the replica that served it (kept by the balancer, as its other
         counters; a replica gone meanwhile is not counted)."""

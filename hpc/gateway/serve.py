@@ -87,6 +87,13 @@ def _renewer(target: Target, job_id: str, renew_from: Path | None) -> GatewayRen
     return GatewayRenewer(renew_from, target, job_id, plan) if plan is not None else None
 
 
+def _held_where_controlled(target: Target, job_id: str, renew_from: Path | None) -> Target:
+    """`target` as this gateway serves it: a request that finds nothing serving is held (`hold_s`) only where the
+    autoscaling controller runs, a gateway job named its deployment folder (autoscale.start); a gateway started by
+    hand runs none, nothing would start a job for the request, so it answers 503 at once."""
+    return target if job_id and renew_from is not None else dataclasses.replace(target, hold_s=0.0)
+
+
 def refuse_if_running(target: Target, job_id: str = "") -> None:
     """GatewayRunning naming the live gateway; a stale record (nothing answers as this deployment) is left for
     this gateway's own record to replace, and so is the live record of the gateway job that submitted this one
@@ -125,6 +132,7 @@ def run(
     from hpc.gateway.app import create_app
 
     renewer = _renewer(target, job_id, renew_from)
+    target = _held_where_controlled(target, job_id, renew_from)
     refuse_if_running(target, job_id)
     sock = listen(host, port, shared=renewer is not None and port != 0)
     url = http_url(advertised(host), sock.getsockname()[1])
@@ -155,9 +163,7 @@ def run(
         log.info("listening at %s (record %s)", url, record_path(target))
         if renewer is not None:
             server.renewal = asyncio.ensure_future(renewer.run(server))
-        server.autoscale = autoscale.start(
-            server, renew_from, job_id, app.state.gateway.balancer, app.state.metrics.ttft
-        )
+        server.autoscale = autoscale.start(server, renew_from, job_id, app.state.gateway.balancer)
 
     def stopping(server: Any) -> None:
         withdraw(target, record)  # only if still its own: a successor's record stays
@@ -220,8 +226,9 @@ def _run_workers(
     renew_from: Path | None = None,
 ) -> None:
     """The gateway as `workers` processes on `sock` (hpc/gateway/workers.py): the record published once every
-    worker serves, withdrawn when they stopped; a worker that died ends the gateway with its signal or code.
-    Worker 0 runs the autoscaling controller (the outstanding counts it reads are every worker's: `counts`)."""
+    worker serves, withdrawn before they stop; a worker that died ends the gateway with its signal or code.
+    Worker 0 runs the autoscaling controller (the counts and totals it reads are every worker's: `counts`) and
+    warms the replicas that join (once for the gateway, not once per worker)."""
     from hpc.gateway.liveness import WORKER
     from hpc.gateway.metrics import MULTIPROC_DIR_VAR
     from hpc.gateway.workers import WorkerDied, run_workers
@@ -229,22 +236,22 @@ def _run_workers(
 
     counts = SharedCounts()
     shared = tempfile.mkdtemp(prefix="hpc-serve-gateway-metrics-")
-    os.environ[MULTIPROC_DIR_VAR] = shared
 
     def serve(index: int, ready: Connection) -> None:
         from hpc.gateway.app import create_app
         from hpc.gateway.metrics import share_between_workers
 
+        # the workers' own, not the parent's (whose renewal submits jobs); what worker 0's controller submits
+        # does not get it either (hpc/jobs/executors.py NOT_EXPORTED)
+        os.environ[MULTIPROC_DIR_VAR] = shared
         share_between_workers()
-        app = create_app(target, counts=counts, **options)
+        app = create_app(target, counts=counts, warm_up=index == 0, **options)
         setattr(app.state, WORKER, index)
 
         def serving(server: Any) -> None:
             ready.send(bool(app.state.gateway.discovery.tokens))
             if index == 0:
-                server.autoscale = autoscale.start(
-                    server, renew_from, record.job_id, app.state.gateway.balancer, app.state.metrics.ttft
-                )
+                server.autoscale = autoscale.start(server, renew_from, record.job_id, app.state.gateway.balancer)
 
         _server(app, serving, lambda _: None).run(sockets=[sock])
 
@@ -252,14 +259,17 @@ def _run_workers(
         publish(target, dataclasses.replace(record, auth=any(auth)))
         log.info("listening at %s with %d workers (record %s)", record.url, workers, record_path(target))
 
+    def stopping() -> None:  # first thing: a client that reads the record now finds none
+        withdraw(target, record)  # only if still its own: a successor's record stays
+
     try:
-        run_workers(workers, serve, started, renewer, GRACEFUL_STOP_S)
+        run_workers(workers, serve, started, stopping, renewer, GRACEFUL_STOP_S, sock)
         return
     except WorkerDied as exc:
         log.error("%s", exc)
         code = exc.code
     finally:
-        withdraw(target, record)  # only if still its own: a successor's record stays
+        withdraw(target, record)  # a start that failed before the workers ran: nothing is left
         sock.close()
         shutil.rmtree(shared, ignore_errors=True)
     if code < 0:  # as one gateway process would have died: gateway.sub starts again a gateway killed so

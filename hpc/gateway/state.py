@@ -184,7 +184,7 @@ class Gateway:
         submits a job at its next look), and the request waits, up to `hold_s`, for discovery to find a replica
         READY; then it is routed as any other, else NoReplica (the 503, with Retry-After). A layer of its own
         only on this path: every streamed token passes through each generator layer."""
-        self.balancer.outcomes["none"] += 1  # what the controller counts as a request that found nothing serving
+        self.balancer.nothing_serving()  # what the controller counts: it submits a job at its next look
         deadline = time.monotonic() + self.hold_s
         while not self.balancer.takers():
             if time.monotonic() >= deadline:

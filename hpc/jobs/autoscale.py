@@ -364,40 +364,25 @@ def decision_lines(record: AutoscaleRecord, last: int = 10) -> list[str]:
     return lines
 
 
-def balancer_load(balancer: Balancer, ttft: Any = None) -> Callable[[], Load]:
+def balancer_load(balancer: Balancer) -> Callable[[], Load]:
     """The gateway's load as the controller reads it at each look: requests in flight on replicas that take new ones
-    (a draining job's finish elsewhere in the count; every worker's, where the counts are shared), the requests
-    this process turned away with nothing serving since the last look (with several workers: worker 0's), and the
-    mean time to first token of the requests that got one since (`ttft`: the gateway's TTFT histogram, a
-    prometheus_client metric; None: not measured)."""
-    seen = balancer.outcomes["none"]
-    sums = _sum_count(ttft)
+    (a draining job's finish elsewhere in the count), the requests turned away or held with nothing serving since
+    the last look, and the mean time to first token of the requests that got one since (None: none did). Every
+    worker's, where a gateway has several: the counts and their totals are shared (hpc/serving/replica_counts.py)."""
+    seen = balancer.counts.totals()
 
     def load() -> Load:
-        nonlocal seen, sums
-        count = balancer.outcomes["none"]
-        held, seen = count - seen, count
+        nonlocal seen
+        now = balancer.counts.totals()
+        firsts = now["ttft_count"] - seen["ttft_count"]
+        ttft_s = (now["ttft_sum_s"] - seen["ttft_sum_s"]) / firsts if firsts > 0 else None
+        held = round(now["nothing_serving"] - seen["nothing_serving"])
+        seen = now
         replicas = balancer.replicas
-        balancer.counts.load(replicas)  # a gateway of several workers: every worker's requests in flight
-        now = _sum_count(ttft)
-        firsts = now[1] - sums[1]
-        ttft_s = (now[0] - sums[0]) / firsts if firsts > 0 else None
-        sums = now
+        balancer.counts.load(replicas)
         return Load(outstanding=sum(r.outstanding for r in replicas if not r.draining), held=held, ttft_s=ttft_s)
 
     return load
-
-
-def _sum_count(histogram: Any) -> tuple[float, float]:
-    """(sum, count) of a prometheus_client histogram over all its labels; (0, 0) for None."""
-    total = count = 0.0
-    for metric in histogram.collect() if histogram is not None else ():
-        for sample in metric.samples:
-            if sample.name.endswith("_sum"):
-                total += sample.value
-            elif sample.name.endswith("_count"):
-                count += sample.value
-    return total, count
 
 
 async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> None:
@@ -439,10 +424,7 @@ async def run(controller: Controller, server: Any, load: Callable[[], Load]) -> 
             log.exception("autoscale: this look failed; the next one comes as usual")
 
 
-def start(
-    server: Any, deploy_dir: Path | None, job_id: str, balancer: Balancer, ttft: Any = None
-) -> asyncio.Future[None] | None:
-    """The controller's task for a gateway job whose deployment has `autoscale:`, else None (`ttft`: the gateway's
-    TTFT histogram, for `autoscale.ttft_sla_s`)."""
+def start(server: Any, deploy_dir: Path | None, job_id: str, balancer: Balancer) -> asyncio.Future[None] | None:
+    """The controller's task for a gateway job whose deployment has `autoscale:`, else None."""
     controller = Controller.of_folder(deploy_dir, job_id) if deploy_dir is not None and job_id else None
-    return asyncio.ensure_future(run(controller, server, balancer_load(balancer, ttft))) if controller else None
+    return asyncio.ensure_future(run(controller, server, balancer_load(balancer))) if controller else None

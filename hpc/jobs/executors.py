@@ -35,6 +35,11 @@ from launcher.contracts.stop_records import stop_acknowledged
 if TYPE_CHECKING:
     from hpc.jobs.kinds import JobKind  # which imports this module: what a kind is, not how it runs
 
+#: variables of the submitting process that are its own, never a job's (sbatch --export=ALL hands a job the
+#: submitter's environment): prometheus_client's folder of a gateway worker's metrics (hpc/gateway/metrics.py
+#: MULTIPROC_DIR_VAR), which the autoscaling controller in worker 0 would hand each job it submits
+NOT_EXPORTED = ("PROMETHEUS_MULTIPROC_DIR",)
+
 #: how often a cancel looks for the ranks' exit records (files; the scheduler is asked at the watcher's pace)
 CANCEL_POLL_S = 0.25
 
@@ -64,6 +69,11 @@ class Executor(ABC):
         return None
 
 
+def job_environment() -> dict[str, str]:
+    """What a submitted job gets of this process's environment: all of it but NOT_EXPORTED."""
+    return {name: value for name, value in os.environ.items() if name not in NOT_EXPORTED}
+
+
 class SlurmExecutor(Executor):
     name = "slurm"
     queues = True
@@ -73,7 +83,7 @@ class SlurmExecutor(Executor):
         job. After a build job: only once it completed, and cancelled by Slurm if it did not (instead of pending
         forever)."""
         chain = [f"--dependency=afterok:{after.job_id}", "--kill-on-invalid-dep=yes"] if after is not None else []
-        job_id = slurm.default.sbatch(Deployment(deploy_dir).root / job_kind.script, chain)
+        job_id = slurm.default.sbatch(Deployment(deploy_dir).root / job_kind.script, chain, env=job_environment())
         paths = JobPaths(deploy_dir, job_id).create()
         job_kind.mark(paths)  # `status` knows its kind while it is still pending
         return self._indexed(job_id, paths.folder)

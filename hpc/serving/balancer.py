@@ -88,8 +88,9 @@ class Replica:
     restarts: int = 0
     #: prompt tokens to prefill of its requests still waiting for their first token (a `Route`'s count)
     prefill_queued: int = 0
-    #: it joined and is being sent the hottest prefixes (hpc/serving/warmup.py): no new requests meanwhile
-    warming: bool = False
+    #: warm-ups under way: it joined and is being sent the hottest prefixes (hpc/serving/warmup.py), by worker 0
+    #: where a gateway has several (a count they share): no new requests meanwhile
+    warming: int = 0
 
 
 class Route(Protocol):
@@ -198,6 +199,7 @@ class Balancer:
         """The replicas outside `exclude` that a new request may go to: the available ones, or when none is, the
         benched or warming ones that are not draining (see the module docstring). What readiness answers by, too."""
         skip = set(exclude)
+        self.counts.load(self._replicas.values())  # every worker's counts: one warming in another is out too
         open_ = [r for r in self.available() if r.key not in skip]
         return open_ or [r for r in self._replicas.values() if not r.draining and r.key not in skip]
 
@@ -213,9 +215,8 @@ class Balancer:
         open_ = self.takers(exclude)
         if not open_:
             if not exclude:  # nothing serving (not: every replica tried failed): the autoscaling controller's cue
-                self.outcomes["none"] += 1
+                self.nothing_serving()
             raise NoReplica("no replica is ready")
-        self.counts.load(open_)
         bound = self.max_outstanding
         candidates = [r for r in open_ if bound is None or r.outstanding < bound]
         if not candidates:
@@ -270,6 +271,12 @@ class Balancer:
         )
         self.outcomes["cached" if cached[chosen.key] == most else "spilled"] += 1
         return chosen
+
+    def nothing_serving(self) -> None:
+        """Count a request that found no replica taking requests: the pick outcome "none", and the gateway-wide
+        total the autoscaling controller reads (every worker's, where the counts are shared)."""
+        self.outcomes["none"] += 1
+        self.counts.add_totals(nothing_serving=1)
 
     def mark_failed(self, replica: Replica) -> None:
         """The replica failed before the first byte: no new requests until the cooldown has passed."""

@@ -5,7 +5,9 @@ Why: with `routing: cache`, a prefix that more than a replica's share of the tra
 counts as held by every replica; a successor that starts cold would compute it for each request that comes while
 it is not cached yet. Each prefix is sent as a request of one token (`max_tokens=1`); the replica counts as
 `warming` meanwhile (hpc/serving/balancer.py: no new requests while another replica takes them), and at most
-`WARM_TIMEOUT_S` in all: a warm-up is a help, never a gate a replica could be stuck behind.
+`WARM_TIMEOUT_S` in all: a warm-up is a help, never a gate a replica could be stuck behind. A gateway of several
+worker processes warms a replica once, in worker 0: the others read its `warming` count, which the workers share
+(hpc/serving/replica_counts.py).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class Warmer:
         if not new or not texts or not others:
             return
         for replica in new:
-            replica.warming = True
+            self.balancer.counts.add(replica, warming=1)
             task = asyncio.create_task(self._warm(replica, texts))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -85,6 +87,6 @@ class Warmer:
                 "replica %s: warm-up stopped after %d of %d prefixes: %r", replica.key, sent[0], len(texts), exc
             )
         finally:
-            replica.warming = False
+            self.balancer.counts.add(replica, warming=-1)
             self.warmed[replica.key] = sent[0]
         log.info("replica %s warmed with %d shared prefixes in %.2f s", replica.key, sent[0], time.monotonic() - start)
