@@ -22,7 +22,7 @@ from hpc.serving.balancer import Balancer, NoReplica, Replica
 from hpc.serving.gateway_record import record_path
 from hpc.spec import SpecError, load_spec
 from launcher.contracts.autoscale import Action, AutoscaleRecord, DecisionRecord
-from launcher.contracts.layout import Deployment, JobPaths
+from launcher.contracts.layout import SUB_NAME, Deployment, JobPaths
 from launcher.contracts.records import GatewayRecord, RenewStop
 from launcher.contracts.renew_plan import RenewPlan
 from launcher.contracts.stop_records import BY_AUTOSCALE, DrainingMark, StopRequest
@@ -367,14 +367,15 @@ def test_a_drain_marks_the_job_then_stops_it_in_order_and_an_expiry_stops_its_re
 
 
 @pytest.fixture
-def held_job(slurm_cluster) -> Iterator[Callable[[str], str]]:
-    """Submit a held job (`sbatch --hold`: PENDING (JobHeldUser) until released) under a name, as a user would by
-    hand; every one is scancel'ed at the end."""
+def held_job(slurm_cluster) -> Iterator[Callable[..., str]]:
+    """Submit a held job (`sbatch --hold`: PENDING (JobHeldUser) until released), as a user would by hand: a script
+    under a job name; every one is scancel'ed at the end."""
     made: list[str] = []
 
-    def submit(name: str) -> str:
+    def submit(script: Path, name: str = "") -> str:
+        named = ["-J", name] if name else []
         out = subprocess.run(
-            ["sbatch", "--parsable", "--hold", "-J", name, "--gres=gpu:1", "--wrap", "sleep 300"],
+            ["sbatch", "--parsable", "--hold", "-o", "/dev/null", *named, str(script)],
             capture_output=True,
             text=True,
             check=True,
@@ -407,7 +408,12 @@ def test_a_hand_submitted_pending_job_counts_for_capacity_and_budget(tmp_path, h
         deploy_dir, spec.model_copy(update={"autoscale": spec.autoscale.model_copy(update={"advisory": True})})
     )
     assert advised.tick(Load(), now=time.time()).action == Action.SUBMIT  # nothing of the name queued: the floor
-    job_id = held_job(spec.name)
+    # another deployment of the same name (another workdir): its script is not this one's, its jobs not counted
+    other = tmp_path / "elsewhere" / SUB_NAME
+    other.parent.mkdir()
+    other.write_text("#!/bin/bash\n#SBATCH --gres=gpu:1\nsleep 300\n")
+    held_job(other, spec.name)
+    job_id = held_job(Deployment(deploy_dir).sub)  # the deployment's own script, by hand: its name is the spec's
     snap = controller.snapshot(Load(outstanding=10), time.time())
     assert [(j.job_id, j.phase, j.ours, j.gpus, j.starts_at) for j in snap.jobs] == [
         (job_id, Phase.PENDING, False, 1, None)

@@ -131,7 +131,7 @@ class Controller:
         refs = [ref for ref in serving_jobs(self.target) if job_class_of(ref.job_dir) is ServingJob]
         watch(refs)
         try:
-            queue = slurm.default.queued(self.spec.name)
+            queue = slurm.default.queued(self.spec.name, self.deployment.sub)
         except SlurmError as exc:  # the jobs' own states still stand; the estimates wait for the next look
             log.warning("autoscale: squeue of the deployment's jobs failed: %s", exc)
             queue = {}

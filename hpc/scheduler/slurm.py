@@ -13,6 +13,7 @@ import os
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from launcher.contracts import slurm as _stdlib
 from launcher.contracts.slurm import (
@@ -103,16 +104,18 @@ class Slurm(_stdlib.Slurm):
         self._cluster_names[conf] = (match.group(1) if match else None, until)
         return self._cluster_names[conf][0]
 
-    def queued(self, name: str) -> dict[str, tuple[str, float | None, float | None]]:
-        """{job id: (state, start, end)} of this user's jobs named `name` that Slurm still lists, in one call: a
-        PENDING job's start is the scheduler's estimate (`squeue --start`'s column; None while it has none), a
-        running job's end its time limit. The autoscaling controller's view of the queue (hpc/jobs/autoscale.py):
-        it shows the jobs submitted by hand too."""
-        out = self._answer(["squeue", "--me", "-h", "--name", name, "-o", "%i|%T|%S|%e"]) or ""
+    def queued(self, name: str, script: Path) -> dict[str, tuple[str, float | None, float | None]]:
+        """{job id: (state, start, end)} of this user's jobs named `name` running `script` that Slurm still lists,
+        in one call: a PENDING job's start is the scheduler's estimate (`squeue --start`'s column; None while it has
+        none), a running job's end its time limit. The autoscaling controller's view of the queue
+        (hpc/jobs/autoscale.py): it shows the jobs submitted by hand too (`sbatch D/tensorrt_llm_triton.sub`), and
+        not those of another deployment of the same name (another workdir: another script)."""
+        out = self._answer(["squeue", "--me", "-h", "--name", name, "-o", "%i|%T|%S|%e|%Z|%o"]) or ""
         found: dict[str, tuple[str, float | None, float | None]] = {}
+        mine = os.path.realpath(script)
         for line in out.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 4:
+            parts = line.strip().split("|", 5)
+            if len(parts) == 6 and os.path.realpath(os.path.join(parts[4], parts[5])) == mine:
                 found[parts[0]] = (parts[1], _stdlib.parse_slurm_time(parts[2]), _stdlib.parse_slurm_time(parts[3]))
         return found
 
