@@ -167,19 +167,76 @@ def test_perf_metrics_only_when_asked(trtllm, llm):
 
 
 # ------------------------------------------------------------------------------------------------ stats
-def test_iteration_stats_come_as_upstreams_dicts_once_per_new_iteration(trtllm, llm, tiny_gpt2):
-    llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=3))
+@pytest.fixture()
+def stats_llm(trtllm, tiny_gpt2) -> Iterator[object]:
+    """An LLM of its own: upstream's stats result is made by its first request, and `async for` over it works only
+    when that request came with an event loop running (the module's `llm` made its first one blocking)."""
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=4, enable_iter_perf_stats=True) as llm:
+        yield llm
 
-    async def read() -> list[dict]:
+
+def test_iteration_stats_come_as_upstreams_dicts_once_per_new_iteration(trtllm, stats_llm, tiny_gpt2):
+    llm = stats_llm
+
+    async def read(request: bool) -> list[dict]:
+        if request:
+            await llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=3)).aresult()
         return [s async for s in llm.get_stats_async(0.3)]
 
-    (stats,) = _run(read())
+    (stats,) = _run(read(request=True))
     assert stats["iter"] >= 3 and stats["numActiveRequests"] == 0 and stats["numQueuedRequests"] == 0
     assert stats["kvCacheStats"]["maxNumBlocks"] >= 1 and stats["kvCacheStats"]["tokensPerBlock"] == 32
-    assert _run(read()) == [], "nothing new: upstream yields nothing until the next iteration"
+    assert _run(read(request=False)) == [], "nothing new: upstream yields nothing until the next iteration"
     with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=2) as quiet:
         quiet.generate(PROMPT, trtllm.SamplingParams(max_tokens=2))
         assert quiet.get_stats(0.3) == [], "without enable_iter_perf_stats the PyTorch backend keeps none"
+
+
+def test_stats_end_for_good_after_a_read_timed_out_until_the_next_request(trtllm, tiny_gpt2, monkeypatch):
+    """upstream's IterationResult is one object for the LLM's life (executor.py `_maybe_initialize_iteration_results`):
+    once a read waited its timeout, every later read ends at once, even while the engine steps, until a request
+    is submitted (which marks it undone). A reader of a long request therefore sees nothing after one gap of the
+    timeout (a long prefill on a GPU): what hpc-serve's model guards against by counting its own requests. The
+    engine steps every 100 ms here, so a read that waits 20 ms for an iteration times out while a request runs."""
+    monkeypatch.setenv("HPC_SERVE_CPU_MIN_STEP_MS", "100")
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=4, enable_iter_perf_stats=True) as llm:
+
+        async def scenario() -> tuple[list[dict], list[dict]]:
+            long = llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=60, ignore_eos=True), streaming=True)
+            assert llm.get_stats_async(5) is llm.get_stats_async(5), "one shared object, as upstream's"
+            async for _ in llm.get_stats_async(0.02):  # ends at the first gap of 20 ms between iterations
+                pass
+            first = await long.__anext__()  # the request is live and stepping
+            assert not first.finished
+            gone = [s async for s in llm.get_stats_async(30)]  # done: ends at once, though the request steps
+            after = llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=2))
+            fresh = []
+            async for stats in llm.get_stats_async(30):  # the submit marked it undone
+                fresh.append(stats)
+                break
+            long.abort()
+            await after.aresult()
+            async for _ in long:
+                pass
+            return gone, fresh
+
+        gone, fresh = _run(scenario())
+    assert gone == [], "upstream: a done IterationResult ends every read at once"
+    assert len(fresh) == 1 and fresh[0]["numActiveRequests"] >= 1, "a new request makes the stats flow again"
+
+
+def test_async_stats_need_a_loop_when_the_first_request_was_made(trtllm, tiny_gpt2):
+    """upstream's IterationResult takes its asyncio queue when the first request makes it: after a blocking
+    `generate`, `async for` over the stats fails with upstream's AssertionError (blocking reads still work)."""
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=2, enable_iter_perf_stats=True) as llm:
+        llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=2))
+
+        async def read() -> list[dict]:
+            return [s async for s in llm.get_stats_async(0.2)]
+
+        with pytest.raises(AssertionError, match="event loop was not present"):
+            _run(read())
+        assert llm.get_stats(0.2), "the blocking read has the iterations"
 
 
 def test_more_than_one_rank_needs_the_launch(trtllm, tiny_gpt2):
@@ -226,11 +283,12 @@ def test_kv_cache_events_follow_the_cached_blocks_in_upstreams_shape(trtllm, tin
         assert quiet.get_kv_cache_events(0.1) == [], "upstream's default event_buffer_max_size is 0: none"
 
 
-def test_stats_run_on_while_the_engine_steps(trtllm, llm):
+def test_stats_run_on_while_the_engine_steps(trtllm, stats_llm):
     """upstream's IterationResult: `async for` over get_stats_async yields each new iteration until none came for
     `timeout` seconds, so it runs on across requests and a reader that waits for the loop to end waits as long as
     the engine steps. Each item here comes after a request ran to its end inside the loop: no race with the
     engine's pace (a request racing the reads can lose on a loaded core)."""
+    llm = stats_llm
 
     async def during() -> list[int]:
         await llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=4)).aresult()  # stats exist from here
