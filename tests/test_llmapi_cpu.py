@@ -356,6 +356,53 @@ def test_stop_string_ends_the_text_without_it(job, tiny_gpt2):
     assert text_of(result) == tokenizer.decode(ids[: ids.index(ids[at])])
 
 
+def test_a_streamed_stop_string_across_a_token_boundary_ends_the_text_before_it(job, tiny_gpt2):
+    """A stop string no single token holds (the last character of one token and the first of the next): found in
+    the decoded text as upstream's detokenizing result finds it, on a stream: no event carries it, the last one
+    is cut before it with finish_reason "stop" and the string as stop_reason."""
+    from backend.cpu_engine.engine import Engine
+    from backend.cpu_engine.scheduler import GenerationRequest
+    from backend.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_gpt2)
+    ids = list(
+        Engine(str(tiny_gpt2))
+        .generate(GenerationRequest(input_ids=tokenizer.encode(PROMPT), max_new_tokens=12, end_id=None))
+        .output_ids
+    )
+    reference = tokenizer.decode(ids)
+    assert reference == _greedy(
+        job, max_tokens=12, sampling_param_exclude_input_from_output=flag(), sampling_param_ignore_eos=flag()
+    )
+    boundaries = [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids) - 1)]
+    at = next(
+        b - 1
+        for b in boundaries
+        if 1 <= b < len(reference)
+        and reference.startswith(tokenizer.decode(ids[: boundaries.index(b) + 1]))
+        and reference.find(reference[b - 1 : b + 1]) == b - 1
+        and reference[b - 1 : b + 1].strip() == reference[b - 1 : b + 1]
+    )
+    across = reference[at : at + 2]
+    asked = inputs(
+        PROMPT,
+        12,
+        streaming=flag(),
+        sampling_param_ignore_eos=flag(),
+        sampling_param_stop=np.array([across.encode()], dtype=np.object_),
+        return_finish_reason=flag(),
+        return_stop_reason=flag(),
+    )
+    client, events = stream(job, asked, request_id="across")
+    responses = collect(events)
+    client.stop_stream()
+    texts = [text_of(r) for r in responses]
+    assert all(across not in t for t in texts), (across, texts)
+    assert texts[-1] == reference[:at]
+    assert responses[-1].as_numpy("finish_reason")[0].decode() == "stop"
+    assert responses[-1].as_numpy("stop_reason")[0].decode() == across
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 BAD_INPUTS = {  # name → (inputs, words the error must contain)
     "missing text_input": (lambda: inputs(None, 4), "text_input"),

@@ -127,6 +127,48 @@ def test_a_stop_string_ends_the_text_without_it_and_is_the_stop_reason(trtllm, l
     assert (cut.text, cut.finish_reason, cut.stop_reason) == (greedy.text[: greedy.text.find(across)], "stop", across)
 
 
+def _across_a_boundary(tokenizer, ids: list[int], text: str) -> tuple[str, int]:
+    """A 2-character string of `text` made of the last character of one generated token and the first of the next
+    (so no token holds it: only a match in the decoded text finds it), first found there; and where it starts."""
+    for k in range(1, len(ids) - 1):
+        end = len(tokenizer.decode(ids[: k + 1]))
+        if text.startswith(tokenizer.decode(ids[: k + 1])) and len(text) > end and end >= 1:
+            across = text[end - 1 : end + 1]
+            if text.find(across) == end - 1 and across.strip() == across:
+                return across, end - 1
+    raise AssertionError(f"no stop string across a token boundary in {text!r}")
+
+
+def test_a_stop_string_across_a_token_boundary_ends_a_stream_as_upstreams_detokenizing_result(trtllm, llm):
+    """upstream (executor/result.py@a678b91a DetokenizedGenerationResultBase): each streamed output's decoded
+    text is searched for the stop strings; the first output holding one is cut before it and is the last
+    (finish_reason "stop", the string its stop_reason), and the request is aborted in the engine."""
+    greedy = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=16, ignore_eos=True)).outputs[0]
+    across, at = _across_a_boundary(llm.tokenizer, greedy.token_ids, greedy.text)
+
+    async def streamed() -> list[tuple[str, bool, str | None, str | int | None]]:
+        params = trtllm.SamplingParams(max_tokens=16, ignore_eos=True, stop=[across])
+        return [
+            (o.outputs[0].text, o.finished, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
+            async for o in llm.generate_async(PROMPT, params, streaming=True)
+        ]
+
+    events = _run(streamed())
+    assert all(across not in text for text, *_ in events), events
+    assert events[-1] == (greedy.text[:at], True, "stop", across)
+    assert not any(finished for _, finished, *_ in events[:-1])
+    assert llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=2)).finished, "the LLM serves on"
+
+
+def test_an_echoed_prompt_is_searched_for_the_stop_strings_too(trtllm, llm):
+    """upstream decodes the returned tokens as one text, the prompt's with them when the input is returned
+    (exclude_input_from_output False, not streamed), and searches all of it: a stop string in the prompt cuts
+    the answer inside the prompt. Stricter than a client may expect; hpc-serve's gateway always excludes the input."""
+    word = PROMPT.split()[1]  # "capital"
+    out = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=4, stop=[word], exclude_input_from_output=False))
+    assert (out.outputs[0].text, out.outputs[0].stop_reason) == (PROMPT[: PROMPT.find(word)], word)
+
+
 def test_without_exclude_input_from_output_the_prompt_is_echoed_unless_streaming(trtllm, llm):
     echoed = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=4, exclude_input_from_output=False))
     assert echoed.outputs[0].text.startswith(PROMPT)

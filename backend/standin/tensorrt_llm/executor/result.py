@@ -184,19 +184,20 @@ class GenerationResult:
                         perf.kv_cache_hit_rate,
                     ),
                 )
-        if self.sampling_params.detokenize:
-            out.text = self._decode(out.token_ids)
-            self._match_stop_strings(out)
         if self._done and not self.streaming and not self.sampling_params.exclude_input_from_output:
             out.token_ids[:0] = self.prompt_token_ids  # the executor returns the input too (never streamed)
-            if self.sampling_params.detokenize:
-                out.text = self._decode(self.prompt_token_ids) + out.text
+        if self.sampling_params.detokenize:
+            out.text = self._decode(out.token_ids)  # the prompt's too when returned: decoded as one text
+            self._match_stop_strings(out)
 
     def _match_stop_strings(self, out: CompletionOutput) -> None:
-        """upstream's DetokenizedGenerationResultBase: a stop string found in the decoded text (across token
-        boundaries the engine's token match cannot see) cuts the text there, ends the sequence with it as
-        `stop_reason`, and aborts the request in the engine."""
-        if out.finish_reason not in (None, "stop", "length") or out.stop_reason is not None:
+        """upstream's DetokenizedGenerationResultBase._handle_response
+        (NVIDIA/TensorRT-LLM/tensorrt_llm/executor/result.py@a678b91a; absent at @005bc848, which matched token
+        ids only): while generating, or finished by stop or length, a stop string found anywhere in the decoded
+        text (across token boundaries the engine's token match cannot see; in the echoed prompt too, when the
+        input is returned) cuts the text there (after it with `include_stop_str_in_output`), ends the sequence
+        with `finish_reason` "stop" and the string as `stop_reason`, and aborts the request in the engine."""
+        if self._done and out.finish_reason not in ("stop", "length"):
             return
         stop = self.sampling_params.stop
         for word in [stop] if isinstance(stop, str) else list(stop or []):
@@ -206,9 +207,8 @@ class GenerationResult:
             keep = position + len(word) if self.sampling_params.include_stop_str_in_output else position
             out.text = out.text[:keep]
             out.finish_reason, out.stop_reason = "stop", word
-            if not self._done:
-                self._abort(self.request_id)
-                self._done = True
+            self._abort(self.request_id)
+            self._done = True
             return
 
     def _cut_stop_word(self, out: CompletionOutput) -> None:
