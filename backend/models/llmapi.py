@@ -9,7 +9,8 @@ What it adds to upstream's (docs/compatibility.md): token-by-token streaming (ea
 text, as upstream's would; when its sends fall behind the engine, the tokens that waited go out in one event),
 stop strings given to SamplingParams as text, `ignore_eos`, `min_tokens`,
 `repetition_penalty`, `length_penalty`, and the engine's iteration stats as Triton metrics under TensorRT-LLM's
-`nv_trt_llm_*` names (backend/models/engine_metrics.py), which an ordered stop reads to know what is in flight.
+`nv_trt_llm_*` names (backend/models/engine_metrics.py), beside its own count of the requests it holds
+(`hpc_serve_model_requests_in_flight`): what an ordered stop and a renewal read to know what is in flight.
 
 As upstream: model.yaml (or `$LLM_CONFIG_PATH`) holds the LLM arguments and `triton_config`; a `stop` request
 aborts the requests of its request id and answers CANCELLED; every `cancellation_check_period_ms` a request
