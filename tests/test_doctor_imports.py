@@ -9,6 +9,7 @@ PartReasoningText (NGC 26.03-26.07's defect). node.py runs its imports in child 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from hpc.doctor.verdicts import (
 from hpc.spec import Spec
 from launcher.contracts import trtllm_versions as tv
 
+ROOT = Path(__file__).resolve().parent.parent
 NGC_2605 = "nvcr.io/nvidia/tritonserver:26.05-trtllm-python-py3"
 SYMPTOM = "cannot import name 'PartReasoningText' from 'openai.types.responses.response_content_part_added_event'"
 
@@ -70,13 +72,12 @@ def image_model(folder: Path) -> Path:
     return folder
 
 
-def llmapi_spec(tmp_path: Path, **container) -> Spec:
-    model = {
-        "backend": "tensorrtllm",
-        "workflow": "llmapi",
-        "checkpoint_dir": str(tmp_path),
-        "model_files_from": str(tmp_path / "model"),
-    }
+def llmapi_spec(tmp_path: Path, image_model_py: bool = True, **container) -> Spec:
+    """An llmapi spec on TensorRT-LLM serving the image's model.py (`model_files_from`), or by default
+    (`image_model_py` False) hpc-serve's own model."""
+    model = {"backend": "tensorrtllm", "workflow": "llmapi", "checkpoint_dir": str(tmp_path)}
+    if image_model_py:
+        model["model_files_from"] = str(tmp_path / "model")
     data = {"name": "t", "workdir": str(tmp_path / "work"), "model": model, "slurm": {"gpus_per_node": 1}}
     return Spec.model_validate({**data, "container": container or {"type": "none"}})
 
@@ -132,7 +133,8 @@ def test_broken_stand_in_image_fails_every_model_import_with_the_defect_and_its_
     import fails in its own child with the exception's type, message and traceback (the chain to openai), the
     exit code carries the bit, and the verdicts fail each import naming the known defect and `pip install -U
     openai`; the leader node's main never ran."""
-    monkeypatch.setenv("PYTHONPATH", str(broken_site(tmp_path / "site")))
+    # the broken image's packages, then the rank-side packages the probe's bundle puts beside node.py
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(broken_site(tmp_path / "site")), str(ROOT)]))
     image_model(tmp_path / "model")
     spec = llmapi_spec(tmp_path)
     targets = model_import_targets(spec)
@@ -156,9 +158,21 @@ def test_broken_stand_in_image_fails_every_model_import_with_the_defect_and_its_
     assert "known defect of TensorRT-LLM 1.2.1, openai-too-old" in failed.fix and "pip install -U openai" in failed.fix
     assert checks[IMPORT_TRTLLM].status == checks[IMPORT_LEADER].status == "fail"
     # the spec serves the image's model: hpc-serve's own only warns that it would fail too
-    assert checks[IMPORT_OWN_MODEL].status in ("warn", "ok")
+    assert checks[IMPORT_OWN_MODEL].status == "warn", checks[IMPORT_OWN_MODEL]
     named = {c.name: c for c in verdicts(llmapi_spec(tmp_path, type="pyxis", image=NGC_2605), job, tmp_path)}
     assert named[IMPORT_IMAGE_MODEL].fix.startswith("known defect of NGC 26.05 (TensorRT-LLM 1.2.1), openai-too-old")
+    # the default spec serves hpc-serve's model: its import fails, naming the same defect and its fix
+    default = llmapi_spec(tmp_path, image_model_py=False)
+    targets = model_import_targets(default)
+    assert [label for _, label, _ in targets] == [IMPORT_TRTLLM, IMPORT_LEADER, IMPORT_OWN_MODEL]
+    argv = [str(results), "--workflow", "llmapi", *(a for t in targets for a in ("--model-import", *t))]
+    rc = subprocess.run([sys.executable, node.__file__, *argv], capture_output=True, text=True).returncode
+    found = json.loads(results.read_text())
+    assert rc == node.BITS["imports"], found
+    job = ProbeJob("7", state="FAILED", exit_code=rc, node="n1", results=found, saw_node_file=True)
+    own = {c.name: c for c in verdicts(default, job, tmp_path)}[IMPORT_OWN_MODEL]
+    assert own.status == "fail" and SYMPTOM in own.detail, own
+    assert "known defect of TensorRT-LLM 1.2.1, openai-too-old" in own.fix and "pip install -U openai" in own.fix
 
 
 @pytest.mark.slow
@@ -170,7 +184,7 @@ def test_a_good_image_passes_and_says_the_known_defect_is_not_seen(tmp_path, mon
     (site / "tensorrt_llm/__init__.py").write_text(
         "from tensorrt_llm.serve import responses_utils\nLLM = SamplingParams = object\n"
     )
-    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))  # the image, then the bundle's
     image_model(tmp_path / "model")
     spec = llmapi_spec(tmp_path, type="pyxis", image=NGC_2605)
     targets = [t for t in model_import_targets(spec) if t[1] != IMPORT_OWN_MODEL]  # ours: the rewrite's own tests
@@ -191,7 +205,7 @@ def test_a_hanging_or_crashing_import_is_reported_and_the_others_still_are(tmp_p
     (tmp_path / "hangs.py").write_text("import threading\nthreading.Event().wait()\n")
     (tmp_path / "crashes.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     (tmp_path / "fine.py").write_text("VALUE = 1\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT)]))  # ROOT: the bundle's packages
     targets = [("module", "hangs", "hangs"), ("module", "crashes", "crashes"), ("module", "fine", "fine:VALUE")]
     found = node.check_imports(targets, timeout_s=2.0)
     by_label = {e["label"]: e for e in found["imports"]}

@@ -11,6 +11,7 @@ import pytest
 
 from hpc.doctor.battery import (
     Answer,
+    Battery,
     bad_request_verdict,
     concurrent_verdict,
     gone_verdict,
@@ -143,3 +144,25 @@ def test_ordered_stop_verdict_and_exit_code():
 def test_serve_needs_a_spec():
     proc = cli("doctor", "--serve", check=False)
     assert proc.returncode == 2 and "--serve needs a SPEC" in proc.stderr
+
+
+class _Unreachable:
+    """A replica every request to which fails (what a model that cannot serve looks like to the battery)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise ConnectionError(f"{name}: the replica does not answer")
+
+
+@pytest.mark.parametrize(
+    ("model", "selectable", "hinted"),
+    [(OWN_MODEL, True, True), (OWN_MODEL, False, False), (IMAGE_MODEL, True, False)],
+)
+def test_a_failed_row_of_our_model_suggests_the_images_where_it_can_serve(model, selectable, hinted):
+    """hpc-serve's model has met TensorRT-LLM only through the CPU stand-in: on backend tensorrtllm each failed
+    row of it says to try the image's model.py (model.llmapi_model: image) and report the row; not on backend
+    cpu (there is no image's model there), and never on the image's own rows."""
+    rows = Battery(_Unreachable(), model, image_selectable=selectable).run(say=lambda line: None)  # type: ignore[arg-type]
+    failed = [r for r in rows if r.status == "fail"]
+    assert failed, rows
+    assert all(("model.llmapi_model: image" in r.fix) == hinted for r in failed), failed
+    assert all(r.fix.startswith("read rank 0's log") for r in failed), "the row's own fix comes first"

@@ -10,12 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.e2e import cli, private_job_index, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
+ROOT = Path(__file__).resolve().parent.parent
 ROWS = ("ready", "unary", "streamed", "stop string", "ignore_eos length", "client gone", "16 concurrent",
         "bad request", "engine metrics", "ordered stop")  # fmt: skip
 
@@ -56,6 +58,37 @@ def test_serve_passes_on_tp2_across_two_nodes_and_leaves_no_job(doctor_spec):
         result = "(ok|warn)" if row == "ordered stop" else "ok"
         assert re.search(rf"│ {re.escape(row)}\s+│ {result} ", out), f"{row} not ok:\n{out}"
     assert "FAIL" not in out and not jobs_named(name)
+
+
+def test_the_embedded_default_as_written_passes(slurm_cluster, tritonserver, tmp_path, monkeypatch):
+    """`hpc-serve doctor configs/tiny-cpu.yaml --serve`, the spec as the README shows it (its workdir, its
+    checkpoint made by model.init when missing): every row ok, exit 0, no job left; the deployment folder the
+    doctor keeps is removed after."""
+    import shutil
+
+    monkeypatch.setenv("COLUMNS", "400")
+    runs = ROOT / "runs"
+    before = set(runs.iterdir()) if runs.exists() else set()
+    with private_job_index(tmp_path):
+        try:
+            proc = cli(
+                "doctor",
+                str(ROOT / "configs" / "tiny-cpu.yaml"),
+                "--serve",
+                "--serve-timeout",
+                "150",
+                timeout=280,
+                check=False,
+            )
+        finally:
+            for made in (set(runs.iterdir()) if runs.exists() else set()) - before:
+                shutil.rmtree(made, ignore_errors=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for row in ROWS:
+        result = "(ok|warn)" if row == "ordered stop" else "ok"
+        assert re.search(rf"│ {re.escape(row)}\s+│ {result} ", out), f"{row} not ok:\n{out}"
+    assert "FAIL" not in out and not jobs_named("tiny-cpu-doctor")
 
 
 def test_a_job_not_ready_within_the_bound_fails_and_is_cancelled(doctor_spec):

@@ -313,7 +313,7 @@ def test_a_killed_leader_node_fails_the_job_naming_rank_0_and_leaves_nothing(
                 subprocess.run(["scancel", job], capture_output=True, check=False)
 
 
-@pytest.mark.parametrize("release", [STANDIN_DEFAULT_VERSION, "0.20.0"])
+@pytest.mark.parametrize("release", ["1.0.0", "1.1.0", STANDIN_DEFAULT_VERSION, "0.20.0"])
 def test_an_ordered_stop_of_tp2_ends_every_process_as_its_release_ends_it_and_kills_nothing(
     slurm_cluster, tritonserver, tiny_gpt2, tmp_path, release
 ):

@@ -111,3 +111,65 @@ def test_the_warmup_of_an_llmapi_repository_speaks_its_contract(tmp_path):
     warm = choose(Path(plan.model_repository), 30.0)
     assert warm is not None and warm.model == "tensorrt_llm" and warm.body == LLMAPI_BODY
     assert set(LLMAPI_BODY) == {"text_input", "sampling_param_max_tokens"}
+
+
+#: a leader node's stand-in for send_stop_action: as the leader it sleeps; run with `--action stop` it writes its
+#: pid to the file named by STOP_MARK, then does what STOP_HOW says (return, or hang)
+_STOP_SCRIPT = """
+import os, sys, time
+if "--action" in sys.argv:
+    with open(os.environ["STOP_MARK"], "w") as f:
+        f.write(str(os.getpid()))
+    if os.environ.get("STOP_HOW") == "hang":
+        time.sleep(300)
+    sys.exit(0)
+time.sleep(300)
+"""
+
+
+def _stop_node(tmp_path: Path, how: str, version: str = "1.2.1") -> LeaderNode:
+    node = LeaderNode(_plan(tmp_path, backend="cpu"), dict(os.environ))
+    node.argv = [sys.executable, "-c", _STOP_SCRIPT]
+    node.env = {**node.env, "STOP_MARK": str(tmp_path / "stop.pid"), "STOP_HOW": how}
+    node.version = version
+    return node
+
+
+def test_the_stop_action_goes_only_to_a_live_leader_node_of_a_release_that_has_it(tmp_path):
+    """send_stop_action: `--action stop` reaches a running leader node of 1.0 or later; a dead leader node gets
+    nothing (a stop sent then would start a leader node of its own on 1.x, and a server on 0.x), and neither does
+    a release before 1.0 (its module takes no arguments: it would start a second server)."""
+    mark = tmp_path / "stop.pid"
+    for release, sent in [("1.2.1", True), ("1.0.0", True), ("1.1.0", True), ("0.20.0", False)]:
+        mark.unlink(missing_ok=True)
+        node = _stop_node(tmp_path, "return", release)
+        node.start()
+        node.send_stop_action()
+        assert mark.exists() == sent, release
+        node.end_patience = (0.1, 0.1)
+        node.end()
+    mark.unlink(missing_ok=True)
+    dead = _stop_node(tmp_path, "return")
+    child = dead.start()
+    child.proc.kill()
+    child.proc.wait()
+    dead.send_stop_action()
+    assert not mark.exists(), "a dead leader node is sent no stop"
+    dead.end()
+
+
+def test_a_hung_stop_action_is_cut_at_its_time_box(tmp_path, monkeypatch, capsys):
+    """A `--action stop` that never returns (a leader node that does not answer) is ended at STOP_ACTION_S: the
+    launcher goes on to end the leader node itself, and the hung command is not left behind."""
+    import launcher.node.llmapi as llmapi
+
+    monkeypatch.setattr(llmapi, "STOP_ACTION_S", 0.5)
+    node = _stop_node(tmp_path, "hang")
+    node.start()
+    node.send_stop_action()  # returns: the time box cut it
+    hung = int((tmp_path / "stop.pid").read_text())
+    while (fields := _stat_fields(hung)) is not None and fields[0] != "Z":  # killed by the time box
+        time.sleep(0.01)
+    assert "timed out" in capsys.readouterr().err
+    node.end_patience = (0.1, 0.1)
+    assert node.end() == -signal.SIGKILL, "the leader node ignores SIGTERM, as it does under Slurm"

@@ -151,6 +151,48 @@ def test_the_engines_iteration_stats_are_triton_metrics(job):
     assert reading(("nv_trt_llm_kv_cache_block_metrics", "tokens_per")) == 32
 
 
+def test_a_pause_of_the_engine_leaves_the_requests_in_flight_on_the_metrics_page(job):
+    """A pause of the engine while a request runs (a long prefill on a GPU; here the leader node stopped by
+    SIGSTOP for twice the model's stats timeout) ends the model's read of the LLM's stats, and upstream's stats
+    result then stays ended until the next request is submitted. The request is still in flight all along: the
+    model's own count says so, the engine's gauges keep their last reading (not 0), and what a drain reads
+    (renew_plan.active_requests) is at least 1 until the request ended, then 0."""
+    import os
+    import signal
+    import time
+
+    import httpx
+
+    from backend.models.llmapi import STATS_TIMEOUT_S
+    from launcher.contracts.renew_plan import active_requests
+
+    url = f"http://127.0.0.1:{job.server.metrics_port}/metrics"
+    scrape_text = lambda url: httpx.get(url, timeout=5).text  # noqa: E731
+    request = inputs(PROMPT, LONG, streaming=flag(), sampling_param_ignore_eos=flag())
+    client, events = stream(job, request, request_id="paused")
+    for _ in range(3):
+        _result, error = events.get(timeout=60)
+        assert error is None, error
+    wait_for(lambda: (active_requests(scrape_text(url)) or 0) >= 1, 30, "the request on the metrics page")
+    os.kill(job.nodes.pid, signal.SIGSTOP)
+    try:
+        time.sleep(2 * STATS_TIMEOUT_S)  # the stall itself: what a long prefill is to the model's stats read
+    finally:
+        os.kill(job.nodes.pid, signal.SIGCONT)
+    _result, error = events.get(timeout=60)  # the engine steps again; the request is still streaming
+    assert error is None, error
+    page = scrape_text(url)
+    own = [
+        v
+        for (name, labels), v in prometheus_samples(url.removesuffix("/metrics")).items()
+        if name == "hpc_serve_model_requests_in_flight" and ("model", DECOUPLED) in labels
+    ]
+    assert own == [1.0], own
+    assert (active_requests(page) or 0) >= 1, "a drain must not see 0 while the request runs"
+    client.stop_stream(cancel_requests=True)
+    wait_for(lambda: active_requests(scrape_text(url)) == 0, 30, "nothing in flight once the request ended")
+
+
 def test_kv_cache_events_come_on_request_after_an_event_id(job, tiny_gpt2):
     """hpc-serve's model keeps the LLM's KV-cache events (model.yaml kv_cache_config.event_buffer_max_size) and
     answers `kv_cache_events_since` with those after that event id, one JSON list, for routers that follow what
@@ -312,6 +354,53 @@ def test_stop_string_ends_the_text_without_it(job, tiny_gpt2):
     assert result.as_numpy("finish_reason")[0].decode() == "stop"
     assert result.as_numpy("stop_reason")[0].decode() == stop
     assert text_of(result) == tokenizer.decode(ids[: ids.index(ids[at])])
+
+
+def test_a_streamed_stop_string_across_a_token_boundary_ends_the_text_before_it(job, tiny_gpt2):
+    """A stop string no single token holds (the last character of one token and the first of the next): found in
+    the decoded text as upstream's detokenizing result finds it, on a stream: no event carries it, the last one
+    is cut before it with finish_reason "stop" and the string as stop_reason."""
+    from backend.cpu_engine.engine import Engine
+    from backend.cpu_engine.scheduler import GenerationRequest
+    from backend.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_gpt2)
+    ids = list(
+        Engine(str(tiny_gpt2))
+        .generate(GenerationRequest(input_ids=tokenizer.encode(PROMPT), max_new_tokens=12, end_id=None))
+        .output_ids
+    )
+    reference = tokenizer.decode(ids)
+    assert reference == _greedy(
+        job, max_tokens=12, sampling_param_exclude_input_from_output=flag(), sampling_param_ignore_eos=flag()
+    )
+    boundaries = [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids) - 1)]
+    at = next(
+        b - 1
+        for b in boundaries
+        if 1 <= b < len(reference)
+        and reference.startswith(tokenizer.decode(ids[: boundaries.index(b) + 1]))
+        and reference.find(reference[b - 1 : b + 1]) == b - 1
+        and reference[b - 1 : b + 1].strip() == reference[b - 1 : b + 1]
+    )
+    across = reference[at : at + 2]
+    asked = inputs(
+        PROMPT,
+        12,
+        streaming=flag(),
+        sampling_param_ignore_eos=flag(),
+        sampling_param_stop=np.array([across.encode()], dtype=np.object_),
+        return_finish_reason=flag(),
+        return_stop_reason=flag(),
+    )
+    client, events = stream(job, asked, request_id="across")
+    responses = collect(events)
+    client.stop_stream()
+    texts = [text_of(r) for r in responses]
+    assert all(across not in t for t in texts), (across, texts)
+    assert texts[-1] == reference[:at]
+    assert responses[-1].as_numpy("finish_reason")[0].decode() == "stop"
+    assert responses[-1].as_numpy("stop_reason")[0].decode() == across
 
 
 # ------------------------------------------------------------------------------------------------ bad input

@@ -253,3 +253,18 @@ def test_in_flight_reads_the_engine_and_tritonservers_queues() -> None:
     )
     assert active_requests(page) == 7
     assert active_requests('nv_inference_pending_request_count{model="x",version="1"} 4\n') is None
+
+
+def test_in_flight_takes_the_larger_of_the_engines_and_the_models_own_count() -> None:
+    """hpc-serve's llmapi model counts its own requests: the engine's stats can stop coming while requests run
+    (upstream's stats result ends for good after one read timed out), leaving its gauges at 0 or stale. Per model
+    the larger count is what is in flight; the model's line alone is a reading too."""
+    from launcher.contracts.renew_plan import active_requests
+
+    engine = 'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} %d\n'
+    own = 'hpc_serve_model_requests_in_flight{model="tensorrt_llm",version="1"} %d\n'
+    other = 'hpc_serve_model_requests_in_flight{model="tensorrt_llm_unary",version="1"} 1\n'
+    assert active_requests(engine % 0 + own % 2) == 2, "stats gone stale at 0 while two requests run"
+    assert active_requests(engine % 3 + own % 2) == 3, "the engine's count is taken when it is larger"
+    assert active_requests(engine % 0 + own % 2 + other) == 3, "each model's larger count, summed"
+    assert active_requests(own % 1) == 1

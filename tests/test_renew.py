@@ -294,6 +294,44 @@ def test_a_successor_that_ends_before_ready_is_replaced_a_bounded_number_of_time
     )
 
 
+@pytest.mark.parametrize(
+    ("drain_s", "readings", "note"),
+    [
+        (3600, [2, 1, None, 0], "handed over to 9: no request in flight"),
+        (0, [1], "handed over to 9: drain timeout with 1 requests in flight"),
+        (0, [None], "handed over to 9: drain timeout with an unknown number of requests in flight"),
+    ],
+)
+def test_the_draining_phase_stops_once_nothing_is_in_flight_or_at_the_drain_timeout(
+    tmp_path, monkeypatch, drain_s, readings, note
+):
+    """The renewer's DRAINING phase: once the successor is READY it marks the job draining and reads what the
+    replicas hold (`in_flight`: the engine's and the model's counts, renew_plan.active_requests) until it reads 0,
+    then starts the ordered stop; a count it cannot read (None) is not 0. With the drain time spent, it stops with
+    what is left, saying how many."""
+    paths = JobPaths(tmp_path / "D", "7")
+    write_json_atomic(paths.chain, ChainRecord(job_id="7", index=1, successor="9").to_dict())
+    plan = RenewPlan(before_s=900, stop_lead_s=30, drain_s=drain_s, notice_s=0)
+    now = time.time()
+    monkeypatch.setattr(renew, "job_times", lambda job: (now - 60, now + 3600))
+    monkeypatch.setattr(renew, "POLL_S", 0.01)
+    left = list(readings)
+    read: list[int | None] = []
+
+    def in_flight(job_paths: JobPaths) -> int | None:
+        assert job_paths == paths and DrainingMark.read(paths.draining) is not None, "read only once draining"
+        read.append(left.pop(0))
+        return read[-1]
+
+    monkeypatch.setattr(renew, "in_flight", in_flight)
+    monkeypatch.setattr(Renewer, "successor_ready", lambda self, successor: successor == "9")
+    stops: list[str] = []
+    monkeypatch.setattr(Renewer, "stop", lambda self, why: stops.append(why) or 0)
+    assert Renewer(tmp_path / "D", "7", plan, 1, {}).run() == 0
+    assert (read, stops) == (readings, [note])
+    assert DrainingMark.read(paths.draining).successor == "9"
+
+
 # ------------------------------------------------------------------------------------------------ readers
 def _deployment(tmp_path: Path) -> tuple[Target, Path]:
     deploy = tmp_path / "runs" / "rn-20310101-000000"

@@ -5,8 +5,8 @@ the predecessor's ordered stop: room on a machine as busy as CI's), and a 30-sec
 It takes minutes (Slurm's time limits are whole minutes), so one module-scoped run does everything once, and
 the tests below each assert a part of it:
 
-- deployment `renew` (the llmapi workflow, the default: its model reports no requests in flight, so each
-  handover waits out its drain time): A → B → C, two handovers, while two clients send requests through `hpc-serve gateway`
+- deployment `renew` (the llmapi workflow, the default: each handover stops its job once the replicas' metrics
+  read nothing in flight, the engine's count and hpc-serve's model's own, or at the drain time): A → B → C, two handovers, while two clients send requests through `hpc-serve gateway`
   without a pause (the `openai` package, retries off; one plain, one streaming): none fails, each job serves
   some, A and B end COMPLETED (not TIMEOUT), the chain is linked both ways and `status SPEC` shows it, and
   `cancel SPEC` ends the chain with nothing more submitted.

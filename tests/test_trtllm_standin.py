@@ -127,6 +127,48 @@ def test_a_stop_string_ends_the_text_without_it_and_is_the_stop_reason(trtllm, l
     assert (cut.text, cut.finish_reason, cut.stop_reason) == (greedy.text[: greedy.text.find(across)], "stop", across)
 
 
+def _across_a_boundary(tokenizer, ids: list[int], text: str) -> tuple[str, int]:
+    """A 2-character string of `text` made of the last character of one generated token and the first of the next
+    (so no token holds it: only a match in the decoded text finds it), first found there; and where it starts."""
+    for k in range(1, len(ids) - 1):
+        end = len(tokenizer.decode(ids[: k + 1]))
+        if text.startswith(tokenizer.decode(ids[: k + 1])) and len(text) > end and end >= 1:
+            across = text[end - 1 : end + 1]
+            if text.find(across) == end - 1 and across.strip() == across:
+                return across, end - 1
+    raise AssertionError(f"no stop string across a token boundary in {text!r}")
+
+
+def test_a_stop_string_across_a_token_boundary_ends_a_stream_as_upstreams_detokenizing_result(trtllm, llm):
+    """upstream (executor/result.py@a678b91a DetokenizedGenerationResultBase): each streamed output's decoded
+    text is searched for the stop strings; the first output holding one is cut before it and is the last
+    (finish_reason "stop", the string its stop_reason), and the request is aborted in the engine."""
+    greedy = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=16, ignore_eos=True)).outputs[0]
+    across, at = _across_a_boundary(llm.tokenizer, greedy.token_ids, greedy.text)
+
+    async def streamed() -> list[tuple[str, bool, str | None, str | int | None]]:
+        params = trtllm.SamplingParams(max_tokens=16, ignore_eos=True, stop=[across])
+        return [
+            (o.outputs[0].text, o.finished, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
+            async for o in llm.generate_async(PROMPT, params, streaming=True)
+        ]
+
+    events = _run(streamed())
+    assert all(across not in text for text, *_ in events), events
+    assert events[-1] == (greedy.text[:at], True, "stop", across)
+    assert not any(finished for _, finished, *_ in events[:-1])
+    assert llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=2)).finished, "the LLM serves on"
+
+
+def test_an_echoed_prompt_is_searched_for_the_stop_strings_too(trtllm, llm):
+    """upstream decodes the returned tokens as one text, the prompt's with them when the input is returned
+    (exclude_input_from_output False, not streamed), and searches all of it: a stop string in the prompt cuts
+    the answer inside the prompt. Stricter than a client may expect; hpc-serve's gateway always excludes the input."""
+    word = PROMPT.split()[1]  # "capital"
+    out = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=4, stop=[word], exclude_input_from_output=False))
+    assert (out.outputs[0].text, out.outputs[0].stop_reason) == (PROMPT[: PROMPT.find(word)], word)
+
+
 def test_without_exclude_input_from_output_the_prompt_is_echoed_unless_streaming(trtllm, llm):
     echoed = llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=4, exclude_input_from_output=False))
     assert echoed.outputs[0].text.startswith(PROMPT)
@@ -167,19 +209,76 @@ def test_perf_metrics_only_when_asked(trtllm, llm):
 
 
 # ------------------------------------------------------------------------------------------------ stats
-def test_iteration_stats_come_as_upstreams_dicts_once_per_new_iteration(trtllm, llm, tiny_gpt2):
-    llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=3))
+@pytest.fixture()
+def stats_llm(trtllm, tiny_gpt2) -> Iterator[object]:
+    """An LLM of its own: upstream's stats result is made by its first request, and `async for` over it works only
+    when that request came with an event loop running (the module's `llm` made its first one blocking)."""
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=4, enable_iter_perf_stats=True) as llm:
+        yield llm
 
-    async def read() -> list[dict]:
+
+def test_iteration_stats_come_as_upstreams_dicts_once_per_new_iteration(trtllm, stats_llm, tiny_gpt2):
+    llm = stats_llm
+
+    async def read(request: bool) -> list[dict]:
+        if request:
+            await llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=3)).aresult()
         return [s async for s in llm.get_stats_async(0.3)]
 
-    (stats,) = _run(read())
+    (stats,) = _run(read(request=True))
     assert stats["iter"] >= 3 and stats["numActiveRequests"] == 0 and stats["numQueuedRequests"] == 0
     assert stats["kvCacheStats"]["maxNumBlocks"] >= 1 and stats["kvCacheStats"]["tokensPerBlock"] == 32
-    assert _run(read()) == [], "nothing new: upstream yields nothing until the next iteration"
+    assert _run(read(request=False)) == [], "nothing new: upstream yields nothing until the next iteration"
     with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=2) as quiet:
         quiet.generate(PROMPT, trtllm.SamplingParams(max_tokens=2))
         assert quiet.get_stats(0.3) == [], "without enable_iter_perf_stats the PyTorch backend keeps none"
+
+
+def test_stats_end_for_good_after_a_read_timed_out_until_the_next_request(trtllm, tiny_gpt2, monkeypatch):
+    """upstream's IterationResult is one object for the LLM's life (executor.py `_maybe_initialize_iteration_results`):
+    once a read waited its timeout, every later read ends at once, even while the engine steps, until a request
+    is submitted (which marks it undone). A reader of a long request therefore sees nothing after one gap of the
+    timeout (a long prefill on a GPU): what hpc-serve's model guards against by counting its own requests. The
+    engine steps every 100 ms here, so a read that waits 20 ms for an iteration times out while a request runs."""
+    monkeypatch.setenv("HPC_SERVE_CPU_MIN_STEP_MS", "100")
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=4, enable_iter_perf_stats=True) as llm:
+
+        async def scenario() -> tuple[list[dict], list[dict]]:
+            long = llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=60, ignore_eos=True), streaming=True)
+            assert llm.get_stats_async(5) is llm.get_stats_async(5), "one shared object, as upstream's"
+            async for _ in llm.get_stats_async(0.02):  # ends at the first gap of 20 ms between iterations
+                pass
+            first = await long.__anext__()  # the request is live and stepping
+            assert not first.finished
+            gone = [s async for s in llm.get_stats_async(30)]  # done: ends at once, though the request steps
+            after = llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=2))
+            fresh = []
+            async for stats in llm.get_stats_async(30):  # the submit marked it undone
+                fresh.append(stats)
+                break
+            long.abort()
+            await after.aresult()
+            async for _ in long:
+                pass
+            return gone, fresh
+
+        gone, fresh = _run(scenario())
+    assert gone == [], "upstream: a done IterationResult ends every read at once"
+    assert len(fresh) == 1 and fresh[0]["numActiveRequests"] >= 1, "a new request makes the stats flow again"
+
+
+def test_async_stats_need_a_loop_when_the_first_request_was_made(trtllm, tiny_gpt2):
+    """upstream's IterationResult takes its asyncio queue when the first request makes it: after a blocking
+    `generate`, `async for` over the stats fails with upstream's AssertionError (blocking reads still work)."""
+    with trtllm.LLM(model=str(tiny_gpt2), max_batch_size=2, enable_iter_perf_stats=True) as llm:
+        llm.generate(PROMPT, trtllm.SamplingParams(max_tokens=2))
+
+        async def read() -> list[dict]:
+            return [s async for s in llm.get_stats_async(0.2)]
+
+        with pytest.raises(AssertionError, match="event loop was not present"):
+            _run(read())
+        assert llm.get_stats(0.2), "the blocking read has the iterations"
 
 
 def test_more_than_one_rank_needs_the_launch(trtllm, tiny_gpt2):
@@ -226,11 +325,12 @@ def test_kv_cache_events_follow_the_cached_blocks_in_upstreams_shape(trtllm, tin
         assert quiet.get_kv_cache_events(0.1) == [], "upstream's default event_buffer_max_size is 0: none"
 
 
-def test_stats_run_on_while_the_engine_steps(trtllm, llm):
+def test_stats_run_on_while_the_engine_steps(trtllm, stats_llm):
     """upstream's IterationResult: `async for` over get_stats_async yields each new iteration until none came for
     `timeout` seconds, so it runs on across requests and a reader that waits for the loop to end waits as long as
     the engine steps. Each item here comes after a request ran to its end inside the loop: no race with the
     engine's pace (a request racing the reads can lose on a loaded core)."""
+    llm = stats_llm
 
     async def during() -> list[int]:
         await llm.generate_async(PROMPT, trtllm.SamplingParams(max_tokens=4)).aresult()  # stats exist from here

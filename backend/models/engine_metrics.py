@@ -18,6 +18,7 @@ from launcher.contracts.prometheus import ENGINE_BATCHER_FAMILY as BATCHER
 from launcher.contracts.prometheus import ENGINE_GENERAL_FAMILY as GENERAL
 from launcher.contracts.prometheus import ENGINE_KV_CACHE_FAMILY as KV_CACHE
 from launcher.contracts.prometheus import ENGINE_REQUEST_FAMILY as REQUEST
+from launcher.contracts.prometheus import MODEL_IN_FLIGHT_FAMILY
 
 #: each family's label and description, as tensorrtllm_backend's custom metrics reporter names them
 FAMILIES = {
@@ -112,3 +113,25 @@ class EngineMetrics:
         """Drop the stub's metric objects now, while the stub is whole (see TritonPythonModel.finalize)."""
         self._gauges.clear()
         self._families.clear()
+
+
+class RequestsInFlight:
+    """hpc-serve's llmapi model's own count of the requests it holds (`hpc_serve_model_requests_in_flight`): what
+    a drain reads beside the engine's gauges, which go stale when the LLM's stats stop coming while requests run
+    (upstream's IterationResult ends for good after one read timed out, until the next request)."""
+
+    def __init__(self, pb_utils: Any, model_name: str, model_version: str) -> None:
+        self._family: Any = pb_utils.MetricFamily(
+            name=MODEL_IN_FLIGHT_FAMILY,
+            description="Requests hpc-serve's model holds in the engine",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self._gauge: Any = self._family.Metric(labels={"model": model_name, "version": model_version})
+        self._gauge.set(0.0)
+
+    def set(self, count: int) -> None:
+        if self._gauge is not None:  # none after release()
+            self._gauge.set(float(count))
+
+    def release(self) -> None:
+        self._gauge = self._family = None

@@ -9,7 +9,8 @@ What it adds to upstream's (docs/compatibility.md): token-by-token streaming (ea
 text, as upstream's would; when its sends fall behind the engine, the tokens that waited go out in one event),
 stop strings given to SamplingParams as text, `ignore_eos`, `min_tokens`,
 `repetition_penalty`, `length_penalty`, and the engine's iteration stats as Triton metrics under TensorRT-LLM's
-`nv_trt_llm_*` names (backend/models/engine_metrics.py), which an ordered stop reads to know what is in flight.
+`nv_trt_llm_*` names (backend/models/engine_metrics.py), beside its own count of the requests it holds
+(`hpc_serve_model_requests_in_flight`): what an ordered stop and a renewal read to know what is in flight.
 
 As upstream: model.yaml (or `$LLM_CONFIG_PATH`) holds the LLM arguments and `triton_config`; a `stop` request
 aborts the requests of its request id and answers CANCELLED; every `cancellation_check_period_ms` a request
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.models.engine_metrics import EngineMetrics, idle_iteration
+from backend.models.engine_metrics import EngineMetrics, RequestsInFlight, idle_iteration
 from backend.models.llmapi_io import (
     Completion,
     InputError,
@@ -157,6 +158,7 @@ class TritonPythonModel:
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="llmapi-loop", daemon=True)
         self._loop_thread.start()
         self.metrics: EngineMetrics | None = None
+        self.in_flight = RequestsInFlight(pb_utils, args["model_name"], args["model_version"])
         if llm_args["enable_iter_perf_stats"]:
             self.metrics = EngineMetrics(pb_utils, args["model_name"], args["model_version"], None)
         #: the latest KV-cache events (kv_cache_config.event_buffer_max_size of them), for `kv_cache_events_since`
@@ -254,6 +256,7 @@ class TritonPythonModel:
         live = _Live(next(self._ids), request, sender, params, request.request_id() or "")
         with self._lock:
             self._live[live.internal_id] = live
+            self.in_flight.set(len(self._live))
             if live.user_id:
                 self._by_user[live.user_id] = {live.internal_id}
         asyncio.run_coroutine_threadsafe(self._generate(live), self.loop)
@@ -330,6 +333,7 @@ class TritonPythonModel:
     def _unregister(self, internal_id: int) -> None:
         with self._lock:
             live = self._live.pop(internal_id, None)
+            self.in_flight.set(len(self._live))
             self._ended.notify_all()
             if live is not None and live.user_id:
                 ids = self._by_user.get(live.user_id)
@@ -388,11 +392,14 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ stats, cancellation
     async def _read_stats(self) -> None:
-        """The engine's iteration stats into the metrics: the LLM yields one per iteration for as long as it steps
-        (a read ends only after STATS_TIMEOUT_S without one), so the gauges are set from within the read, at most
-        every STATS_PERIOD_S. A read that ended means the engine did not step
-        for STATS_TIMEOUT_S, which it does only while it holds no request: the request gauges then read 0 (the
-        last iteration may have counted a request aborted in it, and no later one comes to say it is gone)."""
+        """The engine's iteration stats into the metrics: the LLM yields one per iteration for as long as it steps,
+        so the gauges are set from within the read, at most every STATS_PERIOD_S. A read ends after STATS_TIMEOUT_S
+        without an iteration, and then, as upstream's IterationResult is one object made done by that timeout
+        (NVIDIA/TensorRT-LLM/tensorrt_llm/executor/result.py@a678b91a, executor.py@ed53795b), every later read ends
+        at once until the next request is submitted: a pause of the engine while requests run (a long prefill)
+        leaves the gauges at the last iteration until then. So the request gauges read 0 only once the model holds
+        no request (the last iteration may have counted a request aborted in it, and no later one comes to say it
+        is gone), and a drain also reads the model's own count (`in_flight`)."""
         assert self.metrics is not None
         loop = asyncio.get_running_loop()
         last: dict[str, Any] | None = None
@@ -409,7 +416,9 @@ class TritonPythonModel:
                 await asyncio.sleep(STATS_TIMEOUT_S)
                 continue
             if last is not None:
-                self.metrics.update_from_iteration(idle_iteration(last))
+                with self._lock:
+                    holding = bool(self._live)
+                self.metrics.update_from_iteration(last if holding else idle_iteration(last))
             await asyncio.sleep(STATS_PERIOD_S)
 
     async def _read_kv_events(self) -> None:
@@ -449,3 +458,4 @@ class TritonPythonModel:
         self._cancel_thread.join(timeout=5)
         if self.metrics is not None:
             self.metrics.release()
+        self.in_flight.release()

@@ -60,6 +60,13 @@ SEE_LOG = "read rank 0's log (`hpc-serve logs JOB`, kept in the job folder) for 
 #: how the model's errors begin (backend/models/llmapi.py, as upstream's)
 MODEL_ERROR = "Error generating request: "
 USE_OURS = "use hpc-serve's model (model.llmapi_model: hpc-serve, the default), which takes stop strings as text"
+#: what a failed row of hpc-serve's model adds where the image's model.py can serve (backend tensorrtllm): our
+#: model has met TensorRT-LLM only through the CPU stand-in so far (docs/compatibility.md), the image's is NVIDIA's
+TRY_IMAGE = (
+    "hpc-serve's model has been run over the CPU stand-in of TensorRT-LLM only so far: if the image's model passes "
+    "this row (`hpc-serve doctor SPEC --serve --models both`), serve it meanwhile with model.llmapi_model: image, "
+    "and report this row"
+)
 
 Tensors = dict[str, tuple[np.ndarray, str]]
 
@@ -254,6 +261,8 @@ class Battery:
     tokenizer_note: str = ""
     label: str = ""
     checks: list[Check] = field(default_factory=list)
+    #: the spec's backend can serve the image's model.py instead (TensorRT-LLM): a failed row of ours says so
+    image_selectable: bool = False
 
     @property
     def image(self) -> bool:
@@ -279,7 +288,10 @@ class Battery:
                 result = run()
             except Exception as exc:  # noqa: BLE001 - reported as this check's failure, the others still run
                 result = fail(check, f"{type(exc).__name__}: {exc}", SEE_LOG)
-            self.checks.append(Check(self.name(check), result.status, result.detail, result.fix))
+            fix = result.fix
+            if result.status == "fail" and not self.image and self.image_selectable:
+                fix = f"{fix}; {TRY_IMAGE}" if fix else TRY_IMAGE
+            self.checks.append(Check(self.name(check), result.status, result.detail, fix))
         return self.checks
 
     # ------------------------------------------------------------------ the checks

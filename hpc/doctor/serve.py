@@ -154,7 +154,8 @@ def serve_once(spec: Spec, timeout_s: float, label: str = "", say: Say = print) 
             tokenizer, note = tokenizer_of(spec)
             replica = Replica(status.endpoints[0], read_token(ref.deploy_dir))
             model = spec.model.llmapi_model or OWN_MODEL
-            checks += Battery(replica, model, tokenizer, note, label).run(say)
+            selectable = spec.backend_strategy.runs_image_model
+            checks += Battery(replica, model, tokenizer, note, label, image_selectable=selectable).run(say)
             say(f"job {ref.job_id}: the ordered stop (hpc-serve cancel)")
             checks.append(named(ordered_stop(ref, spec.world_size_per_replica)))
         else:

@@ -24,6 +24,9 @@ ENGINE_REQUEST_FAMILY = "nv_trt_llm_request_metrics"
 ENGINE_KV_CACHE_FAMILY = "nv_trt_llm_kv_cache_block_metrics"
 ENGINE_BATCHER_FAMILY = "nv_trt_llm_inflight_batcher_metrics"
 ENGINE_GENERAL_FAMILY = "nv_trt_llm_general_metrics"
+#: hpc-serve's llmapi model's own count of the requests it holds (submitted to the LLM, their end not yet seen): the
+#: engine's stats can stop coming while requests run (backend/models/llmapi.py), so a drain reads both
+MODEL_IN_FLIGHT_FAMILY = "hpc_serve_model_requests_in_flight"
 #: requests tritonserver itself holds in a model's queue, not handed to the model yet (any model, any backend)
 PENDING_FAMILY = "nv_inference_pending_request_count"
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher.contracts.config import RENEW_DRAIN_S, RENEW_NOTICE_S
-from launcher.contracts.prometheus import ENGINE_REQUEST_FAMILY, PENDING_FAMILY, samples
+from launcher.contracts.prometheus import ENGINE_REQUEST_FAMILY, MODEL_IN_FLIGHT_FAMILY, PENDING_FAMILY, samples
 
 #: the environment a renewer submits its successor with: its own job id, and the successor's place in the chain
 ENV_PREDECESSOR = "HPC_SERVE_PREDECESSOR"
@@ -115,17 +115,26 @@ def format_time(epoch: float) -> str:
 
 
 def active_requests(metrics_text: str) -> int | None:
-    """Requests in flight (the engine's active + waiting, and those still in tritonserver's queues), from
-    tritonserver's metrics page; None when the page has no engine line (a backend that does not export them:
-    the drain then runs its whole timeout, as it does for a page it cannot read). One reading for the renewer
-    and a stopping leader (launcher/node/stop.py `metrics_in_flight`)."""
+    """Requests in flight, from tritonserver's metrics page: per model, the larger of the engine's active + waiting
+    and the model's own count (hpc-serve's llmapi model: the engine's stats can stop coming while its requests
+    run), plus those still in tritonserver's queues; None when the page has neither line (a backend that exports
+    none: the drain then runs its whole timeout, as it does for a page it cannot read). One reading for the
+    renewer and a stopping leader (launcher/node/stop.py `metrics_in_flight`)."""
     try:
         page = list(samples(metrics_text))
-        engine = [
-            s.value for s in page if s.name == ENGINE_REQUEST_FAMILY and s.labels.get("request_type") in IN_FLIGHT
-        ]
+        engine: dict[str, float] = {}
+        model: dict[str, float] = {}
+        for s in page:
+            name = s.labels.get("model", "")
+            if s.name == ENGINE_REQUEST_FAMILY and s.labels.get("request_type") in IN_FLIGHT:
+                engine[name] = engine.get(name, 0.0) + s.value
+            elif s.name == MODEL_IN_FLIGHT_FAMILY:
+                model[name] = model.get(name, 0.0) + s.value
         queued = [s.value for s in page if s.name == PENDING_FAMILY]
-        return int(sum(engine) + sum(queued)) if engine else None
+        if not engine and not model:
+            return None
+        held = sum(max(engine.get(m, 0.0), model.get(m, 0.0)) for m in {*engine, *model})
+        return int(held + sum(queued))
     except (ValueError, OverflowError):  # not a page, or NaN / Inf in it
         return None
 

@@ -10,8 +10,10 @@ one, async iteration is refused with upstream's AssertionError. A failed request
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -22,6 +24,8 @@ from .utils import RequestError
 #: the CPU engine's finish reasons → upstream's `CompletionOutput.finish_reason`
 FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "cancelled": "cancelled"}
 NO_LOOP = "The asyncio event loop was not present during initialization, so async operations are not available."
+#: how often a stats or events read asks the engine again while it waits for a new item
+ITEM_POLL_S = 0.05
 
 
 @dataclass
@@ -180,19 +184,20 @@ class GenerationResult:
                         perf.kv_cache_hit_rate,
                     ),
                 )
-        if self.sampling_params.detokenize:
-            out.text = self._decode(out.token_ids)
-            self._match_stop_strings(out)
         if self._done and not self.streaming and not self.sampling_params.exclude_input_from_output:
             out.token_ids[:0] = self.prompt_token_ids  # the executor returns the input too (never streamed)
-            if self.sampling_params.detokenize:
-                out.text = self._decode(self.prompt_token_ids) + out.text
+        if self.sampling_params.detokenize:
+            out.text = self._decode(out.token_ids)  # the prompt's too when returned: decoded as one text
+            self._match_stop_strings(out)
 
     def _match_stop_strings(self, out: CompletionOutput) -> None:
-        """upstream's DetokenizedGenerationResultBase: a stop string found in the decoded text (across token
-        boundaries the engine's token match cannot see) cuts the text there, ends the sequence with it as
-        `stop_reason`, and aborts the request in the engine."""
-        if out.finish_reason not in (None, "stop", "length") or out.stop_reason is not None:
+        """upstream's DetokenizedGenerationResultBase._handle_response
+        (NVIDIA/TensorRT-LLM/tensorrt_llm/executor/result.py@a678b91a; absent at @005bc848, which matched token
+        ids only): while generating, or finished by stop or length, a stop string found anywhere in the decoded
+        text (across token boundaries the engine's token match cannot see; in the echoed prompt too, when the
+        input is returned) cuts the text there (after it with `include_stop_str_in_output`), ends the sequence
+        with `finish_reason` "stop" and the string as `stop_reason`, and aborts the request in the engine."""
+        if self._done and out.finish_reason not in ("stop", "length"):
             return
         stop = self.sampling_params.stop
         for word in [stop] if isinstance(stop, str) else list(stop or []):
@@ -202,9 +207,8 @@ class GenerationResult:
             keep = position + len(word) if self.sampling_params.include_stop_str_in_output else position
             out.text = out.text[:keep]
             out.finish_reason, out.stop_reason = "stop", word
-            if not self._done:
-                self._abort(self.request_id)
-                self._done = True
+            self._abort(self.request_id)
+            self._done = True
             return
 
     def _cut_stop_word(self, out: CompletionOutput) -> None:
@@ -252,3 +256,67 @@ class GenerationResult:
 
     def __repr__(self) -> str:
         return f"RequestOutput(request_id={self.request_id}, finished={self._done}, outputs={self.outputs!r})"
+
+
+class IterationResult:
+    """upstream's IterationResult (NVIDIA/TensorRT-LLM/tensorrt_llm/executor/result.py@a678b91a, @005bc848): one
+    object per LLM for the stats (and one for the KV-cache events) of all its iterations, made by the first
+    `generate_async` and marked undone by every later one (executor.py `_maybe_initialize_iteration_results`,
+    @ed53795b). A read that waited `timeout` seconds for an item marks it done, and from then on every read ends at
+    once, `async for` and `get_results` alike, until a request is submitted. `async for` needs an event loop running
+    when it was made, as upstream's (an LLM whose first request came from blocking `generate` has none: the
+    AssertionError). `read` asks the engine for the items since the last read (the stand-in polls; upstream's
+    worker pushes them into a queue)."""
+
+    def __init__(self, read: Callable[[float], list[dict[str, Any]]]) -> None:
+        self._done = False
+        self._timeout = 2.0
+        self._read = read
+        self._items: collections.deque[dict[str, Any]] = collections.deque()
+        try:
+            asyncio.get_running_loop()
+            self._has_loop = True
+        except RuntimeError:
+            self._has_loop = False
+
+    def set_timeout(self, timeout: float) -> None:
+        self._timeout = timeout
+
+    def mark_undone(self) -> None:
+        """upstream: called when new prompts are submitted."""
+        self._done = False
+
+    def get_results(self) -> list[dict[str, Any]]:
+        """Every item that comes until none came for the timeout; then done."""
+        results: list[dict[str, Any]] = []
+        while not self._done:
+            deadline = time.monotonic() + self._timeout
+            while not self._items and time.monotonic() < deadline:
+                new = self._read(self._timeout)
+                self._items.extend(new)
+                if not new:
+                    time.sleep(ITEM_POLL_S)
+            if not self._items:
+                self._done = True
+                break
+            results.append(self._items.popleft())
+        return results
+
+    def __aiter__(self) -> IterationResult:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._done:
+            raise StopAsyncIteration
+        assert self._has_loop, NO_LOOP
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self._timeout
+        while not self._items:
+            if time.monotonic() >= deadline:
+                self._done = True
+                raise StopAsyncIteration
+            new = await loop.run_in_executor(None, self._read, self._timeout)
+            self._items.extend(new)
+            if not new:
+                await asyncio.sleep(ITEM_POLL_S)
+        return self._items.popleft()

@@ -9,13 +9,11 @@ its workers then; the CPU stand-in asks for the launch above when tensor_paralle
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import logging
 import os
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from multiprocessing import Pipe
 from typing import Any
@@ -23,15 +21,13 @@ from typing import Any
 from backend.cpu_engine.llmapi import protocol as p
 from launcher.contracts.llmapi import SPAWN_PROXY_VAR
 
-from ..executor.result import GenerationResult
+from ..executor.result import GenerationResult, IterationResult
 from ..executor.utils import RequestError
 from ..sampling_params import SamplingParams
 from .tokenizer import TransformersTokenizer, tokenizer_factory
 
 log = logging.getLogger("tensorrt_llm")
 RequestOutput = GenerationResult
-#: how often a stats or events read asks the engine again while it waits for a new item
-ITEM_POLL_S = 0.05
 
 
 def _as_mapping(value: Any) -> Any:
@@ -75,7 +71,9 @@ class LLM:
         self._ask_lock = threading.Lock()
         self._reply = threading.Condition(self._lock)
         self._last_stats_iteration = 0
-        self._submitted = False  # a request was made: upstream's stats and events exist from then on
+        #: upstream's executor's `_iter_stats_result` / `_iter_kv_events_result`: made by the first request
+        self._iter_stats: IterationResult | None = None
+        self._iter_kv_events: IterationResult | None = None
         self._shut = False
         self._broken: str | None = None
         self._local: threading.Thread | None = None
@@ -147,9 +145,9 @@ class LLM:
         result = GenerationResult(
             request_id, prompt, prompt_ids, sampling_params, bool(streaming), self._decode(sampling_params), self._abort
         )
+        self._maybe_initialize_iteration_results()
         with self._lock:
             self._results[request_id] = result
-            self._submitted = True
         end_id = None if sampling_params.ignore_eos else sampling_params.end_id
         # length_penalty is not passed: it scores finished beams, and one beam is made (upstream's at beam width 1)
         sampling = p.Sampling(
@@ -303,56 +301,43 @@ class LLM:
         events = self._ask(p.KvEventsQuery(), timeout)
         return list(events.events) if isinstance(events, p.KvEvents) else []
 
-    def _gather(self, read: Callable[[float], list[dict[str, Any]]], timeout: float) -> list[dict[str, Any]]:
-        """upstream's IterationResult.get_results: every item that comes, until none came for `timeout` s."""
-        items: list[dict[str, Any]] = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            new = read(timeout)
-            if new:
-                items += new
-                deadline = time.monotonic() + timeout
-            else:
-                time.sleep(ITEM_POLL_S)
-        return items
-
-    async def _iterate(
-        self, read: Callable[[float], list[dict[str, Any]]], timeout: float
-    ) -> AsyncIterator[dict[str, Any]]:
-        """upstream's IterationResult as an async iterator: each item as it comes; the iteration ends once none
-        came for `timeout` seconds (so it runs on while the engine keeps stepping)."""
-        loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            new = await loop.run_in_executor(None, read, timeout)
-            if not new:
-                await asyncio.sleep(ITEM_POLL_S)
-                continue
-            deadline = time.monotonic() + timeout
-            for item in new:
-                yield item
+    def _maybe_initialize_iteration_results(self) -> None:
+        """upstream's executor: the stats and events results are made once, then marked undone at every request
+        (NVIDIA/TensorRT-LLM/tensorrt_llm/executor/executor.py@ed53795b)."""
+        if self._iter_stats is None or self._iter_kv_events is None:
+            self._iter_stats = IterationResult(self._new_stats)
+            self._iter_kv_events = IterationResult(self._new_kv_events)
+        else:
+            self._iter_stats.mark_undone()
+            self._iter_kv_events.mark_undone()
 
     def get_stats(self, timeout: float = 2) -> list[dict[str, Any]]:
-        return self._gather(self._new_stats, timeout) if self._submitted else []
+        """Nothing before the first request (upstream prints that the stats are not available yet)."""
+        if self._iter_stats is None:
+            return []
+        self._iter_stats.set_timeout(timeout)
+        return self._iter_stats.get_results()
 
     def get_stats_async(self, timeout: float = 2) -> AsyncIterator[dict[str, Any]]:
-        """Nothing before the first request (upstream prints that the stats are not available yet)."""
-        if not self._submitted:
+        """upstream's: the one IterationResult of this LLM (see it: after a read timed out, every read ends at once
+        until the next request); nothing before the first request."""
+        if self._iter_stats is None:
             return _empty()
-        return self._iterate(self._new_stats, timeout)
+        self._iter_stats.set_timeout(timeout)
+        return self._iter_stats
 
-    def _check_kv_events(self) -> None:
-        assert self._submitted, "KV Event IterationResult is not properly instantiated."
+    def _kv_events_result(self, timeout: float) -> IterationResult:
+        assert self._iter_kv_events is not None, "KV Event IterationResult is not properly instantiated."
+        self._iter_kv_events.set_timeout(timeout)
+        return self._iter_kv_events
 
     def get_kv_cache_events(self, timeout: float = 2) -> list[dict[str, Any]]:
         """The KV-cache events since the last read (needs kv_cache_config.event_buffer_max_size > 0 and block
         reuse, as upstream's docstring says; without them, none)."""
-        self._check_kv_events()
-        return self._gather(self._new_kv_events, timeout)
+        return self._kv_events_result(timeout).get_results()
 
     def get_kv_cache_events_async(self, timeout: float = 2) -> AsyncIterator[dict[str, Any]]:
-        self._check_kv_events()
-        return self._iterate(self._new_kv_events, timeout)
+        return self._kv_events_result(timeout)
 
     # ------------------------------------------------------------------ lifetime
     def shutdown(self) -> None:
