@@ -563,13 +563,15 @@ def test_the_association_limits_are_read_up_the_tree_from_sacctmgrs_own_output()
         ("user 'root' in account 'hs_probe_child'", "GrpTRES", GPU, 4),
         ("user 'root' in account 'hs_probe_child'", "GrpTRES", CPU, 8),
         ("user 'root' in account 'hs_probe_child'", "GrpJobs", "", 1),
-        ("user 'root' in account 'hs_probe_child'", "MaxJobs", "", 3),
-        ("user 'root' in account 'hs_probe_child'", "MaxSubmitJobs", "", 4),
         ("account 'hs_probe_child'", "GrpSubmitJobs", "", 7),
         ("account 'hs_probe_parent'", "GrpTRES", GPU, 6),
         ("account 'hs_probe_parent'", "GrpTRES", NODE, 2),
         ("account 'hs_probe_parent'", "GrpJobs", "", 5),
+        ("user 'root' in account 'hs_probe_child'", "MaxJobs", "", 3),
+        ("user 'root' in account 'hs_probe_child'", "MaxSubmitJobs", "", 4),
     ]
+    # Slurm keeps account names in lower case: a spec's `MyProj` is `myproj`
+    assert AccountLimits.of_associations(rows, "HS_Probe_Child", "root").limits == limits.limits
     jobs = parse_queue(QUEUE_OUTPUT)
     assert [(j.job_id, j.state, j.account, j.user, j.tres.get(GPU, 0)) for j in jobs][1] == (
         "2158",
@@ -592,6 +594,27 @@ def test_the_association_limits_are_read_up_the_tree_from_sacctmgrs_own_output()
         tree.refusal(jobs[1:], {GPU: 2, NODE: 1}) == "account 'hs_probe_parent' GrpTRES node=2: 2 in use, a job needs 1"
     )
     assert AccountLimits.of_associations(rows, "root", "root").limits == ()  # no limit set: nothing refused
+
+
+def test_a_max_limit_is_the_users_own_else_the_nearest_accounts_default():
+    """MaxJobs set on an account is a default its users' associations inherit, not a limit beside theirs: the
+    user's own value replaces it (16 allowed, not the account's 4); without one, the nearest account's holds."""
+    from hpc.scheduler.limits import AccountLimits, parse_associations
+
+    parent = "hpcserve|proj||root|||||8|\n"
+    account = "hpcserve|team||proj||||4||\n"
+    own = "hpcserve|team|svc|||||16||\n"
+    bare = "hpcserve|team|svc|||||||\n"
+
+    def maxes(text: str) -> list[tuple[str, str, int]]:
+        found = AccountLimits.of_associations(parse_associations(text), "team", "svc").limits
+        return [(limit.who, limit.name, limit.value) for limit in found]
+
+    assert maxes(parent + account + own) == [
+        ("user 'svc' in account 'team'", "MaxJobs", 16),
+        ("account 'proj'", "MaxSubmitJobs", 8),
+    ]
+    assert maxes(parent + account + bare) == [("account 'team'", "MaxJobs", 4), ("account 'proj'", "MaxSubmitJobs", 8)]
 
 
 def test_a_submit_the_account_refuses_is_a_hold_naming_the_limit():

@@ -49,10 +49,12 @@ def _autoscaled(folder: Path, spec: Path, autoscale: dict) -> Iterator[dict]:
             yield {"spec": spec, "workdir": folder / "runs"}
         finally:
             cli("cancel", NAME, check=False)
-            ids = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True).stdout.split()
+            # what is left of this test's own jobs: those whose script is under its folder (another test's
+            # deployment of the same name may run beside it, in the other pytest of the test command)
+            ids = subprocess.run(["squeue", "-h", "-o", "%i|%o"], capture_output=True, text=True).stdout.split()
             for line in ids:
-                job, _, name = line.partition("|")
-                if name.startswith(NAME):
+                job, _, script = line.partition("|")
+                if Path(script).is_relative_to(folder):
                     subprocess.run(["scancel", job], capture_output=True, check=False)
 
 

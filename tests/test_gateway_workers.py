@@ -160,6 +160,21 @@ def test_shared_counts_of_a_replica_gone_give_their_slot_when_the_table_is_full(
     assert (b.outstanding, b.served) == (0, 0), "b's counts were given up with its slot"
 
 
+def test_a_replica_warming_keeps_its_slot_and_no_count_goes_below_zero():
+    """A table full of replicas with nothing in flight, one of them being warmed: a new replica takes another's
+    slot, never the warming one's (its warm-up's end would leave it warming for good)."""
+    counts = SharedCounts(slots=2)
+    warm, idle, new = (Replica(key=k, http_url="", grpc_url="") for k in ("warm", "idle", "new"))
+    counts.add(warm, warming=1)
+    counts.add(idle, served=1)
+    counts.add(new, outstanding=1)
+    counts.add(warm, warming=-1)
+    counts.load([warm, idle, new])
+    assert (warm.warming, new.outstanding, idle.served) == (0, 1, 0)
+    counts.add(idle, outstanding=-1)  # its slot went to `new` from zero: what it had in flight is not new's
+    assert idle.outstanding == 0
+
+
 def test_local_counts_are_the_replicas_own():
     replica = _replicas()[0]
     LocalCounts().add(replica, outstanding=2, kv_reused_blocks=5)

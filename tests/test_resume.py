@@ -7,6 +7,7 @@ continuations."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -28,12 +29,15 @@ class Breaking:
     ) -> None:
         self.error, self.after, self.breaks, self.finish, self.counted = error, after, breaks, finish, counted
         self.calls: list[tuple[str, Any]] = []
+        self.on_break: Any = None  # called as a stream breaks (a test's discovery dropping the replica)
 
     async def stream(self, grpc_url, params, token=None, workflow="engine", decoupled=True, llmapi_model=""):
         self.calls.append((grpc_url, params))
         breaking = len(self.calls) <= self.breaks
         for i in range(params.max_tokens + 1):
             if breaking and i == self.after:
+                if self.on_break is not None:
+                    self.on_break()
                 raise self.error
             if i < params.max_tokens:
                 last = self.finish and i == params.max_tokens - 1
@@ -50,10 +54,15 @@ def tokenizer(tiny_gpt2):
     return load_tokenizer(tiny_gpt2)
 
 
-def _stream(engine, tiny_gpt2, tokenizer, fast_path: bool, body: dict, replicas=("a", "b", "c")) -> tuple[list, Any]:
-    """The stream's events' data (JSON, `[DONE]` as the string) and the gateway."""
+def _stream(
+    engine, tiny_gpt2, tokenizer, fast_path: bool, body: dict, replicas=("a", "b", "c"), hold_s: float = 0
+) -> tuple[list, Any]:
+    """The stream's events' data (JSON, `[DONE]` as the string) and the gateway (`hold_s`: its autoscale.hold_s)."""
     app = app_on(engine, tiny_gpt2, tokenizer, fast_path, *replicas)
     app.state.gateway.discovery.tokens = {"t"}
+    if hold_s:  # and the replica gone from discovery as its stream breaks: nothing serves
+        app.state.gateway.target = dataclasses.replace(app.state.gateway.target, hold_s=hold_s)
+        engine.on_break = lambda: app.state.gateway.balancer.update([])
     sent = {"model": "m", "prompt": "Once upon", "stream": True, "stream_options": {"include_usage": True}} | body
 
     async def go() -> httpx.Response:
@@ -103,9 +112,12 @@ def test_an_error_of_the_request_itself_is_not_resumed(tiny_gpt2, tokenizer):
     assert "error" in events[-1] and len(engine.calls) == 1, events
 
 
-def test_with_no_other_replica_the_first_failure_is_the_answer(tiny_gpt2, tokenizer):
+@pytest.mark.parametrize("hold_s", [0, 600])
+def test_with_no_other_replica_the_first_failure_is_the_answer(tiny_gpt2, tokenizer, hold_s):
+    """At once, even under `autoscale.hold_s` (a request that finds nothing serving is held; a stream half-way is
+    not: its client has waited for text since its replica failed)."""
     engine = Breaking(ReplicaUnavailable("a: the stream ended"), after=2)
-    events, _ = _stream(engine, tiny_gpt2, tokenizer, True, {"max_tokens": 6}, replicas=("a",))
+    events, _ = _stream(engine, tiny_gpt2, tokenizer, True, {"max_tokens": 6}, replicas=("a",), hold_s=hold_s)
     assert "the stream ended" in events[-1]["error"]["message"] and len(engine.calls) == 1, events
     assert _text(events) == " t0 t1"
 

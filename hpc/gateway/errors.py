@@ -66,8 +66,8 @@ def unauthorized() -> APIError:
 
 def no_replica(hold_s: float = 0.0, capacity: Capacity | None = None) -> APIError:
     """503; under `autoscale:` (`hold_s` > 0: the request was held that long while a job starts) with Retry-After
-    (the openai package honours it): when the controller expects its job to serve (`capacity`, from the queue's
-    estimate), else the hold again."""
+    (the openai package waits as told up to 60 s, beyond that on its own back-off): when the controller expects its
+    job to serve (`capacity`, from the queue's estimate), else the hold again."""
     message = "no replica of the deployment is ready; see `hpc-serve status`"
     if hold_s > 0:
         coming = capacity.words() if capacity is not None else "a job is on its way"

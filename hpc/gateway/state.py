@@ -154,8 +154,10 @@ class Gateway:
         `first` (the answers when no replica is left). Why the rule's own generator, not one around it: every
         streamed token passes through each generator layer, a few microseconds each."""
 
+        retried = record.retried  # a continuation's picks add to those of the stream it continues
+
         def picked(replica: Replica, tried: int) -> None:
-            record.replica, record.retried = replica.key, tried
+            record.replica, record.retried = replica.key, retried + tried
 
         mode = self.routing
         assert mode is not None  # __post_init__
@@ -175,7 +177,9 @@ class Gateway:
                 exclude=exclude,
             )
 
-        if self.hold_s > 0 and not self.balancer.takers():  # nothing serves: held while a job starts
+        # nothing serves: held while a job starts; not a continuation, whose client has waited for its text since
+        # its replica failed (it ends with that failure instead: Gateway.resumed)
+        if self.hold_s > 0 and not exclude and not self.balancer.takers():
             return self._held(stream)
         return stream()
 

@@ -119,6 +119,7 @@ def run_workers(
             listening.close()
             started(_wait_started(procs, readers))
             died = asyncio.run(_supervise(procs, renewer))
+            _ignore_stop_signals()  # the loop's close gave the stop signals their default action back
         except _StopAsked:
             died = None
         if died is not None:

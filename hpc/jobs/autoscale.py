@@ -95,8 +95,11 @@ class Controller:
         self.account = AccountWatch(self.spec.slurm.account)
         slurm_spec = self.spec.slurm
         tasks = slurm_spec.nodes * self.spec.tasks_per_node
-        #: what one serving job asks Slurm for, as the account's limits count it
-        self.need = {GPU: self.spec.gpus_per_job, NODE: slurm_spec.nodes, CPU: tasks * (slurm_spec.cpus_per_task or 1)}
+        #: what one serving job asks Slurm for, as the account's limits count it; an --exclusive job gets every CPU of
+        #: its nodes, how many only Slurm knows: its CPUs are not counted ahead (GPUs and nodes are)
+        self.need = {GPU: self.spec.gpus_per_job, NODE: slurm_spec.nodes}
+        if not slurm_spec.exclusive:
+            self.need[CPU] = tasks * (slurm_spec.cpus_per_task or 1)
 
     @classmethod
     def of_folder(cls, deploy_dir: Path, controller: str = "") -> Controller | None:

@@ -5,7 +5,8 @@ that it never asks for more than the account allows, even where Slurm would take
 
 The limits read, on the user's association in the account the job runs under and on that account and each parent
 up the tree: GrpTRES (gres/gpu, cpu, node), GrpJobs, GrpSubmitJobs, MaxJobs, MaxSubmitJobs, MaxTRESPerUser. A
-Grp limit counts the jobs of every user in the account and its sub-accounts; a Max one the user's own. Every job
+Grp limit counts the jobs of every user in the account and its sub-accounts; a Max one the user's own in the
+account, its value the user's association's own or else inherited from the nearest account that sets one. Every job
 Slurm lists counts, PENDING ones too: a submit past a limit could only wait for a slot, so it is not made.
 """
 
@@ -177,15 +178,23 @@ class AccountLimits:
                         todo.append(child)
             return frozenset(found)
 
+        account = account.lower()  # Slurm keeps account names in lower case (sacctmgr's man page)
         limits: list[Limit] = []
         own = next((r for r in rows if r.user == user and r.account == account), None)
-        if own is not None:  # the user's association: every limit counts the user's jobs in this account
-            limits += _limits(own, f"user '{user}' in account '{account}'", frozenset({account}), user, user)
+        # Grp limits: each level's, on the jobs of its whole subtree (the user's own row: the user's jobs there)
+        chain: list[tuple[Association, str]] = []
+        if own is not None:
+            chain.append((own, f"user '{user}' in account '{account}'"))
+            limits += _grp_limits(own, chain[-1][1], frozenset({account}), user)
         name, seen = account, set()
         while name in accounts and name not in seen:  # the account, then its parents (a loop would be a bad tree)
             seen.add(name)
-            limits += _limits(accounts[name], f"account '{name}'", tree(name), "", user)
+            chain.append((accounts[name], f"account '{name}'"))
+            limits += _grp_limits(accounts[name], chain[-1][1], tree(name), "")
             name = accounts[name].parent
+        # Max limits are the user's association's: its own value, else inherited from the nearest account that sets
+        # one (a value on an account is a default for the associations under it, not a limit of its own)
+        limits += _max_limits(chain, frozenset({account}), user)
         return cls(account, user, tuple(limits))
 
     def refusal(self, jobs: Iterable[QueuedJob], need: Mapping[str, int]) -> str:
@@ -194,24 +203,30 @@ class AccountLimits:
         return next((why for limit in self.limits if (why := limit.refusal(jobs, need))), "")
 
 
-def _limits(row: Association, who: str, accounts: frozenset[str], grp_user: str, user: str) -> list[Limit]:
-    """The limits one association row sets; `grp_user`: whose jobs its Grp limits count ("" every user's)."""
+def _grp_limits(row: Association, who: str, accounts: frozenset[str], grp_user: str) -> list[Limit]:
+    """The Grp limits one association row sets; `grp_user`: whose jobs they count ("" every user's)."""
     found = [Limit(who, "GrpTRES", row.grp_tres[t], accounts, grp_user, t) for t in COUNTED_TRES if t in row.grp_tres]
     found += [
         Limit(who, name, value, accounts, grp_user)
         for name, value in (("GrpJobs", row.grp_jobs), ("GrpSubmitJobs", row.grp_submit_jobs))
         if value is not None
     ]
-    found += [
-        Limit(who, name, value, accounts, user)
-        for name, value in (("MaxJobs", row.max_jobs), ("MaxSubmitJobs", row.max_submit_jobs))
-        if value is not None
-    ]
-    found += [
-        Limit(who, "MaxTRESPerUser", row.max_tres_per_user[t], accounts, user, t)
-        for t in COUNTED_TRES
-        if t in row.max_tres_per_user
-    ]
+    return found
+
+
+def _max_limits(chain: list[tuple[Association, str]], accounts: frozenset[str], user: str) -> list[Limit]:
+    """The Max limits of `user`'s association in `accounts`' one account: each from the first row of `chain` (the
+    user's own, then its account's, then each parent's) that sets it, named after that row."""
+    found: list[Limit] = []
+    for name in ("MaxJobs", "MaxSubmitJobs"):
+        attr = "max_jobs" if name == "MaxJobs" else "max_submit_jobs"
+        row = next(((r, who) for r, who in chain if getattr(r, attr) is not None), None)
+        if row is not None:
+            found.append(Limit(row[1], name, getattr(row[0], attr), accounts, user))
+    for tres in COUNTED_TRES:
+        row = next(((r, who) for r, who in chain if tres in r.max_tres_per_user), None)
+        if row is not None:
+            found.append(Limit(row[1], "MaxTRESPerUser", row[0].max_tres_per_user[tres], accounts, user, tres))
     return found
 
 
@@ -244,7 +259,7 @@ class AccountWatch:
 
     def _read(self) -> AccountLimits:
         run = slurm.default.run
-        account = self.account
+        account = (self.account or "").lower()
         if not account:
             out = run(["sacctmgr", "-nP", "show", "user", self.user, "format=DefaultAccount"]).stdout
             account = out.strip().splitlines()[0].strip() if out.strip() else ""

@@ -101,8 +101,16 @@ class SharedCounts:
         found = next((i for i in range(len(tags)) if tags[i] == tag), None)
         if found is None:
             found = next((i for i in range(len(tags)) if tags[i] == 0), None)
-        if found is None:  # full: a replica with nothing in flight gives its slot
-            found = next((i for i in range(len(tags)) if self._values[i * width] == 0), None)
+        if found is None:  # full: a replica with nothing in flight and no warm-up under way gives its slot
+            warming = _COLUMN["warming"]
+            found = next(
+                (
+                    i
+                    for i in range(len(tags))
+                    if self._values[i * width] == 0 and self._values[i * width + warming] == 0
+                ),
+                None,
+            )
         if found is None:
             return None
         if tags[found] != tag:
@@ -121,7 +129,9 @@ class SharedCounts:
                 )
             base = slot * width
             for name, delta in deltas.items():
-                self._values[base + _COLUMN[name]] += delta
+                column = base + _COLUMN[name]
+                # a count never goes below zero (a slot taken over under a request's or warm-up's feet)
+                self._values[column] = max(0, self._values[column] + delta)
             row = self._values[base : base + width]
         for name, value in zip(FIELDS, row, strict=True):
             setattr(replica, name, value)
