@@ -206,12 +206,13 @@ def test_a_held_request_is_told_to_come_back_when_slurm_expects_the_job_to_serve
             scaled = wait_for(estimated, 120, "the controller's job PENDING with Slurm's start estimate")
             again = httpx.post(record.url + "/v1/completions", json=body, timeout=60)
             told = time.time()
+            # read now: once the holders go (below) the job starts, and a later look puts its real start there
+            expected = _record(workdir)
         finally:
             for job in holders:
                 subprocess.run(["scancel", job], capture_output=True, check=False)
             cli("cancel", NAME, check=False)
     assert again.status_code == 503 and again.json()["error"]["code"] == "no_replica_ready", again.text
-    expected = _record(workdir)
     assert expected is not None and expected.expected_at is not None and expected.ready_after_s is not None
     # the holders end in 10 minutes: that, plus the measured time to READY, less the seconds since
     wait = math.ceil(expected.expected_at - told)

@@ -25,6 +25,7 @@ from backend.cpu_engine.llmapi import protocol as p
 from launcher.contracts.llmapi import CPU_MIN_STEP_VAR, STANDIN_ROOT
 from tests.e2e import wait_for
 from tests.steps import GPU_PACE_MS
+from tests.test_engine_metrics import Family
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "The capital of France is"
@@ -70,6 +71,7 @@ def stub_utils() -> types.ModuleType:
     module.Logger = Logger  # type: ignore[attr-defined]
     module.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL  # type: ignore[attr-defined]
     module.using_decoupled_model_transaction_policy = lambda config: True  # type: ignore[attr-defined]
+    module.MetricFamily = Family  # type: ignore[attr-defined]  # the model's own in-flight gauge
     return module
 
 
