@@ -506,3 +506,24 @@ def assert_streams_ended_clearly(endings: list[tuple[float, float, str]], stop_a
     in_flight = [how for started, ended, how in endings if started < stop_at < ended]
     assert in_flight, f"no stream was in flight when the stop began: the test proves nothing ({len(endings)} ended)"
     assert all(how == "final" or "stopping" in how for how in in_flight), in_flight
+
+
+def hold_gpus(node: str) -> str:
+    """A job of the test's that holds `node`'s 4 GPUs for 10 minutes: Slurm's start estimate of a job that needs
+    them is its end."""
+    argv = [
+        "sbatch",
+        "--parsable",
+        "-J",
+        "gpu-holder",
+        "-w",
+        node,
+        "--gres=gpu:4",
+        "-t",
+        "10",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 600",
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()

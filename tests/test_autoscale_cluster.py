@@ -22,7 +22,16 @@ from launcher.contracts.autoscale import AutoscaleRecord
 from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME, Deployment, gateway_record
 from launcher.contracts.records import read_gateway
 from tests._sim import sim_spec
-from tests.e2e import cli, free_port, private_job_index, prometheus_samples, status, wait_for, write_spec
+from tests.e2e import (
+    cli,
+    free_port,
+    hold_gpus,
+    private_job_index,
+    prometheus_samples,
+    status,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -366,26 +375,7 @@ def test_a_pending_job_is_capacity_on_the_way_and_the_first_to_go(tmp_path, slur
         (first,) = _serving_states(workdir)
         node = subprocess.run(["squeue", "-h", "-j", first, "-o", "%N"], capture_output=True, text=True).stdout
         other = "node2" if node.strip() == "node1" else "node1"
-        holder = subprocess.run(
-            [
-                "sbatch",
-                "--parsable",
-                "-J",
-                "gpu-holder",
-                "-w",
-                other,
-                "--gres=gpu:4",
-                "-t",
-                "10",
-                "-o",
-                "/dev/null",
-                "--wrap",
-                "sleep 600",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        holder = hold_gpus(other)
         try:
             record = read_gateway(gateway_record(workdir, NAME))
             assert record is not None

@@ -28,7 +28,7 @@ from launcher.contracts.autoscale import AutoscaleRecord
 from launcher.contracts.layout import GATEWAY_JOB_MARKER_NAME, gateway_record
 from launcher.contracts.records import read_gateway
 from tests._sim import sim_spec
-from tests.e2e import cli, private_job_index, status, wait_for, write_spec
+from tests.e2e import cli, hold_gpus, private_job_index, status, wait_for, write_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -153,27 +153,6 @@ def test_the_controller_stops_at_the_accounts_limit_and_says_which(deployment):
 AT_ZERO = {"min_jobs": 0, "max_jobs": 1, "scale_up_after": "2s", "scale_down_after": "5s", "hold_s": 3}
 
 
-def _hold_gpus(node: str) -> str:
-    """A job of the test's that holds `node`'s 4 GPUs for 10 minutes: Slurm's start estimate of a job that needs
-    them is its end."""
-    argv = [
-        "sbatch",
-        "--parsable",
-        "-J",
-        "gpu-holder",
-        "-w",
-        node,
-        "--gres=gpu:4",
-        "-t",
-        "10",
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 600",
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
-
-
 def test_a_held_request_is_told_to_come_back_when_slurm_expects_the_job_to_serve(tmp_path, slurm_cluster, tritonserver):
     with private_job_index(tmp_path):
         spec = sim_spec(tmp_path, NAME, extra_slurm={"gpus_per_node": 4})
@@ -187,7 +166,7 @@ def test_a_held_request_is_told_to_come_back_when_slurm_expects_the_job_to_serve
         try:
             cli("submit", str(spec), "--wait", "--timeout", "200")
             (first,) = _serving_jobs(workdir)
-            holders += [_hold_gpus("node1"), _hold_gpus("node2")]  # one waits for the idle job's drain
+            holders += [hold_gpus("node1"), hold_gpus("node2")]  # one waits for the idle job's drain
             wait_for(lambda: status(first).get("state") == "COMPLETED", 120, f"the idle job {first} drained")
             running = lambda: subprocess.run(  # noqa: E731
                 ["squeue", "-h", "-t", "R", "-j", ",".join(holders), "-o", "%i"], capture_output=True, text=True
