@@ -161,25 +161,26 @@ def test_stop_strings_are_cut_the_same_whole_and_streamed(served):
     assert [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] == "stop"
 
 
+def _curl_argv(served: dict, path: str, body: dict) -> list[str]:
+    """curl's command line for a POST of `body` to the gateway (`-N`: unbuffered, as one reads a stream)."""
+    auth = f"Authorization: Bearer {served['token']}"
+    return [
+        "curl",
+        "-sSN",
+        "-H",
+        auth,
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        json.dumps(body),
+        served["url"] + path,
+    ]
+
+
 def _curl(served: dict, path: str, body: dict) -> str:
-    """curl's output of a POST of `body` to the gateway (`-N`: unbuffered, as one reads a stream)."""
-    return subprocess.run(
-        [
-            "curl",
-            "-sSN",
-            "-H",
-            f"Authorization: Bearer {served['token']}",
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-            json.dumps(body),
-            served["url"] + path,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    """curl's output of a POST of `body` to the gateway."""
+    argv = _curl_argv(served, path, body)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
 
 
 def test_streaming_carries_every_token_once_through_the_gateway_and_generate_stream(served):
@@ -370,17 +371,7 @@ def test_a_client_gone_mid_stream_frees_its_slot_within_a_few_engine_steps(serve
 
     def curl_killed() -> None:  # a curl of a stream, killed (SIGKILL: no goodbye) once its first chunk came
         body = {"model": NAME, "prompt": PROMPT, "max_tokens": LONG, "stream": True}
-        argv = [
-            "curl",
-            "-sSN",
-            "-H",
-            f"Authorization: Bearer {served['token']}",
-            "-H",
-            "Content-Type: application/json",
-        ]
-        proc = subprocess.Popen(
-            [*argv, "-d", json.dumps(body), served["url"] + "/v1/completions"], stdout=subprocess.PIPE, text=True
-        )
+        proc = subprocess.Popen(_curl_argv(served, "/v1/completions", body), stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None
             while not proc.stdout.readline().startswith("data:"):
